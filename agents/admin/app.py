@@ -1,0 +1,24 @@
+"""The admin app factory: routes, middlewares, limits."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agents.admin.http import make_auth_middleware, make_error_middleware
+from agents.admin.routes import SERVICE, routes
+from agents.service import AgentService
+
+# Probes must work without the token even when reads are protected.
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def build_admin_app(service: AgentService, *, token: str) -> web.Application:
+    settings = service.settings.admin
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[make_error_middleware(),
+                     make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS)],
+    )
+    app[SERVICE] = service
+    app.add_routes(routes)
+    return app

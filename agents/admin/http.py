@@ -1,0 +1,104 @@
+"""HTTP edges of the admin port: the error middleware, the token check, body parsing.
+
+Every failure leaves through `error_middleware` as `{"error": {"code", "message",
+"field"?}}` with a 4xx/5xx status; handlers raise, they do not build error responses.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from agents.errors import AgentError, BadRequestError, UnauthorizedError, ValidationFailedError
+
+log = structlog.get_logger("agents.admin")
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def json_response(data: Any, status: int = 200) -> web.Response:
+    if isinstance(data, BaseModel):
+        return web.Response(text=data.model_dump_json(), status=status, content_type="application/json")
+    return web.json_response(data, status=status)
+
+
+def error_response(exc: AgentError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status)
+
+
+def make_error_middleware() -> Any:
+    @web.middleware
+    async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:12]
+        with structlog.contextvars.bound_contextvars(request_id=request_id, route=request.path):
+            try:
+                return await handler(request)
+            except AgentError as exc:
+                if exc.status >= 500:
+                    log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
+                return error_response(exc)
+            except web.HTTPRequestEntityTooLarge as exc:
+                return error_response(BadRequestError(f"request body is larger than {exc.max_size} bytes",
+                                                      field="body"))
+            except web.HTTPException as exc:
+                # aiohttp's own 404/405: keep the status, use our error shape.
+                code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+                return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status)
+            except Exception as exc:
+                log.exception("unhandled_error")
+                return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
+                                         status=500)
+
+    return error_middleware
+
+
+def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str]) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        needs_token = request.method in _MUTATING or (auth_reads and request.path not in open_paths)
+        if needs_token:
+            given = request.headers.get("Authorization", "").encode()
+            # Constant-time compare, so the token cannot be guessed byte by byte from timings.
+            if not given or not hmac.compare_digest(given, expected):
+                raise UnauthorizedError("missing or wrong bearer token" if given else "missing bearer token",
+                                        field="Authorization")
+        return await handler(request)
+
+    return auth_middleware
+
+
+async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool = False) -> M:
+    """Parse a JSON object body into `model`: 400 for bad JSON, 422 naming the field."""
+    raw = await request.read()
+    if not raw.strip():
+        if allow_empty:
+            raw = b"{}"
+        else:
+            raise BadRequestError("request body must be a JSON object", field="body")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object", field="body")
+    return validate(model, data)
+
+
+def validate(model: type[M], data: dict[str, Any]) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise ValidationFailedError(f"{field}: {first['msg']}", field=field) from exc

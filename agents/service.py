@@ -1,0 +1,248 @@
+"""The agent service: admin operations composed from engine primitives.
+
+Sits between the admin routes (HTTP in, typed requests) and the engine (I/O). It owns
+the rules every operation follows: input is checked before the engine is touched,
+one mutating operation runs at a time (a second gets 409), every engine call has a
+deadline, each operation leaves one record and one log line. Reads are served from
+state kept here (pause state, weight version, LoRAs), never by asking an engine
+that may be busy reloading weights, so they always answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from agents.engine.base import Engine, EngineError
+from agents.errors import (AgentError, BadRequestError, ConflictError, DeadlineError, EngineCallError,
+                           EngineDeadError, NotFoundError)
+from agents.paths import resolve_allowed_dir
+from agents.settings import AgentSettings
+from agents.wire import (AgentState, DiskUpdateRequest, LoraInfo, LoraLoadRequest, OperationKind, OperationRecord,
+                         OperationStatus, PauseMode)
+
+log = structlog.get_logger("agents.service")
+T = TypeVar("T")
+_RECORDS_KEPT = 32
+
+
+class AgentService:
+    def __init__(self, engine: Engine, settings: AgentSettings, *, inference_url: str | None = None) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.timeouts = settings.timeouts
+        self.inference_url = inference_url
+        self._lock = asyncio.Lock()
+        self._busy_with: OperationKind | None = None
+        self._records: deque[OperationRecord] = deque(maxlen=_RECORDS_KEPT)
+        self._loras: dict[str, LoraInfo] = {}
+        self._next_adapter_id = 1
+        self._paused = False
+        self._weight_version: str | None = None
+        self.desired_weight_version: str | None = None
+
+    async def start(self) -> None:
+        """Read the engine's initial state once; from here on this service tracks it."""
+        self._paused = await self._call(self.engine.is_paused(), self.timeouts.control_s, "is_paused")
+        self._weight_version = await self._call(self.engine.get_weight_version(), self.timeouts.control_s,
+                                                "get_weight_version")
+
+    # -- plumbing -------------------------------------------------------------
+    async def _call(self, awaitable: Awaitable[T], deadline_s: float, what: str) -> T:
+        """One engine call under a deadline, its failures mapped to the agent's errors."""
+        if not self.engine.is_alive():
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()  # never started; closing avoids a "never awaited" warning
+            raise EngineDeadError("the engine is not alive")
+        try:
+            async with asyncio.timeout(deadline_s):
+                return await awaitable
+        except TimeoutError as exc:
+            raise DeadlineError(f"{what} did not finish within {deadline_s:g}s") from exc
+        except EngineError as exc:
+            raise EngineCallError(f"{what} failed: {exc}") from exc
+
+    @asynccontextmanager
+    async def _operation(self, kind: OperationKind, **fields: Any) -> AsyncIterator[None]:
+        """Run one mutating operation: exclusive, recorded, logged once."""
+        if self._lock.locked():
+            raise ConflictError(f"operation {self._busy_with} is running; retry when it is done")
+        async with self._lock:
+            self._busy_with = kind
+            op_id = uuid.uuid4().hex[:12]
+            started, t0 = datetime.now(UTC), time.perf_counter()
+            status: OperationStatus = "ok"
+            message: str | None = None
+            with structlog.contextvars.bound_contextvars(operation_id=op_id, operation=kind):
+                try:
+                    yield
+                except DeadlineError as exc:
+                    status, message = "timeout", exc.message
+                    raise
+                except AgentError as exc:
+                    status, message = "error", exc.message
+                    raise
+                except Exception as exc:  # recorded, then the middleware answers 500
+                    status, message = "error", f"{type(exc).__name__}: {exc}"
+                    raise
+                finally:
+                    duration = time.perf_counter() - t0
+                    self._busy_with = None
+                    self._records.append(OperationRecord(id=op_id, kind=kind, status=status, started_at=started,
+                                                         duration_s=round(duration, 6), message=message))
+                    log.info("operation", status=status, duration_s=round(duration, 4), error=message, **fields)
+
+    def _resolve(self, raw: str, field: str) -> Path:
+        return resolve_allowed_dir(raw, self.settings.allowed_roots, field=field)
+
+    # -- generation control ---------------------------------------------------
+    async def pause(self, mode: PauseMode, timeout_s: float | None = None) -> None:
+        async with self._operation("pause", mode=mode):
+            await self._call(self.engine.pause(mode), timeout_s or self.timeouts.pause_s, f"pause(mode={mode})")
+            self._paused = True
+
+    async def resume(self) -> None:
+        async with self._operation("resume"):
+            await self._call(self.engine.resume(), self.timeouts.control_s, "resume")
+            self._paused = False
+
+    async def abort_requests(self, request_ids: list[str] | None) -> int:
+        async with self._operation("abort_requests"):
+            return await self._call(self.engine.abort_requests(request_ids), self.timeouts.control_s,
+                                    "abort_requests")
+
+    # -- weights ----------------------------------------------------------------
+    async def update_weights_from_disk(self, req: DiskUpdateRequest) -> None:
+        path = self._resolve(req.path, "path")
+        if not any(path.glob("*.safetensors")):
+            raise BadRequestError(f"no *.safetensors files in {req.path!r}", field="path")
+        async with self._operation("update_weights_from_disk", version=req.version, path=str(path)):
+            await self._call(self.engine.load_weights_from_disk(path), self.timeouts.weight_load_s,
+                             "load_weights_from_disk")
+            await self._commit_version(req.version, reset_cache=req.reset_prefix_cache)
+
+    async def _commit_version(self, version: str, *, reset_cache: bool = True) -> None:
+        """After new weights: name them, and (vLLM's reload does not) drop KV computed with
+        the old ones. Running and frozen requests are preempted too, so their next tokens
+        are computed from the new weights rather than from stale KV."""
+        await self._call(self.engine.set_weight_version(version), self.timeouts.control_s, "set_weight_version")
+        self._weight_version = version
+        if reset_cache:
+            await self._call(self.engine.reset_prefix_cache(include_running=True), self.timeouts.control_s,
+                             "reset_prefix_cache")
+
+    async def update_weight_version(self, version: str) -> None:
+        async with self._operation("update_weight_version", version=version):
+            await self._call(self.engine.set_weight_version(version), self.timeouts.control_s, "set_weight_version")
+            self._weight_version = version
+
+    async def weight_checksums(self) -> dict[str, str]:
+        return await self._call(self.engine.weight_checksums(), self.timeouts.weight_load_s, "weight_checksums")
+
+    async def reset_weight_checker(self) -> None:
+        async with self._operation("weight_checker"):
+            await self._call(self.engine.reset_weights(), self.timeouts.control_s, "reset_weights")
+
+    # -- weight transfer (vLLM's protocol, passed through with deadlines) -------
+    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        async with self._operation("init_weight_transfer"):
+            await self._call(self.engine.init_weight_transfer(init_info), self.timeouts.transfer_init_s,
+                             "init_weight_transfer_engine")
+
+    async def start_weight_update(self) -> None:
+        async with self._operation("start_weight_update"):
+            await self._call(self.engine.start_weight_update(), self.timeouts.transfer_chunk_s, "start_weight_update")
+
+    async def update_weights(self, update_info: dict[str, Any]) -> None:
+        async with self._operation("update_weights"):
+            await self._call(self.engine.update_weights(update_info), self.timeouts.transfer_chunk_s,
+                             "update_weights")
+
+    async def finish_weight_update(self, version: str | None) -> None:
+        async with self._operation("finish_weight_update", version=version):
+            await self._call(self.engine.finish_weight_update(), self.timeouts.transfer_chunk_s,
+                             "finish_weight_update")
+            if version is not None:
+                await self._commit_version(version)
+            else:
+                await self._call(self.engine.reset_prefix_cache(include_running=True), self.timeouts.control_s,
+                                 "reset_prefix_cache")
+
+    # -- LoRA ---------------------------------------------------------------------
+    async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:
+        path = self._resolve(req.path, "path")
+        if not (path / "adapter_config.json").is_file():
+            raise BadRequestError(f"no adapter_config.json in {req.path!r}", field="path")
+        async with self._operation("load_lora", lora=req.name, version=req.version):
+            previous = self._loras.get(req.name)
+            adapter_id = previous.adapter_id if previous else self._next_adapter_id
+            await self._call(self.engine.add_lora(req.name, adapter_id, path, replace=previous is not None),
+                             self.timeouts.control_s, f"add_lora({req.name})")
+            if previous is None:
+                self._next_adapter_id += 1
+            info = LoraInfo(name=req.name, version=req.version, path=str(path), adapter_id=adapter_id,
+                            loaded_at=datetime.now(UTC))
+            self._loras[req.name] = info
+            await self._drop_lora_cache()
+            return info
+
+    async def unload_lora(self, name: str) -> None:
+        info = self._loras.get(name)
+        if info is None:
+            raise NotFoundError(f"no LoRA named {name!r} is loaded", field="name")
+        async with self._operation("unload_lora", lora=name):
+            await self._call(self.engine.remove_lora(name, info.adapter_id), self.timeouts.control_s,
+                             f"remove_lora({name})")
+            del self._loras[name]
+            await self._drop_lora_cache()
+
+    async def _drop_lora_cache(self) -> None:
+        """vLLM keys prefix-cache blocks by adapter name, so blocks computed with an adapter
+        that was swapped or removed under that name would be served again. Drop them; if
+        running requests hold blocks, preempt them too rather than keep stale ones."""
+        ok = await self._call(self.engine.reset_prefix_cache(include_running=False), self.timeouts.control_s,
+                              "reset_prefix_cache")
+        if not ok:
+            await self._call(self.engine.reset_prefix_cache(include_running=True), self.timeouts.control_s,
+                             "reset_prefix_cache")
+
+    # -- readiness and state --------------------------------------------------------
+    def set_desired_version(self, version: str | None) -> None:
+        self.desired_weight_version = version
+        log.info("desired_version", desired=version, applied=self._weight_version)
+
+    def not_ready_reason(self) -> str | None:
+        if not self.engine.is_alive():
+            return "engine is not alive"
+        if self.desired_weight_version is not None and self._weight_version != self.desired_weight_version:
+            return (f"applied weight version {self._weight_version!r} differs from desired "
+                    f"{self.desired_weight_version!r}")
+        return None
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def weight_version(self) -> str | None:
+        return self._weight_version
+
+    def state(self) -> AgentState:
+        reason = self.not_ready_reason()
+        return AgentState(
+            agent_id=self.settings.agent_id, model=self.engine.model_name, engine=self.engine.kind,  # type: ignore[arg-type]
+            engine_alive=self.engine.is_alive(), ready=reason is None, not_ready_reason=reason,
+            paused=self._paused, requests=self.engine.request_counts(), weight_version=self._weight_version,
+            desired_weight_version=self.desired_weight_version, loras=list(self._loras.values()),
+            world_size=self.engine.world_size(), busy_with=self._busy_with,
+            last_operations=list(self._records)[::-1], inference_url=self.inference_url,
+        )

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.harness import AgentProcess
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny Llama (seed 1 = base weights), a second weight set (seed 2), two LoRAs."""
+    from agents.tiny_model import make_model_family
+
+    return make_model_family(tmp_path_factory.mktemp("models"))
+
+
+def vllm_agent_config(models: dict[str, Path]) -> dict:
+    return {
+        "agent_id": "vllm-0",
+        "allowed_roots": [str(models["base"].parent)],
+        "log_format": "json",
+        "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny", "dtype": "float32",
+                   "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
+                   "enable_lora": True, "max_lora_rank": 8, "max_loras": 2},
+    }
+
+
+@pytest.fixture(scope="session")
+def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """One real vLLM CPU agent shared by the session (engine start-up costs ~30 s)."""
+    agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent")).start()
+    yield agent
+    agent.stop()

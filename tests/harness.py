@@ -1,0 +1,90 @@
+"""Test harness: run real agents as subprocesses, exactly as `rl-agent` runs in production.
+
+An agent is started with `python -m agents --config <yaml> --ports-file <json>` on
+port 0 and the harness reads the bound ports back, so tests never race for ports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class AgentProcess:
+    config: dict[str, Any]
+    workdir: Path
+    token: str = "test-token"
+    start_timeout_s: float = 180.0
+    proc: subprocess.Popen | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['admin_port']}"
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['inference_port']}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def start(self) -> AgentProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config_path = self.workdir / "agent.yaml"
+        ports_file = self.workdir / "ports.json"
+        ports_file.unlink(missing_ok=True)
+        settings = {"admin": {"port": 0, "token": self.token}, "inference": {"port": 0}, **self.config}
+        config_path.write_text(yaml.safe_dump(settings))
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+        self.log_path = self.workdir / "agent.log"
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "agents", "--config", str(config_path),
+                                      "--ports-file", str(ports_file)],
+                                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not ports_file.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"agent not ready in {self.start_timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        self.ports = json.loads(ports_file.read_text())
+        return self
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the engine's children too
+            self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
