@@ -107,8 +107,20 @@ class AgentService:
     # -- generation control ---------------------------------------------------
     async def pause(self, mode: PauseMode, timeout_s: float | None = None) -> None:
         async with self._operation("pause", mode=mode):
-            await self._call(self.engine.pause(mode), timeout_s or self.timeouts.pause_s, f"pause(mode={mode})")
+            try:
+                await self._call(self.engine.pause(mode), timeout_s or self.timeouts.pause_s, f"pause(mode={mode})")
+            except AgentError:
+                # A pause that timed out may still take effect in the engine (a wait-mode
+                # pause stops scheduling before it drains): report what the engine says.
+                await self._refresh_paused()
+                raise
             self._paused = True
+
+    async def _refresh_paused(self) -> None:
+        try:
+            self._paused = await self._call(self.engine.is_paused(), self.timeouts.control_s, "is_paused")
+        except AgentError:
+            self._paused = True  # unknown: say paused, so nobody routes rollouts on a guess
 
     async def resume(self) -> None:
         async with self._operation("resume"):
@@ -195,7 +207,9 @@ class AgentService:
             await self._drop_lora_cache()
             return info
 
-    async def unload_lora(self, name: str) -> None:
+    async def unload_lora(self, name: str) -> set[int]:
+        """Remove the adapter from the engine and check that it is gone; returns the
+        adapter ids the engine still holds."""
         info = self._loras.get(name)
         if info is None:
             raise NotFoundError(f"no LoRA named {name!r} is loaded", field="name")
@@ -204,6 +218,10 @@ class AgentService:
                              f"remove_lora({name})")
             del self._loras[name]
             await self._drop_lora_cache()
+            remaining = await self._call(self.engine.list_lora_ids(), self.timeouts.control_s, "list_loras")
+            if info.adapter_id in remaining:
+                raise EngineCallError(f"adapter {name!r} (id {info.adapter_id}) is still loaded after remove")
+            return remaining
 
     async def _drop_lora_cache(self) -> None:
         """vLLM keys prefix-cache blocks by adapter name, so blocks computed with an adapter

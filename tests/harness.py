@@ -88,3 +88,17 @@ class AgentProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+async def call(session: Any, method: str, url: str, *, body: Any = None, headers: dict | None = None,
+               data: bytes | None = None, timeout_s: float = 120.0) -> tuple[int, Any]:
+    """One HTTP call with a deadline; returns (status, parsed JSON body or text)."""
+    import aiohttp
+
+    async with session.request(method, url, json=body, data=data, headers=headers,
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text

@@ -16,7 +16,7 @@ def build_admin_app(service: AgentService, *, token: str) -> web.Application:
     settings = service.settings.admin
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[make_error_middleware(),
+        middlewares=[make_error_middleware(settings.max_body_bytes),
                      make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS)],
     )
     app[SERVICE] = service

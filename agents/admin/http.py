@@ -35,7 +35,7 @@ def error_response(exc: AgentError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
-def make_error_middleware() -> Any:
+def make_error_middleware(max_body: int) -> Any:
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:12]
@@ -46,9 +46,10 @@ def make_error_middleware() -> Any:
                 if exc.status >= 500:
                     log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
                 return error_response(exc)
-            except web.HTTPRequestEntityTooLarge as exc:
-                return error_response(BadRequestError(f"request body is larger than {exc.max_size} bytes",
-                                                      field="body"))
+            except web.HTTPRequestEntityTooLarge:
+                return web.json_response({"error": {"code": "payload_too_large", "field": "body",
+                                                    "message": f"request body is larger than {max_body} bytes"}},
+                                         status=413)
             except web.HTTPException as exc:
                 # aiohttp's own 404/405: keep the status, use our error shape.
                 code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")

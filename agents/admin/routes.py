@@ -136,8 +136,8 @@ async def load_lora(request: web.Request) -> web.Response:
 @routes.delete("/v1/agent/loras/{name}")
 async def unload_lora(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    await _service(request).unload_lora(name)
-    return json_response({"status": "unloaded", "name": name})
+    remaining = await _service(request).unload_lora(name)
+    return json_response({"status": "unloaded", "name": name, "engine_adapter_ids": sorted(remaining)})
 
 
 @routes.put("/v1/agent/desired")
