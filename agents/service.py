@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from agents.checkpoint import CheckpointError, check_covers, read_tensor_names
 from agents.engine.base import Engine, EngineError
 from agents.errors import (AgentError, BadRequestError, ConflictError, DeadlineError, EngineCallError,
                            EngineDeadError, NotFoundError)
@@ -49,9 +50,15 @@ class AgentService:
         self._paused = False
         self._weight_version: str | None = None
         self.desired_weight_version: str | None = None
+        # Set when a weight load failed part-way: the engine's weights are then unknown.
+        self._weights_broken: str | None = None
+        self._expected_tensors: set[str] | None = None
 
     async def start(self) -> None:
         """Read the engine's initial state once; from here on this service tracks it."""
+        model_dir = Path(self.settings.engine.model)
+        if self.engine.kind == "vllm" and model_dir.is_dir() and any(model_dir.glob("*.safetensors")):
+            self._expected_tensors = read_tensor_names(model_dir)
         self._paused = await self._call(self.engine.is_paused(), self.timeouts.control_s, "is_paused")
         self._weight_version = await self._call(self.engine.get_weight_version(), self.timeouts.control_s,
                                                 "get_weight_version")
@@ -135,12 +142,31 @@ class AgentService:
     # -- weights ----------------------------------------------------------------
     async def update_weights_from_disk(self, req: DiskUpdateRequest) -> None:
         path = self._resolve(req.path, "path")
-        if not any(path.glob("*.safetensors")):
-            raise BadRequestError(f"no *.safetensors files in {req.path!r}", field="path")
+        try:
+            if self._expected_tensors is not None:
+                check_covers(path, self._expected_tensors)
+            else:
+                read_tensor_names(path)
+        except CheckpointError as exc:
+            raise BadRequestError(str(exc), field="path") from exc
         async with self._operation("update_weights_from_disk", version=req.version, path=str(path)):
-            await self._call(self.engine.load_weights_from_disk(path), self.timeouts.weight_load_s,
-                             "load_weights_from_disk")
-            await self._commit_version(req.version, reset_cache=req.reset_prefix_cache)
+            async with self._changing_weights():
+                await self._call(self.engine.load_weights_from_disk(path), self.timeouts.weight_load_s,
+                                 "load_weights_from_disk")
+                await self._commit_version(req.version, reset_cache=req.reset_prefix_cache)
+
+    @asynccontextmanager
+    async def _changing_weights(self, *, completes: bool = True) -> AsyncIterator[None]:
+        """A weight change that fails part-way leaves the engine's weights unknown: stop
+        reporting a version and stay not ready until a later change succeeds."""
+        try:
+            yield
+        except AgentError as exc:
+            self._weights_broken = f"last weight change failed: {exc.message}"
+            self._weight_version = None
+            raise
+        if completes:  # one chunk of a transfer does not make the weights whole again
+            self._weights_broken = None
 
     async def _commit_version(self, version: str, *, reset_cache: bool = True) -> None:
         """After new weights: name them, and (vLLM's reload does not) drop KV computed with
@@ -175,12 +201,12 @@ class AgentService:
             await self._call(self.engine.start_weight_update(), self.timeouts.transfer_chunk_s, "start_weight_update")
 
     async def update_weights(self, update_info: dict[str, Any]) -> None:
-        async with self._operation("update_weights"):
+        async with self._operation("update_weights"), self._changing_weights(completes=False):
             await self._call(self.engine.update_weights(update_info), self.timeouts.transfer_chunk_s,
                              "update_weights")
 
     async def finish_weight_update(self, version: str | None) -> None:
-        async with self._operation("finish_weight_update", version=version):
+        async with self._operation("finish_weight_update", version=version), self._changing_weights():
             await self._call(self.engine.finish_weight_update(), self.timeouts.transfer_chunk_s,
                              "finish_weight_update")
             if version is not None:
@@ -241,6 +267,8 @@ class AgentService:
     def not_ready_reason(self) -> str | None:
         if not self.engine.is_alive():
             return "engine is not alive"
+        if self._weights_broken is not None:
+            return self._weights_broken
         if self.desired_weight_version is not None and self._weight_version != self.desired_weight_version:
             return (f"applied weight version {self._weight_version!r} differs from desired "
                     f"{self.desired_weight_version!r}")
