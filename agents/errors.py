@@ -1,6 +1,7 @@
-"""The agent's error taxonomy, translated to HTTP in one middleware.
+"""The HTTP error taxonomy of the agent (and the base the controller's builds on),
+translated to the JSON error shape in one middleware (`agents.admin.http`).
 
-    AgentError                 -> its own status, {"error": {"code", "message", "field"?}}
+    ApiError                   -> its own status, {"error": {"code", "message", "field"?}}
     ├── BadRequestError   400/422  a field is missing, malformed or out of range
     ├── UnauthorizedError 401      missing or wrong bearer token
     ├── ForbiddenPathError 403     a path resolves outside the allowed roots
@@ -16,7 +17,7 @@ Handlers raise these; none has its own catch-all.
 from __future__ import annotations
 
 
-class AgentError(Exception):
+class ApiError(Exception):
     status = 500
     code = "internal"
 
@@ -32,7 +33,7 @@ class AgentError(Exception):
         return {"error": detail}
 
 
-class BadRequestError(AgentError):
+class BadRequestError(ApiError):
     status = 400
     code = "bad_request"
 
@@ -42,36 +43,36 @@ class ValidationFailedError(BadRequestError):
     code = "validation_error"
 
 
-class UnauthorizedError(AgentError):
+class UnauthorizedError(ApiError):
     status = 401
     code = "unauthorized"
 
 
-class ForbiddenPathError(AgentError):
+class ForbiddenPathError(ApiError):
     status = 403
     code = "path_forbidden"
 
 
-class NotFoundError(AgentError):
+class NotFoundError(ApiError):
     status = 404
     code = "not_found"
 
 
-class ConflictError(AgentError):
+class ConflictError(ApiError):
     status = 409
     code = "conflict"
 
 
-class EngineCallError(AgentError):
+class EngineCallError(ApiError):
     status = 502
     code = "engine_error"
 
 
-class EngineDeadError(AgentError):
+class EngineDeadError(ApiError):
     status = 503
     code = "engine_dead"
 
 
-class DeadlineError(AgentError):
+class DeadlineError(ApiError):
     status = 504
     code = "deadline_exceeded"

@@ -24,8 +24,9 @@ import structlog
 
 from agents.checkpoint import CheckpointError, check_covers, read_tensor_names
 from agents.engine.base import Engine, EngineError
-from agents.errors import (AgentError, BadRequestError, ConflictError, DeadlineError, EngineCallError,
+from agents.errors import (ApiError, BadRequestError, ConflictError, DeadlineError, EngineCallError,
                            EngineDeadError, NotFoundError)
+from agents.metrics import AgentMetrics
 from agents.paths import resolve_allowed_dir
 from agents.settings import AgentSettings
 from agents.wire import (AgentState, DiskUpdateRequest, LoraInfo, LoraLoadRequest, OperationKind, OperationRecord,
@@ -53,6 +54,7 @@ class AgentService:
         # Set when a weight load failed part-way: the engine's weights are then unknown.
         self._weights_broken: str | None = None
         self._expected_tensors: set[str] | None = None
+        self.metrics = AgentMetrics()
 
     async def start(self) -> None:
         """Read the engine's initial state once; from here on this service tracks it."""
@@ -95,7 +97,7 @@ class AgentService:
                 except DeadlineError as exc:
                     status, message = "timeout", exc.message
                     raise
-                except AgentError as exc:
+                except ApiError as exc:
                     status, message = "error", exc.message
                     raise
                 except Exception as exc:  # recorded, then the middleware answers 500
@@ -106,6 +108,7 @@ class AgentService:
                     self._busy_with = None
                     self._records.append(OperationRecord(id=op_id, kind=kind, status=status, started_at=started,
                                                          duration_s=round(duration, 6), message=message))
+                    self.metrics.observe(kind, status, duration)
                     log.info("operation", status=status, duration_s=round(duration, 4), error=message, **fields)
 
     def _resolve(self, raw: str, field: str) -> Path:
@@ -116,7 +119,7 @@ class AgentService:
         async with self._operation("pause", mode=mode):
             try:
                 await self._call(self.engine.pause(mode), timeout_s or self.timeouts.pause_s, f"pause(mode={mode})")
-            except AgentError:
+            except ApiError:
                 # A pause that timed out may still take effect in the engine (a wait-mode
                 # pause stops scheduling before it drains): report what the engine says.
                 await self._refresh_paused()
@@ -126,7 +129,7 @@ class AgentService:
     async def _refresh_paused(self) -> None:
         try:
             self._paused = await self._call(self.engine.is_paused(), self.timeouts.control_s, "is_paused")
-        except AgentError:
+        except ApiError:
             self._paused = True  # unknown: say paused, so nobody routes rollouts on a guess
 
     async def resume(self) -> None:
@@ -161,7 +164,7 @@ class AgentService:
         reporting a version and stay not ready until a later change succeeds."""
         try:
             yield
-        except AgentError as exc:
+        except ApiError as exc:
             self._weights_broken = f"last weight change failed: {exc.message}"
             self._weight_version = None
             raise

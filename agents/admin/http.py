@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from agents.errors import AgentError, BadRequestError, UnauthorizedError, ValidationFailedError
+from agents.errors import ApiError, BadRequestError, UnauthorizedError, ValidationFailedError
 
 log = structlog.get_logger("agents.admin")
 M = TypeVar("M", bound=BaseModel)
@@ -31,7 +31,7 @@ def json_response(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-def error_response(exc: AgentError) -> web.Response:
+def error_response(exc: ApiError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
@@ -42,7 +42,7 @@ def make_error_middleware(max_body: int) -> Any:
         with structlog.contextvars.bound_contextvars(request_id=request_id, route=request.path):
             try:
                 return await handler(request)
-            except AgentError as exc:
+            except ApiError as exc:
                 if exc.status >= 500:
                     log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
                 return error_response(exc)

@@ -161,3 +161,9 @@ async def readyz(request: web.Request) -> web.Response:
     if reason is None:
         return json_response({"status": "ready"})
     return json_response({"status": "not_ready", "reason": reason}, status=503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    service = _service(request)
+    return web.Response(body=service.metrics.render(service), content_type="text/plain", charset="utf-8")

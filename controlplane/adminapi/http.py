@@ -1,0 +1,134 @@
+"""HTTP mechanics shared by every AdminAPI flavor.
+
+One aiohttp session per process (passed in), a deadline on every call, and tenacity
+retries with exponential backoff and jitter on connect errors, 5xx, 408 and 429 -- for
+idempotent calls only: a collective call (joining a weight-transfer group, a broadcast
+chunk) is never blindly retried, since the other side may already be in it.
+
+Errors leave as `WorkerCallError` subclasses naming the worker and the reason:
+
+    WorkerCallError
+    ├── WorkerUnreachable   connect refused / reset / DNS
+    ├── WorkerTimeout       the deadline passed
+    └── WorkerRejected      the worker answered an error (status and its message)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from tenacity import (AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay,
+                      wait_exponential_jitter)
+
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class WorkerCallError(Exception):
+    kind = "error"
+
+    def __init__(self, worker_id: str, reason: str, *, status: int | None = None) -> None:
+        super().__init__(f"{worker_id}: {reason}")
+        self.worker_id = worker_id
+        self.reason = reason
+        self.status = status
+
+
+class WorkerUnreachable(WorkerCallError):
+    pass
+
+
+class WorkerTimeout(WorkerCallError):
+    kind = "timeout"
+
+
+class WorkerRejected(WorkerCallError):
+    pass
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, WorkerUnreachable):
+        return True
+    return isinstance(exc, WorkerRejected) and exc.status in _RETRY_STATUSES
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallPolicy:
+    """Deadlines and retries of admin calls; built from the controller's settings."""
+
+    timeout_s: float = 10.0  # one attempt
+    attempts: int = 3
+    retry_budget_s: float = 30.0  # all attempts together
+    backoff_initial_s: float = 0.1
+    backoff_max_s: float = 2.0
+
+
+class WorkerHTTP:
+    """Calls to one worker: base URL, bearer token, deadline, retries."""
+
+    def __init__(self, *, session: aiohttp.ClientSession, worker_id: str, base_url: str,
+                 token: str | None, policy: CallPolicy) -> None:
+        self.session = session
+        self.worker_id = worker_id
+        self.base_url = base_url.rstrip("/")
+        self.policy = policy
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+                      timeout_s: float | None = None, idempotent: bool = True) -> Any:
+        """One logical call; returns the parsed JSON body (or None when empty)."""
+        if not idempotent:
+            return await self._once(method, path, json_body, params, timeout_s)
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(self.policy.attempts) | stop_after_delay(self.policy.retry_budget_s),
+            wait=wait_exponential_jitter(initial=self.policy.backoff_initial_s, max=self.policy.backoff_max_s),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._once(method, path, json_body, params, timeout_s)
+        raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
+
+    async def _once(self, method: str, path: str, json_body: Any, params: dict | None,
+                    timeout_s: float | None) -> Any:
+        deadline = timeout_s if timeout_s is not None else self.policy.timeout_s
+        url = self.base_url + path
+        try:
+            async with asyncio.timeout(deadline):
+                async with self.session.request(method, url, json=json_body, params=params,
+                                                headers=self._headers) as resp:
+                    text = await resp.text()
+        except TimeoutError as exc:
+            raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {deadline:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise WorkerUnreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        body = _parse(text)
+        if resp.status >= 400:
+            raise WorkerRejected(self.worker_id, f"{method} {path} answered {resp.status}: {_message(body, text)}",
+                                 status=resp.status)
+        return body
+
+
+def _parse(text: str) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _message(body: Any, text: str) -> str:
+    """The worker's own error message, from any of the shapes workers use."""
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        for key in ("error", "message", "detail"):
+            if key in body:
+                return str(body[key])
+    return text[:300]

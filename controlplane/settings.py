@@ -1,0 +1,112 @@
+"""The controller's settings: one pydantic-settings model built from small nested ones.
+
+Sources, highest first: init kwargs, environment (`RLCP_`, nested with `__`, e.g.
+`RLCP_API__PORT=8080`), a YAML file (`--config`), then defaults.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from agents.settings import load_settings_with_yaml
+from controlplane.workers import Flavor, WorkerSpec
+
+
+def _token(value: SecretStr | None, path: Path | None, what: str) -> str | None:
+    if value is not None:
+        return value.get_secret_value()
+    if path is not None:
+        return path.read_text().strip()
+    return None
+
+
+class ApiSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="Bind address of the controller API.")
+    port: int = Field(8080, ge=0, le=65535, description="Controller API port (0 = pick a free one).")
+    token: SecretStr | None = Field(None, description="Bearer token for mutating routes.")
+    token_file: Path | None = Field(None, description="File holding the token (a mounted Secret).")
+    auth_reads: bool = Field(False, description="Also require the token on read routes.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body, in bytes.")
+
+    def resolved_token(self) -> str:
+        token = _token(self.token, self.token_file, "api")
+        if not token:
+            raise ValueError("no API token: set RLCP_API__TOKEN or RLCP_API__TOKEN_FILE")
+        return token
+
+
+class HttpListingSettings(BaseModel):
+    url: str = Field(description="URL of a GET /v1/rl/workers listing (Dynamo's shape).")
+    interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
+    default_flavor: Flavor = Field("dynamo", description="Flavor of entries that do not name one.")
+    token: SecretStr | None = None
+
+
+class DiscoverySettings(BaseModel):
+    kind: Literal["static", "http_listing", "kubernetes"] = "static"
+    static: list[WorkerSpec] = Field(default_factory=list, description="The members, for kind=static.")
+    http_listing: HttpListingSettings | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DiscoverySettings:
+        if self.kind == "http_listing" and self.http_listing is None:
+            raise ValueError("discovery.http_listing is required for kind=http_listing")
+        return self
+
+
+class WorkerCallSettings(BaseModel):
+    """How the controller calls workers' admin APIs."""
+
+    token: SecretStr | None = Field(None, description="Bearer token of the workers' admin APIs.")
+    token_file: Path | None = None
+    max_concurrency: int = Field(64, ge=1, description="Calls in flight at once across the fleet.")
+    timeout_s: float = Field(10.0, gt=0, description="Deadline of one short admin call, in seconds.")
+    attempts: int = Field(3, ge=1, description="Tries of an idempotent call.")
+    retry_budget_s: float = Field(30.0, gt=0, description="All tries of one call together, in seconds.")
+    pause_timeout_s: float = Field(60.0, gt=0, description="Default deadline to quiesce, in seconds.")
+    weight_load_timeout_s: float = Field(600.0, gt=0, description="Deadline of a disk weight load, in seconds.")
+
+    def resolved_token(self) -> str | None:
+        return _token(self.token, self.token_file, "workers")
+
+
+class ReconcileSettings(BaseModel):
+    poll_interval_s: float = Field(1.0, gt=0, description="How often every member's status is read, in seconds.")
+    interval_s: float = Field(1.0, gt=0, description="How often the reconciler looks for work, in seconds.")
+    backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay of a failing worker, in seconds.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")
+
+
+class StoreSettings(BaseModel):
+    kind: Literal["file", "memory", "configmap"] = "file"
+    path: Path = Field(Path(".rlcp-state/desired.json"), description="Desired-state file, for kind=file.")
+
+
+class ControllerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLCP_", env_nested_delimiter="__", extra="forbid")
+
+    controller_id: str = Field("rl-controlplane", description="Name in logs; the listing's namespace.")
+    api: ApiSettings = ApiSettings()
+    discovery: DiscoverySettings = DiscoverySettings()
+    workers: WorkerCallSettings = WorkerCallSettings()
+    reconcile: ReconcileSettings = ReconcileSettings()
+    store: StoreSettings = StoreSettings()
+    allowed_roots: list[Path] = Field(default_factory=list,
+                                      description="Weight and adapter paths must lie under one of these.")
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> ControllerSettings:
+    return load_settings_with_yaml(ControllerSettings, config, **overrides)

@@ -1,0 +1,131 @@
+"""Wire models of the controller's native API: requests, results, and `/v1/rl/state`.
+
+`FleetState` is the one document a trainer reads to decide its next step and an
+operator reads to see what is wrong (DESIGN §3.2). Request bodies forbid unknown
+fields, so a typo is a 422 naming the field before any worker is touched.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.wire import PauseMode, RequestCounts
+
+Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
+PauseState = Literal["running", "paused", "mixed"]
+ResultStatus = Literal["ok", "error", "timeout", "skipped"]
+OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile"]
+OperationStatus = Literal["running", "ok", "partial", "failed"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests -------------------------------------------------------------------------
+class DiskSource(_Body):
+    kind: Literal["disk"] = "disk"
+    path: str = Field(min_length=1, description="Safetensors directory every worker can read.")
+
+
+class UpdateWeightsRequest(_Body):
+    version: str = Field(min_length=1, max_length=256, pattern=r"^[^\s]+$", description="The new weight version.")
+    source: DiskSource
+    pause_mode: PauseMode = Field("keep", description="How in-flight requests are paused during the update.")
+    verify: bool = Field(True, description="Check every member reports the version and checksums agree.")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each phase, in seconds.")
+
+
+class PauseRequest(_Body):
+    mode: PauseMode = "keep"
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline to quiesce, in seconds.")
+
+
+class ResumeRequest(_Body):
+    pass
+
+
+class LoraRequest(_Body):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
+    path: str = Field(min_length=1)
+    version: str | None = Field(None, max_length=256)
+
+
+# -- desired state ----------------------------------------------------------------------
+class LoraSpec(BaseModel):
+    path: str
+    version: str | None = None
+
+
+class DesiredState(BaseModel):
+    """What the fleet should be; persisted, so a restarted controller converges to it."""
+
+    weight_version: str | None = None
+    weight_source: DiskSource | None = None
+    loras: dict[str, LoraSpec] = Field(default_factory=dict)
+    paused: bool = False
+    pause_mode: PauseMode = "keep"
+    updated_at: datetime | None = None
+
+
+# -- results ------------------------------------------------------------------------------
+class WorkerResult(BaseModel):
+    worker_id: str
+    status: ResultStatus
+    phase: str = Field(description="The step this result belongs to (pause, update, verify, resume, ...).")
+    duration_s: float = 0.0
+    message: str | None = None
+
+
+class OperationResult(BaseModel):
+    id: str
+    kind: OperationKind
+    status: OperationStatus
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    membership_epoch: int
+    detail: dict = Field(default_factory=dict, description="Kind-specific: version, mode, ...")
+    results: list[WorkerResult] = Field(default_factory=list, description="Per worker, the last step it reached.")
+
+
+# -- state ----------------------------------------------------------------------------------
+class AppliedState(BaseModel):
+    weight_version: str | None = Field(description="The version every member reports, or null when they disagree.")
+    converged: bool = Field(description="Every member is at the desired version and LoRAs.")
+    verified: bool = Field(description="The last update was verified (versions and, where supported, checksums).")
+
+
+class WorkerView(BaseModel):
+    id: str
+    admin_url: str
+    inference_url: str | None
+    flavor: str
+    world_size: int
+    reachable: bool
+    ready: bool
+    serving: bool = Field(description="Reachable, ready, at the desired state and not paused.")
+    paused: bool | None
+    requests: RequestCounts | None
+    weight_version: str | None
+    loras: dict[str, str | None]
+    not_ready_reason: str | None = None
+    last_result: WorkerResult | None = None
+    last_seen: datetime | None = None
+    last_error: str | None = None
+
+
+class FleetState(BaseModel):
+    phase: Phase
+    quiesced: bool = Field(description="Every member is paused and none has a request running.")
+    pause_state: PauseState
+    requests: RequestCounts
+    desired: DesiredState
+    applied: AppliedState
+    membership_epoch: int
+    discovery_synced: bool
+    last_operation: OperationResult | None
+    workers: list[WorkerView]
