@@ -249,7 +249,9 @@ class AgentService:
             await self._drop_lora_cache()
             remaining = await self._call(self.engine.list_lora_ids(), self.timeouts.control_s, "list_loras")
             if info.adapter_id in remaining:
-                raise EngineCallError(f"adapter {name!r} (id {info.adapter_id}) is still loaded after remove")
+                # A request still running with it reloads it on its next step.
+                raise EngineCallError(f"adapter {name!r} (id {info.adapter_id}) is still loaded after remove "
+                                      "(in use by running requests?); retry")
             return remaining
 
     async def _drop_lora_cache(self) -> None:

@@ -236,6 +236,13 @@ async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
     st = await state(http, agent)
     assert {(l["name"], l["version"]) for l in st["loras"]} == {("adapter", "2"), ("fresh", "2")}
 
+    # vLLM evicts adapters on a weight reload; a request naming one reloads it from its path,
+    # and unloading one that was evicted still succeeds.
+    status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    assert status == 200
+    assert (await complete(http, agent, prompt, model="adapter"))["token_ids"] == swapped
+
     for name in ("adapter", "fresh"):
         status, body = await call(http, "DELETE", agent.admin_url + f"/v1/agent/loras/{name}", headers=agent.auth)
         assert status == 200

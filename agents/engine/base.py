@@ -74,7 +74,8 @@ class Engine(Protocol):
         """Load an adapter; with replace, reload it in place under the same id."""
 
     async def remove_lora(self, name: str, adapter_id: int) -> None:
-        """Remove the adapter from the engine itself (not just from a name table)."""
+        """Remove the adapter from the engine itself (not just from a name table) and from
+        the serving table. Idempotent: an adapter the engine no longer holds is fine."""
 
     async def list_lora_ids(self) -> set[int]: ...
 

@@ -219,8 +219,9 @@ class VllmEngine:
     async def remove_lora(self, name: str, adapter_id: int) -> None:
         self._inference.state.openai_serving_models.lora_requests.pop(name, None)
         async with _engine_errors("remove_lora"):
-            if not await self._llm.remove_lora(adapter_id):
-                raise EngineError(f"adapter {name!r} (id {adapter_id}) was not loaded in the engine")
+            # False means the engine did not hold it: vLLM evicts adapters on a weight
+            # reload (a request naming one reloads it lazily). Removal is idempotent.
+            await self._llm.remove_lora(adapter_id)
 
     async def list_lora_ids(self) -> set[int]:
         async with _engine_errors("list_loras"):

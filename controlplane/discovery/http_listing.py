@@ -1,0 +1,172 @@
+"""HTTP listing discovery: poll a `GET /v1/rl/workers` listing for the member list.
+
+The listing is the shape Dynamo's frontend serves (`protocol_version`, `namespace`,
+`workers[]` with `instance_id`, `system_url`, `routes`, `world_size`, ...). This
+controller serves the same shape with a few fields of its own (`flavor`, `admin_url`,
+`inference_url`, `serving`), so one controller can discover another's fleet, and the
+controller's route reuses `render_listing` / `parse_listing` from here.
+
+    parse_listing   listing document -> [WorkerSpec]   (pure; bad entries skipped)
+    render_listing  [WorkerSpec] -> listing document   (pure; the inverse)
+    HttpListingSource.watch   poll -> parse -> yield; on failure keep quiet and back off
+
+A failed poll yields nothing: the consumer keeps the last membership, because a flaky
+listing must never empty the fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, get_args
+
+import aiohttp
+import structlog
+from pydantic import ValidationError
+
+from controlplane.workers import Flavor, WorkerSpec
+
+log = structlog.get_logger("controlplane.discovery.http_listing")
+
+PROTOCOL_VERSION = 1
+FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
+
+# The controller operations each flavor supports, advertised as `routes`. Dynamo lists
+# its engine routes there; readers of our listing only need to know what they may ask.
+_COMMON_ROUTES = ("pause", "resume", "update_weights", "load_lora", "unload_lora",
+                  "init_weight_transfer", "start_weight_update", "finish_weight_update")
+ROUTES: dict[str, tuple[str, ...]] = {
+    "agent": (*_COMMON_ROUTES, "weight_checksums", "set_desired_version"),
+    "vllm": _COMMON_ROUTES,
+    "dynamo": _COMMON_ROUTES,
+}
+
+
+class ListingError(ValueError):
+    """The listing as a whole is unusable (unreachable, non-200, malformed): a failed poll."""
+
+
+def parse_listing(body: Any, *, default_flavor: Flavor) -> list[WorkerSpec]:
+    """Turn a listing document into specs. A malformed top level raises `ListingError`;
+    one bad entry is logged and skipped, so it cannot take the rest of the fleet down."""
+    if not isinstance(body, Mapping):
+        raise ListingError(f"listing is a {type(body).__name__}, not an object")
+    version = body.get("protocol_version")
+    if version != PROTOCOL_VERSION or isinstance(version, bool):
+        raise ListingError(f"unsupported protocol_version {version!r} (expected {PROTOCOL_VERSION})")
+    entries = body.get("workers")
+    if not isinstance(entries, list):
+        raise ListingError("listing has no 'workers' list")
+    specs: dict[str, WorkerSpec] = {}
+    for index, entry in enumerate(entries):
+        spec, reason = _parse_entry(entry, default_flavor)
+        if spec is not None and spec.id in specs:
+            spec, reason = None, f"duplicate instance_id {spec.id!r}"
+        if spec is None:
+            log.warning("listing_entry_skipped", index=index, entry=entry, reason=reason)
+            continue
+        specs[spec.id] = spec
+    return list(specs.values())
+
+
+def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None, str]:
+    if not isinstance(entry, Mapping):
+        return None, "entry is not an object"
+    raw_id = entry.get("instance_id")
+    # Dynamo's instance ids are integers; ours are strings. A bool is neither.
+    if isinstance(raw_id, bool) or not isinstance(raw_id, (str, int)) or raw_id == "":
+        return None, "no instance_id"
+    admin_url = entry.get("admin_url") or entry.get("admin_base_url") or entry.get("system_url")
+    if not isinstance(admin_url, str):
+        return None, "no admin_url, admin_base_url or system_url"
+    flavor = entry.get("flavor") or default_flavor
+    if flavor not in FLAVORS:
+        return None, f"unknown flavor {flavor!r} (known: {', '.join(sorted(FLAVORS))})"
+    try:
+        spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url"),
+                          flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"))
+    except ValidationError as exc:
+        return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return spec, ""
+
+
+def render_listing(specs: list[WorkerSpec], *, namespace: str,
+                   serving: Mapping[str, bool] | None = None) -> dict[str, Any]:
+    """The listing document for `specs`. `system_url` repeats `admin_url` so a reader that
+    only knows Dynamo's fields still finds the admin port. With `serving` given, a worker
+    missing from it is reported not serving; without it the field is left out (unknown)."""
+    workers = []
+    for spec in specs:
+        entry: dict[str, Any] = {
+            "instance_id": spec.id, "system_url": spec.admin_url, "admin_url": spec.admin_url,
+            "inference_url": spec.inference_url, "flavor": spec.flavor, "world_size": spec.world_size,
+            "model": spec.model, "routes": list(ROUTES[spec.flavor]),
+        }
+        if serving is not None:
+            entry["serving"] = bool(serving.get(spec.id, False))
+        workers.append(entry)
+    return {"protocol_version": PROTOCOL_VERSION, "namespace": namespace, "workers": workers}
+
+
+def backoff_s(failures: int, *, interval_s: float, max_backoff_s: float) -> float:
+    """Delay before the next poll after `failures` failures in a row: doubling from the
+    poll interval, capped, with jitter so many controllers do not retry in lockstep.
+    Never shorter than the interval: failing must not make us poll faster."""
+    cap = max(max_backoff_s, interval_s)
+    ceiling = min(cap, interval_s * 2 ** min(failures, 32))  # bounded exponent: no overflow
+    return max(interval_s, random.uniform(ceiling / 2, ceiling))
+
+
+class HttpListingSource:
+    name = "http_listing"
+
+    def __init__(self, *, session: aiohttp.ClientSession, url: str, interval_s: float = 5.0,
+                 timeout_s: float = 5.0, token: str | None = None, default_flavor: Flavor = "dynamo",
+                 max_backoff_s: float = 30.0, iterations: int | None = None) -> None:
+        if interval_s <= 0 or timeout_s <= 0:
+            raise ValueError("interval_s and timeout_s must be positive")
+        if default_flavor not in FLAVORS:
+            raise ValueError(f"unknown default_flavor {default_flavor!r}")
+        self._session, self._url = session, url
+        self._interval_s, self._timeout_s, self._max_backoff_s = interval_s, timeout_s, max_backoff_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._default_flavor: Flavor = default_flavor
+        self._iterations = iterations  # test seam: stop after this many polls
+
+    async def watch(self) -> AsyncIterator[list[WorkerSpec]]:
+        polls = failures = 0
+        while self._iterations is None or polls < self._iterations:
+            polls += 1
+            try:
+                specs = await self.poll()
+            except ListingError as exc:
+                failures += 1
+                delay = backoff_s(failures, interval_s=self._interval_s, max_backoff_s=self._max_backoff_s)
+                log.warning("listing_poll_failed", url=self._url, reason=str(exc), failures=failures,
+                            retry_in_s=round(delay, 3))
+            else:
+                if failures:
+                    log.info("listing_poll_recovered", url=self._url, after_failures=failures)
+                failures, delay = 0, self._interval_s
+                yield specs
+            if self._iterations is None or polls < self._iterations:
+                await asyncio.sleep(delay)
+
+    async def poll(self) -> list[WorkerSpec]:
+        """One GET under one deadline; every way it can fail becomes a `ListingError`."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async with self._session.get(self._url, headers=self._headers) as resp:
+                    if resp.status != 200:
+                        raise ListingError(f"HTTP {resp.status} {resp.reason or ''}".rstrip())
+                    body = await resp.json(content_type=None)  # be lenient about the header
+        except ListingError:
+            raise
+        except TimeoutError as exc:
+            raise ListingError(f"no answer within {self._timeout_s}s") from exc
+        except aiohttp.ClientError as exc:
+            raise ListingError(f"{type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # the body is not JSON
+            raise ListingError(f"listing is not JSON: {exc}") from exc
+        return parse_listing(body, default_flavor=self._default_flavor)
