@@ -51,6 +51,8 @@ class AgentService:
         self._paused = False
         self._weight_version: str | None = None
         self.desired_weight_version: str | None = None
+        self._desired_told = False
+        self.instance_id = uuid.uuid4().hex[:12]
         # Set when a weight load failed part-way: the engine's weights are then unknown.
         self._weights_broken: str | None = None
         self._expected_tensors: set[str] | None = None
@@ -267,6 +269,7 @@ class AgentService:
     # -- readiness and state --------------------------------------------------------
     def set_desired_version(self, version: str | None) -> None:
         self.desired_weight_version = version
+        self._desired_told = True
         log.info("desired_version", desired=version, applied=self._weight_version)
 
     def not_ready_reason(self) -> str | None:
@@ -274,6 +277,8 @@ class AgentService:
             return "engine is not alive"
         if self._weights_broken is not None:
             return self._weights_broken
+        if self.settings.require_desired_version and not self._desired_told:
+            return "waiting for the controller to tell the desired weight version"
         if self.desired_weight_version is not None and self._weight_version != self.desired_weight_version:
             return (f"applied weight version {self._weight_version!r} differs from desired "
                     f"{self.desired_weight_version!r}")
@@ -290,7 +295,7 @@ class AgentService:
     def state(self) -> AgentState:
         reason = self.not_ready_reason()
         return AgentState(
-            agent_id=self.settings.agent_id, model=self.engine.model_name, engine=self.engine.kind,  # type: ignore[arg-type]
+            agent_id=self.settings.agent_id, instance_id=self.instance_id, model=self.engine.model_name, engine=self.engine.kind,  # type: ignore[arg-type]
             engine_alive=self.engine.is_alive(), ready=reason is None, not_ready_reason=reason,
             paused=self._paused, requests=self.engine.request_counts(), weight_version=self._weight_version,
             desired_weight_version=self.desired_weight_version, loras=list(self._loras.values()),

@@ -77,6 +77,9 @@ class AgentSettings(BaseSettings):
     timeouts: TimeoutSettings = TimeoutSettings()
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="Weight and adapter paths must resolve under one of these.")
+    require_desired_version: bool = Field(
+        False, description="Report not ready until a controller has told the desired version (set this in "
+                           "controller-managed fleets, so a restarted pod serves no rollouts before it is checked).")
     log_format: Literal["json", "console"] = Field("json", description="structlog renderer.")
     log_level: str = Field("info")
 

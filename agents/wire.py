@@ -101,6 +101,7 @@ class AgentState(BaseModel):
     """Everything a controller needs from one agent, read in one call."""
 
     agent_id: str
+    instance_id: str = Field(description="Random per agent process: a new value means the agent restarted.")
     model: str
     engine: Literal["vllm", "sim"]
     engine_alive: bool

@@ -32,3 +32,12 @@ def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent")).start()
     yield agent
     agent.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_agent_b(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """A second real vLLM CPU agent, for fleet tests through the controller."""
+    config = vllm_agent_config(tiny_models) | {"agent_id": "vllm-1"}
+    agent = AgentProcess(config, tmp_path_factory.mktemp("vllm-agent-b")).start()
+    yield agent
+    agent.stop()

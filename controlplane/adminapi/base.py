@@ -31,6 +31,7 @@ class WorkerStatus(BaseModel):
     not_ready_reason: str | None = None
     engine_alive: bool | None = None
     world_size: int | None = None
+    instance_id: str | None = Field(None, description="Changes when the worker process restarts.")
 
 
 class AdminAPI(Protocol):

@@ -1,0 +1,62 @@
+"""`rl-controlplane` / `python -m controlplane`: run the controller daemon."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl-controlplane", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML settings file (env RLCP_* overrides it)")
+    parser.add_argument("--port-file", type=Path, help="write the bound API port here once serving")
+    args = parser.parse_args(argv)
+
+    from agents.logs import configure_logging
+    from controlplane.settings import load_settings
+
+    try:
+        settings = load_settings(args.config)
+        token = settings.api.resolved_token()
+        settings.workers.resolved_token()
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"rl-controlplane: bad settings: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+
+    import structlog
+    from aiohttp import web
+
+    from controlplane.api.app import build_app
+
+    async def _run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.api.host, settings.api.port)
+        await site.start()
+        port = runner.addresses[0][1]
+        if args.port_file:
+            tmp = args.port_file.with_suffix(".tmp")
+            tmp.write_text(str(port))
+            tmp.replace(args.port_file)
+        structlog.get_logger("controlplane").info("controller_ready", port=port)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(_run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The controller's native HTTP API (DESIGN §3.1). Handlers parse, call an operation,
+and shape the answer; errors leave through the shared middleware as JSON."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from agents.admin.http import json_response, parse_body
+from controlplane.controller import Controller
+from controlplane.discovery.http_listing import render_listing
+from controlplane import transaction
+from controlplane.operations import http_status
+from controlplane.state import LoraRequest, OperationResult, PauseRequest, ResumeRequest, UpdateWeightsRequest
+
+CONTROLLER = web.AppKey("controller", Controller)
+routes = web.RouteTableDef()
+
+
+def _ctl(request: web.Request) -> Controller:
+    return request.app[CONTROLLER]
+
+
+def _result(result: OperationResult) -> web.Response:
+    return json_response(result, status=http_status(result))
+
+
+@routes.get("/v1/rl/state")
+async def get_state(request: web.Request) -> web.Response:
+    return json_response(_ctl(request).state())
+
+
+@routes.get("/v1/rl/workers")
+async def get_workers(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    views = {v.id: v for v in (ctl.worker_view(r) for r in ctl.members())}
+    listing = render_listing([r.spec for r in ctl.members()], namespace=ctl.settings.controller_id,
+                             serving={i: v.serving for i, v in views.items()})
+    for entry in listing["workers"]:
+        view = views[entry["instance_id"]]
+        entry.update(ready=view.ready, weight_version=view.weight_version, reachable=view.reachable)
+    listing["membership_epoch"] = ctl.membership.epoch
+    return json_response(listing)
+
+
+@routes.post("/v1/rl/pause")
+async def post_pause(request: web.Request) -> web.Response:
+    body = await parse_body(request, PauseRequest, allow_empty=True)
+    return _result(await transaction.pause(_ctl(request), body))
+
+
+@routes.post("/v1/rl/resume")
+async def post_resume(request: web.Request) -> web.Response:
+    await parse_body(request, ResumeRequest, allow_empty=True)
+    return _result(await transaction.resume(_ctl(request)))
+
+
+@routes.post("/v1/rl/update_weights")
+async def post_update_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightsRequest)
+    return _result(await transaction.update_weights(_ctl(request), body))
+
+
+@routes.post("/v1/rl/loras")
+async def post_lora(request: web.Request) -> web.Response:
+    body = await parse_body(request, LoraRequest)
+    return _result(await transaction.load_lora(_ctl(request), body))
+
+
+@routes.delete("/v1/rl/loras/{name}")
+async def delete_lora(request: web.Request) -> web.Response:
+    return _result(await transaction.unload_lora(_ctl(request), request.match_info["name"]))
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    if not ctl.membership.synced:
+        return json_response({"status": "not_ready", "reason": "discovery has not synced"}, status=503)
+    return json_response({"status": "ready"})
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    ready = sum(1 for r in ctl.members() if ctl.worker_view(r).ready)
+    return web.Response(body=ctl.metrics.render(ready), content_type="text/plain", charset="utf-8")
