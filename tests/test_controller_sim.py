@@ -302,3 +302,63 @@ async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tm
         proc.stop()
         for a in agents:
             await a.stop()
+
+
+async def test_listing_discovery_adds_and_removes_workers(tmp_path):
+    """Members come from a GET /v1/rl/workers listing served over HTTP; the fleet changes under it."""
+    from aiohttp import web
+
+    from controlplane.discovery.http_listing import render_listing
+    from controlplane.workers import WorkerSpec
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", 6)
+    agents = await start_fleet(3, [tmp_path])
+    listed = agents[:2]
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.json_response(render_listing([WorkerSpec(**a.spec()) for a in listed], namespace="test"))
+
+    listing_app = web.Application()
+    listing_app.router.add_get("/v1/rl/workers", listing)
+    listing_server = TestServer(listing_app)
+    await listing_server.start_server()
+    settings = controller_settings(tmp_path, [], discovery={
+        "kind": "http_listing", "http_listing": {"url": str(listing_server.make_url("/v1/rl/workers")),
+                                                 "interval_s": 0.05, "default_flavor": "agent"}})
+    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    await client.start_server()
+    ctl = Ctl(client)
+    try:
+        await wait_for(lambda: len(ctl.ctl.members()) == 2 and all(r.reachable for r in ctl.ctl.members()))
+        epoch = (await ctl.state())["membership_epoch"]
+        assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v6", ckpt)))[0] == 200
+
+        listed.append(agents[2])  # a late joiner, on base weights
+        await wait_for(lambda: agents[2].service.weight_version == "v6", what="late joiner converged")
+        st = await wait_for(lambda: _converged(ctl), what="converged with 3")
+        assert st["membership_epoch"] == epoch + 1 and len(st["workers"]) == 3
+
+        listed.remove(agents[0])
+        await wait_for(lambda: "w0" not in ctl.ctl.records, what="w0 removed")
+        st = await ctl.state()
+        assert [w["id"] for w in st["workers"]] == ["w1", "w2"] and st["membership_epoch"] == epoch + 2
+        status, body = await ctl.call("GET", "/v1/rl/workers", headers={})
+        assert [w["instance_id"] for w in body["workers"]] == ["w1", "w2"]
+        assert all(w["serving"] and w["flavor"] == "agent" for w in body["workers"])
+    finally:
+        await client.close()
+        await listing_server.close()
+        for a in agents:
+            await a.stop()
+
+
+async def test_metrics_and_probes(setup):
+    ctl, agents, ckpt, _ = setup
+    await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1]))
+    resp = await ctl.client.get("/metrics")
+    text = await resp.text()
+    assert resp.status == 200
+    assert 'rlcp_operation_duration_seconds_count{kind="update_weights",status="ok"} 1.0' in text
+    assert "rlcp_members 3.0" in text and "rlcp_workers_ready 3.0" in text
+    assert (await ctl.client.get("/healthz")).status == 200
+    assert (await ctl.client.get("/readyz")).status == 200
