@@ -118,7 +118,7 @@ class Controller:
     async def poll_statuses(self, records: list[WorkerRecord] | None = None) -> None:
         targets = records if records is not None else self.members()
         outcomes = await self.fanout.run([r.api for r in targets], lambda api: api.status(), phase="status",
-                                         deadline_s=self.settings.workers.timeout_s * 2)
+                                         deadline_s=self.settings.workers.timeout_s * 2, quiet=True)
         for outcome in outcomes:
             self._observe(outcome)
 
@@ -131,9 +131,13 @@ class Controller:
                 # A restarted worker remembers nothing we told it.
                 rec.told_desired = _NEVER
                 log.info("worker_restarted", worker_id=rec.spec.id)
+            if not rec.reachable:
+                log.info("worker_reachable", worker_id=rec.spec.id)
             rec.status, rec.reachable = outcome.value, True
             rec.last_seen, rec.last_error = datetime.now(UTC), None
         else:
+            if rec.reachable or rec.last_seen is None and rec.last_error is None:
+                log.warning("worker_unreachable", worker_id=rec.spec.id, error=outcome.result.message)
             rec.reachable, rec.last_error = False, outcome.result.message
 
     async def run_poller(self, *, iterations: int | None = None) -> None:
@@ -163,7 +167,7 @@ class Controller:
     async def _reconcile_worker(self, rec: WorkerRecord) -> None:
         with structlog.contextvars.bound_contextvars(worker_id=rec.spec.id, operation="reconcile"):
             fresh = await self.fanout.call(rec.api, lambda api: api.status(), phase="status",
-                                           deadline_s=self.settings.workers.timeout_s * 2)
+                                           deadline_s=self.settings.workers.timeout_s * 2, quiet=True)
             self._observe(fresh)
             if not fresh.ok or rec.status is None:
                 return

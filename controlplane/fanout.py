@@ -39,7 +39,8 @@ class FanOut:
         self._slots = asyncio.Semaphore(max_concurrency)
 
     async def call(self, api: AdminAPI, fn: Callable[[AdminAPI], Awaitable[T]], *, phase: str,
-                   deadline_s: float) -> Outcome[T]:
+                   deadline_s: float, quiet: bool = False) -> Outcome[T]:
+        """`quiet`: do not log a failure (status polls log reachability changes instead)."""
         worker_id = api.spec.id
         async with self._slots:
             # The deadline starts once a slot is ours: queueing behind a bound is not the worker's fault.
@@ -59,11 +60,12 @@ class FanOut:
                 log.exception("fanout_call_crashed", worker_id=worker_id, phase=phase)
                 status, message = "error", f"{type(exc).__name__}: {exc}"
         duration = round(time.perf_counter() - t0, 6)
-        if status != "ok":
+        if status != "ok" and not quiet:
             log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, error=message)
         return Outcome(worker_id, WorkerResult(worker_id=worker_id, status=status, phase=phase,  # type: ignore[arg-type]
                                                duration_s=duration, message=message), value)
 
     async def run(self, apis: Sequence[AdminAPI], fn: Callable[[AdminAPI], Awaitable[T]], *, phase: str,
-                  deadline_s: float) -> list[Outcome[T]]:
-        return list(await asyncio.gather(*(self.call(a, fn, phase=phase, deadline_s=deadline_s) for a in apis)))
+                  deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:
+        return list(await asyncio.gather(*(self.call(a, fn, phase=phase, deadline_s=deadline_s, quiet=quiet)
+                                           for a in apis)))

@@ -33,7 +33,7 @@ class AgentAdminAPI:
         self.weight_load_timeout_s = weight_load_timeout_s
 
     async def status(self) -> WorkerStatus:
-        body = await self.http.request("GET", "/v1/agent/state")
+        body = await self.http.request("GET", "/v1/agent/state", retry=False)
         try:
             state = AgentState.model_validate(body)
         except ValidationError as exc:
@@ -86,18 +86,18 @@ class AgentAdminAPI:
     # -- broadcast weight transfer: collective calls, never retried -------------------
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
         await self.http.request("POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
-                                timeout_s=timeout_s, idempotent=False)
+                                timeout_s=timeout_s, retry=False)
 
     async def start_weight_update(self) -> None:
-        await self.http.request("POST", "/start_weight_update", idempotent=False)
+        await self.http.request("POST", "/start_weight_update", retry=False)
 
     async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None:
         await self.http.request("POST", "/update_weights", json_body={"update_info": update_info},
-                                timeout_s=timeout_s, idempotent=False)
+                                timeout_s=timeout_s, retry=False)
 
     async def finish_weight_update(self, version: str | None) -> None:
         await self.http.request("POST", "/finish_weight_update", json_body={"weight_version": version},
-                                idempotent=False)
+                                retry=False)
 
 
 def _checksums(worker_id: str, body: Any) -> dict[str, str]:

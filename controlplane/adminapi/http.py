@@ -78,9 +78,13 @@ class WorkerHTTP:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
-                      timeout_s: float | None = None, idempotent: bool = True) -> Any:
-        """One logical call; returns the parsed JSON body (or None when empty)."""
-        if not idempotent:
+                      timeout_s: float | None = None, retry: bool = True) -> Any:
+        """One logical call; returns the parsed JSON body (or None when empty).
+
+        `retry=False` for collective calls (the peer may already be in the group) and for
+        status reads (the next poll is the retry, and a dead worker should cost one deadline).
+        """
+        if not retry:
             return await self._once(method, path, json_body, params, timeout_s)
         retrying = AsyncRetrying(
             retry=retry_if_exception(_retryable),

@@ -13,13 +13,15 @@ Limits of this flavor, all from stock vLLM:
 - `/pause` takes no deadline: in wait mode vLLM drains without limit, so only our call
   deadline bounds it and the engine may still be pausing afterwards (`/is_paused` tells);
 - `/v1/unload_lora_adapter` only forgets the name in the API server; the engine keeps the
-  adapter (vLLM never calls `remove_lora` there). `/collective_rpc` could reach the
-  workers' `remove_lora(lora_id)` -- it is exactly what the engine core's `remove_lora`
-  does -- but the integer adapter id is assigned inside the API server and never exposed
-  over HTTP (`/v1/models` shows name, path and parent only; the unload request's
-  `lora_int_id` field is ignored), and guessing an id could evict another adapter. So the
-  adapter stays in the workers' LRU cache (bounded by max_loras / max_cpu_loras) until LRU
-  pressure or a restart frees it. Use the `agent` flavor where that matters.
+  adapter (vLLM never calls `remove_lora` there; `collective_rpc list_loras` still lists
+  its id afterwards). `/collective_rpc {"method": "remove_lora", "args": [id]}` does reach
+  the workers -- it is exactly what the engine core's `remove_lora` does -- but the
+  integer id is assigned inside the API server and never exposed over HTTP (`/v1/models`
+  shows name, path and parent only; the unload request's `lora_int_id` is ignored), and
+  ids are not predictable (a request for an unknown name consumes one). Guessing could
+  evict another adapter, so this flavor does not. The adapter stays in the workers' LRU
+  cache (bounded by max_loras / max_cpu_loras) until LRU pressure or a restart frees it.
+  Use the `agent` flavor where that matters.
 """
 
 from __future__ import annotations
@@ -120,18 +122,18 @@ class VllmAdminAPI:
     # -- broadcast weight transfer: vLLM's RL routes, collective, never retried --------
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
         await self.http.request("POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
-                                timeout_s=timeout_s, idempotent=False)
+                                timeout_s=timeout_s, retry=False)
 
     async def start_weight_update(self) -> None:
-        await self.http.request("POST", "/start_weight_update", idempotent=False)
+        await self.http.request("POST", "/start_weight_update", retry=False)
 
     async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None:
         await self.http.request("POST", "/update_weights", json_body={"update_info": update_info},
-                                timeout_s=timeout_s, idempotent=False)
+                                timeout_s=timeout_s, retry=False)
 
     async def finish_weight_update(self, version: str | None) -> None:
         await self.http.request("POST", "/finish_weight_update", json_body={"weight_version": version},
-                                idempotent=False)
+                                retry=False)
         # Like reload, vLLM's finish keeps the prefix cache; the reset is idempotent, so retried.
         await self._reset_prefix_cache()
 
