@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -74,6 +75,7 @@ class Controller:
         self.current: OperationTracker | None = None
         self.current_phase: Phase | None = None
         self.last_operation: OperationResult | None = None
+        self.history: deque[OperationResult] = deque(maxlen=64)  # newest last
         self.verified = False
         w = settings.workers
         self._policy = CallPolicy(timeout_s=w.timeout_s, attempts=w.attempts, retry_budget_s=w.retry_budget_s)

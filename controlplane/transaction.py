@@ -75,6 +75,7 @@ async def _run_operation(ctl: Controller, kind: OperationKind, detail: dict[str,
             finally:
                 result = run.tracker.finish()
                 ctl.current, ctl.last_operation = None, result
+                ctl.history.append(result)
                 ctl.set_phase(None)
                 ctl.metrics.operation_duration.labels(kind, result.status).observe(result.duration_s or 0)
                 log.info("operation", status=result.status, duration_s=result.duration_s,

@@ -112,6 +112,8 @@ async def test_update_transaction_converges_and_verifies(setup):
     assert st["desired"]["weight_source"]["path"] == str(ckpt[1])
     assert all(w["ready"] and w["serving"] and w["weight_version"] == "v1" for w in st["workers"])
     assert st["last_operation"]["id"] == result["id"]
+    status, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
+    assert status == 200 and [o["id"] for o in ops["operations"]] == [result["id"]]
 
     # Idempotent: the same version again touches no worker.
     touched = [len(a.touched) for a in agents]

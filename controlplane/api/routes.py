@@ -42,6 +42,16 @@ async def get_workers(request: web.Request) -> web.Response:
     return json_response(listing)
 
 
+@routes.get("/v1/rl/operations")
+async def get_operations(request: web.Request) -> web.Response:
+    """Recent operations, newest first (the running one included)."""
+    ctl = _ctl(request)
+    ops = [op.model_dump(mode="json") for op in reversed(ctl.history)]
+    if ctl.current is not None:
+        ops.insert(0, ctl.current.snapshot().model_dump(mode="json"))
+    return json_response({"operations": ops})
+
+
 @routes.post("/v1/rl/pause")
 async def post_pause(request: web.Request) -> web.Response:
     body = await parse_body(request, PauseRequest, allow_empty=True)
