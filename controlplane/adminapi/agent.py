@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from agents.wire import AgentState, PauseMode
 from controlplane.adminapi.base import WorkerStatus
 from controlplane.adminapi.http import WorkerHTTP, WorkerRejected
+from controlplane.adminapi.rl_routes import VllmWeightTransferRoutes
 from controlplane.workers import WorkerSpec
 
 # The pause itself is bounded by `timeout_s` on the agent; the call gets a little more
@@ -24,7 +25,7 @@ from controlplane.workers import WorkerSpec
 PAUSE_GRACE_S = 5.0
 
 
-class AgentAdminAPI:
+class AgentAdminAPI(VllmWeightTransferRoutes):
     """Speaks to one agent's admin port."""
 
     def __init__(self, *, spec: WorkerSpec, http: WorkerHTTP, weight_load_timeout_s: float = 600.0) -> None:
@@ -82,22 +83,6 @@ class AgentAdminAPI:
             if exc.status != 404:
                 raise
             # Already gone: unloading is idempotent, so a retry after a lost answer succeeds.
-
-    # -- broadcast weight transfer: collective calls, never retried -------------------
-    async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
-        await self.http.request("POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
-                                timeout_s=timeout_s, retry=False)
-
-    async def start_weight_update(self) -> None:
-        await self.http.request("POST", "/start_weight_update", retry=False)
-
-    async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None:
-        await self.http.request("POST", "/update_weights", json_body={"update_info": update_info},
-                                timeout_s=timeout_s, retry=False)
-
-    async def finish_weight_update(self, version: str | None) -> None:
-        await self.http.request("POST", "/finish_weight_update", json_body={"weight_version": version},
-                                retry=False)
 
 
 def _checksums(worker_id: str, body: Any) -> dict[str, str]:

@@ -32,12 +32,13 @@ from typing import Any
 from agents.wire import PauseMode
 from controlplane.adminapi.base import WorkerStatus
 from controlplane.adminapi.http import WorkerHTTP, WorkerRejected
+from controlplane.adminapi.rl_routes import VllmWeightTransferRoutes
 from controlplane.workers import WorkerSpec
 
 PAUSE_GRACE_S = 5.0
 
 
-class VllmAdminAPI:
+class VllmAdminAPI(VllmWeightTransferRoutes):
     """Speaks to one `vllm serve` in dev mode."""
 
     def __init__(self, *, spec: WorkerSpec, http: WorkerHTTP, weight_load_timeout_s: float = 600.0) -> None:
@@ -119,21 +120,9 @@ class VllmAdminAPI:
             if exc.status != 404:
                 raise  # 404 is "cannot be found": already unloaded, so idempotent success
 
-    # -- broadcast weight transfer: vLLM's RL routes, collective, never retried --------
-    async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
-        await self.http.request("POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
-                                timeout_s=timeout_s, retry=False)
-
-    async def start_weight_update(self) -> None:
-        await self.http.request("POST", "/start_weight_update", retry=False)
-
-    async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None:
-        await self.http.request("POST", "/update_weights", json_body={"update_info": update_info},
-                                timeout_s=timeout_s, retry=False)
-
+    # -- broadcast weight transfer: vLLM's RL routes (shared), plus a cache reset ------
     async def finish_weight_update(self, version: str | None) -> None:
-        await self.http.request("POST", "/finish_weight_update", json_body={"weight_version": version},
-                                retry=False)
+        await super().finish_weight_update(version)
         # Like reload, vLLM's finish keeps the prefix cache; the reset is idempotent, so retried.
         await self._reset_prefix_cache()
 
