@@ -98,7 +98,11 @@ async def update_weights(ctl: Controller, req: UpdateWeightsRequest) -> Operatio
     async def body(run: _Run) -> None:
         pause_s, load_s, short_s = _deadlines(ctl, req.timeout_s)
         members = run.members
-        already = [r for r in members if r.status is not None and r.status.weight_version == req.version]
+        if ctl.desired.weight_version == req.version:
+            # Read fresh: the cache may predate a worker's restart onto base weights.
+            await ctl.poll_statuses(members)
+        already = [r for r in members if r.reachable and r.status is not None
+                   and r.status.weight_version == req.version]
         if ctl.desired.weight_version == req.version and len(already) == len(members):
             for r in members:
                 run.tracker.skip(r.spec.id, "gate", f"already at version {req.version!r}")
