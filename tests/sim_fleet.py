@@ -59,7 +59,7 @@ class Fault:
 class SimAgent:
     agent_id: str
     roots: list[Path]
-    port: int = field(default_factory=free_port)
+    port: int = 0  # bound at the first start, kept across restarts
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: dict[str, Fault] = field(default_factory=dict)
     touched: list[str] = field(default_factory=list)
@@ -84,6 +84,7 @@ class SimAgent:
         self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True).start()
+        self.port = self.runner.addresses[0][1]
         return self
 
     async def stop(self) -> None:
