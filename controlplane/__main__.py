@@ -54,7 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await runner.cleanup()
 
-    asyncio.run(_run())
+    try:
+        asyncio.run(_run())
+    except OSError as exc:  # the port is taken, the address is wrong, ...
+        print(f"rl-controlplane: cannot serve on {settings.api.host}:{settings.api.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

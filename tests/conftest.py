@@ -21,7 +21,7 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
         "allowed_roots": [str(models["base"].parent)],
         "log_format": "json",
         "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny", "dtype": "float32",
-                   "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
+                   "max_model_len": 1024, "gpu_memory_utilization": 0.2, "enforce_eager": True,
                    "enable_lora": True, "max_lora_rank": 8, "max_loras": 2},
     }
 
