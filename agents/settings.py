@@ -11,7 +11,6 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                YamlConfigSettingsSource)

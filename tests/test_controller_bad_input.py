@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.sim_fleet import start_fleet, write_checkpoint
-from tests.test_controller_sim import AUTH, start_controller, wait_for
+from tests.test_controller_sim import start_controller, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
