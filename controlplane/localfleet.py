@@ -322,6 +322,9 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             say(f"""
 Controller: {url}   API token: {token}
 From another terminal, while it runs (--keep-running keeps it up after the steps):
+  export RLCTL_URL={url} RLCTL_TOKEN={token}
+  .venv/bin/rlctl state --watch
+  .venv/bin/rlctl pause --mode keep && .venv/bin/rlctl resume
   curl -s {url}/v1/rl/state | python3 -m json.tool
   curl -s -X POST {url}/v1/rl/pause {auth} -d '{{"mode": "keep"}}'
   curl -s -X POST {url}/v1/rl/resume {auth} -d '{{}}'
