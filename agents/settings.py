@@ -11,12 +11,27 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                YamlConfigSettingsSource)
 
 
-class AdminSettings(BaseModel):
+class Section(BaseModel):
+    """A nested settings section: a misspelt key is an error, not a silently ignored option."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def read_token(value: SecretStr | None, path: Path | None) -> str | None:
+    """A token given inline wins over one in a file (a mounted Secret); None when neither."""
+    if value is not None:
+        return value.get_secret_value()
+    if path is not None:
+        return path.read_text().strip() or None
+    return None
+
+
+class AdminSettings(Section):
     host: str = Field("127.0.0.1", description="Admin port bind address.")
     port: int = Field(8101, ge=0, le=65535, description="Admin port (0 = pick a free one).")
     token: SecretStr | None = Field(None, description="Bearer token for mutating admin routes.")
@@ -25,19 +40,18 @@ class AdminSettings(BaseModel):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest admin request body, in bytes.")
 
     def resolved_token(self) -> str:
-        if self.token is not None:
-            return self.token.get_secret_value()
-        if self.token_file is not None:
-            return self.token_file.read_text().strip()
-        raise ValueError("no admin token: set RLAGENT_ADMIN__TOKEN or RLAGENT_ADMIN__TOKEN_FILE")
+        token = read_token(self.token, self.token_file)
+        if not token:
+            raise ValueError("no admin token: set RLAGENT_ADMIN__TOKEN or RLAGENT_ADMIN__TOKEN_FILE")
+        return token
 
 
-class InferenceSettings(BaseModel):
+class InferenceSettings(Section):
     host: str = Field("127.0.0.1", description="Inference (OpenAI API) bind address.")
     port: int = Field(8100, ge=0, le=65535, description="Inference port (0 = pick a free one).")
 
 
-class EngineSettings(BaseModel):
+class EngineSettings(Section):
     kind: Literal["vllm", "sim"] = Field("vllm", description="Real vLLM engine, or the simulated one.")
     model: str = Field("", description="Model directory (vllm) or model name (sim).")
     served_model_name: str | None = Field(None, description="Name clients use as `model`; defaults to `model`.")
@@ -56,7 +70,7 @@ class EngineSettings(BaseModel):
     sim_world_size: int = Field(1, ge=1)
 
 
-class TimeoutSettings(BaseModel):
+class TimeoutSettings(Section):
     """Deadlines of engine calls, in seconds. Nothing waits forever."""
 
     pause_s: float = Field(60.0, gt=0, description="pause (wait mode drains within this).")

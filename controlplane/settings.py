@@ -9,22 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from agents.settings import load_settings_with_yaml
+from agents.settings import Section, load_settings_with_yaml, read_token
 from controlplane.workers import Flavor, WorkerSpec
 
 
-def _token(value: SecretStr | None, path: Path | None, what: str) -> str | None:
-    if value is not None:
-        return value.get_secret_value()
-    if path is not None:
-        return path.read_text().strip()
-    return None
-
-
-class ApiSettings(BaseModel):
+class ApiSettings(Section):
     host: str = Field("127.0.0.1", description="Bind address of the controller API.")
     port: int = Field(8080, ge=0, le=65535, description="Controller API port (0 = pick a free one).")
     token: SecretStr | None = Field(None, description="Bearer token for mutating routes.")
@@ -33,13 +25,13 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body, in bytes.")
 
     def resolved_token(self) -> str:
-        token = _token(self.token, self.token_file, "api")
+        token = read_token(self.token, self.token_file)
         if not token:
             raise ValueError("no API token: set RLCP_API__TOKEN or RLCP_API__TOKEN_FILE")
         return token
 
 
-class HttpListingSettings(BaseModel):
+class HttpListingSettings(Section):
     url: str = Field(description="URL of a GET /v1/rl/workers listing (Dynamo's shape).")
     interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
     timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
@@ -47,7 +39,7 @@ class HttpListingSettings(BaseModel):
     token: SecretStr | None = None
 
 
-class DiscoverySettings(BaseModel):
+class DiscoverySettings(Section):
     kind: Literal["static", "http_listing", "kubernetes"] = "static"
     static: list[WorkerSpec] = Field(default_factory=list, description="The members, for kind=static.")
     http_listing: HttpListingSettings | None = None
@@ -59,7 +51,7 @@ class DiscoverySettings(BaseModel):
         return self
 
 
-class WorkerCallSettings(BaseModel):
+class WorkerCallSettings(Section):
     """How the controller calls workers' admin APIs."""
 
     token: SecretStr | None = Field(None, description="Bearer token of the workers' admin APIs.")
@@ -72,17 +64,17 @@ class WorkerCallSettings(BaseModel):
     weight_load_timeout_s: float = Field(600.0, gt=0, description="Deadline of a disk weight load, in seconds.")
 
     def resolved_token(self) -> str | None:
-        return _token(self.token, self.token_file, "workers")
+        return read_token(self.token, self.token_file)
 
 
-class ReconcileSettings(BaseModel):
+class ReconcileSettings(Section):
     poll_interval_s: float = Field(1.0, gt=0, description="How often every member's status is read, in seconds.")
     interval_s: float = Field(1.0, gt=0, description="How often the reconciler looks for work, in seconds.")
     backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay of a failing worker, in seconds.")
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")
 
 
-class StoreSettings(BaseModel):
+class StoreSettings(Section):
     kind: Literal["file", "memory", "configmap"] = "file"
     path: Path = Field(Path(".rlcp-state/desired.json"), description="Desired-state file, for kind=file.")
 
