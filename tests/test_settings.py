@@ -35,3 +35,11 @@ def test_unknown_fields_and_bad_values_are_refused(tmp_path):
         load_agent(engine={"kind": "vllm"})
     with pytest.raises(FileNotFoundError):
         load_agent(tmp_path / "missing.yaml")
+
+
+def test_shipped_example_configs_load():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "configs"
+    assert load_controller(root / "local.yaml").discovery.static[1].id == "local-1"
+    assert load_agent(root / "agent-local.yaml").engine.served_model_name == "tiny"
