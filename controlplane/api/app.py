@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.admin.http import make_auth_middleware, make_error_middleware
+from controlplane.api.facade import facade
 from controlplane.api.routes import CONTROLLER, routes
 from controlplane.controller import Controller
 from controlplane.discovery.base import DiscoverySource
@@ -22,7 +23,7 @@ from controlplane.settings import ControllerSettings
 from controlplane.store import DesiredStore, FileStore, MemoryStore
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
 
 
 def make_store(settings: ControllerSettings) -> DesiredStore:
@@ -59,6 +60,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)],
     )
     app.add_routes(routes)
+    app.add_routes(facade)
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         # One session for every worker call; connection reuse is most of fan-out speed.

@@ -20,7 +20,7 @@ def _ctl(request: web.Request) -> Controller:
     return request.app[CONTROLLER]
 
 
-def _result(result: OperationResult) -> web.Response:
+def operation_response(result: OperationResult) -> web.Response:
     return json_response(result, status=http_status(result))
 
 
@@ -55,30 +55,30 @@ async def get_operations(request: web.Request) -> web.Response:
 @routes.post("/v1/rl/pause")
 async def post_pause(request: web.Request) -> web.Response:
     body = await parse_body(request, PauseRequest, allow_empty=True)
-    return _result(await transaction.pause(_ctl(request), body))
+    return operation_response(await transaction.pause(_ctl(request), body))
 
 
 @routes.post("/v1/rl/resume")
 async def post_resume(request: web.Request) -> web.Response:
     await parse_body(request, ResumeRequest, allow_empty=True)
-    return _result(await transaction.resume(_ctl(request)))
+    return operation_response(await transaction.resume(_ctl(request)))
 
 
 @routes.post("/v1/rl/update_weights")
 async def post_update_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightsRequest)
-    return _result(await transaction.update_weights(_ctl(request), body))
+    return operation_response(await transaction.update_weights(_ctl(request), body))
 
 
 @routes.post("/v1/rl/loras")
 async def post_lora(request: web.Request) -> web.Response:
     body = await parse_body(request, LoraRequest)
-    return _result(await transaction.load_lora(_ctl(request), body))
+    return operation_response(await transaction.load_lora(_ctl(request), body))
 
 
 @routes.delete("/v1/rl/loras/{name}")
 async def delete_lora(request: web.Request) -> web.Response:
-    return _result(await transaction.unload_lora(_ctl(request), request.match_info["name"]))
+    return operation_response(await transaction.unload_lora(_ctl(request), request.match_info["name"]))
 
 
 @routes.get("/healthz")

@@ -1,0 +1,110 @@
+"""Compatibility facade: the fleet at the controller's root, shaped like one vLLM server.
+
+Existing RL code that drives a single vLLM server (its RL routes, or the disk and LoRA
+routes frameworks call on their inference servers) can point at the controller and drive
+the whole fleet unchanged. Each route maps onto a native operation, so the rules hold:
+one operation at a time (409), a 4xx naming the field before any worker is touched,
+and a partial failure is a 207/502 with every worker's result -- never 200.
+
+Broadcast weight transfer (`/init_weight_transfer_engine` and friends) is not served
+here yet; those paths answer 404 rather than pretend.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents.admin.http import json_response, parse_body, validate
+from agents.wire import PauseQuery, WorldSizeQuery
+from controlplane import transaction
+from controlplane.api.routes import CONTROLLER, operation_response
+from controlplane.state import LoraRequest, PauseRequest, UpdateWeightsRequest
+
+facade = web.RouteTableDef()
+
+
+class DiskWeightsRequest(BaseModel):
+    """The shape RL frameworks send their inference servers for a disk update."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
+    weight_version: str | None = Field(None, max_length=256, description="Defaults to the directory's name.")
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = True  # accepted for vLLM compatibility: a same-name load always swaps in place
+
+
+@facade.post("/pause")
+async def pause(request: web.Request) -> web.Response:
+    query = validate(PauseQuery, dict(request.query))
+    result = await transaction.pause(request.app[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
+    return operation_response(result) if result.status != "ok" else json_response({"status": "paused"})
+
+
+@facade.post("/resume")
+async def resume(request: web.Request) -> web.Response:
+    result = await transaction.resume(request.app[CONTROLLER])
+    return operation_response(result) if result.status != "ok" else json_response({"status": "resumed"})
+
+
+@facade.get("/is_paused")
+async def is_paused(request: web.Request) -> web.Response:
+    return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
+
+
+@facade.post("/update_weights")
+async def update_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, DiskWeightsRequest)
+    version = body.weight_version or PurePosixPath(body.weight_dir).name
+    req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
+    result = await transaction.update_weights(request.app[CONTROLLER], req)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": "Weights updated", "weight_version": version})
+
+
+@facade.post("/load_lora_adapter")
+@facade.post("/v1/load_lora_adapter")
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await parse_body(request, LoadLoraAdapterRequest)
+    req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
+    result = await transaction.load_lora(request.app[CONTROLLER], req)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
+
+
+@facade.get("/health")
+async def health(request: web.Request) -> web.Response:
+    serving = any(w.serving for w in request.app[CONTROLLER].state().workers)
+    return web.Response(status=200 if serving else 503)
+
+
+@facade.get("/weight_info")
+async def weight_info(request: web.Request) -> web.Response:
+    return json_response({"weight_version": request.app[CONTROLLER].state().applied.weight_version})
+
+
+@facade.get("/get_world_size")
+async def get_world_size(request: web.Request) -> web.Response:
+    validate(WorldSizeQuery, dict(request.query))
+    return json_response({"world_size": sum(w.world_size for w in request.app[CONTROLLER].state().workers)})
+
+
+@facade.get("/v1/models")
+async def models(request: web.Request) -> web.Response:
+    ctl = request.app[CONTROLLER]
+    names = sorted({r.spec.model for r in ctl.members() if r.spec.model})
+    data = [{"id": n, "object": "model", "owned_by": "rl-controlplane", "parent": None} for n in names]
+    base = names[0] if names else None
+    data += [{"id": lora, "object": "model", "owned_by": "rl-controlplane", "parent": base}
+             for lora in sorted(ctl.desired.loras)]
+    return json_response({"object": "list", "data": data})
