@@ -273,18 +273,22 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 
-    async def start_agent(name: str) -> dict:
+    async def start_agent(name: str, index: int) -> dict:
+        # vLLM's CPU backend binds every engine's threads to the same cores by default
+        # ("auto"); one core each lets N engines on one machine run side by side.
+        agent_env = env if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else {
+            **env, "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
         child = procs.spawn(name, "agents", {
             "agent_id": name, "admin": {"port": 0, "token": admin_token}, "inference": {"port": 0},
             "engine": engine, "allowed_roots": [str(args.workdir)], "require_desired_version": True,
-            "log_format": "json"}, "--ports-file", env)
+            "log_format": "json"}, "--ports-file", agent_env)
         ports = json.loads(await child.wait_ready(args.start_timeout))
         say(f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
             f"inference :{ports['inference_port']}")
         return {"id": name, "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
                 "inference_url": f"http://127.0.0.1:{ports['inference_port']}", "flavor": "agent"}
 
-    specs = await asyncio.gather(*(start_agent(f"agent-{i}") for i in range(args.agents)))
+    specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
     child = procs.spawn("controller", "controlplane", {
         "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
         "discovery": {"kind": "static", "static": specs},
