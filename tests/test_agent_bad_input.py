@@ -102,3 +102,11 @@ async def test_mutating_routes_need_the_token(method, path, headers, http, vllm_
 async def test_unknown_route_is_a_json_404(http, vllm_agent):
     status, resp = await call(http, "GET", vllm_agent.admin_url + "/nope")
     assert status == 404 and resp["error"]["code"] == "not_found"
+
+
+async def test_the_token_never_reaches_the_log(http, vllm_agent):
+    await call(http, "POST", vllm_agent.admin_url + "/resume", headers={"Authorization": "Bearer wrong-guess"})
+    await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
+    log = vllm_agent.log_path.read_text(errors="replace")
+    assert '"route": "/resume"' in log  # the calls were logged...
+    assert vllm_agent.token not in log and "wrong-guess" not in log  # ...without any token

@@ -364,3 +364,14 @@ async def test_metrics_and_probes(setup):
     assert "rlcp_members 3.0" in text and "rlcp_workers_ready 3.0" in text
     assert (await ctl.client.get("/healthz")).status == 200
     assert (await ctl.client.get("/readyz")).status == 200
+
+
+async def test_tokens_never_reach_the_controller_log(setup, capfd):
+    ctl, agents, ckpt, _ = setup
+    await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"}, headers={"Authorization": "Bearer wrong-guess"})
+    agents[0].faults["/resume"] = Fault("status", 401)
+    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v7", ckpt[1])))[0] == 207
+    out, err = capfd.readouterr()
+    assert "worker_call_failed" in out + err  # the failure was logged...
+    for secret in (CTL_TOKEN, TOKEN, "wrong-guess"):
+        assert secret not in out + err  # ...without any token
