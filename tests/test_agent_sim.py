@@ -77,7 +77,9 @@ async def test_concurrent_mutations_get_409_reads_still_answer(tmp_path):
     try:
         async with aiohttp.ClientSession() as http:
             pause = asyncio.create_task(call(http, "POST", a.url + "/pause?mode=abort", headers=AUTH))
-            await asyncio.sleep(0.1)
+            async with asyncio.timeout(10):
+                while a.service.state().busy_with != "pause":
+                    await asyncio.sleep(0.005)
             status, body = await call(http, "POST", a.url + "/resume", headers=AUTH)
             assert status == 409 and "pause" in body["error"]["message"]
             status, body = await call(http, "GET", a.url + "/v1/agent/state")

@@ -175,7 +175,9 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
     long = Stream(http, agent, PROMPT, 900)
     await long.wait_for_tokens(2)
     pause = asyncio.create_task(call(http, "POST", agent.admin_url + "/pause?mode=wait", headers=agent.auth))
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(30):  # two connections have no order: wait until the agent runs the pause
+        while (await state(http, agent))["busy_with"] != "pause":
+            await asyncio.sleep(0.01)
     status, body = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
                               body={"path": str(tiny_models["weights-2"]), "version": "B"})
     assert status == 409 and body["error"]["code"] == "conflict"
