@@ -67,6 +67,16 @@ class Stream:
         self.task = asyncio.create_task(self._run(http, agent, prompt, max_tokens), name="test-stream")
 
     async def _run(self, http, agent, prompt, max_tokens):
+        try:
+            await self._stream(http, agent, prompt, max_tokens)
+        except aiohttp.ServerDisconnectedError:
+            # A pooled keep-alive connection the server closed at that moment: a client
+            # artefact. Before any token arrived, the request never reached the engine: retry.
+            if self.tokens:
+                raise
+            await self._stream(http, agent, prompt, max_tokens)
+
+    async def _stream(self, http, agent, prompt, max_tokens):
         payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                    "ignore_eos": True, "stream": True, "return_token_ids": True}
         async with http.post(agent.inference_url + "/v1/completions", json=payload,
