@@ -6,6 +6,8 @@ Sources, highest first: init kwargs, environment (`RLCP_`, nested with `__`, e.g
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,15 +41,66 @@ class HttpListingSettings(Section):
     token: SecretStr | None = None
 
 
+# Where a pod finds its own namespace (the service account volume every pod mounts).
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def pod_namespace() -> str:
+    """The namespace this pod runs in, or "default" outside a cluster."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def pod_identity() -> str:
+    """This replica's name in a Lease: the pod name (downward API `POD_NAME`), else the hostname
+    (which Kubernetes sets to the pod name too)."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class KubernetesApiSettings(Section):
+    """How to reach the Kubernetes API; shared by discovery, leader election and the ConfigMap store."""
+
+    api_url: str | None = Field(None, description="API server URL (tests, `kubectl proxy`). Unset: in-cluster "
+                                                  "config inside a pod, else the kubeconfig.")
+    kubeconfig: Path | None = Field(None, description="Kubeconfig file outside a cluster; default ~/.kube/config.")
+    context: str | None = Field(None, description="Kubeconfig context; default the current one.")
+    request_timeout_s: float = Field(10.0, gt=0, description="Deadline of one API call, in seconds.")
+
+
+class KubernetesDiscoverySettings(Section):
+    """EndpointSlices (discovery.k8s.io/v1) selected by label, list-then-watch."""
+
+    namespace: str = Field(default_factory=pod_namespace, description="Namespace of the EndpointSlices; "
+                                                                       "default the pod's own.")
+    label_selector: str = Field(min_length=1, description="Selects the workers' EndpointSlices, e.g. "
+                                                          "`kubernetes.io/service-name=rl-workers`.")
+    admin_port_name: str = Field("admin", min_length=1, description="EndpointSlice port name of the admin API.")
+    inference_port_name: str = Field("inference", min_length=1,
+                                     description="EndpointSlice port name serving inference (optional on a slice).")
+    world_size_key: str = Field("rlcp.io/world-size", min_length=1,
+                                description="Pod label or annotation holding a worker's inference ranks.")
+    read_pods: bool = Field(True, description="Read each worker pod (once per pod) for `world_size_key`; "
+                                              "off: only the EndpointSlice's own labels/annotations count.")
+    flavor: Flavor = Field("agent", description="AdminAPI flavor of every discovered worker.")
+    scheme: Literal["http", "https"] = Field("http", description="Scheme of the workers' URLs.")
+    watch_timeout_s: int = Field(300, ge=1, description="Server-side length of one watch request, in seconds.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest wait before re-listing after failures, in seconds.")
+
+
 class DiscoverySettings(Section):
     kind: Literal["static", "http_listing", "kubernetes"] = "static"
     static: list[WorkerSpec] = Field(default_factory=list, description="The members, for kind=static.")
     http_listing: HttpListingSettings | None = None
+    kubernetes: KubernetesDiscoverySettings | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DiscoverySettings:
         if self.kind == "http_listing" and self.http_listing is None:
             raise ValueError("discovery.http_listing is required for kind=http_listing")
+        if self.kind == "kubernetes" and self.kubernetes is None:
+            raise ValueError("discovery.kubernetes (with label_selector) is required for kind=kubernetes")
         return self
 
 
@@ -77,6 +130,34 @@ class ReconcileSettings(Section):
 class StoreSettings(Section):
     kind: Literal["file", "memory", "configmap"] = "file"
     path: Path = Field(Path(".rlcp-state/desired.json"), description="Desired-state file, for kind=file.")
+    configmap_name: str = Field("rl-controlplane-state", min_length=1,
+                                description="ConfigMap holding the desired state, for kind=configmap.")
+    namespace: str = Field(default_factory=pod_namespace,
+                           description="Namespace of that ConfigMap; default the pod's own.")
+
+
+class LeaderElectionSettings(Section):
+    """One replica leads through a coordination.k8s.io/v1 Lease (client-go's algorithm)."""
+
+    enabled: bool = Field(False, description="Off: this replica always leads (a single controller).")
+    lease_name: str = Field("rl-controlplane", min_length=1, description="Name of the Lease.")
+    namespace: str = Field(default_factory=pod_namespace, description="Namespace of the Lease; default the pod's own.")
+    identity: str = Field(default_factory=pod_identity, min_length=1,
+                          description="This replica's holder identity; default env POD_NAME, else the hostname.")
+    lease_duration_s: float = Field(15.0, gt=0, description="How long others wait after the last renewal seen "
+                                                            "before taking the Lease, in seconds.")
+    renew_deadline_s: float = Field(10.0, gt=0, description="The leader steps down when it has not renewed for "
+                                                            "this long, in seconds; below lease_duration_s.")
+    retry_period_s: float = Field(2.0, gt=0, description="Interval between tries to acquire or renew, in seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LeaderElectionSettings:
+        # The old leader must stop before anyone else may start: renew_deadline < lease_duration.
+        if self.renew_deadline_s >= self.lease_duration_s:
+            raise ValueError("leader_election.renew_deadline_s must be below lease_duration_s")
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise ValueError("leader_election.retry_period_s must be below renew_deadline_s")
+        return self
 
 
 class ControllerSettings(BaseSettings):
@@ -88,6 +169,8 @@ class ControllerSettings(BaseSettings):
     workers: WorkerCallSettings = WorkerCallSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     store: StoreSettings = StoreSettings()
+    leader_election: LeaderElectionSettings = LeaderElectionSettings()
+    kubernetes: KubernetesApiSettings = KubernetesApiSettings()
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="Weight and adapter paths must lie under one of these.")
     log_format: Literal["json", "console"] = "json"
