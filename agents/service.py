@@ -55,6 +55,7 @@ class AgentService:
         self.instance_id = uuid.uuid4().hex[:12]
         # Set when a weight load failed part-way: the engine's weights are then unknown.
         self._weights_broken: str | None = None
+        self._chunks_since_start = 0  # transfer chunks since start_weight_update
         self._expected_tensors: set[str] | None = None
         self.metrics = AgentMetrics()
 
@@ -204,9 +205,11 @@ class AgentService:
     async def start_weight_update(self) -> None:
         async with self._operation("start_weight_update"):
             await self._call(self.engine.start_weight_update(), self.timeouts.transfer_chunk_s, "start_weight_update")
+            self._chunks_since_start = 0
 
-    async def update_weights(self, update_info: dict[str, Any]) -> None:
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         async with self._operation("update_weights"), self._changing_weights(completes=False):
+            self._chunks_since_start += 1  # counted before the call: a failed chunk may have landed in part
             await self._call(self.engine.update_weights(update_info), self.timeouts.transfer_chunk_s,
                              "update_weights")
 
@@ -214,11 +217,21 @@ class AgentService:
         async with self._operation("finish_weight_update", version=version), self._changing_weights():
             await self._call(self.engine.finish_weight_update(), self.timeouts.transfer_chunk_s,
                              "finish_weight_update")
+            changed, self._chunks_since_start = self._chunks_since_start > 0, 0
             if version is not None:
                 await self._commit_version(version)
-            else:
-                await self._call(self.engine.reset_prefix_cache(include_running=True), self.timeouts.control_s,
-                                 "reset_prefix_cache")
+                return
+            if changed:
+                # New weights without a name (a caller that names them later, or a session
+                # ended early): the old version no longer describes them.
+                self._weight_version = None
+            await self._call(self.engine.reset_prefix_cache(include_running=True), self.timeouts.control_s,
+                             "reset_prefix_cache")
+
+    async def shutdown_weight_transfer(self) -> None:
+        async with self._operation("shutdown_weight_transfer"):
+            await self._call(self.engine.shutdown_weight_transfer(), self.timeouts.control_s,
+                             "shutdown_weight_transfer_engine")
 
     # -- LoRA ---------------------------------------------------------------------
     async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:

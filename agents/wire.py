@@ -17,7 +17,7 @@ PauseMode = Literal["abort", "wait", "keep"]
 OperationKind = Literal[
     "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
-    "update_weights", "finish_weight_update", "weight_checker", "set_desired",
+    "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
 ]
 OperationStatus = Literal["ok", "error", "timeout"]
 
@@ -58,7 +58,8 @@ class InitWeightTransferRequest(_Body):
 
 
 class UpdateWeightsRequest(_Body):
-    update_info: dict = Field(description="Backend-specific update chunk (vLLM's WeightTransferUpdateRequest).")
+    update_info: dict | list[dict] = Field(
+        description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
 
 
 class FinishWeightUpdateRequest(_Body):

@@ -8,7 +8,9 @@
     └── ConvergeTimeout         wait_converged ran out of time (names the workers behind)
 
 Every call has a deadline. `SyncControlPlaneClient` wraps the async client for code
-without an event loop (a training script).
+without an event loop (a training script). `ControllerWeightSyncClient` is vLLM's
+`VLLMWeightSyncClient` protocol over the controller: hand it to a vLLM trainer-side
+weight transfer engine and one broadcast from the trainer updates the whole fleet.
 """
 
 from __future__ import annotations
@@ -81,7 +83,9 @@ class ControlPlaneClient:
 
     async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # No session-wide limit: each call has its own deadline, and an update
+            # transaction may rightly take longer than aiohttp's default 300 s.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
         url = self.base_url + path
         deadline = timeout_s or self.timeout_s
         try:
@@ -147,6 +151,34 @@ class ControlPlaneClient:
 
         return OperationResult.model_validate(await self._request("DELETE", f"/v1/rl/loras/{quote(name, safe='')}"))
 
+    # -- broadcast updates (vLLM's weight-transfer protocol, fleet-wide) ---------------------
+    async def transfer_info(self) -> dict:
+        """`inference_world_size`, `trainer_world_size` (what the trainer's init_info needs) and the group."""
+        return await self._request("GET", "/v1/rl/weight_transfer")
+
+    async def transfer_init(self, init_info: dict[str, Any], *, timeout_s: float = _LONG_S) -> OperationResult:
+        """Every worker joins the trainer's group; returns once all have (the trainer joins beside it)."""
+        return await self._op("POST", "/v1/rl/weight_transfer/init", {"init_info": init_info}, timeout_s)
+
+    async def transfer_start(self, *, timeout_s: float = _LONG_S) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/start", {}, timeout_s)
+
+    async def transfer_update(self, update_info: dict[str, Any] | list[dict[str, Any]], *,
+                              timeout_s: float = _LONG_S) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/update", {"update_info": update_info}, timeout_s)
+
+    async def transfer_finish(self, weight_version: str | None = None, *, checkpoint_path: str | None = None,
+                              timeout_s: float = _LONG_S) -> OperationResult:
+        """Ends the update; `checkpoint_path` names a disk copy of these weights for workers that join later."""
+        body = {k: v for k, v in (("weight_version", weight_version), ("checkpoint_path", checkpoint_path)) if v}
+        return await self._op("POST", "/v1/rl/weight_transfer/finish", body, timeout_s)
+
+    async def transfer_shutdown(self) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/shutdown", {}, None)
+
+    async def _op(self, method: str, path: str, body: Any, timeout_s: float | None) -> OperationResult:
+        return OperationResult.model_validate(await self._request(method, path, body, timeout_s))
+
     async def wait_converged(self, version: str | None = None, *, timeout_s: float = 300.0,
                              poll_s: float = 0.5) -> FleetState:
         """Poll until every member is at the desired state (and at `version`, if given)."""
@@ -189,3 +221,56 @@ class SyncControlPlaneClient:
         if not asyncio.iscoroutinefunction(method):
             raise AttributeError(name)
         return lambda *args, **kwargs: self._run(method(*args, **kwargs))
+
+
+class ControllerWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` (a structural protocol) backed by the controller.
+
+        engine = WeightTransferTrainerFactory.trainer_init(
+            init_info, client=ControllerWeightSyncClient(url, token=token), source=ModuleSource(model))
+        engine.send_weights(weight_version="step-7")
+
+    The trainer's `init_info.world_size` must be `trainer_world_size()`. Each call raises
+    `OperationFailed` (with every worker's result) when any worker fails its part; the
+    controller has then ended the update and said which worker failed in which phase.
+    Calls may come from several threads at once (a trainer engine runs `update_weights`
+    beside its broadcast). `last_result` holds the latest operation result.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = _LONG_S,
+                 checkpoint_path: str | None = None) -> None:
+        self._client = SyncControlPlaneClient(base_url, token=token, timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+        self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
+        self.last_result: OperationResult | None = None
+
+    def trainer_world_size(self) -> int:
+        return int(self._client.transfer_info()["trainer_world_size"])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+
+    def start_weight_update(self) -> None:
+        self.last_result = self._client.transfer_start(timeout_s=self.timeout_s)
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.last_result = self._client.transfer_update(update_info, timeout_s=self.timeout_s)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.last_result = self._client.transfer_finish(weight_version, checkpoint_path=self.checkpoint_path,
+                                                        timeout_s=self.timeout_s)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.last_result = self._client.transfer_shutdown()
+
+    def state(self) -> FleetState:
+        return self._client.state()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ControllerWeightSyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -80,6 +80,9 @@ class Controller:
         w = settings.workers
         self._policy = CallPolicy(timeout_s=w.timeout_s, attempts=w.attempts, retry_budget_s=w.retry_budget_s)
         self._worker_token = w.resolved_token()
+        from controlplane.broadcast import WeightTransfer  # it builds on transaction, which types on us
+
+        self.transfer = WeightTransfer(self)
 
     async def load_desired(self) -> None:
         stored = await self.store.load()
@@ -297,4 +300,4 @@ class Controller:
             applied=AppliedState(weight_version=common, converged=all_converged,
                                  verified=self.verified and all_converged),
             membership_epoch=self.membership.epoch, discovery_synced=self.membership.synced,
-            last_operation=last, workers=views)
+            last_operation=last, weight_transfer=self.transfer.view(), workers=views)

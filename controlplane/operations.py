@@ -54,5 +54,11 @@ class OperationTracker:
 
 
 def http_status(result: OperationResult) -> int:
-    """200 all ok; 207 some failed; 502 none ok. Never 200 with an error inside."""
-    return {"ok": 200, "partial": 207}.get(result.status, 502)
+    """200 all ok (or still running, for a step of an open session); 207 some failed;
+    502 none ok. Never 200 with an error inside. A broadcast step is one collective: a
+    worker that failed it failed the whole step, so any failure there is 502."""
+    if result.status in ("ok", "running"):
+        return 200
+    if result.status == "partial" and not result.kind.startswith("weight_transfer"):
+        return 207
+    return 502

@@ -28,6 +28,16 @@ def weights_behind(desired: DesiredState, status: WorkerStatus) -> bool:
     return desired.weight_version is not None and status.weight_version != desired.weight_version
 
 
+def load_source(desired: DesiredState) -> dict[str, str] | None:
+    """Where a worker behind gets weights: the desired disk source, else (after a
+    broadcast) the newest disk checkpoint known, which may be an older version."""
+    if desired.weight_source is not None and desired.weight_source.kind == "disk":
+        return {"path": desired.weight_source.path, "version": desired.weight_version or ""}
+    if desired.checkpoint is not None:
+        return {"path": desired.checkpoint.path, "version": desired.checkpoint.version}
+    return None
+
+
 def loras_behind(desired: DesiredState, status: WorkerStatus) -> bool:
     want = {name: spec.version for name, spec in desired.loras.items()}
     return status.loras != want
@@ -49,10 +59,13 @@ def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | Non
     if tracks_desired and told_desired != desired.weight_version:
         actions.append(Action("set_desired", {"version": desired.weight_version}))
     if weights_behind(desired, status):
-        if desired.weight_source is None:
-            return actions  # nothing to load from (a broadcast version): it stays not ready
-        actions.append(Action("update_weights", {"path": desired.weight_source.path,
-                                                 "version": desired.weight_version}))
+        source = load_source(desired)
+        if source is None:
+            return actions  # nothing to load (a broadcast version, no disk copy): it stays not ready
+        if status.weight_version != source["version"]:
+            actions.append(Action("update_weights", source))
+        if source["version"] != desired.weight_version:
+            return actions  # the disk copy is older: out of service until the next broadcast
     for name, spec in desired.loras.items():
         if name not in status.loras or status.loras[name] != spec.version:
             actions.append(Action("load_lora", {"name": name, "path": spec.path, "version": spec.version}))

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from agents.wire import PauseMode
 from agents.settings import Section, load_settings_with_yaml, read_token
 from controlplane.workers import Flavor, WorkerSpec
 
@@ -127,6 +128,16 @@ class ReconcileSettings(Section):
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")
 
 
+class WeightTransferSettings(Section):
+    """Broadcast weight updates (vLLM's weight-transfer protocol across the fleet)."""
+
+    init_timeout_s: float = Field(330.0, gt=0, description="Deadline for every worker to join the trainer's group.")
+    chunk_timeout_s: float = Field(600.0, gt=0, description="Deadline of start, each update chunk and finish.")
+    idle_timeout_s: float = Field(600.0, gt=0, description="An open update with no call for this long is aborted.")
+    pause_mode: PauseMode = Field("keep", description="How start pauses a fleet the trainer has not paused.")
+    verify: bool = Field(True, description="After a named finish, check versions and weight checksums agree.")
+
+
 class StoreSettings(Section):
     kind: Literal["file", "memory", "configmap"] = "file"
     path: Path = Field(Path(".rlcp-state/desired.json"), description="Desired-state file, for kind=file.")
@@ -168,6 +179,7 @@ class ControllerSettings(BaseSettings):
     discovery: DiscoverySettings = DiscoverySettings()
     workers: WorkerCallSettings = WorkerCallSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
+    weight_transfer: WeightTransferSettings = WeightTransferSettings()
     store: StoreSettings = StoreSettings()
     leader_election: LeaderElectionSettings = LeaderElectionSettings()
     kubernetes: KubernetesApiSettings = KubernetesApiSettings()

@@ -17,7 +17,8 @@ from agents.wire import PauseMode, RequestCounts
 Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
 PauseState = Literal["running", "paused", "mixed"]
 ResultStatus = Literal["ok", "error", "timeout", "skipped"]
-OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile"]
+OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile",
+                        "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"]
 OperationStatus = Literal["running", "ok", "partial", "failed"]
 
 
@@ -29,6 +30,19 @@ class _Body(BaseModel):
 class DiskSource(_Body):
     kind: Literal["disk"] = "disk"
     path: str = Field(min_length=1, description="Safetensors directory every worker can read.")
+
+
+class BroadcastSource(_Body):
+    """Weights that arrived over a weight-transfer group (NCCL, or gloo on CPU)."""
+
+    kind: Literal["broadcast"] = "broadcast"
+
+
+class Checkpoint(_Body):
+    """A disk copy of a weight version: what a worker that missed a broadcast loads."""
+
+    path: str = Field(min_length=1)
+    version: str = Field(min_length=1, max_length=256)
 
 
 class UpdateWeightsRequest(_Body):
@@ -44,7 +58,11 @@ class PauseRequest(_Body):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline to quiesce, in seconds.")
 
 
-class ResumeRequest(_Body):
+class EmptyRequest(_Body):
+    """A route that takes no fields: an empty body or `{}`."""
+
+
+class ResumeRequest(EmptyRequest):
     pass
 
 
@@ -52,6 +70,23 @@ class LoraRequest(_Body):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
     path: str = Field(min_length=1)
     version: str | None = Field(None, max_length=256)
+
+
+class TransferInitRequest(_Body):
+    init_info: dict = Field(description="The trainer's init info for the workers (vLLM's WeightTransferInitRequest). "
+                                        "`world_size` must be 1 + the fleet's inference ranks; the controller sets "
+                                        "each worker's `rank_offset`.")
+
+
+class TransferUpdateRequest(_Body):
+    update_info: dict | list[dict] = Field(description="One update chunk (or a list), passed to every worker.")
+
+
+class TransferFinishRequest(_Body):
+    weight_version: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[^\s]+$",
+                                       description="Names the new weights on every worker.")
+    checkpoint_path: str | None = Field(None, min_length=1, description="A disk copy of these weights, loaded into "
+                                                                        "workers that join before the next init.")
 
 
 # -- desired state ----------------------------------------------------------------------
@@ -64,7 +99,8 @@ class DesiredState(BaseModel):
     """What the fleet should be; persisted, so a restarted controller converges to it."""
 
     weight_version: str | None = None
-    weight_source: DiskSource | None = None
+    weight_source: DiskSource | BroadcastSource | None = Field(None, discriminator="kind")
+    checkpoint: Checkpoint | None = Field(None, description="The newest disk copy of weights known to the fleet.")
     loras: dict[str, LoraSpec] = Field(default_factory=dict)
     paused: bool = False
     pause_mode: PauseMode = "keep"
@@ -118,6 +154,23 @@ class WorkerView(BaseModel):
     last_error: str | None = None
 
 
+class TransferMember(BaseModel):
+    worker_id: str
+    rank_offset: int
+    world_size: int
+
+
+class TransferGroupView(BaseModel):
+    """The weight-transfer group the trainer formed with the fleet (rank 0 is the trainer)."""
+
+    membership_epoch: int = Field(description="The membership it was formed with; another one makes it stale.")
+    stale: bool = Field(description="Membership changed since init: the next update is refused (409).")
+    world_size: int
+    members: list[TransferMember]
+    updating: bool = Field(description="Between start_weight_update and finish_weight_update.")
+    chunks: int = Field(description="Update chunks received in the current update.")
+
+
 class FleetState(BaseModel):
     phase: Phase
     quiesced: bool = Field(description="Every member is paused and none has a request running.")
@@ -128,4 +181,5 @@ class FleetState(BaseModel):
     membership_epoch: int
     discovery_synced: bool
     last_operation: OperationResult | None
+    weight_transfer: TransferGroupView | None = None
     workers: list[WorkerView]

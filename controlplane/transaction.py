@@ -26,7 +26,7 @@ from controlplane.adminapi.base import AdminAPI
 from controlplane.errors import NoMembersError
 from controlplane.fanout import Outcome
 from controlplane.operations import OperationTracker
-from controlplane.state import (LoraRequest, LoraSpec, OperationKind, OperationResult, Phase,
+from controlplane.state import (Checkpoint, LoraRequest, LoraSpec, OperationKind, OperationResult, Phase,
                                 PauseRequest, UpdateWeightsRequest)
 
 if TYPE_CHECKING:
@@ -64,6 +64,19 @@ class _Run:
         return [r for r in records if r.spec.id in ok]
 
 
+    def close(self) -> OperationResult:
+        """Finish the record: the result joins the history, the phase clears."""
+        result = self.tracker.finish()
+        ctl = self.ctl
+        ctl.current, ctl.last_operation = None, result
+        ctl.history.append(result)
+        ctl.set_phase(None)
+        ctl.metrics.operation_duration.labels(result.kind, result.status).observe(result.duration_s or 0)
+        log.info("operation", status=result.status, duration_s=result.duration_s,
+                 failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")])
+        return result
+
+
 async def _run_operation(ctl: Controller, kind: OperationKind, detail: dict[str, Any],
                          body: Callable[[_Run], Awaitable[None]]) -> OperationResult:
     async with ctl.gate.api_operation(kind):
@@ -73,13 +86,7 @@ async def _run_operation(ctl: Controller, kind: OperationKind, detail: dict[str,
             try:
                 await body(run)
             finally:
-                result = run.tracker.finish()
-                ctl.current, ctl.last_operation = None, result
-                ctl.history.append(result)
-                ctl.set_phase(None)
-                ctl.metrics.operation_duration.labels(kind, result.status).observe(result.duration_s or 0)
-                log.info("operation", status=result.status, duration_s=result.duration_s,
-                         failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")])
+                result = run.close()
         # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
         await ctl.poll_statuses(run.members)
         return result
@@ -110,6 +117,7 @@ async def update_weights(ctl: Controller, req: UpdateWeightsRequest) -> Operatio
             return
         ctl.desired.weight_version = req.version
         ctl.desired.weight_source = req.source.model_copy(update={"path": path})
+        ctl.desired.checkpoint = Checkpoint(path=path, version=req.version)
         ctl.verified = False
         await ctl.save_desired()
         tracking = [r for r in members if r.tracks_desired]

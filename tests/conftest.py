@@ -22,7 +22,10 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
         "log_format": "json",
         "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny", "dtype": "float32",
                    "max_model_len": 1024, "gpu_memory_utilization": 0.2, "enforce_eager": True,
-                   "enable_lora": True, "max_lora_rank": 8, "max_loras": 2},
+                   "enable_lora": True, "max_lora_rank": 8, "max_loras": 2,
+                   # This project's CPU weight-transfer backend (agents/weight_transfer), so
+                   # the broadcast path runs end to end on these engines.
+                   "extra_engine_args": {"weight_transfer_config": {"backend": "gloo"}}},
     }
 
 

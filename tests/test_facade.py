@@ -65,4 +65,5 @@ async def test_facade_errors_are_never_200(fleet):
     assert [a.touched for a in agents] == before
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)}, headers={})
     assert status == 401
-    assert (await ctl.client.post("/init_weight_transfer_engine", json={}, headers=AUTH)).status == 404
+    resp = await ctl.client.post("/init_weight_transfer_engine", json={}, headers=AUTH)
+    assert resp.status == 422 and (await resp.json())["error"]["field"] == "init_info"

@@ -6,6 +6,7 @@ Every failure leaves through `error_middleware` as `{"error": {"code", "message"
 
 from __future__ import annotations
 
+import base64
 import hmac
 import json
 import uuid
@@ -62,17 +63,34 @@ def make_error_middleware(max_body: int) -> Any:
     return error_middleware
 
 
+def _presented_token(header: str) -> bytes | None:
+    """`Bearer <token>`, or HTTP Basic with the token as the password (any user name):
+    clients that cannot set a header (vLLM's HTTP weight-sync client) can still send a
+    token through `~/.netrc`, as registries and Git hosts accept."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value:
+        return value.encode()
+    if scheme.lower() == "basic" and value:
+        try:
+            _, sep, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return password.encode() if sep and password else None
+    return None
+
+
 def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str]) -> Any:
-    expected = f"Bearer {token}".encode()
+    expected = token.encode()
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         needs_token = request.method in _MUTATING or (auth_reads and request.path not in open_paths)
         if needs_token:
-            given = request.headers.get("Authorization", "").encode()
+            header = request.headers.get("Authorization", "")
+            given = _presented_token(header)
             # Constant-time compare, so the token cannot be guessed byte by byte from timings.
-            if not given or not hmac.compare_digest(given, expected):
-                raise UnauthorizedError("missing or wrong bearer token" if given else "missing bearer token",
+            if given is None or not hmac.compare_digest(given, expected):
+                raise UnauthorizedError("missing or wrong bearer token" if header else "missing bearer token",
                                         field="Authorization")
         return await handler(request)
 
@@ -81,6 +99,11 @@ def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[
 
 async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool = False) -> M:
     """Parse a JSON object body into `model`: 400 for bad JSON, 422 naming the field."""
+    return validate(model, await read_object(request, allow_empty=allow_empty))
+
+
+async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The body as a JSON object, or 400 naming `body`."""
     raw = await request.read()
     if not raw.strip():
         if allow_empty:
@@ -93,7 +116,7 @@ async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool 
         raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", field="body")
-    return validate(model, data)
+    return data
 
 
 def validate(model: type[M], data: dict[str, Any]) -> M:

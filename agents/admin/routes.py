@@ -77,6 +77,12 @@ async def finish_weight_update(request: web.Request) -> web.Response:
     return json_response({"message": "Weight update finished"})
 
 
+@routes.post("/shutdown_weight_transfer_engine")
+async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
+    await _service(request).shutdown_weight_transfer()
+    return json_response({"message": "Weight transfer shut down"})
+
+
 @routes.post("/update_weight_version")
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)

@@ -41,7 +41,7 @@ _FAULTABLE = frozenset({
     "generate", "pause", "resume", "is_paused", "abort_requests", "load_weights_from_disk",
     "reset_prefix_cache", "set_weight_version", "get_weight_version", "weight_checksums",
     "reset_weights", "add_lora", "remove_lora", "list_lora_ids", "init_weight_transfer",
-    "start_weight_update", "update_weights", "finish_weight_update",
+    "start_weight_update", "update_weights", "finish_weight_update", "shutdown_weight_transfer",
 })
 _PARAM_NAMES = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
 
@@ -400,7 +400,7 @@ class SimEngine:
             raise EngineError("a weight update is already active; call finish_weight_update first")
         self._update_chunks, self.updated_names = [], []
 
-    async def update_weights(self, update_info: dict[str, Any]) -> None:
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         try:
             await self._enter("update_weights")
         except EngineError:
@@ -409,7 +409,8 @@ class SimEngine:
         if self._update_chunks is None:
             raise EngineError("start_weight_update must be called before update_weights")
         self._update_chunks.append(json.dumps(update_info, sort_keys=True, default=repr))
-        self.updated_names.extend(str(n) for n in update_info.get("names", ()))
+        for info in update_info if isinstance(update_info, list) else [update_info]:
+            self.updated_names.extend(str(n) for n in info.get("names", ()))
         self.weight_update_chunks += 1
 
     async def finish_weight_update(self) -> None:
@@ -421,3 +422,7 @@ class SimEngine:
             self._set_weights(_digest("transfer", *chunks))
         else:
             self._adapters.clear()  # vLLM resets LoRA state on every finish
+
+    async def shutdown_weight_transfer(self) -> None:
+        await self._enter("shutdown_weight_transfer")
+        self._transfer_init = None

@@ -238,7 +238,7 @@ class VllmEngine:
         async with _engine_errors("start_weight_update"):
             await self._llm.start_weight_update()
 
-    async def update_weights(self, update_info: dict[str, Any]) -> None:
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         async with _engine_errors("update_weights"):
@@ -247,3 +247,7 @@ class VllmEngine:
     async def finish_weight_update(self) -> None:
         async with _engine_errors("finish_weight_update"):
             await self._llm.finish_weight_update(None)
+
+    async def shutdown_weight_transfer(self) -> None:
+        async with _engine_errors("shutdown_weight_transfer_engine"):
+            await self._llm.shutdown_weight_transfer_engine()

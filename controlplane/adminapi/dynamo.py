@@ -82,6 +82,12 @@ class DynamoAdminAPI:
     async def finish_weight_update(self, version: str | None) -> None:
         raise WorkerRejected(self.spec.id, _NO_BROADCAST, status=501)
 
+    async def shutdown_weight_transfer(self) -> None:
+        raise WorkerRejected(self.spec.id, _NO_BROADCAST, status=501)
+
+    async def update_weight_version(self, version: str) -> None:
+        raise WorkerRejected(self.spec.id, _NO_BROADCAST, status=501)
+
     # -- helpers ------------------------------------------------------------------------
     async def _engine(self, route: str, body: dict[str, Any], *, timeout_s: float | None = None) -> Any:
         path = f"/engine/{route}"

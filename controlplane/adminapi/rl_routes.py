@@ -26,3 +26,10 @@ class VllmWeightTransferRoutes:
     async def finish_weight_update(self, version: str | None) -> None:
         await self.http.request("POST", "/finish_weight_update", json_body={"weight_version": version},
                                 retry=False)
+
+    async def shutdown_weight_transfer(self) -> None:
+        # Leaving a group twice is harmless, so this one is retried.
+        await self.http.request("POST", "/shutdown_weight_transfer_engine")
+
+    async def update_weight_version(self, version: str) -> None:
+        await self.http.request("POST", "/update_weight_version", json_body={"new_version": version})

@@ -6,8 +6,10 @@ the whole fleet unchanged. Each route maps onto a native operation, so the rules
 one operation at a time (409), a 4xx naming the field before any worker is touched,
 and a partial failure is a 207/502 with every worker's result -- never 200.
 
-Broadcast weight transfer (`/init_weight_transfer_engine` and friends) is not served
-here yet; those paths answer 404 rather than pretend.
+`POST /update_weights` is both vLLM's broadcast chunk (`{"update_info": ...}`) and the
+disk update frameworks send (`{"weight_dir": ...}`); the body's keys say which. A
+broadcast step that fails on any worker answers 502, so vLLM's own HTTP weight-sync
+client (which raises on a non-2xx) stops at once.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from pathlib import PurePosixPath
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.admin.http import json_response, parse_body, validate
-from agents.wire import PauseQuery, WorldSizeQuery
+from agents.admin.http import json_response, parse_body, read_object, validate
+from agents.wire import PauseQuery, UpdateWeightVersionRequest, WorldSizeQuery
 from controlplane import transaction
 from controlplane.api.routes import CONTROLLER, operation_response
-from controlplane.state import LoraRequest, PauseRequest, UpdateWeightsRequest
+from controlplane.state import (EmptyRequest, LoraRequest, OperationResult, PauseRequest, TransferFinishRequest,
+                                TransferInitRequest, TransferUpdateRequest, UpdateWeightsRequest)
 
 facade = web.RouteTableDef()
 
@@ -60,9 +63,53 @@ async def is_paused(request: web.Request) -> web.Response:
     return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
 
 
+def _vllm_answer(result: OperationResult, answer: dict) -> web.Response:
+    return operation_response(result) if result.status not in ("ok", "running") else json_response(answer)
+
+
+@facade.post("/init_weight_transfer_engine")
+async def init_weight_transfer_engine(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferInitRequest)
+    result = await request.app[CONTROLLER].transfer.init(body)
+    return _vllm_answer(result, {"message": "Weight transfer initialized"})
+
+
+@facade.post("/start_weight_update")
+async def start_weight_update(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.start()
+    return _vllm_answer(result, {"message": "Weight update started"})
+
+
+@facade.post("/finish_weight_update")
+async def finish_weight_update(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferFinishRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.finish(body)
+    return _vllm_answer(result, {"message": "Weight update finished"})
+
+
+@facade.post("/shutdown_weight_transfer_engine")
+async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.shutdown()
+    return _vllm_answer(result, {"message": "Weight transfer shut down"})
+
+
+@facade.post("/update_weight_version")
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightVersionRequest)
+    result = await request.app[CONTROLLER].transfer.update_weight_version(body.new_version)
+    return _vllm_answer(result, {"success": True, "new_version": body.new_version})
+
+
 @facade.post("/update_weights")
 async def update_weights(request: web.Request) -> web.Response:
-    body = await parse_body(request, DiskWeightsRequest)
+    data = await read_object(request)
+    if "update_info" in data:  # vLLM's broadcast chunk
+        chunk = validate(TransferUpdateRequest, data)
+        result = await request.app[CONTROLLER].transfer.update_chunk(chunk)
+        return _vllm_answer(result, {"message": "Weights updated"})
+    body = validate(DiskWeightsRequest, data)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
     req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
     result = await transaction.update_weights(request.app[CONTROLLER], req)
@@ -96,7 +143,7 @@ async def weight_info(request: web.Request) -> web.Response:
 @facade.get("/get_world_size")
 async def get_world_size(request: web.Request) -> web.Response:
     validate(WorldSizeQuery, dict(request.query))
-    return json_response({"world_size": sum(w.world_size for w in request.app[CONTROLLER].state().workers)})
+    return json_response({"world_size": request.app[CONTROLLER].transfer.world_size()})
 
 
 @facade.get("/v1/models")

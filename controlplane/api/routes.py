@@ -10,7 +10,8 @@ from controlplane.controller import Controller
 from controlplane.discovery.http_listing import render_listing
 from controlplane import transaction
 from controlplane.operations import http_status
-from controlplane.state import LoraRequest, OperationResult, PauseRequest, ResumeRequest, UpdateWeightsRequest
+from controlplane.state import (EmptyRequest, LoraRequest, OperationResult, PauseRequest, ResumeRequest, TransferFinishRequest,
+                                TransferInitRequest, TransferUpdateRequest, UpdateWeightsRequest)
 
 CONTROLLER = web.AppKey("controller", Controller)
 routes = web.RouteTableDef()
@@ -79,6 +80,45 @@ async def post_lora(request: web.Request) -> web.Response:
 @routes.delete("/v1/rl/loras/{name}")
 async def delete_lora(request: web.Request) -> web.Response:
     return operation_response(await transaction.unload_lora(_ctl(request), request.match_info["name"]))
+
+
+@routes.get("/v1/rl/weight_transfer")
+async def get_weight_transfer(request: web.Request) -> web.Response:
+    transfer = _ctl(request).transfer
+    ranks = transfer.world_size()
+    group = transfer.view()
+    return json_response({"inference_world_size": ranks, "trainer_world_size": ranks + 1,
+                          "group": group.model_dump(mode="json") if group else None})
+
+
+@routes.post("/v1/rl/weight_transfer/init")
+async def post_transfer_init(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferInitRequest)
+    return operation_response(await _ctl(request).transfer.init(body))
+
+
+@routes.post("/v1/rl/weight_transfer/start")
+async def post_transfer_start(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.start())
+
+
+@routes.post("/v1/rl/weight_transfer/update")
+async def post_transfer_update(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferUpdateRequest)
+    return operation_response(await _ctl(request).transfer.update_chunk(body))
+
+
+@routes.post("/v1/rl/weight_transfer/finish")
+async def post_transfer_finish(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferFinishRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.finish(body))
+
+
+@routes.post("/v1/rl/weight_transfer/shutdown")
+async def post_transfer_shutdown(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.shutdown())
 
 
 @routes.get("/healthz")

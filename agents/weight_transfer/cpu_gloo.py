@@ -1,0 +1,349 @@
+"""`gloo`: a CPU weight-transfer backend for vLLM's weight-transfer protocol.
+
+vLLM's broadcast backend (`nccl`) needs a GPU on every rank. This one moves the same bytes
+over a gloo process group, so the broadcast path (trainer broadcasts, engines receive) runs
+end to end with a real vLLM engine in CPU CI and on laptops. On GPUs use vLLM's `nccl`:
+same protocol, same update-info keys.
+
+Where it sits: the agent's admin routes pass `/init_weight_transfer_engine`,
+`/start_weight_update`, `/update_weights` and `/finish_weight_update` through to vLLM,
+whose worker builds the backend named by `weight_transfer_config.backend`. `register()` is
+a `vllm.general_plugins` entry point, so every vLLM process knows `gloo` before its worker
+builds that backend; the trainer side registers under the same name.
+
+As with `nccl`: the trainer is rank 0 and hosts the rendezvous; each inference worker joins
+at `rank_offset` + its global worker rank; init blocks until all `world_size` ranks have
+joined, or fails after `timeout_s`. An update chunk names the tensors (names, dtypes,
+shapes) and the trainer broadcasts them in that order, small ones packed into buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from itertools import chain
+from typing import Any, ClassVar, Self
+
+import torch
+from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo, TrainerWeightTransferEngine,
+                                                   VLLMWeightSyncClient, WeightSource, WeightTransferEngine,
+                                                   WeightTransferInitInfo, WeightTransferUpdateInfo)
+
+BACKEND = "gloo"
+DEFAULT_TIMEOUT_S = 300.0
+# Tensors this large travel alone; smaller ones are packed up to this size. On loopback a
+# broadcast costs ~0.1 ms, so 4 MiB makes that negligible while packing copies stay small.
+DEFAULT_BUFFER_SIZE_BYTES = 4 * 1024 * 1024
+# Packed tensors start at aligned offsets so the receiver can view them in place.
+_ALIGN_BYTES = 64
+# Broadcasts in flight per side: the next buffer moves while the last one is loaded.
+_IN_FLIGHT = 2
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+    """What an inference worker needs to join: the `init_info` of `/init_weight_transfer_engine`."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rank_offset < self.world_size:
+            raise ValueError(f"rank_offset must be in [1, world_size); got {self.rank_offset}, {self.world_size}")
+        if self.timeout_s <= 0 or self.buffer_size_bytes <= 0:
+            raise ValueError("timeout_s and buffer_size_bytes must be positive")
+
+
+@dataclass
+class GlooTrainerInitInfo(TrainerInitInfo):
+    """Trainer side: rank 0 hosts the rendezvous at master_address:master_port."""
+
+    backend: ClassVar[str] = BACKEND
+
+    master_address: str
+    master_port: int
+    world_size: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES
+
+
+@dataclass
+class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
+    """One chunk: the `update_info` of `/update_weights`, same keys as vLLM's `nccl`."""
+
+    names: list[str]
+    dtype_names: list[str]
+    shapes: list[list[int]]
+
+    def __post_init__(self) -> None:
+        if not len(self.names) == len(self.dtype_names) == len(self.shapes):
+            raise ValueError(f"names, dtype_names and shapes differ in length: "
+                             f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}")
+
+    @classmethod
+    def from_metadata(cls, meta: list[ParamMeta]) -> Self:
+        return cls(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+                   shapes=[list(m.shape) for m in meta])
+
+    def metadata(self) -> list[ParamMeta]:
+        if bad := [d for d in self.dtype_names if not isinstance(getattr(torch, d, None), torch.dtype)]:
+            raise ValueError(f"unknown dtype names: {sorted(set(bad))}")
+        return [ParamMeta(name, getattr(torch, dtype), tuple(shape))
+                for name, dtype, shape in zip(self.names, self.dtype_names, self.shapes, strict=True)]
+
+
+# -- the wire: one gloo process group, buffers cut from metadata alone -------------------
+class GlooGroup:
+    """A gloo group on a `StatelessProcessGroup` store: stateless, as nccl's is, because
+    the engine's workers already belong to a global group of their own."""
+
+    def __init__(self, *, master_address: str, master_port: int, rank: int, world_size: int,
+                 timeout_s: float) -> None:
+        from torch.distributed import PrefixStore
+        from vllm.distributed.utils import StatelessProcessGroup, init_gloo_process_group
+
+        try:
+            # Rank 0 hosts the TCPStore and waits there for every other rank; the others
+            # retry connecting until the timeout. Either way no rank waits forever.
+            self._store_group = StatelessProcessGroup.create(
+                host=master_address, port=master_port, rank=rank, world_size=world_size,
+                store_timeout=math.ceil(timeout_s))
+            self._pg = init_gloo_process_group(PrefixStore("rlcp-gloo-transfer", self._store_group.store), rank,
+                                               world_size, timedelta(seconds=timeout_s))
+        except Exception as exc:  # torch raises several store and gloo error types: one cause
+            raise RuntimeError(f"gloo weight transfer: rank {rank} of {world_size} could not join "
+                               f"{master_address}:{master_port} within {timeout_s:g}s: {exc}") from exc
+
+    def broadcast(self, wire: torch.Tensor) -> Any:
+        return self._pg.broadcast(wire, 0)
+
+    def close(self) -> None:
+        self._pg.shutdown()
+
+
+def _nbytes(meta: ParamMeta) -> int:
+    return math.prod(meta.shape) * meta.dtype.itemsize
+
+
+def plan_buffers(metas: list[ParamMeta], limit: int) -> list[list[tuple[ParamMeta, int]]]:
+    """Cut the tensors, in order, into broadcasts of `(tensor, byte offset)`: one of `limit`
+    bytes or more travels alone, straight from and into its own memory; smaller ones share a
+    buffer. Both sides cut from the same metadata, so they agree without exchanging a word."""
+    buffers: list[list[tuple[ParamMeta, int]]] = []
+    used = limit  # no buffer open yet
+    for meta in metas:
+        size, offset = _nbytes(meta), -(-used // _ALIGN_BYTES) * _ALIGN_BYTES
+        if not buffers or size >= limit or offset + size > limit:
+            buffers.append([])
+            offset = 0
+        buffers[-1].append((meta, offset))
+        used = limit + 1 if size >= limit else offset + size  # a large tensor closes its buffer
+    return buffers
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _wire(buffer: list[tuple[ParamMeta, int]]) -> torch.Tensor:
+    meta, offset = buffer[-1]
+    return torch.empty(offset + _nbytes(meta), dtype=torch.uint8, device="cpu")
+
+
+def _pipelined(group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[], None]]]) -> None:
+    """Broadcast each step's wire buffer, running its `done` once it has moved; the next
+    buffers are already on the wire meanwhile. An empty buffer is skipped on every rank."""
+    pending: deque[tuple[Any, Callable[[], None]]] = deque()
+    for step in chain(steps, [None]):
+        if step is not None:
+            wire, done = step
+            pending.append((group.broadcast(wire) if wire.numel() else None, done))
+        while pending and (step is None or len(pending) >= _IN_FLIGHT):
+            work, done = pending.popleft()
+            if work is not None:
+                work.wait()
+            done()
+
+
+def send_tensors(group: GlooGroup, pairs: Iterator[tuple[str, torch.Tensor]], metas: list[ParamMeta],
+                 limit: int) -> None:
+    """Rank 0: broadcast `pairs`, which must match `metas` (what the workers were told)."""
+
+    def steps() -> Iterator[tuple[torch.Tensor, Callable[[], None]]]:
+        for buffer in plan_buffers(metas, limit):
+            tensors = [_checked(next(pairs, None), meta) for meta, _ in buffer]
+            if len(buffer) == 1:
+                wire = _as_bytes(tensors[0])
+            else:
+                wire = _wire(buffer)
+                for tensor, (meta, offset) in zip(tensors, buffer, strict=True):
+                    wire[offset:offset + _nbytes(meta)].copy_(_as_bytes(tensor))
+            yield wire, lambda keep=(wire, tensors): None  # keeps the memory alive until sent
+
+    _pipelined(group, steps())
+    if (extra := next(pairs, None)) is not None:
+        raise ValueError(f"the weight source yields more than its metadata declares; first extra: {extra[0]!r}")
+
+
+def _checked(pair: tuple[str, torch.Tensor] | None, meta: ParamMeta) -> torch.Tensor:
+    # The workers cut their buffers from the metadata: a tensor that differs from it would
+    # shift every byte after it, so fail loudly instead of loading garbage.
+    name, tensor = pair or ("(the end)", None)
+    if tensor is None or name != meta.name or tensor.dtype != meta.dtype or tuple(tensor.shape) != meta.shape:
+        got = name if tensor is None else f"{name!r} {tensor.dtype} {tuple(tensor.shape)}"
+        raise ValueError(f"the weight source yields {got} where its metadata declares {meta.name!r} {meta.dtype} "
+                         f"{meta.shape}")
+    return tensor
+
+
+def receive_tensors(group: GlooGroup, metas: list[ParamMeta], limit: int,
+                    load: Callable[[list[tuple[str, torch.Tensor]]], Any]) -> None:
+    """A worker: receive the tensors `metas` names and hand them to `load` buffer by buffer,
+    each freshly allocated (layerwise reloading may hold them until their layer is whole)."""
+
+    def steps() -> Iterator[tuple[torch.Tensor, Callable[[], None]]]:
+        for buffer in plan_buffers(metas, limit):
+            if len(buffer) == 1:
+                meta = buffer[0][0]
+                tensor = torch.empty(meta.shape, dtype=meta.dtype, device="cpu")  # gloo's memory, not the GPU's
+                wire, pairs = _as_bytes(tensor), [(meta.name, tensor)]
+            else:
+                wire = _wire(buffer)
+                pairs = [(meta.name, wire[offset:offset + _nbytes(meta)].view(meta.dtype).view(meta.shape))
+                         for meta, offset in buffer]
+            yield wire, lambda pairs=pairs: load(pairs)
+
+    _pipelined(group, steps())
+
+
+# -- engine side (runs in vLLM's worker) ---------------------------------------------------
+class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, GlooWeightTransferUpdateInfo]):
+    """Receives dense checkpoint-format weights over gloo and loads them as `nccl` does."""
+
+    init_info_cls = GlooWeightTransferInitInfo
+    update_info_cls = GlooWeightTransferUpdateInfo
+    _group: GlooGroup | None = None  # set by init_transfer_engine
+    _buffer_size_bytes = DEFAULT_BUFFER_SIZE_BYTES
+
+    def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
+        self.shutdown()  # a trainer that restarts joins a fresh group
+        parallel = self.parallel_config
+        worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
+        self._buffer_size_bytes = init_info.buffer_size_bytes
+        self._group = GlooGroup(master_address=init_info.master_address, master_port=init_info.master_port,
+                                rank=init_info.rank_offset + worker_rank, world_size=init_info.world_size,
+                                timeout_s=init_info.timeout_s)
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        # The base class then calls torch.accelerator.synchronize(), which raises on a
+        # CPU-only process; a gloo receive is complete once its wait() returns.
+        try:
+            self.receive_weights(self.parse_update_info(update_info))
+        except BaseException:
+            # The worker ends a failed session without finish, leaving layers on the meta
+            # device: the next forward pass would kill the engine. Finishing puts them back
+            # (old weights where none arrived). The group is out of step: init again.
+            self.finish_weight_update()
+            self.shutdown()
+            raise
+        if torch.accelerator.is_available():  # a GPU model copies from the CPU buffers asynchronously
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: GlooWeightTransferUpdateInfo) -> None:
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        if self._group is None:
+            raise RuntimeError("gloo weight transfer is not initialized: call init_weight_transfer_engine first")
+        with disable_mtp_completeness_check():
+            receive_tensors(self._group, update_info.metadata(), self._buffer_size_bytes, self.model.load_weights)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def shutdown(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+
+# -- trainer side ------------------------------------------------------------------------------
+class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
+    """Rank 0 of the group: drives the workers through `client` and broadcasts `source`."""
+
+    init_info_cls = GlooTrainerInitInfo
+    group: GlooGroup | None = None  # set by trainer_init on the sender
+    buffer_size_bytes = DEFAULT_BUFFER_SIZE_BYTES
+
+    @classmethod
+    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
+                     source: WeightSource | None = None) -> Self:
+        if source is None:
+            raise ValueError("gloo trainer weight transfer requires a WeightSource")
+        engine = cls(client=client, source=source, is_sender=init_info.is_sender)
+        engine.buffer_size_bytes = init_info.buffer_size_bytes
+        if not engine.is_sender:
+            return engine
+        worker_info = GlooWeightTransferInitInfo(
+            master_address=init_info.master_address, master_port=init_info.master_port, rank_offset=1,
+            world_size=init_info.world_size, timeout_s=init_info.timeout_s,
+            buffer_size_bytes=init_info.buffer_size_bytes)
+        # Workers and rank 0 each block in init until the others join: call them beside it.
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gloo-init") as exe:
+            future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
+            engine.group = GlooGroup(master_address=init_info.master_address, master_port=init_info.master_port,
+                                     rank=0, world_size=init_info.world_size, timeout_s=init_info.timeout_s)
+            future.result()
+        return engine
+
+    def send_weights(self, weight_version: str | None = None) -> None:
+        """One full round: start, one chunk with every tensor, finish (naming the version)."""
+        assert self.source is not None
+        meta = self.source.metadata()
+        if not self.is_sender:
+            for _ in self.source:  # stay in the trainer-side gathers (FSDP full_tensor)
+                pass
+            return
+        assert self.group is not None, "trainer_init() must run before send_weights()"
+        self.client.start_weight_update()
+        exe = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gloo-update")
+        try:
+            # The workers receive inside update_weights, so the call runs beside the broadcast.
+            future = exe.submit(self.client.update_weights, asdict(GlooWeightTransferUpdateInfo.from_metadata(meta)))
+            send_tensors(self.group, iter(self.source), meta, self.buffer_size_bytes)
+            future.result()
+        finally:
+            # Never join a worker call stuck in a broadcast that failed on this side: the
+            # gloo timeout ends it, and the caller gets this side's error now.
+            exe.shutdown(wait=False)
+        self.client.finish_weight_update(weight_version)
+
+    def shutdown(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+def register() -> None:
+    """The `vllm.general_plugins` entry point: make `gloo` a backend in this process.
+    Idempotent: a trainer process that calls it itself may also have run vLLM's plugins."""
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+
+    for factory, class_name in ((WeightTransferEngineFactory, "GlooWeightTransferEngine"),
+                                (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine")):
+        if BACKEND not in factory._registry:  # register_engine raises on a second registration
+            factory.register_engine(BACKEND, __name__, class_name)
