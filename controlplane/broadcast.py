@@ -305,7 +305,9 @@ class WeightTransfer:
         """A clean-up step whose failures do not replace the worker's first error."""
         outcomes = await self.ctl.fanout.run([r.api for r in records], fn, phase=phase, deadline_s=deadline_s)
         for o in outcomes:
-            if not o.ok:
+            if o.ok:
+                run.tracker.results[o.worker_id] = o.result
+            else:
                 first = run.tracker.results.get(o.worker_id)
                 note = f"; then {phase} failed: {o.result.message}"
                 if first is not None and first.status != "ok":
