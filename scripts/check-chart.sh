@@ -29,7 +29,9 @@ PATH="$(bash scripts/k8s-tools.sh):$PATH"
 export PATH
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
-"$PY" -c "import kubernetes_validate, cloudcoil.models.prometheus_operator" 2>/dev/null \
+# find_spec, not import: the ServiceMonitor models take seconds to import, and are imported once below.
+"$PY" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in
+  ('kubernetes_validate', 'cloudcoil.models.prometheus_operator')))" 2>/dev/null \
   || die "kubernetes-validate or cloudcoil.models.prometheus_operator missing in $PY: run scripts/bootstrap.sh (dev extra)"
 
 if [ -n "${CHECK_CHART_OUT:-}" ]; then
