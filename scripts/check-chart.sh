@@ -99,12 +99,10 @@ for render in renders:
 sys.exit(1 if failed else 0)
 EOF
 
-kv_bin=$(dirname "$PY")/kubernetes-validate
-[ -x "$kv_bin" ] || kv_bin=kubernetes-validate
 for r in "${renders[@]}"; do
   b="${r%.yaml}.builtin.yaml"
   # --quiet prints only failures and warnings; a warning here is a kind with no schema.
-  report=$("$kv_bin" --strict --quiet --kubernetes-version "$KUBE_VERSION" "$b" 2>&1) \
+  report=$("$PY" -m kubernetes_validate --strict --quiet --kubernetes-version "$KUBE_VERSION" "$b" 2>&1) \
     || { echo "$report" >&2; die "kubernetes-validate --strict: $(basename "$r")"; }
   [ -z "$report" ] || { echo "$report" >&2; die "kubernetes-validate reported: $(basename "$r")"; }
 done
