@@ -48,6 +48,9 @@ class InferenceServer:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
         self._server = _Server(config)
+        # vLLM's engine-error handler reads it (as `vllm serve`'s launcher sets it): without
+        # it a request that meets a dead engine gets an AttributeError 500, not the engine's error.
+        app.state.server = self._server
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="inference-server")
         while not self._server.started:
             if self._task.done():
