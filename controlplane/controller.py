@@ -27,7 +27,9 @@ from controlplane.adminapi.factory import make_admin_api
 from controlplane.adminapi.http import CallPolicy, WorkerHTTP
 from controlplane.discovery.base import DiscoverySource, Membership
 from controlplane.fanout import FanOut, Outcome
+from controlplane.errors import NotLeaderError
 from controlplane.gate import OperationGate
+from controlplane.k8s.leadership import Leadership
 from controlplane.metrics import ControllerMetrics
 from controlplane.operations import OperationTracker
 from controlplane.reconcile import Action, converged, plan
@@ -61,11 +63,15 @@ class WorkerRecord:
 
 class Controller:
     def __init__(self, settings: ControllerSettings, *, session: aiohttp.ClientSession, store: DesiredStore,
-                 source: DiscoverySource) -> None:
+                 source: DiscoverySource, leadership: Leadership | None = None) -> None:
         self.settings = settings
         self.session = session
         self.store = store
         self.source = source
+        # Without leader election this replica always leads: the single-controller behaviour.
+        self.leadership = leadership or Leadership.always(settings.controller_id)
+        self._desired_term = -1  # the leadership term the desired state was last loaded in
+        self._desired_lock = asyncio.Lock()
         self.membership = Membership()
         self.records: dict[str, WorkerRecord] = {}
         self.desired = DesiredState()
@@ -85,11 +91,30 @@ class Controller:
         self.transfer = WeightTransfer(self)
 
     async def load_desired(self) -> None:
+        self._desired_term = self.leadership.term
         stored = await self.store.load()
         if stored is not None:
             self.desired = stored
             log.info("desired_state_recovered", version=stored.weight_version, loras=sorted(stored.loras),
                      paused=stored.paused)
+
+    async def ensure_leading(self) -> None:
+        """Refuse (409 `not_leader`, naming the leader) unless this replica leads. The first
+        time in a new term, reload the desired state: the previous leader may have changed it."""
+        self.leadership.require()
+        if self._desired_term != self.leadership.term:
+            async with self._desired_lock:
+                if self._desired_term != self.leadership.term:
+                    await self.load_desired()
+        self.leadership.require()  # leadership may have gone while the store answered
+
+    async def follow_desired(self) -> None:
+        """A follower's view of the desired state: re-read what the leader wrote, so reads served
+        here are not stale."""
+        stored = await self.store.load()
+        if stored is not None and stored != self.desired:
+            self.desired = stored
+            log.info("desired_state_followed", version=stored.weight_version, leader=self.leadership.leader_identity)
 
     async def save_desired(self) -> None:
         self.desired.updated_at = datetime.now(UTC)
@@ -158,7 +183,14 @@ class Controller:
                     plan(self.desired, rec.status, told_desired=rec.told_desired, tracks_desired=rec.tracks_desired))
 
     async def reconcile_once(self) -> int:
-        """One pass over the workers that are behind; returns how many were acted on."""
+        """One pass over the workers that are behind; returns how many were acted on. Only the
+        leader reconciles, and a loss of leadership cancels a pass halfway."""
+        if not self.leadership.is_leader:
+            return 0
+        await self.ensure_leading()
+        return await self.leadership.run_as_leader(self._reconcile_pass(), name="reconcile-pass")
+
+    async def _reconcile_pass(self) -> int:
         now = time.monotonic()
         async with self.gate.reconcile_pass() as held:
             if not held:
@@ -225,7 +257,12 @@ class Controller:
         while iterations is None or n < iterations:
             n += 1
             try:
-                await self.reconcile_once()
+                if self.leadership.is_leader:
+                    await self.reconcile_once()
+                else:
+                    await self.follow_desired()
+            except NotLeaderError as exc:
+                log.info("reconcile_pass_stopped", reason=exc.message)
             except Exception:  # one bad pass must not end reconciliation for good
                 log.exception("reconcile_pass_failed")
             await asyncio.sleep(self.settings.reconcile.interval_s)

@@ -22,8 +22,8 @@ What it implements, as the API server does:
 
 Test hooks: `put`/`remove`/`get` objects directly (events go out as for API writes),
 `compact()`, `hold_watches()`/`release_watches()` (close the open watches and keep new ones
-waiting: a gap in which changes can happen unseen), `refuse()` (answer a status or hang for
-matching requests), and `requests` (every request seen; `unknown` lists paths it could not
+waiting: a gap in which changes can happen unseen), `refuse()` (answer a status, hang, or
+hold until released, for matching requests), and `requests` (every request seen; `unknown` lists paths it could not
 route, so a new client call shows up as a test failure rather than a silent 404).
 """
 
@@ -168,8 +168,9 @@ class SeenRequest:
 @dataclass
 class Refusal:
     match: Callable[[SeenRequest], bool]
-    mode: str  # "status" | "hang"
+    mode: str  # "status": answer `status`; "hang": never answer; "delay": answer once `until` is set
     status: int
+    until: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -306,8 +307,11 @@ class FakeKubeApi:
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         seen = SeenRequest(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""))
         self.requests.append(seen)
-        for refusal in self.refusals:
+        for refusal in list(self.refusals):
             if refusal.match(seen):
+                if refusal.mode == "delay":
+                    await refusal.until.wait()
+                    break
                 if refusal.mode == "hang":
                     await self._hangs.wait()
                 return json_response(status_object(refusal.status, "ServiceUnavailable", "refused by the test"),

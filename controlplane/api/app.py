@@ -1,8 +1,13 @@
 """The controller app factory: one aiohttp session, the controller, its background tasks.
 
 Each resource is set up and torn down in its own cleanup_ctx, in order: the client
-session, then the controller (desired state loaded), then the named background loops
-(discovery, status poller, reconciler), cancelled and awaited on shutdown.
+session, the Kubernetes API client (only when a setting needs one), then the controller
+(desired state loaded), then the named background loops (discovery, status poller,
+reconciler, and the Lease elector with leader election), cancelled and awaited on shutdown.
+
+With leader election, a follower serves reads and answers every write with 409
+`not_leader` naming the leader (`leader_middleware`); the leader runs each write as a task
+that losing the Lease cancels at once (see `controlplane/k8s/leadership.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -19,23 +25,49 @@ from controlplane.api.facade import facade
 from controlplane.api.routes import CONTROLLER, routes
 from controlplane.controller import Controller
 from controlplane.discovery.base import DiscoverySource
+from controlplane.k8s.leadership import Leadership
 from controlplane.settings import ControllerSettings
 from controlplane.store import DesiredStore, FileStore, MemoryStore
 
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
 SESSION = web.AppKey("session", aiohttp.ClientSession)
+KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
+LEADERSHIP = web.AppKey("leadership", Leadership)
 _OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def make_store(settings: ControllerSettings) -> DesiredStore:
+def needs_kubernetes(settings: ControllerSettings) -> bool:
+    return (settings.discovery.kind == "kubernetes" or settings.leader_election.enabled
+            or settings.store.kind == "configmap")
+
+
+def make_store(settings: ControllerSettings, *, kube_api: ApiClient | None = None,
+               leadership: Leadership | None = None) -> DesiredStore:
     if settings.store.kind == "memory":
         return MemoryStore()
     if settings.store.kind == "file":
         return FileStore(settings.store.path)
+    if settings.store.kind == "configmap":
+        from controlplane.k8s.configmap_store import ConfigMapStore
+
+        assert kube_api is not None and leadership is not None
+        return ConfigMapStore(api=kube_api, name=settings.store.configmap_name, namespace=settings.store.namespace,
+                              leadership=leadership, request_timeout_s=settings.kubernetes.request_timeout_s)
     raise ValueError(f"store kind {settings.store.kind!r} is not available in this build")
 
 
-def make_source(settings: ControllerSettings, session: aiohttp.ClientSession) -> DiscoverySource:
+def make_source(settings: ControllerSettings, session: aiohttp.ClientSession, *,
+                kube_api: ApiClient | None = None) -> DiscoverySource:
     d = settings.discovery
+    if d.kind == "kubernetes":
+        from controlplane.k8s.discovery import EndpointSliceSource
+
+        assert d.kubernetes is not None and kube_api is not None
+        return EndpointSliceSource(api=kube_api, settings=d.kubernetes,
+                                   request_timeout_s=settings.kubernetes.request_timeout_s)
     if d.kind == "static":
         from controlplane.discovery.static import StaticSource
 
@@ -57,7 +89,8 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
     app = web.Application(
         client_max_size=settings.api.max_body_bytes,
         middlewares=[make_error_middleware(settings.api.max_body_bytes),
-                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)],
+                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+                     leader_middleware],
     )
     app.add_routes(routes)
     app.add_routes(facade)
@@ -69,10 +102,30 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
             app[SESSION] = session
             yield
 
+    async def kube_ctx(app: web.Application) -> AsyncIterator[None]:
+        # One Kubernetes API client (its own aiohttp session) for discovery, Lease and store.
+        app[KUBE_API] = None
+        if not needs_kubernetes(settings):
+            yield
+            return
+        from controlplane.k8s.client import make_api_client
+
+        api = await make_api_client(settings.kubernetes, user_agent=f"rl-controlplane/{settings.controller_id} "
+                                                                    f"({settings.leader_election.identity})")
+        app[KUBE_API] = api
+        try:
+            yield
+        finally:
+            await api.close()
+
     async def controller_ctx(app: web.Application) -> AsyncIterator[None]:
-        session = app[SESSION]
-        ctl = Controller(settings, session=session, store=store or make_store(settings),
-                         source=source or make_source(settings, session))
+        session, kube_api = app[SESSION], app[KUBE_API]
+        le = settings.leader_election
+        leadership = Leadership(le.identity) if le.enabled else Leadership.always(le.identity)
+        app[LEADERSHIP] = leadership
+        ctl = Controller(settings, session=session,
+                         store=store or make_store(settings, kube_api=kube_api, leadership=leadership),
+                         source=source or make_source(settings, session, kube_api=kube_api), leadership=leadership)
         await ctl.load_desired()
         app[CONTROLLER] = ctl
         tasks: list[asyncio.Task[None]] = []
@@ -80,12 +133,34 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
             tasks = [asyncio.create_task(ctl.run_discovery(), name="discovery"),
                      asyncio.create_task(ctl.run_poller(), name="status-poller"),
                      asyncio.create_task(ctl.run_reconciler(), name="reconciler")]
+        elector: asyncio.Task[None] | None = None
+        if le.enabled:
+            from controlplane.k8s.lease import LeaseElector
+
+            assert kube_api is not None
+            elector = asyncio.create_task(LeaseElector(api=kube_api, settings=le, leadership=leadership,
+                                                       request_timeout_s=settings.kubernetes.request_timeout_s).run(),
+                                          name="lease-elector")
         yield
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if elector is not None:  # last: it hands the Lease back once nothing here mutates
+            elector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await elector
 
-    app.cleanup_ctx.extend([session_ctx, controller_ctx])
+    app.cleanup_ctx.extend([session_ctx, kube_ctx, controller_ctx])
     return app
+
+
+@web.middleware
+async def leader_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Writes only on the leader, each cancelled the moment leadership is lost; reads anywhere."""
+    if request.method in _READS or request.path in _OPEN_PATHS:
+        return await handler(request)
+    ctl = request.app[CONTROLLER]
+    await ctl.ensure_leading()
+    return await ctl.leadership.run_as_leader(handler(request), name=f"{request.method} {request.path}")
