@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     lu = lsub.add_parser("unload")
     lu.add_argument("name")
     ops = sub.add_parser("ops", help="recent operations")
-    ops.add_argument("--limit", type=int, default=20)
+    ops.add_argument("--limit", type=int, default=20, help="how many, newest first (1-64)")
     return p
 
 
@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace) -> int:
                         else client.unload_lora(args.name))
                 return await run_operation(client, call, args.output)
             case "ops":
-                ops = (await client.operations())[: args.limit]
+                ops = await client.operations(args.limit)
                 if args.output == "table":
                     console.print(operations_table(ops))
                 else:

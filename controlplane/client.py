@@ -119,8 +119,8 @@ class ControlPlaneClient:
     async def workers(self) -> dict:
         return await self._request("GET", "/v1/rl/workers")
 
-    async def operations(self) -> list[OperationResult]:
-        body = await self._request("GET", "/v1/rl/operations")
+    async def operations(self, limit: int = 64) -> list[OperationResult]:
+        body = await self._request("GET", f"/v1/rl/operations?limit={limit}")
         return [OperationResult.model_validate(op) for op in body["operations"]]
 
     # -- operations ----------------------------------------------------------------------

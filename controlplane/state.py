@@ -58,6 +58,10 @@ class PauseRequest(_Body):
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline to quiesce, in seconds.")
 
 
+class OperationsQuery(BaseModel):
+    limit: int = Field(64, ge=1, le=64, description="How many operations, newest first.")
+
+
 class EmptyRequest(_Body):
     """A route that takes no fields: an empty body or `{}`."""
 

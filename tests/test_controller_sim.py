@@ -120,6 +120,10 @@ async def test_update_transaction_converges_and_verifies(setup):
     status, again = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1]))
     assert status == 200 and again["detail"].get("noop") is True
     assert all(r["status"] == "skipped" for r in again["results"])
+    status, ops = await ctl.call("GET", "/v1/rl/operations?limit=1", headers={})
+    assert status == 200 and [o["id"] for o in ops["operations"]] == [again["id"]]  # newest first
+    status, err = await ctl.call("GET", "/v1/rl/operations?limit=0", headers={})
+    assert status == 422 and err["error"]["field"] == "limit"
     assert [len(a.touched) for a in agents] == touched
 
 

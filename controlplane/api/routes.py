@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agents.admin.http import json_response, parse_body
+from agents.admin.http import json_response, parse_body, validate
 from controlplane.controller import Controller
 from controlplane.discovery.http_listing import render_listing
 from controlplane import transaction
 from controlplane.operations import http_status
-from controlplane.state import (EmptyRequest, LoraRequest, OperationResult, PauseRequest, ResumeRequest, TransferFinishRequest,
+from controlplane.state import (EmptyRequest, LoraRequest, OperationsQuery, OperationResult, PauseRequest, ResumeRequest, TransferFinishRequest,
                                 TransferInitRequest, TransferUpdateRequest, UpdateWeightsRequest)
 
 CONTROLLER = web.AppKey("controller", Controller)
@@ -46,11 +46,11 @@ async def get_workers(request: web.Request) -> web.Response:
 @routes.get("/v1/rl/operations")
 async def get_operations(request: web.Request) -> web.Response:
     """Recent operations, newest first (the running one included)."""
+    query = validate(OperationsQuery, dict(request.query))
     ctl = _ctl(request)
-    ops = [op.model_dump(mode="json") for op in reversed(ctl.history)]
-    if ctl.current is not None:
-        ops.insert(0, ctl.current.snapshot().model_dump(mode="json"))
-    return json_response({"operations": ops})
+    ops = [ctl.current.snapshot()] if ctl.current is not None else []
+    ops += reversed(ctl.history)
+    return json_response({"operations": [op.model_dump(mode="json") for op in ops[:query.limit]]})
 
 
 @routes.post("/v1/rl/pause")
