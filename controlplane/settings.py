@@ -180,9 +180,11 @@ class ControllerSettings(BaseSettings):
     workers: WorkerCallSettings = WorkerCallSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     weight_transfer: WeightTransferSettings = WeightTransferSettings()
-    store: StoreSettings = StoreSettings()
-    leader_election: LeaderElectionSettings = LeaderElectionSettings()
-    kubernetes: KubernetesApiSettings = KubernetesApiSettings()
+    # Factories, not shared instances: their defaults (pod namespace, POD_NAME) are read when
+    # the settings are built, not when this module is imported.
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    kubernetes: KubernetesApiSettings = Field(default_factory=KubernetesApiSettings)
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="Weight and adapter paths must lie under one of these.")
     log_format: Literal["json", "console"] = "json"
