@@ -163,6 +163,7 @@ class SeenRequest:
     path: str
     query: dict[str, str]
     user_agent: str
+    authorization: str = ""
 
 
 @dataclass
@@ -305,7 +306,8 @@ class FakeKubeApi:
 
     # -- HTTP ---------------------------------------------------------------------------------
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        seen = SeenRequest(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""))
+        seen = SeenRequest(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""),
+                           request.headers.get("Authorization", ""))
         self.requests.append(seen)
         for refusal in list(self.refusals):
             if refusal.match(seen):

@@ -18,13 +18,18 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import build_app
 from controlplane.api.routes import CONTROLLER
 from controlplane.controller import Controller
+from controlplane.discovery.static import StaticSource
+from controlplane.k8s.leadership import Leadership, NotLeadingError
 from controlplane.settings import ControllerSettings
+from controlplane.state import DesiredState
+from controlplane.store import MemoryStore
 from tests.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 from tests.k8s_support import NS, fake, wait_for  # noqa: F401  (fixture)
 from tests.sim_fleet import TOKEN, Fault, SimAgent, start_fleet, write_checkpoint
@@ -170,3 +175,28 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
     assert status == 409 and body["error"]["leader"] == "ctl-b"
     await wait_for(lambda: a.ctl.desired.weight_version == "v2", what="ctl-a to follow the desired state")
     assert not a.leads and b.leads
+
+
+async def test_gaining_leadership_reloads_the_desired_state() -> None:
+    """A new term reloads what the previous leader stored; within a term the leader's own
+    state is the truth and is not re-read."""
+    store = MemoryStore()
+    leadership = Leadership("ctl-b")
+    async with aiohttp.ClientSession() as session:
+        ctl = Controller(ControllerSettings(store={"kind": "memory"}), session=session, store=store,
+                         source=StaticSource([]), leadership=leadership)
+        await ctl.load_desired()
+        store.saved = DesiredState(weight_version="v7")  # written by the leader meanwhile
+        with pytest.raises(NotLeadingError):
+            await ctl.ensure_leading()
+        assert await ctl.reconcile_once() == 0 and ctl.desired.weight_version is None
+        leadership.acquired()
+        await ctl.ensure_leading()
+        assert ctl.desired.weight_version == "v7"
+        store.saved = DesiredState(weight_version="v8")
+        await ctl.ensure_leading()
+        assert ctl.desired.weight_version == "v7"  # same term: not re-read
+        leadership.lost(leader="ctl-a", reason="test")
+        leadership.acquired()
+        await ctl.reconcile_once()  # the reconciler's first pass of a term reloads too
+        assert ctl.desired.weight_version == "v8" and leadership.term == 2

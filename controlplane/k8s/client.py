@@ -72,8 +72,10 @@ async def make_api_client(settings: KubernetesApiSettings, *, user_agent: str) -
         # Reads two small files (token, CA); re-reads the token when it rotates.
         config.load_incluster_config(client_configuration=configuration)
     else:
+        # persist_config=False: a refreshed token is never written back into the user's file.
         await config.load_kube_config(config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-                                      context=settings.context, client_configuration=configuration)
+                                      context=settings.context, client_configuration=configuration,
+                                      persist_config=False)
     api = client.ApiClient(configuration)
     # The API server's audit log and our fake tell replicas apart by this.
     api.user_agent = user_agent

@@ -157,11 +157,14 @@ class EndpointSliceSource:
                 self._log.warning("endpointslice_watch_failed", reason=str(exc), failures=failures,
                                   retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
-            except K8sError as exc:
+            except Exception as exc:  # K8sError, or a bug on odd data: discovery must not end for good
                 failures += 1
                 delay = backoff_s(failures, interval_s=self._backoff_initial_s, max_backoff_s=self._s.backoff_max_s)
-                self._log.warning("endpointslice_watch_failed", reason=str(exc), failures=failures,
-                                  retry_in_s=round(delay, 3))
+                if isinstance(exc, K8sError):
+                    self._log.warning("endpointslice_watch_failed", reason=str(exc), failures=failures,
+                                      retry_in_s=round(delay, 3))
+                else:
+                    self._log.exception("endpointslice_watch_error", failures=failures, retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
 
     # -- layer 2: list, then watch from its resourceVersion ------------------------------------------

@@ -47,7 +47,6 @@ class Leadership:
         self.leader_identity: str | None = identity if leading else None
         self._guarded: set[asyncio.Task[Any]] = set()
         self._lost_tasks: set[asyncio.Task[Any]] = set()  # cancelled by a loss, not by their caller
-        self._changed = asyncio.Event()
 
     @classmethod
     def always(cls, identity: str) -> Leadership:
@@ -66,7 +65,6 @@ class Leadership:
         self.term += 1
         self.leader_identity = self.identity
         log.info("leadership_acquired", identity=self.identity, term=self.term)
-        self._notify()
 
     def lost(self, *, leader: str | None, reason: str) -> None:
         """Stop mutating now: every guarded task is cancelled before this returns."""
@@ -80,14 +78,12 @@ class Leadership:
             task.cancel()
         log.warning("leadership_lost", identity=self.identity, term=self.term, leader=leader, reason=reason,
                     cancelled=[t.get_name() for t in cancelled])
-        self._notify()
 
     def observed(self, leader: str | None) -> None:
         """A follower saw who holds the Lease (None: nobody)."""
         if not self._leading and leader != self.leader_identity:
             self.leader_identity = leader
             log.info("leader_observed", identity=self.identity, leader=leader)
-            self._notify()
 
     # -- read by the API and the controller ----------------------------------------------------------
     def refusal(self) -> NotLeadingError:
@@ -118,14 +114,6 @@ class Leadership:
         finally:
             self._guarded.discard(task)
             self._lost_tasks.discard(task)
-
-    async def wait_changed(self) -> None:
-        await self._changed.wait()
-
-    def _notify(self) -> None:
-        # Wake everyone waiting on this change; later waiters wait for the next one.
-        self._changed.set()
-        self._changed = asyncio.Event()
 
 
 def _being_cancelled() -> bool:

@@ -129,6 +129,8 @@ class LeaseElector:
             self._log.info("lease_attempt_conflict", reason=str(exc))  # someone wrote first: re-read next time
         except K8sError as exc:
             self._log.warning("lease_attempt_failed", reason=str(exc))
+        except Exception:  # a malformed answer must not end the election for good
+            self._log.exception("lease_attempt_error")
         return "failed"
 
     async def try_acquire_or_renew(self, timeout_s: float) -> Attempt:
