@@ -3,14 +3,18 @@
 One aiohttp session per process (passed in), a deadline on every call, and tenacity
 retries with exponential backoff and jitter on connect errors, 5xx, 408 and 429 -- for
 idempotent calls only: a collective call (joining a weight-transfer group, a broadcast
-chunk) is never blindly retried, since the other side may already be in it.
+chunk) is never blindly retried, since the other side may already be in it. A connection
+lost after the worker began to answer is not retried either: the worker has done the work
+(a weight load of minutes), and doing it again would not make the answer arrive; the
+reconciler reads the worker's state instead.
 
 Errors leave as `WorkerCallError` subclasses naming the worker and the reason:
 
     WorkerCallError
-    ├── WorkerUnreachable   connect refused / reset / DNS
-    ├── WorkerTimeout       the deadline passed
-    └── WorkerRejected      the worker answered an error (status and its message)
+    ├── WorkerUnreachable     connect refused / reset / DNS, before any answer
+    ├── WorkerConnectionLost  the connection broke after the status line arrived
+    ├── WorkerTimeout         the deadline passed
+    └── WorkerRejected        the worker answered an error (status and its message)
 """
 
 from __future__ import annotations
@@ -39,6 +43,10 @@ class WorkerCallError(Exception):
 
 class WorkerUnreachable(WorkerCallError):
     pass
+
+
+class WorkerConnectionLost(WorkerCallError):
+    """The worker received the request and began to answer (`status`), then the connection broke."""
 
 
 class WorkerTimeout(WorkerCallError):
@@ -101,14 +109,20 @@ class WorkerHTTP:
                     timeout_s: float | None) -> Any:
         deadline = timeout_s if timeout_s is not None else self.policy.timeout_s
         url = self.base_url + path
+        answered: int | None = None  # the status, once the worker's status line arrived
         try:
             async with asyncio.timeout(deadline):
                 async with self.session.request(method, url, json=json_body, params=params,
                                                 headers=self._headers) as resp:
+                    answered = resp.status
                     text = await resp.text()
         except TimeoutError as exc:
             raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {deadline:g}s") from exc
         except aiohttp.ClientError as exc:
+            if answered is not None:
+                raise WorkerConnectionLost(
+                    self.worker_id, f"{method} {path}: the connection broke after the worker answered {answered} "
+                                    f"(the request reached it): {type(exc).__name__}: {exc}", status=answered) from exc
             raise WorkerUnreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         body = _parse(text)
         if resp.status >= 400:
