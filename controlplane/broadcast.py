@@ -238,6 +238,21 @@ class WeightTransfer:
 
         return await _run_operation(ctl, "weight_transfer_update", {"version": version, "rename_only": True}, body)
 
+    def forget(self, reason: str) -> None:
+        """Drop the group and any open update without touching a worker: in a new leadership
+        term another replica may have driven the workers since, so neither is ours to go
+        on with. The trainer's next call gets 409 and it initialises again."""
+        if self.group is None and self.update is None:
+            return
+        log.warning("weight_transfer_forgotten", reason=reason)
+        update, self.update, self.group = self.update, None, None
+        if update is not None:
+            self.ctl.gate.end_session()
+            if update.watchdog is not None:
+                update.watchdog.cancel()
+            update.run.tracker.detail.update(aborted=reason)
+            update.run.close()
+
     # -- internals ----------------------------------------------------------------------------
     async def _in_session(self, phase: str,
                           call: Callable[[_Update], Awaitable[OperationResult]]) -> OperationResult:

@@ -106,6 +106,7 @@ class Controller:
             async with self._desired_lock:
                 if self._desired_term != self.leadership.term:
                     await self.load_desired()
+                    self.transfer.forget("a new leadership term began")
         self.leadership.require()  # leadership may have gone while the store answered
 
     async def follow_desired(self) -> None:

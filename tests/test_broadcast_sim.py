@@ -239,3 +239,20 @@ async def test_a_new_member_is_converged_from_the_last_disk_checkpoint(fleet):
             await wait_for(lambda: ctl.ctl.worker_view(ctl.ctl.records[newcomer.agent_id]).ready, what="ready")
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/finish", {"checkpoint_path": "/etc"})
     assert status == 422 and body["error"]["field"] == "checkpoint_path"
+
+
+async def test_a_new_leadership_term_forgets_the_group_and_the_open_update(fleet):
+    """Another replica may have driven the workers meanwhile: nothing from the old term goes on."""
+    ctl, agents, _ = fleet
+    assert (await _init(ctl))[0] == 200
+    assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
+    leadership = ctl.ctl.leadership
+    leadership.lost(leader="other", reason="test")
+    leadership.acquired()
+    await ctl.ctl.ensure_leading()
+    st = await ctl.state()
+    assert st["weight_transfer"] is None and st["phase"] != "updating"
+    assert "new leadership term" in st["last_operation"]["detail"]["aborted"]
+    status, body = await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK})
+    assert status == 409 and "start_weight_update first" in body["error"]["message"]
+    assert (await ctl.call("POST", "/v1/rl/resume", {}))[0] == 200  # the gate is free again
