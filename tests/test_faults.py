@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from tests.fault_proxy import FaultProxy
-from tests.fleet_procs import (AGENT_AUTH, CTL_AUTH, ControllerProcess, admin_port, controller_config, disk_loads,
+from tests.fleet_procs import (CTL_AUTH, ControllerProcess, admin_port, controller_config, disk_loads,
                                get_json, record_figures, sim_agent, start_processes, wait_until)
 from tests.harness import AgentProcess
 from tests.sim_fleet import write_checkpoint
@@ -78,7 +78,8 @@ class Fleet:
         return st if ok else None
 
     async def wait_converged(self, version: str, timeout_s: float = 60) -> dict:
-        st = await wait_until(lambda: self.converged(version), timeout_s=timeout_s, what=f"fleet converged on {version}")
+        st = await wait_until(lambda: self.converged(version), timeout_s=timeout_s,
+                              what=f"fleet converged on {version}")
         for name in self.agents:  # from the agents' side too: at the version, resumed, ready
             a = await wait_until(lambda n=name: self._idle_state(n), timeout_s=30, what=f"{name} idle")
             assert (a["weight_version"], a["paused"], a["ready"]) == (version, False, True), (name, a)
@@ -91,7 +92,8 @@ class Fleet:
     def loads(self) -> dict[str, dict[str, int]]:
         return {name: dict(disk_loads(agent)) for name, agent in self.agents.items()}
 
-    def assert_each_version_loaded_once(self, versions: list[str], *, interrupted: dict[str, str] | None = None) -> None:
+    def assert_each_version_loaded_once(self, versions: list[str], *,
+                                        interrupted: dict[str, str] | None = None) -> None:
         """Every agent loaded every version exactly once, as its log says; `interrupted` names an
         agent whose load of a version was cut by its death (that one left no record)."""
         loads = self.loads()
@@ -129,8 +131,9 @@ async def make_fleet(tmp_path: Path, http: aiohttp.ClientSession):
         proxy = None
         if proxied is not None:
             proxy = await FaultProxy(admin_port(agents[proxied])).start()
-        workers = [{"id": name, "admin_url": proxy.url if name == proxied and proxy else f"http://127.0.0.1:{admin_port(a)}",
-                    "flavor": "agent"} for name, a in agents.items()]
+        workers = [{"id": name, "flavor": "agent",
+                    "admin_url": proxy.url if proxy and name == proxied else f"http://127.0.0.1:{admin_port(a)}"}
+                   for name, a in agents.items()]
         controller = ControllerProcess(controller_config(tmp_path / "controller", workers, roots),
                                        tmp_path / "controller")
         fleet = Fleet(agents, controller, proxy, ckpt, http)
