@@ -64,9 +64,9 @@ class Follower:
 async def follow(fake: FakeKubeApi) -> AsyncIterator[Any]:
     started: list[tuple[Follower, client.ApiClient]] = []
 
-    async def start(**kw: Any) -> Follower:
+    async def start(request_timeout_s: float = 2, **kw: Any) -> Follower:
         api = await api_client(fake)
-        f = Follower(EndpointSliceSource(api=api, settings=settings(**kw), request_timeout_s=2,
+        f = Follower(EndpointSliceSource(api=api, settings=settings(**kw), request_timeout_s=request_timeout_s,
                                          backoff_initial_s=0.05))
         started.append((f, api))
         return f
@@ -283,7 +283,7 @@ async def test_a_watch_that_hangs_is_given_up_and_resumed(fake: FakeKubeApi, fol
     request timeout) ends it, and the source resumes from where it was, without a re-list."""
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"))
     refusal = fake.refuse(lambda r: r.query.get("watch") == "True", mode="hang")
-    f = await follow(watch_timeout_s=1)
+    f = await follow(watch_timeout_s=1, request_timeout_s=0.5)
     await f.wait_ids(["w-0"])
     await wait_for(lambda: fake.count("GET", "/endpointslices", watch=True) >= 2, timeout_s=20,
                    what="the hung watch to be given up and retried")
