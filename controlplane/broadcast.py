@@ -343,6 +343,8 @@ class WeightTransfer:
         """Abort an update the trainer stopped driving, so the fleet is not left paused."""
         idle_s = self.ctl.settings.weight_transfer.idle_timeout_s
         while self.update is update:
+            if not self.ctl.leadership.is_leader:
+                return  # a follower touches no worker; a later term of ours forgets the update
             wait = update.last_call + idle_s - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)

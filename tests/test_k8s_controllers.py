@@ -132,6 +132,8 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
         assert "'ctl-a'" in body["error"]["message"]
     assert [list(x.touched) for x in agents] == touched
     assert (await b.client.get("/healthz")).status == 200
+    ready = await b.client.get("/readyz")  # a leader is elected: the follower is ready, and names it
+    assert ready.status == 200 and (await ready.json())["leader"] == "ctl-a"
 
     # An operation is running on the leader (w0 hangs in pause) when the leader's API calls
     # start to hang: it must step down within its renew deadline and stop that operation.

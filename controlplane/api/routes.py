@@ -27,7 +27,8 @@ def operation_response(result: OperationResult) -> web.Response:
 
 @routes.get("/v1/rl/state")
 async def get_state(request: web.Request) -> web.Response:
-    return json_response(_ctl(request).state())
+    # Served from the cached document: no fan-out, and no rebuild unless something changed.
+    return web.Response(body=_ctl(request).state_json(), content_type="application/json")
 
 
 @routes.get("/v1/rl/workers")
@@ -129,9 +130,14 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     ctl = _ctl(request)
+    leader = ctl.leadership.leader_identity
     if not ctl.membership.synced:
-        return json_response({"status": "not_ready", "reason": "discovery has not synced"}, status=503)
-    return json_response({"status": "ready"})
+        return json_response({"status": "not_ready", "reason": "discovery has not synced", "leader": leader},
+                             status=503)
+    if leader is None:
+        return json_response({"status": "not_ready", "reason": "no leader is elected yet", "leader": None},
+                             status=503)
+    return json_response({"status": "ready", "leader": leader, "leading": ctl.leadership.is_leader})
 
 
 @routes.get("/metrics")
