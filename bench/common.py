@@ -1,0 +1,113 @@
+"""What every benchmark shares: repeats and medians, the table, the JSON and the plot.
+
+The machine these run on is shared and small, so absolute figures are noisy: each
+benchmark measures its baseline in the same run and reports ratios against it, and
+repeats every measurement (median of k).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "bench" / "out"
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def raise_fd_limit() -> None:
+    """A thousand agents and their connections need more descriptors than some defaults."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def quiet_logs() -> None:
+    from agents.logs import configure_logging
+
+    configure_logging("json", "error")
+
+
+def machine() -> dict[str, Any]:
+    load = os.getloadavg()
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+            "loadavg_at_start": [round(x, 2) for x in load]}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (what docs/performance.md holds), printed as is."""
+    cells = [[_fmt(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    line = lambda vals: "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+    out = [line(list(headers)), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}" if abs(value) >= 0.001 else f"{value:.2e}"
+    return str(value)
+
+
+def write_json(name: str, payload: dict[str, Any], out_dir: Path = OUT) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    payload = {"benchmark": name, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": machine()} | payload
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return path
+
+
+def ensure_matplotlib() -> None:
+    """The plots need matplotlib (the `bench` extra); install it when missing, as the docs say."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print("bench: matplotlib is missing; installing it (pip install -e '.[bench]' does the same)",
+              file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib>=3.8"], check=True)
+
+
+def plot(name: str, draw: Callable[[Any], None], out_dir: Path = OUT, *, size: tuple[float, float] = (6.4, 3.6)) -> Path:
+    """Draw one figure with `draw(ax)`; saved small (docs/img/ keeps a copy)."""
+    ensure_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=size, dpi=80)
+    draw(ax)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = out_dir / f"{name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
