@@ -83,6 +83,9 @@ class Controller:
         self.last_operation: OperationResult | None = None
         self.history: deque[OperationResult] = deque(maxlen=64)  # newest last
         self.verified = False
+        # The serialized state document and the key it was built for (see `state_json`).
+        self._state_generation = 0
+        self._state_cache: tuple[tuple[Any, ...], bytes] | None = None
         w = settings.workers
         self._policy = CallPolicy(timeout_s=w.timeout_s, attempts=w.attempts, retry_budget_s=w.retry_budget_s)
         self._worker_token = w.resolved_token()
@@ -118,12 +121,14 @@ class Controller:
             log.info("desired_state_followed", version=stored.weight_version, leader=self.leadership.leader_identity)
 
     async def save_desired(self) -> None:
+        self.touch()
         self.desired.updated_at = datetime.now(UTC)
         await self.store.save(self.desired)
         self.metrics.desired_version.info({"version": self.desired.weight_version or ""})
 
     # -- membership ---------------------------------------------------------------------
     def apply_membership(self, specs: list[WorkerSpec]) -> None:
+        self.touch()  # the first list marks discovery synced, even an unchanged one
         change = self.membership.apply(specs)
         if change is None:
             return
@@ -154,6 +159,7 @@ class Controller:
             self._observe(outcome)
 
     def _observe(self, outcome: Outcome[WorkerStatus]) -> None:
+        self.touch()
         rec = self.records.get(outcome.worker_id)
         if rec is None:
             return  # removed while the call was in flight
@@ -216,6 +222,7 @@ class Controller:
                 outcome = await self.fanout.call(rec.api, lambda api, a=action: self._act(api, a),
                                                  phase=f"reconcile:{action.kind}", deadline_s=self._deadline(action))
                 rec.last_result = outcome.result
+                self.touch()
                 if not outcome.ok:
                     rec.failures += 1
                     delay = min(self.settings.reconcile.backoff_max_s,
@@ -284,8 +291,32 @@ class Controller:
 
     def set_phase(self, phase: Phase | None) -> None:
         self.current_phase = phase
+        self.touch()
 
     # -- state ------------------------------------------------------------------------------------
+    def touch(self) -> None:
+        """Something the state document shows has changed: the next read rebuilds it."""
+        self._state_generation += 1
+
+    def state_json(self) -> bytes:
+        """`state()` serialized, rebuilt only when something it shows has changed.
+
+        Trainers and dashboards poll this document, many times a second each, while with
+        hundreds of members building and serializing it takes milliseconds: it is built once
+        per change (a status poll, a step of an operation, a membership or desired-state
+        change: `touch`) and served as bytes until the next one. The key also holds what an
+        operation changes in place, so a missed `touch` cannot serve an old phase or result.
+        """
+        cur, transfer = self.current, self.transfer
+        key = (self._state_generation, self.current_phase, id(cur), len(cur.results) if cur else -1,
+               id(self.last_operation), self.verified, id(self.desired), self.desired.updated_at,
+               self.membership.epoch, self.membership.synced, id(transfer.group), id(transfer.update),
+               transfer.update.chunks if transfer.update else -1)
+        cached = self._state_cache
+        if cached is None or cached[0] != key:
+            cached = self._state_cache = (key, self.state().model_dump_json().encode())
+        return cached[1]
+
     def worker_view(self, rec: WorkerRecord) -> WorkerView:
         s = rec.status
         at_desired = bool(s is not None and converged(self.desired, s))
@@ -311,12 +342,9 @@ class Controller:
         known = [v for v in views if v.reachable and v.paused is not None]
         paused = [v.paused for v in known]
         pause_state = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
-        totals = RequestCounts()
-        for v in views:
-            if v.requests is not None:
-                totals.running += v.requests.running
-                totals.waiting += v.requests.waiting
-                totals.frozen += v.requests.frozen
+        counts = [v.requests for v in views if v.requests is not None]
+        totals = RequestCounts(running=sum(c.running for c in counts), waiting=sum(c.waiting for c in counts),
+                               frozen=sum(c.frozen for c in counts))
         quiesced = bool(views) and all(v.reachable and v.paused for v in views) and totals.running == 0
         versions = {v.weight_version for v in views}
         common = versions.pop() if len(versions) == 1 and views else None

@@ -61,6 +61,7 @@ class _Run:
                 rec.last_result = o.result
                 if not o.ok:
                     self.ctl.metrics.worker_failures.labels(o.worker_id, name).inc()
+        self.ctl.touch()
         return [r for r in records if r.spec.id in ok]
 
 
@@ -158,6 +159,7 @@ async def _verify(run: _Run, records: list[WorkerRecord], version: str, deadline
                 run.tracker.results[worker_id] = run.tracker.results[worker_id].model_copy(update={
                     "status": "error", "phase": "verify",
                     "message": f"weight checksums differ from {count} other worker(s) at version {version!r}"})
+    run.ctl.touch()
     return [r for r in at_version if r.spec.id not in failed]
 
 
