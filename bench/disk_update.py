@@ -1,0 +1,143 @@
+"""`python -m bench.disk_update`: a disk weight update of a ~100M-parameter model on a real
+vLLM CPU engine, through the controller, against a raw safetensors load of the same files.
+
+- controller: `POST /v1/rl/update_weights` (pause keep, update, verify with weight
+  checksums, resume) on the real controller with one member, a real agent process
+  (`python -m agents`) on a real vLLM CPU engine. Versions alternate between two
+  weight directories, so every cycle really loads different bytes.
+- baseline (same run, interleaved): the same safetensors files read with
+  `safetensors.torch.load_file` and copied into a same-shaped `LlamaForCausalLM`
+  (`load_state_dict`) in this process: the least any loader must do (read every byte,
+  write every parameter). vLLM's own reload (`collective_rpc("reload_weights")`, what
+  the agent runs) does that plus its weight processing; its time inside the agent is
+  reported too (the agent's operation record), as are the checksums of the verify step
+  (`POST /weight_checker`, timed on its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import median, plot, quiet_logs, table, write_json
+from bench.vllm_agent import MODEL_100M, VOCAB_100M, agent_config, make_models, start_agent
+
+
+def raw_load_factory(model_dir: Path) -> Any:
+    """A same-shaped HF model, and a function loading a weights dir into it; returns its time."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").float()
+
+    def load(weights_dir: Path) -> float:
+        t0 = time.perf_counter()
+        for f in sorted(weights_dir.glob("*.safetensors")):
+            model.load_state_dict(load_file(str(f)), strict=False)
+        return time.perf_counter() - t0
+
+    return load
+
+
+async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from bench.fanout import ControllerUnderTest
+    from bench.fleet import Agent
+
+    shape = None if a.tiny else MODEL_100M
+    t0 = time.perf_counter()
+    models = make_models(workdir / "models", shape=shape, vocab_size=None if a.tiny else VOCAB_100M, seeds=(1, 2))
+    nbytes = sum(f.stat().st_size for f in models["weights-1"].glob("*.safetensors"))
+    print(f"bench.disk_update: model made in {time.perf_counter() - t0:.0f}s ({nbytes / 1e6:.0f} MB); "
+          "starting the agent", flush=True)
+    agent = start_agent(agent_config(models["base"], [workdir]), workdir / "agent")
+    raw_load = raw_load_factory(models["base"])
+    try:
+        members = [Agent("bench-vllm", agent.admin_url)]
+        async with ControllerUnderTest(members, workdir, 64, worker_token=agent.token) as ctl, \
+                aiohttp.ClientSession(headers=agent.auth) as s:
+            rows: dict[str, list[float]] = {"controller_s": [], "raw_load_s": [], "agent_reload_s": [],
+                                            "checksum_s": []}
+            dirs = [models["weights-1"], models["weights-2"]]
+            for i in range(a.repeats + 1):  # the first round warms up (page cache, first-call costs)
+                path = dirs[i % 2]
+                t = time.perf_counter()
+                await ctl.cycle_at(f"v{i}", path)
+                cycle = time.perf_counter() - t
+                async with s.get(agent.admin_url + "/v1/agent/state") as resp:
+                    state = await resp.json()
+                reload = next(op["duration_s"] for op in state["last_operations"]
+                              if op["kind"] == "update_weights_from_disk")
+                t = time.perf_counter()
+                async with s.post(agent.admin_url + "/weight_checker", json={"action": "checksum"}) as resp:
+                    checksums = await resp.json()
+                    assert resp.status == 200, checksums
+                checksum = time.perf_counter() - t
+                raw = await asyncio.to_thread(raw_load, path)
+                if i > 0:
+                    for key, v in (("controller_s", cycle), ("raw_load_s", raw), ("agent_reload_s", reload),
+                                   ("checksum_s", checksum)):
+                        rows[key].append(v)
+                print(f"  round {i}: controller {cycle:.3f}s (agent reload {reload:.3f}s, checksums "
+                      f"{checksum:.3f}s), raw load {raw:.3f}s", flush=True)
+    finally:
+        agent.stop()
+    med = {k: median(v) for k, v in rows.items()}
+    return {"bytes": nbytes, "parameters": nbytes // 4, "params": {"repeats": a.repeats, "tiny": a.tiny},
+            "times_s": rows, "median_s": med, "ratio_controller_vs_raw": med["controller_s"] / med["raw_load_s"],
+            "ratio_agent_reload_vs_raw": med["agent_reload_s"] / med["raw_load_s"]}
+
+
+def render(r: dict[str, Any]) -> str:
+    m = r["median_s"]
+    return table(["what", "median s", "÷ raw load"], [
+        ["raw safetensors load + load_state_dict (baseline)", m["raw_load_s"], 1.0],
+        ["agent: vLLM reload_weights + version + prefix cache", m["agent_reload_s"], r["ratio_agent_reload_vs_raw"]],
+        ["agent: weight checksums (verify)", m["checksum_s"], m["checksum_s"] / m["raw_load_s"]],
+        ["controller update_weights cycle (verify on)", m["controller_s"], r["ratio_controller_vs_raw"]]])
+
+
+def draw(r: dict[str, Any], out_dir: Path) -> Path:
+    def d(ax: Any) -> None:
+        m = r["median_s"]
+        labels = ["raw load", "vLLM reload\n(in agent)", "checksums", "controller\ncycle"]
+        ax.bar(labels, [m["raw_load_s"], m["agent_reload_s"], m["checksum_s"], m["controller_s"]],
+               color=["grey", "C0", "C1", "C2"])
+        ax.set_ylabel("seconds (median)")
+        ax.set_title(f"Disk update, {r['parameters'] / 1e6:.0f}M params ({r['bytes'] / 1e6:.0f} MB), vLLM CPU")
+
+    return plot("disk_update", d, out_dir)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tiny", action="store_true", help="the tests' tiny Llama instead of ~100M parameters")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default bench/out)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from bench.common import OUT
+
+    a = parse(argv)
+    out = a.out or OUT
+    quiet_logs()
+    with tempfile.TemporaryDirectory(prefix="bench-disk-") as tmp:
+        result = asyncio.run(run(a, Path(tmp)))
+    print(render(result))
+    print(f"json: {write_json('disk_update', result, out)}\nplot: {draw(result, out)}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
