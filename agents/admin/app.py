@@ -1,15 +1,17 @@
-"""The admin app factory: routes, middlewares, limits."""
+"""The admin app factory: routes, middlewares, limits, and the OpenAPI document."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from agents.admin.http import make_auth_middleware, make_error_middleware
+from agents.admin.openapi import ROUTES, agent_document
 from agents.admin.routes import SERVICE, routes
+from agents.openapi import serve_document
 from agents.service import AgentService
 
-# Probes must work without the token even when reads are protected.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# Probes (and the API document) must work without the token even when reads are protected.
+_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 
 
 def build_admin_app(service: AgentService, *, token: str) -> web.Application:
@@ -21,4 +23,5 @@ def build_admin_app(service: AgentService, *, token: str) -> web.Application:
     )
     app[SERVICE] = service
     app.add_routes(routes)
+    serve_document(app, agent_document(auth_reads=settings.auth_reads))
     return app

@@ -21,7 +21,9 @@ import aiohttp
 from aiohttp import web
 
 from agents.admin.http import make_auth_middleware, make_error_middleware
+from agents.openapi import serve_document
 from controlplane.api.facade import facade
+from controlplane.api.openapi import ROUTES, controller_document
 from controlplane.api.routes import CONTROLLER, routes
 from controlplane.controller import Controller
 from controlplane.discovery.base import DiscoverySource
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
 LEADERSHIP = web.AppKey("leadership", Leadership)
-_OPEN_PATHS = frozenset({"/healthz", "/readyz", "/health"})
+# Probes (and the API document) answer without the token even when reads are protected.
+_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
@@ -94,6 +97,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
     )
     app.add_routes(routes)
     app.add_routes(facade)
+    serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         # One session for every worker call; connection reuse is most of fan-out speed.
