@@ -178,11 +178,33 @@ class Controller:
             rec.reachable, rec.last_error = False, outcome.result.message
 
     async def run_poller(self, *, iterations: int | None = None) -> None:
+        """Read every member's status into the cache every `poll_interval_s`. A read still
+        running at the end of its tick is left to finish (its result lands when it does) and its
+        worker is skipped until then: a worker that hangs until its deadline delays only its own
+        status, where waiting for every read would refresh the whole fleet once per deadline."""
+        interval, deadline_s = self.settings.reconcile.poll_interval_s, self.settings.workers.timeout_s * 2
+        running: dict[str, asyncio.Task[Outcome[WorkerStatus]]] = {}
         n = 0
-        while iterations is None or n < iterations:
-            n += 1
-            await self.poll_statuses()
-            await asyncio.sleep(self.settings.reconcile.poll_interval_s)
+        try:
+            while iterations is None or n < iterations:
+                n += 1
+                tick = time.monotonic()
+                for rec in self.members():
+                    if rec.spec.id not in running:
+                        running[rec.spec.id] = asyncio.create_task(
+                            self.fanout.call(rec.api, lambda api: api.status(), phase="status", deadline_s=deadline_s,
+                                             quiet=True), name=f"status-poll:{rec.spec.id}")
+                if running:
+                    await asyncio.wait(running.values(), timeout=interval)
+                for worker_id, task in list(running.items()):
+                    if task.done():  # observed together: one rebuild of the state document per tick
+                        del running[worker_id]
+                        self._observe(task.result())
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - tick)))
+        finally:
+            for task in running.values():
+                task.cancel()
+            await asyncio.gather(*running.values(), return_exceptions=True)
 
     # -- reconciliation ---------------------------------------------------------------------
     def needs_work(self, rec: WorkerRecord) -> bool:
