@@ -274,6 +274,10 @@ async def test_agent_frozen_past_deadline_times_out_alone_then_converges(make_fl
             assert (a["weight_version"], a["paused"]) == ("v1", False), a
         st = await wait_until(lambda: _unreachable(fleet, "a2"), timeout_s=30, what="a2 reported unreachable")
         assert not worker(st, "a2")["ready"] and not worker(st, "a2")["serving"]
+        # One hung worker must not hold up the others' status: while a2 hangs, a0 is still read
+        # about every poll interval (0.2 s), not once per a2's status deadline (3 s).
+        refreshes = await _last_seen_changes(fleet, "a0", window_s=4.0)
+        assert refreshes >= 6, f"a0's status was refreshed only {refreshes} times in 4 s while a2 hung"
     finally:
         t_cont = time.monotonic()
         os.killpg(victim.proc.pid, signal.SIGCONT)
@@ -284,8 +288,17 @@ async def test_agent_frozen_past_deadline_times_out_alone_then_converges(make_fl
     record_figures("faults", "agent_frozen_past_deadline", {
         "phase_deadline_s": 7, "call_s": round(time.monotonic() - t_call, 2),
         "returned_after_freeze_s": round(returned_after_stop, 2),
-        "thaw_to_converged_s": round(t_converged - t_cont, 2),
+        "thaw_to_converged_s": round(t_converged - t_cont, 2), "a0_status_refreshes_in_4s_during_hang": refreshes,
     })
+
+
+async def _last_seen_changes(fleet: Fleet, name: str, *, window_s: float) -> int:
+    seen: set[str] = set()
+    deadline = time.monotonic() + window_s
+    while time.monotonic() < deadline:
+        seen.add(worker(await fleet.state(), name)["last_seen"])
+        await asyncio.sleep(0.05)
+    return len(seen) - 1
 
 
 async def _unreachable(fleet: Fleet, name: str) -> dict | None:
@@ -326,7 +339,7 @@ async def test_agent_answering_500_is_partial_then_converged(make_fleet):
     fleet.assert_each_version_loaded_once(["v1"])  # the 500s never reached the agent
     record_figures("faults", "agent_answering_500", {
         "recovered_to_converged_s": round(t_converged - t_recover, 2),
-        "reconciler_attempts_while_failing": len(proxy.fired("POST", "/v1/agent/weights/disk")) - 3,
+        "500s_answered_to_the_reconciler": len(proxy.fired("POST", "/v1/agent/weights/disk")) - 3,
     })
 
 
