@@ -31,7 +31,6 @@ from tests.sim_fleet import free_port
 
 CTL_TOKEN = "ctl-token"
 CTL_AUTH = {"Authorization": f"Bearer {CTL_TOKEN}"}
-AGENT_AUTH = {"Authorization": f"Bearer {AGENT_TOKEN}"}
 FIGURES_DIR = REPO / "bench" / "out"
 
 

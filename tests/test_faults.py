@@ -353,10 +353,11 @@ async def test_controller_sigkilled_mid_transaction_recovers_and_loads_nothing_t
     # Round 2: killed while every agent is loading (they finish the load without it).
     for version, seed, moment in (("v2", 2, "pausing"), ("v3", 3, "loading")):
         update = asyncio.create_task(fleet.update(version, seed))
-        if moment == "pausing":
-            await wait_until(lambda: _phase_is(fleet, "pausing"), timeout_s=30, what="phase pausing")
-        else:
-            await wait_until(lambda: _all_busy(fleet, LOAD), timeout_s=30, what="every agent loading")
+        # Every agent in the middle of the step (its engine call takes 0.5 s): the controller's
+        # requests have all arrived, and it is killed before any answer comes back.
+        busy = "pause" if moment == "pausing" else LOAD
+        await wait_until(lambda: _all_busy(fleet, busy), timeout_s=30, what=f"every agent busy with {busy}")
+        assert (await fleet.state())["phase"] == ("pausing" if moment == "pausing" else "updating")
         fleet.controller.kill()
         t_kill = time.monotonic()
         with pytest.raises(aiohttp.ClientError):  # the trainer's call dies with the controller
@@ -381,10 +382,6 @@ async def test_controller_sigkilled_mid_transaction_recovers_and_loads_nothing_t
                                              "kill_to_converged_s": round(time.monotonic() - t_kill, 2)}
     fleet.assert_each_version_loaded_once(["v1", "v2", "v3"])
     record_figures("faults", "controller_sigkill_mid_transaction", figures)
-
-
-async def _phase_is(fleet: Fleet, phase: str) -> bool:
-    return (await fleet.state())["phase"] == phase
 
 
 async def _all_busy(fleet: Fleet, kind: str) -> bool:
