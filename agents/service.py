@@ -56,6 +56,11 @@ class AgentService:
         # Set when a weight load failed part-way: the engine's weights are then unknown.
         self._weights_broken: str | None = None
         self._chunks_since_start = 0  # transfer chunks since start_weight_update
+        # The weight-transfer protocol's state as far as this agent knows it, so a call out of
+        # order is a 409 before the engine sees it. None: a failed call left it unknown, and
+        # the engine decides until a call succeeds again.
+        self._transfer_group: bool | None = False  # joined a group: init, and no shutdown since
+        self._transfer_open: bool | None = False  # between start_weight_update and finish
         self._expected_tensors: set[str] | None = None
         self.metrics = AgentMetrics()
 
@@ -199,26 +204,50 @@ class AgentService:
             await self._call(self.engine.reset_weights(), self.timeouts.control_s, "reset_weights")
 
     # -- weight transfer (vLLM's protocol, passed through with deadlines) -------
+    def _check_transfer_order(self, call: str) -> None:
+        if call == "start_weight_update":
+            if self._transfer_group is False:
+                raise ConflictError("no weight-transfer group: call init_weight_transfer_engine first")
+            if self._transfer_open is True:
+                raise ConflictError("a weight update is already open: call finish_weight_update first")
+        elif self._transfer_open is False:
+            raise ConflictError(f"no weight update is open: call start_weight_update before {call}")
+
     async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
         async with self._operation("init_weight_transfer"):
+            self._transfer_group = None
             await self._call(self.engine.init_weight_transfer(init_info), self.timeouts.transfer_init_s,
                              "init_weight_transfer_engine")
+            self._transfer_group = True
 
     async def start_weight_update(self) -> None:
+        self._check_transfer_order("start_weight_update")
         async with self._operation("start_weight_update"):
+            self._transfer_open = None
             await self._call(self.engine.start_weight_update(), self.timeouts.transfer_chunk_s, "start_weight_update")
+            self._transfer_open = True
             self._chunks_since_start = 0
 
     async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self._check_transfer_order("update_weights")
         async with self._operation("update_weights"), self._changing_weights(completes=False):
             self._chunks_since_start += 1  # counted before the call: a failed chunk may have landed in part
-            await self._call(self.engine.update_weights(update_info), self.timeouts.transfer_chunk_s,
-                             "update_weights")
+            self._transfer_open = None
+            try:
+                await self._call(self.engine.update_weights(update_info), self.timeouts.transfer_chunk_s,
+                                 "update_weights")
+            except EngineCallError:
+                self._transfer_open = False  # vLLM's worker ends the update with a chunk it failed
+                raise
+            self._transfer_open = True
 
     async def finish_weight_update(self, version: str | None) -> None:
+        self._check_transfer_order("finish_weight_update")
         async with self._operation("finish_weight_update", version=version), self._changing_weights():
+            self._transfer_open = None
             await self._call(self.engine.finish_weight_update(), self.timeouts.transfer_chunk_s,
                              "finish_weight_update")
+            self._transfer_open = False
             changed, self._chunks_since_start = self._chunks_since_start > 0, 0
             if version is not None:
                 await self._commit_version(version)
@@ -232,8 +261,10 @@ class AgentService:
 
     async def shutdown_weight_transfer(self) -> None:
         async with self._operation("shutdown_weight_transfer"):
+            self._transfer_group = None
             await self._call(self.engine.shutdown_weight_transfer(), self.timeouts.control_s,
                              "shutdown_weight_transfer_engine")
+            self._transfer_group = False
 
     # -- LoRA ---------------------------------------------------------------------
     async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:

@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import structlog
 
-from agents.errors import ForbiddenPathError
+from agents.errors import BadRequestError, ForbiddenPathError
 from controlplane.adminapi.base import AdminAPI, WorkerStatus
 from controlplane.adminapi.factory import make_admin_api
 from controlplane.adminapi.http import CallPolicy, WorkerHTTP
@@ -299,15 +299,24 @@ class Controller:
 
     # -- helpers for operations ---------------------------------------------------------------
     def check_path(self, raw: str, field: str) -> str:
-        """Lexical check against the allowed roots, before any worker is touched. Workers
-        resolve symlinks themselves: the controller may not mount the weights."""
+        """Check a path against the allowed roots before any worker is touched: lexically, and
+        with symlinks resolved as far as the controller sees the path (a shared mount), so a link
+        out of a root is refused here, not by every worker. Workers resolve it again themselves:
+        the controller may not mount the weights."""
+        import os.path
         import posixpath
 
+        if "\x00" in raw:
+            raise BadRequestError("path contains a NUL byte", field=field)
         if not raw.startswith("/"):
             raise ForbiddenPathError(f"path must be absolute: {raw!r}", field=field)
         normalized = posixpath.normpath(raw)
         roots = [posixpath.normpath(str(r.resolve())) for r in self.settings.allowed_roots]
-        if not any(normalized == r or normalized.startswith(r.rstrip("/") + "/") for r in roots):
+
+        def inside(path: str) -> bool:
+            return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+        if not inside(normalized) or not inside(os.path.realpath(normalized)):
             raise ForbiddenPathError(f"path {raw!r} is outside the allowed roots", field=field)
         return normalized
 

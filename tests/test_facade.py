@@ -58,7 +58,7 @@ async def test_facade_errors_are_never_200(fleet):
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)})
     assert status == 207 and {r["worker_id"]: r["status"] for r in body["results"]} == {"w0": "error", "w1": "ok"}
     before = [list(a.touched) for a in agents]
-    for payload, want, field in (({}, 422, "weight_dir"), ({"weight_dir": "/etc"}, 403, "source.path"),
+    for payload, want, field in (({}, 422, "weight_dir"), ({"weight_dir": "/etc"}, 403, "weight_dir"),
                                  ({"weight_dir": str(ckpt), "x": 1}, 422, "x")):
         status, body = await ctl.call("POST", "/update_weights", payload)
         assert (status, body["error"]["field"]) == (want, field)

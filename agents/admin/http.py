@@ -52,9 +52,11 @@ def make_error_middleware(max_body: int) -> Any:
                                                     "message": f"request body is larger than {max_body} bytes"}},
                                          status=413)
             except web.HTTPException as exc:
-                # aiohttp's own 404/405: keep the status, use our error shape.
+                # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
                 code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-                return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status)
+                allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+                return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
+                                         headers=allow)
             except Exception as exc:
                 log.exception("unhandled_error")
                 return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
@@ -84,6 +86,10 @@ def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.match_info.http_exception is not None:
+            # No such route or method: the 404/405 (with `Allow`) says so, token or not; what
+            # the API serves is public anyway (GET /openapi.json).
+            return await handler(request)
         needs_token = request.method in _MUTATING or (auth_reads and request.path not in open_paths)
         if needs_token:
             header = request.headers.get("Authorization", "")
@@ -99,7 +105,7 @@ def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[
 
 async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool = False) -> M:
     """Parse a JSON object body into `model`: 400 for bad JSON, 422 naming the field."""
-    return validate(model, await read_object(request, allow_empty=allow_empty))
+    return validate(model, await read_object(request, allow_empty=allow_empty), strict=True)
 
 
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
@@ -119,9 +125,11 @@ async def read_object(request: web.Request, *, allow_empty: bool = False) -> dic
     return data
 
 
-def validate(model: type[M], data: dict[str, Any]) -> M:
+def validate(model: type[M], data: dict[str, Any], *, strict: bool = False) -> M:
+    """`strict` for JSON bodies: JSON has types, so `"verify": "no"` or `"timeout_s": true` is a
+    422 rather than a quiet False or 1.0. Query strings are text and are read lax (`?timeout_s=5`)."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or "body"

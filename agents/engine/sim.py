@@ -408,9 +408,13 @@ class SimEngine:
             raise
         if self._update_chunks is None:
             raise EngineError("start_weight_update must be called before update_weights")
+        names = [info.get("names", []) for info in (update_info if isinstance(update_info, list) else [update_info])]
+        if not all(isinstance(n, list) for n in names):
+            # vLLM fails such a chunk in its backend, and its worker ends the session with it.
+            self._update_chunks = None
+            raise EngineError(f"update_info.names must be a list of tensor names, got {names!r:.200}")
         self._update_chunks.append(json.dumps(update_info, sort_keys=True, default=repr))
-        for info in update_info if isinstance(update_info, list) else [update_info]:
-            self.updated_names.extend(str(n) for n in info.get("names", ()))
+        self.updated_names.extend(str(n) for chunk_names in names for n in chunk_names)
         self.weight_update_chunks += 1
 
     async def finish_weight_update(self) -> None:

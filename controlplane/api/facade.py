@@ -14,12 +14,15 @@ client (which raises on a non-2xx) stops at once.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import PurePosixPath
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from agents.admin.http import json_response, parse_body, read_object, validate
+from agents.errors import ApiError
 from agents.wire import PauseQuery, UpdateWeightVersionRequest, WorldSizeQuery
 from controlplane import transaction
 from controlplane.api.routes import CONTROLLER, operation_response
@@ -29,12 +32,27 @@ from controlplane.state import (EmptyRequest, LoraRequest, OperationResult, Paus
 facade = web.RouteTableDef()
 
 
+@contextmanager
+def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors of the native request a facade route builds name the field the client sent
+    (`lora_name`, not `name`), so a 4xx points at the client's own input."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.field in names:
+            old, exc.field = exc.field, names[exc.field]
+            if exc.message.startswith(f"{old}: "):
+                exc.message = f"{exc.field}: {exc.message[len(old) + 2:]}"
+        raise
+
+
 class DiskWeightsRequest(BaseModel):
     """The shape RL frameworks send their inference servers for a disk update."""
 
     model_config = ConfigDict(extra="forbid")
     weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
-    weight_version: str | None = Field(None, max_length=256, description="Defaults to the directory's name.")
+    weight_version: str | None = Field(None, min_length=1, max_length=256,
+                                       description="Defaults to the directory's name.")
 
 
 class LoadLoraAdapterRequest(BaseModel):
@@ -106,13 +124,16 @@ async def update_weight_version(request: web.Request) -> web.Response:
 async def update_weights(request: web.Request) -> web.Response:
     data = await read_object(request)
     if "update_info" in data:  # vLLM's broadcast chunk
-        chunk = validate(TransferUpdateRequest, data)
+        chunk = validate(TransferUpdateRequest, data, strict=True)
         result = await request.app[CONTROLLER].transfer.update_chunk(chunk)
         return _vllm_answer(result, {"message": "Weights updated"})
-    body = validate(DiskWeightsRequest, data)
+    body = validate(DiskWeightsRequest, data, strict=True)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
-    req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
-    result = await transaction.update_weights(request.app[CONTROLLER], req)
+    # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
+    with _client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
+                         "source.path": "weight_dir"}):
+        req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
+        result = await transaction.update_weights(request.app[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": "Weights updated", "weight_version": version})
@@ -122,8 +143,9 @@ async def update_weights(request: web.Request) -> web.Response:
 @facade.post("/v1/load_lora_adapter")
 async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
-    req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
-    result = await transaction.load_lora(request.app[CONTROLLER], req)
+    with _client_fields({"name": "lora_name", "path": "lora_path"}):
+        req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
+        result = await transaction.load_lora(request.app[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
