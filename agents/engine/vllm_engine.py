@@ -26,6 +26,7 @@ from agents.settings import EngineSettings, InferenceSettings
 from agents.wire import PauseMode, RequestCounts
 
 log = structlog.get_logger("agents.engine.vllm")
+_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256(b"")
 
 
 @asynccontextmanager
@@ -97,6 +98,7 @@ class VllmEngine:
         self._inference: Any = None
         self._queue_depth: dict[str, int] = {"running": 0, "waiting": 0}
         self._pause_mode: PauseMode | None = None
+        self._warned_empty_checksums = False
 
     @property
     def model_name(self) -> str:
@@ -195,6 +197,12 @@ class VllmEngine:
                 if duplicates := merged.keys() & worker.keys():
                     raise EngineError(f"duplicate weight checksum keys: {sorted(duplicates)[:5]}")
                 merged.update(worker)
+        if not self._warned_empty_checksums and (empty := [k for k, v in merged.items() if v == _EMPTY_SHA256]):
+            # vLLM's CPU backend moves linear weights into oneDNN and leaves the parameters
+            # empty: those checksums are of no bytes and cannot tell two weight versions apart.
+            self._warned_empty_checksums = True
+            log.warning("weight_checksums_of_empty_tensors", empty=len(empty), tensors=len(merged),
+                        example=empty[0])
         return merged
 
     async def reset_weights(self) -> None:
