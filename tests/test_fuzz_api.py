@@ -46,10 +46,11 @@ from schemathesis.checks import not_a_server_error
 from agents.admin.openapi import ROUTES as AGENT_ROUTES
 from agents.admin.openapi import agent_document
 from controlplane.api.app import build_app
+from controlplane.api.routes import CONTROLLER
 from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from controlplane.api.openapi import controller_document
 from tests.sim_fleet import TOKEN, SimAgent, start_fleet, write_adapter, write_checkpoint
-from tests.test_controller_sim import CTL_TOKEN, controller_settings
+from tests.test_controller_sim import CTL_TOKEN, controller_settings, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -225,11 +226,21 @@ class ControllerStack:
         self.agents: list[SimAgent] = self.live.run(start_fleet(2, [self.paths["root"]]))
         settings = controller_settings(
             base, [a.spec() for a in self.agents], allowed_roots=[str(self.paths["root"])],
-            # The reconciler must not call workers while a case runs: it would look like the
-            # case touched them. It runs once at start; the poller only reads.
-            reconcile={"poll_interval_s": 0.2, "interval_s": 3600},
+            reconcile={"poll_interval_s": 0.2, "interval_s": 0.1},
             weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600})
-        self.runner, self.url = self.live.run(_serve(build_app(settings, token=CTL_TOKEN)))
+        app = build_app(settings, token=CTL_TOKEN)
+        self.runner, self.url = self.live.run(_serve(app))
+        self.live.run(self._settle(app[CONTROLLER]))
+
+    @staticmethod
+    async def _settle(ctl: Any) -> None:
+        """Let the reconciler converge the fresh fleet, then stop it: a worker it called while a
+        case runs would look touched by that case. The poller stays; it only reads."""
+        await wait_for(lambda: ctl.membership.synced and all(r.reachable for r in ctl.members())
+                       and not any(ctl.needs_work(r) for r in ctl.members()), what="fleet settled")
+        for task in asyncio.all_tasks():
+            if task.get_name() == "reconciler":
+                task.cancel()
 
     def touched(self) -> list[int]:
         return [len(a.touched) for a in self.agents]
