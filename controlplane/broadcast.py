@@ -336,7 +336,7 @@ class WeightTransfer:
         if update.watchdog is not None and update.watchdog is not asyncio.current_task():
             update.watchdog.cancel()
         result = update.run.close()
-        await self.ctl.poll_statuses(update.records)
+        await self.ctl.poll_statuses(update.run.answering(update.records))
         return result
 
     async def _watch_idle(self, update: _Update) -> None:

@@ -77,6 +77,13 @@ class _Run:
                  failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")])
         return result
 
+    def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
+        """The records worth a fresh status read before answering: a worker that just ran
+        past a deadline would likely make the trainer wait for another one (the background
+        poller reads it when it answers)."""
+        timed_out = {r.worker_id for r in self.tracker.results.values() if r.status == "timeout"}
+        return [r for r in records if r.spec.id not in timed_out]
+
 
 async def _run_operation(ctl: Controller, kind: OperationKind, detail: dict[str, Any],
                          body: Callable[[_Run], Awaitable[None]]) -> OperationResult:
@@ -89,7 +96,7 @@ async def _run_operation(ctl: Controller, kind: OperationKind, detail: dict[str,
             finally:
                 result = run.close()
         # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
-        await ctl.poll_statuses(run.members)
+        await ctl.poll_statuses(run.answering(run.members))
         return result
 
 
