@@ -27,11 +27,13 @@ from bench.common import quiet_logs, raise_fd_limit
 TOKEN = "bench-agent-token"
 
 
-async def start_agent(agent_id: str, root: Path, latency_s: float) -> tuple[web.AppRunner, int]:
+async def start_agent(agent_id: str, root: Path, latency_s: float, *,
+                      require_desired_version: bool = False) -> tuple[web.AppRunner, int]:
     engine = SimEngine(model_name="sim", op_latency_s=latency_s)
     await engine.start()
     settings = AgentSettings(agent_id=agent_id, engine={"kind": "sim", "model": "sim"}, allowed_roots=[root],
                              admin={"token": TOKEN}, log_format="json", log_level="error",
+                             require_desired_version=require_desired_version,
                              timeouts={"pause_s": 60, "control_s": 60, "weight_load_s": 60})
     service = AgentService(engine, settings)
     await service.start()
@@ -41,11 +43,13 @@ async def start_agent(agent_id: str, root: Path, latency_s: float) -> tuple[web.
     return runner, runner.addresses[0][1]
 
 
-async def serve(count: int, first: int, root: Path, latency_s: float, ready: Path) -> None:
+async def serve(count: int, first: int, root: Path, latency_s: float, ready: Path, *,
+                require_desired_version: bool = False) -> None:
     runners: list[web.AppRunner] = []
     ports: list[int] = []
     for i in range(first, first + count):
-        runner, port = await start_agent(f"w{i:05d}", root, latency_s)
+        runner, port = await start_agent(f"w{i:05d}", root, latency_s,
+                                         require_desired_version=require_desired_version)
         runners.append(runner)
         ports.append(port)
     tmp = ready.with_suffix(".tmp")
@@ -67,10 +71,13 @@ def main() -> None:
     p.add_argument("--root", type=Path, required=True, help="allowed root of weight paths")
     p.add_argument("--latency-s", type=float, default=0.02, help="latency of each engine operation")
     p.add_argument("--ready", type=Path, required=True)
+    p.add_argument("--require-desired-version", action="store_true",
+                   help="agents stay not ready until a controller tells them the desired version")
     a = p.parse_args()
     raise_fd_limit()
     quiet_logs()
-    asyncio.run(serve(a.count, a.first, a.root, a.latency_s, a.ready))
+    asyncio.run(serve(a.count, a.first, a.root, a.latency_s, a.ready,
+                      require_desired_version=a.require_desired_version))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """`python bench/load_state.py`: `GET /v1/rl/state` under load while update cycles run.
 
 Three kinds of process on loopback, as in production: a fleet of real agents on SimEngine
-(`host` below: one process serving many agents, one port each), the controller daemon
+(`bench/agent_host.py`: one process serving many agents, one port each), the controller daemon
 (`python -m controlplane`, its status poller reading every member each second), and this
 process, which runs the update cycles (the trainer: one `POST /v1/rl/update_weights` after
 the other, each a full pause -> load -> verify -> resume over the whole fleet) and the load
@@ -27,8 +27,6 @@ import itertools
 import json
 import os
 import platform
-import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,68 +39,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: make the repository's packages importable
     sys.path.insert(0, str(REPO))
 
-AGENT_TOKEN = "load-agent-token"
 CTL_TOKEN = "load-ctl-token"
 DEFAULT_OUT = REPO / "bench" / "out" / "load_state.json"
 
-
-# -- the fleet host: many agents in one process ----------------------------------------------------------
-async def _host(count: int, first: int, root: Path, latency_s: float, ready: Path) -> None:
-    from aiohttp import web
-
-    from agents.admin.app import build_admin_app
-    from agents.engine.sim import SimEngine
-    from agents.service import AgentService
-    from agents.settings import AgentSettings
-
-    runners: list[web.AppRunner] = []
-    ports: list[int] = []
-    for i in range(first, first + count):
-        engine = SimEngine(model_name="sim", op_latency_s=latency_s)
-        await engine.start()
-        settings = AgentSettings(agent_id=f"w{i:04d}", engine={"kind": "sim", "model": "sim"}, allowed_roots=[root],
-                                 admin={"token": AGENT_TOKEN}, require_desired_version=True,
-                                 timeouts={"pause_s": 60, "control_s": 60, "weight_load_s": 60})
-        service = AgentService(engine, settings)
-        await service.start()
-        runner = web.AppRunner(build_admin_app(service, token=AGENT_TOKEN), access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, backlog=512).start()
-        runners.append(runner)
-        ports.append(runner.addresses[0][1])
-    tmp = ready.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"first": first, "ports": ports}))
-    tmp.replace(ready)  # atomic: the parent never reads half a list
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    loop.add_reader(sys.stdin.fileno(), stop.set)  # EOF: the parent went away
-    await stop.wait()
-    for runner in runners:
-        await runner.cleanup()
-
-
-def host_main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="load_state.py host", description="serve many SimEngine agents")
-    p.add_argument("--count", type=int, required=True)
-    p.add_argument("--first", type=int, default=0)
-    p.add_argument("--root", type=Path, required=True)
-    p.add_argument("--latency-s", type=float, default=0.01)
-    p.add_argument("--ready", type=Path, required=True)
-    a = p.parse_args(argv)
-    _raise_fd_limit()
-    from agents.logs import configure_logging
-
-    configure_logging("json", "warning")
-    asyncio.run(_host(a.count, a.first, a.root, a.latency_s, a.ready))
-
-
-# -- processes ------------------------------------------------------------------------------------------
-def _raise_fd_limit() -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = min(hard, 65536)
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+from bench.agent_host import TOKEN as AGENT_TOKEN  # noqa: E402  (after the sys.path line)
+from bench.common import raise_fd_limit  # noqa: E402
+from bench.fleet import write_checkpoint  # noqa: E402
 
 
 @dataclass
@@ -149,9 +91,10 @@ def start_hosts(workers: int, hosts: int, workdir: Path, latency_s: float) -> tu
         if count <= 0:
             break
         ready, log = workdir / f"host-{h}.json", workdir / f"host-{h}.log"
-        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "host", "--count", str(count),
+        proc = subprocess.Popen([sys.executable, "-m", "bench.agent_host", "--count", str(count),
                                  "--first", str(first), "--root", str(workdir), "--latency-s", str(latency_s),
-                                 "--ready", str(ready)], cwd=REPO, stdin=subprocess.PIPE,
+                                 "--ready", str(ready), "--require-desired-version"], cwd=REPO,
+                                stdin=subprocess.PIPE,
                                 stdout=log.open("wb"), stderr=subprocess.STDOUT)
         procs.append((Proc(f"host-{h}", proc, log), ready))
     ports: list[int] = []
@@ -180,17 +123,6 @@ def start_controller(ports: list[int], workdir: Path, poll_interval_s: float) ->
                             stdout=log.open("wb"), stderr=subprocess.STDOUT)
     p = Proc("controller", proc, log)
     return p, f"http://127.0.0.1:{int(_wait_file(port_file, p, 60))}"
-
-
-def write_checkpoint(directory: Path, seed: int) -> Path:
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    save_file({"model.embed.weight": rng.standard_normal((8, 4)).astype(np.float32)},
-              str(directory / "model.safetensors"))
-    return directory
 
 
 # -- load and cycles ------------------------------------------------------------------------------------
@@ -305,7 +237,7 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Start the fleet and the controller, run cycles and load together, stop everything."""
-    _raise_fd_limit()
+    raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="load-state-") as tmp:
         workdir = Path(tmp)
         ckpts = [write_checkpoint(workdir / f"ckpt-{seed}", seed) for seed in (1, 2, 3)]
@@ -386,7 +318,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "host":
-        host_main(sys.argv[2:])
-    else:
-        main()
+    main()
