@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +23,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tests.harness import REPO, AgentProcess
+from tests.harness import REPO, AgentProcess, ChildProcess
 from tests.sim_fleet import TOKEN as AGENT_TOKEN
 from tests.sim_fleet import free_port
 
@@ -35,7 +33,7 @@ FIGURES_DIR = REPO / "bench" / "out"
 
 
 @dataclass
-class ControllerProcess:
+class ControllerProcess(ChildProcess):
     """`python -m controlplane --config <yaml> --port-file <file>` on a port it picks."""
 
     config: dict[str, Any]
@@ -44,6 +42,7 @@ class ControllerProcess:
     proc: subprocess.Popen | None = None
     port: int = 0
     log_path: Path = field(init=False)
+    stop_timeout_s = 15.0
 
     def __post_init__(self) -> None:
         self.log_path = self.workdir / "controller.log"
@@ -63,41 +62,13 @@ class ControllerProcess:
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def wait_ready(self) -> ControllerProcess:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.start_timeout_s
-        while not self._port_file.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"controller exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.kill()
-                raise TimeoutError(f"controller not serving in {self.start_timeout_s}s:\n{self.log_tail()}")
-            time.sleep(0.05)
+        self.wait_for_file(self._port_file, self.start_timeout_s, "controller")
         self.port = int(self._port_file.read_text())
         return self
 
     def start(self) -> ControllerProcess:
         self.spawn()
         return self.wait_ready()
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
 
 
 def sim_agent(agent_id: str, workdir: Path, roots: list[Path], *, op_latency_s: float = 0.05,

@@ -21,8 +21,48 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
+class ChildProcess:
+    """What the harness does with any child it starts in its own session (`proc`, `log_path`):
+    wait for the file it writes once serving, stop it, kill its whole group, read its log."""
+
+    proc: subprocess.Popen | None
+    log_path: Path
+    stop_timeout_s = 30.0
+
+    def wait_for_file(self, path: Path, timeout_s: float, what: str) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{what} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{what} not ready in {timeout_s}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s or self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its children (the engine's) too
+            self.proc.wait(timeout=10)
+
+
 @dataclass
-class AgentProcess:
+class AgentProcess(ChildProcess):
     config: dict[str, Any]
     workdir: Path
     token: str = "test-token"
@@ -57,37 +97,9 @@ class AgentProcess:
                                       "--ports-file", str(ports_file)],
                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout_s
-        while not ports_file.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"agent exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"agent not ready in {self.start_timeout_s}s:\n{self.log_tail()}")
-            time.sleep(0.1)
+        self.wait_for_file(ports_file, self.start_timeout_s, "agent")
         self.ports = json.loads(ports_file.read_text())
         return self
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the engine's children too
-            self.proc.wait(timeout=10)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
 
 
 async def call(session: Any, method: str, url: str, *, body: Any = None, headers: dict | None = None,
