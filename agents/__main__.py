@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ports-file", type=Path, help="write the bound ports here as JSON once ready")
     args = parser.parse_args(argv)
 
-    from agents.logs import configure_logging
     from agents.settings import load_settings
+    from rlcore.logs import configure_logging
 
     try:
         settings = load_settings(args.config)

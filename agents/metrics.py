@@ -6,12 +6,9 @@ in one process, and each must count only its own operations.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-if TYPE_CHECKING:
-    from agents.service import AgentService
+from rlcore.wire.agent import RequestCounts
 
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -31,10 +28,10 @@ class AgentMetrics:
         self.operations.labels(kind, status).inc()
         self.duration.labels(kind).observe(duration_s)
 
-    def render(self, service: AgentService) -> bytes:
-        """Refresh the gauges from the service's view, then render the text format."""
-        self._paused.set(int(service.paused))
-        self._ready.set(int(service.not_ready_reason() is None))
-        for state, count in service.engine.request_counts().model_dump().items():
+    def render(self, *, paused: bool, ready: bool, requests: RequestCounts) -> bytes:
+        """Refresh the gauges from the service's view (the caller's), then render the text format."""
+        self._paused.set(int(paused))
+        self._ready.set(int(ready))
+        for state, count in requests.model_dump().items():
             self._requests.labels(state).set(count)
         return generate_latest(self.registry)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agents.errors import BadRequestError, ForbiddenPathError
+from rlcore.errors import BadRequestError, ForbiddenPathError
 
 
 def resolve_allowed_dir(raw: str, roots: list[Path], *, field: str) -> Path:

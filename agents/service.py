@@ -24,13 +24,21 @@ import structlog
 
 from agents.checkpoint import CheckpointError, check_covers, read_tensor_names
 from agents.engine.base import Engine, EngineError
-from agents.errors import (ApiError, BadRequestError, ConflictError, DeadlineError, EngineCallError,
-                           EngineDeadError, NotFoundError)
+from agents.errors import DeadlineError, EngineCallError, EngineDeadError
 from agents.metrics import AgentMetrics
 from agents.paths import resolve_allowed_dir
 from agents.settings import AgentSettings
-from agents.wire import (AgentState, DiskUpdateRequest, LoraInfo, LoraLoadRequest, OperationKind, OperationRecord,
-                         OperationStatus, PauseMode)
+from rlcore.errors import ApiError, BadRequestError, ConflictError, NotFoundError
+from rlcore.wire.agent import (
+    AgentState,
+    DiskUpdateRequest,
+    LoraInfo,
+    LoraLoadRequest,
+    OperationKind,
+    OperationRecord,
+    OperationStatus,
+    PauseMode,
+)
 
 log = structlog.get_logger("agents.service")
 T = TypeVar("T")

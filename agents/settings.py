@@ -9,26 +9,12 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
-from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
-                               YamlConfigSettingsSource)
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-
-class Section(BaseModel):
-    """A nested settings section: a misspelt key is an error, not a silently ignored option."""
-
-    model_config = ConfigDict(extra="forbid")
-
-
-def read_token(value: SecretStr | None, path: Path | None) -> str | None:
-    """A token given inline wins over one in a file (a mounted Secret); None when neither."""
-    if value is not None:
-        return value.get_secret_value()
-    if path is not None:
-        return path.read_text().strip() or None
-    return None
+from rlcore.settings import Section, load_settings_with_yaml, read_token
 
 
 class AdminSettings(Section):
@@ -107,23 +93,6 @@ class AgentSettings(BaseSettings):
                                    env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
                                    file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
-
-
-S = TypeVar("S", bound=BaseSettings)
-
-
-def load_settings_with_yaml(cls: type[S], config: Path | None, **overrides: Any) -> S:
-    """Build `cls` from overrides, then the environment, then the YAML file `config`.
-
-    The YAML path is a run-time choice (`--config`), while pydantic-settings reads it
-    from the class config, so a subclass carries it; the result is still a `cls`.
-    """
-    if config is None:
-        return cls(**overrides)
-    if not config.is_file():
-        raise FileNotFoundError(f"config file not found: {config}")
-    configured = type(cls.__name__, (cls,), {"model_config": {**cls.model_config, "yaml_file": config}})
-    return configured(**overrides)
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings:

@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound API port here once serving")
     args = parser.parse_args(argv)
 
-    from agents.logs import configure_logging
     from controlplane.settings import load_settings
+    from rlcore.logs import configure_logging
 
     try:
         settings = load_settings(args.config)

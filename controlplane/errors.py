@@ -1,28 +1,83 @@
-"""The controller's HTTP errors, on the same base (and middleware) as the agent's.
+"""The controller's domain errors: what went wrong, in the controller's own words.
 
-    ApiError (agents.errors)
-    ├── BadRequestError / ValidationFailedError 400/422, ForbiddenPathError 403,
-    │   UnauthorizedError 401, NotFoundError 404, ConflictError 409   (reused as they are)
-    ├── NoMembersError        503  discovery knows no worker
-    ├── NotLeaderError        409  this replica does not lead; names the leader
-    └── MembershipChangedError 409 the fleet changed under a broadcast group
+Domain code (operations, the gate, paths, leadership, persistence) raises these and knows
+nothing of HTTP; `controlplane.api.errors` maps each to a status and an error code, in one
+table, at the edge.
 
-A partial failure is not an error: it is an operation result answered with 207/502.
+    ControlPlaneError               message, and the request field it is about (if any)
+    ├── MalformedInput              a field cannot be read at all (a NUL byte in a path)
+    ├── InvalidInput                a field is out of range or refused, before any worker is touched
+    │   └── InconsistentInput       well-formed but wrong for this fleet (world size, ...)
+    ├── PathOutsideRoots            a weight or adapter path outside the allowed roots
+    ├── NotFound                    no such LoRA, ...
+    ├── Conflict                    another operation (or session) is running
+    │   ├── NotLeader               this replica does not lead; names the leader
+    │   ├── MembershipChanged       the fleet changed under a broadcast group
+    │   ├── MissingCapability       a member cannot do what was asked; names worker and capability
+    │   └── StoreConflict           the desired-state store kept answering conflicts
+    ├── NoMembers                   discovery knows no worker
+    └── StoreUnavailable            the desired-state store could not be reached
+
+A partial failure is not an error: it is an operation result (207/502 at the API).
 """
 
 from __future__ import annotations
 
-from agents.errors import ApiError, ConflictError
+
+class ControlPlaneError(Exception):
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
 
 
-class NoMembersError(ApiError):
-    status = 503
-    code = "no_members"
+class MalformedInput(ControlPlaneError):
+    pass
 
 
-class NotLeaderError(ConflictError):
-    code = "not_leader"
+class InvalidInput(ControlPlaneError):
+    pass
 
 
-class MembershipChangedError(ConflictError):
-    code = "membership_changed"
+class InconsistentInput(InvalidInput):
+    pass
+
+
+class PathOutsideRoots(ControlPlaneError):
+    pass
+
+
+class NotFound(ControlPlaneError):
+    pass
+
+
+class Conflict(ControlPlaneError):
+    pass
+
+
+class NotLeader(Conflict):
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class MembershipChanged(Conflict):
+    pass
+
+
+class MissingCapability(Conflict):
+    def __init__(self, message: str, *, workers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.workers = workers  # worker id -> the capability it lacks
+
+
+class StoreConflict(Conflict):
+    pass
+
+
+class NoMembers(ControlPlaneError):
+    pass
+
+
+class StoreUnavailable(ControlPlaneError):
+    pass

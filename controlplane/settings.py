@@ -14,9 +14,9 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from agents.wire import PauseMode
-from agents.settings import Section, load_settings_with_yaml, read_token
-from controlplane.workers import Flavor, WorkerSpec
+from controlplane.workers.spec import Flavor, WorkerSpec
+from rlcore.settings import Section, load_settings_with_yaml, read_token
+from rlcore.wire.agent import PauseMode
 
 
 class ApiSettings(Section):
@@ -32,6 +32,33 @@ class ApiSettings(Section):
         if not token:
             raise ValueError("no API token: set RLCP_API__TOKEN or RLCP_API__TOKEN_FILE")
         return token
+
+
+class GatewaySettings(Section):
+    """The inference gateway: one endpoint for the fleet's rollouts, fenced by weight version."""
+
+    enabled: bool = Field(True, description="Serve the gateway from the controller process.")
+    host: str = Field("127.0.0.1", description="Bind address of the gateway.")
+    port: int = Field(8090, ge=0, le=65535, description="Gateway port (0 = pick a free one).")
+    token: SecretStr | None = Field(None, description="Bearer token for inference; none: inference is open.")
+    token_file: Path | None = Field(None, description="File holding the inference token (a mounted Secret).")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest inference request body, in bytes.")
+    hold_timeout_s: float = Field(30.0, gt=0, le=3600, description="How long a request may wait for a member to "
+                                                                 "serve (a pause, an update), in seconds.")
+    max_held: int = Field(4096, ge=0, description="Requests waiting at once; more are answered 503 at once.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Deadline to reach a worker, in seconds.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one proxied request, in seconds.")
+    attempts: int = Field(3, ge=1, le=10, description="Workers tried before the first byte of an answer.")
+    affinity_header: str = Field("X-RL-Session", min_length=1,
+                                 description="Header naming a session; its requests go to one worker while it "
+                                             "serves (the body's `user` or `cache_salt` also count).")
+    follow_url: str | None = Field(None, description="Standalone gateway only: the controller whose "
+                                                     "`GET /v1/rl/state` it follows.")
+    follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")
+    follow_interval_s: float = Field(0.2, gt=0, description="How often a standalone gateway reads the state.")
+
+    def resolved_token(self) -> str | None:
+        return read_token(self.token, self.token_file)
 
 
 class HttpListingSettings(Section):
@@ -176,6 +203,7 @@ class ControllerSettings(BaseSettings):
 
     controller_id: str = Field("rl-controlplane", description="Name in logs; the listing's namespace.")
     api: ApiSettings = ApiSettings()
+    gateway: GatewaySettings = GatewaySettings()
     discovery: DiscoverySettings = DiscoverySettings()
     workers: WorkerCallSettings = WorkerCallSettings()
     reconcile: ReconcileSettings = ReconcileSettings()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from agents.admin.http import make_auth_middleware, make_error_middleware
 from agents.admin.openapi import ROUTES, agent_document
-from agents.admin.routes import SERVICE, routes
-from agents.openapi import serve_document
+from agents.admin.routes import SERVICE, api
 from agents.service import AgentService
+from rlcore.http import make_auth_middleware, make_error_middleware
+from rlcore.openapi import serve_document
 
 # Probes (and the API document) must work without the token even when reads are protected.
 _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
@@ -22,6 +22,6 @@ def build_admin_app(service: AgentService, *, token: str) -> web.Application:
                      make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS)],
     )
     app[SERVICE] = service
-    app.add_routes(routes)
+    api.register(app)
     serve_document(app, agent_document(auth_reads=settings.auth_reads))
     return app

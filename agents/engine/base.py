@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from agents.wire import PauseMode, RequestCounts
+from rlcore.wire.agent import PauseMode, RequestCounts
 
 
 class EngineError(Exception):

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.engine.base import EngineError
-from agents.wire import PauseMode, RequestCounts
+from rlcore.wire.agent import PauseMode, RequestCounts
 
 FinishReason = Literal["length", "abort"]
 _Scheduling = Literal["run", "paused_new", "paused_all"]  # vLLM's PauseState

@@ -23,7 +23,7 @@ import structlog
 
 from agents.engine.base import EngineError
 from agents.settings import EngineSettings, InferenceSettings
-from agents.wire import PauseMode, RequestCounts
+from rlcore.wire.agent import PauseMode, RequestCounts
 
 log = structlog.get_logger("agents.engine.vllm")
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256(b"")

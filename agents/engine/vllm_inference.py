@@ -15,7 +15,6 @@ from argparse import Namespace
 from collections.abc import Iterator
 
 import uvicorn
-
 from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app

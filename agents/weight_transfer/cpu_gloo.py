@@ -29,9 +29,16 @@ from itertools import chain
 from typing import Any, ClassVar, Self
 
 import torch
-from vllm.distributed.weight_transfer.base import (ParamMeta, TrainerInitInfo, TrainerWeightTransferEngine,
-                                                   VLLMWeightSyncClient, WeightSource, WeightTransferEngine,
-                                                   WeightTransferInitInfo, WeightTransferUpdateInfo)
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerInitInfo,
+    TrainerWeightTransferEngine,
+    VLLMWeightSyncClient,
+    WeightSource,
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
 
 BACKEND = "gloo"
 DEFAULT_TIMEOUT_S = 300.0

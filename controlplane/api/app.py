@@ -2,17 +2,16 @@
 
 Each resource is set up and torn down in its own cleanup_ctx, in order: the client
 session, the Kubernetes API client (only when a setting needs one), then the controller
-(desired state loaded), then the named background loops (discovery, status poller,
-reconciler, and the Lease elector with leader election), cancelled and awaited on shutdown.
+(desired state loaded) with its background loops (`supervisor.py`: discovery, status
+observer, reconciler, and the Lease elector with leader election), stopped on shutdown.
 
 With leader election, a follower serves reads and answers every write with 409
 `not_leader` naming the leader (`leader_middleware`); the leader runs each write as a task
-that losing the Lease cancels at once (see `controlplane/k8s/leadership.py`).
+that losing the Lease cancels at once (see `controlplane/leadership/guard.py`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -20,16 +19,23 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from agents.admin.http import make_auth_middleware, make_error_middleware
-from agents.openapi import serve_document
-from controlplane.api.facade import facade
+from controlplane.api import facade, routes
+from controlplane.api.errors import to_api_error
 from controlplane.api.openapi import ROUTES, controller_document
-from controlplane.api.routes import CONTROLLER, routes
-from controlplane.controller import Controller
+from controlplane.api.routes import CONTROLLER
+from controlplane.controller import Controller, TransportFactory, http_transports
 from controlplane.discovery.base import DiscoverySource
-from controlplane.k8s.leadership import Leadership
+from controlplane.discovery.factory import make_source
+from controlplane.gateway.app import new_session
+from controlplane.gateway.local import start_local_gateway
+from controlplane.gateway.proxy import Gateway
+from controlplane.leadership.guard import Leadership
+from controlplane.persistence.base import DesiredStore
+from controlplane.persistence.factory import make_store
 from controlplane.settings import ControllerSettings
-from controlplane.store import DesiredStore, FileStore, MemoryStore
+from controlplane.supervisor import start_loops
+from rlcore.http import make_auth_middleware, make_error_middleware
+from rlcore.openapi import serve_document
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
 LEADERSHIP = web.AppKey("leadership", Leadership)
+GATEWAY = web.AppKey("gateway", Gateway)  # set when the inference gateway runs in this process
 # Probes (and the API document) answer without the token even when reads are protected.
 _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -47,56 +54,21 @@ def needs_kubernetes(settings: ControllerSettings) -> bool:
             or settings.store.kind == "configmap")
 
 
-def make_store(settings: ControllerSettings, *, kube_api: ApiClient | None = None,
-               leadership: Leadership | None = None) -> DesiredStore:
-    if settings.store.kind == "memory":
-        return MemoryStore()
-    if settings.store.kind == "file":
-        return FileStore(settings.store.path)
-    if settings.store.kind == "configmap":
-        from controlplane.k8s.configmap_store import ConfigMapStore
-
-        assert kube_api is not None and leadership is not None
-        return ConfigMapStore(api=kube_api, name=settings.store.configmap_name, namespace=settings.store.namespace,
-                              leadership=leadership, request_timeout_s=settings.kubernetes.request_timeout_s)
-    raise ValueError(f"store kind {settings.store.kind!r} is not available in this build")
-
-
-def make_source(settings: ControllerSettings, session: aiohttp.ClientSession, *,
-                kube_api: ApiClient | None = None) -> DiscoverySource:
-    d = settings.discovery
-    if d.kind == "kubernetes":
-        from controlplane.k8s.discovery import EndpointSliceSource
-
-        assert d.kubernetes is not None and kube_api is not None
-        return EndpointSliceSource(api=kube_api, settings=d.kubernetes,
-                                   request_timeout_s=settings.kubernetes.request_timeout_s)
-    if d.kind == "static":
-        from controlplane.discovery.static import StaticSource
-
-        return StaticSource(d.static)
-    if d.kind == "http_listing":
-        from controlplane.discovery.http_listing import HttpListingSource
-
-        assert d.http_listing is not None
-        token = d.http_listing.token.get_secret_value() if d.http_listing.token else None
-        return HttpListingSource(session=session, url=d.http_listing.url, interval_s=d.http_listing.interval_s,
-                                 timeout_s=d.http_listing.timeout_s, token=token,
-                                 default_flavor=d.http_listing.default_flavor)
-    raise ValueError(f"discovery kind {d.kind!r} is not available in this build")
-
-
 def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore | None = None,
-              source: DiscoverySource | None = None, background: bool = True) -> web.Application:
-    """`background=False` leaves the loops to the caller (tests drive them step by step)."""
+              source: DiscoverySource | None = None, transports: TransportFactory | None = None,
+              background: bool = True, gateway: bool | None = None) -> web.Application:
+    """`background=False` leaves the loops to the caller (tests drive them step by step);
+    `transports` replaces HTTP to the workers (tests: `MemoryTransport`); `gateway` overrides
+    `settings.gateway.enabled` (the inference gateway on its own port)."""
+    run_gateway = settings.gateway.enabled if gateway is None else gateway
     app = web.Application(
         client_max_size=settings.api.max_body_bytes,
-        middlewares=[make_error_middleware(settings.api.max_body_bytes),
+        middlewares=[make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
                      leader_middleware],
     )
-    app.add_routes(routes)
-    app.add_routes(facade)
+    routes.api.register(app)
+    facade.api.register(app)
     serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -127,34 +99,29 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
         le = settings.leader_election
         leadership = Leadership(le.identity) if le.enabled else Leadership.always(le.identity)
         app[LEADERSHIP] = leadership
-        ctl = Controller(settings, session=session,
+        ctl = Controller(settings, transports=transports or http_transports(session, settings.workers.resolved_token()),
                          store=store or make_store(settings, kube_api=kube_api, leadership=leadership),
-                         source=source or make_source(settings, session, kube_api=kube_api), leadership=leadership)
+                         leadership=leadership)
         await ctl.load_desired()
         app[CONTROLLER] = ctl
-        tasks: list[asyncio.Task[None]] = []
-        if background:
-            tasks = [asyncio.create_task(ctl.run_discovery(), name="discovery"),
-                     asyncio.create_task(ctl.run_poller(), name="status-poller"),
-                     asyncio.create_task(ctl.run_reconciler(), name="reconciler")]
-        elector: asyncio.Task[None] | None = None
+        elector = None
         if le.enabled:
-            from controlplane.k8s.lease import LeaseElector
+            from controlplane.leadership.lease import LeaseElector
 
             assert kube_api is not None
-            elector = asyncio.create_task(LeaseElector(api=kube_api, settings=le, leadership=leadership,
-                                                       request_timeout_s=settings.kubernetes.request_timeout_s).run(),
-                                          name="lease-elector")
-        yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if elector is not None:  # last: it hands the Lease back once nothing here mutates
-            elector.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await elector
+            elector = LeaseElector(api=kube_api, settings=le, leadership=leadership,
+                                   request_timeout_s=settings.kubernetes.request_timeout_s).run
+        supervisor = start_loops(ctl, source=source or make_source(settings, session, kube_api=kube_api),
+                                 elector=elector, background=background)
+        async with contextlib.AsyncExitStack() as stack:
+            if run_gateway:
+                # Its own session: rollouts are many long requests per worker, admin calls few.
+                gateway_session = await stack.enter_async_context(new_session())
+                gateway_obj, runner = await start_local_gateway(ctl, settings.gateway, gateway_session)
+                app[GATEWAY] = gateway_obj
+                stack.push_async_callback(runner.cleanup)
+            yield
+            await supervisor.stop()
 
     app.cleanup_ctx.extend([session_ctx, kube_ctx, controller_ctx])
     return app

@@ -19,17 +19,45 @@ from contextlib import contextmanager
 from pathlib import PurePosixPath
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field
 
-from agents.admin.http import json_response, parse_body, read_object, validate
-from agents.errors import ApiError
-from agents.wire import PauseQuery, UpdateWeightVersionRequest, WorldSizeQuery
-from controlplane import transaction
-from controlplane.api.routes import CONTROLLER, operation_response
-from controlplane.state import (EmptyRequest, LoraRequest, OperationResult, PauseRequest, TransferFinishRequest,
-                                TransferInitRequest, TransferUpdateRequest, UpdateWeightsRequest)
+from controlplane.api.answers import (
+    DiskWeightsAnswer,
+    DiskWeightsRequest,
+    LoadLoraAdapterRequest,
+    ModelList,
+    SuccessAnswer,
+)
+from controlplane.api.routes import CONTROLLER, STEP, operation, operation_response
+from controlplane.errors import ControlPlaneError
+from controlplane.operations import lora, weights
+from controlplane.operations import pause as pausing
+from rlcore.errors import ApiError
+from rlcore.http import json_response, parse_body, read_object, validate
+from rlcore.openapi import RouteTable
+from rlcore.wire.agent import (
+    IsPausedAnswer,
+    MessageAnswer,
+    PauseQuery,
+    StatusAnswer,
+    UpdateWeightVersionRequest,
+    VersionSetAnswer,
+    WeightInfoAnswer,
+    WorldSizeAnswer,
+    WorldSizeQuery,
+)
+from rlcore.wire.controller import (
+    EmptyRequest,
+    LoraRequest,
+    OperationResult,
+    PauseRequest,
+    TransferFinishRequest,
+    TransferInitRequest,
+    TransferUpdateRequest,
+    UpdateWeightsRequest,
+)
 
-facade = web.RouteTableDef()
+api = RouteTable()
+_FACADE = "vLLM-compatible facade"
 
 
 @contextmanager
@@ -38,7 +66,7 @@ def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
     (`lora_name`, not `name`), so a 4xx points at the client's own input."""
     try:
         yield
-    except ApiError as exc:
+    except (ApiError, ControlPlaneError) as exc:
         if exc.field in names:
             old, exc.field = exc.field, names[exc.field]
             if exc.message.startswith(f"{old}: "):
@@ -46,37 +74,21 @@ def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
-class DiskWeightsRequest(BaseModel):
-    """The shape RL frameworks send their inference servers for a disk update."""
-
-    model_config = ConfigDict(extra="forbid")
-    weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
-    weight_version: str | None = Field(None, min_length=1, max_length=256,
-                                       description="Defaults to the directory's name.")
-
-
-class LoadLoraAdapterRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    lora_name: str = Field(min_length=1, max_length=128)
-    lora_path: str = Field(min_length=1)
-    load_inplace: bool = True  # accepted for vLLM compatibility: a same-name load always swaps in place
-
-
-@facade.post("/pause")
+@operation("POST", "/pause", "Pause the fleet (vLLM's `/pause?mode=`).", query=PauseQuery, ok=StatusAnswer,
+           tag=_FACADE, table=api)
 async def pause(request: web.Request) -> web.Response:
     query = validate(PauseQuery, dict(request.query))
-    result = await transaction.pause(request.app[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
+    result = await pausing.pause(request.app[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
     return operation_response(result) if result.status != "ok" else json_response({"status": "paused"})
 
 
-@facade.post("/resume")
+@operation("POST", "/resume", "Resume the fleet.", ok=StatusAnswer, tag=_FACADE, table=api)
 async def resume(request: web.Request) -> web.Response:
-    result = await transaction.resume(request.app[CONTROLLER])
+    result = await pausing.resume(request.app[CONTROLLER])
     return operation_response(result) if result.status != "ok" else json_response({"status": "resumed"})
 
 
-@facade.get("/is_paused")
+@api.get("/is_paused", "True when every member is paused.", ok=IsPausedAnswer, tag=_FACADE)
 async def is_paused(request: web.Request) -> web.Response:
     return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
 
@@ -85,42 +97,49 @@ def _vllm_answer(result: OperationResult, answer: dict) -> web.Response:
     return operation_response(result) if result.status not in ("ok", "running") else json_response(answer)
 
 
-@facade.post("/init_weight_transfer_engine")
+@operation("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
+           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferInitRequest)
     result = await request.app[CONTROLLER].transfer.init(body)
     return _vllm_answer(result, {"message": "Weight transfer initialized"})
 
 
-@facade.post("/start_weight_update")
+@operation("POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True,
+           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def start_weight_update(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.app[CONTROLLER].transfer.start()
     return _vllm_answer(result, {"message": "Weight update started"})
 
 
-@facade.post("/finish_weight_update")
+@operation("POST", "/finish_weight_update", "The broadcast finish.", body=TransferFinishRequest, body_optional=True,
+           ok=MessageAnswer, partial=STEP, errors=(403,), tag=_FACADE, table=api)
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferFinishRequest, allow_empty=True)
     result = await request.app[CONTROLLER].transfer.finish(body)
     return _vllm_answer(result, {"message": "Weight update finished"})
 
 
-@facade.post("/shutdown_weight_transfer_engine")
+@operation("POST", "/shutdown_weight_transfer_engine", "Every worker leaves the group.", body=EmptyRequest,
+           body_optional=True, ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.app[CONTROLLER].transfer.shutdown()
     return _vllm_answer(result, {"message": "Weight transfer shut down"})
 
 
-@facade.post("/update_weight_version")
+@operation("POST", "/update_weight_version", "Name the weights on every member.", body=UpdateWeightVersionRequest,
+           ok=VersionSetAnswer, partial=STEP, tag=_FACADE, table=api)
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)
     result = await request.app[CONTROLLER].transfer.update_weight_version(body.new_version)
     return _vllm_answer(result, {"success": True, "new_version": body.new_version})
 
 
-@facade.post("/update_weights")
+@operation("POST", "/update_weights", "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
+           body=TransferUpdateRequest | DiskWeightsRequest, ok=MessageAnswer | DiskWeightsAnswer, errors=(403,),
+           tag=_FACADE, table=api)
 async def update_weights(request: web.Request) -> web.Response:
     data = await read_object(request)
     if "update_info" in data:  # vLLM's broadcast chunk
@@ -133,47 +152,52 @@ async def update_weights(request: web.Request) -> web.Response:
     with _client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
                          "source.path": "weight_dir"}):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
-        result = await transaction.update_weights(request.app[CONTROLLER], req)
+        result = await weights.update_weights(request.app[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": "Weights updated", "weight_version": version})
 
 
-@facade.post("/load_lora_adapter")
-@facade.post("/v1/load_lora_adapter")
+@operation("POST", "/v1/load_lora_adapter", "The same, at vLLM's OpenAI-server path.", body=LoadLoraAdapterRequest,
+           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
+@operation("POST", "/load_lora_adapter", "Load a LoRA adapter fleet-wide (vLLM's shape).", body=LoadLoraAdapterRequest,
+           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
 async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
     with _client_fields({"name": "lora_name", "path": "lora_path"}):
         req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
-        result = await transaction.load_lora(request.app[CONTROLLER], req)
+        result = await lora.load_lora(request.app[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
 
 
-@facade.get("/health")
+@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,
+         tag=_FACADE)
 async def health(request: web.Request) -> web.Response:
     serving = any(w.serving for w in request.app[CONTROLLER].state().workers)
     return web.Response(status=200 if serving else 503)
 
 
-@facade.get("/weight_info")
+@api.get("/weight_info", "The fleet's common weight version (null when members disagree).",
+         ok=WeightInfoAnswer, tag=_FACADE)
 async def weight_info(request: web.Request) -> web.Response:
     return json_response({"weight_version": request.app[CONTROLLER].state().applied.weight_version})
 
 
-@facade.get("/get_world_size")
+@api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer,
+         tag=_FACADE)
 async def get_world_size(request: web.Request) -> web.Response:
     validate(WorldSizeQuery, dict(request.query))
     return json_response({"world_size": request.app[CONTROLLER].transfer.world_size()})
 
 
-@facade.get("/v1/models")
+@api.get("/v1/models", "The fleet's base model and the desired adapters.", ok=ModelList, tag=_FACADE)
 async def models(request: web.Request) -> web.Response:
     ctl = request.app[CONTROLLER]
     names = sorted({r.spec.model for r in ctl.members() if r.spec.model})
     data = [{"id": n, "object": "model", "owned_by": "rl-controlplane", "parent": None} for n in names]
     base = names[0] if names else None
-    data += [{"id": lora, "object": "model", "owned_by": "rl-controlplane", "parent": base}
-             for lora in sorted(ctl.desired.loras)]
+    data += [{"id": name, "object": "model", "owned_by": "rl-controlplane", "parent": base}
+             for name in sorted(ctl.desired.state.loras)]
     return json_response({"object": "list", "data": data})

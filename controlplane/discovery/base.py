@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from controlplane.workers import WorkerSpec
+from controlplane.workers.spec import WorkerSpec
 
 
 class DiscoverySource(Protocol):

@@ -25,22 +25,35 @@ import aiohttp
 import structlog
 from pydantic import ValidationError
 
-from controlplane.workers import Flavor, WorkerSpec
+from controlplane.workers.capabilities import Capability
+from controlplane.workers.flavors.dynamo import DYNAMO_ROUTES, STATUS_ROUTES
+from controlplane.workers.spec import Flavor, WorkerSpec
 
 log = structlog.get_logger("controlplane.discovery.http_listing")
 
 PROTOCOL_VERSION = 1
 FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
 
-# The controller operations each flavor supports, advertised as `routes`. Dynamo lists
-# its engine routes there; readers of our listing only need to know what they may ask.
-_COMMON_ROUTES = ("pause", "resume", "update_weights", "load_lora", "unload_lora",
-                  "init_weight_transfer", "start_weight_update", "finish_weight_update")
-ROUTES: dict[str, tuple[str, ...]] = {
-    "agent": (*_COMMON_ROUTES, "weight_checksums", "set_desired_version"),
-    "vllm": _COMMON_ROUTES,
-    "dynamo": _COMMON_ROUTES,
+# What a member can do, advertised as `routes`, per capability. A dynamo member is listed
+# with Dynamo's own engine route names, so a controller reading this listing with flavor
+# dynamo narrows its capabilities exactly as it does reading Dynamo's frontend.
+_OUR_ROUTES: dict[Capability, tuple[str, ...]] = {
+    "control": ("pause", "resume"), "disk_weights": ("update_weights",),
+    "lora": ("load_lora", "unload_lora"), "checksums": ("weight_checksums",),
+    "desired_version": ("set_desired_version",),
+    "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
 }
+CAPABILITY_ROUTES: dict[str, dict[Capability, tuple[str, ...]]] = {
+    "agent": _OUR_ROUTES, "vllm": _OUR_ROUTES, "dynamo": DYNAMO_ROUTES}
+_ALWAYS: dict[str, tuple[str, ...]] = {"agent": (), "vllm": (), "dynamo": STATUS_ROUTES}
+
+
+def routes_for(flavor: str, capabilities: frozenset[str] | None = None) -> list[str]:
+    """The routes of a member of `flavor` that can do `capabilities` (all of the flavor's
+    when unknown)."""
+    table = CAPABILITY_ROUTES[flavor]
+    caps = table.keys() if capabilities is None else [c for c in table if c in capabilities]
+    return sorted({*_ALWAYS[flavor], *(route for cap in caps for route in table[cap])})
 
 
 class ListingError(ValueError):
@@ -83,25 +96,32 @@ def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None,
     flavor = entry.get("flavor") or default_flavor
     if flavor not in FLAVORS:
         return None, f"unknown flavor {flavor!r} (known: {', '.join(sorted(FLAVORS))})"
+    routes = entry.get("routes")
+    if routes is not None and not (isinstance(routes, list) and all(isinstance(r, str) for r in routes)):
+        return None, "routes is not a list of strings"
     try:
         spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url"),
-                          flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"))
+                          flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"),
+                          routes=tuple(routes) if routes is not None else None)
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""
 
 
-def render_listing(specs: list[WorkerSpec], *, namespace: str,
-                   serving: Mapping[str, bool] | None = None) -> dict[str, Any]:
+def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[str, bool] | None = None,
+                   capabilities: Mapping[str, frozenset[str]] | None = None) -> dict[str, Any]:
     """The listing document for `specs`. `system_url` repeats `admin_url` so a reader that
     only knows Dynamo's fields still finds the admin port. With `serving` given, a worker
-    missing from it is reported not serving; without it the field is left out (unknown)."""
+    missing from it is reported not serving; without it the field is left out (unknown).
+    `routes` are what each member can do (`capabilities` by id, e.g. its driver's, narrowed
+    by the routes it published); for a member not in it, everything its flavor can do."""
     workers = []
     for spec in specs:
         entry: dict[str, Any] = {
             "instance_id": spec.id, "system_url": spec.admin_url, "admin_url": spec.admin_url,
             "inference_url": spec.inference_url, "flavor": spec.flavor, "world_size": spec.world_size,
-            "model": spec.model, "routes": list(ROUTES[spec.flavor]),
+            "model": spec.model,
+            "routes": routes_for(spec.flavor, capabilities.get(spec.id) if capabilities is not None else None),
         }
         if serving is not None:
             entry["serving"] = bool(serving.get(spec.id, False))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from controlplane.workers import WorkerSpec
+from controlplane.workers.spec import WorkerSpec
 
 
 class StaticSource:

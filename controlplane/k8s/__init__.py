@@ -1,12 +1,8 @@
-"""The controller inside Kubernetes: EndpointSlice discovery, Lease leader election, and the
-desired state in a ConfigMap (see docs/kubernetes.md).
-
-    client.py          one kubernetes_asyncio ApiClient per process; its errors mapped to ours
-    discovery.py       EndpointSlices -> member lists (list, then watch; re-list on 410)
-    leadership.py      who leads, as this replica knows it; guards mutations (no Kubernetes import)
-    lease.py           the elector: acquire / renew / step down on a coordination.k8s.io Lease
-    configmap_store.py the DesiredStore on a ConfigMap, optimistic concurrency
+"""The Kubernetes API client, alone: one kubernetes_asyncio ApiClient per process and its
+errors mapped to ours (`client.py`). What uses it lives with its role: EndpointSlice
+discovery in `discovery/kubernetes.py`, the Lease elector in `leadership/lease.py`, the
+ConfigMap store in `persistence/configmap.py` (see docs/kubernetes.md).
 
 Nothing here is imported unless a setting asks for it, so the controller runs without a
-cluster; only `leadership.py` is used in every configuration (always-leader by default).
+cluster.
 """

@@ -1,0 +1,53 @@
+"""Reading every member's status into the registry: once on demand, and as a loop.
+
+The state endpoint serves what this loop last read; it never fans out per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from controlplane.workers.fanout import FanOut, Outcome
+from controlplane.workers.spec import WorkerStatus
+
+
+async def poll_statuses(registry: FleetRegistry, fanout: FanOut, *, deadline_s: float,
+                        records: list[WorkerRecord] | None = None) -> None:
+    """Read `records` (default: every member) now, and record what they answered."""
+    targets = records if records is not None else registry.members()
+    outcomes = await fanout.run([r.driver for r in targets], lambda d: d.status(), phase="status",
+                                deadline_s=deadline_s, quiet=True)
+    for outcome in outcomes:
+        registry.observe(outcome)
+
+
+async def observe_statuses(*, registry: FleetRegistry, fanout: FanOut, interval_s: float, deadline_s: float,
+                           iterations: int | None = None) -> None:
+    """Read every member's status every `interval_s`. A read still running at the end of its
+    tick is left to finish (its result lands when it does) and its worker is skipped until
+    then: a worker that hangs until its deadline delays only its own status, where waiting
+    for every read would refresh the whole fleet once per deadline."""
+    running: dict[str, asyncio.Task[Outcome[WorkerStatus]]] = {}
+    n = 0
+    try:
+        while iterations is None or n < iterations:
+            n += 1
+            tick = time.monotonic()
+            for rec in registry.members():
+                if rec.id not in running:
+                    running[rec.id] = asyncio.create_task(
+                        fanout.call(rec.driver, lambda d: d.status(), phase="status", deadline_s=deadline_s,
+                                    quiet=True), name=f"status-poll:{rec.id}")
+            if running:
+                await asyncio.wait(running.values(), timeout=interval_s)
+            for worker_id, task in list(running.items()):
+                if task.done():
+                    del running[worker_id]
+                    registry.observe(task.result())
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - tick)))
+    finally:
+        for task in running.values():
+            task.cancel()
+        await asyncio.gather(*running.values(), return_exceptions=True)

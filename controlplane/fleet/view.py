@@ -1,0 +1,109 @@
+"""The `/v1/rl/state` document: a pure function of what the controller knows, and its cache.
+
+`build_state` takes plain data (the desired state, the member records, the running
+operation, the weight-transfer group) and returns the document; it does no I/O and reads
+no clock, so every rule of it is testable alone. `StateCache` serves the serialized
+document and rebuilds it only when the change counter moved: trainers and dashboards poll
+it many times a second, while building it for hundreds of members takes milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controlplane.fleet.changes import ChangeCounter
+from controlplane.fleet.registry import WorkerRecord
+from controlplane.reconcile.plan import converged
+from rlcore.wire.controller import (
+    AppliedState,
+    DesiredState,
+    FleetState,
+    OperationResult,
+    Phase,
+    RequestCounts,
+    TransferGroupView,
+    WorkerView,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetFacts:
+    """Everything the state document is built from."""
+
+    desired: DesiredState
+    members: list[WorkerRecord]
+    membership_epoch: int
+    discovery_synced: bool
+    phase: Phase | None  # the running operation's phase, if one runs
+    operation: OperationResult | None  # the running one, else the last one
+    verified: bool  # the last update verified every member
+    transfer: TransferGroupView | None
+
+
+def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
+    s = rec.status
+    at_desired = bool(s is not None and converged(desired, s))
+    ready = bool(rec.reachable and s is not None and s.ready is not False and at_desired)
+    reason = None
+    if not rec.reachable:
+        reason = rec.last_error or "not reached yet"
+    elif s is not None and s.ready is False:
+        reason = s.not_ready_reason or "worker reports not ready"
+    elif not at_desired:
+        reason = f"at weight version {s.weight_version if s else None!r}, desired {desired.weight_version!r}"
+    return WorkerView(
+        id=rec.spec.id, admin_url=rec.spec.admin_url, inference_url=rec.spec.inference_url,
+        flavor=rec.spec.flavor, world_size=rec.world_size,
+        reachable=rec.reachable, ready=ready, serving=ready and s is not None and s.paused is False,
+        paused=s.paused if s else None, requests=s.requests if s else None,
+        weight_version=s.weight_version if s else None, loras=s.loras if s else {},
+        engine_alive=s.engine_alive if s else None,
+        not_ready_reason=None if ready else reason, last_result=rec.last_result, last_seen=rec.last_seen,
+        last_error=rec.last_error)
+
+
+def build_state(facts: FleetFacts) -> FleetState:
+    views = [worker_view(facts.desired, r) for r in facts.members]
+    known = [v for v in views if v.reachable and v.paused is not None]
+    paused = [v.paused for v in known]
+    pause_state = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
+    counts = [v.requests for v in views if v.requests is not None]
+    totals = RequestCounts(running=sum(c.running for c in counts), waiting=sum(c.waiting for c in counts),
+                           frozen=sum(c.frozen for c in counts))
+    quiesced = bool(views) and all(v.reachable and v.paused for v in views) and totals.running == 0
+    versions = {v.weight_version for v in views}
+    common = versions.pop() if len(versions) == 1 and views else None
+    all_converged = bool(views) and all(v.ready for v in views)
+    if facts.phase is not None:
+        phase: Phase = facts.phase
+    elif not views or not any(v.ready for v in views):
+        phase = "failed"
+    elif not all_converged:
+        phase = "degraded"
+    elif facts.desired.paused and pause_state == "paused":
+        phase = "paused"
+    else:
+        phase = "serving"
+    return FleetState(
+        phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,  # type: ignore[arg-type]
+        desired=facts.desired,
+        applied=AppliedState(weight_version=common, converged=all_converged,
+                             verified=facts.verified and all_converged),
+        membership_epoch=facts.membership_epoch, discovery_synced=facts.discovery_synced,
+        last_operation=facts.operation, weight_transfer=facts.transfer, workers=views)
+
+
+class StateCache:
+    """The serialized document, rebuilt only when the change counter has moved."""
+
+    def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState]) -> None:
+        self._changes = changes
+        self._build = build
+        self._cached: tuple[int, bytes] | None = None
+
+    def json(self) -> bytes:
+        generation = self._changes.generation
+        if self._cached is None or self._cached[0] != generation:
+            self._cached = (generation, self._build().model_dump_json().encode())
+        return self._cached[1]

@@ -1,0 +1,211 @@
+"""The gateway's HTTP face: its routes (declared once, documented at `/openapi.json`), its
+own site with handler cancellation, and the per-request policy headers.
+
+Inference routes pass through to a worker unchanged (`proxy.py`); the gateway itself only
+checks what it reads before any worker is called: the body is a JSON object, the fields it
+uses (`stream`, `user`, `cache_salt`) have their types, and the policy headers
+(`X-RL-Max-Staleness`, `X-RL-Hold-Timeout`) are in range -- a 4xx naming the field otherwise.
+Inference needs no token unless `gateway.token` is set (its own, not the admin token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from controlplane.gateway.proxy import Gateway, RequestPolicy
+from controlplane.settings import GatewaySettings
+from rlcore.errors import BadRequestError, ValidationFailedError
+from rlcore.http import json_response, make_auth_middleware, make_error_middleware, validate
+from rlcore.openapi import Route, RouteTable, build_document, openapi_route, serve_document
+from rlcore.wire.agent import ProbeAnswer
+
+GATEWAY = web.AppKey("gateway", Gateway)
+STALENESS_HEADER = "X-RL-Max-Staleness"
+HOLD_HEADER = "X-RL-Hold-Timeout"
+api = RouteTable()
+_INFERENCE, _PROBES = "inference", "probes"
+_MODELS_TTL_S = 2.0
+
+
+class InferenceBody(BaseModel):
+    """Whatever the worker's route takes; the gateway reads only these fields."""
+
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr | None = Field(None, description="The model or adapter name, checked by the worker.")
+    stream: StrictBool | None = Field(None, description="Stream the answer as server-sent events.")
+    user: StrictStr | None = Field(None, description="A session key for affinity (after the affinity header).")
+    cache_salt: StrictStr | None = Field(None, description="Also a session key, after `user`.")
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+
+
+class ModelList(BaseModel):
+    object: str
+    data: list[ModelCard]
+
+
+def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings) -> RequestPolicy:
+    bound = _header_number(request, STALENESS_HEADER, int, 0, 31)
+    hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
+    session = request.headers.get(settings.affinity_header) or body.user or body.cache_salt
+    return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
+
+
+def _header_number(request: web.Request, name: str, kind: type, low: float, high: float, *,
+                   exclusive_low: bool = False) -> Any:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValidationFailedError(f"{name} must be a {kind.__name__}, got {raw!r}", field=name) from None
+    if not (low < value if exclusive_low else low <= value) or value > high:
+        bounds = f"{'above' if exclusive_low else 'at least'} {low:g} and at most {high:g}"
+        raise ValidationFailedError(f"{name} must be {bounds}, got {raw!r}", field=name)
+    return value
+
+
+async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
+    raw = await request.read()
+    try:
+        data = json.loads(raw) if raw.strip() else None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object", field="body")
+    return raw, validate(InferenceBody, data, strict=True)
+
+
+def _inference_route(path: str, summary: str) -> Any:
+    return api.post(path, summary, body=InferenceBody, ok=dict[str, Any], errors=(502, 503), tag=_INFERENCE)
+
+
+@_inference_route("/inference/v1/generate", "vLLM's tokens-in/tokens-out generate, on a worker inside the fence.")
+@_inference_route("/detokenize", "Detokenize, on a worker inside the fence.")
+@_inference_route("/tokenize", "Tokenize, on a worker inside the fence.")
+@_inference_route("/v1/chat/completions", "OpenAI chat completions (streaming or not), on a worker inside the fence.")
+@_inference_route("/v1/completions", "OpenAI completions (streaming or not), on a worker inside the fence.")
+async def proxy_inference(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    raw, body = await _read_body(request)
+    return await gateway.forward(request, raw, _policy(request, body, gateway.settings))
+
+
+@api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,
+         tag=_INFERENCE)
+async def models(request: web.Request) -> web.Response:
+    return json_response({"object": "list", "data": await request.app[MODELS].cards(request.app[GATEWAY])})
+
+
+@api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag=_PROBES)
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@api.get("/readyz", "Ready while some member is inside the fence.", ok=ProbeAnswer, answers={503: ProbeAnswer},
+         probe=True, tag=_PROBES)
+async def readyz(request: web.Request) -> web.Response:
+    table = request.app[GATEWAY].router.table()
+    if table is None:
+        return json_response({"status": "not_ready", "reason": "no fleet state yet"}, status=503)
+    if not table.routes:
+        return json_response({"status": "not_ready", "reason": table.why_empty}, status=503)
+    return json_response({"status": "ready"})
+
+
+@api.get("/metrics", "Prometheus metrics of the gateway.", ok=str, media_type="text/plain", tag=_PROBES)
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[GATEWAY].metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+class ModelsCache:
+    """`GET /v1/models` of every reachable member with an inference URL, merged by id and
+    kept for a short while (a client checks its model name far more often than it changes)."""
+
+    def __init__(self) -> None:
+        self._cards: list[dict[str, Any]] | None = None
+        self._at = 0.0
+
+    async def cards(self, gateway: Gateway) -> list[dict[str, Any]]:
+        if self._cards is not None and time.monotonic() - self._at < _MODELS_TTL_S:
+            return self._cards
+        state = gateway.router.state()
+        urls = sorted({w.inference_url.rstrip("/") for w in (state.workers if state else [])
+                       if w.reachable and w.inference_url})
+        answers = await asyncio.gather(*(self._read(gateway.session, u) for u in urls))
+        merged: dict[str, dict[str, Any]] = {}
+        for cards in answers:
+            for card in cards:
+                merged.setdefault(card["id"], card)
+        self._cards, self._at = [merged[k] for k in sorted(merged)], time.monotonic()
+        return self._cards
+
+    @staticmethod
+    async def _read(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+        try:
+            async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                body = await resp.json() if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return []  # an unreachable member serves nothing; the rest still answer
+        data = body.get("data") if isinstance(body, dict) else None
+        return [c for c in data or [] if isinstance(c, dict) and isinstance(c.get("id"), str)]
+
+
+MODELS = web.AppKey("models", ModelsCache)
+ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
+DESCRIPTION = ("The inference gateway of an RL fleet: the OpenAI and vLLM inference routes of the workers, sent only "
+               "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
+               "`X-RL-Weight-Version`. While nothing can serve, requests are held up to the hold deadline, then "
+               "answered 503 with `Retry-After`. Per request: `X-RL-Max-Staleness` (versions before the desired "
+               "one that may serve) and `X-RL-Hold-Timeout` (seconds).")
+
+
+def gateway_document(*, secured: bool, version: str = "0.1.0") -> dict[str, Any]:
+    return build_document(ROUTES, title="rl-controlplane gateway", version=version, description=DESCRIPTION,
+                          auth_reads=secured)
+
+
+def build_gateway_app(gateway: Gateway) -> web.Application:
+    settings = gateway.settings
+    token = settings.resolved_token()
+    middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
+    if token:
+        open_paths = frozenset(r.path for r in ROUTES if r.probe)
+        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths))
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
+    app[GATEWAY] = gateway
+    app[MODELS] = ModelsCache()
+    api.register(app)
+    serve_document(app, gateway_document(secured=bool(token)))
+    return app
+
+
+async def start_site(gateway: Gateway) -> web.AppRunner:
+    """Serve the gateway on its own port; a client that goes away cancels its handler."""
+    s = gateway.settings
+    runner = web.AppRunner(build_gateway_app(gateway), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, s.host, s.port, backlog=1024, reuse_address=True)
+    await site.start()
+    port = runner.addresses[0][1]
+    gateway.url = f"http://{s.host}:{port}"
+    return runner
+
+
+def new_session() -> aiohttp.ClientSession:
+    """The gateway's own client session: many concurrent requests per worker, no total deadline
+    (each request carries its own)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+                                 timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)

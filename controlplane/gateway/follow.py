@@ -1,0 +1,60 @@
+"""A standalone gateway's view of the fleet: a controller's `GET /v1/rl/state`, followed.
+
+Several gateway replicas can serve behind one Service this way, each reading the leader's
+(or any replica's: followers serve reads) state document every `interval_s`, with a deadline.
+A failed read keeps the last state: the fence keeps admitting what it admitted, and the
+members' own failures are handled per request (failover before the first byte).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import structlog
+from pydantic import ValidationError
+
+from rlcore.wire.controller import FleetState
+
+log = structlog.get_logger("controlplane.gateway.follow")
+
+
+class FollowedState:
+    def __init__(self, *, session: aiohttp.ClientSession, url: str, token: str | None, interval_s: float,
+                 timeout_s: float = 5.0) -> None:
+        self._session = session
+        self._url = url.rstrip("/") + "/v1/rl/state"
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._interval_s, self._timeout_s = interval_s, timeout_s
+        self._body: bytes | None = None
+        self._state: FleetState | None = None
+        self._generation = 0
+        self.last_error: str | None = None
+
+    def current(self) -> tuple[int, FleetState] | None:
+        return None if self._state is None else (self._generation, self._state)
+
+    async def read_once(self) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                async with self._session.get(self._url, headers=self._headers) as resp:
+                    body = await resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"GET {self._url} answered {resp.status}: {body[:200]!r}")
+            if body != self._body:
+                self._state, self._body = FleetState.model_validate_json(body), body
+                self._generation += 1
+            if self.last_error is not None:
+                log.info("controller_state_followed_again", url=self._url)
+            self.last_error = None
+        except (TimeoutError, aiohttp.ClientError, RuntimeError, ValidationError) as exc:
+            if self.last_error is None:
+                log.warning("controller_state_unreadable", url=self._url, error=str(exc))
+            self.last_error = f"{type(exc).__name__}: {exc}"
+
+    async def run(self, *, iterations: int | None = None) -> None:
+        n = 0
+        while iterations is None or n < iterations:
+            n += 1
+            await self.read_once()
+            await asyncio.sleep(self._interval_s)

@@ -1,0 +1,124 @@
+"""What an operation may use, and the machinery every operation shares.
+
+Operations (`weights`, `pause`, `lora`, `broadcast`) see the controller through
+`OperationContext`, a narrow Protocol -- the members, the fan-out, the gate, the desired
+state keeper, named deadlines, the operation log -- never the whole controller. `Run` is one
+operation in progress: its tracker, its phase, and `step`, one fan-out over a set of
+workers whose results it records; `run_operation` wraps a body in the gate, the log
+context, and a final status refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import structlog
+
+from controlplane.deadlines import Deadlines
+from controlplane.errors import MissingCapability, NoMembers
+from controlplane.fleet.desired import DesiredKeeper
+from controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from controlplane.metrics import ControllerMetrics
+from controlplane.operations.gate import OperationGate
+from controlplane.operations.record import OperationLog, OperationTracker
+from controlplane.workers.capabilities import Capability, has
+from controlplane.workers.fanout import FanOut, Outcome
+from rlcore.wire.controller import OperationKind, OperationResult, Phase
+
+T = TypeVar("T")
+Call = Callable[[Any], Awaitable[T]]  # one call on a driver
+
+
+class OperationContext(Protocol):
+    registry: FleetRegistry
+    fanout: FanOut
+    gate: OperationGate
+    desired: DesiredKeeper
+    deadlines: Deadlines
+    log: OperationLog
+    metrics: ControllerMetrics
+    allowed_roots: list[Path]
+
+    async def refresh(self, records: list[WorkerRecord]) -> None:
+        """Read these workers' statuses now (the state document and the reconciler see them)."""
+
+
+def require_capability(records: list[WorkerRecord], capability: Capability, operation: str) -> None:
+    """Refuse, before any worker is touched, an operation some member cannot do."""
+    lacking = {r.id: capability for r in records if not has(r.driver, capability)}
+    if lacking:
+        names = ", ".join(f"{worker_id} ({records_flavor(records, worker_id)})" for worker_id in sorted(lacking))
+        raise MissingCapability(f"{operation} needs the {capability!r} capability, which these members lack: "
+                                f"{names}", workers=lacking)
+
+
+def records_flavor(records: list[WorkerRecord], worker_id: str) -> str:
+    return next(r.spec.flavor for r in records if r.id == worker_id)
+
+
+class Run:
+    """One operation in progress: tracker, phase, and fan-out over a set of workers."""
+
+    def __init__(self, ctx: OperationContext, kind: OperationKind, detail: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.members = ctx.registry.members()
+        if not self.members:
+            raise NoMembers("the fleet has no members")
+        self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
+
+    async def step(self, phase: Phase | None, name: str, records: list[WorkerRecord], fn: Call[T],
+                   deadline_s: float) -> list[WorkerRecord]:
+        """Run `fn` on `records`; record results; return the records that succeeded."""
+        if phase is not None:
+            self.ctx.log.set_phase(phase)
+        outcomes: list[Outcome[T]] = await self.ctx.fanout.run([r.driver for r in records], fn, phase=name,
+                                                               deadline_s=deadline_s)
+        self.tracker.record(outcomes)
+        for o in outcomes:
+            self.ctx.registry.record_result(o.result)
+            if not o.ok:
+                self.ctx.metrics.worker_failures.labels(o.worker_id, name).inc()
+        ok = {o.worker_id for o in outcomes if o.ok}
+        return [r for r in records if r.id in ok]
+
+    async def best_effort(self, name: str, records: list[WorkerRecord], fn: Call[Any], deadline_s: float) -> None:
+        """A clean-up step whose failures do not replace a worker's first error."""
+        outcomes = await self.ctx.fanout.run([r.driver for r in records], fn, phase=name, deadline_s=deadline_s)
+        for o in outcomes:
+            first = self.tracker.results.get(o.worker_id)
+            if not o.ok and first is not None and first.status != "ok":
+                note = f"; then {name} failed: {o.result.message}"
+                self.tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
+            else:
+                self.tracker.set_result(o.result)
+
+    def close(self) -> OperationResult:
+        return self.ctx.log.close(self.tracker)
+
+    def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
+        """The records worth a fresh status read before answering: a worker that just ran
+        past a deadline would likely make the trainer wait for another one (the background
+        poller reads it when it answers)."""
+        timed_out = {r.worker_id for r in self.tracker.results.values() if r.status == "timeout"}
+        return [r for r in records if r.id not in timed_out]
+
+    def bound(self) -> Any:
+        """Log context of this operation (operation id and kind on every line)."""
+        return structlog.contextvars.bound_contextvars(operation_id=self.tracker.id, operation=self.tracker.kind)
+
+
+async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict[str, Any],
+                        body: Callable[[Run], Awaitable[None]]) -> OperationResult:
+    """`body` as one gated operation; answers once the workers' fresh statuses are read."""
+    async with ctx.gate.api_operation(kind):
+        run = Run(ctx, kind, detail)
+        with run.bound():
+            try:
+                await body(run)
+            finally:
+                result = run.close()
+        # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
+        await ctx.refresh(run.answering(run.members))
+        return result

@@ -1,0 +1,33 @@
+"""LoRA adapters fleet-wide: load (or hot-swap under the same name) and unload."""
+
+from __future__ import annotations
+
+from controlplane.errors import NotFound
+from controlplane.fleet.paths import check_path
+from controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcore.wire.controller import LoraRequest, LoraSpec, OperationResult
+
+
+async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
+    path = check_path(req.path, "path", ctx.allowed_roots)
+    require_capability(ctx.registry.members(), "lora", "a LoRA load")
+
+    async def body(run: Run) -> None:
+        await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
+        await run.step(None, "load_lora", run.members, lambda a: a.load_lora(req.name, path, req.version),
+                       ctx.deadlines.lora_s)
+
+    return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path}, body)
+
+
+async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
+    members = ctx.registry.members()
+    if name not in ctx.desired.state.loras and not any(r.status and name in r.status.loras for r in members):
+        raise NotFound(f"no LoRA named {name!r} in the fleet", field="name")
+    require_capability(members, "lora", "a LoRA unload")
+
+    async def body(run: Run) -> None:
+        await ctx.desired.drop_lora(name)
+        await run.step(None, "unload_lora", run.members, lambda a: a.unload_lora(name), ctx.deadlines.lora_s)
+
+    return await run_operation(ctx, "unload_lora", {"name": name}, body)

@@ -1,0 +1,106 @@
+"""What a worker driver can do, as small structural Protocols, one per capability.
+
+    Driver              every flavor: its spec, and a status read
+    ├── Control         pause (abort | wait | keep) and resume
+    ├── DiskWeights     reload weights from a directory, naming the version
+    ├── Checksums       per-parameter weight checksums (verification beyond versions)
+    ├── DesiredVersion  told the fleet's desired version, gates its own readiness on it
+    ├── Lora            load / hot-swap and unload adapters
+    └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
+
+A flavor implements the capabilities its engine has and no others: there is no method whose
+only body is "not supported". Operations ask `capabilities(driver)` (or `lacking`) before
+touching any worker, so an operation a member cannot do is refused up front, naming the
+worker and what it lacks.
+
+Where a worker publishes its route list (Dynamo's listing `routes`, kept in
+`WorkerSpec.routes`), a driver that implements `PublishesRoutes` narrows its capabilities to
+what the list allows; without a list the flavor's own capabilities stand.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcore.wire.agent import PauseMode
+
+Capability = Literal["control", "disk_weights", "checksums", "desired_version", "lora", "broadcast"]
+
+
+@runtime_checkable
+class Driver(Protocol):
+    spec: WorkerSpec
+
+    async def status(self) -> WorkerStatus: ...
+
+
+@runtime_checkable
+class Control(Protocol):
+    async def pause(self, mode: PauseMode, timeout_s: float) -> None: ...
+
+    async def resume(self) -> None: ...
+
+
+@runtime_checkable
+class DiskWeights(Protocol):
+    async def update_weights_from_disk(self, path: str, version: str) -> None: ...
+
+
+@runtime_checkable
+class Checksums(Protocol):
+    async def weight_checksums(self) -> dict[str, str]: ...
+
+
+@runtime_checkable
+class DesiredVersion(Protocol):
+    async def set_desired_version(self, version: str | None) -> None:
+        """Tell the worker the fleet's desired version: it reports not ready while behind."""
+
+
+@runtime_checkable
+class Lora(Protocol):
+    async def load_lora(self, name: str, path: str, version: str | None) -> None: ...
+
+    async def unload_lora(self, name: str) -> None: ...
+
+
+@runtime_checkable
+class BroadcastPeer(Protocol):
+    async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None: ...
+
+    async def start_weight_update(self) -> None: ...
+
+    async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None: ...
+
+    async def finish_weight_update(self, version: str | None) -> None: ...
+
+    async def shutdown_weight_transfer(self) -> None: ...
+
+    async def update_weight_version(self, version: str) -> None:
+        """Name the weights the worker holds (after a finish that named none)."""
+
+
+_PROTOCOLS: dict[Capability, type] = {
+    "control": Control, "disk_weights": DiskWeights, "checksums": Checksums,
+    "desired_version": DesiredVersion, "lora": Lora, "broadcast": BroadcastPeer,
+}
+
+
+@runtime_checkable
+class PublishesRoutes(Protocol):
+    def published_capabilities(self) -> frozenset[Capability] | None:
+        """What the worker's published route list allows, or None when it published none.
+        A worker started without a feature (Dynamo without --enable-lora) does not list its
+        routes: the flavor could speak them, this member cannot serve them."""
+
+
+def capabilities(driver: Driver) -> frozenset[Capability]:
+    return frozenset(name for name in _PROTOCOLS if has(driver, name))
+
+
+def has(driver: Driver, capability: Capability) -> bool:
+    if not isinstance(driver, _PROTOCOLS[capability]):
+        return False
+    published = driver.published_capabilities() if isinstance(driver, PublishesRoutes) else None
+    return published is None or capability in published

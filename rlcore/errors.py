@@ -1,0 +1,80 @@
+"""The HTTP error taxonomy both processes build on, translated to the JSON error shape in
+one middleware (`rlcore.http`).
+
+    ApiError                   -> its own status, {"error": {"code", "message", "field"?}}
+    ├── BadRequestError   400/422  a field is missing, malformed or out of range
+    ├── UnauthorizedError 401      missing or wrong bearer token
+    ├── ForbiddenPathError 403     a path resolves outside the allowed roots
+    ├── NotFoundError     404      no such LoRA, route, ...
+    └── ConflictError     409      another mutating operation is running
+
+Each process adds its own leaves (`agents.errors`: the engine's 502/503/504;
+`controlplane.api.errors`: the controller's domain errors mapped to these).
+Handlers raise these; none has its own catch-all.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class ApiError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """Headers the answer carries besides the body (a 503's `Retry-After`, ...)."""
+        return None
+
+    def body(self) -> dict:
+        detail: dict = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            detail["field"] = self.field
+        return {"error": detail}
+
+
+class BadRequestError(ApiError):
+    status = 400
+    code = "bad_request"
+
+
+class ValidationFailedError(BadRequestError):
+    status = 422
+    code = "validation_error"
+
+
+class UnauthorizedError(ApiError):
+    status = 401
+    code = "unauthorized"
+
+
+class ForbiddenPathError(ApiError):
+    status = 403
+    code = "path_forbidden"
+
+
+class NotFoundError(ApiError):
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(ApiError):
+    status = 409
+    code = "conflict"
+
+
+# -- the shape on the wire ------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

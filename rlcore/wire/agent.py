@@ -1,0 +1,189 @@
+"""Wire models of the agent's admin API.
+
+These are the shapes on the admin port, importable without vLLM or torch: the
+controller's `agent` flavor parses agent responses with them, and the OpenAPI
+document is generated from them. Request bodies forbid unknown fields so a typo
+is a 422 naming the field rather than a silently ignored option.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PauseMode = Literal["abort", "wait", "keep"]
+OperationKind = Literal[
+    "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
+    "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
+    "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
+]
+OperationStatus = Literal["ok", "error", "timeout"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DiskUpdateRequest(_Body):
+    """Reload every weight from a safetensors directory and name the result `version`."""
+
+    path: str = Field(min_length=1, description="Directory with *.safetensors files, under an allowed root.")
+    version: str = Field(min_length=1, max_length=256, description="Weight version to report after the reload.")
+    reset_prefix_cache: bool = Field(True, description="Drop prefix-cache blocks computed with the old weights.")
+
+
+class LoraLoadRequest(_Body):
+    """Load an adapter, or hot-swap the one already loaded under `name`."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$",
+                      description="Adapter name; inference requests select it as `model`.")
+    path: str = Field(min_length=1, description="PEFT adapter directory, under an allowed root.")
+    version: str | None = Field(None, max_length=256, description="Version label carried in state.")
+
+
+class DesiredVersionRequest(_Body):
+    """The fleet's desired weight version; `/readyz` is 503 while the applied one differs."""
+
+    weight_version: str | None = Field(description="Desired version, or null to stop gating readiness.")
+
+
+class UpdateWeightVersionRequest(_Body):
+    new_version: str = Field(min_length=1, max_length=256)
+
+
+class InitWeightTransferRequest(_Body):
+    init_info: dict = Field(description="Backend-specific init info (vLLM's WeightTransferInitRequest).")
+
+
+class UpdateWeightsRequest(_Body):
+    update_info: dict | list[dict] = Field(
+        description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
+
+
+class FinishWeightUpdateRequest(_Body):
+    weight_version: str | None = Field(None, max_length=256)
+
+
+class AbortRequestsRequest(_Body):
+    request_ids: list[str] | None = Field(None, description="External request ids; empty or null aborts all.")
+
+
+class WeightCheckerRequest(_Body):
+    action: Literal["checksum", "reset", "compare"]
+    baseline: dict[str, str] | None = None
+
+
+class RequestCounts(BaseModel):
+    running: int = 0
+    waiting: int = 0
+    frozen: int = Field(0, description="Requests held in the engine by a keep-mode pause.")
+
+
+class LoraInfo(BaseModel):
+    name: str
+    version: str | None = None
+    path: str
+    adapter_id: int
+    loaded_at: datetime
+
+
+class OperationRecord(BaseModel):
+    id: str
+    kind: OperationKind
+    status: OperationStatus
+    started_at: datetime
+    duration_s: float
+    message: str | None = None
+
+
+class AgentState(BaseModel):
+    """Everything a controller needs from one agent, read in one call."""
+
+    agent_id: str
+    instance_id: str = Field(description="Random per agent process: a new value means the agent restarted.")
+    model: str
+    engine: Literal["vllm", "sim"]
+    engine_alive: bool
+    ready: bool
+    not_ready_reason: str | None = None
+    paused: bool
+    requests: RequestCounts
+    weight_version: str | None
+    desired_weight_version: str | None = None
+    loras: list[LoraInfo] = Field(default_factory=list)
+    world_size: int
+    busy_with: OperationKind | None = Field(None, description="The mutating operation running now, if any.")
+    last_operations: list[OperationRecord] = Field(default_factory=list)
+    inference_url: str | None = None
+
+
+class _Query(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class PauseQuery(_Query):
+    mode: PauseMode = Field("abort", description="abort | wait | keep (vLLM's default is abort).")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
+    clear_cache: bool = Field(True, description="Accepted for vLLM compatibility (deprecated there).")
+
+
+class WorldSizeQuery(_Query):
+    include_dp: bool = True
+
+
+# -- answers: the small shapes of vLLM's RL routes, which handlers build as dicts --------
+class StatusAnswer(BaseModel):
+    status: str
+
+
+class MessageAnswer(BaseModel):
+    message: str
+
+
+class IsPausedAnswer(BaseModel):
+    is_paused: bool
+
+
+class AbortedAnswer(BaseModel):
+    status: Literal["aborted"]
+    aborted: int = Field(description="Requests aborted.")
+
+
+class VersionSetAnswer(BaseModel):
+    success: Literal[True]
+    new_version: str
+
+
+class WeightInfoAnswer(BaseModel):
+    weight_version: str | None
+
+
+class WorldSizeAnswer(BaseModel):
+    world_size: int
+
+
+class ChecksumsAnswer(BaseModel):
+    checksums: dict[str, str] = Field(description="Per tensor, a checksum of its values.")
+
+
+class CompareAnswer(BaseModel):
+    match: bool
+    mismatches: list[str] = Field(description="Tensors whose checksum differs from the baseline.")
+
+
+class DiskUpdatedAnswer(BaseModel):
+    status: Literal["updated"]
+    weight_version: str | None
+
+
+class UnloadedAnswer(BaseModel):
+    status: Literal["unloaded"]
+    name: str
+    engine_adapter_ids: list[int] = Field(description="Adapter ids the engine still holds.")
+
+
+class ProbeAnswer(BaseModel):
+    status: str
+    reason: str | None = None
