@@ -1,10 +1,15 @@
+"""Fixtures shared by every part of the suite: the tiny models, the real vLLM agents (one engine
+each, shared by the session: start-up costs ~30 s), and an HTTP session. The helpers behind
+them live in the `harness` package, which the benchmarks and the local demo use too."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
+import aiohttp
 import pytest
 
-from tests.harness import AgentProcess
+from harness.processes import AgentProcess
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +49,9 @@ def vllm_agent_b(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPath
     agent = AgentProcess(config, tmp_path_factory.mktemp("vllm-agent-b")).start()
     yield agent
     agent.stop()
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session

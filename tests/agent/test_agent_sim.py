@@ -1,0 +1,90 @@
+"""The agent service's fault paths, on SimEngine (hangs and failures a real engine
+cannot be made to produce on demand). vLLM behaviour itself is tested on vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+
+from harness.checkpoints import write_checkpoint
+from harness.http import call
+from harness.simfleet import TOKEN, SimAgent
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def agent(tmp_path):
+    a = await SimAgent("s0", [tmp_path]).start()
+    a.service.timeouts.weight_load_s = 0.3
+    yield a
+    await a.stop()
+
+
+async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(agent, tmp_path):
+    ckpt = write_checkpoint(tmp_path / "c", 1)
+    agent.engine.hang_next("load_weights_from_disk")
+    async with aiohttp.ClientSession() as http:
+        status, body = await call(http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH,
+                                  body={"path": str(ckpt), "version": "v1"})
+        assert status == 504 and body["error"]["code"] == "deadline_exceeded"
+        assert "load_weights_from_disk" in body["error"]["message"]
+        st = agent.service.state()
+        assert st.last_operations[0].status == "timeout" and st.busy_with is None
+        # The load may have half-happened: no version is claimed and the agent is not ready.
+        assert st.weight_version is None and not st.ready
+        status, _ = await call(http, "GET", agent.url + "/readyz")
+        assert status == 503
+        status, body = await call(http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH,
+                                  body={"path": str(ckpt), "version": "v1"})
+        assert status == 200 and agent.service.state().ready
+
+
+async def test_engine_failure_is_a_502_naming_the_step(agent, tmp_path):
+    agent.engine.fail_next("pause", "scheduler exploded")
+    async with aiohttp.ClientSession() as http:
+        status, body = await call(http, "POST", agent.url + "/pause?mode=keep", headers=AUTH)
+        assert status == 502 and body["error"]["code"] == "engine_error"
+        assert "pause(mode=keep)" in body["error"]["message"] and "scheduler exploded" in body["error"]["message"]
+        assert agent.service.paused is False  # the engine says it did not pause
+
+
+async def test_dead_engine_fails_health_and_refuses_operations(agent):
+    agent.engine.kill()
+    async with aiohttp.ClientSession() as http:
+        assert (await call(http, "GET", agent.url + "/healthz"))[0] == 503
+        status, body = await call(http, "POST", agent.url + "/resume", headers=AUTH)
+        assert status == 503 and body["error"]["code"] == "engine_dead"
+        status, body = await call(http, "GET", agent.url + "/v1/agent/state")
+        assert status == 200 and body["engine_alive"] is False and body["ready"] is False
+
+
+async def test_require_desired_version_gates_readiness_until_told(tmp_path):
+    a = SimAgent("s1", [tmp_path])
+    await a.start()
+    try:
+        a.service.settings.require_desired_version = True
+        assert "desired" in (a.service.not_ready_reason() or "")
+        a.service.set_desired_version(None)
+        assert a.service.not_ready_reason() is None
+    finally:
+        await a.stop()
+
+
+async def test_concurrent_mutations_get_409_reads_still_answer(tmp_path):
+    a = await SimAgent("s2", [tmp_path], engine_kwargs={"op_latency_s": 0.5}).start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            pause = asyncio.create_task(call(http, "POST", a.url + "/pause?mode=abort", headers=AUTH))
+            async with asyncio.timeout(10):
+                while a.service.state().busy_with != "pause":
+                    await asyncio.sleep(0.005)
+            status, body = await call(http, "POST", a.url + "/resume", headers=AUTH)
+            assert status == 409 and "pause" in body["error"]["message"]
+            status, body = await call(http, "GET", a.url + "/v1/agent/state")
+            assert status == 200 and body["busy_with"] == "pause"
+            assert (await pause)[0] == 200
+    finally:
+        await a.stop()

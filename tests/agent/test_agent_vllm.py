@@ -1,0 +1,341 @@
+"""The agent on a real vLLM CPU engine (tiny Llama made at test time).
+
+One engine is shared by the module (start-up costs ~30 s), so each test first puts the
+engine in the state it needs (weights, adapters, resumed) instead of assuming an order.
+Greedy decoding makes outputs exact functions of (weights, adapter, prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import pytest
+
+from harness.http import call
+from harness.processes import AgentProcess
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture
+async def agent(vllm_agent: AgentProcess, tiny_models, http):
+    """The shared agent, resumed and on the base weights (seed 1) as version "A"."""
+    await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
+    status, _ = await call(http, "POST", vllm_agent.admin_url + "/v1/agent/weights/disk", headers=vllm_agent.auth,
+                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    assert status == 200
+    await call(http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth,
+               body={"weight_version": None})
+    return vllm_agent
+
+
+async def state(http, agent) -> dict:
+    status, body = await call(http, "GET", agent.admin_url + "/v1/agent/state")
+    assert status == 200
+    return body
+
+
+async def complete(http, agent, prompt, max_tokens=16, model="tiny") -> dict:
+    status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "return_token_ids": True})
+    assert status == 200, body
+    return body["choices"][0]
+
+
+async def tokenize(http, agent, text) -> list[int]:
+    status, body = await call(http, "POST", agent.inference_url + "/tokenize", body={"model": "tiny", "prompt": text})
+    assert status == 200, body
+    return body["tokens"]
+
+
+class Stream:
+    """A streaming completion read in the background, token by token."""
+
+    def __init__(self, http, agent, prompt, max_tokens):
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.task = asyncio.create_task(self._run(http, agent, prompt, max_tokens), name="test-stream")
+
+    async def _run(self, http, agent, prompt, max_tokens):
+        try:
+            await self._stream(http, agent, prompt, max_tokens)
+        except aiohttp.ServerDisconnectedError:
+            # A pooled keep-alive connection the server closed at that moment: a client
+            # artefact. Before any token arrived, the request never reached the engine: retry.
+            if self.tokens:
+                raise
+            await self._stream(http, agent, prompt, max_tokens)
+
+    async def _stream(self, http, agent, prompt, max_tokens):
+        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                   "ignore_eos": True, "stream": True, "return_token_ids": True}
+        async with http.post(agent.inference_url + "/v1/completions", json=payload,
+                             timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                self.tokens.extend(choice.get("token_ids") or [])
+                if choice.get("finish_reason"):
+                    self.finish_reason = choice["finish_reason"]
+
+    async def settled(self, quiet_s: float = 0.5, timeout_s: float = 30) -> int:
+        """The token count once no chunk arrived for `quiet_s`."""
+        async with asyncio.timeout(timeout_s):
+            while True:
+                count = len(self.tokens)
+                await asyncio.sleep(quiet_s)
+                if len(self.tokens) == count:
+                    return count
+
+    async def wait_for_tokens(self, n: int, timeout_s: float = 30) -> None:
+        async with asyncio.timeout(timeout_s):
+            while len(self.tokens) < n:
+                assert not self.task.done(), "stream ended early"
+                await asyncio.sleep(0.005)
+
+
+async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models):
+    prompt_ids = await tokenize(http, agent, PROMPT)
+    total = 900  # long enough (~2 s on an idle machine) that the pause lands mid-request
+    before = (await complete(http, agent, prompt_ids, total))["token_ids"]  # all on weights A
+
+    for _attempt in range(3):
+        stream = Stream(http, agent, prompt_ids, total)
+        await stream.wait_for_tokens(5)
+        status, _ = await call(http, "POST", agent.admin_url + "/pause?mode=keep", headers=agent.auth)
+        assert status == 200
+        seen_before_pause = len(stream.tokens)
+        st = await state(http, agent)
+        assert st["paused"] is True
+        if st["requests"]["frozen"] == 1:
+            break
+        # The client saw the tokens late and the request finished before the pause: a
+        # premise, not a result (a running request would be frozen, not finished).
+        await asyncio.wait_for(stream.task, 10)
+        assert stream.finish_reason == "length" and len(stream.tokens) == total
+        await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+    else:
+        pytest.fail("no request stayed running long enough to test against")
+    frozen_at = await stream.settled()  # chunks generated before the pause may still be in flight
+    await asyncio.sleep(0.5)
+    assert len(stream.tokens) == frozen_at, "a frozen request must not generate"
+    assert 5 <= frozen_at < total
+
+    status, body = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                              body={"path": str(tiny_models["weights-2"]), "version": "B"})
+    assert (status, body["weight_version"]) == (200, "B")
+    assert (await state(http, agent))["requests"]["frozen"] == 1, "the update must not drop the frozen request"
+    status, _ = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+    assert status == 200
+    async with asyncio.timeout(60):
+        await stream.task
+
+    assert stream.finish_reason == "length" and len(stream.tokens) == total
+    # Before the pause: weights A. After the resume: exactly what weights B produce from
+    # the same prefix (the request was recomputed, not continued on stale KV). The split is
+    # where the stream leaves A's tokens: at or after what was generated before the pause
+    # (B may happen to repeat A's next token; B's continuation from any later point is the same).
+    split = next((i for i, (x, y) in enumerate(zip(stream.tokens, before)) if x != y), total)
+    assert seen_before_pause <= frozen_at <= split < total, "the continuation must come from weights B"
+    assert split <= frozen_at + 2  # B's first tokens may coincide with A's, rarely more than one
+    after = (await complete(http, agent, prompt_ids + stream.tokens[:split], total - split))["token_ids"]
+    assert stream.tokens[split:] == after
+
+
+async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent):
+    for _attempt in range(3):
+        streams = [Stream(http, agent, f"{PROMPT} {i}", 1000) for i in range(3)]
+        for s in streams:
+            await s.wait_for_tokens(3)
+        status, body = await call(http, "POST", agent.admin_url + "/pause?mode=abort", headers=agent.auth)
+        assert (status, body) == (200, {"status": "paused"})
+        async with asyncio.timeout(20):  # none hangs
+            await asyncio.gather(*(s.task for s in streams))
+        # A stream the client saw late may have finished before the pause: that is a
+        # premise, not a result. Every other one must come back aborted, with partial output.
+        aborted = [s for s in streams if not (s.finish_reason == "length" and len(s.tokens) == 1000)]
+        assert all(s.finish_reason == "abort" and 3 <= len(s.tokens) < 1000 for s in aborted)
+        st = await state(http, agent)
+        assert st["paused"] is True
+        assert st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
+        status, body = await call(http, "GET", agent.admin_url + "/is_paused")
+        assert body == {"is_paused": True}
+        await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+        if aborted:
+            break
+    else:
+        pytest.fail("no request stayed running long enough to test against")
+    assert len((await complete(http, agent, PROMPT, 8))["token_ids"]) == 8
+
+
+async def test_wait_mode_drains(http, agent):
+    # Tokens flowing proves the requests run (vLLM's wait mode drains running requests;
+    # a queued one would stay queued until resume).
+    streams = [Stream(http, agent, f"{PROMPT} {i}", 600) for i in range(2)]
+    for s in streams:
+        await s.wait_for_tokens(2)
+    status, _ = await call(http, "POST", agent.admin_url + "/pause?mode=wait", headers=agent.auth)
+    assert status == 200
+    st = await state(http, agent)
+    assert st["paused"] is True and st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
+    async with asyncio.timeout(10):
+        await asyncio.gather(*(s.task for s in streams))
+    assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 600)] * 2
+    await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+
+
+async def _long_running_stream(http, agent) -> Stream:
+    stream = Stream(http, agent, PROMPT, 1000)
+    await stream.wait_for_tokens(2)
+    return stream
+
+
+async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, agent, tiny_models):
+    # On a loaded machine the client may see a request's tokens late, after it already
+    # finished; then there is nothing to drain and the premise does not hold: try again.
+    for _attempt in range(3):
+        long = await _long_running_stream(http, agent)
+        pause = asyncio.create_task(call(http, "POST", agent.admin_url + "/pause?mode=wait", headers=agent.auth))
+        while not pause.done() and (await state(http, agent))["busy_with"] != "pause":
+            await asyncio.sleep(0.005)  # two connections have no order: wait until the agent runs the pause
+        if pause.done():  # it had already finished: nothing left to drain
+            await asyncio.wait_for(long.task, 10)
+            assert long.finish_reason == "length"
+            await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+            continue
+        status, body = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                                  body={"path": str(tiny_models["weights-2"]), "version": "B"})
+        assert status == 409 and body["error"]["code"] == "conflict"
+        assert "pause" in body["error"]["message"]
+        assert (await pause)[0] == 200
+        await long.task
+        assert long.finish_reason == "length"
+        break
+    else:
+        pytest.fail("no request stayed running long enough to test against")
+    assert (await state(http, agent))["weight_version"] == "A", "the refused update must not have run"
+    await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+
+    # A wait-mode pause that cannot drain in time answers 504 and says so in state.
+    for _attempt in range(3):
+        long = await _long_running_stream(http, agent)
+        status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05",
+                                  headers=agent.auth)
+        if status == 200:  # it had already finished: nothing left to drain
+            await asyncio.wait_for(long.task, 10)
+            assert long.finish_reason == "length"
+            await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+            continue
+        assert status == 504 and body["error"]["code"] == "deadline_exceeded"
+        assert (await state(http, agent))["last_operations"][0]["status"] == "timeout"
+        await long.task
+        break
+    else:
+        pytest.fail("no request stayed running long enough to test against")
+    await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+
+
+async def test_disk_update_a_b_a_reproduces_tokens(http, agent, tiny_models):
+    async def update(seed: int, version: str) -> list[int]:
+        status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                               body={"path": str(tiny_models[f"weights-{seed}"]), "version": version})
+        assert status == 200
+        assert (await state(http, agent))["weight_version"] == version
+        assert (await call(http, "GET", agent.admin_url + "/weight_info"))[1] == {"weight_version": version}
+        return (await complete(http, agent, PROMPT, 24))["token_ids"]
+
+    async def checksums() -> dict:
+        status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
+                                  body={"action": "checksum"})
+        assert status == 200
+        return body["checksums"]
+
+    out_a = await update(1, "step-1")
+    sums_a = await checksums()
+    out_b = await update(2, "step-2")
+    assert out_b != out_a
+    assert await checksums() != sums_a
+    assert await update(1, "step-3") == out_a
+    status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
+                              body={"action": "compare", "baseline": sums_a})
+    assert (status, body) == (200, {"match": True, "mismatches": []})
+
+
+async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
+    # Longer than several KV blocks, so a stale prefix-cache hit would show.
+    prompt = " ".join([PROMPT] * 6)
+    base = (await complete(http, agent, prompt))["token_ids"]
+
+    async def load(name, seed, version):
+        status, body = await call(http, "POST", agent.admin_url + "/v1/agent/loras", headers=agent.auth,
+                                  body={"name": name, "path": str(tiny_models[f"lora-{seed}"]), "version": version})
+        assert status == 200, body
+        return body
+
+    await load("adapter", 11, "1")
+    first = (await complete(http, agent, prompt, model="adapter"))["token_ids"]
+    assert first != base
+    assert (await complete(http, agent, prompt, model="adapter"))["token_ids"] == first  # served from cache
+
+    info = await load("adapter", 12, "2")  # hot-swap under the same name
+    assert info["version"] == "2"
+    swapped = (await complete(http, agent, prompt, model="adapter"))["token_ids"]
+    assert swapped != first
+    assert (await complete(http, agent, prompt, model="adapter"))["token_ids"] == swapped
+    # The same adapter under a name that was never cached gives the very same tokens:
+    # nothing computed with the old adapter leaked into the swapped one.
+    await load("fresh", 12, "2")
+    assert (await complete(http, agent, prompt, model="fresh"))["token_ids"] == swapped
+    st = await state(http, agent)
+    assert {(l["name"], l["version"]) for l in st["loras"]} == {("adapter", "2"), ("fresh", "2")}
+
+    # vLLM evicts adapters on a weight reload; a request naming one reloads it from its path,
+    # and unloading one that was evicted still succeeds.
+    status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    assert status == 200
+    assert (await complete(http, agent, prompt, model="adapter"))["token_ids"] == swapped
+
+    for name in ("adapter", "fresh"):
+        status, body = await call(http, "DELETE", agent.admin_url + f"/v1/agent/loras/{name}", headers=agent.auth)
+        assert status == 200
+    assert body["engine_adapter_ids"] == []  # really removed from the engine
+    assert (await state(http, agent))["loras"] == []
+    status, _ = await call(http, "POST", agent.inference_url + "/v1/completions",
+                           body={"model": "adapter", "prompt": prompt, "max_tokens": 4})
+    assert status == 404
+    assert (await complete(http, agent, prompt))["token_ids"] == base
+
+
+async def test_readiness_follows_the_desired_version(http, agent, tiny_models):
+    assert (await call(http, "GET", agent.admin_url + "/readyz"))[0] == 200
+    status, body = await call(http, "PUT", agent.admin_url + "/v1/agent/desired", headers=agent.auth,
+                              body={"weight_version": "B"})
+    assert status == 200 and body["ready"] is False and body["desired_weight_version"] == "B"
+    status, body = await call(http, "GET", agent.admin_url + "/readyz")
+    assert status == 503 and "'A'" in body["reason"] and "'B'" in body["reason"]
+    await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+               body={"path": str(tiny_models["weights-2"]), "version": "B"})
+    assert (await call(http, "GET", agent.admin_url + "/readyz"))[0] == 200
+    assert (await call(http, "GET", agent.admin_url + "/healthz"))[0] == 200
+
+
+async def test_inference_port_is_vllms_own_server(http, agent):
+    status, models = await call(http, "GET", agent.inference_url + "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"]
+    ids = await tokenize(http, agent, PROMPT)
+    status, body = await call(http, "POST", agent.inference_url + "/detokenize", body={"model": "tiny", "tokens": ids})
+    assert (status, body["prompt"]) == (200, PROMPT)
+    status, body = await call(http, "POST", agent.inference_url + "/v1/chat/completions", body={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0})
+    assert status == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
+    status, _ = await call(http, "GET", agent.admin_url + "/get_world_size")
+    assert status == 200

@@ -1,0 +1,382 @@
+"""The three worker drivers (flavors) on the wire: what each sends, how it reads the answers,
+and how failures map onto the WorkerCallError taxonomy (retried or not).
+
+aioresponses stands in for the workers; the session, HttpTransport and tenacity are real.
+An unmocked request fails as a connection error, so a call a flavor should not make
+shows up as a failure, not as silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from unittest.mock import Mock
+
+import aiohttp
+import pytest
+from aioresponses import CallbackResult, aioresponses
+from yarl import URL
+
+from controlplane.deadlines import DriverDeadlines
+from controlplane.workers.capabilities import capabilities
+from controlplane.workers.flavors.agent import AgentDriver
+from controlplane.workers.flavors.dynamo import DynamoDriver
+from controlplane.workers.flavors.vllm import VllmDriver
+from controlplane.workers.registry import make_driver
+from controlplane.workers.spec import WorkerSpec
+from controlplane.workers.transport import CallPolicy, HttpTransport, WorkerRejected, WorkerTimeout, WorkerUnreachable
+from rlcore.wire.agent import RequestCounts
+
+BASE = "http://w0:8101"
+POLICY = CallPolicy(timeout_s=0.5, attempts=3, backoff_initial_s=0.001, backoff_max_s=0.002)
+
+
+class _Response(aiohttp.ClientResponse):
+    """aioresponses 0.7.9 builds responses without the `stream_writer` aiohttp 3.14 requires
+    (pnuckowski/aioresponses#289, fix pending in #288); aiohttp only reads its output_size."""
+
+    def __init__(self, *args: Any, stream_writer: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, stream_writer=stream_writer or Mock(output_size=0), **kwargs)
+
+
+class _Wire(aioresponses):
+    def add(self, *args: Any, response_class: Any = None, **kwargs: Any) -> None:
+        super().add(*args, response_class=response_class or _Response, **kwargs)
+
+
+@pytest.fixture
+async def session():
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+@pytest.fixture
+def wire():
+    with _Wire() as m:
+        yield m
+
+
+def make(flavor: str, session: aiohttp.ClientSession, **options: Any):
+    spec = WorkerSpec(id="w0", admin_url=BASE, flavor=flavor)
+    transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
+    return make_driver(spec, transport, DriverDeadlines(weight_load_s=options.get("weight_load_timeout_s", 600.0)))
+
+
+def sent(m: aioresponses) -> list[tuple[str, str, Any]]:
+    """(method, URL with query, JSON body) of every request, in order of first use of each URL."""
+    return [(method, str(url), call.kwargs.get("json")) for (method, url), calls in m.requests.items()
+            for call in calls]
+
+
+def slow(delay_s: float, payload: Any = None):
+    async def callback(url, **kwargs):
+        await asyncio.sleep(delay_s)
+        return CallbackResult(payload=payload if payload is not None else {}, response_class=_Response)
+    return callback
+
+
+# -- factory -------------------------------------------------------------------------------
+async def test_factory_picks_the_flavor_and_passes_options(session):
+    assert isinstance(make("agent", session), AgentDriver)
+    assert isinstance(make("vllm", session), VllmDriver)
+    api = make("dynamo", session, weight_load_timeout_s=7.0)
+    assert isinstance(api, DynamoDriver) and api.deadlines.weight_load_s == 7.0 and api.spec.id == "w0"
+
+
+async def test_factory_names_the_available_flavors(session):
+    spec = WorkerSpec(id="w0", admin_url=BASE).model_copy(update={"flavor": "sglang"})  # copy skips validation
+    transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token=None, policy=POLICY)
+    with pytest.raises(ValueError, match=r"'sglang'.*\['agent', 'dynamo', 'vllm'\]"):
+        make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0))
+
+
+# -- agent ---------------------------------------------------------------------------------
+AGENT_STATE = {
+    "agent_id": "w0", "instance_id": "3f2a", "model": "tiny", "engine": "vllm", "engine_alive": True, "ready": False,
+    "not_ready_reason": "weight version v1 differs from desired v2", "paused": True,
+    "requests": {"running": 1, "waiting": 2, "frozen": 3}, "weight_version": "v1",
+    "desired_weight_version": "v2", "world_size": 2,
+    "loras": [{"name": "sql", "version": "3", "path": "/m/sql", "adapter_id": 1,
+               "loaded_at": "2025-01-01T00:00:00Z"}],
+}
+
+
+async def test_agent_status_reads_the_state_document(session, wire):
+    wire.get(f"{BASE}/v1/agent/state", payload=AGENT_STATE)
+    status = await make("agent", session).status()
+    assert status.paused is True and status.weight_version == "v1" and status.world_size == 2
+    assert status.requests == RequestCounts(running=1, waiting=2, frozen=3)
+    assert status.loras == {"sql": "3"}
+    assert status.ready is False and status.not_ready_reason.startswith("weight version v1")
+    assert status.engine_alive is True and status.instance_id == "3f2a"
+    (call,) = wire.requests[("GET", URL(f"{BASE}/v1/agent/state"))]
+    assert call.kwargs["headers"] == {"Authorization": "Bearer tok"}
+
+
+async def test_agent_malformed_state_is_rejected_without_retry(session, wire):
+    wire.get(f"{BASE}/v1/agent/state", payload={"paused": "maybe"}, repeat=True)
+    with pytest.raises(WorkerRejected) as err:
+        await make("agent", session).status()
+    assert err.value.status == 200 and "malformed state" in err.value.reason
+    assert len(sent(wire)) == 1
+
+
+async def test_agent_pause_sends_mode_and_timeout_and_waits_past_the_call_default(session, wire):
+    # The answer comes after the policy's 0.5 s default: the pause deadline is timeout_s + grace.
+    wire.post(f"{BASE}/pause?mode=keep&timeout_s=0.2", callback=slow(0.7, {"status": "paused"}))
+    await make("agent", session).pause("keep", 0.2)
+    assert sent(wire) == [("POST", f"{BASE}/pause?mode=keep&timeout_s=0.2", None)]
+
+
+async def test_agent_mutations_send_the_documented_bodies(session, wire):
+    for path in ("/resume", "/v1/agent/weights/disk", "/v1/agent/loras", "/weight_checker"):
+        wire.post(BASE + path, payload={"checksums": {"w": "abc"}})
+    wire.put(f"{BASE}/v1/agent/desired", payload=AGENT_STATE, repeat=True)
+    api = make("agent", session)
+    await api.resume()
+    await api.update_weights_from_disk("/w/step-2", "v2")
+    await api.load_lora("sql", "/m/sql", None)
+    await api.set_desired_version("v2")
+    await api.set_desired_version(None)
+    assert await api.weight_checksums() == {"w": "abc"}
+    assert sent(wire) == [
+        ("POST", f"{BASE}/resume", None),
+        ("POST", f"{BASE}/v1/agent/weights/disk", {"path": "/w/step-2", "version": "v2"}),
+        ("POST", f"{BASE}/v1/agent/loras", {"name": "sql", "path": "/m/sql", "version": None}),
+        ("PUT", f"{BASE}/v1/agent/desired", {"weight_version": "v2"}),
+        ("PUT", f"{BASE}/v1/agent/desired", {"weight_version": None}),
+        ("POST", f"{BASE}/weight_checker", {"action": "checksum"}),
+    ]
+
+
+async def test_agent_disk_update_uses_the_weight_load_deadline(session, wire):
+    wire.post(f"{BASE}/v1/agent/weights/disk", callback=slow(0.7), repeat=True)
+    await make("agent", session, weight_load_timeout_s=2.0).update_weights_from_disk("/w", "v2")  # > 0.5 default
+    with pytest.raises(WorkerTimeout):
+        await make("agent", session, weight_load_timeout_s=0.05).update_weights_from_disk("/w", "v2")
+
+
+async def test_agent_unload_escapes_the_name_and_treats_404_as_done(session, wire):
+    wire.delete(f"{BASE}/v1/agent/loras/org%2Fsql", status=404,
+                payload={"error": {"code": "not_found", "message": "no LoRA named 'org/sql' is loaded"}})
+    await make("agent", session).unload_lora("org/sql")
+    assert sent(wire) == [("DELETE", f"{BASE}/v1/agent/loras/org%2Fsql", None)]
+
+
+async def test_agent_unload_500_is_retried_then_rejected(session, wire):
+    wire.delete(f"{BASE}/v1/agent/loras/sql", status=500, payload={"error": {"code": "internal", "message": "boom"}},
+                repeat=True)
+    with pytest.raises(WorkerRejected) as err:
+        await make("agent", session).unload_lora("sql")
+    assert err.value.status == 500 and "boom" in err.value.reason
+    assert len(sent(wire)) == 3
+
+
+async def test_agent_400_is_not_retried(session, wire):
+    wire.post(f"{BASE}/v1/agent/loras", status=400, payload={"error": {"code": "bad_request", "message": "no dir"}},
+              repeat=True)
+    with pytest.raises(WorkerRejected) as err:
+        await make("agent", session).load_lora("sql", "/nope", "1")
+    assert err.value.status == 400 and len(sent(wire)) == 1
+
+
+async def test_agent_connection_error_is_unreachable_after_retries(session, wire):
+    wire.post(f"{BASE}/resume", exception=aiohttp.ClientConnectionError("refused"), repeat=True)
+    with pytest.raises(WorkerUnreachable):
+        await make("agent", session).resume()
+    assert len(sent(wire)) == 3
+
+
+async def test_agent_status_read_is_not_retried(session, wire):
+    # The poller's next read is the retry; a dead worker costs one deadline per poll.
+    wire.get(f"{BASE}/v1/agent/state", exception=aiohttp.ClientConnectionError("refused"), repeat=True)
+    with pytest.raises(WorkerUnreachable):
+        await make("agent", session).status()
+    assert len(sent(wire)) == 1
+
+
+async def test_agent_slow_answer_is_a_timeout(session, wire):
+    wire.get(f"{BASE}/v1/agent/state", callback=slow(2.0, AGENT_STATE), repeat=True)
+    with pytest.raises(WorkerTimeout):
+        await make("agent", session).status()
+
+
+async def test_agent_weight_transfer_bodies(session, wire):
+    for path in ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"):
+        wire.post(BASE + path, payload={"message": "ok"})
+    api = make("agent", session)
+    await api.init_weight_transfer({"master_port": 29500, "rank_offset": 1}, 5.0)
+    await api.start_weight_update()
+    await api.update_weights({"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}, 5.0)
+    await api.finish_weight_update("v3")
+    assert sent(wire) == [
+        ("POST", f"{BASE}/init_weight_transfer_engine", {"init_info": {"master_port": 29500, "rank_offset": 1}}),
+        ("POST", f"{BASE}/start_weight_update", None),
+        ("POST", f"{BASE}/update_weights",
+         {"update_info": {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}}),
+        ("POST", f"{BASE}/finish_weight_update", {"weight_version": "v3"}),
+    ]
+
+
+@pytest.mark.parametrize("flavor", ["agent", "vllm"])
+@pytest.mark.parametrize("call", ["init", "start", "update", "finish"])
+async def test_weight_transfer_is_never_retried(session, wire, flavor, call):
+    for path in ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"):
+        wire.post(BASE + path, status=503, payload={"error": "busy"}, repeat=True)
+    api = make(flavor, session)
+    run = {"init": lambda: api.init_weight_transfer({}, 5.0), "start": api.start_weight_update,
+           "update": lambda: api.update_weights({}, 5.0), "finish": lambda: api.finish_weight_update("v")}[call]
+    with pytest.raises(WorkerRejected) as err:
+        await run()
+    assert err.value.status == 503
+    assert len(sent(wire)) == 1  # one attempt, and (vllm) no prefix-cache reset after a failed finish
+
+
+async def test_weight_transfer_timeout_is_its_own_deadline_and_not_retried(session, wire):
+    wire.post(f"{BASE}/update_weights", callback=slow(0.7), repeat=True)
+    await make("agent", session).update_weights({}, 2.0)  # answers after the 0.5 s default: fine
+    with pytest.raises(WorkerTimeout):
+        await make("agent", session).update_weights({}, 0.05)
+    assert len(sent(wire)) == 2
+
+
+# -- vllm ----------------------------------------------------------------------------------
+# Only fault shapes a stock `vllm serve` cannot be made to produce on demand (a 503 from a dead
+# engine core behind a live API server, slow answers, a refused cache reset, an older vLLM).
+# Everything it does produce is tested against two real servers in tests/e2e/test_vllm_serve.py.
+MODELS = {"object": "list", "data": [
+    {"id": "tiny", "object": "model", "root": "/m/base", "parent": None, "max_model_len": 512},
+    {"id": "sql", "object": "model", "root": "/m/sql", "parent": "tiny", "max_model_len": 512},
+]}
+
+
+def mock_vllm_reads(m: aioresponses, *, health: int = 200, paused_status: int = 200) -> None:
+    m.get(f"{BASE}/health", status=health, body="", repeat=True)
+    m.get(f"{BASE}/is_paused", status=paused_status, payload={"is_paused": True} if paused_status == 200
+          else {"error": "Failed to fetch pause status: engine dead"}, repeat=True)
+    m.get(f"{BASE}/weight_info", payload={"weight_version": "v7"})
+    m.get(f"{BASE}/v1/models", payload=MODELS)
+    m.get(f"{BASE}/get_world_size", payload={"world_size": 4})
+
+
+async def test_vllm_dead_engine_is_reported_not_raised(session, wire):
+    mock_vllm_reads(wire, health=503, paused_status=500)
+    status = await make("vllm", session).status()
+    assert status.engine_alive is False and status.ready is False and "engine dead" in status.not_ready_reason
+
+
+async def test_vllm_failed_read_with_live_engine_raises(session, wire):
+    mock_vllm_reads(wire, paused_status=500)
+    with pytest.raises(WorkerRejected) as err:
+        await make("vllm", session).status()
+    assert err.value.status == 500 and "engine dead" in err.value.reason
+
+
+async def test_vllm_pause_and_resume(session, wire):
+    wire.post(f"{BASE}/pause?mode=wait", callback=slow(0.7, {"status": "paused"}))
+    wire.post(f"{BASE}/resume", payload={"status": "resumed"})
+    api = make("vllm", session)
+    await api.pause("wait", 0.2)  # answers after the 0.5 s default: the deadline is timeout_s + grace
+    await api.resume()
+    assert sent(wire) == [("POST", f"{BASE}/pause?mode=wait", None), ("POST", f"{BASE}/resume", None)]
+
+
+async def test_vllm_reload_uses_the_weight_load_deadline(session, wire):
+    wire.post(f"{BASE}/collective_rpc", callback=slow(0.7), repeat=True)
+    wire.post(f"{BASE}/update_weight_version", payload={"success": True, "new_version": "v8"})
+    wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": True})
+    await make("vllm", session, weight_load_timeout_s=2.0).update_weights_from_disk("/w", "v8")  # > 0.5 default
+    wire.requests.clear()
+    with pytest.raises(WorkerTimeout):
+        await make("vllm", session, weight_load_timeout_s=0.05).update_weights_from_disk("/w", "v8")
+    assert [u for _, u, _ in sent(wire)] == [f"{BASE}/collective_rpc"]  # not retried, no version set
+
+
+async def test_vllm_cache_reset_refused_is_an_error(session, wire):
+    wire.post(f"{BASE}/v1/load_lora_adapter", body="Success: LoRA adapter 'sql' added successfully.",
+              content_type="text/plain")
+    wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": False}, repeat=True)
+    with pytest.raises(WorkerRejected) as err:
+        await make("vllm", session).load_lora("sql", "/m/sql", "2")
+    assert err.value.status == 200 and "success=false" in err.value.reason
+    assert sent(wire)[0] == ("POST", f"{BASE}/v1/load_lora_adapter",
+                             {"lora_name": "sql", "lora_path": "/m/sql", "load_inplace": True})
+    assert len(sent(wire)) == 2
+
+
+async def test_vllm_unload_and_its_404(session, wire):
+    wire.post(f"{BASE}/v1/unload_lora_adapter", body="Success", content_type="text/plain")
+    wire.post(f"{BASE}/v1/unload_lora_adapter", status=404, payload={"error": {
+        "message": "The lora adapter 'sql' cannot be found.", "type": "NotFoundError", "code": 404}})
+    api = make("vllm", session)
+    await api.unload_lora("sql")
+    await api.unload_lora("sql")  # already gone: still fine
+    assert sent(wire) == [("POST", f"{BASE}/v1/unload_lora_adapter", {"lora_name": "sql"})] * 2
+
+
+async def test_vllm_without_the_weight_checker_verifies_by_version_only(session, wire):
+    # vLLM releases before the RL router's /weight_checker answer 404 (0.32 has it).
+    wire.post(f"{BASE}/weight_checker", status=404, payload={"detail": "Not Found"})
+    assert await make("vllm", session).weight_checksums() is None
+    assert sent(wire) == [("POST", f"{BASE}/weight_checker", {"action": "checksum"})]
+
+
+async def test_vllm_takes_no_desired_version(session):
+    assert "desired_version" not in capabilities(make("vllm", session))  # stock vLLM cannot gate readiness
+
+
+# -- dynamo --------------------------------------------------------------------------------
+# Dynamo's real answers (version shape, an error inside a 200, the route bodies, /health) are
+# proven against Dynamo 1.6.1's own worker in tests/e2e/test_dynamo.py. Only what that
+# software cannot be made to produce stays here.
+async def test_dynamo_500_is_retried_then_rejected(session, wire):
+    wire.post(f"{BASE}/engine/resume_generation", status=500, body="internal", content_type="text/plain", repeat=True)
+    with pytest.raises(WorkerRejected) as err:
+        await make("dynamo", session).resume()
+    assert err.value.status == 500 and len(sent(wire)) == 3
+
+
+async def test_dynamo_without_probe_routes_has_unknown_liveness(session, wire):
+    # An older system port: no liveness_probe, no /health (Dynamo 1.6.1 has both).
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": None,
+                                                            "version_declared": False})
+    wire.post(f"{BASE}/engine/liveness_probe", status=404, body="not found", content_type="text/plain")
+    wire.get(f"{BASE}/health", status=404, body="not found", content_type="text/plain")
+    status = await make("dynamo", session).status()
+    assert status.engine_alive is None and status.ready is None and status.weight_version is None
+
+
+async def test_dynamo_dead_engine_is_not_ready(session, wire):
+    # What Dynamo's liveness_probe answers when the engine check fails; a CPU engine here
+    # cannot be made to fail its health check without killing the worker.
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": "v5",
+                                                            "version_declared": True})
+    wire.post(f"{BASE}/engine/liveness_probe", payload={"status": "error", "alive": False, "message": "dead"})
+    wire.get(f"{BASE}/health", payload={"status": "ready"})
+    status = await make("dynamo", session).status()
+    assert status.engine_alive is False and status.ready is False and status.weight_version == "v5"
+
+
+def dynamo_with_routes(session, routes):
+    spec = WorkerSpec(id="w0", admin_url=BASE, flavor="dynamo", routes=routes)
+    transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
+    return make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0))
+
+
+async def test_dynamo_capabilities_follow_the_published_routes(session, wire):
+    assert capabilities(make("dynamo", session)) == {"control", "disk_weights", "lora"}  # nothing published
+    without_lora = ("get_weight_version", "liveness_probe", "pause_generation", "resume_generation",
+                    "update_weights_from_disk", "flush_cache")
+    assert capabilities(dynamo_with_routes(session, without_lora)) == {"control", "disk_weights"}
+    assert capabilities(dynamo_with_routes(session, ("pause_generation", "load_lora", "unload_lora"))) == {"lora"}
+    assert capabilities(dynamo_with_routes(session, ())) == frozenset()
+    assert sent(wire) == []
+
+
+async def test_dynamo_has_no_broadcast_to_call(session, wire):
+    api = dynamo_with_routes(session, ("init_weights_update_group", "update_weights_from_distributed",
+                                       "destroy_weights_update_group", "pause_generation", "resume_generation"))
+    assert capabilities(api) == {"control"}  # Dynamo's group routes call engine RPCs vLLM lacks
+    for name in ("init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"):
+        assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/unit/test_operations_memory.py)
+    assert sent(wire) == []

@@ -1,0 +1,130 @@
+"""Operations and reconciliation without sockets: the controller's real operations, drivers,
+fan-out and reconciler against real agents (service and route handlers on SimEngine),
+connected by `MemoryTransport` (harness/memory.py). The wire itself is covered by the
+socket tests (test_controller_sim.py, test_adminapi_flavors.py); these pin down the logic,
+fast."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from controlplane.api.errors import to_api_error
+from controlplane.errors import MissingCapability, PathOutsideRoots
+from controlplane.operations.broadcast import plan_ranks
+from controlplane.operations.lora import load_lora
+from controlplane.operations.pause import pause, resume
+from controlplane.operations.weights import update_weights
+from controlplane.reconcile.ratelimit import WorkerRateLimiter
+from controlplane.workers.spec import WorkerSpec
+from harness.checkpoints import write_adapter, write_checkpoint
+from harness.faults import Fault
+from harness.memory import MemoryFleet
+from rlcore.wire.controller import LoraRequest, PauseRequest, TransferInitRequest, UpdateWeightsRequest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path):
+    fleet = await MemoryFleet.start(3, roots=[tmp_path])
+    yield fleet
+    await fleet.stop()
+
+
+def disk(tmp_path: Path, version: str, seed: int) -> UpdateWeightsRequest:
+    path = write_checkpoint(tmp_path / version, seed)
+    return UpdateWeightsRequest(version=version, source={"kind": "disk", "path": str(path)})
+
+
+async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    assert result.status == "ok" and {r.phase for r in result.results} == {"resume"}
+    assert all(a.service.weight_version == "v1" and not a.service.paused for a in fleet.agents.values())
+    state = ctl.state()
+    assert state.applied.weight_version == "v1" and state.applied.converged and state.applied.verified
+    assert state.phase == "serving" and ctl.desired.state.checkpoint is not None
+    again = await update_weights(ctl, disk(tmp_path, "v1", 1))  # the same version again: a no-op
+    assert again.status == "ok" and again.detail.get("noop") is True
+
+
+async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_converges_it(
+        fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    result = await update_weights(ctl, disk(tmp_path, "v2", 2))
+    assert result.status == "partial"
+    failed = {r.worker_id: r for r in result.results if r.status != "ok"}
+    assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "500" in (failed["w1"].message or "")
+    assert fleet["w1"].service.paused and not fleet["w0"].service.paused and not fleet["w2"].service.paused
+    view = {w.id: w for w in ctl.state().workers}
+    assert not view["w1"].ready and not view["w1"].serving and view["w0"].serving
+    # Still failing: the reconciler tries, fails, and backs off (no tight loop).
+    assert await ctl.reconciler.reconcile_once() == 1
+    assert ctl.reconciler.limiter.num_requeues("w1") == 1 and not ctl.reconciler.limiter.due("w1")
+    assert await ctl.reconciler.reconcile_once() == 0  # inside its backoff: left alone
+    fleet["w1"].faults.clear()
+    for _ in range(100):
+        if ctl.reconciler.limiter.due("w1"):
+            break
+        await asyncio.sleep(0.02)
+    assert await ctl.reconciler.reconcile_once() == 1
+    assert fleet["w1"].service.weight_version == "v2" and not fleet["w1"].service.paused
+    assert ctl.reconciler.limiter.num_requeues("w1") == 0
+    assert ctl.state().applied.converged
+
+
+async def test_a_hung_pause_costs_its_deadline_and_names_the_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path, workers={"timeout_s": 0.2, "attempts": 1, "pause_timeout_s": 0.3})
+    fleet["w2"].faults["/pause"] = Fault("hang")
+    result = await pause(ctl, PauseRequest(mode="keep", timeout_s=0.3))
+    timed_out = [r for r in result.results if r.status == "timeout"]
+    assert [r.worker_id for r in timed_out] == ["w2"] and result.status == "partial"
+    assert ctl.desired.state.paused and fleet["w0"].service.paused
+    fleet["w2"].faults.clear()
+    assert (await resume(ctl)).status == "ok" and not ctl.desired.state.paused
+
+
+async def test_refused_input_touches_no_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    with pytest.raises(PathOutsideRoots) as refused:
+        await update_weights(ctl, UpdateWeightsRequest(version="v9", source={"kind": "disk", "path": "/etc"}))
+    assert to_api_error(refused.value).status == 403 and refused.value.field == "source.path"
+    with pytest.raises(PathOutsideRoots):
+        await load_lora(ctl, LoraRequest(name="a", path="/tmp/../etc"))
+    assert all(a.touched == [] for a in fleet.agents.values())
+    write_adapter(tmp_path / "lora")
+    assert (await load_lora(ctl, LoraRequest(name="a", path=str(tmp_path / "lora")))).status == "ok"
+
+
+async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
+        fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    # w2 is driven as a Dynamo worker: no broadcast weight transfer.
+    ctl.apply_membership([*fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
+    with pytest.raises(MissingCapability) as refused:
+        await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))
+    assert refused.value.workers == {"w2": "broadcast"} and "w2 (dynamo)" in refused.value.message
+    answer = to_api_error(refused.value)
+    assert answer.status == 409 and answer.body()["error"]["workers"] == {"w2": "broadcast"}
+    assert all(a.touched == [] for a in fleet.agents.values()) and ctl.log.last is None
+
+
+def test_ranks_follow_world_sizes_in_id_order() -> None:
+    assert plan_ranks({"b": 2, "a": 1, "c": 1}) == [("a", 1, 1), ("b", 2, 2), ("c", 4, 1)]
+
+
+def test_the_rate_limiter_grows_caps_and_forgets() -> None:
+    now = [100.0]
+    limiter = WorkerRateLimiter(initial_s=1.0, max_s=4.0, clock=lambda: now[0], jitter=lambda: 1.0)
+    assert limiter.due("w") and [limiter.when("w") for _ in range(4)] == [1.0, 2.0, 4.0, 4.0]
+    assert not limiter.due("w") and limiter.num_requeues("w") == 4
+    now[0] += 4.0
+    assert limiter.due("w")
+    limiter.forget("w")
+    assert limiter.when("w") == 1.0

@@ -1,0 +1,67 @@
+"""End to end: the controller drives two agents on real vLLM CPU engines."""
+
+from __future__ import annotations
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from controlplane.api.app import build_app
+from controlplane.api.routes import CONTROLLER
+from harness.controller import AUTH, CTL_TOKEN, controller_settings
+from harness.http import call
+from harness.waiting import wait_for
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+PROMPT = "Weights move from the trainer to every engine in the fleet."
+
+
+async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agent, vllm_agent_b, tiny_models,
+                                                                       tmp_path):
+    agents = [vllm_agent, vllm_agent_b]
+    async with aiohttp.ClientSession() as http:
+        async def output(agent) -> list[int]:
+            status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
+                "model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True})
+            assert status == 200, body
+            return body["choices"][0]["token_ids"]
+
+        async def load_direct(agent, seed: int, version: str) -> None:
+            for path, body in (("/resume", None), ("/v1/agent/desired", {"weight_version": None}),
+                               ("/v1/agent/weights/disk", {"path": str(tiny_models[f"weights-{seed}"]),
+                                                           "version": version})):
+                status, resp = await call(http, "PUT" if "desired" in path else "POST", agent.admin_url + path,
+                                          body=body, headers=agent.auth)
+                assert status == 200, resp
+
+        # Reference outputs of each weight set, loaded straight into one engine.
+        await load_direct(vllm_agent, 2, "ref-2")
+        want = await output(vllm_agent)
+        for agent in agents:
+            await load_direct(agent, 1, "base")
+        before = [await output(a) for a in agents]
+        assert before[0] == before[1] != want
+
+        specs = [{"id": f"vllm-{i}", "admin_url": a.admin_url, "inference_url": a.inference_url, "flavor": "agent"}
+                 for i, a in enumerate(agents)]
+        settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
+                                       workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
+                                                "weight_load_timeout_s": 120})
+        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+            await wait_for(lambda: client.server.app[CONTROLLER].registry.membership.synced)
+            resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
+                "version": "step-7", "source": {"kind": "disk", "path": str(tiny_models["weights-2"])},
+                "pause_mode": "keep", "verify": True})
+            result = await resp.json()
+            assert resp.status == 200, result
+            assert {r["worker_id"]: (r["status"], r["phase"]) for r in result["results"]} == {
+                "vllm-0": ("ok", "resume"), "vllm-1": ("ok", "resume")}
+            assert [await output(a) for a in agents] == [want, want]
+            st = await (await client.get("/v1/rl/state")).json()
+            assert st["applied"] == {"weight_version": "step-7", "converged": True, "verified": True}
+            assert st["phase"] == "serving"
+            assert [(w["weight_version"], w["ready"], w["paused"]) for w in st["workers"]] == [
+                ("step-7", True, False)] * 2
+        for agent in agents:  # leave the shared agents as other tests expect them
+            await load_direct(agent, 1, "base")

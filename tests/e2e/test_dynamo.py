@@ -1,0 +1,241 @@
+"""The `dynamo` flavor against Dynamo 1.6.1's own software: Dynamo's runtime (system port,
+TCP request plane, file discovery), Dynamo's own vLLM handler RL routes over a real vLLM CPU
+engine (harness/dynamo.py), and `python -m dynamo.frontend` listing it on `GET /v1/rl/workers`.
+The controller finds the worker only through that listing (`discovery.kind: http_listing`,
+flavor dynamo) and drives the cycle the worker's published routes allow; what they do not list
+(LoRA: the worker runs without it, as `dynamo.vllm` without --enable-lora; broadcast: not a
+capability of the flavor) is refused with a 409 naming the worker and the capability.
+
+One worker and one frontend for the module (the engine starts in ~30 s); every test leaves the
+worker resumed on the base weights. Outputs are read through our probe route
+(`/engine/harness/generate`): greedy text is an exact function of the weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from controlplane.api.app import build_app
+from controlplane.workers.transport import WorkerRejected
+from harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
+from harness.dynamo import DynamoFrontendProcess, DynamoWorkerProcess, dynamo_target
+from harness.http import call
+from harness.processes import stop_all
+from harness.waiting import wait_for
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+PROMPT = "Weights move from the trainer to every engine in the fleet."
+LONG_TOKENS = 1000  # the engine's max_model_len is 1024; the prompt is ~12 tokens
+
+
+@pytest.fixture(scope="module")
+def dynamo(tiny_models, tmp_path_factory):
+    target = dynamo_target()
+    work = tmp_path_factory.mktemp("dynamo")
+    kv = work / "kv"
+    kv.mkdir()
+    worker = DynamoWorkerProcess(tiny_models["base"], work / "worker", target=target, kv_dir=kv)
+    frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv)
+    try:
+        worker.spawn()
+        frontend.spawn()
+        worker.wait_ready()
+        frontend.wait_ready()
+
+        def listed() -> bool:
+            with urllib.request.urlopen(frontend.listing_url, timeout=5) as resp:
+                return bool(json.loads(resp.read())["workers"])
+        deadline = time.monotonic() + 60
+        while not listed():
+            assert time.monotonic() < deadline, "the frontend never listed the worker"
+            time.sleep(0.5)
+        yield worker, frontend
+    finally:
+        stop_all([frontend, worker])
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
+        yield s
+
+
+async def engine(http, worker, route: str, body: dict | None = None, timeout_s: float = 120) -> dict:
+    status, answer = await call(http, "POST", f"{worker.url}/engine/{route}", body=body or {}, timeout_s=timeout_s)
+    assert status == 200, (route, status, answer)
+    return answer if isinstance(answer, dict) else json.loads(answer)
+
+
+async def generate(http, worker, max_tokens: int = 16) -> dict:
+    answer = await engine(http, worker, "harness/generate", {"prompt": PROMPT, "max_tokens": max_tokens})
+    assert answer["status"] == "ok", answer
+    return answer
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    return {}
+
+
+@pytest.fixture
+async def ctl(http, dynamo, tiny_models, tmp_path, references):
+    worker, frontend = dynamo
+    if not references:
+        references["base"] = (await generate(http, worker))["text"]
+    settings = controller_settings(
+        tmp_path, [], allowed_roots=[str(tiny_models["base"].parent)],
+        discovery={"kind": "http_listing", "http_listing": {"url": frontend.listing_url, "interval_s": 0.5,
+                                                            "timeout_s": 5, "default_flavor": "dynamo"}},
+        workers={"token": "unused-by-dynamo", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
+                 "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4})
+    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    await client.start_server()
+    try:
+        c = Ctl(client)
+        await wait_reachable(client.session, c.url, workers=1, timeout_s=60, headers=AUTH)
+        yield c
+    finally:
+        await client.close()
+        # Leave the worker resumed on the base weights, whatever the test did.
+        await engine(http, worker, "pause_generation", {"mode": "abort"})
+        await engine(http, worker, "update_weights_from_disk", {"model_path": str(tiny_models["base"])})
+        await engine(http, worker, "resume_generation")
+
+
+def only_worker(state: dict) -> dict:
+    assert len(state["workers"]) == 1, state["workers"]
+    return state["workers"][0]
+
+
+async def test_the_controller_finds_the_worker_through_dynamos_listing(http, dynamo, ctl):
+    worker, frontend = dynamo
+    status, listing = await call(http, "GET", frontend.listing_url, timeout_s=10)
+    entry = listing["workers"][0]
+    assert status == 200 and entry["system_url"] == worker.url and entry["world_size"] == 1
+    assert {"pause_generation", "resume_generation", "update_weights_from_disk"} <= set(entry["routes"])
+    assert "load_lora" not in entry["routes"]  # LoRA off in this worker
+    state = await ctl.state()
+    assert only_worker(state)["id"] == str(entry["instance_id"])
+    # The controller's own listing advertises what this member can do, in Dynamo's names.
+    status, ours = await ctl.call("GET", "/v1/rl/workers")
+    assert status == 200, ours
+    assert ours["workers"][0]["routes"] == ["get_weight_version", "liveness_probe", "pause_generation",
+                                            "resume_generation", "update_weights_from_disk"]
+
+
+async def test_a_disk_update_changes_the_output_and_going_back_restores_it(http, dynamo, ctl, tiny_models,
+                                                                          references):
+    worker, _ = dynamo
+    assert (await generate(http, worker))["text"] == references["base"]
+    status, result = await ctl.call("POST", "/v1/rl/update_weights",
+                                    update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True))
+    assert status == 200, result
+    changed = (await generate(http, worker))["text"]
+    assert changed != references["base"]
+    # Dynamo's own read names the version the controller declared.
+    assert await engine(http, worker, "get_weight_version") == {"status": "ok", "version": "step-2",
+                                                                 "version_declared": True}
+    status, result = await ctl.call("POST", "/v1/rl/update_weights",
+                                    update_body("step-1", tiny_models["base"], pause_mode="keep", verify=True))
+    assert status == 200, result
+    assert (await generate(http, worker))["text"] == references["base"]
+    async def converged() -> dict | None:
+        state = await ctl.state()
+        return state if state["applied"]["converged"] and only_worker(state)["weight_version"] == "step-1" else None
+    state = await wait_for(converged, timeout_s=20, what="the fleet converged on step-1")
+    assert state["applied"] == {"weight_version": "step-1", "converged": True, "verified": True}
+    assert only_worker(state)["ready"] is True, state
+
+
+N_IN_FLIGHT = 96  # batched, so each decode step is slower: the tiny model runs ~1000 tokens in < 0.5 s alone
+
+
+async def in_flight(http, worker) -> list[asyncio.Task]:
+    """Long greedy generations under way, none finished (the premise of a pause with requests
+    in flight; a few attempts, since the premise is about timing)."""
+    for _ in range(5):
+        tasks = [asyncio.create_task(generate(http, worker, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
+        await asyncio.sleep(0.1)
+        if not any(t.done() for t in tasks):
+            return tasks
+        await asyncio.gather(*tasks)
+    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing within 0.1 s")
+
+
+async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl):
+    worker, _ = dynamo
+    for _ in range(3):  # the premise (some request still running when the pause lands) is about timing
+        tasks = await in_flight(http, worker)
+        status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
+        assert status == 200, result
+        frozen = [t for t in tasks if not t.done()]
+        if frozen:
+            break
+        status, result = await ctl.call("POST", "/v1/rl/resume")
+        assert status == 200, result
+    assert frozen, "every request finished before the pause took hold, three times"
+    await asyncio.sleep(1.0)
+    assert not any(t.done() for t in frozen), "a keep-mode pause let requests run on"
+    status, result = await ctl.call("POST", "/v1/rl/resume")
+    assert status == 200, result
+    answers = await asyncio.wait_for(asyncio.gather(*tasks), 180)
+    assert [a["finish_reason"] for a in answers] == ["length"] * N_IN_FLIGHT  # nothing lost
+
+
+async def test_pause_abort_ends_requests_and_wait_lets_them_finish(http, dynamo, ctl):
+    # A request not yet in the engine when the pause lands waits for the resume (it is not "in
+    # flight"), so each mode is judged on the requests the engine held, then all are collected.
+    worker, _ = dynamo
+    tasks = await in_flight(http, worker)
+    status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
+    assert status == 200, result
+    await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="an aborted request answered")
+    status, result = await ctl.call("POST", "/v1/rl/resume")
+    assert status == 200, result
+    reasons = [a["finish_reason"] for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
+    assert "abort" in reasons and set(reasons) <= {"abort", "length"}, reasons
+
+    tasks = await in_flight(http, worker)
+    status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
+    assert status == 200, result
+    await asyncio.sleep(0.1)  # the answers' last hop: worker -> this test
+    drained = [t for t in tasks if t.done()]
+    assert drained, "a wait-mode pause answered before any request in the engine finished"
+    assert [(await t)["finish_reason"] for t in drained] == ["length"] * len(drained)  # none aborted
+    status, result = await ctl.call("POST", "/v1/rl/resume")
+    assert status == 200, result
+    reasons = [a["finish_reason"] for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
+    assert reasons == ["length"] * N_IN_FLIGHT
+
+
+async def test_what_the_worker_does_not_list_is_refused_naming_it(http, dynamo, ctl, tiny_models):
+    worker, _ = dynamo
+    worker_id = only_worker(await ctl.state())["id"]
+    before = await engine(http, worker, "get_weight_version")
+    status, body = await ctl.call("POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"])})
+    assert status == 409, body
+    assert body["error"]["workers"] == {worker_id: "lora"} and worker_id in body["error"]["message"], body
+    status, body = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": {"world_size": 2}})
+    assert status == 409, body
+    assert body["error"]["workers"] == {worker_id: "broadcast"}, body
+    assert await engine(http, worker, "get_weight_version") == before  # nothing touched
+    assert (await generate(http, worker))["finish_reason"] == "length"  # still serving, never paused
+
+
+async def test_dynamos_refusal_inside_a_200_names_the_worker(http, dynamo, ctl, tiny_models):
+    # Dynamo refuses a reload of an unpaused worker in the body of a 200; straight to the
+    # driver, since the controller always pauses first.
+    worker, _ = dynamo
+    record = ctl.ctl.members()[0]
+    with pytest.raises(WorkerRejected) as err:
+        await record.driver.update_weights_from_disk(str(tiny_models["weights-2"]), "x")
+    assert err.value.status == 200 and "paused" in err.value.reason and err.value.worker_id == record.id

@@ -1,0 +1,79 @@
+"""The one-command local fleet (`python -m localfleet --sim`), run as a user runs it.
+
+SimEngine agents keep these fast (seconds); the vLLM mode is the same code with another
+engine block in the agents' config, and is run by hand (see the module docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.processes import REPO
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _localfleet(workdir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "localfleet", "--sim", "--agents", "2", "--port", "0", "--gateway-port", "0",
+            "--workdir", str(workdir), *extra]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
+    run = subprocess.run(_localfleet(tmp_path, "--steps", "2"), cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    for k in (1, 2):
+        assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
+    last_step = out[out.index("step 2/2"):]
+    assert re.findall(r"^ +(agent-\d) +version=step-2 +ready=yes +paused=no", last_step, re.M) == [
+        "agent-0", "agent-1"], out
+    assert "summary: 2/2 steps ok" in out
+    # Rollouts went through the gateway, and each is tallied by the version its answer named.
+    assert re.search(r"^Gateway: +http://127\.0\.0\.1:\d+", out, re.M), out
+    tally = re.search(r"by the version that served them \(X-RL-Weight-Version\): (.*)$", out, re.M)
+    assert tally and re.search(r"\bstep-1=\d+", tally.group(1)), out
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert sorted(pids) == ["agent-0", "agent-1", "controller"]
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
+def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
+    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("step 1/"):
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        assert lines and lines[-1].startswith("step 1/"), "".join(lines)
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        assert len(pids) == 3 and all(_alive(pid) for pid in pids.values())
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, "".join(lines) + rest
+        assert not [name for name, pid in pids.items() if _alive(pid)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,260 @@
+"""No lost requests across a pause, on a real vLLM CPU engine (DESIGN §4):
+
+- keep mode: 64 streaming completions in flight are frozen by the pause and, after the
+  resume, every one completes with its full requested length (`ignore_eos`), none errors;
+- abort mode: every one of the 64 comes back with `finish_reason: "abort"` (a request that
+  finished before the pause landed is counted apart; most must be aborted), none hangs.
+
+Each mode runs twice: through the agent's admin API, and through the controller (in-process,
+over that one agent). The agent is the session's shared `vllm_agent`; no engine is started here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from controlplane.api.app import build_app
+from controlplane.settings import ControllerSettings
+from harness.figures import record_figures
+from harness.http import call
+from harness.processes import AgentProcess
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+
+N_REQUESTS = 64
+MAX_TOKENS = 768  # the prompt is ~20 tokens; max_model_len is 1024
+ATTEMPTS = 3  # when too many requests finished before the pause landed (a premise, not a result)
+CTL_TOKEN = "ctl-token"
+CTL_AUTH = {"Authorization": f"Bearer {CTL_TOKEN}"}
+
+
+class Stream:
+    """One streaming completion, read in the background; records what came back instead of raising."""
+
+    def __init__(self, http: aiohttp.ClientSession, agent: AgentProcess, prompt: str) -> None:
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.task = asyncio.create_task(self._run(http, agent, prompt), name="test-stream")
+
+    async def _run(self, http: aiohttp.ClientSession, agent: AgentProcess, prompt: str) -> None:
+        payload = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                   "ignore_eos": True, "stream": True, "return_token_ids": True}
+        try:
+            async with http.post(agent.inference_url + "/v1/completions", json=payload,
+                                 timeout=aiohttp.ClientTimeout(total=120)) as resp:
+                if resp.status != 200:
+                    self.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                    return
+                async for line in resp.content:
+                    line = line.strip()
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        self.error = f"error chunk: {chunk['error']}"
+                        return
+                    choice = chunk["choices"][0]
+                    self.tokens.extend(choice.get("token_ids") or [])
+                    if choice.get("finish_reason"):
+                        self.finish_reason = choice["finish_reason"]
+        except Exception as exc:  # recorded: the test asserts that none errors
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def full(self) -> bool:
+        return self.error is None and self.finish_reason == "length" and len(self.tokens) == MAX_TOKENS
+
+
+@pytest.fixture
+async def http():
+    # One connection per stream, never a pooled one the server may have closed meanwhile.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=N_REQUESTS + 8,
+                                                                    force_close=True)) as session:
+        yield session
+
+
+@pytest.fixture
+async def agent(vllm_agent: AgentProcess, http):
+    """The shared agent, resumed, gating on no desired version; left the same way."""
+    async def reset() -> None:
+        await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
+        await call(http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth,
+                   body={"weight_version": None})
+
+    await reset()
+    yield vllm_agent
+    await reset()
+
+
+@pytest.fixture
+async def controller(agent: AgentProcess, tmp_path):
+    """A controller (in-process) whose fleet is that one agent."""
+    settings = ControllerSettings(
+        api={"token": CTL_TOKEN}, gateway={"port": 0},
+        discovery={"kind": "static", "static": [{"id": "vllm-0", "admin_url": agent.admin_url,
+                                                 "inference_url": agent.inference_url}]},
+        workers={"token": agent.token, "timeout_s": 10, "pause_timeout_s": 60},
+        reconcile={"poll_interval_s": 0.5, "interval_s": 0.5}, store={"kind": "memory"},
+        allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")
+    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    await client.start_server()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def agent_state(http: aiohttp.ClientSession, agent: AgentProcess) -> dict:
+    status, body = await call(http, "GET", agent.admin_url + "/v1/agent/state")
+    assert status == 200, body
+    return body
+
+
+async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess) -> list[Stream]:
+    """64 streams, each seen generating (so running in the engine, not queued) before returning."""
+    streams = [Stream(http, agent, f"Request {i}: the quick brown fox jumps over the lazy dog.")
+               for i in range(N_REQUESTS)]
+    async with asyncio.timeout(90):
+        while not all(len(s.tokens) >= 2 or s.task.done() for s in streams):
+            await asyncio.sleep(0.02)
+    assert not [s.error for s in streams if s.error], [s.error for s in streams if s.error]
+    return streams
+
+
+async def settled(streams: list[Stream], quiet_s: float = 0.3, timeout_s: float = 30) -> int:
+    """Total tokens received once none arrived for `quiet_s` (chunks sent before the pause drain)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            count = sum(len(s.tokens) for s in streams)
+            await asyncio.sleep(quiet_s)
+            if sum(len(s.tokens) for s in streams) == count:
+                return count
+
+
+Toggle = Callable[[str], Awaitable[None]]
+
+
+def via_agent(http: aiohttp.ClientSession, agent: AgentProcess) -> tuple[Toggle, Toggle]:
+    async def pause(mode: str) -> None:
+        status, body = await call(http, "POST", f"{agent.admin_url}/pause?mode={mode}", headers=agent.auth)
+        assert (status, body) == (200, {"status": "paused"}), body
+
+    async def resume(_: str = "") -> None:
+        status, body = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+        assert status == 200, body
+
+    return pause, resume
+
+
+def via_controller(client: TestClient) -> tuple[Toggle, Toggle]:
+    async def pause(mode: str) -> None:
+        resp = await client.post("/v1/rl/pause", json={"mode": mode, "timeout_s": 60}, headers=CTL_AUTH)
+        body = await resp.json()
+        assert resp.status == 200 and body["status"] == "ok", body
+        assert [(r["worker_id"], r["phase"], r["status"]) for r in body["results"]] == [("vllm-0", "pause", "ok")]
+
+    async def resume(_: str = "") -> None:
+        resp = await client.post("/v1/rl/resume", headers=CTL_AUTH)
+        body = await resp.json()
+        assert resp.status == 200 and body["status"] == "ok", body
+
+    return pause, resume
+
+
+async def with_premise(cycle: Callable[[], Awaitable[dict | None]]) -> dict:
+    """Run `cycle` until most of its requests were in flight when the pause landed. Requests
+    start over ~0.5 s and the first ones may be far ahead; on a busy machine a few finish first."""
+    for attempt in range(1, ATTEMPTS + 1):
+        figures = await cycle()
+        if figures is not None:
+            return figures | {"attempts": attempt}
+    pytest.fail(f"in {ATTEMPTS} attempts, more than a quarter of the requests finished before the pause")
+
+
+async def keep_cycle(http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle) -> dict | None:
+    streams = await start_streams(http, agent)
+    t0 = time.monotonic()
+    await pause("keep")
+    paused_s = time.monotonic() - t0
+    st = await agent_state(http, agent)
+    assert st["paused"] is True, st
+    done_before = [s for s in streams if s.task.done()]
+    # Every request not finished is held in the engine (frozen), none dropped.
+    assert st["requests"]["frozen"] == N_REQUESTS - len(done_before), (st["requests"], len(done_before))
+    assert st["requests"]["running"] == 0, st["requests"]
+    frozen_at = await settled(streams)
+    await asyncio.sleep(0.5)
+    assert sum(len(s.tokens) for s in streams) == frozen_at, "a frozen request generated while paused"
+    t1 = time.monotonic()
+    await resume("")
+    async with asyncio.timeout(120):
+        await asyncio.gather(*(s.task for s in streams))
+    completed_s = time.monotonic() - t1
+    errors = [s.error for s in streams if s.error]
+    assert not errors, errors
+    short = [(s.finish_reason, len(s.tokens)) for s in streams if not s.full]
+    assert not short, f"requests that did not complete with {MAX_TOKENS} tokens: {short}"
+    if len(done_before) > N_REQUESTS // 4:  # most must really be in flight at the pause
+        return None
+    return {"requests": N_REQUESTS, "max_tokens": MAX_TOKENS, "frozen_at_pause": st["requests"]["frozen"],
+            "finished_before_pause": len(done_before), "completed_full_length": N_REQUESTS,
+            "pause_s": round(paused_s, 3), "resume_to_all_complete_s": round(completed_s, 2)}
+
+
+async def abort_cycle(http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle) -> dict | None:
+    streams = await start_streams(http, agent)
+    t0 = time.monotonic()
+    await pause("abort")
+    paused_s = time.monotonic() - t0
+    try:
+        async with asyncio.timeout(60):  # none hangs
+            await asyncio.gather(*(s.task for s in streams))
+        returned_s = time.monotonic() - t0
+        errors = [s.error for s in streams if s.error]
+        assert not errors, errors
+        aborted = [s for s in streams if s.finish_reason == "abort"]
+        finished = [s for s in streams if s.full]
+        odd = [(s.finish_reason, len(s.tokens)) for s in streams if s not in aborted and s not in finished]
+        assert not odd, f"neither aborted nor complete: {odd}"
+        assert all(2 <= len(s.tokens) < MAX_TOKENS for s in aborted)  # partial output, returned to its client
+        st = await agent_state(http, agent)
+        assert st["paused"] is True and st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}, st
+    finally:
+        await resume("")
+    if len(finished) > N_REQUESTS // 4:  # most must really be in flight at the pause
+        return None
+    return {"requests": N_REQUESTS, "max_tokens": MAX_TOKENS, "aborted": len(aborted),
+            "finished_before_pause": len(finished), "pause_s": round(paused_s, 3),
+            "pause_to_all_returned_s": round(returned_s, 2)}
+
+
+async def test_keep_mode_loses_no_request_via_agent(http, agent):
+    pause, resume = via_agent(http, agent)
+    figures = await with_premise(lambda: keep_cycle(http, agent, pause, resume))
+    record_figures("no_lost_requests", "keep_via_agent", figures)
+
+
+async def test_abort_mode_returns_every_request_via_agent(http, agent):
+    pause, resume = via_agent(http, agent)
+    figures = await with_premise(lambda: abort_cycle(http, agent, pause, resume))
+    record_figures("no_lost_requests", "abort_via_agent", figures)
+
+
+async def test_keep_mode_loses_no_request_via_controller(http, agent, controller):
+    pause, resume = via_controller(controller)
+    figures = await with_premise(lambda: keep_cycle(http, agent, pause, resume))
+    record_figures("no_lost_requests", "keep_via_controller", figures)
+
+
+async def test_abort_mode_returns_every_request_via_controller(http, agent, controller):
+    pause, resume = via_controller(controller)
+    figures = await with_premise(lambda: abort_cycle(http, agent, pause, resume))
+    record_figures("no_lost_requests", "abort_via_controller", figures)

@@ -1,0 +1,163 @@
+"""The shape of the house, held by a test: who may import whom.
+
+Every import in every module of the project's packages is read (module level, inside
+functions, and under TYPE_CHECKING alike: a circle drawn for the type checker is still a
+circle a reader must untangle), and:
+- nothing imports in a circle;
+- no module imports another module's private name;
+- the shared kernel (`rlcore`) imports none of the processes; the controller never imports
+  the agent, nor the agent the controller; the trainer client and rlctl (`rlclient`) need
+  only the kernel; in the product, only the agent's engine adapter imports vLLM;
+- inside the controller, lower layers never import higher ones.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("rlcore", "agents", "controlplane", "rlclient", "localfleet", "harness")
+
+# Lowest first; a module may import its own layer and those below it.
+CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
+    ("controlplane.errors", "controlplane.settings", "controlplane.metrics", "controlplane.deadlines",
+     "controlplane.workers.spec", "controlplane.k8s"),
+    ("controlplane.workers",),
+    ("controlplane.discovery", "controlplane.persistence", "controlplane.leadership"),
+    ("controlplane.fleet", "controlplane.reconcile.plan"),
+    ("controlplane.operations",),
+    ("controlplane.reconcile",),
+    ("controlplane.controller",),
+    ("controlplane.supervisor", "controlplane.gateway"),
+    ("controlplane.api",),
+    ("controlplane.__main__",),
+)
+VLLM_ALLOWED = ("agents.engine.vllm_engine", "agents.engine.vllm_inference", "agents.weight_transfer",
+                "harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: set[str]) -> Iterator[tuple[str, str | None]]:
+    """(imported module, imported name or None) for every import in the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, None
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}".rstrip(".")
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in known:  # `from package import module`
+                    yield sub, None
+                else:
+                    yield base, alias.name
+
+
+def graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    mods = modules()
+    known = set(mods)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    names: list[tuple[str, str, str]] = []
+    for name, path in mods.items():
+        for target, imported in imports(name, path, known):
+            edges[name].add(target)
+            if imported is not None:
+                names.append((name, target, imported))
+    return edges, names
+
+
+def project(module: str) -> bool:
+    return module.split(".")[0] in PACKAGES
+
+
+def test_no_import_circles() -> None:
+    edges, _ = graph()
+    internal = {m: {t for t in ts if t in edges} for m, ts in edges.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in internal[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(internal):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_no_private_name_is_imported_across_modules() -> None:
+    _, names = graph()
+    private = [f"{m} imports {n} from {t}" for m, t, n in names
+               if project(t) and t != m and n.startswith("_") and not n.startswith("__")]
+    assert private == []
+
+
+def test_the_kernel_and_the_processes_keep_apart() -> None:
+    edges, _ = graph()
+
+    def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
+        return sorted(f"{m} -> {t}" for m, ts in edges.items() if m.split(".")[0] == prefix
+                      for t in ts if t.split(".")[0] in forbidden)
+
+    assert offenders("rlcore", ("agents", "controlplane", "rlclient", "localfleet", "harness")) == []
+    assert offenders("controlplane", ("agents", "rlclient", "localfleet", "harness")) == []
+    assert offenders("agents", ("controlplane", "rlclient", "localfleet", "harness")) == []
+    assert offenders("rlclient", ("agents", "controlplane", "localfleet", "harness")) == []
+    # The product's packages; the harness may drive engines itself (a Dynamo worker over vLLM).
+    product = ("rlcore", "agents", "controlplane", "rlclient")
+    vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
+                  if t.split(".")[0] == "vllm" and m.split(".")[0] in product and not m.startswith(VLLM_ALLOWED))
+    assert vllm == []
+
+
+def test_controller_layers_only_look_down() -> None:
+    def layer(module: str) -> int | None:
+        best = None
+        for i, prefixes in enumerate(CONTROLLER_LAYERS):
+            for p in prefixes:
+                if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                    best = (i, len(p))
+        return None if best is None else best[0]
+
+    edges, _ = graph()
+    unplaced = sorted(m for m in edges if m.startswith("controlplane.") and layer(m) is None)
+    assert unplaced == [], "every controller module belongs to a layer"
+    upward = sorted(f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})" for m, ts in edges.items()
+                    if layer(m) is not None for t in ts if layer(t) is not None and layer(t) > layer(m))
+    assert upward == []

@@ -1,0 +1,90 @@
+"""Every benchmark under bench/ runs its code path at a tiny size, so the scripts cannot rot.
+
+These are not performance tests: nothing here asserts a timing. Each benchmark runs
+end to end (its fleet or processes, the table, the JSON and the plot) at a size that
+takes seconds. The two that need a real vLLM engine (`disk_update`, `pause_latency`,
+~30 s of engine start-up each) run their reporting path here on a result of the shape
+they produce; their measuring path runs whenever the benchmark itself is run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(autouse=True)
+def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A benchmark silences logging for its whole process, and structlog caches each logger
+    on first use: run in-process here, that would leave every later test's logs empty."""
+    monkeypatch.setattr("rlcore.logs.configure_logging", lambda *args, **kwargs: None)
+
+
+def _outputs(out: Path, name: str) -> dict:
+    assert (out / f"{name}.png").stat().st_size > 1000
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def test_fanout(tmp_path: Path) -> None:
+    from bench import fanout
+
+    fanout.main(["--sizes", "1,3", "--repeats", "1", "--seq-max", "1", "--hosts", "2", "--raw-rounds", "1",
+                 "--latency-s", "0.005", "--out", str(tmp_path)])
+    rows = _outputs(tmp_path, "fanout")["rows"]
+    assert [r["n"] for r in rows] == [1, 3]
+    assert rows[1]["httpx_sequential"]["extrapolated_from_n"] == 1
+    assert all(r["controller"]["median_s"] >= r["floor_s"] for r in rows)
+
+
+def test_state_endpoint(tmp_path: Path) -> None:
+    from bench import state_endpoint
+
+    state_endpoint.main(["--workers", "4", "--concurrency", "1,2", "--duration-s", "0.3", "--repeats", "1",
+                         "--hosts", "1", "--out", str(tmp_path)])
+    result = _outputs(tmp_path, "state_endpoint")
+    assert [r["concurrency"] for r in result["rows"]] == [1, 2]
+    assert all(r["state"]["runs"][0]["requests"] > 0 for r in result["rows"])
+
+
+def test_broadcast(tmp_path: Path) -> None:
+    from bench import broadcast
+
+    broadcast.main(["--large-count", "2", "--large-mb", "0.5", "--small-count", "30", "--small-kb", "2",
+                    "--repeats", "1", "--buffer-mb", "0.1", "--out", str(tmp_path)])
+    rows = _outputs(tmp_path, "broadcast")["rows"]
+    assert [r["tensors"] for r in rows] == [2, 30]  # and the bytes arrived intact (checked inside)
+
+
+def test_vllm_benchmarks_report(tmp_path: Path) -> None:
+    from bench import disk_update, pause_latency
+    from bench.common import write_json
+
+    disk = {"bytes": 4_000_000, "parameters": 1_000_000, "params": {}, "times_s": {},
+            "median_s": {"controller_s": 1.2, "raw_load_s": 1.0, "agent_reload_s": 0.9, "checksum_s": 0.2},
+            "ratio_controller_vs_raw": 1.2, "ratio_agent_reload_vs_raw": 0.9}
+    assert "controller update_weights cycle" in disk_update.render(disk)
+    write_json("disk_update", disk, tmp_path)
+    disk_update.draw(disk, tmp_path)
+    _outputs(tmp_path, "disk_update")
+    assert disk_update.parse(["--tiny"]).tiny
+
+    pause = {"params": {"batch": 32, "max_tokens": 64, "repeats": 1, "step_tokens": 32}, "step_s": 0.01,
+             "step_runs_s": [0.01], "rows": [{"mode": m, "pause_s": 0.02, "steps": 2.0, "runs": [], "running_after": 0,
+                                              "finish_reasons": ["length"]} for m in pause_latency.MODES]}
+    assert "abort" in pause_latency.render(pause)
+    write_json("pause_latency", pause, tmp_path)
+    pause_latency.draw(pause, tmp_path)
+    _outputs(tmp_path, "pause_latency")
+
+
+def test_gateway(tmp_path: Path) -> None:
+    from bench import gateway
+
+    result = gateway.main(["--requests", "20", "--concurrency", "4", "--duration-s", "0.5", "--repeats", "1",
+                           "--out", str(tmp_path)])
+    assert result["direct_rps"] > 0 and result["gateway_rps"] > 0
+    assert _outputs(tmp_path, "gateway")["gateway"]["p50_ms"] == result["gateway"]["p50_ms"]

@@ -1,0 +1,201 @@
+"""The gateway's pure parts: the version fence, the routing table built from it, and the
+balancer (least outstanding, rendezvous-hash affinity). No sockets: states are built here."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from controlplane.gateway.balance import order, rank_for_session
+from controlplane.gateway.fence import admitted_versions, fence, in_fence
+from controlplane.gateway.routing import Router, build_table
+from rlcore.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+
+
+def worker(wid: str, version: str | None, *, ready: bool = True, paused: bool | None = False,
+           reachable: bool = True, url: str | None = "default", alive: bool | None = True) -> WorkerView:
+    return WorkerView(id=wid, admin_url=f"http://127.0.0.1:1/{wid}",
+                      inference_url=f"http://127.0.0.1:2/{wid}/" if url == "default" else url,
+                      flavor="agent", world_size=1, reachable=reachable, ready=ready,
+                      serving=ready and paused is False, paused=paused, requests=None, weight_version=version,
+                      loras={}, engine_alive=alive)
+
+
+def state(workers: list[WorkerView], desired: str | None, applied: list[str], bound: int = 0,
+          phase: str = "serving", pause_state: str = "running") -> FleetState:
+    return FleetState(phase=phase, quiesced=False, pause_state=pause_state,
+                      requests=RequestCounts(running=0, waiting=0, frozen=0),
+                      desired=DesiredState(weight_version=desired, applied_versions=applied, staleness_bound=bound),
+                      applied=AppliedState(weight_version=None, converged=False, verified=False),
+                      membership_epoch=1, discovery_synced=True, last_operation=None, workers=workers)
+
+
+# -- admitted versions: the desired one, then k before it in the order they were applied -------------------
+@pytest.mark.parametrize(("desired", "applied", "bound", "expected"), [
+    (None, ["v1", "v2"], 3, []),                            # nothing desired: no version list
+    ("v3", ["v1", "v2", "v3"], 0, ["v3"]),                  # k=0: the desired version only
+    ("v3", ["v1", "v2", "v3"], 1, ["v3", "v2"]),
+    ("v3", ["v1", "v2", "v3"], 5, ["v3", "v2", "v1"]),      # fewer applied than k
+    ("v1", ["v1", "v2", "v1"], 2, ["v1", "v2"]),            # back to an old version: no duplicates
+    ("v2", ["v1", "v2", "v3", "v2"], 2, ["v2", "v3", "v1"]),  # application order, not name order
+    ("v9", [], 2, ["v9"]),                                  # desired but not yet applied
+])
+def test_admitted_versions(desired, applied, bound, expected) -> None:
+    assert admitted_versions(desired, applied, bound) == expected
+
+
+def test_admitted_versions_never_exceed_the_bound() -> None:
+    applied = [f"v{i}" for i in range(40)]
+    for bound in range(0, 32):
+        got = admitted_versions("v39", applied, bound)
+        assert len(got) == bound + 1 and got[0] == "v39" and len(set(got)) == len(got)
+
+
+# -- members inside the fence ---------------------------------------------------------------------------
+def test_in_fence_desired_version_needs_ready() -> None:
+    assert in_fence(worker("a", "v2"), "v2", ["v2"])
+    assert not in_fence(worker("a", "v2", ready=False), "v2", ["v2"])
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"reachable": False}, {"paused": True}, {"paused": None}, {"url": None}, {"url": ""}, {"alive": False},
+])
+def test_in_fence_refuses_what_cannot_serve(kwargs) -> None:
+    assert not in_fence(worker("a", "v2", **kwargs), "v2", ["v2", "v1"])
+    assert not in_fence(worker("a", "v1", **kwargs), "v2", ["v2", "v1"])
+
+
+def test_an_older_admitted_version_serves_though_not_ready_for_the_desired_one() -> None:
+    # Its readiness is gated on the desired version, so it is not ready; inside the bound it serves.
+    behind = worker("a", "v1", ready=False)
+    assert in_fence(behind, "v2", ["v2", "v1"])
+    assert not in_fence(behind, "v2", ["v2"])
+    assert not in_fence(worker("a", "v0"), "v2", ["v2", "v1"])  # outside the bound
+    assert not in_fence(worker("a", None), "v2", ["v2", "v1"])  # base weights, never updated
+
+
+def test_nothing_desired_routes_to_ready_members() -> None:
+    assert in_fence(worker("a", None), None, [])
+    assert not in_fence(worker("a", None, ready=False), None, [])
+
+
+def test_fence_over_a_state_and_a_per_request_bound() -> None:
+    ws = [worker("a", "v3"), worker("b", "v2", ready=False), worker("c", "v1", ready=False),
+          worker("d", "v3", paused=True), worker("e", None)]
+    st = state(ws, "v3", ["v1", "v2", "v3"], bound=1)
+    admitted, inside = fence(st)
+    assert admitted == ["v3", "v2"] and [w.id for w in inside] == ["a", "b"]
+    admitted, inside = fence(st, 0)  # the request asks for the desired version only
+    assert admitted == ["v3"] and [w.id for w in inside] == ["a"]
+    admitted, inside = fence(st, 2)
+    assert [w.id for w in inside] == ["a", "b", "c"]
+
+
+# -- the routing table and why it is empty -------------------------------------------------------------
+def test_table_routes_strip_the_trailing_slash_and_keep_the_version() -> None:
+    table = build_table(state([worker("a", "v1")], "v1", ["v1"]))
+    assert table.desired == "v1" and table.why_empty == ""
+    route = table.routes["a"]
+    assert route.url == "http://127.0.0.1:2/a" and route.weight_version == "v1"
+
+
+@pytest.mark.parametrize(("st", "why"), [
+    (state([], "v1", ["v1"]), "no members"),
+    (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="updating"), "the fleet is updating"),
+    (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="degraded", pause_state="paused"), "paused"),
+    (state([worker("a", "v0")], "v1", ["v0", "v1"], phase="degraded"), "'v1'"),
+])
+def test_an_empty_table_says_why(st: FleetState, why: str) -> None:
+    table = build_table(st)
+    assert not table.routes and why in table.why_empty
+
+
+class CountingSource:
+    def __init__(self, st: FleetState) -> None:
+        self.generation, self.st, self.reads = 1, st, 0
+
+    def current(self) -> tuple[int, FleetState]:
+        self.reads += 1
+        return self.generation, self.st
+
+
+def test_router_rebuilds_only_when_the_generation_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    import controlplane.gateway.routing as routing
+    builds = Counter()
+    real = routing.build_table
+
+    def counted(st, bound=None):
+        builds[bound] += 1
+        return real(st, bound)
+
+    monkeypatch.setattr(routing, "build_table", counted)
+    source = CountingSource(state([worker("a", "v2"), worker("b", "v1", ready=False)], "v2", ["v1", "v2"]))
+    router = Router(source)
+    first = router.table()
+    assert router.table() is first and builds[None] == 1
+    assert set(router.table(1).routes) == {"a", "b"} and builds[1] == 1
+    source.st = state([worker("a", "v2", paused=True)], "v2", ["v1", "v2"], phase="pausing")
+    assert router.table() is first  # same generation: the cached table, by design
+    source.generation += 1
+    assert not router.table().routes and builds[None] == 2
+
+
+def test_router_before_any_state() -> None:
+    class Empty:
+        def current(self):
+            return None
+    router = Router(Empty())
+    assert router.table() is None and router.state() is None
+
+
+# -- balancing ------------------------------------------------------------------------------------------
+def test_least_outstanding_first_ties_in_turn() -> None:
+    assert order(["a", "b", "c"], {"a": 2, "b": 0, "c": 1}) == ["b", "c", "a"]
+    # Idle: each turn starts at another member, so one request at a time still spreads.
+    firsts = [order(["a", "b", "c"], {}, turn=t)[0] for t in range(6)]
+    assert Counter(firsts) == {"a": 2, "b": 2, "c": 2}
+    assert order(["a", "b", "c"], {"b": 0}, exclude=frozenset({"b"})) == ["a", "c"]
+    assert order([], {}) == []
+
+
+def test_session_ranking_is_stable_and_spreads() -> None:
+    members = [f"w{i}" for i in range(4)]
+    keys = [f"session-{i}" for i in range(2000)]
+    owner = {k: rank_for_session(k, members)[0] for k in keys}
+    assert owner == {k: order(members, {}, session=k)[0] for k in keys}  # the load plays no part
+    assert all(rank_for_session(k, list(reversed(members)))[0] == owner[k] for k in keys)  # nor the order
+    spread = Counter(owner.values())
+    assert min(spread.values()) > 2000 / 4 * 0.8, spread
+
+
+def test_a_member_leaving_moves_only_its_sessions() -> None:
+    members = [f"w{i}" for i in range(5)]
+    keys = [f"s{i}" for i in range(3000)]
+    before = {k: rank_for_session(k, members)[0] for k in keys}
+    for gone in members:
+        left = [m for m in members if m != gone]
+        after = {k: rank_for_session(k, left)[0] for k in keys}
+        moved = {k for k in keys if before[k] != after[k]}
+        assert moved == {k for k in keys if before[k] == gone}
+        # ...and they go where their own ranking said next, spread over the rest.
+        assert all(after[k] == rank_for_session(k, members)[1] for k in moved)
+    # A member joining takes sessions only for itself.
+    grown = [*members, "w5"]
+    after = {k: rank_for_session(k, grown)[0] for k in keys}
+    assert all(after[k] in (before[k], "w5") for k in keys)
+
+
+def test_failover_order_for_a_session_excludes_the_failed() -> None:
+    members = ["a", "b", "c"]
+    for key in (f"k{i}" for i in range(50)):
+        ranked = order(members, {}, session=key)
+        assert order(members, {}, session=key, exclude=frozenset(ranked[:1])) == ranked[1:]
+
+
+def test_every_permutation_of_loads_picks_a_least_loaded() -> None:
+    for loads in itertools.product(range(3), repeat=3):
+        counts = dict(zip("abc", loads, strict=True))
+        first = order(list("abc"), counts)[0]
+        assert counts[first] == min(loads)
