@@ -19,19 +19,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import median, plot, table, write_json
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.common import median, plot, report, table
+from harness.http import free_port
 
 
 def payloads(large_count: int, large_mb: float, small_count: int, small_kb: float) -> dict[str, list[tuple[int, ...]]]:
@@ -159,16 +153,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench.common import OUT
-
     a = parse(argv)
-    out = a.out or OUT
     shapes = payloads(a.large_count, a.large_mb, a.small_count, a.small_kb)
     result = run(shapes, a.repeats, int(a.buffer_mb * 1e6))
     result["params"] = {k: v for k, v in vars(a).items() if k != "out"}
-    print(render(result["rows"]))
-    print(f"json: {write_json('broadcast', result, out)}\nplot: {draw(result['rows'], out)}")
-    return result
+    return report("broadcast", result, a.out, text=render(result["rows"]),
+                  draw=lambda out: draw(result["rows"], out))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -20,7 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.processes import REPO
+
 OUT = REPO / "bench" / "out"
 
 
@@ -28,16 +28,8 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def raise_fd_limit() -> None:
-    """A thousand agents and their connections need more descriptors than some defaults."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft < want:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-
-
 def quiet_logs() -> None:
-    from agents.logs import configure_logging
+    from rlcore.logs import configure_logging
 
     configure_logging("json", "error")
 
@@ -105,6 +97,18 @@ def plot(name: str, draw: Callable[[Any], None], out_dir: Path = OUT, *, size: t
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def report(name: str, result: dict[str, Any], out_dir: Path | None, *, text: str,
+           draw: Callable[[Path], Path], notes_before: Sequence[str] = (), notes_after: Sequence[str] = ()
+           ) -> dict[str, Any]:
+    """What every benchmark ends with: its table (and notes) printed, its JSON and its plot
+    written to `out_dir` (default bench/out); returns `result`."""
+    out_dir = out_dir or OUT
+    for line in (*notes_before, text, *notes_after):
+        print(line)
+    print(f"json: {write_json(name, result, out_dir)}\nplot: {draw(out_dir)}")
+    return result
 
 
 def timed(fn: Callable[[], Any]) -> float:

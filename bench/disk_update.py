@@ -27,8 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import median, plot, quiet_logs, table, write_json
-from bench.vllm_agent import MODEL_100M, VOCAB_100M, agent_config, make_models, start_agent
+from bench.common import median, plot, quiet_logs, report, table
+from bench.vllm_agent import MODEL_100M, VOCAB_100M, agent_config, start_agent
+from harness.checkpoints import make_models
 
 
 def raw_load_factory(model_dir: Path) -> Any:
@@ -53,7 +54,7 @@ def raw_load_factory(model_dir: Path) -> Any:
 
 async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from bench.fanout import ControllerUnderTest
-    from bench.fleet import Agent
+    from harness.simfleet import HostedAgent
 
     shape = None if a.tiny else MODEL_100M
     t0 = time.perf_counter()
@@ -64,7 +65,7 @@ async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     agent = start_agent(agent_config(models["base"], [workdir]), workdir / "agent")
     raw_load = raw_load_factory(models["base"])
     try:
-        members = [Agent("bench-vllm", agent.admin_url)]
+        members = [HostedAgent("bench-vllm", agent.admin_url)]
         async with ControllerUnderTest(members, workdir, 64, worker_token=agent.token) as ctl, \
                 aiohttp.ClientSession(headers=agent.auth) as s:
             rows: dict[str, list[float]] = {"controller_s": [], "controller_noverify_s": [], "raw_load_s": [],
@@ -144,7 +145,9 @@ async def update_cycle(ctl: Any, version: str, path: Path, *, verify: bool) -> f
     elapsed = time.perf_counter() - t
     if resp.status != 200 or answer.get("status") != "ok":
         raise RuntimeError(f"update_weights({version}) answered {resp.status}: {str(answer)[:400]}")
-    if verify and not ctl.ctl.verified:
+    async with ctl.session.get(ctl.url + "/v1/rl/state") as resp:
+        applied = (await resp.json())["applied"]
+    if verify and not applied["verified"]:
         raise RuntimeError(f"update_weights({version}) succeeded but the fleet is not verified")
     return elapsed
 
@@ -184,16 +187,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench.common import OUT
-
     a = parse(argv)
-    out = a.out or OUT
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="bench-disk-") as tmp:
         result = asyncio.run(run(a, Path(tmp)))
-    print(render(result))
-    print(f"json: {write_json('disk_update', result, out)}\nplot: {draw(result, out)}")
-    return result
+    return report("disk_update", result, a.out, text=render(result), draw=lambda out: draw(result, out))
 
 
 if __name__ == "__main__":

@@ -34,8 +34,10 @@ import aiohttp
 import httpx
 from aiohttp import web
 
-from bench.common import median, plot, quiet_logs, raise_fd_limit, table, write_json
-from bench.fleet import TOKEN, Agent, HostedFleet, write_checkpoint
+from bench.common import median, plot, quiet_logs, report, table
+from harness.checkpoints import write_checkpoint
+from harness.controller import wait_reachable
+from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
 AGENT_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -51,11 +53,12 @@ def next_version(ckpts: list[Path]) -> tuple[str, Path]:
 
 # -- the controller ------------------------------------------------------------------------------
 class ControllerUnderTest:
-    def __init__(self, agents: list[Agent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
+    def __init__(self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
         from controlplane.settings import ControllerSettings
 
+        self.members = len(agents)
         self.settings = ControllerSettings(
-            api={"token": CTL_TOKEN}, discovery={"kind": "static", "static": [a.spec() for a in agents]},
+            api={"token": CTL_TOKEN}, gateway={"enabled": False}, discovery={"kind": "static", "static": [a.spec() for a in agents]},
             workers={"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
                      "pause_timeout_s": 300, "weight_load_timeout_s": 600},
             # Polls and reconcile passes would run during the cycles measured: only the first one runs.
@@ -64,24 +67,18 @@ class ControllerUnderTest:
 
     async def __aenter__(self) -> ControllerUnderTest:
         from controlplane.api.app import build_app
-        from controlplane.api.routes import CONTROLLER
 
         self.app = build_app(self.settings, token=CTL_TOKEN)
         self.runner = web.AppRunner(self.app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        self.ctl = self.app[CONTROLLER]
-        deadline = time.monotonic() + 60
-        while not self.ctl.membership.synced:
-            if time.monotonic() > deadline:
-                raise RuntimeError("controller discovery did not sync")
-            await asyncio.sleep(0.01)
-        await self.ctl.poll_statuses()
-        unreachable = [r.spec.id for r in self.ctl.members() if not r.reachable]
-        if unreachable:
-            raise RuntimeError(f"{len(unreachable)} workers unreachable, e.g. {unreachable[:3]}")
         self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {CTL_TOKEN}"})
+        try:  # the first status poll runs at start-up; later ones would run during the cycles
+            await wait_reachable(self.session, self.url, workers=self.members, timeout_s=60)
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -120,37 +117,37 @@ def _check(url: str, status: int, body: Any, version: str, path_: str) -> None:
         raise RuntimeError(f"{url} reports version {body['weight_version']!r}, expected {version!r}")
 
 
-async def httpx_call(clients: dict[str, httpx.AsyncClient], agent: Agent, version: str, call: Call) -> None:
+async def httpx_call(clients: dict[str, httpx.AsyncClient], agent: HostedAgent, version: str, call: Call) -> None:
     method, path, kw = call
     resp = await clients[agent.id].request(method, path, **kw)
     _check(agent.url, resp.status_code, resp.json(), version, path)
 
 
-async def aiohttp_call(session: aiohttp.ClientSession, agent: Agent, version: str, call: Call) -> None:
+async def aiohttp_call(session: aiohttp.ClientSession, agent: HostedAgent, version: str, call: Call) -> None:
     method, path, kw = call
     async with session.request(method, agent.url + path, headers=AGENT_HEADERS, **kw) as resp:
         body = await resp.json()
     _check(agent.url, resp.status, body, version, path)
 
 
-async def gather_cycle(agents: list[Agent], ckpts: list[Path], call: Callable[[Agent, str, Call], Awaitable[None]]) -> None:
+async def gather_cycle(agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]) -> None:
     version, path = next_version(ckpts)
     for phase in cycle_phases(version, path):
         await asyncio.gather(*(call(a, version, phase) for a in agents))
 
 
-async def sequential_cycle(agents: list[Agent], ckpts: list[Path], call: Callable[[Agent, str, Call], Awaitable[None]]) -> None:
+async def sequential_cycle(agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]) -> None:
     version, path = next_version(ckpts)
     for phase in cycle_phases(version, path):
         for a in agents:
             await call(a, version, phase)
 
 
-async def raw_rate(agents: list[Agent], rounds: int) -> float:
+async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
     """Requests/s of a bare aiohttp session: every agent at once, `rounds` times."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        async def one(a: Agent) -> None:
+        async def one(a: HostedAgent) -> None:
             async with session.get(a.url + "/healthz") as resp:
                 await resp.read()
                 if resp.status != 200:
@@ -305,17 +302,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench.common import OUT
-
     a = parse(argv)
-    out = a.out or OUT
     raise_fd_limit()
     quiet_logs()
     result = asyncio.run(amain(a))
-    print(render(result["rows"]))
-    print("* extrapolated linearly from the largest N measured sequentially")
-    print(f"json: {write_json('fanout', result, out)}\nplot: {draw(result['rows'], out)}")
-    return result
+    return report("fanout", result, a.out, text=render(result["rows"]), draw=lambda out: draw(result["rows"], out),
+                  notes_after=["* extrapolated linearly from the largest N measured sequentially"])
 
 
 if __name__ == "__main__":

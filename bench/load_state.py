@@ -1,7 +1,7 @@
 """`python bench/load_state.py`: `GET /v1/rl/state` under load while update cycles run.
 
 Three kinds of process on loopback, as in production: a fleet of real agents on SimEngine
-(`bench/agent_host.py`: one process serving many agents, one port each), the controller daemon
+(`harness.simfleet`: one process serving many agents, one port each), the controller daemon
 (`python -m controlplane`, its status poller reading every member each second), and this
 process, which runs the update cycles (the trainer: one `POST /v1/rl/update_weights` after
 the other, each a full pause -> load -> verify -> resume over the whole fleet) and the load
@@ -16,7 +16,7 @@ process used, and the machine. Every loop is bounded in count and time; loopback
     python bench/load_state.py                               # 256 workers, 120 s at 1000 req/s
     python bench/load_state.py --duration-s 30 --rate 0      # closed loop: as fast as it goes
 
-`tests/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
+`tests/controller/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import itertools
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,87 +41,24 @@ if str(REPO) not in sys.path:  # run as a script: make the repository's packages
 CTL_TOKEN = "load-ctl-token"
 DEFAULT_OUT = REPO / "bench" / "out" / "load_state.json"
 
-from bench.agent_host import TOKEN as AGENT_TOKEN  # noqa: E402  (after the sys.path line)
-from bench.common import raise_fd_limit  # noqa: E402
-from bench.fleet import write_checkpoint  # noqa: E402
+from harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
+from harness.controller import wait_reachable  # noqa: E402
+from harness.processes import ControllerProcess, cpu_seconds  # noqa: E402
+from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
+from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E402
 
 
-@dataclass
-class Proc:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-
-    def cpu_s(self) -> float | None:
-        """User + system CPU seconds of the process so far (Linux /proc)."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
-def _wait_file(path: Path, proc: Proc, deadline_s: float) -> str:
-    deadline = time.monotonic() + deadline_s
-    while not path.exists():
-        if proc.proc.poll() is not None:
-            raise RuntimeError(f"{proc.name} exited with {proc.proc.returncode}; see {proc.log}:\n"
-                               + proc.log.read_text(errors="replace")[-3000:])
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.name} not ready within {deadline_s:g}s; see {proc.log}")
-        time.sleep(0.1)
-    return path.read_text()
-
-
-def start_hosts(workers: int, hosts: int, workdir: Path, latency_s: float) -> tuple[list[Proc], list[int]]:
-    per = -(-workers // hosts)
-    procs: list[tuple[Proc, Path]] = []
-    for h in range(hosts):
-        first, count = h * per, min(per, workers - h * per)
-        if count <= 0:
-            break
-        ready, log = workdir / f"host-{h}.json", workdir / f"host-{h}.log"
-        proc = subprocess.Popen([sys.executable, "-m", "bench.agent_host", "--count", str(count),
-                                 "--first", str(first), "--root", str(workdir), "--latency-s", str(latency_s),
-                                 "--ready", str(ready), "--require-desired-version"], cwd=REPO,
-                                stdin=subprocess.PIPE,
-                                stdout=log.open("wb"), stderr=subprocess.STDOUT)
-        procs.append((Proc(f"host-{h}", proc, log), ready))
-    ports: list[int] = []
-    for proc, ready in procs:
-        ports += json.loads(_wait_file(ready, proc, 120))["ports"]
-    return [p for p, _ in procs], ports
-
-
-def start_controller(ports: list[int], workdir: Path, poll_interval_s: float) -> tuple[Proc, str]:
-    import yaml
-
+def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float) -> ControllerProcess:
     config = {
         "controller_id": "load", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN},
-        "discovery": {"kind": "static", "static": [
-            {"id": f"w{i:04d}", "admin_url": f"http://127.0.0.1:{port}", "flavor": "agent"}
-            for i, port in enumerate(ports)]},
+        "gateway": {"enabled": False},
+        "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
         "workers": {"token": AGENT_TOKEN, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
         "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
         "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning",
     }
-    (workdir / "controller.yaml").write_text(yaml.safe_dump(config))
-    port_file, log = workdir / "controller.port", workdir / "controller.log"
-    proc = subprocess.Popen([sys.executable, "-m", "controlplane", "--config", str(workdir / "controller.yaml"),
-                             "--port-file", str(port_file)], cwd=REPO, stdin=subprocess.DEVNULL,
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    p = Proc("controller", proc, log)
-    return p, f"http://127.0.0.1:{int(_wait_file(port_file, p, 60))}"
+    return ControllerProcess(config, workdir)
 
 
 # -- load and cycles ------------------------------------------------------------------------------------
@@ -214,21 +150,6 @@ async def run_cycles(url: str, ckpts: list[Path], stop: asyncio.Event, results: 
                                 "duration_s": round(time.monotonic() - t0, 3), "failed": []})
 
 
-async def wait_reachable(url: str, workers: int, timeout_s: float) -> None:
-    import aiohttp
-
-    deadline = time.monotonic() + timeout_s
-    async with aiohttp.ClientSession() as session:
-        while True:
-            async with session.get(url + "/v1/rl/state", timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                doc = await resp.json()
-            if len(doc["workers"]) == workers and all(w["reachable"] for w in doc["workers"]):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {sum(w['reachable'] for w in doc['workers'])} of {workers} reachable")
-            await asyncio.sleep(0.5)
-
-
 def _percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return float("nan")
@@ -237,33 +158,40 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Start the fleet and the controller, run cycles and load together, stop everything."""
+    import aiohttp
+
     raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="load-state-") as tmp:
         workdir = Path(tmp)
         ckpts = [write_checkpoint(workdir / f"ckpt-{seed}", seed) for seed in (1, 2, 3)]
-        procs: list[Proc] = []
+        fleet = HostedFleet(args.workers, root=workdir, latency_s=args.latency_s, hosts=args.hosts,
+                            require_desired_version=True, start_timeout_s=120, workdir=workdir)
+        ctl: ControllerProcess | None = None
         try:
             t0 = time.monotonic()
-            hosts, ports = await asyncio.to_thread(start_hosts, args.workers, args.hosts, workdir, args.latency_s)
-            procs += hosts
-            controller, url = await asyncio.to_thread(start_controller, ports, workdir, args.poll_interval_s)
-            procs.append(controller)
-            await wait_reachable(url, args.workers, timeout_s=120)
+            await asyncio.to_thread(fleet.__enter__)
+            ctl = controller(fleet.agents, workdir, args.poll_interval_s)
+            await ctl.spawn().wait_ready_async()
+            url = ctl.url
+            async with aiohttp.ClientSession() as session:
+                await wait_reachable(session, url, workers=args.workers, timeout_s=120)
             setup_s = time.monotonic() - t0
 
-            cpu_before = {p.name: p.cpu_s() for p in procs}
+            pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | {"controller": ctl.pid}
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             self_before = time.process_time()
             stats, cycles, stop = LoadStats(), [], asyncio.Event()
             cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
             took = await generate_load(url + "/v1/rl/state", rate=args.rate, concurrency=args.concurrency,
                                        duration_s=args.duration_s, workers=args.workers, stats=stats)
-            cpu = {p.name: round((p.cpu_s() or 0) - (cpu_before[p.name] or 0), 2) for p in procs}
+            cpu = {name: round((cpu_seconds(pid) or 0) - (cpu_before[name] or 0), 2) for name, pid in pids.items()}
             cpu["load_generator_and_cycles"] = round(time.process_time() - self_before, 2)
             stop.set()
             await asyncio.wait_for(cycler, 300)
         finally:
-            for p in procs:
-                p.stop()
+            if ctl is not None:
+                ctl.stop()
+            fleet.__exit__()
         lat = sorted(stats.latencies)
         ok_cycles = [c for c in cycles if c["http"] == 200 and c["status"] == "ok"]
         cycle_times = sorted(c["duration_s"] for c in ok_cycles)

@@ -24,8 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import median, plot, quiet_logs, table, write_json
-from bench.vllm_agent import agent_config, make_models, start_agent
+from bench.common import median, plot, quiet_logs, report, table
+from bench.vllm_agent import agent_config, start_agent
+from harness.checkpoints import make_models
 
 MODES = ("abort", "wait", "keep")
 
@@ -150,17 +151,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench.common import OUT
-
     a = parse(argv)
-    out = a.out or OUT
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="bench-pause-") as tmp:
         result = asyncio.run(run(a, Path(tmp)))
-    print(f"decode step at batch {a.batch}: {result['step_s'] * 1e3:.1f} ms")
-    print(render(result))
-    print(f"json: {write_json('pause_latency', result, out)}\nplot: {draw(result, out)}")
-    return result
+    return report("pause_latency", result, a.out, text=render(result), draw=lambda out: draw(result, out),
+                  notes_before=[f"decode step at batch {a.batch}: {result['step_s'] * 1e3:.1f} ms"])
 
 
 if __name__ == "__main__":

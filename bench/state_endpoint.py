@@ -2,7 +2,7 @@
 
 The real controller daemon (`python -m controlplane`, its own process, default status
 poll every second) watches a fleet of real agents on SimEngine hosted in other
-processes (`bench.agent_host`); an aiohttp load generator in this process reads the
+processes (`harness.simfleet`); an aiohttp load generator in this process reads the
 state at a fixed concurrency for a fixed time. Reported: p50, p99 and requests/s, and
 as the baseline in the same run, the same controller's `GET /healthz` at the same
 concurrency (the HTTP stack's ceiling on this machine), so the ratio says what building
@@ -14,73 +14,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
-from bench.common import REPO, median, plot, quiet_logs, raise_fd_limit, table, write_json
-from bench.fleet import TOKEN, HostedFleet
+from bench.common import median, plot, quiet_logs, report, table
+from harness.controller import wait_reachable
+from harness.processes import ControllerProcess
+from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
 
 
-class ControllerProcess:
-    def __init__(self, agents: list[Any], workdir: Path, poll_interval_s: float) -> None:
-        self.workdir = workdir
-        config = {"controller_id": "bench", "api": {"host": "127.0.0.1", "port": 0},
-                  "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
-                  "workers": {"max_concurrency": max(64, len(agents)), "timeout_s": 10},
-                  "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
-                  "store": {"kind": "memory"}, "allowed_roots": [str(workdir)], "log_level": "warning"}
-        self.config = workdir / "controller.yaml"
-        self.config.write_text(yaml.safe_dump(config))
-        self.port_file = workdir / "controller.port"
-        self.log = workdir / "controller.log"
-
-    def __enter__(self) -> ControllerProcess:
-        env = os.environ | {"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN}
-        self.proc = subprocess.Popen([sys.executable, "-m", "controlplane", "--config", str(self.config),
-                                      "--port-file", str(self.port_file)], cwd=REPO, env=env,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not self.port_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"controller did not start; see {self.log}:\n{self.log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        self.url = f"http://127.0.0.1:{self.port_file.read_text().strip()}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-async def wait_all_reachable(session: aiohttp.ClientSession, url: str, n: int, timeout_s: float = 120) -> int:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        async with session.get(url + "/v1/rl/state") as resp:
-            body = await resp.read()
-        state = json.loads(body)
-        reachable = sum(1 for w in state["workers"] if w["reachable"])
-        if reachable == n and len(state["workers"]) == n:
-            return len(body)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"only {reachable}/{n} workers reachable after {timeout_s:g}s")
-        await asyncio.sleep(0.5)
+def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float) -> ControllerProcess:
+    """The controller daemon over `agents`; its tokens come from the environment, as in a pod."""
+    config = {"controller_id": "bench", "api": {"host": "127.0.0.1", "port": 0}, "gateway": {"enabled": False},
+              "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
+              "workers": {"max_concurrency": max(64, len(agents)), "timeout_s": 10},
+              "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
+              "store": {"kind": "memory"}, "allowed_roots": [str(workdir)], "log_level": "warning"}
+    return ControllerProcess(config, workdir, stop_timeout_s=20,
+                             env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN})
 
 
 async def load(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float) -> dict[str, Any]:
@@ -108,7 +65,9 @@ async def load(session: aiohttp.ClientSession, url: str, concurrency: int, durat
 async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        doc_bytes = await wait_all_reachable(session, url, n)
+        await wait_reachable(session, url, workers=n, timeout_s=120)
+        async with session.get(url + "/v1/rl/state") as resp:
+            doc_bytes = len(await resp.read())
         await load(session, url + "/v1/rl/state", max(concurrencies), min(duration_s, 1.0))  # warm-up
         rows = []
         for c in concurrencies:
@@ -156,9 +115,13 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-state-") as tmp:
         workdir = Path(tmp)
         print(f"bench.state_endpoint: starting {a.workers} agents in {a.hosts} host processes", flush=True)
-        with HostedFleet(a.workers, root=workdir, latency_s=0.0, hosts=a.hosts) as fleet, \
-                ControllerProcess(fleet.agents, workdir, a.poll_interval_s) as ctl:
-            result = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats)
+        with HostedFleet(a.workers, root=workdir, latency_s=0.0, hosts=a.hosts) as fleet:
+            ctl = controller(fleet.agents, workdir, a.poll_interval_s)
+            try:
+                await ctl.spawn().wait_ready_async()
+                result = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats)
+            finally:
+                ctl.stop()
     result["params"] = {"workers": a.workers, "concurrency": a.concurrency, "duration_s": a.duration_s,
                         "repeats": a.repeats, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts}
     return result
@@ -177,17 +140,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    from bench.common import OUT
-
     a = parse(argv)
-    out = a.out or OUT
     raise_fd_limit()
     quiet_logs()
     result = asyncio.run(amain(a))
-    print(f"state document: {result['state_document_bytes']:,} bytes")
-    print(render(result))
-    print(f"json: {write_json('state_endpoint', result, out)}\nplot: {draw(result, out)}")
-    return result
+    return report("state_endpoint", result, a.out, text=render(result), draw=lambda out: draw(result, out),
+                  notes_before=[f"state document: {result['state_document_bytes']:,} bytes"])
 
 
 if __name__ == "__main__":
