@@ -157,6 +157,9 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
               "token_file" (printf "%s/api/token" (include "rlcp.tokenDir" .)))
   "workers" (dict "max_concurrency" (int $v.workers.maxConcurrency)
                   "token_file" (printf "%s/workers/token" (include "rlcp.tokenDir" .)))
+  "gateway" (dict "enabled" (and $v.gateway.enabled (eq (int $v.gateway.replicas) 0)) "host" "0.0.0.0"
+                  "port" (int $v.gateway.port) "hold_timeout_s" $v.gateway.holdTimeoutS
+                  "follow_url" (printf "http://%s:%d" (include "rlcp.fullname" .) (int $v.service.port)))
   "store" (dict "kind" $v.store.kind)
   "allowed_roots" (default list $v.allowedRoots)
   "log_format" $v.log.format
