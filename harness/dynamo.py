@@ -228,6 +228,13 @@ async def _serve_worker(model: str, namespace: str) -> None:
 
     runtime.register_engine_route("harness/generate", generate_probe)
 
+    async def unfinished_probe(body: dict) -> dict:
+        # Test probe (ours): requests the engine holds, so a test judges "in flight" by the
+        # engine's state rather than by how long it slept.
+        return {"status": "ok", "unfinished": engine.get_num_unfinished_requests()}
+
+    runtime.register_engine_route("harness/unfinished", unfinished_probe)
+
     async def generate(request: Any, context: Any = None) -> Any:
         yield {"token_ids": [], "finish_reason": "stop"}
 

@@ -160,15 +160,20 @@ N_IN_FLIGHT = 96  # batched, so each decode step is slower: the tiny model runs 
 
 
 async def in_flight(http, worker) -> list[asyncio.Task]:
-    """Long greedy generations under way, none finished (the premise of a pause with requests
-    in flight; a few attempts, since the premise is about timing)."""
+    """Long greedy generations the engine holds, none finished: the premise of a pause with
+    requests in flight, read off the engine (its unfinished requests), not off a clock. Every
+    one was handed to the engine before the pause that follows, so the pause meets them all."""
     for _ in range(5):
         tasks = [asyncio.create_task(generate(http, worker, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
-        await asyncio.sleep(0.1)
+
+        async def held() -> bool:
+            return any(t.done() for t in tasks) or (
+                await engine(http, worker, "harness/unfinished"))["unfinished"] >= N_IN_FLIGHT
+        await wait_for(held, timeout_s=60, interval_s=0.02, what="the engine holding every request")
         if not any(t.done() for t in tasks):
             return tasks
         await asyncio.gather(*tasks)
-    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing within 0.1 s")
+    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing before all {N_IN_FLIGHT} reached the engine")
 
 
 async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl):
@@ -207,9 +212,10 @@ async def test_pause_abort_ends_requests_and_wait_lets_them_finish(http, dynamo,
     tasks = await in_flight(http, worker)
     status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
     assert status == 200, result
-    await asyncio.sleep(0.1)  # the answers' last hop: worker -> this test
+    # Wait mode answers once the requests the engine was running drained (vLLM's wait mode:
+    # those still queued in it wait for the resume), so some finish in full while it is paused.
+    await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="a drained request answered")
     drained = [t for t in tasks if t.done()]
-    assert drained, "a wait-mode pause answered before any request in the engine finished"
     assert [(await t)["finish_reason"] for t in drained] == ["length"] * len(drained)  # none aborted
     status, result = await ctl.call("POST", "/v1/rl/resume")
     assert status == 200, result
