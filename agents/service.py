@@ -57,7 +57,6 @@ class AgentService:
         self._loras: dict[str, LoraInfo] = {}
         self._next_adapter_id = 1
         self._paused = False
-        self._weight_version: str | None = None
         self.desired_weight_version: str | None = None
         self._desired_told = False
         self.instance_id = uuid.uuid4().hex[:12]
@@ -71,6 +70,17 @@ class AgentService:
         self._transfer_open: bool | None = False  # between start_weight_update and finish
         self._expected_tensors: set[str] | None = None
         self.metrics = AgentMetrics()
+        engine.served_version = None
+
+    # The version these weights are reported at lives on the engine, whose inference port
+    # checks requests that expect a version against it (agents/engine/base.py).
+    @property
+    def _weight_version(self) -> str | None:
+        return self.engine.served_version
+
+    @_weight_version.setter
+    def _weight_version(self, version: str | None) -> None:
+        self.engine.served_version = version
 
     async def start(self) -> None:
         """Read the engine's initial state once; from here on this service tracks it."""

@@ -25,6 +25,9 @@ class EngineError(Exception):
 @runtime_checkable
 class Engine(Protocol):
     kind: str  # "vllm" | "sim"
+    # The version the agent reports for these weights (None: unknown), kept by the service;
+    # the inference port admits a request expecting a version only while it is this one.
+    served_version: str | None
 
     @property
     def model_name(self) -> str: ...

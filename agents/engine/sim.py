@@ -121,6 +121,7 @@ class SimEngine:
         self._token_interval_s = token_interval_s
         self._max_running = max_running
         self._version = initial_weight_version
+        self.served_version: str | None = None
         self._weights_key = _digest("initial", model_name)
         self._started = False
         self._dead = False

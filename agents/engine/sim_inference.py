@@ -4,6 +4,8 @@ The real agent serves vLLM's own OpenAI app; a simulated engine has no tokenizer
 no vLLM, so this tiny aiohttp app stands in for it: `GET /v1/models` and
 `POST /v1/completions` (streaming or not), with `token_ids` in each choice as vLLM's
 `return_token_ids` gives them. Text is a byte encoding in and " t<id>" per token out.
+A non-streamed answer carries `X-RL-Weight-Versions`, and a request expecting other weights
+(`X-RL-Expect-Weight-Version`) is refused 409, as the real agent's are.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from agents.engine.base import EngineError
 from agents.engine.sim import SimEngine, SimOutput
+from rlcore.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
 
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
 
@@ -86,6 +89,9 @@ async def _parse(request: web.Request) -> _CompletionRequest:
 
 async def _create_completion(request: web.Request) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
+    expected = request.headers.get(EXPECT_VERSION_HEADER)
+    if expected is not None and expected != engine.served_version:
+        return web.json_response(version_mismatch_body(expected, engine.served_version), status=409)
     body = await _parse(request)
     if body.model != engine.model_name and body.model not in engine.served_lora_names():
         raise _HttpError(404, "model_not_found", f"the model {body.model!r} does not exist", "model")
@@ -105,7 +111,9 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
                       "logprobs": None, "token_ids": last.token_ids, "prompt_token_ids": prompt}
             usage = {"prompt_tokens": len(prompt), "completion_tokens": len(last.token_ids),
                      "total_tokens": len(prompt) + len(last.token_ids)}
-            return web.json_response({**head, "choices": [choice], "usage": usage})
+            spans = [[{"version": v, "start": start, "end": end} for v, start, end in last.weight_versions]]
+            headers = {"X-RL-Weight-Versions": json.dumps(spans, separators=(",", ":"))} if spans[0] else None
+            return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
 
         # The first output is awaited before the headers go out, so an engine that refuses
         # the request still gets a JSON error status; later failures become an error event.

@@ -96,6 +96,7 @@ class VllmEngine:
         self._inference_settings = inference
         self._llm: Any = None
         self._inference: Any = None
+        self.served_version: str | None = None
         self._queue_depth: dict[str, int] = {"running": 0, "waiting": 0}
         self._pause_mode: PauseMode | None = None
         self._warned_empty_checksums = False
@@ -126,7 +127,7 @@ class VllmEngine:
             stat_loggers=[_stat_logger_factory(self._queue_depth)],
             enable_log_requests=engine_args.enable_log_requests, disable_log_stats=False,
         )
-        self._inference = InferenceServer(self._llm, args)
+        self._inference = InferenceServer(self._llm, args, served_version=lambda: self.served_version)
         await self._inference.start(self._inference_settings.host, self._inference_settings.port)
         log.info("vllm_engine_started", model=self.model_name, inference_port=self._inference.port)
 

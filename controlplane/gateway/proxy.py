@@ -7,7 +7,9 @@
 - **Choose.** `balance.order`: least outstanding, or the session's worker.
 - **Forward.** The worker's status, headers and body come back unchanged, plus `X-RL-Worker`
   and `X-RL-Weight-Version` (the version the fence saw it at) and, when the engine reports
-  them in the body, `X-RL-Weight-Versions` (the spans of a request that straddled an update).
+  them, `X-RL-Weight-Versions`: which weights sampled which tokens, one list of spans per
+  choice (an agent sends the header itself; vLLM's tokens-in/tokens-out answers carry the
+  spans in the body). A keep-mode request resumed after an update shows it there.
   A worker that fails before the first byte reaches the client is skipped and the request
   tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
@@ -34,6 +36,7 @@ from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.routing import Route, Router
 from controlplane.settings import GatewaySettings
 from rlcore.errors import ApiError
+from rlcore.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH
 from rlcore.wire.controller import GatewayView, GatewayWorkerView
 
 log = structlog.get_logger("controlplane.gateway")
@@ -88,7 +91,8 @@ class Gateway:
         self._turn = 0  # rotates ties between equally loaded workers
         # The gateway's own token is not the workers' to see; resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
-        self._drop_upstream = _HOP | ({"authorization"} if settings.resolved_token() else set())
+        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower()} | (
+            {"authorization"} if settings.resolved_token() else set())
 
     # -- state ------------------------------------------------------------------------------
     def view(self) -> GatewayView:
@@ -173,10 +177,14 @@ class Gateway:
             try:
                 upstream = await self.session.request(
                     request.method, route.url + request.rel_url.path_qs, data=body or None,
-                    headers=self._upstream_headers(request), timeout=timeout, allow_redirects=False)
+                    headers=self._upstream_headers(request, route), timeout=timeout, allow_redirects=False)
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise _BeforeFirstByte(f"{type(exc).__name__}: {exc}") from exc
             async with upstream:
+                if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
+                    # An agent whose weights are no longer the ones the fence saw (it restarted,
+                    # or changed them since the controller last read it): another worker serves.
+                    raise _BeforeFirstByte(refusal)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, headers, worker)
@@ -184,7 +192,8 @@ class Gateway:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
-                spans = _weight_versions(payload, upstream.content_type)
+                # An agent puts the spans in a header itself; other engines, at most in the body.
+                spans = None if "X-RL-Weight-Versions" in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
                     headers["X-RL-Weight-Versions"] = spans
                 return web.Response(body=payload, status=upstream.status, headers=headers)
@@ -210,8 +219,11 @@ class Gateway:
         await response.write_eof()
         return response
 
-    def _upstream_headers(self, request: web.Request) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream}
+    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream}
+        if route.weight_version is not None:
+            headers[EXPECT_VERSION_HEADER] = route.weight_version
+        return headers
 
     @staticmethod
     def _client_headers(upstream: Any, route: Route) -> CIMultiDict[str]:
@@ -225,18 +237,29 @@ class _BeforeFirstByte(Exception):
     """The worker failed before any byte went to the client: another worker may take it."""
 
 
+async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:
+    """An agent's refusal of a request that expected other weights, as the reason; None for
+    any other 409 (which goes to the client unchanged)."""
+    try:
+        body = await upstream.json(content_type=None)
+        error = body["error"]
+        return str(error["message"]) if error.get("code") == VERSION_MISMATCH else None
+    except (ValueError, TypeError, KeyError, AttributeError, aiohttp.ClientError):
+        return None
+
+
 def _weight_versions(payload: bytes, content_type: str) -> str | None:
-    """The engine's version spans (vLLM's tokens-in/tokens-out answers carry them), as JSON."""
+    """The engine's version spans in the body (vLLM's tokens-in/tokens-out answers carry them
+    per choice), as the header's JSON: one list of spans per choice."""
     if content_type != "application/json" or b"weight_versions" not in payload:
         return None
     try:
         body = json.loads(payload)
     except ValueError:
         return None
-    spans = body.get("weight_versions") if isinstance(body, dict) else None
-    if spans is None and isinstance(body, dict):
-        for choice in body.get("choices") or []:
-            if isinstance(choice, dict) and choice.get("weight_versions"):
-                spans = choice["weight_versions"]
-                break
-    return json.dumps(spans, separators=(",", ":")) if spans else None
+    if not isinstance(body, dict):
+        return None
+    choices = [c.get("weight_versions") for c in body.get("choices") or [] if isinstance(c, dict)]
+    if not any(choices):
+        return None
+    return json.dumps([c or [] for c in choices], separators=(",", ":"))

@@ -14,6 +14,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 PauseMode = Literal["abort", "wait", "keep"]
+
+# On an agent's inference port: a request carrying this header is served only while the
+# agent's weights are at that version, else refused 409 `weight_version_mismatch` before the
+# engine sees it. The gateway sets it to the version its fence admitted the worker at, so a
+# worker that restarted (or changed weights) since the controller last read it is skipped.
+EXPECT_VERSION_HEADER = "X-RL-Expect-Weight-Version"
+VERSION_MISMATCH = "weight_version_mismatch"
+
+
+def version_mismatch_body(expected: str, served: str | None) -> dict:
+    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
+                      "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
 OperationKind = Literal[
     "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",

@@ -78,6 +78,50 @@ async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_sta
     assert "w1" not in {h["X-RL-Worker"] for _, h, _ in fresh}
 
 
+async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_another_serves(fleet, tmp_path):
+    # The controller's view of w1 goes stale (its state reads hang), then w1's weights change
+    # behind its back, as when an agent restarts on its base weights at the same address.
+    agents, ctl, gateway, http = fleet
+    agents[1].faults.add("GET", "/v1/agent/state", Fault("hang"))
+    await asyncio.sleep(0.3)  # the poll under way now hangs; the view keeps w1 as it was
+    agents[1].engine.served_version = "rogue"
+    assert "w1" in gateway.router.table().routes
+    answers = [await post(http, gateway, completion()) for _ in range(12)]
+    assert all(s == 200 for s, _, _ in answers), answers
+    assert "w1" not in {h["X-RL-Worker"] for _, h, _ in answers}
+    assert gateway.failed["w1"] > 0  # sent there (the fence still admitted it) and refused
+    # The agent's refusal, as any client sending the header sees it:
+    async with http.post(f"http://127.0.0.1:{agents[1].inference_port}/v1/completions", json=completion(),
+                         headers={"X-RL-Expect-Weight-Version": "default"}) as resp:
+        body = await resp.json()
+        assert resp.status == 409 and body["error"]["code"] == "weight_version_mismatch", body
+        assert body["error"]["field"] == "X-RL-Expect-Weight-Version" and "rogue" in body["error"]["message"]
+
+
+async def test_a_keep_mode_request_across_an_update_says_which_weights_made_which_tokens(fleet, tmp_path):
+    agents, ctl, gateway, http = fleet
+    write_checkpoint(tmp_path / "v1", 1)
+    write_checkpoint(tmp_path / "v2", 2)
+    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", tmp_path / "v1"))
+    assert status == 200, result
+    await wait_for(lambda: gateway.router.table().desired == "v1", what="the fence at v1")
+    status, headers, _ = await post(http, gateway, completion())
+    assert status == 200 and json.loads(headers["X-RL-Weight-Versions"]) == [[{"version": "v1", "start": 0, "end": 4}]]
+    # A long request under way when a keep-mode update lands: frozen, then finished on v2.
+    request = asyncio.create_task(post(http, gateway, completion(max_tokens=100)))
+    await wait_for(lambda: sum(gateway.in_flight.values()) == 1, what="the request under way")
+    await asyncio.sleep(0.2)
+    status, result = await ctl.call("POST", "/v1/rl/update_weights",
+                                    update_body("v2", tmp_path / "v2", pause_mode="keep"))
+    assert status == 200, result
+    status, headers, body = await request
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length"
+    assert headers["X-RL-Weight-Version"] == "v1"  # what the fence admitted it at
+    (first, second), = json.loads(headers["X-RL-Weight-Versions"])
+    assert (first["version"], first["start"], second["version"], second["end"]) == ("v1", 0, "v2", 100), headers
+    assert 0 < first["end"] == second["start"] < 100
+
+
 async def test_requests_are_held_through_a_pause_and_released_on_resume(fleet):
     agents, ctl, gateway, http = fleet
     status, _ = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})

@@ -3,9 +3,11 @@ update cycles and an agent SIGKILLed and restarted on its base weights.
 
 Which weights produced an answer is read off the answer itself, not the gateway's headers:
 greedy completions of fixed prompts are recorded for both weight sets first (w1 is the base
-model's own weights, which the restarted agent comes back with), so an answer equal to the
-other weight set's output than the version its header names is a response served outside
-the fence.
+model's own weights, which the restarted agent comes back with). An answer that overlapped
+no update and equals the other weight set's output than the version its header names is a
+response served outside the fence. One that overlapped an update may have been frozen by a
+keep-mode pause and finished on the new weights: the engine's own spans
+(`X-RL-Weight-Versions`) must then say so, and agree with the text.
 Answers equal to no reference (a keep-mode request that straddled an update, or batch-size
 numerics on the CPU) must stay a minority, and keep mode must still finish every request.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import Counter
 from pathlib import Path
@@ -44,6 +47,7 @@ class Rollouts:
         self.http, self.url = http, url
         self.answers: list[dict] = []
         self.phase = "start"
+        self.updates: list[tuple[float, float]] = []  # (start, end) of every update, monotonic
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._loop(i)) for i in range(loops)]
 
@@ -55,11 +59,17 @@ class Rollouts:
                                       timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 body = await resp.json()
                 choice = body["choices"][0] if resp.status == 200 else {}
+                spans = json.loads(resp.headers.get("X-RL-Weight-Versions", "null"))
                 self.answers.append({
                     "status": resp.status, "phase": phase, "ended": self.phase, "prompt": n % len(PROMPTS), "sent": sent,
-                    "worker": resp.headers.get("X-RL-Worker"), "version": resp.headers.get("X-RL-Weight-Version"),
+                    "received": time.monotonic(), "worker": resp.headers.get("X-RL-Worker"),
+                    "version": resp.headers.get("X-RL-Weight-Version"),
+                    "spans": {span["version"] for span in spans[0]} if spans else None, "raw_spans": spans,
                     "text": choice.get("text"), "finish": choice.get("finish_reason")})
             n += len(self._tasks)
+
+    def overlapped_an_update(self, answer: dict) -> bool:
+        return any(answer["sent"] < end and answer["received"] > start for start, end in self.updates)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -102,13 +112,16 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
             await asyncio.sleep(2)
             for version, mode in (("w2", "keep"), ("w1", "keep"), ("w2", "abort")):
                 rollouts.phase = mode
+                start = time.monotonic()
                 await update(version, mode)
+                rollouts.updates.append((start, time.monotonic()))
                 await asyncio.sleep(2)
             # An agent dies and comes back at the same address on its base weights: until the
             # controller has loaded w2 into it, the fence must keep rollouts away from it.
             rollouts.phase = "restart"
             victim = vllm_agent_b
             ports = dict(victim.ports)
+            start = time.monotonic()
             victim.kill()
             victim.config = {**victim.config, "admin": {"port": ports["admin_port"], "token": victim.token},
                              "inference": {"port": ports["inference_port"]}}
@@ -116,6 +129,7 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
             controller = ctl.server.app[CONTROLLER]
             await wait_for(lambda: controller.state().applied.converged, what="the restarted agent converged",
                            timeout_s=180)
+            rollouts.updates.append((start, time.monotonic()))
             await asyncio.sleep(2)
         finally:
             await rollouts.stop()
@@ -123,8 +137,15 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         answers = rollouts.answers
         assert len(answers) > 40 and all(a["status"] == 200 for a in answers), Counter(a["status"] for a in answers)
         by_text = {text: version for version, texts in refs.items() for text in texts}
-        outside = [a for a in answers if a["text"] in by_text and by_text[a["text"]] != a["version"]]
-        assert outside == [], outside[:5]  # no answer from weights other than the version the fence named
+        # The engine names the weights of every answer with a token, and its spans agree with the text.
+        assert all(a["spans"] for a in answers if a["text"]), [a for a in answers if a["text"] and not a["spans"]][:3]
+        disagree = [a for a in answers if a["text"] in by_text and a["spans"] != {by_text[a["text"]]}]
+        assert disagree == [], [(a["worker"], a["version"], a["raw_spans"], by_text[a["text"]], a["phase"], a["sent"], a["received"], rollouts.updates) for a in disagree]
+        # No answer from weights other than the version the fence named, unless an update ran
+        # while it was in flight (a keep-mode request resumed on the new weights).
+        outside = [a for a in answers
+                   if a["spans"] and a["spans"] != {a["version"]} and not rollouts.overlapped_an_update(a)]
+        assert outside == [], [(a["worker"], a["version"], a["raw_spans"], by_text.get(a["text"]), a["phase"], a["sent"], a["received"], rollouts.updates) for a in outside]
         # The restarted agent came back on the base weights (the same as w1's) while w2 was desired:
         # whatever it served after the restart was w2's answer.
         revived = [a for a in answers if a["phase"] == "restart" and a["worker"] == "vllm-1" and a["text"] in by_text]
