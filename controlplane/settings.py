@@ -48,7 +48,8 @@ class GatewaySettings(Section):
     max_held: int = Field(4096, ge=0, description="Requests waiting at once; more are answered 503 at once.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Deadline to reach a worker, in seconds.")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one proxied request, in seconds.")
-    attempts: int = Field(3, ge=1, le=10, description="Workers tried before the first byte of an answer.")
+    attempts: int = Field(3, ge=1, le=10, description="Tries of a request that fails before the first byte of an "
+                                                      "answer: other members first, then again.")
     affinity_header: str = Field("X-RL-Session", min_length=1,
                                  description="Header naming a session; its requests go to one worker while it "
                                              "serves (the body's `user` or `cache_salt` also count).")

@@ -49,6 +49,7 @@ class SimAgent:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     settings_overrides: dict[str, Any] = field(default_factory=dict)
     faults: FaultRules = field(default_factory=FaultRules)
+    inference_faults: FaultRules = field(default_factory=FaultRules)  # on the OpenAI port
     touched: list[str] = field(default_factory=list)
     backlog: int = 128
     serve_inference: bool = False  # also the sim engine's OpenAI port (`agents.engine.sim_inference`)
@@ -79,8 +80,9 @@ class SimAgent:
         await web.TCPSite(self.runner, "127.0.0.1", self.port, reuse_address=True, backlog=self.backlog).start()
         self.port = self.runner.addresses[0][1]
         if self.serve_inference:
-            self.inference_runner = web.AppRunner(build_sim_inference_app(self.engine), access_log=None,
-                                                  shutdown_timeout=0.5)
+            inference = build_sim_inference_app(self.engine)
+            inference.middlewares.insert(0, fault_middleware(self.inference_faults))
+            self.inference_runner = web.AppRunner(inference, access_log=None, shutdown_timeout=0.5)
             await self.inference_runner.setup()
             await web.TCPSite(self.inference_runner, "127.0.0.1", self.inference_port, reuse_address=True).start()
             self.inference_port = self.inference_runner.addresses[0][1]

@@ -45,6 +45,7 @@ log = structlog.get_logger("controlplane.gateway")
 _HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                   "transfer-encoding", "upgrade", "host", "content-length"})
 _POLL_S = 0.02  # how often a held request looks at the table again
+_RETRY_PAUSE_S = 0.1  # before trying members that failed this request once already
 
 
 class NoCapacity(ApiError):
@@ -113,7 +114,7 @@ class Gateway:
         tried: set[str] = set()
         failures: list[str] = []
         while True:
-            route, held_s = await self._choose(policy, deadline, frozenset(tried), failures)
+            route, held_s = await self._choose(policy, deadline, frozenset(tried))
             tried.add(route.worker_id)
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             try:
@@ -122,14 +123,20 @@ class Gateway:
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
-                log.warning("gateway_worker_failed", worker_id=route.worker_id, error=str(exc), retrying=True)
-                if len(tried) >= self.settings.attempts:
-                    raise UpstreamFailed(f"{len(tried)} workers failed before answering: {'; '.join(failures)}") \
+                retrying = len(failures) < self.settings.attempts
+                log.warning("gateway_worker_failed", worker_id=route.worker_id, error=str(exc), retrying=retrying)
+                if not retrying:
+                    raise UpstreamFailed(f"{len(failures)} tries failed before an answer: {'; '.join(failures)}") \
                         from None
+                table = self.router.table(policy.bound)
+                if table is None or tried >= table.routes.keys():
+                    # Every member was tried: try them again in a moment. A reused connection the
+                    # worker had just closed fails once; a refused one may have left the view by then.
+                    tried.clear()
+                    await asyncio.sleep(_RETRY_PAUSE_S)
 
-    async def _choose(self, policy: RequestPolicy, deadline: float, tried: frozenset[str],
-                      failures: list[str]) -> tuple[Route, float]:
-        """A route inside the fence, holding the request while there is none."""
+    async def _choose(self, policy: RequestPolicy, deadline: float, tried: frozenset[str]) -> tuple[Route, float]:
+        """A route inside the fence and not yet tried, holding the request while there is none."""
         held_since: float | None = None
         try:
             while True:
@@ -140,8 +147,6 @@ class Gateway:
                                        turn=self._turn)
                     if candidates:
                         return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
-                    if tried and table.routes:
-                        raise UpstreamFailed(f"every worker inside the fence failed: {'; '.join(failures)}")
                 reason = table.why_empty if table is not None else "the gateway has no fleet state yet"
                 if time.monotonic() >= deadline:
                     self._reject("deadline")

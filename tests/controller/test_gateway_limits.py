@@ -1,6 +1,7 @@
 """The gateway's bounds, over real agents on SimEngine inside a real controller: the hold queue
-(`gateway.max_held`) answers 503 at once when full, and a body over `gateway.max_body_bytes`
-is refused with 413 before any worker is called."""
+(`gateway.max_held`) answers 503 at once when full, a body over `gateway.max_body_bytes`
+is refused with 413 before any worker is called, and a request that failed on every member
+before the first byte goes round again, up to `gateway.attempts` tries in all."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from controlplane.api.app import GATEWAY
 from harness.controller import start_controller
+from harness.faults import Fault
 from harness.simfleet import SimAgent
 from harness.waiting import wait_for
 
@@ -70,3 +72,22 @@ async def test_a_body_over_the_limit_is_413_before_any_worker(fleet) -> None:
     assert all(a.engine.request_counts().running == 0 for a in agents)
     status, headers, _ = await post(http, gateway.url, json={"model": "sim", "prompt": "x", "max_tokens": 2})
     assert status == 200 and headers["X-RL-Worker"] in {"w0", "w1"}
+
+
+async def test_a_request_every_member_failed_once_goes_round_again_then_502_names_each_try(fleet) -> None:
+    agents, ctl, gateway, http = fleet
+    body = {"model": "sim", "prompt": "hi", "max_tokens": 2}
+    # Each member resets the connection once (as a pooled connection the worker had just
+    # closed does): both fail, and the third try, on a member tried before, answers.
+    for a in agents:
+        a.inference_faults.add("POST", "/v1/completions", Fault("reset", times=1))
+    status, headers, _ = await post(http, gateway.url, json=body)
+    assert status == 200 and headers["X-RL-Worker"] in {"w0", "w1"}
+    assert sum(gateway.failed.values()) == 2 and all(a.inference_faults.rules == {} for a in agents)
+    # Failing every time: 502 after `attempts` (3) tries, each named.
+    for a in agents:
+        a.inference_faults.add("POST", "/v1/completions", Fault("reset"))
+    status, _, answer = await post(http, gateway.url, json=body)
+    assert status == 502 and answer["error"]["code"] == "upstream_failed", answer
+    message = answer["error"]["message"]
+    assert message.startswith("3 tries failed before an answer") and "w0: " in message and "w1: " in message
