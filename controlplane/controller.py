@@ -26,7 +26,7 @@ from controlplane.fleet.changes import ChangeCounter
 from controlplane.fleet.desired import DesiredKeeper
 from controlplane.fleet.observer import poll_statuses
 from controlplane.fleet.registry import FleetRegistry, WorkerRecord
-from controlplane.fleet.view import FleetFacts, StateCache, build_state, worker_view
+from controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
 from controlplane.leadership.guard import Leadership
 from controlplane.metrics import ControllerMetrics
 from controlplane.operations.broadcast import WeightTransfer
@@ -81,7 +81,8 @@ class Controller:
             deadlines=self.deadlines, leadership=self.leadership,
             limiter=WorkerRateLimiter(initial_s=r.backoff_initial_s, max_s=r.backoff_max_s),
             metrics=self.metrics, refresh=self.refresh, ensure_leading=self.ensure_leading)
-        self._state = StateCache(self.changes, lambda: self.state())  # late-bound: tests count builds
+        self._views = WorkerViews()
+        self._state = StateCache(self.changes, lambda: self.state(), self._views.json)  # late-bound: tests count builds
         # The inference gateway in this process, if one runs (`gateway/local.py` sets it): its
         # section of the state document. Its counters move per request, so they are read when
         # the document is rebuilt (every status poll at least), not on each request.
@@ -126,7 +127,8 @@ class Controller:
 
     def facts(self) -> FleetFacts:
         membership = self.registry.membership
-        return FleetFacts(desired=self.desired.state, members=self.registry.members(),
+        desired, members = self.desired.state, self.registry.members()
+        return FleetFacts(desired=desired, members=members, views=self._views.views(desired, members),
                           membership_epoch=membership.epoch, discovery_synced=membership.synced,
                           phase=self.log.phase, operation=self.log.running_or_last(), verified=self.log.verified,
                           transfer=self.transfer.view())

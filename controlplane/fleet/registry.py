@@ -36,6 +36,7 @@ class WorkerRecord:
     last_error: str | None = None
     last_result: WorkerResult | None = None
     told_desired: Any = NEVER_TOLD
+    revision: int = 0  # moves with every change the state document shows (fleet/view.py caches by it)
 
     @property
     def id(self) -> str:
@@ -105,12 +106,14 @@ class FleetRegistry:
             if rec.reachable or rec.last_seen is None and rec.last_error is None:
                 log.warning("worker_unreachable", worker_id=rec.id, error=outcome.result.message)
             rec.reachable, rec.last_error = False, outcome.result.message
+        rec.revision += 1
 
     def record_result(self, result: WorkerResult) -> None:
         """The last step a worker went through, in an operation or a reconcile pass."""
         rec = self._records.get(result.worker_id)
         if rec is not None:
             rec.last_result = result
+            rec.revision += 1
             self._changes.bump()
 
     def told(self, worker_id: str, version: str | None) -> None:

@@ -5,6 +5,11 @@ operation, the weight-transfer group) and returns the document; it does no I/O a
 no clock, so every rule of it is testable alone. `StateCache` serves the serialized
 document and rebuilds it only when the change counter moved: trainers and dashboards poll
 it many times a second, while building it for hundreds of members takes milliseconds.
+
+Under an update the counter moves with every worker's answer, so a rebuild is frequent and
+must cost what changed, not what the fleet holds: `WorkerViews` keeps each member's view and
+its JSON until that member's record changes (its `revision`) or the desired state does, and
+the document is spliced from those pieces.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class FleetFacts:
     operation: OperationResult | None  # the running one, else the last one
     verified: bool  # the last update verified every member
     transfer: TransferGroupView | None
+    views: list[WorkerView] | None = None  # the members' views, if already made (`WorkerViews`)
 
 
 def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
@@ -64,7 +70,7 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
 
 
 def build_state(facts: FleetFacts) -> FleetState:
-    views = [worker_view(facts.desired, r) for r in facts.members]
+    views = facts.views if facts.views is not None else [worker_view(facts.desired, r) for r in facts.members]
     known = [v for v in views if v.reachable and v.paused is not None]
     paused = [v.paused for v in known]
     pause_state = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
@@ -94,16 +100,57 @@ def build_state(facts: FleetFacts) -> FleetState:
         last_operation=facts.operation, weight_transfer=facts.transfer, workers=views)
 
 
+@dataclass(frozen=True, slots=True)
+class _Made:
+    record: WorkerRecord
+    revision: int
+    desired: DesiredState
+    view: WorkerView
+    json: bytes
+
+
+class WorkerViews:
+    """Each member's view and its JSON, made again only when its record or the desired
+    state changed (the keeper swaps in a new desired object on every change)."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, _Made] = {}
+
+    def views(self, desired: DesiredState, members: list[WorkerRecord]) -> list[WorkerView]:
+        made: dict[str, _Made] = {}
+        for rec in members:
+            m = self._made.get(rec.id)
+            if m is None or m.record is not rec or m.revision != rec.revision or m.desired is not desired:
+                view = worker_view(desired, rec)
+                m = _Made(rec, rec.revision, desired, view, view.model_dump_json().encode())
+            made[rec.id] = m
+        self._made = made
+        return [m.view for m in made.values()]
+
+    def json(self, view: WorkerView) -> bytes:
+        m = self._made.get(view.id)
+        return m.json if m is not None and m.view is view else view.model_dump_json().encode()
+
+
+def state_json(state: FleetState, worker_json: Callable[[WorkerView], bytes]) -> bytes:
+    """`state.model_dump_json()`, byte for byte, with each worker's JSON from `worker_json`
+    (`workers` is the document's last field)."""
+    head = state.model_dump_json(exclude={"workers"}).encode()
+    return b"".join((head[:-1], b',"workers":[', b",".join(worker_json(w) for w in state.workers), b"]}"))
+
+
 class StateCache:
     """The serialized document, rebuilt only when the change counter has moved."""
 
-    def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState]) -> None:
+    def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState],
+                 worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode()) -> None:
         self._changes = changes
         self._build = build
+        self._worker_json = worker_json
         self._cached: tuple[int, bytes] | None = None
 
     def json(self) -> bytes:
         generation = self._changes.generation
         if self._cached is None or self._cached[0] != generation:
-            self._cached = (generation, self._build().model_dump_json().encode())
+            self._cached = (generation, state_json(self._build(), self._worker_json))
         return self._cached[1]

@@ -1,0 +1,86 @@
+"""The state document made piecewise (`fleet/view.py`): each member's view and JSON are made
+again only when its record or the desired state changed, and the document spliced from them
+is, byte for byte, what serializing the whole state gives. The registry is the real one; its
+records are fed status reads and results as the observer and operations feed them."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from controlplane.fleet import view as view_module
+from controlplane.fleet.changes import ChangeCounter
+from controlplane.fleet.registry import FleetRegistry
+from controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
+from controlplane.workers.fanout import Outcome
+from controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcore.wire.controller import DesiredState, RequestCounts, WorkerResult
+
+
+def seen(registry: FleetRegistry, wid: str, version: str | None, *, ok: bool = True) -> None:
+    status = WorkerStatus(paused=False, weight_version=version, ready=True, instance_id="a",
+                          requests=RequestCounts(running=1, waiting=0, frozen=0))
+    result = WorkerResult(worker_id=wid, status="ok" if ok else "error", phase="status",
+                          message=None if ok else "connection refused")
+    registry.observe(Outcome(wid, result, status if ok else None))
+
+
+@pytest.fixture
+def fleet(monkeypatch: pytest.MonkeyPatch):
+    made = Counter()
+    real = view_module.worker_view
+
+    def counting(desired, rec):
+        made[rec.id] += 1
+        return real(desired, rec)
+
+    monkeypatch.setattr(view_module, "worker_view", counting)
+    changes = ChangeCounter()
+    registry = FleetRegistry(make_driver=lambda spec: object(), changes=changes)
+    registry.apply([WorkerSpec(id=f"w{i}", admin_url=f"http://127.0.0.1:{9000 + i}") for i in range(4)])
+    for i in range(4):
+        seen(registry, f"w{i}", "v1")
+    return registry, changes, made
+
+
+def document(registry: FleetRegistry, views: WorkerViews, desired: DesiredState):
+    members = registry.members()
+    return build_state(FleetFacts(desired=desired, members=members, views=views.views(desired, members),
+                                  membership_epoch=1, discovery_synced=True, phase=None, operation=None,
+                                  verified=True, transfer=None))
+
+
+def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_serialization(fleet) -> None:
+    registry, changes, made = fleet
+    views, desired = WorkerViews(), DesiredState(weight_version="v1")
+    cache = StateCache(changes, lambda: document(registry, views, desired), views.json)
+    first = cache.json()
+    assert first == document(registry, views, desired).model_dump_json().encode()
+    assert made == {"w0": 1, "w1": 1, "w2": 1, "w3": 1}
+
+    seen(registry, "w2", "v2")  # one status read
+    registry.record_result(WorkerResult(worker_id="w0", status="ok", phase="resume"))  # one operation step
+    second = cache.json()
+    assert made == {"w0": 2, "w1": 1, "w2": 2, "w3": 1}
+    assert second == document(registry, views, desired).model_dump_json().encode() and second != first
+    assert b'"not_ready_reason":"at weight version \'v2\', desired \'v1\'"' in second
+
+    seen(registry, "w3", None, ok=False)  # unreachable
+    third = cache.json()
+    assert made["w3"] == 2 and b'"last_error":"connection refused"' in third
+    assert third == document(registry, views, desired).model_dump_json().encode()
+
+
+def test_a_new_desired_state_or_a_replaced_member_remakes_them(fleet) -> None:
+    registry, changes, made = fleet
+    views = WorkerViews()
+    document(registry, views, DesiredState(weight_version="v1"))
+    state = document(registry, views, DesiredState(weight_version="v2"))  # a new desired object
+    assert made == {"w0": 2, "w1": 2, "w2": 2, "w3": 2}
+    assert not any(w.ready for w in state.workers)
+    # A member whose spec changed is a new record, even at the same revision.
+    registry.apply([WorkerSpec(id=f"w{i}", admin_url=f"http://127.0.0.1:{9100 + i}") for i in range(4)])
+    state = document(registry, views, DesiredState(weight_version="v2"))
+    assert [w.admin_url for w in state.workers] == [f"http://127.0.0.1:{9100 + i}" for i in range(4)]
+    assert not any(w.reachable for w in state.workers)
