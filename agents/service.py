@@ -158,6 +158,11 @@ class AgentService:
         except ApiError:
             self._paused = True  # unknown: say paused, so nobody routes rollouts on a guess
 
+    async def prepare(self, desired: str | None, mode: PauseMode, timeout_s: float | None = None) -> None:
+        """Told the desired version, then paused: the first of an update's three calls."""
+        self.set_desired_version(desired)
+        await self.pause(mode, timeout_s)
+
     async def resume(self) -> None:
         async with self._operation("resume"):
             await self._call(self.engine.resume(), self.timeouts.control_s, "resume")

@@ -22,6 +22,11 @@ class DriverDeadlines:
     weight_load_s: float  # a disk load, an adapter load, hashing every parameter
     grace_s: float = GRACE_S
 
+    @property
+    def load_and_hash_s(self) -> float:
+        """A disk load answered with the new weights' checksums: hashing reads every parameter again."""
+        return self.weight_load_s * 2
+
 
 @dataclass(frozen=True, kw_only=True)
 class Deadlines:
@@ -65,6 +70,13 @@ class Deadlines:
 
     def load(self, requested_s: float | None = None) -> float:
         return requested_s or self.weight_load_s
+
+    def staged_load(self, requested_s: float | None, *, checksums: bool) -> float:
+        """Our deadline on a staged load: the load, plus hashing when the answer carries
+        checksums. Hashing reads every parameter from memory once, so it is given no longer
+        than the load (and no longer than a checksum step of its own)."""
+        load_s = self.load(requested_s)
+        return self.call_over(load_s) + (min(load_s, self.checksums_s) if checksums else 0.0)
 
     @staticmethod
     def call_over(engine_s: float) -> float:

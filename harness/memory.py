@@ -63,6 +63,7 @@ class MemoryAgent:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     faults: FaultRules = field(default_factory=FaultRules)
     touched: list[str] = field(default_factory=list)  # every mutating call that reached the agent
+    calls: list[str] = field(default_factory=list)  # every call that reached the agent, reads too
 
     def spec(self) -> WorkerSpec:
         return WorkerSpec(id=self.agent_id, admin_url=f"memory://{self.agent_id}", flavor="agent")
@@ -99,6 +100,7 @@ class MemoryAgent:
                 await asyncio.sleep(fault.delay_s)
             if fault.kind == "reset":
                 raise ConnectionResetError(f"{self.agent_id}: connection reset (injected)")
+        self.calls.append(f"{method} {path}")
         if method != "GET":
             self.touched.append(f"{method} {path}")
         target = path + ("?" + urlencode(params) if params else "")

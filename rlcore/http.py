@@ -123,7 +123,7 @@ async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool 
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
     """The body as a JSON object, or 400 naming `body`."""
     raw = await request.read()
-    if not raw.strip():
+    if not raw:  # absent; whitespace alone is not JSON and is refused below
         if allow_empty:
             raw = b"{}"
         else:

@@ -34,6 +34,7 @@ from rlcore.wire.agent import (
     LoraLoadRequest,
     MessageAnswer,
     PauseQuery,
+    PrepareRequest,
     ProbeAnswer,
     StatusAnswer,
     UnloadedAnswer,
@@ -175,7 +176,26 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     body = await parse_body(request, DiskUpdateRequest)
     service = _service(request)
     await service.update_weights_from_disk(body)
-    return json_response({"status": "updated", "weight_version": service.weight_version})
+    checksums = await service.weight_checksums() if body.checksums else None
+    return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
+
+
+# An update in three calls (prepare, the disk load with its checksums, resume): each answers
+# what the controller would otherwise read in a call of its own.
+@api.post("/v1/agent/prepare", "Learn the desired weight version, then pause; answers the state.",
+          body=PrepareRequest, ok=AgentState, errors=_ENGINE, tag=_EXTRA)
+async def prepare(request: web.Request) -> web.Response:
+    body = await parse_body(request, PrepareRequest)
+    service = _service(request)
+    await service.prepare(body.desired_weight_version, body.mode, body.timeout_s)
+    return json_response(service.state())
+
+
+@api.post("/v1/agent/resume", "Resume generation; answers the state.", ok=AgentState, errors=_ENGINE, tag=_EXTRA)
+async def resume_reporting(request: web.Request) -> web.Response:
+    service = _service(request)
+    await service.resume()
+    return json_response(service.state())
 
 
 @api.post("/v1/agent/loras", "Load an adapter, or hot-swap the one under its name.", body=LoraLoadRequest,

@@ -40,7 +40,7 @@ FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
 _OUR_ROUTES: dict[Capability, tuple[str, ...]] = {
     "control": ("pause", "resume"), "disk_weights": ("update_weights",),
     "lora": ("load_lora", "unload_lora"), "checksums": ("weight_checksums",),
-    "desired_version": ("set_desired_version",),
+    "desired_version": ("set_desired_version",), "staged_update": ("prepare_update",),
     "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
 }
 CAPABILITY_ROUTES: dict[str, dict[Capability, tuple[str, ...]]] = {

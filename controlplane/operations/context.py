@@ -67,10 +67,19 @@ class Run:
         if not self.members:
             raise NoMembers("the fleet has no members")
         self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
+        # Workers whose last call in this run answered their status (a staged update's
+        # resume): already fresh, so the final read skips them.
+        self.reported: set[str] = set()
 
     async def step(self, phase: Phase | None, name: str, records: list[WorkerRecord], fn: Call[T],
                    deadline_s: float) -> list[WorkerRecord]:
         """Run `fn` on `records`; record results; return the records that succeeded."""
+        ok, _ = await self.step_values(phase, name, records, fn, deadline_s)
+        return ok
+
+    async def step_values(self, phase: Phase | None, name: str, records: list[WorkerRecord], fn: Call[T],
+                          deadline_s: float) -> tuple[list[WorkerRecord], dict[str, T]]:
+        """`step`, also returning what each call that succeeded answered, by worker id."""
         if phase is not None:
             self.ctx.log.set_phase(phase)
         outcomes: list[Outcome[T]] = await self.ctx.fanout.run([r.driver for r in records], fn, phase=name,
@@ -80,8 +89,8 @@ class Run:
             self.ctx.registry.record_result(o.result)
             if not o.ok:
                 self.ctx.metrics.worker_failures.labels(o.worker_id, name).inc()
-        ok = {o.worker_id for o in outcomes if o.ok}
-        return [r for r in records if r.id in ok]
+        ok = {o.worker_id: o.value for o in outcomes if o.ok}
+        return [r for r in records if r.id in ok], ok  # type: ignore[return-value]
 
     async def best_effort(self, name: str, records: list[WorkerRecord], fn: Call[Any], deadline_s: float) -> None:
         """A clean-up step whose failures do not replace a worker's first error."""
@@ -98,11 +107,11 @@ class Run:
         return self.ctx.log.close(self.tracker)
 
     def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
-        """The records worth a fresh status read before answering: a worker that just ran
-        past a deadline would likely make the trainer wait for another one (the background
-        poller reads it when it answers)."""
+        """The records worth a fresh status read before answering: not one whose status came
+        back with its last call, nor one that just ran past a deadline (it would likely make
+        the trainer wait for another one; the background poller reads it when it answers)."""
         timed_out = {r.worker_id for r in self.tracker.results.values() if r.status == "timeout"}
-        return [r for r in records if r.id not in timed_out]
+        return [r for r in records if r.id not in timed_out and r.id not in self.reported]
 
     def bound(self) -> Any:
         """Log context of this operation (operation id and kind on every line)."""

@@ -5,6 +5,7 @@
     ├── DiskWeights     reload weights from a directory, naming the version
     ├── Checksums       per-parameter weight checksums (verification beyond versions)
     ├── DesiredVersion  told the fleet's desired version, gates its own readiness on it
+    ├── StagedUpdate    a disk update in three calls, each answering what would be a read
     ├── Lora            load / hot-swap and unload adapters
     └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
 
@@ -20,12 +21,14 @@ what the list allows; without a list the flavor's own capabilities stand.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from controlplane.workers.spec import WorkerSpec, WorkerStatus
 from rlcore.wire.agent import PauseMode
 
-Capability = Literal["control", "disk_weights", "checksums", "desired_version", "lora", "broadcast"]
+Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
+                     "broadcast"]
 
 
 @runtime_checkable
@@ -58,6 +61,27 @@ class DesiredVersion(Protocol):
         """Tell the worker the fleet's desired version: it reports not ready while behind."""
 
 
+@dataclass(frozen=True)
+class LoadReport:
+    """What a staged load answers: the version the worker now reports, and its weight
+    checksums when they were asked for."""
+
+    weight_version: str | None
+    checksums: dict[str, str] | None
+
+
+@runtime_checkable
+class StagedUpdate(Protocol):
+    """A disk update in three round trips: prepare (told the desired version, then paused),
+    load (reload, answering the version and checksums), resume (answering the status)."""
+
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> None: ...
+
+    async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport: ...
+
+    async def resume_reporting(self) -> WorkerStatus: ...
+
+
 @runtime_checkable
 class Lora(Protocol):
     async def load_lora(self, name: str, path: str, version: str | None) -> None: ...
@@ -83,7 +107,7 @@ class BroadcastPeer(Protocol):
 
 _PROTOCOLS: dict[Capability, type] = {
     "control": Control, "disk_weights": DiskWeights, "checksums": Checksums,
-    "desired_version": DesiredVersion, "lora": Lora, "broadcast": BroadcastPeer,
+    "desired_version": DesiredVersion, "staged_update": StagedUpdate, "lora": Lora, "broadcast": BroadcastPeer,
 }
 
 

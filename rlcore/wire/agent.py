@@ -44,6 +44,8 @@ class DiskUpdateRequest(_Body):
     path: str = Field(min_length=1, description="Directory with *.safetensors files, under an allowed root.")
     version: str = Field(min_length=1, max_length=256, description="Weight version to report after the reload.")
     reset_prefix_cache: bool = Field(True, description="Drop prefix-cache blocks computed with the old weights.")
+    checksums: bool = Field(False, description="Also compute the new weights' checksums and answer them (saves "
+                                               "the controller a round trip when it verifies).")
 
 
 class LoraLoadRequest(_Body):
@@ -59,6 +61,14 @@ class DesiredVersionRequest(_Body):
     """The fleet's desired weight version; `/readyz` is 503 while the applied one differs."""
 
     weight_version: str | None = Field(description="Desired version, or null to stop gating readiness.")
+
+
+class PrepareRequest(_Body):
+    """The first step of a controller's update: learn the desired version, then pause."""
+
+    desired_weight_version: str | None = Field(description="As `PUT /v1/agent/desired`.")
+    mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
 
 
 class UpdateWeightVersionRequest(_Body):
@@ -188,6 +198,7 @@ class CompareAnswer(BaseModel):
 class DiskUpdatedAnswer(BaseModel):
     status: Literal["updated"]
     weight_version: str | None
+    checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for.")
 
 
 class UnloadedAnswer(BaseModel):

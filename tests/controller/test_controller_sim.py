@@ -46,8 +46,7 @@ async def test_update_transaction_converges_and_verifies(setup):
     for a in agents:
         assert a.service.weight_version == "v1" and not a.service.paused
         assert a.service.desired_weight_version == "v1"
-        assert a.touched[:4] == ["PUT /v1/agent/desired", "POST /pause", "POST /v1/agent/weights/disk",
-                                 "POST /weight_checker"]
+        assert a.touched[:3] == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
     st = await ctl.state()
     assert st["phase"] == "serving" and st["pause_state"] == "running"
     assert st["applied"] == {"weight_version": "v1", "converged": True, "verified": True}
@@ -103,7 +102,7 @@ async def _converged(ctl: Ctl):
 
 async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(setup):
     ctl, agents, ckpt, _ = setup
-    agents[0].faults["/pause"] = Fault("hang")
+    agents[0].faults["/v1/agent/prepare"] = Fault("hang")  # an update's pause (with the desired version)
     agents[2].faults["/v1/agent/weights/disk"] = Fault("reset")
     t0 = time.monotonic()
     status, result = await ctl.call("POST", "/v1/rl/update_weights",
@@ -316,7 +315,7 @@ async def test_metrics_and_probes(setup):
 async def test_tokens_never_reach_the_controller_log(setup, capfd):
     ctl, agents, ckpt, _ = setup
     await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"}, headers={"Authorization": "Bearer wrong-guess"})
-    agents[0].faults["/resume"] = Fault("status", 401)
+    agents[0].faults["/v1/agent/resume"] = Fault("status", 401)  # an update's resume
     assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v7", ckpt[1])))[0] == 207
     out, err = capfd.readouterr()
     assert "worker_call_failed" in out + err  # the failure was logged...

@@ -52,6 +52,35 @@ async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet
     assert again.status == "ok" and again.detail.get("noop") is True
 
 
+async def test_an_agent_takes_three_round_trips_per_update_and_a_wrong_load_still_fails_verification(
+        fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    for a in fleet.agents.values():
+        a.calls.clear()
+    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    assert result.status == "ok"
+    # prepare (desired + pause), load (answering version and checksums), resume (answering the
+    # status, so no final read): every read the controller needs rode on these three.
+    assert all(a.calls == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
+               for a in fleet.agents.values()), {a.agent_id: a.calls for a in fleet.agents.values()}
+    view = {w.id: w for w in ctl.state().workers}
+    assert all(w.ready and w.serving and w.weight_version == "v1" for w in view.values())
+    assert ctl.state().applied.verified and all(a.service.desired_weight_version == "v1"
+                                                for a in fleet.agents.values())
+    # The checksums the loads answered are still compared across workers: w2 reading other
+    # files at the same path (a stale node-local copy) is the minority that fails verification.
+    wrong = write_checkpoint(tmp_path / "v2-stale-copy", 3)
+    real_load = fleet["w2"].engine.load_weights_from_disk
+    fleet["w2"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
+    result = await update_weights(ctl, disk(tmp_path, "v2", 2))
+    assert result.status == "partial"
+    failed = {r.worker_id: r for r in result.results if r.status != "ok"}
+    assert list(failed) == ["w2"] and failed["w2"].phase == "verify", result.results
+    assert "checksums differ from 2 other worker(s)" in (failed["w2"].message or "")
+    assert fleet["w2"].service.paused and not fleet["w0"].service.paused
+
+
 async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_converges_it(
         fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)

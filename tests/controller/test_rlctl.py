@@ -111,7 +111,7 @@ async def test_client_error_taxonomy(fleet):
         with pytest.raises(RequestRejected) as rejected:
             await client.update_weights("v", "relative/path")
         assert rejected.value.status == 403 and rejected.value.field == "source.path"
-        agents[0].faults["/pause"] = Fault("status", 500)
+        agents[0].faults["/v1/agent/prepare"] = Fault("status", 500)  # an update pauses with it
         with pytest.raises(OperationFailed) as failed:
             await client.update_weights("v9", str(ckpt))
         assert {r.worker_id: r.status for r in failed.value.result.results} == {"w0": "error", "w1": "ok"}

@@ -14,23 +14,26 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
+from controlplane.workers.capabilities import LoadReport
 from controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from controlplane.workers.spec import WorkerStatus
 from controlplane.workers.transport import WorkerRejected
-from rlcore.wire.agent import AgentState, PauseMode
+from rlcore.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
 
 
 class AgentDriver(VllmWeightTransferRoutes):
     """Speaks to one agent's admin port."""
 
     async def status(self) -> WorkerStatus:
-        body = await self.transport.request("GET", "/v1/agent/state", retry=False)
+        return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state",
+                                                                                retry=False))
+
+    def _status(self, call: str, body: Any) -> WorkerStatus:
         try:
             state = AgentState.model_validate(body)
         except ValidationError as exc:
             # A 200 we cannot read is the worker's fault, not the network's: no retry.
-            raise WorkerRejected(self.spec.id, f"GET /v1/agent/state answered a malformed state: {exc}",
-                                 status=200) from exc
+            raise WorkerRejected(self.spec.id, f"{call} answered a malformed state: {exc}", status=200) from exc
         return WorkerStatus(
             paused=state.paused, weight_version=state.weight_version, requests=state.requests,
             loras={lora.name: lora.version for lora in state.loras}, ready=state.ready,
@@ -50,6 +53,31 @@ class AgentDriver(VllmWeightTransferRoutes):
         # is retried; the agent answers 409 while a previous attempt is still running.
         await self.transport.request("POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version},
                                 timeout_s=self.deadlines.weight_load_s)
+
+    # -- a staged update: three calls, each answering what would otherwise be a read ----------
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> None:
+        await self.transport.request("POST", "/v1/agent/prepare",
+                                     json_body={"desired_weight_version": version, "mode": mode,
+                                                "timeout_s": timeout_s},
+                                     timeout_s=timeout_s + self.deadlines.grace_s)
+
+    async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport:
+        # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).
+        body = await self.transport.request(
+            "POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version, "checksums": checksums},
+            timeout_s=self.deadlines.load_and_hash_s if checksums else self.deadlines.weight_load_s)
+        try:
+            answer = DiskUpdatedAnswer.model_validate(body)
+        except ValidationError as exc:
+            raise WorkerRejected(self.spec.id, f"POST /v1/agent/weights/disk answered malformed: {exc}",
+                                 status=200) from exc
+        if checksums and answer.checksums is None:
+            raise WorkerRejected(self.spec.id, "POST /v1/agent/weights/disk answered without the checksums asked for",
+                                 status=200)
+        return LoadReport(weight_version=answer.weight_version, checksums=answer.checksums)
+
+    async def resume_reporting(self) -> WorkerStatus:
+        return self._status("POST /v1/agent/resume", await self.transport.request("POST", "/v1/agent/resume"))
 
     async def set_desired_version(self, version: str | None) -> None:
         await self.transport.request("PUT", "/v1/agent/desired", json_body={"weight_version": version})
