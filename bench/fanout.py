@@ -1,7 +1,9 @@
 """`python -m bench.fanout`: the cost of one update cycle through the controller, per fleet size.
 
 One cycle is what a trainer asks for once per step: tell the desired version, pause
-(keep), update from disk, verify (version and weight checksums), resume. Every agent is
+(keep), update from disk, verify (version and weight checksums), resume. Hand-rolled, that is
+six calls per worker; the controller makes three (prepare, a load answering its version and
+checksums, a resume answering the status), the barriers in between. Every agent is
 the real agent on a SimEngine whose every engine operation sleeps `--latency-s`, so a
 cycle can never be faster than the engine operations on its critical path (the *floor*:
 pause 1, disk update 3 -- load, name the version, drop the prefix cache -- checksums 1,
@@ -42,7 +44,7 @@ from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 CTL_TOKEN = "bench-ctl-token"
 AGENT_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 ENGINE_OPS_PER_CYCLE = 6  # pause, load + set version + reset prefix cache, checksums, resume
-HTTP_CALLS_PER_WORKER = 7  # set_desired, pause, update, state, checksums, resume; the controller also re-reads state
+CONTROLLER_CALLS_PER_WORKER = 3  # prepare, load (answering version and checksums), resume (answering state)
 _versions = itertools.count(1)
 
 
@@ -217,7 +219,7 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
                     "floor_s": fl}
     rates = row.pop("raw_rate_rps")
     row["raw_rate"] = {"rps": [round(r, 1) for r in rates], "median_rps": median(rates)}
-    calls = HTTP_CALLS_PER_WORKER * n
+    calls = CONTROLLER_CALLS_PER_WORKER * n
     # What the raw rate allows for the controller's calls: the best a fan-out over this stack can do.
     row["raw_floor_overhead_s"] = calls / row["raw_rate"]["median_rps"]
     ctl = row["controller"]["overhead_s"]
