@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from typing import Any
@@ -34,3 +35,43 @@ def free_port() -> int:
 
 # What a call to a process that is restarting (or frozen past the call's deadline) may raise.
 CONNECTION_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+class CompletionStream:
+    """One streaming completion (`/v1/completions`, `stream` with `return_token_ids`), read in
+    the background; records what came back (tokens, finish reason, error) instead of raising."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str, prompt: str, *, max_tokens: int,
+                 timeout_s: float = 120.0, name: str = "stream") -> None:
+        self.max_tokens = max_tokens
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                   "ignore_eos": True, "stream": True, "return_token_ids": True}
+        self.task = asyncio.create_task(self._run(http, base_url + "/v1/completions", payload, timeout_s), name=name)
+
+    async def _run(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float) -> None:
+        try:
+            async with http.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    self.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
+                    return
+                async for line in resp.content:
+                    line = line.strip()
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        self.error = f"error chunk: {chunk['error']}"
+                        return
+                    choice = chunk["choices"][0]
+                    self.tokens.extend(choice.get("token_ids") or [])
+                    self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        except Exception as exc:  # recorded: the tests assert that none errors
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def full(self) -> bool:
+        """Finished in full: every token asked for, no error."""
+        return self.error is None and self.finish_reason == "length" and len(self.tokens) == self.max_tokens

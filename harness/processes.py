@@ -220,6 +220,10 @@ class AgentProcess(ChildProcess):
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
+    def spec(self, worker_id: str) -> dict[str, Any]:
+        """This agent as a static worker of a controller (flavor `agent`)."""
+        return {"id": worker_id, "admin_url": self.admin_url, "inference_url": self.inference_url, "flavor": "agent"}
+
     def disk_loads(self) -> Counter[str]:
         """Versions this agent loaded from disk (successful `update_weights_from_disk`
         operations) over every start: read from its JSON log, which restarts append to."""

@@ -22,7 +22,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from agents.engine.base import EngineError
 from agents.engine.sim import SimEngine, SimOutput
-from rlcore.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
+from rlcore.wire.agent import (
+    EXPECT_VERSION_HEADER,
+    WEIGHT_VERSIONS_HEADER,
+    version_mismatch_body,
+    weight_versions_header,
+)
 
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
 
@@ -111,8 +116,8 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
                       "logprobs": None, "token_ids": last.token_ids, "prompt_token_ids": prompt}
             usage = {"prompt_tokens": len(prompt), "completion_tokens": len(last.token_ids),
                      "total_tokens": len(prompt) + len(last.token_ids)}
-            spans = [[{"version": v, "start": start, "end": end} for v, start, end in last.weight_versions]]
-            headers = {"X-RL-Weight-Versions": json.dumps(spans, separators=(",", ":"))} if spans[0] else None
+            headers = ({WEIGHT_VERSIONS_HEADER: weight_versions_header([last.weight_versions])}
+                       if last.weight_versions else None)
             return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
 
         # The first output is awaited before the headers go out, so an engine that refuses

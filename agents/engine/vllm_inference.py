@@ -29,7 +29,12 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 
-from rlcore.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
+from rlcore.wire.agent import (
+    EXPECT_VERSION_HEADER,
+    WEIGHT_VERSIONS_HEADER,
+    version_mismatch_body,
+    weight_versions_header,
+)
 
 
 class _Server(uvicorn.Server):
@@ -43,9 +48,9 @@ class _Server(uvicorn.Server):
 # makes several, started in prompt order), choice index -> spans. Set by `SpanHeaders` for
 # each HTTP request, filled by `SpanRecordingClient.generate`, which vLLM's handlers call in
 # the request's context, so both see the same list.
-Spans = list[dict[int, list[dict[str, Any]]]]
+Spans = list[dict[int, list[tuple[str, int, int]]]]
 _SPANS: contextvars.ContextVar[Spans | None] = contextvars.ContextVar("rl_weight_version_spans", default=None)
-SPANS_HEADER = b"x-rl-weight-versions"
+_SPANS_HEADER = WEIGHT_VERSIONS_HEADER.lower().encode()
 _EXPECT = EXPECT_VERSION_HEADER.lower().encode()
 
 
@@ -61,7 +66,7 @@ class SpanRecordingClient:
 
     async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         request_spans = _SPANS.get()
-        mine: dict[int, list[dict[str, Any]]] = {}
+        mine: dict[int, list[tuple[str, int, int]]] = {}
         if request_spans is not None:
             request_spans.append(mine)
         # aclosing: when vLLM closes this generator (the client went away), the engine's own
@@ -71,8 +76,7 @@ class SpanRecordingClient:
                 if out.finished:
                     for choice in out.outputs:
                         if choice.weight_versions:
-                            mine[choice.index] = [{"version": s.version, "start": s.start, "end": s.end}
-                                                  for s in choice.weight_versions]
+                            mine[choice.index] = [(s.version, s.start, s.end) for s in choice.weight_versions]
                 yield out
 
 
@@ -102,8 +106,8 @@ class VersionedAnswers:
         async def send_with_spans(message: dict[str, Any]) -> None:
             choices = [per[i] for per in spans for i in sorted(per)]
             if message["type"] == "http.response.start" and choices:
-                value = json.dumps(choices, separators=(",", ":")).encode()
-                message = {**message, "headers": [*message.get("headers", []), (SPANS_HEADER, value)]}
+                value = weight_versions_header(choices).encode()
+                message = {**message, "headers": [*message.get("headers", []), (_SPANS_HEADER, value)]}
             await send(message)
 
         try:

@@ -36,7 +36,7 @@ from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.routing import Route, Router
 from controlplane.settings import GatewaySettings
 from rlcore.errors import ApiError
-from rlcore.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH
+from rlcore.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
 from rlcore.wire.controller import GatewayView, GatewayWorkerView
 
 log = structlog.get_logger("controlplane.gateway")
@@ -198,9 +198,9 @@ class Gateway:
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
                 # An agent puts the spans in a header itself; other engines, at most in the body.
-                spans = None if "X-RL-Weight-Versions" in headers else _weight_versions(payload, upstream.content_type)
+                spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
-                    headers["X-RL-Weight-Versions"] = spans
+                    headers[WEIGHT_VERSIONS_HEADER] = spans
                 return web.Response(body=payload, status=upstream.status, headers=headers)
         finally:
             self.in_flight[worker] -= 1

@@ -68,8 +68,9 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
                 return a.load_reporting(path, req.version, checksums=req.verify)
             return a.update_weights_from_disk(path, req.version)
 
+        # Hashing time is allowed only where a load answers checksums (a staged worker's).
         updated, answers = await run.step_values("updating", "update", paused, load,
-                                                 d.staged_load(req.timeout_s, checksums=req.verify))
+                                                 d.staged_load(req.timeout_s, checksums=req.verify and bool(staged)))
         reports = {wid: a for wid, a in answers.items() if isinstance(a, LoadReport)}
         verified = await verify(run, updated, req.version, reports) if req.verify else updated
         ctx.log.set_verified(req.verify and len(verified) == len(members))

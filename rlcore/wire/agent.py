@@ -8,6 +8,7 @@ is a 422 naming the field rather than a silently ignored option.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Literal
 
@@ -20,7 +21,16 @@ PauseMode = Literal["abort", "wait", "keep"]
 # engine sees it. The gateway sets it to the version its fence admitted the worker at, so a
 # worker that restarted (or changed weights) since the controller last read it is skipped.
 EXPECT_VERSION_HEADER = "X-RL-Expect-Weight-Version"
+# On a non-streamed answer: which weights sampled which output tokens, as the engine tracked
+# them; JSON, one list of `{"version", "start", "end"}` spans per choice (end exclusive).
+WEIGHT_VERSIONS_HEADER = "X-RL-Weight-Versions"
 VERSION_MISMATCH = "weight_version_mismatch"
+
+
+def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
+    """The `X-RL-Weight-Versions` value for these (version, start, end) spans, per choice."""
+    return json.dumps([[{"version": v, "start": start, "end": end} for v, start, end in spans] for spans in choices],
+                      separators=(",", ":"))
 
 
 def version_mismatch_body(expected: str, served: str | None) -> dict:

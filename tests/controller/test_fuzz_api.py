@@ -224,7 +224,21 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return _roots(tmp_path_factory.mktemp("fuzz"))
 
 
-class ControllerStack:
+class _FleetStack:
+    """A served app over SimAgents, on a loop of its own; `close` stops both."""
+
+    live: LiveLoop
+    runner: web.AppRunner
+    agents: list[SimAgent]
+
+    def close(self) -> None:
+        self.live.run(self.runner.cleanup())
+        for a in self.agents:
+            self.live.run(a.stop())
+        self.live.close()
+
+
+class ControllerStack(_FleetStack):
     def __init__(self, base: Path, paths: dict[str, Path]) -> None:
         self.live = LiveLoop()
         self.paths = paths
@@ -249,12 +263,6 @@ class ControllerStack:
 
     def touched(self) -> list[int]:
         return [len(a.touched) for a in self.agents]
-
-    def close(self) -> None:
-        self.live.run(self.runner.cleanup())
-        for a in self.agents:
-            self.live.run(a.stop())
-        self.live.close()
 
 
 @pytest.fixture(scope="module")
@@ -296,7 +304,7 @@ def agent(roots: dict[str, Path]) -> Iterator[AgentStack]:
 
 
 # -- the inference gateway over a SimEngine fleet (their OpenAI ports) ---------------------------------
-class GatewayStack:
+class GatewayStack(_FleetStack):
     def __init__(self, base: Path, paths: dict[str, Path]) -> None:
         self.live = LiveLoop()
         self.agents: list[SimAgent] = [self.live.run(SimAgent(f"g{i}", [paths["root"]], serve_inference=True).start())
@@ -313,12 +321,6 @@ class GatewayStack:
 
     def routed(self) -> int:
         return sum(self.gateway.routed.values())
-
-    def close(self) -> None:
-        self.live.run(self.runner.cleanup())
-        for a in self.agents:
-            self.live.run(a.stop())
-        self.live.close()
 
 
 @pytest.fixture(scope="module")

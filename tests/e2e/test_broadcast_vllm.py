@@ -1,7 +1,7 @@
 """Broadcast updates end to end: a trainer process, the controller, two real vLLM CPU engines.
 
-The trainer runs in its own process: it loads a Llama with transformers and broadcasts
-every parameter as rank 0 through vLLM's own trainer-side engine
+The trainer runs in its own process (`harness/trainer.py`): it loads a Llama with
+transformers and broadcasts every parameter as rank 0 through vLLM's own trainer-side engine
 (`WeightTransferTrainerFactory.trainer_init` + `send_weights`) on this project's gloo
 backend. Its `VLLMWeightSyncClient` points at the controller, never at a worker: the
 controller assigns ranks and drives both agents. Greedy completions are exact functions
@@ -11,11 +11,6 @@ same weights loaded from disk.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,58 +21,11 @@ from controlplane.api.app import build_app
 from controlplane.api.routes import CONTROLLER
 from harness.controller import AUTH, CTL_TOKEN, controller_settings
 from harness.http import call, free_port
-from harness.processes import REPO
+from harness.trainer import run_trainer
 from harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 PROMPT = "Weights move from the trainer to every engine in the fleet."
-TRAINER_S = 300.0  # imports torch, transformers and vLLM on a busy 2-core machine, then broadcasts
-
-
-# -- the trainer process ---------------------------------------------------------------------
-def _trainer_main() -> None:
-    import torch
-    from transformers import LlamaForCausalLM
-    from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
-
-    from agents.weight_transfer.cpu_gloo import GlooTrainerInitInfo, register
-
-    spec = json.loads(sys.argv[1])
-    register()  # a trainer process runs no vLLM plugins
-    model = LlamaForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
-    if spec["client"] == "controller":
-        from rlclient.client import ControllerWeightSyncClient
-
-        client = ControllerWeightSyncClient(spec["url"], token=spec["token"], timeout_s=240)
-        world_size = client.trainer_world_size()
-    else:  # vLLM's own HTTP client, unchanged; the token comes from ~/.netrc (NETRC)
-        import requests
-        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
-
-        client = HTTPVLLMWeightSyncClient(spec["url"], timeout=240)
-        world_size = 1 + requests.get(spec["url"] + "/get_world_size", timeout=30).json()["world_size"]
-    init_info = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=spec["port"], world_size=world_size,
-                                    timeout_s=120.0, rank=0)
-    engine = WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=ModuleSource(model))
-    engine.send_weights(weight_version=spec["version"])
-    engine.shutdown()
-    print("trainer: sent", spec["version"], "to a group of", world_size, flush=True)
-
-
-async def _run_trainer(spec: dict, log: Path, env: dict[str, str] | None = None) -> None:
-    code = "from tests.e2e.test_broadcast_vllm import _trainer_main; _trainer_main()"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-    try:
-        deadline = time.monotonic() + TRAINER_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    assert proc.returncode == 0, f"trainer exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -114,8 +62,7 @@ async def fleet(http, vllm_agent, vllm_agent_b, tiny_models, references, tmp_pat
         await _load_direct(http, agent, tiny_models["weights-1"], "base")
     references[1] = await _output(http, vllm_agent)
     assert references[1] != references[2] and await _output(http, vllm_agent_b) == references[1]
-    specs = [{"id": f"vllm-{i}", "admin_url": a.admin_url, "inference_url": a.inference_url, "flavor": "agent"}
-             for i, a in enumerate(agents)]
+    specs = [a.spec(f"vllm-{i}") for i, a in enumerate(agents)]
     settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                    workers={"token": vllm_agent.token, "timeout_s": 30, "pause_timeout_s": 30,
                                             "weight_load_timeout_s": 120},
@@ -139,7 +86,7 @@ async def test_a_trainer_broadcasts_once_through_the_controller_and_both_engines
     client, agents, refs = fleet
     spec = {"client": "controller", "url": str(client.make_url("")).rstrip("/"), "token": CTL_TOKEN,
             "model_dir": str(tiny_models["weights-2"]), "port": free_port(), "version": "bcast-7"}
-    await _run_trainer(spec, tmp_path / "trainer.log")
+    await run_trainer(spec, tmp_path / "trainer.log")
 
     assert [await _output(http, a) for a in agents] == [refs[2], refs[2]]
     st = await _state(client)
@@ -164,7 +111,7 @@ async def test_vllms_own_http_sync_client_drives_the_fleet_through_the_facade(ht
     netrc.chmod(0o600)
     spec = {"client": "vllm-http", "url": str(client.make_url("")).rstrip("/"),
             "model_dir": str(tiny_models["weights-1"]), "port": free_port(), "version": "bcast-8"}
-    await _run_trainer(spec, tmp_path / "trainer.log", env={"NETRC": str(netrc)})
+    await run_trainer(spec, tmp_path / "trainer.log", env={"NETRC": str(netrc)})
 
     assert [await _output(http, a) for a in agents] == [refs[1], refs[1]]
     st = await _state(client)

@@ -43,8 +43,7 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
         before = [await output(a) for a in agents]
         assert before[0] == before[1] != want
 
-        specs = [{"id": f"vllm-{i}", "admin_url": a.admin_url, "inference_url": a.inference_url, "flavor": "agent"}
-                 for i, a in enumerate(agents)]
+        specs = [a.spec(f"vllm-{i}") for i, a in enumerate(agents)]
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                                 "weight_load_timeout_s": 120})

@@ -80,8 +80,7 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
                                                                   tmp_path: Path):
     agents = [vllm_agent, vllm_agent_b]
     dirs = {"w1": tiny_models["weights-1"], "w2": tiny_models["weights-2"]}
-    specs = [{"id": f"vllm-{i}", "admin_url": a.admin_url, "inference_url": a.inference_url, "flavor": "agent"}
-             for i, a in enumerate(agents)]
+    specs = [a.spec(f"vllm-{i}") for i, a in enumerate(agents)]
     settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                    workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                             "weight_load_timeout_s": 120},

@@ -12,7 +12,6 @@ over that one agent). The agent is the session's shared `vllm_agent`; no engine 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -23,7 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from controlplane.api.app import build_app
 from controlplane.settings import ControllerSettings
 from harness.figures import record_figures
-from harness.http import call
+from harness.http import CompletionStream, call
 from harness.processes import AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -33,44 +32,6 @@ MAX_TOKENS = 768  # the prompt is ~20 tokens; max_model_len is 1024
 ATTEMPTS = 3  # when too many requests finished before the pause landed (a premise, not a result)
 CTL_TOKEN = "ctl-token"
 CTL_AUTH = {"Authorization": f"Bearer {CTL_TOKEN}"}
-
-
-class Stream:
-    """One streaming completion, read in the background; records what came back instead of raising."""
-
-    def __init__(self, http: aiohttp.ClientSession, agent: AgentProcess, prompt: str) -> None:
-        self.tokens: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.task = asyncio.create_task(self._run(http, agent, prompt), name="test-stream")
-
-    async def _run(self, http: aiohttp.ClientSession, agent: AgentProcess, prompt: str) -> None:
-        payload = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                   "ignore_eos": True, "stream": True, "return_token_ids": True}
-        try:
-            async with http.post(agent.inference_url + "/v1/completions", json=payload,
-                                 timeout=aiohttp.ClientTimeout(total=120)) as resp:
-                if resp.status != 200:
-                    self.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                    return
-                async for line in resp.content:
-                    line = line.strip()
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        self.error = f"error chunk: {chunk['error']}"
-                        return
-                    choice = chunk["choices"][0]
-                    self.tokens.extend(choice.get("token_ids") or [])
-                    if choice.get("finish_reason"):
-                        self.finish_reason = choice["finish_reason"]
-        except Exception as exc:  # recorded: the test asserts that none errors
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    @property
-    def full(self) -> bool:
-        return self.error is None and self.finish_reason == "length" and len(self.tokens) == MAX_TOKENS
 
 
 @pytest.fixture
@@ -118,9 +79,10 @@ async def agent_state(http: aiohttp.ClientSession, agent: AgentProcess) -> dict:
     return body
 
 
-async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess) -> list[Stream]:
+async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess) -> list[CompletionStream]:
     """64 streams, each seen generating (so running in the engine, not queued) before returning."""
-    streams = [Stream(http, agent, f"Request {i}: the quick brown fox jumps over the lazy dog.")
+    streams = [CompletionStream(http, agent.inference_url, f"Request {i}: the quick brown fox jumps over the lazy dog.",
+                                max_tokens=MAX_TOKENS)
                for i in range(N_REQUESTS)]
     async with asyncio.timeout(90):
         while not all(len(s.tokens) >= 2 or s.task.done() for s in streams):
@@ -129,7 +91,7 @@ async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess) -> lis
     return streams
 
 
-async def settled(streams: list[Stream], quiet_s: float = 0.3, timeout_s: float = 30) -> int:
+async def settled(streams: list[CompletionStream], quiet_s: float = 0.3, timeout_s: float = 30) -> int:
     """Total tokens received once none arrived for `quiet_s` (chunks sent before the pause drain)."""
     async with asyncio.timeout(timeout_s):
         while True:

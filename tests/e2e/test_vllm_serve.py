@@ -12,11 +12,6 @@ adapters. The SIGKILL test restarts a server and runs last.
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import aiohttp
@@ -26,8 +21,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from controlplane.api.app import build_app
 from harness.checkpoints import write_checkpoint
 from harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
-from harness.http import call, free_port
-from harness.processes import REPO, VllmServeProcess, stop_all
+from harness.http import CompletionStream, call, free_port
+from harness.processes import VllmServeProcess, stop_all
+from harness.trainer import run_trainer
 from harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -39,7 +35,6 @@ LONG_PROMPT = ("The trainer writes weights and every engine in the fleet must lo
                "flight are kept or aborted as asked. ") * 2
 STREAM_TOKENS = 960  # the prompt is ~15 tokens; the servers' max_model_len is 1024 (the model's limit)
 N_STREAMS = 16  # per server
-TRAINER_S = 300.0
 
 
 # -- the servers, shared by the module -------------------------------------------------------
@@ -170,50 +165,15 @@ async def test_a_disk_update_changes_every_servers_output_and_going_back_restore
 
 
 # -- pause modes with streams in flight --------------------------------------------------------
-class Stream:
-    """One streaming completion read in the background; records what came back."""
-
-    def __init__(self, http, server: VllmServeProcess, n: str) -> None:
-        self.tokens: list[int] = []
-        self.finish_reason: str | None = None
-        self.error: str | None = None
-        self.task = asyncio.create_task(self._run(http, server, n), name=f"stream-{server.name}-{n}")
-
-    async def _run(self, http, server: VllmServeProcess, n: str) -> None:
-        payload = {"model": "tiny", "prompt": f"{n}: {PROMPT}", "max_tokens": STREAM_TOKENS, "temperature": 0,
-                   "ignore_eos": True, "stream": True, "return_token_ids": True}
-        try:
-            async with http.post(server.url + "/v1/completions", json=payload,
-                                 timeout=aiohttp.ClientTimeout(total=180)) as resp:
-                if resp.status != 200:
-                    self.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                    return
-                async for line in resp.content:
-                    line = line.strip()
-                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        self.error = f"error chunk: {chunk['error']}"
-                        return
-                    choice = chunk["choices"][0]
-                    self.tokens.extend(choice.get("token_ids") or [])
-                    self.finish_reason = choice.get("finish_reason") or self.finish_reason
-        except Exception as exc:  # recorded: the test asserts that none errors
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    @property
-    def full(self) -> bool:
-        return self.error is None and self.finish_reason == "length" and len(self.tokens) == STREAM_TOKENS
-
-
-async def start_streams(http, servers, tag: str) -> list[Stream]:
+async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
     """N_STREAMS streams per server, every one under way and none finished (the premise of a
     pause with requests in flight). Fresh prompts per call, so no prefix-cache hit lets some
     requests race ahead of the others; several attempts, since the premise is about timing and a
     loaded machine can starve the last streams' first token for a while."""
     for attempt in range(6):
-        streams = [Stream(http, s, f"{tag}-{attempt}-{n}") for s in servers for n in range(N_STREAMS)]
+        streams = [CompletionStream(http, s.url, f"{tag}-{attempt}-{n}: {PROMPT}", max_tokens=STREAM_TOKENS,
+                                    timeout_s=180, name=f"stream-{s.name}-{tag}-{attempt}-{n}")
+                   for s in servers for n in range(N_STREAMS)]
         await wait_for(lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60,
                        what="every stream under way")
         if not any(st.task.done() for st in streams):
@@ -222,7 +182,7 @@ async def start_streams(http, servers, tag: str) -> list[Stream]:
     raise AssertionError("streams kept finishing before all of them were under way")
 
 
-async def finish(streams: list[Stream], timeout_s: float = 120) -> None:
+async def finish(streams: list[CompletionStream], timeout_s: float = 120) -> None:
     await asyncio.wait_for(asyncio.gather(*(st.task for st in streams)), timeout_s)
 
 
@@ -309,24 +269,8 @@ async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, 
 
 
 # -- broadcast through vLLM's RL routes --------------------------------------------------------------
-async def run_trainer(spec: dict, log: Path) -> None:
-    # The trainer of test_broadcast_vllm: transformers' Llama broadcast as rank 0 by vLLM's own
-    # trainer-side engine on our gloo backend, its client pointed at the controller.
-    code = "from tests.e2e.test_broadcast_vllm import _trainer_main; _trainer_main()"
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        deadline = time.monotonic() + TRAINER_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=10)
-    assert proc.returncode == 0, f"trainer exited with {proc.returncode}:\n{log.read_text()[-4000:]}"
-
-
+# The trainer of test_broadcast_vllm (harness/trainer.py): transformers' Llama broadcast as rank 0 by
+# vLLM's own trainer-side engine on our gloo backend, its client pointed at the controller.
 async def test_a_trainer_broadcasts_through_vllms_rl_routes_on_stock_servers(http, servers, ctl, refs, tiny_models,
                                                                            tmp_path):
     status, body = await ctl.call("GET", "/v1/rl/weight_transfer")
