@@ -8,7 +8,7 @@ fields, so a typo is a 422 naming the field before any worker is touched.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,12 +45,40 @@ class Checkpoint(_Body):
     version: str = Field(min_length=1, max_length=256)
 
 
+class AllAtOnce(_Body):
+    """Every member at once: one pause, one load, one resume (the whole fleet is out of
+    service for the update)."""
+
+    type: Literal["all_at_once"] = "all_at_once"
+
+
+class Rolling(_Body):
+    """Waves of at most `max_unavailable` members: each wave leaves the gateway's serving set,
+    is updated and verified, and returns before the next one leaves; the others keep serving
+    (at the version the staleness bound admits)."""
+
+    type: Literal["rolling"] = "rolling"
+    max_unavailable: Annotated[int, Field(strict=True, ge=1, le=100_000)] | Annotated[str, Field(pattern=r"^(100|[1-9][0-9]?)%$")] \
+        = Field(1, description="Members out of service at once: a count, or a percentage of the members "
+                               "('25%', rounded down, at least 1).")
+
+
+UpdateStrategy = Annotated[AllAtOnce | Rolling, Field(discriminator="type")]
+
+
 class UpdateWeightsRequest(_Body):
     version: str = Field(min_length=1, max_length=256, pattern=r"^[^\s]+$", description="The new weight version.")
     source: DiskSource
     pause_mode: PauseMode = Field("keep", description="How in-flight requests are paused during the update.")
     verify: bool = Field(True, description="Check every member reports the version and checksums agree.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each phase, in seconds.")
+    strategy: UpdateStrategy = Field(default_factory=AllAtOnce, description="All members at once, or rolling waves.")
+    wait: bool = Field(True, description="false: answer 202 at once with the running operation; follow it at "
+                                         "`GET /v1/rl/operations/{id}`.")
+    expected_checksums: dict[str, str] | None = Field(
+        None, min_length=1, description="A manifest of this version's weight checksums, as the workers name them "
+        "(`POST /weight_checker` `checksum`): every member is checked against it, not only against the others. "
+        "Needs `verify`.")
 
 
 class PauseRequest(_Body):
@@ -125,6 +153,40 @@ class WorkerResult(BaseModel):
     message: str | None = None
 
 
+class WorkerOutage(BaseModel):
+    worker_id: str
+    out_of_service_s: float = Field(description="Time outside the gateway's serving set during the operation.")
+    returned: bool = Field(description="Back in service when the operation ended.")
+
+
+class CapacityPoint(BaseModel):
+    t_s: float = Field(description="Seconds since the operation started.")
+    serving: int = Field(description="Members in service from then on.")
+
+
+class BubbleReport(BaseModel):
+    """How much of the fleet served through an update (the "bubble")."""
+
+    members: int
+    serving_at_start: int
+    min_serving: int
+    mean_capacity: float = Field(description="Time-weighted fraction of the members in service over the operation.")
+    worker_seconds_out: float = Field(description="Sum over members of their time out of service.")
+    capacity: list[CapacityPoint] = Field(description="Members in service over the operation: a step function.")
+    workers: list[WorkerOutage]
+
+
+class RollProgress(BaseModel):
+    strategy: Literal["all_at_once", "rolling"]
+    max_unavailable: int = Field(description="Members out of service at once, resolved to a count.")
+    waves: int
+    waves_done: int
+    wave: list[str] = Field(description="The members of the wave being updated now.")
+    updated: int = Field(description="Members updated, verified and returned so far.")
+    failed: int
+    halted: str | None = Field(None, description="Why the roll stopped before its last wave, if it did.")
+
+
 class OperationResult(BaseModel):
     id: str
     kind: OperationKind
@@ -135,6 +197,8 @@ class OperationResult(BaseModel):
     membership_epoch: int
     detail: dict = Field(default_factory=dict, description="Kind-specific: version, mode, ...")
     results: list[WorkerResult] = Field(default_factory=list, description="Per worker, the last step it reached.")
+    progress: RollProgress | None = Field(None, description="A weight update's waves.")
+    bubble: BubbleReport | None = Field(None, description="A weight update's out-of-service time and capacity.")
 
 
 # -- state ----------------------------------------------------------------------------------
@@ -142,6 +206,16 @@ class AppliedState(BaseModel):
     weight_version: str | None = Field(description="The version every member reports, or null when they disagree.")
     converged: bool = Field(description="Every member is at the desired version and LoRAs.")
     verified: bool = Field(description="The last update was verified (versions and, where supported, checksums).")
+
+
+class UpdateView(BaseModel):
+    """The running weight update, else the last one: its progress and its bubble."""
+
+    operation_id: str
+    status: OperationStatus
+    version: str | None
+    progress: RollProgress | None
+    bubble: BubbleReport | None
 
 
 class WorkerView(BaseModel):
@@ -152,7 +226,9 @@ class WorkerView(BaseModel):
     world_size: int
     reachable: bool
     ready: bool
-    serving: bool = Field(description="Reachable, ready, at the desired state and not paused.")
+    serving: bool = Field(description="Reachable, ready, at the desired state, not paused and not cordoned.")
+    cordoned: bool = Field(False, description="Taken out of the gateway's serving set by the controller (a weight "
+                                              "update's wave) until it has been updated and verified.")
     paused: bool | None
     requests: RequestCounts | None
     weight_version: str | None
@@ -215,6 +291,7 @@ class FleetState(BaseModel):
     membership_epoch: int
     discovery_synced: bool
     last_operation: OperationResult | None
+    update: UpdateView | None = Field(None, description="The running weight update, else the last one.")
     weight_transfer: TransferGroupView | None = None
     gateway: GatewayView | None = Field(None, description="The inference gateway in this process, if it runs.")
     workers: list[WorkerView]
