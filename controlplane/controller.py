@@ -30,6 +30,7 @@ from controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_s
 from controlplane.leadership.guard import Leadership
 from controlplane.metrics import ControllerMetrics
 from controlplane.operations.broadcast import WeightTransfer
+from controlplane.operations.context import Detached
 from controlplane.operations.gate import OperationGate
 from controlplane.operations.record import OperationLog
 from controlplane.persistence.base import DesiredStore
@@ -73,6 +74,7 @@ class Controller:
         self.gate = OperationGate()
         self.fanout = FanOut(w.max_concurrency)
         self.log = OperationLog(changes=self.changes, metrics=self.metrics)
+        self.detached = Detached()  # operations whose callers did not wait
         self.transfer = WeightTransfer(self, settings=settings.weight_transfer, changes=self.changes,
                                        is_leader=lambda: self.leadership.is_leader)
         r = settings.reconcile
@@ -128,9 +130,11 @@ class Controller:
     def facts(self) -> FleetFacts:
         membership = self.registry.membership
         desired, members = self.desired.state, self.registry.members()
+        operation = self.log.running_or_last()
         return FleetFacts(desired=desired, members=members, views=self._views.views(desired, members),
                           membership_epoch=membership.epoch, discovery_synced=membership.synced,
-                          phase=self.log.phase, operation=self.log.running_or_last(), verified=self.log.verified,
+                          phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
+                          verified=self.log.verified,
                           transfer=self.transfer.view())
 
     def base_state(self) -> FleetState:

@@ -66,7 +66,9 @@ class MemoryAgent:
     calls: list[str] = field(default_factory=list)  # every call that reached the agent, reads too
 
     def spec(self) -> WorkerSpec:
-        return WorkerSpec(id=self.agent_id, admin_url=f"memory://{self.agent_id}", flavor="agent")
+        # An inference URL only names where rollouts would go: the gateway fence needs one.
+        return WorkerSpec(id=self.agent_id, admin_url=f"memory://{self.agent_id}", flavor="agent",
+                          inference_url=f"memory://{self.agent_id}/inference")
 
     async def start(self) -> MemoryAgent:
         self.engine = SimEngine(model_name="sim", **self.engine_kwargs)

@@ -1,8 +1,11 @@
 """`rlctl`: inspect and steer the fleet from a terminal.
 
     rlctl state [--watch] [-o json|yaml]     rlctl pause --mode keep     rlctl resume
-    rlctl update-weights --version V --path P    rlctl lora load NAME PATH | unload NAME
-    rlctl workers    rlctl ops
+    rlctl update-weights --version V --path P [--max-unavailable 25%] [--no-wait] [--manifest F]
+    rlctl lora load NAME PATH | unload NAME    rlctl workers    rlctl ops [show ID [--follow]]
+
+An update is followed with a progress bar (waves, workers updated) until it ends; with
+--no-wait, rlctl prints its id and leaves it running (`rlctl ops show ID --follow` picks it up).
 
 The controller URL and token come from --url/--token, then RLCTL_URL/RLCTL_TOKEN, then
 the config file (~/.config/rlctl/config.yaml: `url:` and `token:`). Exit codes: 0 ok,
@@ -25,7 +28,14 @@ from rich.console import Console
 from rich.live import Live
 
 from rlclient.client import ControlPlaneClient, ControlPlaneError, OperationFailed
-from rlclient.render import operation_table, operations_table, state_view, workers_table
+from rlclient.render import (
+    operation_table,
+    operations_table,
+    progress_fields,
+    state_view,
+    update_progress,
+    workers_table,
+)
 from rlcore.wire.controller import OperationResult
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -56,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pause-mode", choices=("abort", "wait", "keep"), default="keep")
     up.add_argument("--no-verify", action="store_true")
     up.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline per phase, seconds")
+    up.add_argument("--max-unavailable", type=_count_or_percent, default=None,
+                    help="roll in waves of this many members (a count, or a percentage like 25%%)")
+    up.add_argument("--no-wait", action="store_true", help="print the operation's id and leave it running")
+    up.add_argument("--manifest", type=Path, default=None,
+                    help="JSON file of the version's expected weight checksums ({name: sha256})")
     lo = sub.add_parser("lora", help="load or unload an adapter fleet-wide")
     lsub = lo.add_subparsers(dest="lora_command", required=True)
     ll = lsub.add_parser("load")
@@ -64,9 +79,34 @@ def build_parser() -> argparse.ArgumentParser:
     ll.add_argument("--version")
     lu = lsub.add_parser("unload")
     lu.add_argument("name")
-    ops = sub.add_parser("ops", help="recent operations")
+    ops = sub.add_parser("ops", help="recent operations, or one of them")
     ops.add_argument("--limit", type=int, default=20, help="how many, newest first (1-64)")
+    osub = ops.add_subparsers(dest="ops_command")
+    show = osub.add_parser("show", help="one operation, with a weight update's progress and bubble")
+    show.add_argument("id")
+    show.add_argument("--follow", action="store_true", help="follow it with a progress bar until it ends")
     return p
+
+
+def _count_or_percent(value: str) -> int | str:
+    if value.endswith("%"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a count nor a percentage") from None
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ControlPlaneError(f"cannot read the manifest {path}: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("checksums"), dict):
+        data = data["checksums"]  # the shape `POST /weight_checker` answers
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ControlPlaneError(f"the manifest {path} is not a JSON object of tensor name -> checksum")
+    return data
 
 
 def connection(args: argparse.Namespace) -> tuple[str, str | None]:
@@ -96,26 +136,26 @@ async def show_operation(result: OperationResult, fmt: str) -> None:
         emit(result.model_dump(mode="json"), fmt)
 
 
-async def run_operation(client: ControlPlaneClient, call: Any, fmt: str, *, progress: bool = False) -> int:
+async def run_operation(client: ControlPlaneClient, call: Any, fmt: str) -> int:
     """Run one fleet operation; 0 when ok, 1 when some worker failed (the table says which)."""
-    task = asyncio.ensure_future(call)
-    if progress and fmt == "table":
-        with console.status("starting...") as status:
-            while not task.done():
-                try:
-                    st = await asyncio.wait_for(client.state(), timeout=5)
-                    done = sum(1 for w in st.workers if w.last_result and w.last_result.phase == "resume")
-                    status.update(f"{st.phase}: {done}/{len(st.workers)} workers resumed")
-                except (ControlPlaneError, TimeoutError):
-                    pass
-                await asyncio.wait([task], timeout=0.3)
     try:
-        result = await task
+        result = await call
     except OperationFailed as exc:
         await show_operation(exc.result, fmt)
         return 1
     await show_operation(result, fmt)
     return 0
+
+
+async def follow(client: ControlPlaneClient, op: OperationResult, fmt: str, *, poll_s: float = 0.3) -> int:
+    """Follow a running operation to its end, with a progress bar on a terminal table; 0 when
+    every worker ended ok, 1 when some failed (the table says which)."""
+    if fmt != "table":
+        return await run_operation(client, client.wait_operation(op.id, poll_s=poll_s), fmt)
+    with update_progress(console) as bar:
+        task = bar.add_task(op.kind, total=None, note="")
+        return await run_operation(client, client.wait_operation(
+            op.id, poll_s=poll_s, on_update=lambda now: bar.update(task, **progress_fields(now))), fmt)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -133,13 +173,26 @@ async def run(args: argparse.Namespace) -> int:
             case "resume":
                 return await run_operation(client, client.resume(), args.output)
             case "update-weights":
-                call = client.update_weights(args.version, args.path, pause_mode=args.pause_mode,
-                                             verify=not args.no_verify, timeout_s=args.op_timeout)
-                return await run_operation(client, call, args.output, progress=True)
+                manifest = read_manifest(args.manifest) if args.manifest else None
+                started = await client.update_weights(
+                    args.version, args.path, pause_mode=args.pause_mode, verify=not args.no_verify,
+                    timeout_s=args.op_timeout, max_unavailable=args.max_unavailable, wait=False,
+                    expected_checksums=manifest)
+                if args.no_wait:
+                    console.print(started.id) if args.output == "table" else emit(started.model_dump(mode="json"),
+                                                                                 args.output)
+                    return 0
+                return await follow(client, started, args.output)
             case "lora":
                 call = (client.load_lora(args.name, args.path, args.version) if args.lora_command == "load"
                         else client.unload_lora(args.name))
                 return await run_operation(client, call, args.output)
+            case "ops" if args.ops_command == "show":
+                op = await client.operation(args.id)
+                if args.follow and op.status == "running":
+                    return await follow(client, op, args.output)
+                await show_operation(op, args.output)
+                return 0 if op.status in ("ok", "running") else 1
             case "ops":
                 ops = await client.operations(args.limit)
                 if args.output == "table":

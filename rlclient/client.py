@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
@@ -133,14 +133,45 @@ class ControlPlaneClient:
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", {}))
 
     async def update_weights(self, version: str, path: str, *, pause_mode: PauseMode = "keep", verify: bool = True,
-                             timeout_s: float | None = None) -> OperationResult:
-        """One training step's update: pause, load, verify, resume. Raises OperationFailed on 207/502."""
+                             timeout_s: float | None = None, max_unavailable: int | str | None = None,
+                             wait: bool = True, expected_checksums: dict[str, str] | None = None) -> OperationResult:
+        """One training step's update: pause, load, verify, resume. Raises OperationFailed on 207/502.
+
+        `max_unavailable` (a count or "25%") makes it a rolling update. `wait=False` returns the
+        running operation at once; follow it with `wait_operation`."""
         body: dict[str, Any] = {"version": version, "source": {"kind": "disk", "path": path},
-                                "pause_mode": pause_mode, "verify": verify}
+                                "pause_mode": pause_mode, "verify": verify, "wait": wait}
         if timeout_s:
             body["timeout_s"] = timeout_s
-        deadline = timeout_s * 4 + 30 if timeout_s else _LONG_S
+        if max_unavailable is not None:
+            body["strategy"] = {"type": "rolling", "max_unavailable": max_unavailable}
+        if expected_checksums is not None:
+            body["expected_checksums"] = expected_checksums
+        deadline = timeout_s * 4 + 30 if timeout_s and wait else (_LONG_S if wait else None)
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/update_weights", body, deadline))
+
+    async def operation(self, operation_id: str) -> OperationResult:
+        from urllib.parse import quote
+
+        return OperationResult.model_validate(
+            await self._request("GET", f"/v1/rl/operations/{quote(operation_id, safe='')}"))
+
+    async def wait_operation(self, operation_id: str, *, poll_s: float = 0.5, timeout_s: float | None = None,
+                             on_update: Callable[[OperationResult], None] | None = None) -> OperationResult:
+        """Poll an operation until it ends; `on_update` sees each read. Raises OperationFailed
+        when some worker failed, ConvergeTimeout past `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            op = await self.operation(operation_id)
+            if on_update is not None:
+                on_update(op)
+            if op.status != "running":
+                if op.status in ("partial", "failed"):
+                    raise OperationFailed(op)
+                return op
+            if deadline is not None and time.monotonic() > deadline:
+                raise ConvergeTimeout(f"operation {operation_id} still running after {timeout_s:g}s")
+            await asyncio.sleep(poll_s)
 
     async def load_lora(self, name: str, path: str, version: str | None = None) -> OperationResult:
         body = {"name": name, "path": path, "version": version}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from rich.console import Group
+from typing import Any
+
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -17,10 +20,13 @@ def _yn(value: bool | None) -> str:
     return {True: "yes", False: "no", None: "?"}[value]
 
 
-def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fence: GatewayWorkerView | None) -> Text:
+def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fence: GatewayWorkerView | None,
+            cordoned: bool = False) -> Text:
     """One word for the worker, and whether the gateway sends it rollouts (`+gw`)."""
     if not reachable:
         word, style = "unreachable", "red"
+    elif cordoned:
+        word, style = "updating", "cyan"
     elif serving:
         word, style = "serving", "green"
     elif paused:
@@ -50,6 +56,12 @@ def state_view(st: FleetState) -> Group:
         summary.add_row("gateway", gw.url or "-", "admits", ", ".join(gw.allowed_versions) or "any ready")
         summary.add_row("rollouts", f"routed {gw.routed} held {gw.held} rejected {gw.rejected}",
                         "staleness", str(gw.staleness_bound))
+    u = st.update
+    if u is not None:
+        p, b = u.progress, u.bubble
+        steps = f", wave {min(p.waves_done + (u.status == 'running'), p.waves)}/{p.waves}" if p is not None else ""
+        summary.add_row("update", f"{u.version} {u.status}{steps}", "capacity",
+                        f"min {b.min_serving}/{b.members}, mean {b.mean_capacity:.0%}" if b is not None else "-")
     in_fence = {w.worker_id: w for w in gw.workers} if gw is not None else {}
     workers = Table(title=f"{len(st.workers)} workers", title_justify="left")
     workers.add_column("", no_wrap=True, min_width=1)
@@ -64,7 +76,8 @@ def state_view(st: FleetState) -> Group:
         bad = not w.reachable or (w.last_result is not None and w.last_result.status in ("error", "timeout"))
         mark = Text("✗", style="red") if bad else (Text("!", style="yellow") if stale or not w.ready else "")
         reqs = f"{w.requests.running}/{w.requests.waiting}/{w.requests.frozen}" if w.requests else "-"
-        workers.add_row(mark, w.id, _status(w.reachable, w.ready, w.serving, w.paused, in_fence.get(w.id)), reqs,
+        workers.add_row(mark, w.id, _status(w.reachable, w.ready, w.serving, w.paused, in_fence.get(w.id), w.cordoned),
+                        reqs,
                         Text(str(w.weight_version), style="yellow" if stale else ""))
         if w.loras:
             notes.append(Text(f"{w.id}: adapters " + ", ".join(f"{n}@{v}" if v else n for n, v in w.loras.items()),
@@ -77,9 +90,40 @@ def state_view(st: FleetState) -> Group:
     return Group(summary, workers, *notes)
 
 
+def update_progress(console: Console) -> Progress:
+    """The bar `rlctl` follows an update with: waves, and members updated of all."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console)
+
+
+def progress_fields(op: OperationResult) -> dict[str, Any]:
+    """One read of a running operation, as the bar's fields."""
+    p = op.progress
+    if p is None:
+        return {"description": f"{op.kind}: {op.status}", "note": ""}
+    note = f"{p.failed} failed" if p.failed else ""
+    if p.halted:
+        note = "halted"
+    members = op.bubble.members if op.bubble is not None else None
+    wave = min(p.waves_done + 1, p.waves) if op.status == "running" else p.waves_done
+    return {"description": f"{p.strategy} wave {wave}/{p.waves}", "total": members,
+            "completed": p.updated + p.failed, "note": note}
+
+
+def bubble_line(op: OperationResult) -> str | None:
+    """The bubble of an update, in one line: who served meanwhile."""
+    b = op.bubble
+    if b is None:
+        return None
+    return (f"bubble: {b.min_serving}/{b.members} serving at least, mean capacity {b.mean_capacity:.0%}, "
+            f"{b.worker_seconds_out:.1f} worker-seconds out of service")
+
+
 def operation_table(op: OperationResult) -> Table:
     title = f"{op.kind} {op.id}: {op.status}" + (f" in {op.duration_s:.2f}s" if op.duration_s is not None else "")
-    table = Table(title=Text(title, style=_STATUS_STYLE.get(op.status, "")), title_justify="left")
+    captions = [line for line in (bubble_line(op), op.progress and op.progress.halted) if line]
+    table = Table(title=Text(title, style=_STATUS_STYLE.get(op.status, "")), title_justify="left",
+                  caption="\n".join(captions) or None, caption_justify="left")
     for col in ("worker", "status", "phase", "duration", "message"):
         table.add_column(col)
     for r in op.results:

@@ -123,6 +123,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
                 app[GATEWAY] = gateway_obj
                 stack.push_async_callback(runner.cleanup)
             yield
+            await ctl.detached.close()
             await supervisor.stop()
 
     app.cleanup_ctx.extend([session_ctx, kube_ctx, controller_ctx])

@@ -16,7 +16,8 @@ from pydantic import BaseModel, Field
 from controlplane.api.answers import OperationsAnswer, WeightTransferInfo, WorkersListing
 from controlplane.controller import Controller
 from controlplane.discovery.http_listing import render_listing
-from controlplane.gateway.fence import admitted_versions
+from controlplane.errors import NotFound
+from controlplane.fleet.desired import admitted_versions
 from controlplane.operations import lora, pause, weights
 from controlplane.workers.capabilities import capabilities
 from rlcore.http import json_response, parse_body, validate
@@ -104,6 +105,17 @@ async def get_operations(request: web.Request) -> web.Response:
     return json_response({"operations": [op.model_dump(mode="json") for op in ops]})
 
 
+@api.get("/v1/rl/operations/{id}", "One operation, running or recent: its results, and a weight update's progress "
+         "and bubble (404 once it is older than the kept history).", ok=OperationResult, errors=(404,), tag=_NATIVE,
+         path_params={"id": {"type": "string", "minLength": 1}})
+async def get_operation(request: web.Request) -> web.Response:
+    operation_id = request.match_info["id"]
+    found = _ctl(request).log.find(operation_id)
+    if found is None:
+        raise NotFound(f"no operation {operation_id!r} (running or among the recent ones)", field="id")
+    return json_response(found)
+
+
 @operation("POST", "/v1/rl/pause", "Pause every member; returns once quiesced or past the deadline.",
            body=PauseRequest, body_optional=True)
 async def post_pause(request: web.Request) -> web.Response:
@@ -117,11 +129,17 @@ async def post_resume(request: web.Request) -> web.Response:
     return operation_response(await pause.resume(_ctl(request)))
 
 
-@operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume.",
-           body=UpdateWeightsRequest, errors=(403,))
+@operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume -- all "
+           "at once or in rolling waves. With `wait: false`, 202 with the running operation at once (its `Location` "
+           "follows it).", body=UpdateWeightsRequest, errors=(403,), partial={**PARTIAL, 202: OperationResult})
 async def post_update_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightsRequest)
-    return operation_response(await weights.update_weights(_ctl(request), body))
+    result = await weights.update_weights(_ctl(request), body)
+    if not body.wait and result.status == "running":
+        accepted = json_response(result, status=202)
+        accepted.headers["Location"] = f"/v1/rl/operations/{result.id}"
+        return accepted
+    return operation_response(result)
 
 
 @operation("POST", "/v1/rl/loras", "Load or hot-swap a LoRA adapter fleet-wide.", body=LoraRequest, errors=(403,))

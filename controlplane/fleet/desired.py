@@ -140,3 +140,17 @@ def _applied(d: DesiredState, version: str | None) -> None:
     along this list); an unnamed broadcast is not a version the fence can admit."""
     if version is not None and (not d.applied_versions or d.applied_versions[-1] != version):
         d.applied_versions = [*d.applied_versions, version][-APPLIED_KEPT:]
+
+
+def admitted_versions(desired: str | None, applied: list[str], bound: int) -> list[str]:
+    """The desired version first, then up to `bound` distinct versions applied before it,
+    newest first. Empty when nothing is desired (a fleet never updated serves as it is)."""
+    if desired is None:
+        return []
+    out = [desired]
+    for version in reversed(applied):
+        if len(out) > bound:
+            break
+        if version not in out:
+            out.append(version)
+    return out[:bound + 1]

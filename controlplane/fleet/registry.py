@@ -36,6 +36,7 @@ class WorkerRecord:
     last_error: str | None = None
     last_result: WorkerResult | None = None
     told_desired: Any = NEVER_TOLD
+    cordoned: bool = False  # out of the gateway's serving set while an update works on it
     revision: int = 0  # moves with every change the state document shows (fleet/view.py caches by it)
 
     @property
@@ -115,6 +116,16 @@ class FleetRegistry:
             rec.last_result = result
             rec.revision += 1
             self._changes.bump()
+
+    def cordon(self, worker_ids: list[str], cordoned: bool = True) -> None:
+        """Take workers out of the gateway's serving set (or return them), at once: an update
+        cordons a wave before pausing it, so no new rollout is sent to a worker about to stop."""
+        for worker_id in worker_ids:
+            rec = self._records.get(worker_id)
+            if rec is not None and rec.cordoned != cordoned:
+                rec.cordoned = cordoned
+                rec.revision += 1
+        self._changes.bump()
 
     def told(self, worker_id: str, version: str | None) -> None:
         rec = self._records.get(worker_id)

@@ -28,6 +28,7 @@ from rlcore.wire.controller import (
     Phase,
     RequestCounts,
     TransferGroupView,
+    UpdateView,
     WorkerView,
 )
 
@@ -42,6 +43,7 @@ class FleetFacts:
     discovery_synced: bool
     phase: Phase | None  # the running operation's phase, if one runs
     operation: OperationResult | None  # the running one, else the last one
+    update: UpdateView | None = None  # the running weight update, else the last one
     verified: bool  # the last update verified every member
     transfer: TransferGroupView | None
     views: list[WorkerView] | None = None  # the members' views, if already made (`WorkerViews`)
@@ -61,8 +63,9 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
     return WorkerView(
         id=rec.spec.id, admin_url=rec.spec.admin_url, inference_url=rec.spec.inference_url,
         flavor=rec.spec.flavor, world_size=rec.world_size,
-        reachable=rec.reachable, ready=ready, serving=ready and s is not None and s.paused is False,
-        paused=s.paused if s else None, requests=s.requests if s else None,
+        reachable=rec.reachable, ready=ready,
+        serving=ready and s is not None and s.paused is False and not rec.cordoned,
+        cordoned=rec.cordoned, paused=s.paused if s else None, requests=s.requests if s else None,
         weight_version=s.weight_version if s else None, loras=s.loras if s else {},
         engine_alive=s.engine_alive if s else None,
         not_ready_reason=None if ready else reason, last_result=rec.last_result, last_seen=rec.last_seen,
@@ -97,7 +100,7 @@ def build_state(facts: FleetFacts) -> FleetState:
         applied=AppliedState(weight_version=common, converged=all_converged,
                              verified=facts.verified and all_converged),
         membership_epoch=facts.membership_epoch, discovery_synced=facts.discovery_synced,
-        last_operation=facts.operation, weight_transfer=facts.transfer, workers=views)
+        last_operation=facts.operation, update=facts.update, weight_transfer=facts.transfer, workers=views)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,34 +1,23 @@
 """The version fence: which members may be sent a request now. Pure code over the state.
 
-A member is inside the fence when it is reachable, not paused, has an inference URL, its
-engine is not known dead, and its weights are at an admitted version: the desired one (and
-then it must be ready: at the desired adapters too), or, with a staleness bound k, one of
-the k versions the controller applied just before it. A member the controller has not
+A member is inside the fence when it is reachable, not paused, not cordoned (taken out of
+service by an update), has an inference URL, its engine is not known dead, and its weights
+are at an admitted version: the desired one (and then it must be ready: at the desired
+adapters too), or, with a staleness bound k, one of the k versions the controller applied
+just before it. A member the controller has not
 placed at an admitted version is never sent a rollout, whatever its own readiness says:
 stock vLLM and Dynamo workers cannot gate their own readiness.
 """
 
 from __future__ import annotations
 
+from controlplane.fleet.desired import admitted_versions
 from rlcore.wire.controller import FleetState, WorkerView
 
 
-def admitted_versions(desired: str | None, applied: list[str], bound: int) -> list[str]:
-    """The desired version first, then up to `bound` distinct versions applied before it,
-    newest first. Empty when nothing is desired (a fleet never updated serves as it is)."""
-    if desired is None:
-        return []
-    out = [desired]
-    for version in reversed(applied):
-        if len(out) > bound:
-            break
-        if version not in out:
-            out.append(version)
-    return out[:bound + 1]
-
-
 def in_fence(view: WorkerView, desired: str | None, admitted: list[str]) -> bool:
-    if not (view.reachable and view.paused is False and view.inference_url and view.engine_alive is not False):
+    if not (view.reachable and view.paused is False and not view.cordoned and view.inference_url
+            and view.engine_alive is not False):
         return False
     if desired is None:
         return view.ready  # nothing desired yet: whatever the controller calls ready

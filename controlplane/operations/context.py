@@ -5,12 +5,16 @@ Operations (`weights`, `pause`, `lora`, `broadcast`) see the controller through
 state keeper, named deadlines, the operation log -- never the whole controller. `Run` is one
 operation in progress: its tracker, its phase, and `step`, one fan-out over a set of
 workers whose results it records; `run_operation` wraps a body in the gate, the log
-context, and a final status refresh.
+context, and a final status refresh, and runs it to the end -- or, for a caller that does
+not wait, answers once the gate is held and the record exists, the body going on as a
+task of `Detached` (a 409 or a 503 still comes before any answer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -40,6 +44,7 @@ class OperationContext(Protocol):
     log: OperationLog
     metrics: ControllerMetrics
     allowed_roots: list[Path]
+    detached: Detached
 
     async def refresh(self, records: list[WorkerRecord]) -> None:
         """Read these workers' statuses now (the state document and the reconciler see them)."""
@@ -118,16 +123,61 @@ class Run:
         return structlog.contextvars.bound_contextvars(operation_id=self.tracker.id, operation=self.tracker.kind)
 
 
+class Detached:
+    """Operations whose callers did not wait: held so they are not collected mid-way, and
+    cancelled when the controller stops (the persisted desired state lets the next leader
+    converge whatever they left)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
 async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict[str, Any],
-                        body: Callable[[Run], Awaitable[None]]) -> OperationResult:
-    """`body` as one gated operation; answers once the workers' fresh statuses are read."""
-    async with ctx.gate.api_operation(kind):
-        run = Run(ctx, kind, detail)
-        with run.bound():
-            try:
-                await body(run)
-            finally:
-                result = run.close()
-        # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
-        await ctx.refresh(run.answering(run.members))
-        return result
+                        body: Callable[[Run], Awaitable[None]], *, wait: bool = True) -> OperationResult:
+    """`body` as one gated operation; answers once the workers' fresh statuses are read, or,
+    with `wait=False`, as soon as it has begun (its record says "running")."""
+    begun: asyncio.Future[OperationTracker] = asyncio.get_running_loop().create_future()
+
+    async def whole() -> OperationResult:
+        async with ctx.gate.api_operation(kind):
+            run = Run(ctx, kind, detail)
+            if not begun.done():
+                begun.set_result(run.tracker)
+            with run.bound():
+                try:
+                    await body(run)
+                finally:
+                    result = run.close()
+            # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
+            await ctx.refresh(run.answering(run.members))
+            return result
+
+    if wait:
+        return await whole()
+    task = ctx.detached.spawn(whole(), name=f"operation-{kind}")
+    await asyncio.wait([begun, task], return_when=asyncio.FIRST_COMPLETED)
+    if not begun.done():  # refused before it began (the gate, no members): the caller hears why
+        begun.cancel()
+        return task.result()
+    task.add_done_callback(_log_failure)
+    return begun.result().snapshot()
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        structlog.get_logger("controlplane.operations").error(
+            "detached_operation_failed", task=task.get_name(), error=repr(task.exception()))

@@ -1,6 +1,9 @@
 """Bookkeeping of fleet operations: one operation's per-worker results (`OperationTracker`),
 and the log of the running one, its phase and the recent ones (`OperationLog`).
 
+A weight update also keeps its progress (waves) and its bubble (`bubble.py`), shown in its
+record and in the state document's `update` section.
+
 Each worker's entry is the last step it reached: a worker that failed to pause shows
 the pause error, one that went all the way shows its resume result. The operation's
 status follows: ok (every worker ok), partial, or failed (none ok). Every change bumps the
@@ -20,8 +23,9 @@ import structlog
 
 from controlplane.fleet.changes import ChangeCounter
 from controlplane.metrics import ControllerMetrics
+from controlplane.operations.bubble import BubbleRecorder
 from controlplane.workers.fanout import Outcome
-from rlcore.wire.controller import OperationKind, OperationResult, Phase, WorkerResult
+from rlcore.wire.controller import OperationKind, OperationResult, Phase, RollProgress, UpdateView, WorkerResult
 
 log = structlog.get_logger("controlplane.operations")
 
@@ -38,6 +42,8 @@ class OperationTracker:
         self._t0 = time.perf_counter()
         self._results: dict[str, WorkerResult] = {}
         self.finished: OperationResult | None = None
+        self.progress: RollProgress | None = None
+        self.bubble: BubbleRecorder | None = None
 
     @property
     def results(self) -> dict[str, WorkerResult]:
@@ -57,6 +63,10 @@ class OperationTracker:
             self._results[outcome.worker_id] = outcome.result
         self._changes.bump()
 
+    def set_progress(self, progress: RollProgress) -> None:
+        self.progress = progress
+        self._changes.bump()
+
     def set_result(self, result: WorkerResult) -> None:
         self._results[result.worker_id] = result
         self._changes.bump()
@@ -73,7 +83,8 @@ class OperationTracker:
             return self.finished
         return OperationResult(id=self.id, kind=self.kind, status="running", started_at=self.started_at,
                                membership_epoch=self.epoch, detail=dict(self._detail),
-                               results=sorted(self._results.values(), key=lambda r: r.worker_id))
+                               results=sorted(self._results.values(), key=lambda r: r.worker_id),
+                               progress=self.progress, bubble=self.bubble.report() if self.bubble else None)
 
     def finish(self) -> OperationResult:
         oks = [r.status in ("ok", "skipped") for r in self._results.values()]
@@ -82,7 +93,8 @@ class OperationTracker:
             id=self.id, kind=self.kind, status=status, started_at=self.started_at,  # type: ignore[arg-type]
             finished_at=datetime.now(UTC), duration_s=round(time.perf_counter() - self._t0, 6),
             membership_epoch=self.epoch, detail=dict(self._detail),
-            results=sorted(self._results.values(), key=lambda r: r.worker_id))
+            results=sorted(self._results.values(), key=lambda r: r.worker_id),
+            progress=self.progress, bubble=self.bubble.report() if self.bubble else None)
         self._changes.bump()
         return self.finished
 
@@ -98,6 +110,7 @@ class OperationLog:
         self.phase: Phase | None = None
         self.last: OperationResult | None = None
         self.history: deque[OperationResult] = deque(maxlen=keep)  # newest last
+        self.last_update: OperationResult | None = None
         self.verified = False
 
     def begin(self, kind: OperationKind, *, epoch: int, detail: dict[str, Any]) -> OperationTracker:
@@ -119,6 +132,8 @@ class OperationLog:
         if self.current is tracker:
             self.current = None
         self.last = result
+        if result.kind == "update_weights":
+            self.last_update = result
         self.history.append(result)
         self.set_phase(None)
         self._metrics.operation_duration.labels(result.kind, result.status).observe(result.duration_s or 0)
@@ -128,6 +143,22 @@ class OperationLog:
 
     def running_or_last(self) -> OperationResult | None:
         return self.current.snapshot() if self.current is not None else self.last
+
+    def find(self, operation_id: str) -> OperationResult | None:
+        if self.current is not None and self.current.id == operation_id:
+            return self.current.snapshot()
+        return next((op for op in reversed(self.history) if op.id == operation_id), None)
+
+    def update_view(self, shown: OperationResult | None = None) -> UpdateView | None:
+        """The running weight update, else the last one. `shown`: the record of the running (or
+        last) operation, if already made: its bubble report is not made twice."""
+        op = self.last_update
+        if self.current is not None and self.current.kind == "update_weights":
+            op = shown if shown is not None and shown.id == self.current.id else self.current.snapshot()
+        if op is None:
+            return None
+        return UpdateView(operation_id=op.id, status=op.status, version=op.detail.get("version"),
+                          progress=op.progress, bubble=op.bubble)
 
     def recent(self, limit: int) -> list[OperationResult]:
         """Newest first, the running one included."""

@@ -1,22 +1,41 @@
 """Verification after an update: every updated worker reports the version, and where its
 driver can compute them, weight checksums agree; a minority that disagrees fails. A worker
 whose load answered its version and checksums (`LoadReport`) is judged on that answer,
-without another call."""
+without another call.
+
+Agreement among workers cannot catch a majority that loaded the same wrong files, so:
+- a trainer's manifest of the version's checksums (`expected_checksums`) is checked on every
+  worker, tensor by tensor; only the tensors it does not name (an adapter's, say) are left
+  to the comparison between workers;
+- a rolling update's later waves are held to what the earlier ones agreed on (`Agreement`),
+  not only to each other: a wave of one would otherwise agree with itself.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections import Counter as Tally
+from dataclasses import dataclass
 
 from controlplane.fleet.registry import WorkerRecord
 from controlplane.operations.context import Run
 from controlplane.workers.capabilities import Driver, LoadReport, has
 from controlplane.workers.transport import WorkerRejected
 
+_NAMED = 3  # tensors named in a manifest mismatch message
 
-async def verify(run: Run, records: list[WorkerRecord], version: str,
-                 reports: dict[str, LoadReport] | None = None) -> list[WorkerRecord]:
+
+@dataclass
+class Agreement:
+    """The digest earlier waves of one update agreed on (None before the first)."""
+
+    digest: str | None = None
+
+
+async def verify(run: Run, records: list[WorkerRecord], version: str, reports: dict[str, LoadReport] | None = None,
+                 *, manifest: dict[str, str] | None = None,
+                 agreement: Agreement | None = None) -> list[WorkerRecord]:
     """The records that passed; failures are recorded in the run."""
     deadlines = run.ctx.deadlines
     reports = reports or {}
@@ -31,20 +50,54 @@ async def verify(run: Run, records: list[WorkerRecord], version: str,
     hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
     outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
                                         phase="verify", deadline_s=deadlines.checksums_s)
-    digests = {o.worker_id: _digest(o.value) for o in outcomes if o.ok and o.value}
-    digests |= {r.id: _digest(reports[r.id].checksums) for r in at_version  # type: ignore[arg-type]
-                if r.id in reports and reports[r.id].checksums}
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
+    checksums = {o.worker_id: o.value for o in outcomes if o.ok and o.value}
+    checksums |= {r.id: reports[r.id].checksums for r in at_version  # type: ignore[misc]
+                  if r.id in reports and reports[r.id].checksums}
+
+    def fail(worker_id: str, message: str) -> None:
+        failed.add(worker_id)
+        run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
+            "status": "error", "phase": "verify", "message": message}))
+
+    if manifest:
+        for worker_id, sums in checksums.items():
+            if problem := _against_manifest(sums, manifest):
+                fail(worker_id, f"weight checksums differ from the manifest of version {version!r}: {problem}")
+        for r in at_version:
+            if r.id not in checksums and r.id not in failed:
+                fail(r.id, "gave no weight checksums to check against the manifest")
+    digests = {wid: _digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
+               for wid, sums in checksums.items() if wid not in failed}
     if digests:
-        majority, count = Tally(digests.values()).most_common(1)[0]
+        agreed = agreement.digest if agreement is not None and agreement.digest is not None else None
+        if agreed is None:
+            agreed, count = Tally(digests.values()).most_common(1)[0]
+            why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
+        else:
+            why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
         for worker_id, digest in digests.items():
-            if digest != majority:
-                failed.add(worker_id)
-                run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
-                    "status": "error", "phase": "verify",
-                    "message": f"weight checksums differ from {count} other worker(s) at version {version!r}"}))
+            if digest != agreed:
+                fail(worker_id, why)
+        if agreement is not None:
+            agreement.digest = agreed
     return [r for r in at_version if r.id not in failed]
+
+
+def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | None:
+    missing = sorted(k for k in manifest if k not in sums)
+    differ = sorted(k for k in manifest if k in sums and sums[k] != manifest[k])
+    if not missing and not differ:
+        return None
+    parts = []
+    if differ:
+        parts.append(f"{len(differ)} of {len(manifest)} tensors differ ({', '.join(differ[:_NAMED])}"
+                     f"{', ...' if len(differ) > _NAMED else ''})")
+    if missing:
+        parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:_NAMED])}"
+                     f"{', ...' if len(missing) > _NAMED else ''})")
+    return "; ".join(parts)
 
 
 def _digest(checksums: dict[str, str]) -> str:

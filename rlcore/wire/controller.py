@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from rlcore.wire.agent import PauseMode, RequestCounts
 
@@ -79,6 +79,13 @@ class UpdateWeightsRequest(_Body):
         None, min_length=1, description="A manifest of this version's weight checksums, as the workers name them "
         "(`POST /weight_checker` `checksum`): every member is checked against it, not only against the others. "
         "Needs `verify`.")
+
+    @field_validator("expected_checksums")
+    @classmethod
+    def _manifest_needs_verify(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        if value is not None and info.data.get("verify") is False:
+            raise ValueError("needs verify: true (a manifest is checked by verification)")
+        return value
 
 
 class PauseRequest(_Body):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import CTL_TOKEN, start_controller
+from harness.controller import AUTH, CTL_TOKEN, start_controller
 from harness.faults import Fault
 from harness.http import free_port
 from harness.simfleet import start_fleet
@@ -134,3 +134,60 @@ async def test_sync_client_one_call_per_step(fleet):
 
     assert await asyncio.to_thread(trainer) == ["ok", "ok", "ok"]
     assert all(a.service.weight_version == "step-2" for a in agents)
+
+
+async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(fleet):
+    url, ctl, agents, ckpt, tmp_path = fleet
+    rc, out, err = await rlctl(url, "update-weights", "--version", "r0", "--path", str(ckpt))
+    assert rc == 0 and "bubble: 0/2 serving at least" in out, (out, err)
+    status, _ = await ctl.call("POST", "/v1/rl/gateway/staleness", {"bound": 1})  # r0 may serve during the roll
+    assert status == 200
+    rc, out, err = await rlctl(url, "update-weights", "--version", "r1", "--path", str(ckpt),
+                               "--max-unavailable", "1")
+    assert rc == 0, err
+    # The bar's last frame (rlctl follows the operation), then the table with the bubble.
+    assert "rolling wave 2/2" in out and "2/2" in out and "bubble: 1/2 serving at least" in out, out
+    assert all(a.service.weight_version == "r1" for a in agents)
+    # --no-wait prints the id at once; `ops show ID --follow` picks the update up.
+    slow = Fault("delay", delay_s=1.0)
+    agents[0].faults["/v1/agent/weights/disk"] = slow
+    rc, out, err = await rlctl(url, "update-weights", "--version", "r2", "--path", str(ckpt), "--no-wait",
+                               "--max-unavailable", "50%")
+    assert rc == 0, err
+    operation_id = out.strip()
+    rc, out, err = await rlctl(url, "ops", "show", operation_id, "--follow")
+    assert rc == 0 and "update_weights " + operation_id + ": ok" in out and "bubble:" in out, (out, err)
+    rc, out, err = await rlctl(url, "-o", "json", "ops", "show", operation_id)
+    shown = json.loads(out)
+    assert shown["progress"]["waves"] == 2 and shown["bubble"]["min_serving"] == 1  # 50% of 2: one at a time
+    rc, out, err = await rlctl(url, "ops", "show", "nope")
+    assert rc == 2 and "404" in err and "no operation 'nope'" in err
+    # A manifest file, as `POST /weight_checker` answers it: a wrong one fails every worker.
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"checksums": {"dp0:pp0:pcp0:tp0:layer.0.weight": "0" * 64}}))
+    rc, out, err = await rlctl(url, "update-weights", "--version", "r3", "--path", str(ckpt),
+                               "--manifest", str(manifest))
+    assert rc == 1 and "failed" in out and "manifest" in out, (rc, out, err)
+
+
+async def test_an_update_that_does_not_wait_answers_202_with_its_location(fleet):
+    url, ctl, agents, ckpt, _ = fleet
+    body = {"version": "a1", "source": {"kind": "disk", "path": str(ckpt)}, "wait": False,
+            "strategy": {"type": "rolling", "max_unavailable": 1}}
+    resp = await ctl.client.post("/v1/rl/update_weights", json=body, headers=AUTH)
+    assert resp.status == 202, await resp.text()
+    started = await resp.json()
+    assert started["status"] == "running" and resp.headers["Location"] == f"/v1/rl/operations/{started['id']}"
+    async with ControlPlaneClient(url, token=CTL_TOKEN) as client:
+        done = await client.wait_operation(started["id"], poll_s=0.05, timeout_s=30)
+    assert done.status == "ok" and done.progress.updated == 2 and done.bubble.members == 2
+    state = await ctl.state()
+    assert state["update"]["operation_id"] == started["id"] and state["update"]["status"] == "ok"
+    status, answer = await ctl.call("POST", "/v1/rl/update_weights",
+                                    {**body, "strategy": {"type": "rolling", "max_unavailable": "0%"}})
+    assert status == 422 and "strategy.rolling.max_unavailable" in answer["error"]["field"], answer
+    status, answer = await ctl.call("POST", "/v1/rl/update_weights",
+                                    {**body, "verify": False, "expected_checksums": {"a": "b"}})
+    assert status == 422 and answer["error"]["field"] == "expected_checksums", answer
+    status, answer = await ctl.call("GET", "/v1/rl/operations/unknown")
+    assert status == 404 and answer["error"]["field"] == "id", answer

@@ -8,8 +8,9 @@ from collections import Counter
 
 import pytest
 
+from controlplane.fleet.desired import admitted_versions
 from controlplane.gateway.balance import order, rank_for_session
-from controlplane.gateway.fence import admitted_versions, fence, in_fence
+from controlplane.gateway.fence import fence, in_fence
 from controlplane.gateway.routing import Router, build_table
 from rlcore.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 
