@@ -29,7 +29,8 @@ def build_engine(settings: AgentSettings) -> Engine:
 
         return SimEngine(model_name=settings.engine.model or "sim-model", world_size=settings.engine.sim_world_size,
                          op_latency_s=settings.engine.sim_op_latency_s,
-                         token_interval_s=settings.engine.sim_token_interval_s)
+                         token_interval_s=settings.engine.sim_token_interval_s,
+                         load_latency_s=settings.engine.sim_load_latency_s)
     from agents.engine.vllm_engine import VllmEngine  # imports vllm: only when asked for
 
     return VllmEngine(settings.engine, settings.inference)

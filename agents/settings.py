@@ -53,6 +53,8 @@ class EngineSettings(Section):
     # SimEngine knobs.
     sim_op_latency_s: float = Field(0.0, ge=0, description="Added latency of every admin primitive, in seconds.")
     sim_token_interval_s: float = Field(0.005, ge=0, description="Time per generated token, in seconds.")
+    sim_load_latency_s: float = Field(0.0, ge=0, description="Added time of a disk weight load, in seconds (a "
+                                      "real model's reload takes seconds to minutes).")
     sim_world_size: int = Field(1, ge=1)
 
 

@@ -162,8 +162,10 @@ class Trainer:
         await rollouts.wait_for(ok0 + self.args.rollouts_per_step, deadline_s=120)
         version, path = f"step-{k}", write_step_weights(self.args.workdir, k, self.base)
         t0 = time.monotonic()
-        status, result = await self.call("POST", "/v1/rl/update_weights", timeout_s=400, body={
-            "version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep"})
+        body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep"}
+        if self.args.max_unavailable is not None:
+            body["strategy"] = {"type": "rolling", "max_unavailable": self.args.max_unavailable}
+        status, result = await self.call("POST", "/v1/rl/update_weights", timeout_s=400, body=body)
         duration = time.monotonic() - t0
         if status == 200:
             rollouts.version = version
@@ -176,6 +178,10 @@ class Trainer:
             f"  rollouts ok={rollouts.ok - ok0} failed={rollouts.failed - failed0}")
         if status != 200:
             say(f"    {json.dumps(result.get('error') or result.get('results'))[:1000]}")
+        if bubble := result.get("bubble"):
+            waves = (result.get("progress") or {}).get("waves", 1)
+            say(f"    bubble: {waves} wave(s); at least {bubble['min_serving']}/{bubble['members']} members serving, "
+                f"mean capacity {bubble['mean_capacity']:.0%} over the update")
         print_workers(state)
         return status == 200 and applied["converged"] and applied["weight_version"] == version, duration
 
@@ -205,7 +211,8 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     # token left exported by an earlier shell would override the generated ones.
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = ({"kind": "sim", "model": "sim"} if base is None else
+    engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
+               "sim_token_interval_s": args.sim_token_s} if base is None else
               {"kind": "vllm", "model": str(base), "served_model_name": "tiny", "dtype": "float32",
                "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
                "enable_lora": True, "max_lora_rank": 8, "max_loras": 2})
@@ -280,6 +287,8 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
   curl -si {gateway}/v1/completions -H 'Content-Type: application/json' \\
        -d '{{"model": "{model}", "prompt": "The quick brown fox", "max_tokens": 16}}'
 """)
+            if args.staleness:
+                await trainer.call("POST", "/v1/rl/gateway/staleness", body={"bound": args.staleness})
             version = state["applied"]["weight_version"]
             say(f"fleet ready after {time.monotonic() - t0:.1f}s, at version {version}")
             print_workers(state)
@@ -314,9 +323,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-port", type=int, default=8090, help="inference gateway port (0 = a free one)")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds each agent may take to start")
     p.add_argument("--keep-running", action="store_true", help="keep the fleet up after the steps until Ctrl-C")
+    p.add_argument("--max-unavailable", default=None,
+                   help="rolling updates: members out of service at once (a count, or a percentage like 50%%)")
+    p.add_argument("--staleness", type=int, default=0,
+                   help="the gateway may serve the last N versions before the desired one (a roll's old waves)")
+    p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
+    p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
-    if min(args.agents - 1, args.steps, args.rollouts_per_step) < 0:
-        p.error("--agents must be >= 1, --steps and --rollouts-per-step >= 0")
+    if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
+        p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
+    if args.max_unavailable is not None and not args.max_unavailable.endswith("%"):
+        try:
+            args.max_unavailable = int(args.max_unavailable)
+        except ValueError:
+            p.error(f"--max-unavailable {args.max_unavailable!r} is neither a count nor a percentage")
     args.workdir = args.workdir.resolve()
     return args
 

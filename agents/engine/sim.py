@@ -114,10 +114,11 @@ class SimEngine:
 
     def __init__(self, *, model_name: str = "sim-model", world_size: int = 1, op_latency_s: float = 0.0,
                  token_interval_s: float = 0.005, max_running: int = 8,
-                 initial_weight_version: str | None = "default") -> None:
+                 initial_weight_version: str | None = "default", load_latency_s: float = 0.0) -> None:
         self._model_name = model_name
         self._world_size = world_size
         self._op_latency_s = op_latency_s
+        self._load_latency_s = load_latency_s  # a disk load's own time, over every primitive's
         self._token_interval_s = token_interval_s
         self._max_running = max_running
         self._version = initial_weight_version
@@ -335,6 +336,8 @@ class SimEngine:
         if not files:
             raise EngineError(f"no *.safetensors files in {str(path)!r}")
         key = await asyncio.to_thread(_files_digest, files)
+        if self._load_latency_s > 0:
+            await asyncio.sleep(self._load_latency_s)
         self._check_alive()
         self._set_weights(_digest("disk", key))
 

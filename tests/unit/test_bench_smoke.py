@@ -88,3 +88,15 @@ def test_gateway(tmp_path: Path) -> None:
                            "--out", str(tmp_path)])
     assert result["direct_rps"] > 0 and result["gateway_rps"] > 0
     assert _outputs(tmp_path, "gateway")["gateway"]["p50_ms"] == result["gateway"]["p50_ms"]
+
+
+def test_bubble(tmp_path: Path) -> None:
+    from bench import bubble
+
+    result = bubble.main(["--agents", "2", "--load-s", "0.3", "--token-s", "0.005", "--steady-s", "0.5",
+                          "--cases", "all_at_once@1,rolling/1@0", "--start-timeout", "60", "--out", str(tmp_path)])
+    rows = _outputs(tmp_path, "bubble")["rows"]
+    assert [r["case"] for r in rows] == ["all_at_once@1", "rolling/1@0"] and all(r["status"] == "ok" for r in rows)
+    # The fence check counts: answers during the updates were checked, and none was outside it.
+    assert result["answers"] > 0 and result["outside_fence"] == 0 and result["failed"] == 0
+    assert rows[0]["bubble"]["min_serving"] == 0 and rows[1]["progress"]["waves"] == 2
