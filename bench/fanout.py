@@ -162,14 +162,19 @@ async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
         return rounds * len(agents) / (time.perf_counter() - t0)
 
 
-async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int = 1) -> list[float]:
+async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int = 1,
+                        cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of each of `k` runs; with `cpu`, this process's CPU seconds of each too
+    (the controller runs in this process, the agents in theirs)."""
     for _ in range(warmup):  # connections opened, first-call costs paid
         await fn()
     times = []
     for _ in range(k):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await fn()
         times.append(time.perf_counter() - t0)
+        if cpu is not None:
+            cpu.append(time.process_time() - c0)
     return times
 
 
@@ -184,7 +189,9 @@ async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, re
         conc = max_concurrency or max(n, 64)
         async with ControllerUnderTest(agents, fleet.root, conc) as ctl:
             row["controller_max_concurrency"] = conc
-            row["controller_s"] = await timed_repeats(repeats, lambda: ctl.cycle(ckpts))
+            cpu: list[float] = []
+            row["controller_s"] = await timed_repeats(repeats, lambda: ctl.cycle(ckpts), cpu=cpu)
+            row["controller_cpu_ms_per_worker"] = median(cpu) / n * 1e3
         # One client per worker, as trainers write it: a single shared httpx client is far
         # slower still with hundreds of connections (its pool scans every connection per request).
         clients = {a.id: httpx.AsyncClient(base_url=a.url, headers=AGENT_HEADERS, timeout=120) for a in agents}
@@ -244,14 +251,16 @@ def extrapolate_sequential(rows: list[dict[str, Any]]) -> None:
 
 def render(rows: list[dict[str, Any]]) -> str:
     headers = ["N", "floor ms", "controller ms", "ctl overhead ms", "httpx gather ms", "gather overhead ms",
-               "ctl/gather overhead", "sequential ms", "aiohttp gather ms", "raw req/s", "ctl/raw-rate bound"]
+               "ctl/gather overhead", "sequential ms", "aiohttp gather ms", "raw req/s", "ctl/raw-rate bound",
+               "ctl CPU ms/worker"]
     out = []
     for r in rows:
         seq = r["httpx_sequential"]
         out.append([r["n"], r["floor_s"] * 1e3, r["controller"]["median_s"] * 1e3, r["controller"]["overhead_s"] * 1e3,
                     r["httpx_gather"]["median_s"] * 1e3, r["httpx_gather"]["overhead_s"] * 1e3,
                     r["ratio_ctl_vs_gather"], f"{seq['median_s'] * 1e3:,.0f}" + ("*" if "extrapolated_from_n" in seq else ""),
-                    r["aiohttp_gather"]["median_s"] * 1e3, r["raw_rate"]["median_rps"], r["ratio_ctl_vs_raw"]])
+                    r["aiohttp_gather"]["median_s"] * 1e3, r["raw_rate"]["median_rps"], r["ratio_ctl_vs_raw"],
+                    r["controller_cpu_ms_per_worker"]])
     return table(headers, out)
 
 

@@ -13,8 +13,9 @@ method a path lacks; auth enforced where the document declares it) and ours:
   that field names what the client sent (a body key, a query parameter) or `body`;
 - a request answered with a 4xx reached no worker: the controller's fleet logs every
   mutating call a worker received (`SimAgent.touched`), the agent every engine primitive.
-The only 5xx allowed are by design: a probe's 503, and a weight-transfer chunk the engine
-refused (`_engine_refused_chunk`).
+The only 5xx allowed are by design: a probe's 503, a weight-transfer chunk the engine
+refused (`_engine_refused_chunk`), and an update whose weights do not match the fuzzed
+manifest of checksums (`_manifest_refused`).
 
 Bodies naming a directory are sometimes given a real checkpoint or adapter under the allowed
 root, or a symlink out of it, and an init the fleet's world size (`flatmap_body`), so fuzzed
@@ -172,6 +173,16 @@ def _engine_refused_chunk(case: Any, response: requests.Response) -> bool:
         return body["error"]["code"] == "engine_error" and body["error"]["message"].startswith("update_weights failed")
     failed = [r for r in body.get("results", ()) if r["status"] != "ok"]
     return bool(failed) and all("update_weights failed" in (r["message"] or "") for r in failed)
+
+
+def _manifest_refused(case: Any, response: requests.Response) -> bool:
+    """An update whose manifest (`expected_checksums`, fuzzed) the loaded weights do not match:
+    every worker fails verification against it, 502 with every worker's result."""
+    if response.status_code != 502 or not isinstance(case.body, dict) or not case.body.get("expected_checksums"):
+        return False
+    results = response.json().get("results", ())
+    return bool(results) and all(r["status"] == "error" and "differ from the manifest" in (r["message"] or "")
+                                 for r in results)
 
 
 def _route(case: Any) -> Any:
@@ -341,9 +352,10 @@ def _fuzz_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
     route = _route(case)
     if 200 <= response.status_code < 300 and route is not None:
         REACHED.setdefault(url, set()).add(case.operation.label)
-    # The 5xx a healthy fleet gives by design: a probe's 503 (not ready, no worker serving),
-    # and a weight-transfer chunk the engine refused.
-    if (route is not None and route.probe and response.status_code == 503) or _engine_refused_chunk(case, response):
+    # The 5xx a healthy fleet gives by design: a probe's 503 (not ready, no worker serving), a
+    # weight-transfer chunk the engine refused, and weights that do not match a fuzzed manifest.
+    if ((route is not None and route.probe and response.status_code == 503) or _engine_refused_chunk(case, response)
+            or _manifest_refused(case, response)):
         case.validate_response(response, excluded_checks=[not_a_server_error])
     else:
         case.validate_response(response)
