@@ -81,6 +81,12 @@ def _slot_holds(slot: torch.Tensor, tensor: torch.Tensor | None) -> bool:
             and not bool(slot[rows:].any()) and not bool(slot[:rows, cols:].any()))
 
 
+def _fits(tensor: torch.Tensor | None, buffer: torch.Tensor) -> bool:
+    """Whether `set_lora` copies `tensor` as is into a slot of `buffer` (slots, 1, rows, cols)."""
+    return tensor is None or (tensor.dim() == 2 and tensor.shape[0] <= buffer.shape[2]
+                              and tensor.shape[1] <= buffer.shape[3])
+
+
 def _slot_audit(manager: Any, lora_model: Any, slot_index: int) -> Iterator[tuple[str, torch.Tensor]]:
     """(key, whole slot) of every audited slot that does not hold what the adapter says."""
     import torch
@@ -97,16 +103,15 @@ def _slot_audit(manager: Any, lora_model: Any, slot_index: int) -> Iterator[tupl
             value = getattr(weights, part) if weights is not None else None
             if isinstance(value, list):
                 expected = value
+            elif value is None:  # a module the adapter leaves alone: its slot is zeroed
+                expected = [None] * len(stacked)
             else:
-                expected = [value] * len(stacked) if value is None else [value]
-            if len(expected) != len(stacked) or any(t is not None and t.dim() != 2 for t in expected):
-                break  # vLLM reshapes these on the way into the slot
+                expected = [value]
+            if len(expected) != len(stacked) or not all(map(_fits, expected, stacked)):
+                break  # vLLM splits or reshapes these on the way into the slot
             for index, (buffer, tensor) in enumerate(zip(stacked, expected, strict=True)):
-                slot = buffer[slot_index, 0]
-                if tensor is not None and (tensor.shape[0] > slot.shape[0] or tensor.shape[1] > slot.shape[1]):
-                    break
-                if not _slot_holds(slot, tensor):
-                    yield f"{module_name}.{part}_stacked.{index}", slot
+                if not _slot_holds(buffer[slot_index, 0], tensor):
+                    yield f"{module_name}.{part}_stacked.{index}", buffer[slot_index, 0]
 
 
 class AdapterChecksumsExtension:
