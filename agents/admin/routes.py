@@ -145,7 +145,8 @@ async def get_world_size(request: web.Request) -> web.Response:
     return json_response({"world_size": _service(request).engine.world_size(query.include_dp)})
 
 
-@api.post("/weight_checker", "Weight checksums: compute, reset, or compare with a baseline.",
+@api.post("/weight_checker", "Weight checksums (the base weights and the adapters held): compute, reset (base "
+          "weights), or compare with a baseline.",
           body=WeightCheckerRequest, ok=StatusAnswer | ChecksumsAnswer | CompareAnswer, errors=_ENGINE, tag=_VLLM)
 async def weight_checker(request: web.Request) -> web.Response:
     body = await parse_body(request, WeightCheckerRequest)

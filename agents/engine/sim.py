@@ -19,6 +19,9 @@ Behaviour copied from vLLM 0.32 on purpose (it surprises people):
 - `add_lora` of an id already loaded without `replace` keeps the old adapter.
 - A failed `update_weights` ends the transfer session; `start_weight_update` again.
 - `reset_prefix_cache(include_running=False)` is False while requests hold KV blocks.
+- `weight_checksums` covers the adapters the engine holds, as `VllmEngine`'s does: keys
+  `lora:<name>:<tensor>` derived from the adapter's files as loaded (not its path), so
+  the same bytes agree across engines and different bytes under one name do not.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agents.engine.base import EngineError
-from rlcore.wire.agent import PauseMode, RequestCounts
+from rlcore.wire.agent import PauseMode, RequestCounts, lora_checksum_key
 
 FinishReason = Literal["length", "abort"]
 _Scheduling = Literal["run", "paused_new", "paused_all"]  # vLLM's PauseState
@@ -44,6 +47,7 @@ _FAULTABLE = frozenset({
     "start_weight_update", "update_weights", "finish_weight_update", "shutdown_weight_transfer",
 })
 _PARAM_NAMES = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
+_LORA_TENSORS = ("model.layers.0.self_attn.q_proj.lora_a", "model.layers.0.self_attn.q_proj.lora_b")
 
 
 def _digest(*parts: bytes | str) -> bytes:
@@ -77,7 +81,9 @@ class SimOutput:
 @dataclass
 class _Lora:
     adapter_id: int
+    name: str
     key: bytes  # digest of name, path and files: what this adapter makes tokens from
+    content: bytes  # digest of the files alone: what its checksums are derived from
 
 
 @dataclass(eq=False)
@@ -133,7 +139,7 @@ class SimEngine:
         self._running: dict[str, _Request] = {}
         self._waiting: dict[str, _Request] = {}  # FIFO by insertion order
         self._loras: dict[str, _Lora] = {}  # the serving table: name -> adapter
-        self._adapters: dict[int, bytes] = {}  # what the engine holds: adapter id -> key
+        self._adapters: dict[int, _Lora] = {}  # what the engine holds, by adapter id
         self._transfer_init: dict[str, Any] | None = None
         self._update_chunks: list[str] | None = None  # not None while a transfer is active
         self._work = asyncio.Event()
@@ -260,7 +266,7 @@ class SimEngine:
             # dropped by a weight reload is loaded again from its path, as vLLM's LRU manager does.
             lora_key = b""
             if req.lora is not None:
-                lora_key = self._adapters.setdefault(req.lora.adapter_id, req.lora.key)
+                lora_key = self._adapters.setdefault(req.lora.adapter_id, req.lora).key
             digest = _digest(self._weights_key, lora_key, req.prompt_key, req.chain)
             token = int.from_bytes(digest[:8], "little") % 1000
             req.chain = _digest(req.chain, token.to_bytes(2, "little"))
@@ -360,7 +366,10 @@ class SimEngine:
 
     async def weight_checksums(self) -> dict[str, str]:
         await self._enter("weight_checksums")
-        return {name: _digest(self._weights_key, name).hex() for name in _PARAM_NAMES}
+        sums = {name: _digest(self._weights_key, name).hex() for name in _PARAM_NAMES}
+        for lora in self._adapters.values():
+            sums |= {lora_checksum_key(lora.name, t): _digest(lora.content, t).hex() for t in _LORA_TENSORS}
+        return sums
 
     async def reset_weights(self) -> None:
         await self._enter("reset_weights")
@@ -376,10 +385,10 @@ class SimEngine:
             raise EngineError(f"no adapter_config.json in {str(path)!r}")
         content = await asyncio.to_thread(_files_digest, [f for f in path.iterdir() if f.is_file()])
         self._check_alive()
-        lora = _Lora(adapter_id, _digest(name, str(path.resolve()), content))
+        lora = _Lora(adapter_id, name, _digest(name, str(path.resolve()), content), content)
         self._loras[name] = lora
         if replace or adapter_id not in self._adapters:
-            self._adapters[adapter_id] = lora.key
+            self._adapters[adapter_id] = lora
 
     async def remove_lora(self, name: str, adapter_id: int) -> None:
         await self._enter("remove_lora")

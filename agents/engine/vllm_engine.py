@@ -9,6 +9,9 @@ Notes from vLLM 0.32's behaviour that shape this adapter:
 - vLLM's HTTP LoRA unload only drops a name from the serving table; `remove_lora`
   is what frees the adapter in the engine, and we keep the serving table in step.
 - Keep-mode pauses leave requests inside the engine: they are counted as frozen.
+- `compute_weight_checksums` covers the base weights only; the adapters the engine holds are
+  hashed in its workers by `vllm_worker.AdapterChecksumsExtension`, installed as vLLM's
+  `worker_extension_cls` when LoRA is on.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any
 import structlog
 
 from agents.engine.base import EngineError
+from agents.engine.vllm_worker import ADAPTER_CHECKSUMS_RPC, AdapterChecksumsExtension
 from agents.settings import EngineSettings, InferenceSettings
-from rlcore.wire.agent import PauseMode, RequestCounts
+from rlcore.wire.agent import PauseMode, RequestCounts, lora_checksum_key
 
 log = structlog.get_logger("agents.engine.vllm")
 _EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256(b"")
+_WORKER_EXTENSION = f"{AdapterChecksumsExtension.__module__}.{AdapterChecksumsExtension.__qualname__}"
 
 
 @asynccontextmanager
@@ -85,7 +90,22 @@ def build_vllm_args(engine: EngineSettings, inference: InferenceSettings) -> Any
         if not hasattr(args, key):
             raise ValueError(f"engine.extra_engine_args: vLLM has no engine argument {key!r}")
         setattr(args, key, value)
+    if engine.enable_lora:
+        _install_worker_extension(args)
     return args
+
+
+def _install_worker_extension(args: Any) -> None:
+    """The workers must answer the adapter checksums: add our extension, or check that one
+    given in extra_engine_args carries it (vLLM takes a single extension class)."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    given = getattr(args, "worker_extension_cls", "")
+    if not given:
+        args.worker_extension_cls = _WORKER_EXTENSION
+    elif not issubclass(resolve_obj_by_qualname(given), AdapterChecksumsExtension):
+        raise ValueError(f"engine.extra_engine_args.worker_extension_cls: {given!r} must subclass "
+                         f"{_WORKER_EXTENSION} (it hashes the adapters for the weight checksums)")
 
 
 class VllmEngine:
@@ -100,6 +120,7 @@ class VllmEngine:
         self._queue_depth: dict[str, int] = {"running": 0, "waiting": 0}
         self._pause_mode: PauseMode | None = None
         self._warned_empty_checksums = False
+        self._adapter_names: dict[int, str] = {}  # adapter id -> name, for the checksum keys
 
     @property
     def model_name(self) -> str:
@@ -204,7 +225,26 @@ class VllmEngine:
             self._warned_empty_checksums = True
             log.warning("weight_checksums_of_empty_tensors", empty=len(empty), tensors=len(merged),
                         example=empty[0])
+        if self._settings.enable_lora:
+            merged |= await self._adapter_checksums()  # no base key starts with "lora:"
         return merged
+
+    async def _adapter_checksums(self) -> dict[str, str]:
+        """`lora:<name>:<rank prefix><tensor>` for every adapter the engine holds (vllm_worker)."""
+        async with _engine_errors("adapter_checksums"):
+            per_worker = await self._llm.collective_rpc(ADAPTER_CHECKSUMS_RPC)
+        keyed: dict[str, str] = {}
+        for worker in per_worker:
+            for adapter_id, tensors in worker.items():
+                # The engine may hold an adapter this agent did not name only if something else
+                # loaded it; its id still keeps its keys apart (names cannot contain '#').
+                name = self._adapter_names.get(int(adapter_id), f"#{adapter_id}")
+                for tensor, digest in tensors.items():
+                    key = lora_checksum_key(name, tensor)
+                    if key in keyed:
+                        raise EngineError(f"duplicate adapter checksum key {key!r}")
+                    keyed[key] = digest
+        return keyed
 
     async def reset_weights(self) -> None:
         async with _engine_errors("reset_weights"):
@@ -224,6 +264,7 @@ class VllmEngine:
                 raise EngineError(f"engine refused adapter {name!r}")
         # Inference requests name the adapter as `model`; vLLM's server resolves it here.
         self._inference.state.openai_serving_models.lora_requests[name] = request
+        self._adapter_names[adapter_id] = name
 
     async def remove_lora(self, name: str, adapter_id: int) -> None:
         self._inference.state.openai_serving_models.lora_requests.pop(name, None)
@@ -231,6 +272,7 @@ class VllmEngine:
             # False means the engine did not hold it: vLLM evicts adapters on a weight
             # reload (a request naming one reloads it lazily). Removal is idempotent.
             await self._llm.remove_lora(adapter_id)
+        self._adapter_names.pop(adapter_id, None)
 
     async def list_lora_ids(self) -> set[int]:
         async with _engine_errors("list_loras"):

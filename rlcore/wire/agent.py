@@ -196,8 +196,24 @@ class WorldSizeAnswer(BaseModel):
     world_size: int
 
 
+# The agent's checksums cover the LoRA adapters its engine holds as well as the base weights
+# (vLLM's own checksum route leaves adapters out): one key per adapter tensor, `lora:<adapter
+# name>:<tensor key>`. The tensor key is shaped like a base key (on vLLM its rank prefix and
+# dotted tensor name, e.g. `dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.lora_b.2`), and
+# no base key starts with `lora:` (parameter names have no ':'). Adapter names may contain ':';
+# tensor names never do.
+LORA_CHECKSUM_PREFIX = "lora:"
+CHECKSUMS_DESCRIPTION = ("Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys) and every LoRA "
+                         "adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
+                         "copy in memory.")
+
+
+def lora_checksum_key(adapter: str, tensor: str) -> str:
+    return f"{LORA_CHECKSUM_PREFIX}{adapter}:{tensor}"
+
+
 class ChecksumsAnswer(BaseModel):
-    checksums: dict[str, str] = Field(description="Per tensor, a checksum of its values.")
+    checksums: dict[str, str] = Field(description=CHECKSUMS_DESCRIPTION)
 
 
 class CompareAnswer(BaseModel):
@@ -208,7 +224,9 @@ class CompareAnswer(BaseModel):
 class DiskUpdatedAnswer(BaseModel):
     status: Literal["updated"]
     weight_version: str | None
-    checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for.")
+    checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for ("
+                                                               "the keys of `ChecksumsAnswer`; a weight reload "
+                                                               "evicts adapters, so none are held here).")
 
 
 class UnloadedAnswer(BaseModel):

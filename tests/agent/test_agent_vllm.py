@@ -2,17 +2,26 @@
 
 One engine is shared by the module (start-up costs ~30 s), so each test first puts the
 engine in the state it needs (weights, adapters, resumed) instead of assuming an order.
+The adapter-checksum test compares two engines: it borrows the session's second agent, which
+the controller tests start anyway.
 Greedy decoding makes outputs exact functions of (weights, adapter, prompt).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import re
+import shutil
 
 import aiohttp
 import pytest
+from safetensors.torch import load_file
 
+from agents.engine.vllm_engine import build_vllm_args
+from agents.engine.vllm_worker import AdapterChecksumsExtension
+from agents.settings import EngineSettings, InferenceSettings
 from harness.http import call
 from harness.processes import AgentProcess
 
@@ -315,6 +324,79 @@ async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
     assert (await complete(http, agent, prompt))["token_ids"] == base
 
 
+async def checksums(http, agent) -> dict[str, str]:
+    status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
+                              body={"action": "checksum"})
+    assert status == 200, body
+    return body["checksums"]
+
+
+async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_agent_b, tiny_models, tmp_path):
+    """The adapter keys hash the engine's own copy: the same bytes agree across two engines,
+    other bytes under the same name differ in exactly that adapter's keys, a new file on disk
+    changes nothing until the engine loads it, a slot that no longer holds what the engine's copy
+    says is reported, and unloading removes the keys."""
+    other = vllm_agent_b  # the second session agent (the controller tests' fleet), on the same base weights
+    status, _ = await call(http, "POST", other.admin_url + "/v1/agent/weights/disk", headers=other.auth,
+                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    assert status == 200
+    # A copy of lora-11 under an allowed root, whose files this test overwrites later.
+    staged = tiny_models["base"].parent / f"lora-staged-{tmp_path.name}"
+    shutil.copytree(tiny_models["lora-11"], staged)
+
+    async def load(worker, name, path):
+        status, body = await call(http, "POST", worker.admin_url + "/v1/agent/loras", headers=worker.auth,
+                                  body={"name": name, "path": str(path)})
+        assert status == 200, body
+
+    base = await checksums(http, agent)
+    assert await checksums(http, other) == base and not [k for k in base if k.startswith("lora:")]
+    try:
+        await load(agent, "ck", staged)
+        await load(other, "ck", tiny_models["lora-11"])
+        held = await checksums(http, agent)
+        rank = "dp0:pp0:pcp0:tp0:"
+        # q and v of both layers, packed into qkv_proj (slices 0 and 2) as vLLM holds them.
+        expected = {f"lora:ck:{rank}model.layers.{layer}.self_attn.qkv_proj.{part}.{s}"
+                    for layer in (0, 1) for part in ("lora_a", "lora_b") for s in (0, 2)}
+        assert held.keys() - base.keys() == expected and {k: held[k] for k in base} == base
+        # The values are sha256 of vLLM's tensors: A as in the file, B with alpha / r = 2 folded in.
+        adapter = load_file(str(tiny_models["lora-11"] / "adapter_model.safetensors"))
+        q = "base_model.model.model.layers.0.self_attn.q_proj"
+        assert held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_a.0"] == \
+            hashlib.sha256(adapter[f"{q}.lora_A.weight"].numpy().tobytes()).hexdigest()
+        assert held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_b.0"] == \
+            hashlib.sha256((adapter[f"{q}.lora_B.weight"] * 2).numpy().tobytes()).hexdigest()
+        assert await checksums(http, other) == held  # two engines holding the same adapter agree
+
+        # A new file at the adapter's path changes nothing until the engine loads it (a hot-swap).
+        replacement = staged / "replacement.tmp"
+        shutil.copy(tiny_models["lora-12"] / "adapter_model.safetensors", replacement)
+        replacement.replace(staged / "adapter_model.safetensors")
+        assert await checksums(http, agent) == held
+        await load(agent, "ck", staged)
+        swapped = await checksums(http, agent)
+        assert swapped.keys() == held.keys()
+        assert {k for k in held if swapped[k] != held[k]} == expected  # exactly the adapter's keys
+        assert await checksums(http, other) == held
+
+        # vLLM's copy of an adapter maps its file (copy-on-write): overwriting the file in place
+        # changes that copy, not the slot the forward pass reads, until the next activation copies
+        # it in. The slot audit reports the slots that no longer hold the adapter they report.
+        shutil.copy(tiny_models["lora-11"] / "adapter_model.safetensors", staged / "adapter_model.safetensors")
+        drifted = await checksums(http, agent)
+        audit = drifted.keys() - swapped.keys()
+        assert audit and all(re.fullmatch(rf"lora:ck:{rank}model\.layers\.[01]\.self_attn\.qkv_proj\."
+                                          r"lora_[ab]_stacked\.[02]", k) for k in audit)
+        await load(agent, "ck", staged)  # loaded again: copy and slot agree, and both agents hold lora-11
+        assert await checksums(http, agent) == held
+    finally:  # other tests expect engines without adapters
+        unloaded = [await call(http, "DELETE", w.admin_url + "/v1/agent/loras/ck", headers=w.auth) for w in (agent, other)]
+        shutil.rmtree(staged)
+    assert [(status, body["engine_adapter_ids"]) for status, body in unloaded] == [(200, [])] * 2
+    assert await checksums(http, agent) == base and await checksums(http, other) == base  # the keys went with them
+
+
 async def test_readiness_follows_the_desired_version(http, agent, tiny_models):
     assert (await call(http, "GET", agent.admin_url + "/readyz"))[0] == 200
     status, body = await call(http, "PUT", agent.admin_url + "/v1/agent/desired", headers=agent.auth,
@@ -339,3 +421,19 @@ async def test_inference_port_is_vllms_own_server(http, agent):
     assert status == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
     status, _ = await call(http, "GET", agent.admin_url + "/get_world_size")
     assert status == 200
+
+
+class _ExtensionWithMore(AdapterChecksumsExtension):
+    """A deployment's own worker extension: it must carry the adapter checksums."""
+
+
+def test_the_workers_get_the_adapter_checksums_extension(tiny_models):
+    def args(**extra):
+        engine = EngineSettings(model=str(tiny_models["base"]), extra_engine_args=extra)
+        return build_vllm_args(engine, InferenceSettings())
+
+    assert args().worker_extension_cls == "agents.engine.vllm_worker.AdapterChecksumsExtension"
+    own = f"{__name__}.{_ExtensionWithMore.__qualname__}"
+    assert args(worker_extension_cls=own).worker_extension_cls == own
+    with pytest.raises(ValueError, match="must subclass agents.engine.vllm_worker.AdapterChecksumsExtension"):
+        args(worker_extension_cls="collections.OrderedDict")

@@ -356,6 +356,44 @@ async def test_a_base_weight_reload_drops_adapters_like_vllm(sim: SimEngine, tmp
     assert await sim.list_lora_ids() == set() and sim.served_lora_names() == []
 
 
+async def test_checksums_cover_the_adapters_held(sim: SimEngine, tmp_path: Path) -> None:
+    def adapter_keys(sums: dict[str, str], name: str) -> dict[str, str]:
+        return {k: v for k, v in sums.items() if k.startswith(f"lora:{name}:")}
+
+    peer = SimEngine(token_interval_s=0.002)
+    await peer.start()
+    try:
+        base = await sim.weight_checksums()
+        assert await peer.weight_checksums() == base and not any(k.startswith("lora:") for k in base)
+        # The same bytes from different directories, under different ids: the same checksums.
+        await sim.add_lora("sql", 1, adapter_dir(tmp_path, "a", b"adapter 1"), replace=False)
+        await peer.add_lora("sql", 5, adapter_dir(tmp_path, "a-copy", b"adapter 1"), replace=False)
+        held = await sim.weight_checksums()
+        assert adapter_keys(held, "sql") and held.keys() - base.keys() == adapter_keys(held, "sql").keys()
+        assert {k: held[k] for k in base} == base  # the base keys are untouched
+        assert await peer.weight_checksums() == held
+
+        # Other bytes under the same name: the engines differ in exactly the adapter's keys.
+        await peer.add_lora("sql", 5, adapter_dir(tmp_path, "b", b"adapter 2"), replace=True)
+        swapped = await peer.weight_checksums()
+        assert swapped.keys() == held.keys()
+        assert {k for k in held if held[k] != swapped[k]} == adapter_keys(held, "sql").keys()
+
+        # A second adapter adds its own keys; removing one removes exactly its keys.
+        await sim.add_lora("chat", 2, adapter_dir(tmp_path, "c", b"adapter 2"), replace=False)
+        both = await sim.weight_checksums()
+        assert list(adapter_keys(both, "chat").values()) == list(adapter_keys(swapped, "sql").values())
+        await sim.remove_lora("sql", 1)
+        assert await sim.weight_checksums() == base | adapter_keys(both, "chat")
+        # A base-weight reload evicts the adapters (as vLLM does), and their keys with them.
+        await sim.load_weights_from_disk(weights_dir(tmp_path, "w", b"w"))
+        assert not any(k.startswith("lora:") for k in await sim.weight_checksums())
+        await run(sim, "reload", lora_name="chat")  # a request naming it loads it again
+        assert adapter_keys(await sim.weight_checksums(), "chat") == adapter_keys(both, "chat")
+    finally:
+        await peer.shutdown()
+
+
 # -- faults, latency, lifecycle -----------------------------------------------------------------
 async def test_fail_next_fails_once(sim: SimEngine, tmp_path: Path) -> None:
     sim.fail_next("load_weights_from_disk", "disk on fire")

@@ -29,6 +29,9 @@ Limits of this flavor, all from stock vLLM:
   evict another adapter, so this flavor does not. The adapter stays in the workers' LRU
   cache (bounded by max_loras / max_cpu_loras) until LRU pressure or a restart frees it.
   Use the `agent` flavor where that matters.
+- `/weight_checker` hashes the base model's parameters only: the adapters a server holds are
+  not in its checksums, so verification cannot tell two servers' adapter bytes apart (the
+  `agent` flavor's checksums cover them).
 """
 
 from __future__ import annotations
