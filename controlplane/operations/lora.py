@@ -1,10 +1,15 @@
-"""LoRA adapters fleet-wide: load (or hot-swap under the same name) and unload."""
+"""LoRA adapters fleet-wide: load (or hot-swap under the same name) and unload.
+
+A load is verified (unless `verify: false`): the adapter's tensors, as each worker holds them,
+agree across the fleet (`verify.verify_adapter`); a worker that read other bytes under the
+same path (a stale node-local copy) is named. It keeps the adapter; the operation says which."""
 
 from __future__ import annotations
 
 from controlplane.errors import NotFound
 from controlplane.fleet.paths import check_path
 from controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from controlplane.operations.verify import verify_adapter
 from rlcore.wire.controller import LoraRequest, LoraSpec, OperationResult
 
 
@@ -14,10 +19,13 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
 
     async def body(run: Run) -> None:
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
-        await run.step(None, "load_lora", run.members, lambda a: a.load_lora(req.name, path, req.version),
-                       ctx.deadlines.lora_s)
+        loaded = await run.step(None, "load_lora", run.members, lambda a: a.load_lora(req.name, path, req.version),
+                                ctx.deadlines.lora_s)
+        if req.verify:
+            await verify_adapter(run, loaded, req.name)
 
-    return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path}, body)
+    return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path,
+                                                  "verify": req.verify}, body)
 
 
 async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:

@@ -9,6 +9,10 @@ Agreement among workers cannot catch a majority that loaded the same wrong files
   to the comparison between workers;
 - a rolling update's later waves are held to what the earlier ones agreed on (`Agreement`),
   not only to each other: a wave of one would otherwise agree with itself.
+
+An adapter loaded fleet-wide is verified the same way (`verify_adapter`): its tensors, as the
+workers hold them, agree across the workers whose checksums cover adapters (the agent's keys
+`lora:<name>:...`; stock vLLM's checksums leave adapters out, so those are not judged).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from controlplane.fleet.registry import WorkerRecord
 from controlplane.operations.context import Run
 from controlplane.workers.capabilities import Driver, LoadReport, has
 from controlplane.workers.transport import WorkerRejected
+from rlcore.wire.agent import lora_checksum_key
 
 _NAMED = 3  # tensors named in a manifest mismatch message
 
@@ -83,6 +88,32 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
         if agreement is not None:
             agreement.digest = agreed
     return [r for r in at_version if r.id not in failed]
+
+
+async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> list[WorkerRecord]:
+    """The records whose copy of adapter `name` agrees with the majority's (or that cannot
+    say: no checksums, or none covering adapters); failures are recorded in the run."""
+    prefix = lora_checksum_key(name, "")
+    run.ctx.log.set_phase("verifying")
+    hashing = [r for r in records if has(r.driver, "checksums")]
+    outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
+                                        phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
+    run.tracker.record(o for o in outcomes if not o.ok)
+    failed = {o.worker_id for o in outcomes if not o.ok}
+    digests = {}
+    for o in outcomes:
+        held = {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} if o.ok else {}
+        if held:
+            digests[o.worker_id] = _digest(held)
+    if digests:
+        majority, count = Tally(digests.values()).most_common(1)[0]
+        for worker_id, digest in digests.items():
+            if digest != majority:
+                failed.add(worker_id)
+                run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
+                    "status": "error", "phase": "verify",
+                    "message": f"adapter {name!r} checksums differ from {count} other worker(s)"}))
+    return [r for r in records if r.id not in failed]
 
 
 def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | None:

@@ -109,6 +109,8 @@ class LoraRequest(_Body):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
     path: str = Field(min_length=1)
     version: str | None = Field(None, max_length=256)
+    verify: bool = Field(True, description="Check the adapter's tensors agree across the workers whose checksums "
+                                           "cover adapters (the agent's).")
 
 
 class TransferInitRequest(_Body):

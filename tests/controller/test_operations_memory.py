@@ -157,3 +157,30 @@ def test_the_rate_limiter_grows_caps_and_forgets() -> None:
     assert limiter.due("w")
     limiter.forget("w")
     assert limiter.when("w") == 1.0
+
+
+async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    adapter = write_adapter(tmp_path / "ad")
+    (adapter / "adapter_model.safetensors").write_bytes(b"the adapter the trainer wrote")
+    stale = write_adapter(tmp_path / "stale")
+    (stale / "adapter_model.safetensors").write_bytes(b"last week's adapter, same name")
+    # w1 reads another copy at the same path (a node-local cache that missed the new files).
+    real_add = fleet["w1"].engine.add_lora
+    fleet["w1"].engine.add_lora = lambda name, aid, path, replace: real_add(name, aid, stale, replace=replace)  # type: ignore[method-assign]
+    for a in fleet.agents.values():
+        a.calls.clear()
+    result = await load_lora(ctl, LoraRequest(name="ad", path=str(adapter)))
+    assert result.status == "partial"
+    failed = {r.worker_id: r for r in result.results if r.status != "ok"}
+    assert list(failed) == ["w1"] and failed["w1"].phase == "verify"
+    assert "adapter 'ad' checksums differ from 2 other worker(s)" in (failed["w1"].message or "")
+    assert all("POST /weight_checker" in a.calls for a in fleet.agents.values())
+    # Same bytes everywhere: verified; `verify: false` skips the checksums.
+    fleet["w1"].engine.add_lora = real_add  # type: ignore[method-assign]
+    assert (await load_lora(ctl, LoraRequest(name="ad", path=str(adapter)))).status == "ok"
+    for a in fleet.agents.values():
+        a.calls.clear()
+    assert (await load_lora(ctl, LoraRequest(name="ad2", path=str(adapter), verify=False))).status == "ok"
+    assert not any("POST /weight_checker" in a.calls for a in fleet.agents.values())
