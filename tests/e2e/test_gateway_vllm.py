@@ -1,5 +1,10 @@
 """Rollouts through the gateway over two agents on real vLLM CPU engines, across keep and abort
-update cycles and an agent SIGKILLed and restarted on its base weights.
+update cycles, rolling updates (one worker at a time, at staleness bounds 1 and 0), and an
+agent SIGKILLed and restarted on its base weights.
+
+Every answer's version must be one the gateway's fence admitted when the request was sent or
+when it was answered. During a roll at bound 1 the fleet keeps answering; at bound 0 nothing
+sent after the new version was desired is answered by the old one.
 
 Which weights produced an answer is read off the answer itself, not the gateway's headers:
 greedy completions of fixed prompts are recorded for both weight sets first (w1 is the base
@@ -19,6 +24,7 @@ import contextlib
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import aiohttp
@@ -43,8 +49,8 @@ def completion(i: int) -> dict:
 class Rollouts:
     """Concurrent rollout loops through the gateway, each answer recorded with its headers."""
 
-    def __init__(self, http: aiohttp.ClientSession, url: str, loops: int) -> None:
-        self.http, self.url = http, url
+    def __init__(self, http: aiohttp.ClientSession, url: str, loops: int, admitted: Callable[[], list[str]]) -> None:
+        self.http, self.url, self.admitted = http, url, admitted
         self.answers: list[dict] = []
         self.phase = "start"
         self.updates: list[tuple[float, float]] = []  # (start, end) of every update, monotonic
@@ -54,7 +60,7 @@ class Rollouts:
     async def _loop(self, i: int) -> None:
         n = i
         while not self._stop.is_set():
-            phase, sent = self.phase, time.monotonic()
+            phase, sent, admitted = self.phase, time.monotonic(), self.admitted()
             async with self.http.post(self.url + "/v1/completions", json=completion(n),
                                       timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 body = await resp.json()
@@ -63,6 +69,7 @@ class Rollouts:
                 self.answers.append({
                     "status": resp.status, "phase": phase, "ended": self.phase, "prompt": n % len(PROMPTS), "sent": sent,
                     "received": time.monotonic(), "worker": resp.headers.get("X-RL-Worker"),
+                    "admitted": {*admitted, *self.admitted()},  # by the fence at the send and at the answer
                     "version": resp.headers.get("X-RL-Weight-Version"),
                     "spans": {span["version"] for span in spans[0]} if spans else None, "raw_spans": spans,
                     "text": choice.get("text"), "finish": choice.get("finish_reason")})
@@ -88,10 +95,12 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
     async with aiohttp.ClientSession() as http, TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as ctl:
         gateway = ctl.server.app[GATEWAY]
 
-        async def update(version: str, mode: str = "keep") -> None:
+        async def update(version: str, mode: str = "keep", strategy: dict | None = None) -> dict:
             resp = await ctl.post("/v1/rl/update_weights", headers=AUTH, json={
-                "version": version, "source": {"kind": "disk", "path": str(dirs[version])}, "pause_mode": mode})
+                "version": version, "source": {"kind": "disk", "path": str(dirs[version])}, "pause_mode": mode,
+                "strategy": strategy or {"type": "all_at_once"}})
             assert resp.status == 200, await resp.json()
+            return await resp.json()
 
         # References: every weight set's greedy answer to every prompt, through the gateway.
         refs: dict[str, list[str]] = {}
@@ -106,13 +115,25 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
                 refs[version].append(body["choices"][0]["text"])
         assert refs["w1"] != refs["w2"], "the two weight sets answer differently"
 
-        rollouts = Rollouts(http, gateway.url, loops=6)
+        rollouts = Rollouts(http, gateway.url, loops=6, admitted=lambda: list(gateway.router.table().admitted))
+        rolls: dict[str, tuple[float, float, dict]] = {}
         try:
             await asyncio.sleep(2)
             for version, mode in (("w2", "keep"), ("w1", "keep"), ("w2", "abort")):
                 rollouts.phase = mode
                 start = time.monotonic()
                 await update(version, mode)
+                rollouts.updates.append((start, time.monotonic()))
+                await asyncio.sleep(2)
+            # Rolling, one worker at a time (the wave drains what it runs: wait mode): at bound 1
+            # the other worker serves w2 meanwhile; at bound 0 it is outside the fence.
+            for version, bound in (("w1", 1), ("w2", 0)):
+                resp = await ctl.post("/v1/rl/gateway/staleness", headers=AUTH, json={"bound": bound})
+                assert resp.status == 200, await resp.json()
+                rollouts.phase = f"rolling@{bound}"
+                start = time.monotonic()
+                result = await update(version, "wait", {"type": "rolling", "max_unavailable": 1})
+                rolls[rollouts.phase] = (start, time.monotonic(), result)
                 rollouts.updates.append((start, time.monotonic()))
                 await asyncio.sleep(2)
             # An agent dies and comes back at the same address on its base weights: until the
@@ -150,6 +171,20 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         revived = [a for a in answers if a["phase"] == "restart" and a["worker"] == "vllm-1" and a["text"] in by_text]
         assert all(by_text[a["text"]] == "w2" for a in revived), revived[:5]
         assert {a["version"] for a in answers} <= {"w1", "w2"}
+        # The fence, as the gateway held it while each request was in flight.
+        assert all(a["version"] in a["admitted"] for a in answers), [
+            (a["worker"], a["version"], a["admitted"], a["phase"]) for a in answers if a["version"] not in a["admitted"]]
+        # Rolling at bound 1: the fleet kept answering through the roll, from both versions; the
+        # bubble says one of two workers served throughout. At bound 0: nothing sent once w2
+        # was desired came from w1.
+        start, end, result = rolls["rolling@1"]
+        during = [a for a in answers if start < a["received"] < end]
+        assert during and result["bubble"]["min_serving"] == 1 and result["progress"]["waves"] == 2, result
+        assert all(a["version"] in ("w1", "w2") for a in during)
+        start, end, result = rolls["rolling@0"]
+        assert result["bubble"]["min_serving"] == 0 and result["status"] == "ok", result
+        late = [a for a in answers if a["sent"] > start and a["admitted"] == {"w2"}]
+        assert late and all(a["version"] == "w2" for a in late), late[:3]
         # Answers equal to no reference: a keep-mode request that straddled an update, or a batch
         # of another size summing in another order on the CPU (greedy decoding can then differ in
         # a late token). Most answers must be attributable, or the check above would prove little.
