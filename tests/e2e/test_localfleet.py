@@ -55,6 +55,18 @@ def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
     assert not [name for name, pid in pids.items() if _alive(pid)]
 
 
+def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
+    run = subprocess.run(_localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1",
+                                     "--sim-load-s", "0.3"), cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    # Step 1 leaves the start-up version, which no bound admits: nobody serves for a moment.
+    # From step 2 on, the previous step's version serves while the other member loads.
+    assert re.search(r"^ +bubble: 2 wave\(s\); at least 0/2 members serving", out, re.M), out
+    assert re.search(r"^ +bubble: 2 wave\(s\); at least 1/2 members serving", out, re.M), out
+    assert "summary: 2/2 steps ok" in out
+
+
 def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
     proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running"), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
