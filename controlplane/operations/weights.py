@@ -63,7 +63,8 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
             run.tracker.note(noop=True)
             return
         ctx.log.set_verified(False)
-        bubble = run.tracker.bubble = BubbleRecorder([r.id for r in members], {r.id for r in members if serving(r)})
+        serving_before = {r.id for r in members if serving(r)}
+        bubble = run.tracker.bubble = BubbleRecorder([r.id for r in members], serving_before)
         await ctx.desired.set_disk_weights(req.version, req.source.model_copy(update={"path": path}))
         d = ctx.desired.state
         # Members the fence stops admitting now (every other version, at staleness 0) leave service.
@@ -72,7 +73,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         size = len(members)
         if isinstance(req.strategy, Rolling):
             size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(run, req, path, size).execute()
+        await Roll(run, req, path, size, serving_before).execute()
 
     return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
 
@@ -85,18 +86,29 @@ def serving(rec: WorkerRecord) -> bool:
 
 @dataclass
 class Roll:
-    """The waves of one update (a single wave of every member, all at once)."""
+    """The waves of one update (a single wave of every member, all at once).
+
+    Members already out of service when it began (unreachable, paused, engine dead) go first,
+    in one wave of their own: updating them costs no capacity. Their failures do not stop the
+    roll -- a dead pod is no evidence against the checkpoint; a serving member's failure is."""
 
     run: Run
     req: UpdateWeightsRequest
     path: str
     size: int
+    serving_before: set[str]
+
+    def plan(self, ids: list[str]) -> list[list[str]]:
+        if self.size >= len(ids):
+            return [ids]
+        idle = [i for i in ids if i not in self.serving_before]
+        return ([idle] if idle else []) + waves([i for i in ids if i in self.serving_before], self.size)
 
     async def execute(self) -> None:
         run, req = self.run, self.req
         ctx = run.ctx
         by_id = {r.id: r for r in run.members}
-        plan = waves(list(by_id), self.size)
+        plan = self.plan(list(by_id))
         bubble = run.tracker.bubble
         assert bubble is not None
         agreement = Agreement()
@@ -117,7 +129,7 @@ class Roll:
                                                    "updated": progress.updated + len(verified),
                                                    "failed": progress.failed + len(failed)})
             rest = [w for later in plan[i + 1:] for w in later]
-            if failed and rest:
+            if rest and any(w in self.serving_before for w in failed):
                 why = (f"wave {i + 1} of {len(plan)} failed on {', '.join(failed)}: the roll stopped, and "
                        f"{len(rest)} member(s) were left as they were")
                 for worker_id in rest:

@@ -147,6 +147,26 @@ async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(fleet: M
     assert not ctl.state().applied.verified
 
 
+async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_roll(fleet: MemoryFleet,
+                                                                                     tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    await ctl.desired.set_staleness_bound(1)
+    fleet["w1"].engine.kill()  # a dead engine: out of service before the update begins
+    await ctl.refresh()
+    order: list[str] = []
+    watch_loads(fleet, order.append)
+    result = await update_weights(ctl, disk(tmp_path, "v2", 2, **rolling(1)))
+    assert result.status == "partial" and result.progress is not None and result.progress.halted is None
+    by_id = {r.worker_id: r for r in result.results}
+    assert by_id["w1"].status == "error" and all(by_id[w].status == "ok" for w in ("w0", "w2", "w3"))
+    assert result.progress.waves == 4 and result.progress.updated == 3 and result.progress.failed == 1
+    assert order == ["w0", "w2", "w3"]  # w1's wave came first, and failed before its load
+    bubble = result.bubble
+    assert bubble is not None and bubble.serving_at_start == 3 and bubble.min_serving == 2
+
+
 async def test_later_waves_are_held_to_what_earlier_waves_verified(fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
