@@ -44,3 +44,20 @@ def test_ids_and_versions_stay_whole_at_80_columns() -> None:
     assert "serving +gw" in out and "paused" in out and "✗" in out
     assert f"{LONG_ID}: adapters sql-adapter@7" in out and "model.layers.3.mlp.down_proj.weight" in out
     assert "http://127.0.0.1:8090" in out and "routed 901" in out and "held 2" in out
+
+
+def test_a_rolling_update_shows_its_wave_its_capacity_and_the_members_it_took_out() -> None:
+    state = fleet_state()
+    state["workers"][1] |= {"cordoned": True}
+    state["update"] = {
+        "operation_id": "3f2a9c1b04de", "status": "running", "version": LONG_VERSION,
+        "progress": {"strategy": "rolling", "max_unavailable": 1, "waves": 4, "waves_done": 1, "wave": [LONG_ID],
+                     "updated": 1, "failed": 0},
+        "bubble": {"members": 4, "serving_at_start": 4, "min_serving": 3, "mean_capacity": 0.75,
+                   "worker_seconds_out": 3.2, "capacity": [{"t_s": 0, "serving": 4}, {"t_s": 0.1, "serving": 3}],
+                   "workers": []}}
+    console = Console(width=80, record=True, color_system=None)
+    console.print(state_view(FleetState.model_validate(state)))
+    out = console.export_text()
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "running, wave 2/4" in out and "min 3/4, mean 75%" in out and "updating" in out
