@@ -220,6 +220,8 @@ async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(
     assert started.status == "running" and started.finished_at is None
     with pytest.raises(Conflict):  # the gate is held by the detached update
         await update_weights(ctl, disk(tmp_path, "v2", 2))
+    with pytest.raises(Conflict):  # and one that would not wait hears it too, before any answer
+        await update_weights(ctl, disk(tmp_path, "v2", 2, wait=False))
     for _ in range(200):
         running = ctl.log.find(started.id)
         if running is not None and running.progress is not None and running.progress.wave:
