@@ -124,7 +124,8 @@ class Roll:
             finally:
                 ctx.registry.cordon(wave_ids, False)
             bubble.back(r.id for r in resumed)
-            failed = [w for w in wave_ids if w not in {r.id for r in verified}]
+            done = {r.id for r in verified}
+            failed = [w for w in wave_ids if w not in done]
             progress = progress.model_copy(update={"waves_done": i + 1, "wave": [],
                                                    "updated": progress.updated + len(verified),
                                                    "failed": progress.failed + len(failed)})

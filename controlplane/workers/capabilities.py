@@ -126,6 +126,7 @@ def capabilities(driver: Driver) -> frozenset[Capability]:
 # isinstance against a runtime-checkable Protocol inspects every member each time (~5% of
 # an update's CPU at 1,024 workers); what a class implements does not change.
 _IMPLEMENTS: dict[tuple[type, Capability], bool] = {}
+_PUBLISHES: dict[type, bool] = {}
 
 
 def has(driver: Driver, capability: Capability) -> bool:
@@ -135,5 +136,8 @@ def has(driver: Driver, capability: Capability) -> bool:
         implements = _IMPLEMENTS[key] = isinstance(driver, _PROTOCOLS[capability])
     if not implements:
         return False
-    published = driver.published_capabilities() if isinstance(driver, PublishesRoutes) else None
+    publishes = _PUBLISHES.get(type(driver))
+    if publishes is None:
+        publishes = _PUBLISHES[type(driver)] = isinstance(driver, PublishesRoutes)
+    published = driver.published_capabilities() if publishes else None  # type: ignore[attr-defined]
     return published is None or capability in published
