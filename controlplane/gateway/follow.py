@@ -7,12 +7,15 @@ members' own failures are handled per request (failover before the first byte).
 
 Each read names the `ETag` of the document it holds (`If-None-Match`): while the fleet is
 unchanged the controller answers 304 with no body, and nothing is parsed here. The answer
-comes gzip-compressed otherwise (the session asks for it and decompresses it).
+comes gzip-compressed otherwise (aiohttp asks for it; the gateway's own session, which hands
+bodies on untouched, leaves the decompression to this module).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import zlib
 
 import aiohttp
 import structlog
@@ -21,6 +24,13 @@ from pydantic import ValidationError
 from rlcore.wire.controller import FleetState
 
 log = structlog.get_logger("controlplane.gateway.follow")
+
+
+def _gunzip(body: bytes) -> bytes:
+    try:
+        return gzip.decompress(body)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise RuntimeError(f"a gzip body that does not decompress: {exc}") from exc
 
 
 class FollowedState:
@@ -48,6 +58,8 @@ class FollowedState:
                     etag = resp.headers.get("ETag")
                     if resp.status not in (200, 304):
                         raise RuntimeError(f"GET {self._url} answered {resp.status}: {body[:200]!r}")
+                    if resp.headers.get("Content-Encoding") == "gzip" and not self._session.auto_decompress:
+                        body = _gunzip(body)  # the gateway's session hands bodies on as they came
             if resp.status == 200:  # a 304 means the document held is current
                 if body != self._body:
                     self._state, self._body = FleetState.model_validate_json(body), body

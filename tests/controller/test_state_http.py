@@ -67,7 +67,10 @@ async def test_a_change_or_another_controller_gives_a_new_tag(fleet) -> None:
         await other.client.close()
 
 
-async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("decompress", [True, False], ids=["aiohttp-default", "gateway-session"])
+async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytest.MonkeyPatch, decompress) -> None:
+    """Both with a session that decompresses and with the gateway's own (`auto_decompress=False`,
+    as a proxy must), which still asks for gzip."""
     ctl, _, _, _ = fleet
     statuses: list[int] = []
 
@@ -76,7 +79,7 @@ async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytes
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(on_end)
-    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+    async with aiohttp.ClientSession(trace_configs=[trace], auto_decompress=decompress) as session:
         followed = FollowedState(session=session, url=ctl.url, token=CTL_TOKEN, interval_s=0.0)
         await followed.read_once()
         first = followed.current()
