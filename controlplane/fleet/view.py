@@ -146,12 +146,11 @@ class StateCache:
     (`rlcore.cached`): both are made once per generation, never per request."""
 
     def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState],
-                 worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode(),
-                 *, tags: EntityTags | None = None) -> None:
+                 worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode()) -> None:
         self._changes = changes
         self._build = build
         self._worker_json = worker_json
-        self.tags = tags or EntityTags()
+        self.tags = EntityTags()  # random per cache: a restarted controller's tags never match old ones
         self._cached: tuple[int, CachedBody] | None = None
 
     def etag(self) -> str:
