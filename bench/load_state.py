@@ -7,7 +7,11 @@ process, which runs the update cycles (the trainer: one `POST /v1/rl/update_weig
 the other, each a full pause -> load -> verify -> resume over the whole fleet) and the load
 generator (an aiohttp client, one connection pool, `--concurrency` loops paced to `--rate`
 requests/s in total; a loop that falls behind sends at once, so the achieved rate shows what
-the machine sustains).
+the machine sustains). `--readers` says how the loops read, in turn when several are named:
+`plain` takes the whole JSON each time, `gzip` is aiohttp's default (asks for gzip and
+decompresses), `etag` also names the tag of the document it holds (`If-None-Match`) and gets
+304 while nothing changed, as a dashboard, `rlctl state --watch` or a gateway follower would;
+each is reported with its ratios against the first, measured in the same run.
 
 Reported (printed, and written as JSON to `--out`): requests, errors, achieved requests/s,
 latency p50/p90/p99/max, update cycles run (and any that failed), the CPU seconds each
@@ -15,6 +19,7 @@ process used, and the machine. Every loop is bounded in count and time; loopback
 
     python bench/load_state.py                               # 256 workers, 120 s at 1000 req/s
     python bench/load_state.py --duration-s 30 --rate 0      # closed loop: as fast as it goes
+    python bench/load_state.py --workers 1024 --hosts 2 --rate 0 --readers plain,gzip,etag
 
 `tests/controller/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
 """
@@ -68,6 +73,8 @@ class LoadStats:
     errors: list[str] = field(default_factory=list)
     behind: int = 0  # sends more than 50 ms behind their loop's schedule
     body_bytes: int = 0
+    wire_bytes: int = 0  # bodies as sent (compressed, when they were)
+    not_modified: int = 0  # 304s (the `etag` reader)
     checked: int = 0  # bodies parsed and checked
     error_count: int = 0
 
@@ -79,9 +86,18 @@ class LoadStats:
             self.errors[-1] = f"... and more; last: {what}"
 
 
+# What a reader sends decides what the controller sends back.
+READERS: dict[str, dict[str, str]] = {
+    "plain": {"Accept-Encoding": "identity"},  # the whole JSON every time (what every reader got before gzip)
+    "gzip": {},  # aiohttp's defaults: `Accept-Encoding: gzip, deflate`, decompressed on arrival
+    "etag": {},  # gzip, and `If-None-Match` with the tag of the document this loop holds: 304 while unchanged
+}
+
+
 async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: float, workers: int,
-                        stats: LoadStats) -> float:
-    """`concurrency` loops sharing one pool, paced to `rate` requests/s in total (0: no pacing).
+                        stats: LoadStats, reader: str = "gzip") -> float:
+    """`concurrency` loops sharing one pool, paced to `rate` requests/s in total (0: no pacing),
+    each reading as `reader` does (every body is read whole, and decompressed if it came so).
     Every 50th body is parsed and checked (a state of every member); returns the time taken."""
     import aiohttp
 
@@ -90,6 +106,7 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
     stop_at = start + duration_s
 
     async def loop(session: aiohttp.ClientSession) -> None:
+        headers = dict(READERS[reader])
         while True:
             n = next(ticket)
             if rate > 0:
@@ -103,15 +120,21 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
                 return
             t0 = time.perf_counter()
             try:
-                async with session.get(url, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     body = await resp.read()
                     status = resp.status
+                    wire = resp.content.total_raw_bytes if body else 0  # as sent, before decompression
+                    if reader == "etag" and status == 200 and "ETag" in resp.headers:
+                        headers["If-None-Match"] = resp.headers["ETag"]
             except (aiohttp.ClientError, TimeoutError) as exc:
                 stats.error(f"{type(exc).__name__}: {exc}")
                 continue
             stats.latencies.append(time.perf_counter() - t0)
             stats.body_bytes += len(body)
-            if status != 200:
+            stats.wire_bytes += wire
+            if status == 304 and reader == "etag":
+                stats.not_modified += 1
+            elif status != 200:
                 stats.error(f"HTTP {status}: {body[:200]!r}")
             elif n % 50 == 0:
                 doc = json.loads(body)
@@ -180,10 +203,16 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | {"controller": ctl.pid}
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             self_before = time.process_time()
-            stats, cycles, stop = LoadStats(), [], asyncio.Event()
+            stats = {reader: LoadStats() for reader in args.readers}
+            took = dict.fromkeys(args.readers, 0.0)
+            cycles: list[dict[str, Any]] = []
+            stop = asyncio.Event()
             cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
-            took = await generate_load(url + "/v1/rl/state", rate=args.rate, concurrency=args.concurrency,
-                                       duration_s=args.duration_s, workers=args.workers, stats=stats)
+            for _ in range(args.rounds):  # readers in turn, so drifting load on the machine hits each alike
+                for reader in args.readers:
+                    took[reader] += await generate_load(
+                        url + "/v1/rl/state", rate=args.rate, concurrency=args.concurrency,
+                        duration_s=args.duration_s, workers=args.workers, stats=stats[reader], reader=reader)
             cpu = {name: round((cpu_seconds(pid) or 0) - (cpu_before[name] or 0), 2) for name, pid in pids.items()}
             cpu["load_generator_and_cycles"] = round(time.process_time() - self_before, 2)
             stop.set()
@@ -192,25 +221,42 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             if ctl is not None:
                 ctl.stop()
             fleet.__exit__()
-        lat = sorted(stats.latencies)
         ok_cycles = [c for c in cycles if c["http"] == 200 and c["status"] == "ok"]
         cycle_times = sorted(c["duration_s"] for c in ok_cycles)
+        by_reader = {reader: _summary(stats[reader], took[reader]) for reader in args.readers}
+        first = by_reader[args.readers[0]]
+        for summary in by_reader.values():  # against the first reader, measured in the same run
+            summary["rps_vs_first"] = round(summary["rps"] / first["rps"], 3) if first["rps"] else None
+            summary["p99_vs_first"] = round(summary["latency_ms"]["p99"] / first["latency_ms"]["p99"], 3)
         return {
-            "workers": args.workers, "hosts": args.hosts, "duration_s": round(took, 2), "target_rate": args.rate,
-            "concurrency": args.concurrency, "poll_interval_s": args.poll_interval_s,
+            "workers": args.workers, "hosts": args.hosts, "duration_s": round(sum(took.values()), 2),
+            "target_rate": args.rate, "concurrency": args.concurrency, "poll_interval_s": args.poll_interval_s,
             "engine_op_latency_s": args.latency_s, "setup_s": round(setup_s, 1),
-            "requests": len(lat), "errors": stats.error_count, "error_samples": stats.errors,
-            "rps": round(len(lat) / took, 1) if took else 0.0,
-            "latency_ms": {name: round(_percentile(lat, q) * 1e3, 2) for name, q in
-                           (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))},
-            "late_sends": stats.behind, "bodies_checked": stats.checked,
-            "mean_body_kib": round(stats.body_bytes / max(1, len(lat)) / 1024, 1),
+            "readers": by_reader,
+            # Over every reader: what the load test asserts on.
+            "requests": sum(s["requests"] for s in by_reader.values()),
+            "errors": sum(st.error_count for st in stats.values()),
+            "error_samples": [e for st in stats.values() for e in st.errors][:20],
+            "bodies_checked": sum(st.checked for st in stats.values()),
+            # The first reader's figures, as before `--readers` existed.
+            **{k: first[k] for k in ("rps", "latency_ms", "late_sends", "mean_body_kib")},
             "cycles": {"run": len(cycles), "ok": len(ok_cycles), "failed": [c for c in cycles if c not in ok_cycles],
                        "p50_s": _percentile(cycle_times, 0.5) if cycle_times else None},
             "cpu_s": cpu,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
         }
+
+
+def _summary(stats: LoadStats, took: float) -> dict[str, Any]:
+    lat = sorted(stats.latencies)
+    n = max(1, len(lat))
+    return {"requests": len(lat), "errors": stats.error_count, "rps": round(len(lat) / took, 1) if took else 0.0,
+            "latency_ms": {name: round(_percentile(lat, q) * 1e3, 2) for name, q in
+                           (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))},
+            "late_sends": stats.behind, "bodies_checked": stats.checked,
+            "mean_body_kib": round(stats.body_bytes / n / 1024, 1), "mean_wire_kib": round(stats.wire_bytes / n / 1024, 1),
+            "not_modified_share": round(stats.not_modified / n, 3)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -222,6 +268,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64, help="load loops (and pooled connections)")
     p.add_argument("--latency-s", type=float, default=0.01, help="latency of each simulated engine operation")
     p.add_argument("--poll-interval-s", type=float, default=1.0, help="the controller's status poll interval")
+    p.add_argument("--readers", type=lambda v: [r for r in v.split(",") if r], default=["gzip"],
+                   help=f"reader kinds in turn, comma-separated, from {', '.join(READERS)}; ratios are against the "
+                        "first (plain: the whole JSON each time; gzip: aiohttp's default; etag: also If-None-Match)")
+    p.add_argument("--rounds", type=int, default=1, help="times each reader runs (for --duration-s each), in turn")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report")
     return p.parse_args(argv)
 
@@ -229,12 +279,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def report(result: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    lat = result["latency_ms"]
-    print(f"GET /v1/rl/state, {result['workers']} workers, {result['duration_s']:g} s, "
+    print(f"GET /v1/rl/state, {result['workers']} workers, {result['concurrency']} loops, {result['duration_s']:g} s, "
           f"{result['cycles']['run']} update cycles ({result['cycles']['ok']} ok, p50 {result['cycles']['p50_s']} s)")
-    print(f"  {result['requests']} requests, {result['errors']} errors, {result['rps']:g} req/s "
-          f"(target {result['target_rate']:g}), p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, "
-          f"max {lat['max']} ms, body {result['mean_body_kib']} KiB")
+    for reader, r in result["readers"].items():
+        lat = r["latency_ms"]
+        print(f"  {reader:>5}: {r['requests']} requests, {r['errors']} errors, {r['rps']:g} req/s "
+              f"(target {result['target_rate']:g}), p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, "
+              f"max {lat['max']} ms, body {r['mean_body_kib']} KiB ({r['mean_wire_kib']} KiB sent), "
+              f"304s {r['not_modified_share']:.0%}; vs {next(iter(result['readers']))}: req/s x{r['rps_vs_first']}, "
+              f"p99 x{r['p99_vs_first']}")
     print(f"  CPU seconds: {result['cpu_s']}   (written to {out})")
 
 

@@ -3,10 +3,13 @@
 The real controller daemon (`python -m controlplane`, its own process, default status
 poll every second) watches a fleet of real agents on SimEngine hosted in other
 processes (`harness.simfleet`); an aiohttp load generator in this process reads the
-state at a fixed concurrency for a fixed time. Reported: p50, p99 and requests/s, and
-as the baseline in the same run, the same controller's `GET /healthz` at the same
-concurrency (the HTTP stack's ceiling on this machine), so the ratio says what building
-and serialising the state document costs. This is the static measurement; state under
+state at a fixed concurrency for a fixed time. Three kinds of reader (`--readers`): `plain`
+takes the whole JSON each time, `gzip` is aiohttp's default (asks for gzip, decompresses),
+`etag` also names the tag of the document it holds and gets 304 while nothing changed.
+Reported: p50, p99 and requests/s of each, and as the baselines in the same run, the `plain`
+reader and the same controller's `GET /healthz` at the same concurrency (the HTTP stack's
+ceiling on this machine), so the ratios say what each way of reading saves and what
+building and sending the state document still costs. This is the static measurement; state under
 load during update cycles is `bench/load_state.py`.
 """
 
@@ -40,18 +43,36 @@ def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float)
                              env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN})
 
 
-async def load(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float) -> dict[str, Any]:
-    """`concurrency` clients, each reading `url` back to back for `duration_s`."""
+# The readers: what a reader sends decides what the controller sends back.
+READERS: dict[str, dict[str, str]] = {
+    "plain": {"Accept-Encoding": "identity"},  # the whole JSON every time (what every reader got before gzip)
+    "gzip": {},  # aiohttp's defaults: `Accept-Encoding: gzip, deflate`, decompressed on arrival
+    "etag": {},  # gzip, and `If-None-Match` with the tag of the document this reader holds (dashboards,
+    # `rlctl state --watch`, the standalone gateway's follower)
+}
+
+
+async def load(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float,
+               reader: str = "gzip") -> dict[str, Any]:
+    """`concurrency` clients, each reading `url` back to back for `duration_s`, as `reader`
+    does; every body is read whole (and decompressed when it came compressed)."""
     latencies: list[float] = []
+    not_modified = 0
     end = time.perf_counter() + duration_s
 
     async def client() -> None:
+        nonlocal not_modified
+        headers = dict(READERS[reader])
         while time.perf_counter() < end:
             t0 = time.perf_counter()
-            async with session.get(url) as resp:
+            async with session.get(url, headers=headers) as resp:
                 await resp.read()
-                if resp.status != 200:
+                if resp.status == 304:
+                    not_modified += 1
+                elif resp.status != 200:
                     raise RuntimeError(f"{url} answered {resp.status}")
+                elif reader == "etag" and "ETag" in resp.headers:
+                    headers["If-None-Match"] = resp.headers["ETag"]
             latencies.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
@@ -59,53 +80,81 @@ async def load(session: aiohttp.ClientSession, url: str, concurrency: int, durat
     elapsed = time.perf_counter() - t0
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
-    return {"requests": len(latencies), "rps": len(latencies) / elapsed, "p50_s": pick(0.50), "p99_s": pick(0.99)}
+    return {"requests": len(latencies), "rps": len(latencies) / elapsed, "p50_s": pick(0.50), "p99_s": pick(0.99),
+            "not_modified": not_modified}
 
 
-async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int) -> dict[str, Any]:
+async def sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    """The document's size as sent plain and as sent gzip-compressed (on the wire)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as raw:
+        async with raw.get(url, headers={"Accept-Encoding": "identity"}) as resp:
+            plain = len(await resp.read())
+        async with raw.get(url, headers={"Accept-Encoding": "gzip"}) as resp:
+            zipped = len(await resp.read())
+            encoding = resp.headers.get("Content-Encoding")
+    return {"plain": plain, "gzip": zipped if encoding == "gzip" else plain}
+
+
+async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
+                  readers: list[str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await wait_reachable(session, url, workers=n, timeout_s=120)
-        async with session.get(url + "/v1/rl/state") as resp:
-            doc_bytes = len(await resp.read())
+        doc = await sizes(session, url + "/v1/rl/state")
         await load(session, url + "/v1/rl/state", max(concurrencies), min(duration_s, 1.0))  # warm-up
         rows = []
         for c in concurrencies:
-            runs: dict[str, list[dict[str, Any]]] = {"state": [], "healthz": []}
-            for _ in range(repeats):  # interleaved, so drifting load on the machine hits both alike
-                runs["state"].append(await load(session, url + "/v1/rl/state", c, duration_s))
+            runs: dict[str, list[dict[str, Any]]] = {r: [] for r in (*readers, "healthz")}
+            for _ in range(repeats):  # interleaved, so drifting load on the machine hits all alike
+                for reader in readers:
+                    runs[reader].append(await load(session, url + "/v1/rl/state", c, duration_s, reader))
                 runs["healthz"].append(await load(session, url + "/healthz", c, duration_s))
             row: dict[str, Any] = {"concurrency": c}
             for key, rs in runs.items():
-                row[key] = {"runs": rs, **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")}}
-            row["rps_ratio_state_vs_healthz"] = row["state"]["rps"] / row["healthz"]["rps"]
+                row[key] = {"runs": rs, **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")},
+                            "not_modified_share": sum(r["not_modified"] for r in rs) / max(1, sum(r["requests"]
+                                                                                                  for r in rs))}
+            row["state"] = row["gzip" if "gzip" in row else readers[0]]  # what an aiohttp reader gets
+            for key in readers:
+                row[key]["rps_vs_healthz"] = row[key]["rps"] / row["healthz"]["rps"]
+                if "plain" in row:
+                    row[key]["rps_vs_plain"] = row[key]["rps"] / row["plain"]["rps"]
             rows.append(row)
-            print(f"  c={c}: state {row['state']['rps']:.0f} req/s p50 {row['state']['p50_s'] * 1e3:.1f} ms; "
-                  f"healthz {row['healthz']['rps']:.0f} req/s", flush=True)
-    return {"state_document_bytes": doc_bytes, "rows": rows}
+            print(f"  c={c}: " + "; ".join(f"{k} {row[k]['rps']:.0f} req/s p50 {row[k]['p50_s'] * 1e3:.1f} ms "
+                                           f"p99 {row[k]['p99_s'] * 1e3:.1f} ms" for k in (*readers, "healthz")),
+                  flush=True)
+    return {"state_document_bytes": doc["plain"], "state_document_gzip_bytes": doc["gzip"], "readers": readers,
+            "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:
     out = []
     for r in result["rows"]:
-        s, h = r["state"], r["healthz"]
-        out.append([r["concurrency"], s["p50_s"] * 1e3, s["p99_s"] * 1e3, s["rps"], h["p50_s"] * 1e3, h["rps"],
-                    r["rps_ratio_state_vs_healthz"]])
-    return table(["concurrency", "state p50 ms", "state p99 ms", "state req/s", "healthz p50 ms", "healthz req/s",
-                  "state/healthz req/s"], out)
+        h = r["healthz"]
+        for reader in result["readers"]:
+            s = r[reader]
+            out.append([r["concurrency"], reader, s["p50_s"] * 1e3, s["p99_s"] * 1e3, s["rps"],
+                        s.get("rps_vs_plain"), s["rps_vs_healthz"], s["not_modified_share"], h["p50_s"] * 1e3,
+                        h["rps"]])
+    return table(["concurrency", "reader", "state p50 ms", "state p99 ms", "state req/s", "req/s vs plain",
+                  "req/s vs healthz", "304 share", "healthz p50 ms", "healthz req/s"], out)
 
 
 def draw(result: dict[str, Any], out_dir: Path) -> Path:
     def d(ax: Any) -> None:
-        cs = [str(r["concurrency"]) for r in result["rows"]]
-        x = range(len(cs))
-        ax.bar([i - 0.2 for i in x], [r["state"]["p50_s"] * 1e3 for r in result["rows"]], 0.4, label="p50")
-        ax.bar([i + 0.2 for i in x], [r["state"]["p99_s"] * 1e3 for r in result["rows"]], 0.4, label="p99")
-        ax.set_xticks(list(x), cs)
-        ax.set_xlabel("concurrent readers")
+        readers = result["readers"]
+        labels = [f"c={r['concurrency']}\n{k}" for r in result["rows"] for k in readers]
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], [r[k]["p50_s"] * 1e3 for r in result["rows"] for k in readers], 0.4,
+               label="p50")
+        ax.bar([i + 0.2 for i in x], [r[k]["p99_s"] * 1e3 for r in result["rows"] for k in readers], 0.4,
+               label="p99")
+        ax.set_xticks(list(x), labels, fontsize=7)
         ax.set_ylabel("latency (ms)")
-        rates = ", ".join(f"{r['state']['rps']:.0f}" for r in result["rows"])
-        ax.set_title(f"GET /v1/rl/state, {result['params']['workers']} workers ({rates} req/s)", fontsize=9)
+        ax.set_yscale("log")
+        ax.set_title(f"GET /v1/rl/state, {result['params']['workers']} workers "
+                     f"({result['state_document_bytes'] / 1024:.0f} KiB, gzip "
+                     f"{result['state_document_gzip_bytes'] / 1024:.0f} KiB)", fontsize=9)
         ax.legend(fontsize=8)
 
     return plot("state_endpoint", d, out_dir)
@@ -119,11 +168,11 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
             ctl = controller(fleet.agents, workdir, a.poll_interval_s)
             try:
                 await ctl.spawn().wait_ready_async()
-                result = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats)
+                result = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats, a.readers)
             finally:
                 ctl.stop()
     result["params"] = {"workers": a.workers, "concurrency": a.concurrency, "duration_s": a.duration_s,
-                        "repeats": a.repeats, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts}
+                        "repeats": a.repeats, "readers": a.readers, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts}
     return result
 
 
@@ -133,6 +182,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--duration-s", type=float, default=5.0, help="length of one load run")
     p.add_argument("--repeats", type=int, default=3, help="load runs per measurement; the median is reported")
+    p.add_argument("--readers", type=lambda s: [r for r in s.split(",") if r], default=list(READERS),
+                   help=f"reader kinds, comma-separated, from {', '.join(READERS)}")
     p.add_argument("--poll-interval-s", type=float, default=1.0, help="the controller's status poll interval")
     p.add_argument("--hosts", type=int, default=2, help="agent host processes")
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench/out)")
@@ -145,7 +196,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet_logs()
     result = asyncio.run(amain(a))
     return report("state_endpoint", result, a.out, text=render(result), draw=lambda out: draw(result, out),
-                  notes_before=[f"state document: {result['state_document_bytes']:,} bytes"])
+                  notes_before=[f"state document: {result['state_document_bytes']:,} bytes, "
+                                f"{result['state_document_gzip_bytes']:,} bytes gzip-compressed"])
 
 
 if __name__ == "__main__":

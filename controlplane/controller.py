@@ -42,6 +42,7 @@ from controlplane.workers.fanout import FanOut
 from controlplane.workers.registry import make_driver
 from controlplane.workers.spec import WorkerSpec
 from controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
+from rlcore.cached import CachedBody
 from rlcore.wire.controller import FleetState, GatewayView, WorkerView
 
 TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
@@ -152,3 +153,11 @@ class Controller:
     def state_json(self) -> bytes:
         """`state()` serialized, rebuilt only when something it shows has changed."""
         return self._state.json()
+
+    def state_body(self) -> CachedBody:
+        """`state_json()` with its entity tag and its gzip copy (made once per change)."""
+        return self._state.body()
+
+    def state_etag(self) -> str:
+        """The entity tag `state_body()` would carry now; builds nothing."""
+        return self._state.etag()

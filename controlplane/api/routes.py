@@ -20,6 +20,7 @@ from controlplane.errors import NotFound
 from controlplane.fleet.desired import admitted_versions
 from controlplane.operations import lora, pause, weights
 from controlplane.workers.capabilities import capabilities
+from rlcore.cached import cached_response
 from rlcore.http import json_response, parse_body, validate
 from rlcore.openapi import RouteTable
 from rlcore.wire.agent import ProbeAnswer
@@ -75,10 +76,12 @@ def _ctl(request: web.Request) -> Controller:
     return request.app[CONTROLLER]
 
 
-@api.get("/v1/rl/state", "The fleet state, from the cache (never a fan-out per request).", ok=FleetState,
-         tag=_NATIVE)
+@api.get("/v1/rl/state", "The fleet state, from the cache (never a fan-out per request). Carries an `ETag`: "
+         "with `If-None-Match` naming it, the answer is 304 with no body while nothing changed; gzip when "
+         "`Accept-Encoding` allows it.", ok=FleetState, answers={304: None}, tag=_NATIVE)
 async def get_state(request: web.Request) -> web.Response:
-    return web.Response(body=_ctl(request).state_json(), content_type="application/json")
+    ctl = _ctl(request)
+    return cached_response(request, etag=ctl.state_etag(), body=ctl.state_body)
 
 
 @api.get("/v1/rl/workers", "The members, in Dynamo's listing shape plus this project's fields.",

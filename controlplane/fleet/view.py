@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from controlplane.fleet.changes import ChangeCounter
 from controlplane.fleet.registry import WorkerRecord
 from controlplane.reconcile.plan import converged
+from rlcore.cached import CachedBody, EntityTags
 from rlcore.wire.controller import (
     AppliedState,
     DesiredState,
@@ -143,17 +144,28 @@ def state_json(state: FleetState, worker_json: Callable[[WorkerView], bytes]) ->
 
 
 class StateCache:
-    """The serialized document, rebuilt only when the change counter has moved."""
+    """The serialized document, rebuilt only when the change counter has moved, with its
+    entity tag (this cache's instance and the generation) and, once asked for, its gzip copy
+    (`rlcore.cached`): both are made once per generation, never per request."""
 
     def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState],
                  worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode()) -> None:
         self._changes = changes
         self._build = build
         self._worker_json = worker_json
-        self._cached: tuple[int, bytes] | None = None
+        self.tags = EntityTags()  # random per cache: a restarted controller's tags never match old ones
+        self._cached: tuple[int, CachedBody] | None = None
 
-    def json(self) -> bytes:
+    def etag(self) -> str:
+        """The current generation's tag, without building anything."""
+        return self.tags.tag(self._changes.generation)
+
+    def body(self) -> CachedBody:
         generation = self._changes.generation
         if self._cached is None or self._cached[0] != generation:
-            self._cached = (generation, state_json(self._build(), self._worker_json))
+            data = state_json(self._build(), self._worker_json)
+            self._cached = (generation, CachedBody(etag=self.tags.tag(generation), data=data))
         return self._cached[1]
+
+    def json(self) -> bytes:
+        return self.body().data

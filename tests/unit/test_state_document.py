@@ -84,3 +84,28 @@ def test_a_new_desired_state_or_a_replaced_member_remakes_them(fleet) -> None:
     state = document(registry, views, DesiredState(weight_version="v2"))
     assert [w.admin_url for w in state.workers] == [f"http://127.0.0.1:{9100 + i}" for i in range(4)]
     assert not any(w.reachable for w in state.workers)
+
+
+def test_the_cache_tags_each_generation_and_compresses_it_once(fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gzip
+
+    registry, changes, _ = fleet
+    views, desired = WorkerViews(), DesiredState(weight_version="v1")
+    cache = StateCache(changes, lambda: document(registry, views, desired), views.json)
+    tag = cache.etag()
+    body = cache.body()
+    assert body.etag == tag and body.data == cache.json() and gzip.decompress(body.gzipped()) == body.data
+    assert cache.etag() == tag and cache.body() is body  # nothing moved: the same bytes, copy and tag
+
+    compressed = []
+    real = gzip.compress
+    monkeypatch.setattr(gzip, "compress", lambda *a, **kw: compressed.append(1) or real(*a, **kw))
+    seen(registry, "w1", "v2")  # the state changed: a new tag, a new body, compressed once for all readers
+    assert cache.etag() != tag
+    changed = cache.body()
+    assert changed.etag == cache.etag() and changed.data != body.data
+    assert all(cache.body().gzipped() == changed.gzipped() for _ in range(5)) and len(compressed) == 1
+
+    # Another cache over the same counter (a restarted controller counts from zero again): other tags.
+    again = StateCache(changes, lambda: document(registry, views, desired), views.json)
+    assert again.body().data == changed.data and again.etag() != changed.etag
