@@ -69,6 +69,8 @@ class ControlPlaneClient:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session = session
         self._owns_session = session is None
+        # The last state document and its ETag: a poll of an unchanged state is a 304, no body.
+        self._state: tuple[str, dict] | None = None
 
     async def __aenter__(self) -> ControlPlaneClient:
         return self
@@ -81,7 +83,8 @@ class ControlPlaneClient:
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None) -> Any:
+    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None,
+                       etag: str | None = None, answer: dict | None = None) -> Any:
         if self._session is None:
             # No session-wide limit: each call has its own deadline, and an update
             # transaction may rightly take longer than aiohttp's default 300 s.
@@ -90,9 +93,12 @@ class ControlPlaneClient:
         deadline = timeout_s or self.timeout_s
         try:
             async with asyncio.timeout(deadline):
-                async with self._session.request(method, url, json=body, headers=self._headers) as resp:
+                headers = self._headers | ({"If-None-Match": etag} if etag else {})
+                async with self._session.request(method, url, json=body, headers=headers) as resp:
                     status = resp.status
-                    data = await resp.json(content_type=None)
+                    data = None if status == 304 else await resp.json(content_type=None)
+                    if answer is not None:
+                        answer["etag"] = resp.headers.get("ETag")
         except TimeoutError as exc:
             raise ControllerUnreachable(f"the controller at {self.base_url} did not answer within {deadline:g}s") \
                 from exc
@@ -111,10 +117,18 @@ class ControlPlaneClient:
 
     # -- reads -------------------------------------------------------------------------
     async def state(self) -> FleetState:
-        return FleetState.model_validate(await self._request("GET", "/v1/rl/state"))
+        return FleetState.model_validate(await self.state_raw())
 
     async def state_raw(self) -> dict:
-        return await self._request("GET", "/v1/rl/state")
+        """The state document; polled again, a 304 when it has not changed (`If-None-Match`)."""
+        answer: dict[str, Any] = {}
+        data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None,
+                                   answer=answer)
+        if data is None and self._state is not None:  # 304: unchanged
+            return self._state[1]
+        if answer.get("etag"):
+            self._state = (answer["etag"], data)
+        return data
 
     async def workers(self) -> dict:
         return await self._request("GET", "/v1/rl/workers")

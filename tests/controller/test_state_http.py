@@ -94,3 +94,25 @@ async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytes
         now = followed.current()
         assert statuses[-1] == 200 and len(parsed) == 1 and now is not None
         assert now[0] == first[0] + 1 and now[1].desired.paused is True and followed.last_error is None
+
+
+async def test_the_python_client_polls_with_its_tag(fleet) -> None:
+    from rlclient.client import ControlPlaneClient
+
+    ctl, *_ = fleet
+    statuses: list[int] = []
+
+    async def count(session, ctx, params) -> None:
+        statuses.append(params.response.status)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_end.append(count)
+    async with aiohttp.ClientSession(trace_configs=[trace]) as session:
+        client = ControlPlaneClient(ctl.url, token=CTL_TOKEN, session=session)
+        first = await client.state_raw()
+        again = await client.state_raw()  # nothing changed: a 304, the document kept
+        assert statuses == [200, 304] and again is first
+        status, _ = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
+        assert status == 200
+        changed = await client.state()
+        assert statuses[-1] == 200 and changed.desired.paused
