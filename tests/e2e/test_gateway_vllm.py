@@ -158,7 +158,11 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         by_text = {text: version for version, texts in refs.items() for text in texts}
         # The engine names the weights of every answer with a token, and its spans agree with the text.
         assert all(a["spans"] for a in answers if a["text"]), [a for a in answers if a["text"] and not a["spans"]][:3]
-        disagree = [a for a in answers if a["text"] in by_text and a["spans"] != {by_text[a["text"]]}]
+        # (An answer whose tokens came from two weight sets -- frozen by a keep-mode pause, resumed on
+        # the new weights -- may still equal one set's greedy text by a token's coincidence: it is
+        # judged by its spans alone, below.)
+        disagree = [a for a in answers
+                    if a["text"] in by_text and len(a["spans"]) == 1 and a["spans"] != {by_text[a["text"]]}]
         assert disagree == [], [(a["worker"], a["version"], a["raw_spans"], by_text[a["text"]], a["phase"], a["sent"], a["received"], rollouts.updates) for a in disagree]
         # No answer from weights other than the version the fence named, unless an update ran
         # while it was in flight (a keep-mode request resumed on the new weights).
