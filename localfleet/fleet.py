@@ -32,6 +32,7 @@ import aiohttp
 
 from harness.checkpoints import write_checkpoint, write_perturbed
 from harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, stop_all
+from rlclient.cli import count_or_percent
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
            "Weights move from the trainer", "Pause, update, verify and resume"]
@@ -323,7 +324,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gateway-port", type=int, default=8090, help="inference gateway port (0 = a free one)")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds each agent may take to start")
     p.add_argument("--keep-running", action="store_true", help="keep the fleet up after the steps until Ctrl-C")
-    p.add_argument("--max-unavailable", default=None,
+    p.add_argument("--max-unavailable", type=count_or_percent, default=None,
                    help="rolling updates: members out of service at once (a count, or a percentage like 50%%)")
     p.add_argument("--staleness", type=int, default=0,
                    help="the gateway may serve the last N versions before the desired one (a roll's old waves)")
@@ -332,11 +333,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
-    if args.max_unavailable is not None and not args.max_unavailable.endswith("%"):
-        try:
-            args.max_unavailable = int(args.max_unavailable)
-        except ValueError:
-            p.error(f"--max-unavailable {args.max_unavailable!r} is neither a count nor a percentage")
     args.workdir = args.workdir.resolve()
     return args
 

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pause-mode", choices=("abort", "wait", "keep"), default="keep")
     up.add_argument("--no-verify", action="store_true")
     up.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline per phase, seconds")
-    up.add_argument("--max-unavailable", type=_count_or_percent, default=None,
+    up.add_argument("--max-unavailable", type=count_or_percent, default=None,
                     help="roll in waves of this many members (a count, or a percentage like 25%%)")
     up.add_argument("--no-wait", action="store_true", help="print the operation's id and leave it running")
     up.add_argument("--manifest", type=Path, default=None,
@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _count_or_percent(value: str) -> int | str:
+def count_or_percent(value: str) -> int | str:
+    """A rolling update's `max_unavailable` from the command line: `3` or `25%`."""
     if value.endswith("%"):
         return value
     try:

@@ -39,13 +39,12 @@ class CachedBody:
 
     etag: str
     data: bytes
-    level: int = GZIP_LEVEL
     _gzipped: bytes | None = field(default=None, init=False, repr=False)
 
     def gzipped(self) -> bytes:
         if self._gzipped is None:
             # mtime=0: the same bytes give the same copy (no timestamp in the header).
-            self._gzipped = gzip.compress(self.data, compresslevel=self.level, mtime=0)
+            self._gzipped = gzip.compress(self.data, compresslevel=GZIP_LEVEL, mtime=0)
         return self._gzipped
 
 

@@ -76,12 +76,12 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
     digests = {wid: _digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
                for wid, sums in checksums.items() if wid not in failed}
     if digests:
-        agreed = agreement.digest if agreement is not None and agreement.digest is not None else None
-        if agreed is None:
-            agreed, count = Tally(digests.values()).most_common(1)[0]
-            why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
-        else:
+        if agreement is not None and agreement.digest is not None:
+            agreed = agreement.digest
             why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
+        else:
+            agreed, count = _majority(digests)
+            why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
         for worker_id, digest in digests.items():
             if digest != agreed:
                 fail(worker_id, why)
@@ -106,7 +106,7 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
         if held:
             digests[o.worker_id] = _digest(held)
     if digests:
-        majority, count = Tally(digests.values()).most_common(1)[0]
+        majority, count = _majority(digests)
         for worker_id, digest in digests.items():
             if digest != majority:
                 failed.add(worker_id)
@@ -129,6 +129,11 @@ def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | N
         parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:_NAMED])}"
                      f"{', ...' if len(missing) > _NAMED else ''})")
     return "; ".join(parts)
+
+
+def _majority(digests: dict[str, str]) -> tuple[str, int]:
+    """The digest most workers gave, and how many gave it."""
+    return Tally(digests.values()).most_common(1)[0]
 
 
 def _digest(checksums: dict[str, str]) -> str:

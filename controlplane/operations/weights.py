@@ -43,11 +43,10 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
     path = check_path(req.source.path, "source.path", ctx.allowed_roots)
     members = ctx.registry.members()
     require_capability(members, "disk_weights", "a disk weight update")
-    if req.expected_checksums is not None:
-        require_capability(members, "checksums", "checking weights against a manifest")
     detail = {"version": req.version, "path": path, "pause_mode": req.pause_mode, "verify": req.verify,
               "strategy": req.strategy.model_dump()}
     if req.expected_checksums is not None:
+        require_capability(members, "checksums", "checking weights against a manifest")
         detail["manifest_tensors"] = len(req.expected_checksums)
 
     async def body(run: Run) -> None:
@@ -136,7 +135,6 @@ class Roll:
                 for worker_id in rest:
                     run.tracker.skip(worker_id, "update", f"not updated: {why}")
                 progress = progress.model_copy(update={"halted": why})
-                run.tracker.note(halted=why)
                 break
         run.tracker.set_progress(progress)
         ctx.log.set_verified(req.verify and progress.updated == len(by_id))
