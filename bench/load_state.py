@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -51,6 +52,7 @@ from harness.controller import wait_reachable  # noqa: E402
 from harness.processes import ControllerProcess, cpu_seconds  # noqa: E402
 from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
 from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E402
+from rlcore.heap import settle  # noqa: E402
 
 
 def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float) -> ControllerProcess:
@@ -58,7 +60,8 @@ def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float)
         "controller_id": "load", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN},
         "gateway": {"enabled": False},
         "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
-        "workers": {"token": AGENT_TOKEN, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+        "workers": {"token": AGENT_TOKEN, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120,
+},
         "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
         "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning",
@@ -91,7 +94,42 @@ READERS: dict[str, dict[str, str]] = {
     "plain": {"Accept-Encoding": "identity"},  # the whole JSON every time (what every reader got before gzip)
     "gzip": {},  # aiohttp's defaults: `Accept-Encoding: gzip, deflate`, decompressed on arrival
     "etag": {},  # gzip, and `If-None-Match` with the tag of the document this loop holds: 304 while unchanged
+    "healthz": {},  # `GET /healthz` at the same pace: the HTTP stack's floor on this machine, in the same run
 }
+LAG_METRIC = "rlcp_event_loop_lag_seconds"
+
+
+async def loop_lag(session: Any, url: str) -> dict[float, float]:
+    """The controller's event-loop lag histogram (`controlplane/loopwatch.py`), cumulative
+    counts by upper bound, from its /metrics."""
+    async with session.get(url + "/metrics") as resp:
+        text = await resp.text()
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(LAG_METRIC + "_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(le)] = float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def lag_summary(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """Between two scrapes: probes, the bucket bound under which 50/99% of them woke, and
+    how many woke later than 20 and 100 ms."""
+    delta = {le: after.get(le, 0.0) - before.get(le, 0.0) for le in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+
+    def bound(q: float) -> float | None:
+        return next((le for le, n in delta.items() if total and n >= q * total), None)
+
+    def over(limit: float) -> float:
+        return total - max((n for le, n in delta.items() if le <= limit), default=0.0)
+
+    return {"probes": int(total), "p50_le_ms": _ms(bound(0.5)), "p99_le_ms": _ms(bound(0.99)),
+            "over_20ms": int(over(0.02)), "over_100ms": int(over(0.1))}
+
+
+def _ms(value: float | None) -> float | str | None:
+    return None if value is None else ("inf" if value == float("inf") else round(value * 1e3, 1))
 
 
 async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: float, workers: int,
@@ -136,15 +174,22 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
                 stats.not_modified += 1
             elif status != 200:
                 stats.error(f"HTTP {status}: {body[:200]!r}")
-            elif n % 50 == 0:
+            elif n % 50 == 0 and reader != "healthz":
                 doc = json.loads(body)
                 stats.checked += 1
                 if len(doc["workers"]) != workers or "phase" not in doc:
                     stats.error(f"a state with {len(doc['workers'])} workers, phase {doc.get('phase')!r}")
 
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await asyncio.gather(*(loop(session) for _ in range(concurrency)))
+    # This process's own collector paused it for up to 90 ms mid-request, counted as the
+    # controller's latency: startup's heap is frozen and no full collection runs while measuring.
+    settle()
+    gc.disable()
+    try:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.gather(*(loop(session) for _ in range(concurrency)))
+    finally:
+        gc.enable()
     return time.monotonic() - start
 
 
@@ -184,47 +229,53 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
     raise_fd_limit()
+    keys = list(args.readers)
+    stats = {key: LoadStats() for key in keys}
+    took = dict.fromkeys(keys, 0.0)
+    lags: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
+    cycles: list[dict[str, Any]] = []
+    cpu: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="load-state-") as tmp:
         workdir = Path(tmp)
         ckpts = [write_checkpoint(workdir / f"ckpt-{seed}", seed) for seed in (1, 2, 3)]
         fleet = HostedFleet(args.workers, root=workdir, latency_s=args.latency_s, hosts=args.hosts,
                             require_desired_version=True, start_timeout_s=120, workdir=workdir)
-        ctl: ControllerProcess | None = None
+        t0 = time.monotonic()
+        await asyncio.to_thread(fleet.__enter__)
         try:
-            t0 = time.monotonic()
-            await asyncio.to_thread(fleet.__enter__)
-            ctl = controller(fleet.agents, workdir, args.poll_interval_s)
-            await ctl.spawn().wait_ready_async()
-            url = ctl.url
-            async with aiohttp.ClientSession() as session:
-                await wait_reachable(session, url, workers=args.workers, timeout_s=120)
             setup_s = time.monotonic() - t0
-
-            pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | {"controller": ctl.pid}
-            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            self_before = time.process_time()
-            stats = {reader: LoadStats() for reader in args.readers}
-            took = dict.fromkeys(args.readers, 0.0)
-            cycles: list[dict[str, Any]] = []
-            stop = asyncio.Event()
-            cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
-            for _ in range(args.rounds):  # readers in turn, so drifting load on the machine hits each alike
-                for reader in args.readers:
-                    took[reader] += await generate_load(
-                        url + "/v1/rl/state", rate=args.rate, concurrency=args.concurrency,
-                        duration_s=args.duration_s, workers=args.workers, stats=stats[reader], reader=reader)
-            cpu = {name: round((cpu_seconds(pid) or 0) - (cpu_before[name] or 0), 2) for name, pid in pids.items()}
-            cpu["load_generator_and_cycles"] = round(time.process_time() - self_before, 2)
-            stop.set()
-            await asyncio.wait_for(cycler, 300)
-        finally:
-            if ctl is not None:
+            ctl = controller(fleet.agents, workdir, args.poll_interval_s)
+            try:
+                await ctl.spawn().wait_ready_async()
+                url = ctl.url
+                async with aiohttp.ClientSession() as session:
+                    await wait_reachable(session, url, workers=args.workers, timeout_s=120)
+                pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | {"controller": ctl.pid}
+                cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                self_before = time.process_time()
+                stop = asyncio.Event()
+                cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
+                async with aiohttp.ClientSession() as probe:
+                    for _ in range(args.rounds):  # readers in turn, so drifting load on the machine hits each alike
+                        for reader in args.readers:
+                            lag_before = await loop_lag(probe, url)
+                            took[reader] += await generate_load(
+                                url + ("/healthz" if reader == "healthz" else "/v1/rl/state"), rate=args.rate,
+                                concurrency=args.concurrency, duration_s=args.duration_s, workers=args.workers,
+                                stats=stats[reader], reader=reader)
+                            lags[reader].append(lag_summary(lag_before, await loop_lag(probe, url)))
+                cpu = {name: round((cpu_seconds(pid) or 0) - (cpu_before[name] or 0), 2) for name, pid in pids.items()}
+                cpu["load_generator_and_cycles"] = round(time.process_time() - self_before, 2)
+                stop.set()
+                await asyncio.wait_for(cycler, 300)
+            finally:
                 ctl.stop()
+        finally:
             fleet.__exit__()
         ok_cycles = [c for c in cycles if c["http"] == 200 and c["status"] == "ok"]
         cycle_times = sorted(c["duration_s"] for c in ok_cycles)
-        by_reader = {reader: _summary(stats[reader], took[reader]) for reader in args.readers}
-        first = by_reader[args.readers[0]]
+        by_reader = {key: _summary(stats[key], took[key]) | {"loop_lag": lags[key]} for key in keys}
+        first = by_reader[keys[0]]
         for summary in by_reader.values():  # against the first reader, measured in the same run
             summary["rps_vs_first"] = round(summary["rps"] / first["rps"], 3) if first["rps"] else None
             summary["p99_vs_first"] = round(summary["latency_ms"]["p99"] / first["latency_ms"]["p99"], 3)
@@ -288,6 +339,9 @@ def report(result: dict[str, Any], out: Path) -> None:
               f"max {lat['max']} ms, body {r['mean_body_kib']} KiB ({r['mean_wire_kib']} KiB sent), "
               f"304s {r['not_modified_share']:.0%}; vs {next(iter(result['readers']))}: req/s x{r['rps_vs_first']}, "
               f"p99 x{r['p99_vs_first']}")
+        for lag in r["loop_lag"]:
+            print(f"         controller loop lag: {lag['probes']} probes, p50 <= {lag['p50_le_ms']} ms, "
+                  f"p99 <= {lag['p99_le_ms']} ms, {lag['over_20ms']} over 20 ms, {lag['over_100ms']} over 100 ms")
     print(f"  CPU seconds: {result['cpu_s']}   (written to {out})")
 
 

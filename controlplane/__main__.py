@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from aiohttp import web
 
     from controlplane.api.app import build_app
+    from rlcore.heap import settle
 
     async def _run() -> None:
         stop = asyncio.Event()
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             tmp = args.port_file.with_suffix(".tmp")
             tmp.write_text(str(port))
             tmp.replace(args.port_file)
-        structlog.get_logger("controlplane").info("controller_ready", port=port)
+        structlog.get_logger("controlplane").info("controller_ready", port=port, heap_frozen=settle())
         try:
             await stop.wait()
         finally:

@@ -4,6 +4,7 @@
     status-observer   every member's status, every poll interval
     reconciler        converge workers that are behind (the leader), follow the desired state (a follower)
     lease-elector     acquire / renew the Lease (with leader election only)
+    loop-lag          how late the event loop runs (a metric; loopwatch.py)
 
 Each loop is a named task. One that dies of an unexpected error is logged and started again
 after a short, growing delay: a bug in one pass must not silently end discovery or
@@ -22,6 +23,7 @@ import structlog
 from controlplane.controller import Controller
 from controlplane.discovery.base import DiscoverySource
 from controlplane.fleet.observer import observe_statuses
+from controlplane.loopwatch import watch_loop_lag
 from controlplane.reconcile.loop import run_reconciler
 
 log = structlog.get_logger("controlplane.supervisor")
@@ -78,4 +80,5 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
         supervisor.spawn("reconciler", lambda: run_reconciler(
             reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
             interval_s=s.reconcile.interval_s))
+        supervisor.spawn("loop-lag", lambda: watch_loop_lag(ctl.metrics.loop_lag))
     return supervisor

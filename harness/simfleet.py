@@ -35,6 +35,7 @@ from harness.faults import FaultRules, fault_middleware
 from harness.http import free_port
 from harness.processes import REPO, AgentProcess
 from harness.waiting import wait_for_sync
+from rlcore.heap import settle
 
 TOKEN = "agent-token"
 # Short engine deadlines, so a test's hang costs seconds.
@@ -138,6 +139,7 @@ async def serve(count: int, first: int, root: Path, latency_s: float, ready: Pat
     tmp = ready.with_suffix(".tmp")
     tmp.write_text(json.dumps({"first": first, "ports": [a.port for a in agents]}))
     tmp.rename(ready)  # atomic: the parent never reads half a list
+    settle()  # 512 agents' apps are ~280,000 objects: never walked again by the collector (rlcore/heap.py)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

