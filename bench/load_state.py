@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import gzip
 import itertools
 import json
 import os
@@ -55,9 +56,10 @@ from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E
 from rlcore.heap import settle  # noqa: E402
 
 
-def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float) -> ControllerProcess:
+def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float, *, front: bool = True,
+               name: str = "controller") -> ControllerProcess:
     config = {
-        "controller_id": "load", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN},
+        "controller_id": "load", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN, "front": front},
         "gateway": {"enabled": False},
         "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
         "workers": {"token": AGENT_TOKEN, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120,
@@ -66,7 +68,18 @@ def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float)
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
         "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning",
     }
-    return ControllerProcess(config, workdir)
+    return ControllerProcess(config, workdir, name=name)
+
+
+def controller_pids(pid: int) -> dict[str, int]:
+    """The daemon's processes: the front and the core it started (`api.front`), or the one."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    if not children:
+        return {"controller": pid}
+    return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
 
 
 # -- load and cycles ------------------------------------------------------------------------------------
@@ -160,23 +173,24 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
             try:
                 async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                     body = await resp.read()
-                    status = resp.status
-                    wire = resp.content.total_raw_bytes if body else 0  # as sent, before decompression
+                    status, encoding = resp.status, resp.headers.get("Content-Encoding")
                     if reader == "etag" and status == 200 and "ETag" in resp.headers:
                         headers["If-None-Match"] = resp.headers["ETag"]
             except (aiohttp.ClientError, TimeoutError) as exc:
                 stats.error(f"{type(exc).__name__}: {exc}")
                 continue
-            stats.latencies.append(time.perf_counter() - t0)
-            stats.body_bytes += len(body)
-            stats.wire_bytes += wire
+            stats.latencies.append(time.perf_counter() - t0)  # to the last byte, as sent
+            stats.wire_bytes += len(body)
             if status == 304 and reader == "etag":
                 stats.not_modified += 1
             elif status != 200:
                 stats.error(f"HTTP {status}: {body[:200]!r}")
             elif n % 50 == 0 and reader != "healthz":
+                if encoding == "gzip":
+                    body = gzip.decompress(body)
                 doc = json.loads(body)
                 stats.checked += 1
+                stats.body_bytes += len(body)
                 if len(doc["workers"]) != workers or "phase" not in doc:
                     stats.error(f"a state with {len(doc['workers'])} workers, phase {doc.get('phase')!r}")
 
@@ -186,7 +200,10 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
     settle()
     gc.disable()
     try:
-        async with aiohttp.ClientSession(connector=connector) as session:
+        # Bodies are timed to their last byte as sent and decompressed only when checked: a
+        # reader's own decompression (~1 ms per 500 KB document) is its cost, not the answer's,
+        # and in this process it would delay the other loops' timings.
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             await asyncio.gather(*(loop(session) for _ in range(concurrency)))
     finally:
         gc.enable()
@@ -225,11 +242,14 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Start the fleet and the controller, run cycles and load together, stop everything."""
+    """Start the fleet; for each round and each way of serving (`--front`) in turn, start a
+    controller, run cycles and load together, stop it; stop the fleet."""
     import aiohttp
 
     raise_fd_limit()
-    keys = list(args.readers)
+    fronts = args.front
+    keyed = lambda front, reader: f"front {front}: {reader}" if len(fronts) > 1 else reader  # noqa: E731
+    keys = [keyed(front, reader) for front in fronts for reader in args.readers]
     stats = {key: LoadStats() for key in keys}
     took = dict.fromkeys(keys, 0.0)
     lags: dict[str, list[dict[str, Any]]] = {key: [] for key in keys}
@@ -244,32 +264,40 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.to_thread(fleet.__enter__)
         try:
             setup_s = time.monotonic() - t0
-            ctl = controller(fleet.agents, workdir, args.poll_interval_s)
-            try:
-                await ctl.spawn().wait_ready_async()
-                url = ctl.url
-                async with aiohttp.ClientSession() as session:
-                    await wait_reachable(session, url, workers=args.workers, timeout_s=120)
-                pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | {"controller": ctl.pid}
-                cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-                self_before = time.process_time()
-                stop = asyncio.Event()
-                cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
-                async with aiohttp.ClientSession() as probe:
-                    for _ in range(args.rounds):  # readers in turn, so drifting load on the machine hits each alike
-                        for reader in args.readers:
-                            lag_before = await loop_lag(probe, url)
-                            took[reader] += await generate_load(
-                                url + ("/healthz" if reader == "healthz" else "/v1/rl/state"), rate=args.rate,
-                                concurrency=args.concurrency, duration_s=args.duration_s, workers=args.workers,
-                                stats=stats[reader], reader=reader)
-                            lags[reader].append(lag_summary(lag_before, await loop_lag(probe, url)))
-                cpu = {name: round((cpu_seconds(pid) or 0) - (cpu_before[name] or 0), 2) for name, pid in pids.items()}
-                cpu["load_generator_and_cycles"] = round(time.process_time() - self_before, 2)
-                stop.set()
-                await asyncio.wait_for(cycler, 300)
-            finally:
-                ctl.stop()
+            for k in range(args.rounds):  # in turn, so drifting load on the machine hits each alike
+                for front in fronts:
+                    ctl = controller(fleet.agents, workdir, args.poll_interval_s, front=front == "on",
+                                     name=f"controller-{k}-front-{front}")
+                    try:
+                        await ctl.spawn().wait_ready_async()
+                        url = ctl.url
+                        async with aiohttp.ClientSession() as session:
+                            await wait_reachable(session, url, workers=args.workers, timeout_s=120)
+                        pids = {f"host-{i}": p.pid for i, p in enumerate(fleet.procs)} | controller_pids(ctl.pid)
+                        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+                        self_before = time.process_time()
+                        stop = asyncio.Event()
+                        cycler = asyncio.create_task(run_cycles(url, ckpts, stop, cycles), name="update-cycles")
+                        async with aiohttp.ClientSession() as probe:
+                            for reader in args.readers:
+                                key = keyed(front, reader)
+                                lag_before = await loop_lag(probe, url)
+                                took[key] += await generate_load(
+                                    url + ("/healthz" if reader == "healthz" else "/v1/rl/state"), rate=args.rate,
+                                    concurrency=args.concurrency, duration_s=args.duration_s, workers=args.workers,
+                                    stats=stats[key], reader=reader)
+                                lags[key].append(lag_summary(lag_before, await loop_lag(probe, url)))
+                        for name, pid in pids.items():
+                            used = (cpu_seconds(pid) or 0) - (cpu_before[name] or 0)
+                            label = f"{name} (front {front})" if len(fronts) > 1 and name.startswith("controller") \
+                                else name
+                            cpu[label] = round(cpu.get(label, 0.0) + used, 2)
+                        cpu["load_generator_and_cycles"] = round(cpu.get("load_generator_and_cycles", 0.0)
+                                                                 + time.process_time() - self_before, 2)
+                        stop.set()
+                        await asyncio.wait_for(cycler, 300)
+                    finally:
+                        ctl.stop()
         finally:
             fleet.__exit__()
         ok_cycles = [c for c in cycles if c["http"] == 200 and c["status"] == "ok"]
@@ -282,7 +310,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         return {
             "workers": args.workers, "hosts": args.hosts, "duration_s": round(sum(took.values()), 2),
             "target_rate": args.rate, "concurrency": args.concurrency, "poll_interval_s": args.poll_interval_s,
-            "engine_op_latency_s": args.latency_s, "setup_s": round(setup_s, 1),
+            "engine_op_latency_s": args.latency_s, "setup_s": round(setup_s, 1), "front": fronts,
             "readers": by_reader,
             # Over every reader: what the load test asserts on.
             "requests": sum(s["requests"] for s in by_reader.values()),
@@ -306,7 +334,8 @@ def _summary(stats: LoadStats, took: float) -> dict[str, Any]:
             "latency_ms": {name: round(_percentile(lat, q) * 1e3, 2) for name, q in
                            (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))},
             "late_sends": stats.behind, "bodies_checked": stats.checked,
-            "mean_body_kib": round(stats.body_bytes / n / 1024, 1), "mean_wire_kib": round(stats.wire_bytes / n / 1024, 1),
+            "mean_body_kib": round(stats.body_bytes / max(1, stats.checked) / 1024, 1),
+            "mean_wire_kib": round(stats.wire_bytes / n / 1024, 1),
             "not_modified_share": round(stats.not_modified / n, 3)}
 
 
@@ -323,6 +352,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"reader kinds in turn, comma-separated, from {', '.join(READERS)}; ratios are against the "
                         "first (plain: the whole JSON each time; gzip: aiohttp's default; etag: also If-None-Match)")
     p.add_argument("--rounds", type=int, default=1, help="times each reader runs (for --duration-s each), in turn")
+    p.add_argument("--front", type=lambda v: [m for m in v.split(",") if m], default=["on"],
+                   help="the controller's api.front, in turn when several are named: on (the default: reads "
+                        "answered by the front process) or off (one process, as before); ratios against the first")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report")
     return p.parse_args(argv)
 

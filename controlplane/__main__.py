@@ -1,4 +1,8 @@
-"""`rl-controlplane` / `python -m controlplane`: run the controller daemon."""
+"""`rl-controlplane` / `python -m controlplane`: run the controller daemon.
+
+By default (`api.front: true`) the daemon is two processes: the front on the public port and
+the core behind it (`controlplane/front/`); `--core` is how the front starts the core.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rl-controlplane", description=__doc__)
+    parser = argparse.ArgumentParser(prog="rl-controlplane", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="YAML settings file (env RLCP_* overrides it)")
     parser.add_argument("--port-file", type=Path, help="write the bound API port here once serving")
+    parser.add_argument("--core", action="store_true",
+                        help="run as the core behind a front (internal: stops when stdin closes)")
     args = parser.parse_args(argv)
 
     from controlplane.settings import load_settings
@@ -35,11 +41,13 @@ def main(argv: list[str] | None = None) -> int:
     from controlplane.api.app import build_app
     from rlcore.heap import settle
 
-    async def _run() -> None:
+    async def core() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if args.core:
+            loop.add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone, however it went
         runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.api.host, settings.api.port)
@@ -49,19 +57,35 @@ def main(argv: list[str] | None = None) -> int:
             tmp = args.port_file.with_suffix(".tmp")
             tmp.write_text(str(port))
             tmp.replace(args.port_file)
-        structlog.get_logger("controlplane").info("controller_ready", port=port, heap_frozen=settle())
+        structlog.get_logger("controlplane").info("core_ready" if args.core else "controller_ready", port=port,
+                                                  heap_frozen=settle())
         try:
             await stop.wait()
         finally:
             await runner.cleanup()
+        return 0
+
+    async def front() -> int:
+        from controlplane.front.daemon import serve
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        settle()
+        return await serve(settings, token=token, config=args.config, port_file=args.port_file, stop=stop)
+
+    from controlplane.front.daemon import CoreStartFailed
 
     try:
-        asyncio.run(_run())
+        return asyncio.run(front() if settings.api.front and not args.core else core())
+    except CoreStartFailed as exc:
+        print(f"rl-controlplane: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # the port is taken, the address is wrong, ...
         print(f"rl-controlplane: cannot serve on {settings.api.host}:{settings.api.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

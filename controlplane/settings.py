@@ -26,6 +26,15 @@ class ApiSettings(Section):
     token_file: Path | None = Field(None, description="File holding the token (a mounted Secret).")
     auth_reads: bool = Field(False, description="Also require the token on read routes.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body, in bytes.")
+    front: bool = Field(True, description="Serve this port from a front process of its own, which answers "
+                        "/v1/rl/state from a replica of the controller's document and proxies the rest to the "
+                        "controller behind it (controlplane/front/): reads do not wait for the fleet's work.")
+    front_follow_interval_s: float = Field(0.05, gt=0, description="How often the front reads the controller's "
+                                           "state (a 304 while unchanged; each write is followed by a read), in s.")
+    front_timeout_s: float = Field(3600.0, gt=0, description="Deadline of one request the front proxies (an "
+                                   "update with wait: true lasts as long as the update), in seconds.")
+    front_stale_s: float = Field(30.0, gt=0, description="The front's /healthz fails once the controller behind "
+                                 "it has not answered a state read for this long, in seconds.")
 
     def resolved_token(self) -> str:
         token = read_token(self.token, self.token_file)
@@ -151,6 +160,9 @@ class WorkerCallSettings(Section):
 
 class ReconcileSettings(Section):
     poll_interval_s: float = Field(1.0, gt=0, description="How often every member's status is read, in seconds.")
+    seen_refresh_s: float = Field(10.0, gt=0, description="How often the state document shows the last_seen of "
+                                  "workers whose reads found nothing new, in seconds: such a read changes nothing "
+                                  "else, so readers polling with If-None-Match get 304s between changes.")
     interval_s: float = Field(1.0, gt=0, description="How often the reconciler looks for work, in seconds.")
     backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay of a failing worker, in seconds.")
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")

@@ -76,7 +76,7 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
         supervisor.spawn("discovery", lambda: ctl.follow_discovery(source))
         supervisor.spawn("status-observer", lambda: observe_statuses(
             registry=ctl.registry, fanout=ctl.fanout, interval_s=s.reconcile.poll_interval_s,
-            deadline_s=ctl.deadlines.control_s))
+            deadline_s=ctl.deadlines.control_s, seen_refresh_s=s.reconcile.seen_refresh_s))
         supervisor.spawn("reconciler", lambda: run_reconciler(
             reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
             interval_s=s.reconcile.interval_s))

@@ -41,6 +41,13 @@ class CachedBody:
     data: bytes
     _gzipped: bytes | None = field(default=None, init=False, repr=False)
 
+    @classmethod
+    def from_gzip(cls, etag: str, gzipped: bytes) -> CachedBody:
+        """A generation received compressed (a follower's copy): kept as it came."""
+        body = cls(etag=etag, data=gzip.decompress(gzipped))
+        body._gzipped = gzipped
+        return body
+
     def gzipped(self) -> bytes:
         if self._gzipped is None:
             # mtime=0: the same bytes give the same copy (no timestamp in the header).

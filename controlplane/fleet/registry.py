@@ -8,6 +8,7 @@ registry knows nothing of transports or flavors.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +39,8 @@ class WorkerRecord:
     told_desired: Any = NEVER_TOLD
     cordoned: bool = False  # out of the gateway's serving set while an update works on it
     revision: int = 0  # moves with every change the state document shows (fleet/view.py caches by it)
+    reported_at: float | None = None  # monotonic: when an operation's answer last carried its status
+    seen_unpublished: bool = False  # last_seen moved on a read that found nothing new (`publish_seen`)
 
     @property
     def id(self) -> str:
@@ -88,13 +91,26 @@ class FleetRegistry:
     def ids(self) -> set[str]:
         return set(self._records)
 
-    def observe(self, outcome: Outcome[WorkerStatus]) -> None:
-        """A status read's outcome: reachable with a fresh status, or unreachable and why."""
-        self._changes.bump()
+    def observe(self, outcome: Outcome[WorkerStatus], *, reported: bool = False) -> None:
+        """A status read's outcome: reachable with a fresh status, or unreachable and why.
+        `reported`: the status came in an operation's answer, so the status observer need
+        not read this worker again this interval.
+
+        A read that finds nothing new (the same status, or the same failure) moves only the
+        record's `last_seen`, and not the change counter: the state document, its entity tag
+        and the gateway's routes stay as they were, and readers polling with `If-None-Match`
+        get 304s until something changes. `publish_seen` shows those last_seen times in one
+        change (as Kubernetes' kubelet reports an unchanged NodeStatus only every few
+        minutes and heartbeats apart)."""
         rec = self._records.get(outcome.worker_id)
         if rec is None:
             return  # removed while the call was in flight
         if outcome.ok and outcome.value is not None:
+            if reported:
+                rec.reported_at = time.monotonic()
+            if rec.reachable and rec.status == outcome.value:
+                rec.last_seen, rec.seen_unpublished = datetime.now(UTC), True
+                return
             if rec.status is not None and outcome.value.instance_id != rec.status.instance_id:
                 # A restarted worker remembers nothing we told it.
                 rec.told_desired = NEVER_TOLD
@@ -104,10 +120,27 @@ class FleetRegistry:
             rec.status, rec.reachable = outcome.value, True
             rec.last_seen, rec.last_error = datetime.now(UTC), None
         else:
+            if not rec.reachable and rec.last_error == outcome.result.message:
+                return  # still unreachable, for the same reason
             if rec.reachable or rec.last_seen is None and rec.last_error is None:
                 log.warning("worker_unreachable", worker_id=rec.id, error=outcome.result.message)
             rec.reachable, rec.last_error = False, outcome.result.message
         rec.revision += 1
+        rec.seen_unpublished = False
+        self._changes.bump()
+
+    def publish_seen(self) -> int:
+        """Show in the state document the `last_seen` of every read that found nothing new
+        since the last call, as one change; returns how many records moved."""
+        moved = 0
+        for rec in self._records.values():
+            if rec.seen_unpublished:
+                rec.seen_unpublished = False
+                rec.revision += 1
+                moved += 1
+        if moved:
+            self._changes.bump()
+        return moved
 
     def record_result(self, result: WorkerResult) -> None:
         """The last step a worker went through, in an operation or a reconcile pass."""

@@ -36,6 +36,7 @@ from controlplane.operations.context import OperationContext, Run, require_capab
 from controlplane.operations.verify import Agreement, verify
 from controlplane.workers.capabilities import LoadReport, has
 from controlplane.workers.fanout import Outcome
+from controlplane.workers.spec import WorkerStatus
 from rlcore.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest, WorkerResult
 
 
@@ -153,10 +154,11 @@ class Roll:
                 return a.prepare_update(req.version, req.pause_mode, pause_s)
             return a.pause(req.pause_mode, pause_s)
 
-        paused = await run.step("pausing", "pause", records, pause, d.call_over(pause_s))
+        paused, states = await run.step_values("pausing", "pause", records, pause, d.call_over(pause_s))
         for r in paused:
             if r.id in staged:
                 ctx.registry.told(r.id, req.version)
+                report_status(run, r.id, states.get(r.id))
 
         def load(a: Any) -> Awaitable[Any]:
             if a.spec.id in staged:
@@ -183,10 +185,17 @@ async def resume(run: Run, records: list[WorkerRecord], staged: set[str]) -> lis
 
     resumed, answers = await run.step_values("resuming", "resume", records, call, run.ctx.deadlines.control_s)
     for worker_id in staged & answers.keys():
-        run.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
-                                         answers[worker_id]))
+        report_status(run, worker_id, answers[worker_id])
         run.reported.add(worker_id)
     return resumed
+
+
+def report_status(run: Run, worker_id: str, status: WorkerStatus | None) -> None:
+    """A staged worker's answer is its status: recorded as a fresh read (so the status poll
+    skips it this interval)."""
+    if status is not None:
+        run.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
+                                         status), reported=True)
 
 
 async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:

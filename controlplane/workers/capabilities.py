@@ -72,10 +72,11 @@ class LoadReport:
 
 @runtime_checkable
 class StagedUpdate(Protocol):
-    """A disk update in three round trips: prepare (told the desired version, then paused),
-    load (reload, answering the version and checksums), resume (answering the status)."""
+    """A disk update in three round trips: prepare (told the desired version, then paused,
+    answering the status), load (reload, answering the version and checksums), resume
+    (answering the status)."""
 
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> None: ...
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> WorkerStatus: ...
 
     async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport: ...
 

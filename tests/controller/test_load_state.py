@@ -96,9 +96,18 @@ async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp
             assert await read() == first
         assert (builds, status_calls) == (1, 3), "reads must neither call workers nor rebuild an unchanged document"
 
-        await ctl.refresh()  # a new poll: new last_seen, the next read shows it
+        await ctl.refresh()  # a poll that finds nothing new changes nothing a reader sees (the tag stays)
+        assert await read() == first and (builds, status_calls) == (1, 6)
+        assert ctl.registry.publish_seen() == 3  # until its last_seen times are shown, all in one change
         second = await read()
         assert builds == 2 and [w["last_seen"] for w in second["workers"]] != [w["last_seen"] for w in first["workers"]]
+        assert ctl.registry.publish_seen() == 0
+
+        await agents[0].service.pause("keep", 5)  # behind the controller's back: the next poll finds it
+        await ctl.refresh()
+        third = await read()
+        assert builds == 3 and [w["paused"] for w in third["workers"]] == [True, False, False]
+        await agents[0].service.resume()
 
         resp = await client.post("/v1/rl/pause", json={"mode": "keep"},
                                  headers={"Authorization": f"Bearer {CTL_TOKEN}"})

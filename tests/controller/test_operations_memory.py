@@ -184,3 +184,45 @@ async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(fleet: Memo
         a.calls.clear()
     assert (await load_lora(ctl, LoraRequest(name="ad2", path=str(adapter), verify=False))).status == "ok"
     assert not any("POST /weight_checker" in a.calls for a in fleet.agents.values())
+
+
+async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    generation, tag = ctl.changes.generation, ctl.state_etag()
+    seen = {w.id: w.last_seen for w in ctl.state().workers}
+    await ctl.refresh()  # the same statuses: only last_seen moves, and not in the document yet
+    assert (ctl.changes.generation, ctl.state_etag()) == (generation, tag)
+    assert all(r.last_seen != seen[r.id] for r in ctl.members())
+    assert all(w.last_seen == seen[w.id] for w in ctl.state().workers)
+    assert ctl.registry.publish_seen() == 3 and ctl.changes.generation == generation + 1  # all in one change
+    assert all(w.last_seen != seen[w.id] for w in ctl.state().workers)
+
+    fleet["w1"].faults.add("GET", "/v1/agent/state", Fault("status", 500))
+    await ctl.refresh()  # a new failure is a change ...
+    failing = ctl.changes.generation
+    assert failing > generation + 1 and not ctl.registry.get("w1").reachable
+    await ctl.refresh()  # ... the same failure again is not
+    assert ctl.changes.generation == failing
+    fleet["w1"].faults.clear()
+    await ctl.refresh()
+    assert ctl.changes.generation > failing and ctl.registry.get("w1").reachable
+
+
+async def test_the_status_poll_skips_workers_an_update_just_heard_from(fleet: MemoryFleet, tmp_path: Path) -> None:
+    from controlplane.fleet.observer import observe_statuses
+
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    assert result.status == "ok"
+    # prepare and resume answered each agent's status: the state shows them, recorded as reads
+    assert all(r.reported_at is not None and r.status.weight_version == "v1" for r in ctl.members())
+    for a in fleet.agents.values():
+        a.calls.clear()
+    await observe_statuses(registry=ctl.registry, fanout=ctl.fanout, interval_s=30, deadline_s=5, iterations=1)
+    assert all(a.calls == [] for a in fleet.agents.values()), "a worker heard from this interval was read again"
+    for rec in ctl.members():
+        rec.reported_at -= 31  # an interval later
+    await observe_statuses(registry=ctl.registry, fanout=ctl.fanout, interval_s=30, deadline_s=5, iterations=1)
+    assert all(a.calls == ["GET /v1/agent/state"] for a in fleet.agents.values())

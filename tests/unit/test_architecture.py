@@ -22,7 +22,7 @@ PACKAGES = ("rlcore", "agents", "controlplane", "rlclient", "localfleet", "harne
 
 # Lowest first; a module may import its own layer and those below it.
 CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("controlplane.errors", "controlplane.settings", "controlplane.metrics", "controlplane.deadlines",
+    ("controlplane.errors", "controlplane.settings", "controlplane.metrics", "controlplane.deadlines", "controlplane.loopwatch",
      "controlplane.workers.spec", "controlplane.k8s"),
     ("controlplane.workers",),
     ("controlplane.discovery", "controlplane.persistence", "controlplane.leadership"),

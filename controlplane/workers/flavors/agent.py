@@ -55,11 +55,11 @@ class AgentDriver(VllmWeightTransferRoutes):
                                 timeout_s=self.deadlines.weight_load_s)
 
     # -- a staged update: three calls, each answering what would otherwise be a read ----------
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> None:
-        await self.transport.request("POST", "/v1/agent/prepare",
-                                     json_body={"desired_weight_version": version, "mode": mode,
-                                                "timeout_s": timeout_s},
-                                     timeout_s=timeout_s + self.deadlines.grace_s)
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> WorkerStatus:
+        return self._status("POST /v1/agent/prepare", await self.transport.request(
+            "POST", "/v1/agent/prepare", json_body={"desired_weight_version": version, "mode": mode,
+                                                    "timeout_s": timeout_s},
+            timeout_s=timeout_s + self.deadlines.grace_s))
 
     async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport:
         # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).
