@@ -2,24 +2,31 @@
 
 Three kinds of process on loopback, as in production: a fleet of real agents on SimEngine
 (`harness.simfleet`: one process serving many agents, one port each), the controller daemon
-(`python -m controlplane`, its status poller reading every member each second), and this
-process, which runs the update cycles (the trainer: one `POST /v1/rl/update_weights` after
-the other, each a full pause -> load -> verify -> resume over the whole fleet) and the load
-generator (an aiohttp client, one connection pool, `--concurrency` loops paced to `--rate`
-requests/s in total; a loop that falls behind sends at once, so the achieved rate shows what
-the machine sustains). `--readers` says how the loops read, in turn when several are named:
-`plain` takes the whole JSON each time, `gzip` is aiohttp's default (asks for gzip and
-decompresses), `etag` also names the tag of the document it holds (`If-None-Match`) and gets
-304 while nothing changed, as a dashboard, `rlctl state --watch` or a gateway follower would;
-each is reported with its ratios against the first, measured in the same run.
+(`python -m controlplane`: its API front and the core behind it, the core's status poller
+reading every member each second), and this process, which runs the update cycles (the
+trainer: one `POST /v1/rl/update_weights` after the other, each a full pause -> load ->
+verify -> resume over the whole fleet) and the load generator (an aiohttp client, one
+connection pool, `--concurrency` loops paced to `--rate` requests/s in total; a loop that
+falls behind sends at once, so the achieved rate shows what the machine sustains). Each
+answer is timed to its last byte as sent (a reader's own decompression is its cost, not the
+answer's), and this process keeps its garbage collector out of the measurement.
+
+`--readers` says how the loops read, in turn when several are named: `plain` takes the whole
+JSON each time, `gzip` asks for it compressed (aiohttp's default), `etag` also names the tag
+of the document it holds (`If-None-Match`) and gets 304 while nothing changed, as a
+dashboard, `rlctl state --watch` or a gateway follower would; `healthz` reads `/healthz` at
+the same pace, the HTTP stack's floor in the same run. `--front on,off` runs each reader
+against the daemon with its API front (the default) and without it (one process, as before),
+in turn on the same fleet. Ratios are against the first reader measured.
 
 Reported (printed, and written as JSON to `--out`): requests, errors, achieved requests/s,
-latency p50/p90/p99/max, update cycles run (and any that failed), the CPU seconds each
-process used, and the machine. Every loop is bounded in count and time; loopback only.
+latency p50/p90/p99/max, the controller core's event-loop lag over each reader's run (from
+its `rlcp_event_loop_lag_seconds`), update cycles run (and any that failed), the CPU seconds
+each process used, and the machine. Every loop is bounded in count and time; loopback only.
 
     python bench/load_state.py                               # 256 workers, 120 s at 1000 req/s
     python bench/load_state.py --duration-s 30 --rate 0      # closed loop: as fast as it goes
-    python bench/load_state.py --workers 1024 --hosts 2 --rate 0 --readers plain,gzip,etag
+    python bench/load_state.py --workers 1024 --hosts 2 --readers etag,healthz --front on,off --rounds 2
 
 `tests/controller/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
 """

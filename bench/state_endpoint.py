@@ -3,9 +3,11 @@
 The real controller daemon (`python -m controlplane`, its own process, default status
 poll every second) watches a fleet of real agents on SimEngine hosted in other
 processes (`harness.simfleet`); an aiohttp load generator in this process reads the
-state at a fixed concurrency for a fixed time. Three kinds of reader (`--readers`): `plain`
-takes the whole JSON each time, `gzip` is aiohttp's default (asks for gzip, decompresses),
-`etag` also names the tag of the document it holds and gets 304 while nothing changed.
+state at a fixed concurrency for a fixed time, each answer timed to its last byte. Three kinds
+of reader (`--readers`): `plain` takes the whole JSON each time, `gzip` asks for it compressed
+(aiohttp's default), `etag` also names the tag of the document it holds and gets 304 while
+nothing changed. Each is measured against a controller with its API front (`--front on`,
+the default daemon) and without (`off`, one process), on the same fleet in the same run.
 Reported: p50, p99 and requests/s of each, and as the baselines in the same run, the `plain`
 reader and the same controller's `GET /healthz` at the same concurrency (the HTTP stack's
 ceiling on this machine), so the ratios say what each way of reading saves and what
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -28,18 +31,21 @@ from bench.common import median, plot, quiet_logs, report, table
 from harness.controller import wait_reachable
 from harness.processes import ControllerProcess
 from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
+from rlcore.heap import settle
 
 CTL_TOKEN = "bench-ctl-token"
 
 
-def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float) -> ControllerProcess:
+def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float, *, front: bool = True,
+               name: str = "controller") -> ControllerProcess:
     """The controller daemon over `agents`; its tokens come from the environment, as in a pod."""
-    config = {"controller_id": "bench", "api": {"host": "127.0.0.1", "port": 0}, "gateway": {"enabled": False},
+    config = {"controller_id": "bench", "api": {"host": "127.0.0.1", "port": 0, "front": front},
+              "gateway": {"enabled": False},
               "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
               "workers": {"max_concurrency": max(64, len(agents)), "timeout_s": 10},
               "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
               "store": {"kind": "memory"}, "allowed_roots": [str(workdir)], "log_level": "warning"}
-    return ControllerProcess(config, workdir, stop_timeout_s=20,
+    return ControllerProcess(config, workdir, name=name, stop_timeout_s=20,
                              env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN})
 
 
@@ -97,9 +103,23 @@ async def sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
 
 async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
                   readers: list[str]) -> dict[str, Any]:
+    # This process's startup heap is frozen and its collector kept out of the measurement
+    # (rlcore/heap.py): its pauses are not the controller's.
+    settle()
+    gc.disable()
+    try:
+        return await _measure(url, n, concurrencies, duration_s, repeats, readers)
+    finally:
+        gc.enable()
+
+
+async def _measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
+                   readers: list[str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        await wait_reachable(session, url, workers=n, timeout_s=120)
+    # Timed to the last byte as sent: a reader's decompression is its own cost, and here it
+    # would delay the other clients.
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        await wait_reachable(session, url, workers=n, timeout_s=120, headers={"Accept-Encoding": "identity"})
         doc = await sizes(session, url + "/v1/rl/state")
         await load(session, url + "/v1/rl/state", max(concurrencies), min(duration_s, 1.0))  # warm-up
         rows = []
@@ -133,17 +153,17 @@ def render(result: dict[str, Any]) -> str:
         h = r["healthz"]
         for reader in result["readers"]:
             s = r[reader]
-            out.append([r["concurrency"], reader, s["p50_s"] * 1e3, s["p99_s"] * 1e3, s["rps"],
+            out.append([r.get("front", "on"), r["concurrency"], reader, s["p50_s"] * 1e3, s["p99_s"] * 1e3, s["rps"],
                         s.get("rps_vs_plain"), s["rps_vs_healthz"], s["not_modified_share"], h["p50_s"] * 1e3,
                         h["rps"]])
-    return table(["concurrency", "reader", "state p50 ms", "state p99 ms", "state req/s", "req/s vs plain",
+    return table(["api.front", "concurrency", "reader", "state p50 ms", "state p99 ms", "state req/s", "req/s vs plain",
                   "req/s vs healthz", "304 share", "healthz p50 ms", "healthz req/s"], out)
 
 
 def draw(result: dict[str, Any], out_dir: Path) -> Path:
     def d(ax: Any) -> None:
         readers = result["readers"]
-        labels = [f"c={r['concurrency']}\n{k}" for r in result["rows"] for k in readers]
+        labels = [f"{r.get('front', 'on')} c={r['concurrency']}\n{k}" for r in result["rows"] for k in readers]
         x = range(len(labels))
         ax.bar([i - 0.2 for i in x], [r[k]["p50_s"] * 1e3 for r in result["rows"] for k in readers], 0.4,
                label="p50")
@@ -165,14 +185,21 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tmp)
         print(f"bench.state_endpoint: starting {a.workers} agents in {a.hosts} host processes", flush=True)
         with HostedFleet(a.workers, root=workdir, latency_s=0.0, hosts=a.hosts) as fleet:
-            ctl = controller(fleet.agents, workdir, a.poll_interval_s)
-            try:
-                await ctl.spawn().wait_ready_async()
-                result = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats, a.readers)
-            finally:
-                ctl.stop()
+            result: dict[str, Any] = {}
+            for front in a.front:  # the same fleet, a controller each way of serving, in turn
+                ctl = controller(fleet.agents, workdir, a.poll_interval_s, front=front == "on", name=f"ctl-{front}")
+                try:
+                    await ctl.spawn().wait_ready_async()
+                    print(f"  api.front {front}:", flush=True)
+                    measured = await measure(ctl.url, a.workers, a.concurrency, a.duration_s, a.repeats, a.readers)
+                finally:
+                    ctl.stop()
+                for row in measured["rows"]:
+                    row["front"] = front
+                result = measured | {"rows": result.get("rows", []) + measured["rows"]}
     result["params"] = {"workers": a.workers, "concurrency": a.concurrency, "duration_s": a.duration_s,
-                        "repeats": a.repeats, "readers": a.readers, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts}
+                        "repeats": a.repeats, "readers": a.readers, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts,
+                        "front": a.front}
     return result
 
 
@@ -186,6 +213,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"reader kinds, comma-separated, from {', '.join(READERS)}")
     p.add_argument("--poll-interval-s", type=float, default=1.0, help="the controller's status poll interval")
     p.add_argument("--hosts", type=int, default=2, help="agent host processes")
+    p.add_argument("--front", type=lambda s: [m for m in s.split(",") if m], default=["on", "off"],
+                   help="the controller's api.front, each in turn: on (reads answered by the front process) "
+                        "and off (one process, the baseline)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench/out)")
     return p.parse_args(argv)
 

@@ -48,7 +48,9 @@ def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[
         "discovery": {"kind": "static", "static": workers},
         "workers": {"token": AGENT_TOKEN, "timeout_s": 3, "attempts": 3, "retry_budget_s": 10,
                     "pause_timeout_s": 10, "weight_load_timeout_s": 20},
-        "reconcile": {"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.2, "backoff_max_s": 1.0},
+        # last_seen shown at every poll (seen_refresh_s), so a test can watch each worker being read
+        "reconcile": {"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.2, "backoff_max_s": 1.0,
+                      "seen_refresh_s": 0.2},
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
         "allowed_roots": [str(r) for r in roots], "log_format": "json", "log_level": "info",
     }

@@ -107,10 +107,10 @@ async def serve(settings: ControllerSettings, *, token: str, config: Path | None
             await asyncio.wait({exited, stopped}, return_when=asyncio.FIRST_COMPLETED)
             for task in (exited, stopped):
                 task.cancel()
-            if exited.done() and not exited.cancelled():
-                log.error("core_exited", code=exited.result())
-                return exited.result() or 1
-            return 0
+            if stop.is_set() or not exited.done() or exited.cancelled():
+                return 0  # asked to stop (a signal to the process group reaches the core as well)
+            log.error("core_exited", code=exited.result())
+            return exited.result() or 1
         finally:
             follower.cancel()
             await asyncio.gather(follower, return_exceptions=True)

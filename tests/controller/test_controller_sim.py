@@ -132,11 +132,13 @@ async def test_restarted_worker_is_reconciled_before_it_is_ready(setup):
 
     async def check():
         nonlocal seen_ready_while_stale
+        # The restart seen first, then the state read: a document read before the poll that
+        # saw the restart still shows the old instance's v1.
+        seen_restart = ctl.ctl.registry.get("w2").status.instance_id == target.service.instance_id
         st = await ctl.state()
         w = ctl.worker(st, "w2")
         if w["ready"] and w["weight_version"] != "v1":
             seen_ready_while_stale = True
-        seen_restart = ctl.ctl.registry.get("w2").status.instance_id == target.service.instance_id
         return seen_restart and w["ready"] and w["weight_version"] == "v1" and w["loras"] == {"ad": "7"}
 
     await wait_for(check, what="w2 converged")

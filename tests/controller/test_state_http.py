@@ -16,7 +16,7 @@ from harness.simfleet import start_fleet
 from rlcore.wire.controller import FleetState
 
 pytestmark = pytest.mark.timeout(60)
-# Every status read moves the state (`last_seen`), so the poll runs once, at start, here.
+# The poll runs once, at start, here: the tests below count the changes they make themselves.
 QUIET = {"poll_interval_s": 600, "interval_s": 600}
 
 

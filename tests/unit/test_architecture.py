@@ -32,6 +32,7 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("controlplane.controller",),
     ("controlplane.supervisor", "controlplane.gateway"),
     ("controlplane.api",),
+    ("controlplane.front",),
     ("controlplane.__main__",),
 )
 VLLM_ALLOWED = ("agents.engine.vllm_engine", "agents.engine.vllm_inference", "agents.weight_transfer",

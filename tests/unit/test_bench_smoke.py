@@ -46,7 +46,7 @@ def test_state_endpoint(tmp_path: Path) -> None:
     state_endpoint.main(["--workers", "4", "--concurrency", "1,2", "--duration-s", "0.3", "--repeats", "1",
                          "--hosts", "1", "--out", str(tmp_path)])
     result = _outputs(tmp_path, "state_endpoint")
-    assert [r["concurrency"] for r in result["rows"]] == [1, 2]
+    assert [(r["front"], r["concurrency"]) for r in result["rows"]] == [("on", 1), ("on", 2), ("off", 1), ("off", 2)]
     assert all(r["state"]["runs"][0]["requests"] > 0 for r in result["rows"])
 
 

@@ -1,0 +1,130 @@
+"""The API front (`controlplane/front/`) of a real controller daemon over sim agents: reads
+answered from its replica, writes proxied and then visible, and the front's behaviour when
+the core behind it stops, hangs or dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from controlplane.front.replica import parse_tag
+from harness.controller import AUTH, controller_config, wait_reachable
+from harness.processes import ControllerProcess
+from harness.simfleet import start_fleet
+from harness.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+async def daemon(tmp_path: Path):
+    agents = await start_fleet(2, [tmp_path])
+    config = controller_config(tmp_path, [a.spec() for a in agents], [tmp_path],
+                               api={"front_stale_s": 1.0, "front_timeout_s": 2.0})
+    ctl = ControllerProcess(config, tmp_path)
+    await ctl.spawn().wait_ready_async()
+    async with aiohttp.ClientSession() as http:
+        await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
+        yield ctl, http
+    ctl.stop()
+    for a in agents:
+        await a.stop()
+
+
+def core_pid(ctl: ControllerProcess) -> int:
+    children = Path(f"/proc/{ctl.pid}/task/{ctl.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is gone too
+
+
+async def get(http: aiohttp.ClientSession, url: str, **kw) -> tuple[int, dict | None, Any]:
+    async with http.get(url, timeout=aiohttp.ClientTimeout(total=5), **kw) as resp:
+        body = await resp.json() if resp.status != 304 else None
+        return resp.status, body, resp.headers
+
+
+async def test_a_write_is_in_the_state_read_right_after_it(daemon) -> None:
+    ctl, http = daemon
+    async with http.post(ctl.url + "/v1/rl/pause", json={"mode": "keep"}, headers=AUTH) as resp:
+        result = await resp.json()
+        assert resp.status == 200, result
+    status, state, headers = await get(http, ctl.url + "/v1/rl/state")
+    assert status == 200 and state["last_operation"]["id"] == result["id"] and state["pause_state"] == "paused"
+    assert parse_tag(headers["ETag"]) is not None  # the core's tag, naming its generation
+    status, _, again = await get(http, ctl.url + "/v1/rl/state", headers={"If-None-Match": headers["ETag"]})
+    assert status == 304 and again["ETag"] == headers["ETag"]
+    # Bad input comes back as the core named it, and an operation's record through the proxy.
+    async with http.post(ctl.url + "/v1/rl/update_weights", json={"version": "v2", "source": {"kind": "disk"}},
+                         headers=AUTH) as resp:
+        body = await resp.json()
+        assert resp.status == 422 and body["error"]["field"].startswith("source"), body
+    status, op, _ = await get(http, f"{ctl.url}/v1/rl/operations/{result['id']}")
+    assert status == 200 and op["id"] == result["id"]
+
+
+async def test_reads_are_answered_while_the_core_is_stopped(daemon) -> None:
+    ctl, http = daemon
+    status, before, headers = await get(http, ctl.url + "/v1/rl/state")
+    assert status == 200
+    core = core_pid(ctl)
+    os.kill(core, signal.SIGSTOP)
+    try:
+        for _ in range(20):  # the replica answers at once; the core could not answer at all
+            status, state, _ = await get(http, ctl.url + "/v1/rl/state")
+            assert status == 200 and state == before
+        status, _, _ = await get(http, ctl.url + "/v1/rl/state", headers={"If-None-Match": headers["ETag"]})
+        assert status == 304
+        async with http.post(ctl.url + "/v1/rl/resume") as resp:  # no token: refused here, never sent on
+            assert resp.status == 401 and (await resp.json())["error"]["field"] == "Authorization"
+        async with http.post(ctl.url + "/v1/rl/resume", headers=AUTH) as resp:  # sent on: the core is stopped
+            body = await resp.json()
+            assert resp.status == 504 and body["error"]["code"] == "core_timeout", body
+            assert "POST /v1/rl/resume" in body["error"]["message"]
+        # Liveness follows the core: once it has not answered for front_stale_s, /healthz fails.
+        status, health, _ = await wait_for(lambda: _unhealthy(http, ctl.url), 10, "the front's /healthz to fail")
+        assert status == 503 and health["status"] == "core_unresponsive" and "state read" in health["reason"]
+    finally:
+        os.kill(core, signal.SIGCONT)
+    await wait_for(lambda: _healthy(http, ctl.url), 10, "the front's /healthz to pass again")
+
+
+async def _unhealthy(http: aiohttp.ClientSession, url: str):
+    answer = await get(http, url + "/healthz")
+    return answer if answer[0] == 503 else None
+
+
+async def _healthy(http: aiohttp.ClientSession, url: str) -> bool:
+    return (await get(http, url + "/healthz"))[0] == 200
+
+
+async def test_when_the_core_dies_the_front_exits(daemon) -> None:
+    ctl, _ = daemon
+    os.kill(core_pid(ctl), signal.SIGKILL)
+    await wait_for(lambda: not ctl.running(), 15, "the front to exit after its core died")
+    assert ctl.proc is not None and ctl.proc.returncode != 0
+
+
+async def test_when_the_front_dies_the_core_stops(daemon) -> None:
+    ctl, _ = daemon
+    core = core_pid(ctl)
+    os.kill(ctl.pid, signal.SIGKILL)  # the front alone, as an OOM kill would
+    await wait_for(lambda: gone(core), 30, "the core to stop once its front was gone")
+
+
+def test_tags_name_their_generation() -> None:
+    assert parse_tag('W/"a1b2c3.42"') == ("a1b2c3", 42)
+    assert parse_tag('"a1b2c3.7"') == ("a1b2c3", 7)
+    assert parse_tag('W/"nogeneration"') is None and parse_tag('W/"x.y"') is None
