@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import gzip
 import itertools
 import json
@@ -60,7 +59,7 @@ from harness.controller import wait_reachable  # noqa: E402
 from harness.processes import ControllerProcess, cpu_seconds  # noqa: E402
 from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
 from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E402
-from rlcore.heap import settle  # noqa: E402
+from rlcore.heap import collector_paused  # noqa: E402
 
 
 def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float, *, front: bool = True,
@@ -202,18 +201,12 @@ async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: 
                     stats.error(f"a state with {len(doc['workers'])} workers, phase {doc.get('phase')!r}")
 
     connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-    # This process's own collector paused it for up to 90 ms mid-request, counted as the
-    # controller's latency: startup's heap is frozen and no full collection runs while measuring.
-    settle()
-    gc.disable()
-    try:
-        # Bodies are timed to their last byte as sent and decompressed only when checked: a
-        # reader's own decompression (~1 ms per 500 KB document) is its cost, not the answer's,
-        # and in this process it would delay the other loops' timings.
+    # Bodies are timed to their last byte as sent and decompressed only when checked: a
+    # reader's own decompression (~1 ms per 500 KB document) is its cost, not the answer's,
+    # and in this process it would delay the other loops' timings.
+    with collector_paused():
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             await asyncio.gather(*(loop(session) for _ in range(concurrency)))
-    finally:
-        gc.enable()
     return time.monotonic() - start
 
 

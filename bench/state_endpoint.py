@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ from bench.common import median, plot, quiet_logs, report, table
 from harness.controller import wait_reachable
 from harness.processes import ControllerProcess
 from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
-from rlcore.heap import settle
+from rlcore.heap import collector_paused
 
 CTL_TOKEN = "bench-ctl-token"
 
@@ -103,48 +102,37 @@ async def sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
 
 async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
                   readers: list[str]) -> dict[str, Any]:
-    # This process's startup heap is frozen and its collector kept out of the measurement
-    # (rlcore/heap.py): its pauses are not the controller's.
-    settle()
-    gc.disable()
-    try:
-        return await _measure(url, n, concurrencies, duration_s, repeats, readers)
-    finally:
-        gc.enable()
-
-
-async def _measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
-                   readers: list[str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     # Timed to the last byte as sent: a reader's decompression is its own cost, and here it
-    # would delay the other clients.
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-        await wait_reachable(session, url, workers=n, timeout_s=120, headers={"Accept-Encoding": "identity"})
-        doc = await sizes(session, url + "/v1/rl/state")
-        await load(session, url + "/v1/rl/state", max(concurrencies), min(duration_s, 1.0))  # warm-up
-        rows = []
-        for c in concurrencies:
-            runs: dict[str, list[dict[str, Any]]] = {r: [] for r in (*readers, "healthz")}
-            for _ in range(repeats):  # interleaved, so drifting load on the machine hits all alike
-                for reader in readers:
-                    runs[reader].append(await load(session, url + "/v1/rl/state", c, duration_s, reader))
-                runs["healthz"].append(await load(session, url + "/healthz", c, duration_s))
-            row: dict[str, Any] = {"concurrency": c}
-            for key, rs in runs.items():
-                row[key] = {"runs": rs, **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")},
-                            "not_modified_share": sum(r["not_modified"] for r in rs) / max(1, sum(r["requests"]
-                                                                                                  for r in rs))}
-            row["state"] = row["gzip" if "gzip" in row else readers[0]]  # what an aiohttp reader gets
-            for key in readers:
-                row[key]["rps_vs_healthz"] = row[key]["rps"] / row["healthz"]["rps"]
-                if "plain" in row:
-                    row[key]["rps_vs_plain"] = row[key]["rps"] / row["plain"]["rps"]
-            rows.append(row)
-            print(f"  c={c}: " + "; ".join(f"{k} {row[k]['rps']:.0f} req/s p50 {row[k]['p50_s'] * 1e3:.1f} ms "
-                                           f"p99 {row[k]['p99_s'] * 1e3:.1f} ms" for k in (*readers, "healthz")),
-                  flush=True)
-    return {"state_document_bytes": doc["plain"], "state_document_gzip_bytes": doc["gzip"], "readers": readers,
-            "rows": rows}
+    # would delay the other clients. This process's collector is kept out (rlcore/heap.py).
+    with collector_paused():
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            await wait_reachable(session, url, workers=n, timeout_s=120, headers={"Accept-Encoding": "identity"})
+            doc = await sizes(session, url + "/v1/rl/state")
+            await load(session, url + "/v1/rl/state", max(concurrencies), min(duration_s, 1.0))  # warm-up
+            rows = []
+            for c in concurrencies:
+                runs: dict[str, list[dict[str, Any]]] = {r: [] for r in (*readers, "healthz")}
+                for _ in range(repeats):  # interleaved, so drifting load on the machine hits all alike
+                    for reader in readers:
+                        runs[reader].append(await load(session, url + "/v1/rl/state", c, duration_s, reader))
+                    runs["healthz"].append(await load(session, url + "/healthz", c, duration_s))
+                row: dict[str, Any] = {"concurrency": c}
+                for key, rs in runs.items():
+                    row[key] = {"runs": rs, **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")},
+                                "not_modified_share": sum(r["not_modified"] for r in rs) / max(1, sum(r["requests"]
+                                                                                                      for r in rs))}
+                row["state"] = row["gzip" if "gzip" in row else readers[0]]  # what an aiohttp reader gets
+                for key in readers:
+                    row[key]["rps_vs_healthz"] = row[key]["rps"] / row["healthz"]["rps"]
+                    if "plain" in row:
+                        row[key]["rps_vs_plain"] = row[key]["rps"] / row["plain"]["rps"]
+                rows.append(row)
+                print(f"  c={c}: " + "; ".join(f"{k} {row[k]['rps']:.0f} req/s p50 {row[k]['p50_s'] * 1e3:.1f} ms "
+                                               f"p99 {row[k]['p99_s'] * 1e3:.1f} ms" for k in (*readers, "healthz")),
+                      flush=True)
+        return {"state_document_bytes": doc["plain"], "state_document_gzip_bytes": doc["gzip"], "readers": readers,
+                "rows": rows}
 
 
 def render(result: dict[str, Any]) -> str:

@@ -39,24 +39,26 @@ def main(argv: list[str] | None = None) -> int:
     from aiohttp import web
 
     from controlplane.api.app import build_app
+    from controlplane.front.daemon import CoreStartFailed, serve, write_port_file
     from rlcore.heap import settle
 
-    async def core() -> int:
+    def stop_on_signals() -> asyncio.Event:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        return stop
+
+    async def core() -> int:
+        stop = stop_on_signals()
         if args.core:
-            loop.add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone, however it went
+            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone
         runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.api.host, settings.api.port)
         await site.start()
         port = runner.addresses[0][1]
-        if args.port_file:
-            tmp = args.port_file.with_suffix(".tmp")
-            tmp.write_text(str(port))
-            tmp.replace(args.port_file)
+        write_port_file(args.port_file, port)
         structlog.get_logger("controlplane").info("core_ready" if args.core else "controller_ready", port=port,
                                                   heap_frozen=settle())
         try:
@@ -66,16 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     async def front() -> int:
-        from controlplane.front.daemon import serve
-
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        settle()
-        return await serve(settings, token=token, config=args.config, port_file=args.port_file, stop=stop)
-
-    from controlplane.front.daemon import CoreStartFailed
+        return await serve(settings, token=token, config=args.config, port_file=args.port_file,
+                           stop=stop_on_signals())
 
     try:
         return asyncio.run(front() if settings.api.front and not args.core else core())

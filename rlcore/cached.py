@@ -65,6 +65,13 @@ class EntityTags:
         return f'W/"{self.instance}.{generation}"'
 
 
+def parse_tag(etag: str) -> tuple[str, int] | None:
+    """(instance, generation) of a tag `EntityTags.tag` made; None for any other tag."""
+    opaque = etag.removeprefix("W/").strip('"')
+    instance, _, generation = opaque.rpartition(".")
+    return (instance, int(generation)) if instance and generation.isdigit() else None
+
+
 def none_match(header: str | None, etag: str) -> bool:
     """Whether `If-None-Match` holds `etag` (or `*`), by weak comparison (RFC 9110 §13.1.2)."""
     if not header:

@@ -10,7 +10,7 @@ while a process doing nothing else, on the same machine under the same load, ans
                            document, `/healthz`, and every other request proxied to the core
     core                   the controller (`controlplane.api.app`), on a loopback port
 
-    replica.py   follows the core's state document (ETag polls; a fresh read after each write)
-    app.py       the front's routes: state, liveness, the proxy
+    app.py       the front's routes: the state from its replica (`rlcore.follow`: ETag polls,
+                 and a fresh read after each write), liveness, the proxy
     daemon.py    starts the core, serves the front, stops both
 """

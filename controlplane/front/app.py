@@ -6,7 +6,7 @@
   a dead controller, and the probe must not queue behind it to find out).
 - everything else: proxied to the core as it came (method, path, query, headers, body) and
   answered as the core answered it. A write is followed by a fresh state read before its
-  answer goes back (replica.py). The token is checked here as in the core, so a request
+  answer goes back. The token is checked here as in the core, so a request
   that would be refused never crosses.
 """
 
@@ -20,10 +20,10 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from controlplane.api.openapi import ROUTES
-from controlplane.front.replica import StateReplica
 from controlplane.settings import ControllerSettings
 from rlcore.cached import cached_response
 from rlcore.errors import ApiError
+from rlcore.follow import FollowedDocument
 from rlcore.http import json_response, make_auth_middleware, make_error_middleware
 
 _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
@@ -56,11 +56,12 @@ class CoreLink:
         self.url, self.session, self.timeout_s = url.rstrip("/"), session, timeout_s
 
 
-REPLICA = web.AppKey("replica", StateReplica)
+REPLICA = web.AppKey("replica", FollowedDocument)
 CORE = web.AppKey("core", CoreLink)
 
 
-def build_front(settings: ControllerSettings, *, token: str, core: CoreLink, replica: StateReplica) -> web.Application:
+def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
+                replica: FollowedDocument) -> web.Application:
     app = web.Application(
         client_max_size=settings.api.max_body_bytes,
         middlewares=[make_error_middleware(settings.api.max_body_bytes),

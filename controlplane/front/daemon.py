@@ -23,8 +23,9 @@ import structlog
 from aiohttp import web
 
 from controlplane.front.app import CoreLink, build_front
-from controlplane.front.replica import StateReplica
 from controlplane.settings import ControllerSettings
+from rlcore.follow import FollowedDocument
+from rlcore.heap import settle
 
 log = structlog.get_logger("controlplane.front")
 
@@ -76,6 +77,14 @@ class CoreProcess:
         self._tmp.cleanup()
 
 
+def write_port_file(path: Path | None, port: int) -> None:
+    """The bound port, for whoever started this process (`--port-file`); written atomically."""
+    if path is not None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(str(port))
+        tmp.replace(path)
+
+
 async def serve(settings: ControllerSettings, *, token: str, config: Path | None, port_file: Path | None,
                 stop: asyncio.Event) -> int:
     """Run the core and the front until `stop` is set or the core exits; the exit code."""
@@ -85,8 +94,9 @@ async def serve(settings: ControllerSettings, *, token: str, config: Path | None
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:
-        replica = StateReplica(session=session, core_url=url, token=token if api.auth_reads else None,
-                               interval_s=api.front_follow_interval_s, timeout_s=settings.workers.timeout_s)
+        replica = FollowedDocument(session=session, url=url + "/v1/rl/state",
+                                   token=token if api.auth_reads else None,
+                                   interval_s=api.front_follow_interval_s, timeout_s=settings.workers.timeout_s)
         await replica.refresh()
         follower = asyncio.create_task(replica.run(), name="follow-core-state")
         app = build_front(settings, token=token, core=CoreLink(url=url, session=session, timeout_s=api.front_timeout_s),
@@ -97,11 +107,8 @@ async def serve(settings: ControllerSettings, *, token: str, config: Path | None
             site = web.TCPSite(runner, api.host, api.port)
             await site.start()
             port = runner.addresses[0][1]
-            if port_file:
-                tmp = port_file.with_suffix(".tmp")
-                tmp.write_text(str(port))
-                tmp.replace(port_file)
-            log.info("controller_ready", port=port, core=url)
+            write_port_file(port_file, port)
+            log.info("controller_ready", port=port, core=url, heap_frozen=settle())
             exited = asyncio.create_task(core.wait(), name="core-exit")
             stopped = asyncio.create_task(stop.wait(), name="stop")
             await asyncio.wait({exited, stopped}, return_when=asyncio.FIRST_COMPLETED)

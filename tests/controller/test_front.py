@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controlplane.front.replica import parse_tag
 from harness.controller import AUTH, controller_config, wait_reachable
 from harness.processes import ControllerProcess
 from harness.simfleet import start_fleet
 from harness.waiting import wait_for
+from rlcore.cached import parse_tag
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from structlog.testing import capture_logs
 
 from controlplane.loopwatch import watch_loop_lag
-from rlcore.heap import YOUNG_THRESHOLD, settle
+from rlcore.heap import YOUNG_THRESHOLD, collector_paused, settle
 
 
 def histogram() -> Histogram:
@@ -52,6 +52,17 @@ def test_settle_freezes_what_startup_made_and_raises_the_young_threshold():
         assert frozen >= len(kept) and gc.get_freeze_count() == frozen
         assert gc.get_threshold() == (YOUNG_THRESHOLD, before[1], before[2])
         assert all(not any(o is d for o in gc.get_objects()) for d in kept[:3])  # out of the collector's sight
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_no_collection_runs_while_the_collector_is_paused():
+    before = gc.get_threshold()
+    try:
+        with collector_paused():
+            assert not gc.isenabled() and gc.get_freeze_count() > 0
+        assert gc.isenabled()
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
