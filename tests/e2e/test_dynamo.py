@@ -160,22 +160,24 @@ N_IN_FLIGHT = 96  # batched, so each decode step is slower: the tiny model runs 
 
 
 async def in_flight(http, worker) -> list[asyncio.Task]:
-    """Long greedy generations the engine holds, none finished: the premise of a pause with
-    requests in flight, read off the engine (its unfinished requests), not off a clock. Most
-    were handed to the engine before the pause that follows, so the pause meets them; one not
-    there yet waits for the resume, which every test allows for. Waiting for all of them let
-    the first finish before the last arrived on a loaded machine."""
-    for _ in range(5):
-        tasks = [asyncio.create_task(generate(http, worker, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
+    """Long greedy generations the engine runs together, none finished: the premise of a pause
+    with requests in flight, read off the engine (its unfinished requests), not off a clock.
 
-        async def held() -> bool:
+    They queue behind a keep-mode pause (Dynamo's own route) and start together on its resume.
+    Sent to a running engine, they trickled in: on two cores a decoding engine starves the
+    test process for seconds (17 s seen), and the first request finished before the last was
+    sent."""
+    await engine(http, worker, "pause_generation", {"mode": "keep"})
+    tasks = [asyncio.create_task(generate(http, worker, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
+    try:
+        async def queued() -> bool:
             return any(t.done() for t in tasks) or (
-                await engine(http, worker, "harness/unfinished"))["unfinished"] >= N_IN_FLIGHT // 2
-        await wait_for(held, timeout_s=60, interval_s=0.02, what="the engine holding every request")
-        if not any(t.done() for t in tasks):
-            return tasks
-        await asyncio.gather(*tasks)
-    raise AssertionError(f"generations of {LONG_TOKENS} tokens kept finishing before half of {N_IN_FLIGHT} reached the engine")
+                await engine(http, worker, "harness/unfinished"))["unfinished"] == N_IN_FLIGHT
+        await wait_for(queued, timeout_s=120, interval_s=0.05, what=f"the engine holding {N_IN_FLIGHT} requests")
+        assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]  # raises a task's error
+    finally:
+        await engine(http, worker, "resume_generation")
+    return tasks
 
 
 async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl):
@@ -202,14 +204,18 @@ async def test_pause_abort_ends_requests_and_wait_lets_them_finish(http, dynamo,
     # A request not yet in the engine when the pause lands waits for the resume (it is not "in
     # flight"), so each mode is judged on the requests the engine held, then all are collected.
     worker, _ = dynamo
-    tasks = await in_flight(http, worker)
-    status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
-    assert status == 200, result
-    await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="an aborted request answered")
-    status, result = await ctl.call("POST", "/v1/rl/resume")
-    assert status == 200, result
-    reasons = [a["finish_reason"] for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
-    assert "abort" in reasons and set(reasons) <= {"abort", "length"}, reasons
+    for _ in range(3):  # the premise (some request still running when the pause lands) is about timing
+        tasks = await in_flight(http, worker)
+        status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
+        assert status == 200, result
+        await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="an aborted request answered")
+        status, result = await ctl.call("POST", "/v1/rl/resume")
+        assert status == 200, result
+        reasons = [a["finish_reason"] for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
+        assert set(reasons) <= {"abort", "length"}, reasons
+        if "abort" in reasons:
+            break
+    assert "abort" in reasons, "every request finished before the abort pause took hold, three times"
 
     tasks = await in_flight(http, worker)
     status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
