@@ -10,7 +10,12 @@ pause 1, disk update 3 -- load, name the version, drop the prefix cache -- check
 resume 1, i.e. 6 x latency). What is above the floor is the overhead measured here.
 
 Side by side, in the same run and against the same agents:
-- controller: `POST /v1/rl/update_weights` (verify on) on the real controller;
+- controller: `POST /v1/rl/update_weights` (verify on) on the real controller, run as it is
+  deployed: the `python -m controlplane` daemon (API front and core, in processes of their own;
+  "ctl CPU" is what those processes used). In this process it would share a heap and a
+  collector with the baselines, under CPython's default thresholds rather than the daemon's
+  settled heap (`rlcore/heap.py`): at 1,024 workers that was ~340 collections per cycle, 35-40%
+  of the controller's CPU;
 - httpx gather: what a trainer hand-rolls today -- per phase, an unbounded
   `asyncio.gather` over the workers, one `httpx.AsyncClient` per worker, the same calls;
 - httpx sequential: the same calls one worker after another (only up to `--seq-max`
@@ -34,11 +39,11 @@ from typing import Any
 
 import aiohttp
 import httpx
-from aiohttp import web
 
 from bench.common import median, plot, quiet_logs, report, table
 from harness.checkpoints import write_checkpoint
 from harness.controller import wait_reachable
+from harness.processes import ControllerProcess, controller_pids, cpu_seconds
 from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
@@ -55,37 +60,41 @@ def next_version(ckpts: list[Path]) -> tuple[str, Path]:
 
 # -- the controller ------------------------------------------------------------------------------
 class ControllerUnderTest:
-    def __init__(self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
-        from controlplane.settings import ControllerSettings
+    """The controller as it is deployed: `python -m controlplane` (its API front and its core),
+    in processes of its own, so its heap, collector settings and CPU are its own and the
+    hand-rolled baselines keep this process's (a trainer's) defaults."""
 
+    def __init__(self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
         self.members = len(agents)
-        self.settings = ControllerSettings(
-            api={"token": CTL_TOKEN}, gateway={"enabled": False}, discovery={"kind": "static", "static": [a.spec() for a in agents]},
-            workers={"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
-                     "pause_timeout_s": 300, "weight_load_timeout_s": 600},
+        self.process = ControllerProcess({
+            "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN}, "gateway": {"enabled": False},
+            "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
+            "workers": {"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
+                        "pause_timeout_s": 300, "weight_load_timeout_s": 600},
             # Polls and reconcile passes would run during the cycles measured: only the first one runs.
-            reconcile={"poll_interval_s": 3600, "interval_s": 3600}, store={"kind": "memory"},
-            allowed_roots=[root], log_format="json", log_level="error")
+            "reconcile": {"poll_interval_s": 3600, "interval_s": 3600}, "store": {"kind": "memory"},
+            "allowed_roots": [str(root)], "log_format": "json", "log_level": "error"},
+            root / "controller", name=f"controller-{self.members}")
 
     async def __aenter__(self) -> ControllerUnderTest:
-        from controlplane.api.app import build_app
-
-        self.app = build_app(self.settings, token=CTL_TOKEN)
-        self.runner = web.AppRunner(self.app, access_log=None)
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        await self.process.spawn().wait_ready_async()
+        self.url = self.process.url
         self.session = aiohttp.ClientSession(headers={"Authorization": f"Bearer {CTL_TOKEN}"})
         try:  # the first status poll runs at start-up; later ones would run during the cycles
-            await wait_reachable(self.session, self.url, workers=self.members, timeout_s=60)
+            await wait_reachable(self.session, self.url, workers=self.members, timeout_s=120)
         except BaseException:
             await self.__aexit__()
             raise
+        self.pids = list(controller_pids(self.process.pid).values())
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.session.close()
-        await self.runner.cleanup()
+        self.process.stop()
+
+    def cpu_seconds(self) -> float:
+        """The CPU seconds its processes (front and core) have used so far."""
+        return sum(cpu_seconds(pid) or 0.0 for pid in self.pids)
 
     async def cycle(self, ckpts: list[Path]) -> None:
         await self.cycle_at(*next_version(ckpts))
@@ -163,18 +172,18 @@ async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
 
 
 async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int = 1,
-                        cpu: list[float] | None = None) -> list[float]:
-    """Wall seconds of each of `k` runs; with `cpu`, this process's CPU seconds of each too
-    (the controller runs in this process, the agents in theirs)."""
+                        cpu: list[float] | None = None, cpu_clock: Callable[[], float] | None = None) -> list[float]:
+    """Wall seconds of each of `k` runs; with `cpu`, the CPU seconds `cpu_clock` counts in each too."""
     for _ in range(warmup):  # connections opened, first-call costs paid
         await fn()
     times = []
     for _ in range(k):
-        t0, c0 = time.perf_counter(), time.process_time()
+        c0 = cpu_clock() if cpu_clock else 0.0
+        t0 = time.perf_counter()
         await fn()
         times.append(time.perf_counter() - t0)
-        if cpu is not None:
-            cpu.append(time.process_time() - c0)
+        if cpu is not None and cpu_clock:
+            cpu.append(cpu_clock() - c0)
     return times
 
 
@@ -190,7 +199,8 @@ async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, re
         async with ControllerUnderTest(agents, fleet.root, conc) as ctl:
             row["controller_max_concurrency"] = conc
             cpu: list[float] = []
-            row["controller_s"] = await timed_repeats(repeats, lambda: ctl.cycle(ckpts), cpu=cpu)
+            row["controller_s"] = await timed_repeats(repeats, lambda: ctl.cycle(ckpts), cpu=cpu,
+                                                      cpu_clock=ctl.cpu_seconds)
             row["controller_cpu_ms_per_worker"] = median(cpu) / n * 1e3
         # One client per worker, as trainers write it: a single shared httpx client is far
         # slower still with hundreds of connections (its pool scans every connection per request).
@@ -255,10 +265,11 @@ def render(rows: list[dict[str, Any]]) -> str:
                "ctl CPU ms/worker"]
     out = []
     for r in rows:
-        seq = r["httpx_sequential"]
+        seq = r.get("httpx_sequential")
+        sequential = "-" if seq is None else f"{seq['median_s'] * 1e3:,.0f}" + ("*" if "extrapolated_from_n" in seq else "")
         out.append([r["n"], r["floor_s"] * 1e3, r["controller"]["median_s"] * 1e3, r["controller"]["overhead_s"] * 1e3,
                     r["httpx_gather"]["median_s"] * 1e3, r["httpx_gather"]["overhead_s"] * 1e3,
-                    r["ratio_ctl_vs_gather"], f"{seq['median_s'] * 1e3:,.0f}" + ("*" if "extrapolated_from_n" in seq else ""),
+                    r["ratio_ctl_vs_gather"], sequential,
                     r["aiohttp_gather"]["median_s"] * 1e3, r["raw_rate"]["median_rps"], r["ratio_ctl_vs_raw"],
                     r["controller_cpu_ms_per_worker"]])
     return table(headers, out)
@@ -270,7 +281,8 @@ def draw(rows: list[dict[str, Any]], out_dir: Path) -> Path:
         ax.plot(ns, [r["controller"]["overhead_s"] * 1e3 for r in rows], "o-", label="controller")
         ax.plot(ns, [r["httpx_gather"]["overhead_s"] * 1e3 for r in rows], "s-", label="httpx gather (hand-rolled)")
         ax.plot(ns, [r["aiohttp_gather"]["overhead_s"] * 1e3 for r in rows], "^-", label="aiohttp gather (bare)")
-        ax.plot(ns, [r["httpx_sequential"]["overhead_s"] * 1e3 for r in rows], "x--", label="sequential (* extrap.)")
+        if all("httpx_sequential" in r for r in rows):  # none when every size is above --seq-max
+            ax.plot(ns, [r["httpx_sequential"]["overhead_s"] * 1e3 for r in rows], "x--", label="sequential (* extrap.)")
         ax.plot(ns, [r["raw_floor_overhead_s"] * 1e3 for r in rows], ":", color="grey", label="calls / raw aiohttp rate")
         ax.set_xscale("log")
         ax.set_yscale("log")

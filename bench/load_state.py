@@ -56,7 +56,7 @@ DEFAULT_OUT = REPO / "bench" / "out" / "load_state.json"
 
 from harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
 from harness.controller import wait_reachable  # noqa: E402
-from harness.processes import ControllerProcess, cpu_seconds  # noqa: E402
+from harness.processes import ControllerProcess, controller_pids, cpu_seconds  # noqa: E402
 from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
 from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E402
 from rlcore.heap import collector_paused  # noqa: E402
@@ -75,17 +75,6 @@ def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float,
         "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning",
     }
     return ControllerProcess(config, workdir, name=name)
-
-
-def controller_pids(pid: int) -> dict[str, int]:
-    """The daemon's processes: the front and the core it started (`api.front`), or the one."""
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        children = []
-    if not children:
-        return {"controller": pid}
-    return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
 
 
 # -- load and cycles ------------------------------------------------------------------------------------

