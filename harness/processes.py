@@ -262,12 +262,22 @@ class ControllerProcess(ChildProcess):
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process so far (Linux /proc); None once it is gone."""
+    """CPU seconds a process's live threads have run so far (Linux /proc); None once it is gone.
+
+    Summed from each thread's `schedstat` (nanoseconds): `stat`'s user + system times count in
+    clock ticks (10 ms), as coarse as a whole update cycle of a small fleet. A thread that has
+    ended drops out of the sum, so take differences over spans its threads live through."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total_ns = 0
+    for task in tasks:
+        try:
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended while being read
+    return total_ns / 1e9
 
 
 def controller_pids(pid: int) -> dict[str, int]:
