@@ -14,8 +14,8 @@ Side by side, in the same run and against the same agents:
   deployed: the `python -m controlplane` daemon (API front and core, in processes of their own;
   "ctl CPU" is what those processes used). In this process it would share a heap and a
   collector with the baselines, under CPython's default thresholds rather than the daemon's
-  settled heap (`rlcore/heap.py`): at 1,024 workers that was ~340 collections per cycle, 35-40%
-  of the controller's CPU;
+  settled heap (`rlcore/heap.py`): at 1,024 workers that was ~340 collections per cycle, a
+  third of the cycle's time inside the collector;
 - httpx gather: what a trainer hand-rolls today -- per phase, an unbounded
   `asyncio.gather` over the workers, one `httpx.AsyncClient` per worker, the same calls;
 - httpx sequential: the same calls one worker after another (only up to `--seq-max`
