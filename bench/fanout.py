@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet_logs()
     result = asyncio.run(amain(a))
     return report("fanout", result, a.out, text=render(result["rows"]), draw=lambda out: draw(result["rows"], out),
-                  notes_after=["* extrapolated linearly from the largest N measured sequentially"])
+                  notes_after=["* extrapolated linearly from the largest N measured sequentially"]
+                  if any("extrapolated_from_n" in r.get("httpx_sequential", {}) for r in result["rows"]) else [])
 
 
 if __name__ == "__main__":
