@@ -19,13 +19,30 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.processes import REPO
+from harness.controller import merge_sections
+from harness.processes import REPO, ControllerProcess
 
 OUT = REPO / "bench" / "out"
 
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
+
+
+def controller_daemon(specs: list[dict[str, Any]], workdir: Path, *, name: str = "controller",
+                      env: dict[str, str] | None = None, stop_timeout_s: float = 20.0,
+                      **sections: Any) -> ControllerProcess:
+    """The controller as deployed (`python -m controlplane`: its API front and its core) over
+    the workers `specs`, with a benchmark's settings: deadlines only a real hang trips, the
+    status poll every second, no gateway, warnings only. A dict keyword is merged into its
+    section (`harness.controller.merge_sections`)."""
+    config = merge_sections({
+        "controller_id": name, "api": {"host": "127.0.0.1", "port": 0}, "gateway": {"enabled": False},
+        "discovery": {"kind": "static", "static": specs},
+        "workers": {"timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+        "reconcile": {"poll_interval_s": 1.0, "interval_s": 1.0}, "store": {"kind": "memory"},
+        "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning"}, sections)
+    return ControllerProcess(config, workdir, name=name, env=env, stop_timeout_s=stop_timeout_s)
 
 
 def quiet_logs() -> None:

@@ -40,10 +40,10 @@ from typing import Any
 import aiohttp
 import httpx
 
-from bench.common import median, plot, quiet_logs, report, table
+from bench.common import controller_daemon, median, plot, quiet_logs, report, table
 from harness.checkpoints import write_checkpoint
 from harness.controller import wait_reachable
-from harness.processes import ControllerProcess, controller_pids, cpu_seconds
+from harness.processes import controller_pids, cpu_seconds
 from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
@@ -66,15 +66,12 @@ class ControllerUnderTest:
 
     def __init__(self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
         self.members = len(agents)
-        self.process = ControllerProcess({
-            "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN}, "gateway": {"enabled": False},
-            "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
-            "workers": {"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
-                        "pause_timeout_s": 300, "weight_load_timeout_s": 600},
+        self.process = controller_daemon(
+            [a.spec() for a in agents], root, name=f"controller-{self.members}", api={"token": CTL_TOKEN},
+            workers={"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
+                     "pause_timeout_s": 300, "weight_load_timeout_s": 600},
             # Polls and reconcile passes would run during the cycles measured: only the first one runs.
-            "reconcile": {"poll_interval_s": 3600, "interval_s": 3600}, "store": {"kind": "memory"},
-            "allowed_roots": [str(root)], "log_format": "json", "log_level": "error"},
-            root / "controller", name=f"controller-{self.members}")
+            reconcile={"poll_interval_s": 3600, "interval_s": 3600}, log_level="error")
 
     async def __aenter__(self) -> ControllerUnderTest:
         await self.process.spawn().wait_ready_async()
@@ -172,17 +169,16 @@ async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
 
 
 async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int = 1,
-                        cpu: list[float] | None = None, cpu_clock: Callable[[], float] | None = None) -> list[float]:
+                        cpu: list[float] | None = None, cpu_clock: Callable[[], float] = time.process_time) -> list[float]:
     """Wall seconds of each of `k` runs; with `cpu`, the CPU seconds `cpu_clock` counts in each too."""
     for _ in range(warmup):  # connections opened, first-call costs paid
         await fn()
     times = []
     for _ in range(k):
-        c0 = cpu_clock() if cpu_clock else 0.0
-        t0 = time.perf_counter()
+        c0, t0 = cpu_clock(), time.perf_counter()
         await fn()
         times.append(time.perf_counter() - t0)
-        if cpu is not None and cpu_clock:
+        if cpu is not None:
             cpu.append(cpu_clock() - c0)
     return times
 

@@ -54,27 +54,13 @@ if str(REPO) not in sys.path:  # run as a script: make the repository's packages
 CTL_TOKEN = "load-ctl-token"
 DEFAULT_OUT = REPO / "bench" / "out" / "load_state.json"
 
+from bench.common import controller_daemon  # noqa: E402
 from harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
 from harness.controller import wait_reachable  # noqa: E402
-from harness.processes import ControllerProcess, controller_pids, cpu_seconds  # noqa: E402
+from harness.processes import controller_pids, cpu_seconds  # noqa: E402
 from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
-from harness.simfleet import HostedAgent, HostedFleet, raise_fd_limit  # noqa: E402
+from harness.simfleet import HostedFleet, raise_fd_limit  # noqa: E402
 from rlcore.heap import collector_paused  # noqa: E402
-
-
-def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float, *, front: bool = True,
-               name: str = "controller") -> ControllerProcess:
-    config = {
-        "controller_id": "load", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN, "front": front},
-        "gateway": {"enabled": False},
-        "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
-        "workers": {"token": AGENT_TOKEN, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120,
-},
-        "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
-        "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
-        "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning",
-    }
-    return ControllerProcess(config, workdir, name=name)
 
 
 # -- load and cycles ------------------------------------------------------------------------------------
@@ -255,8 +241,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             setup_s = time.monotonic() - t0
             for k in range(args.rounds):  # in turn, so drifting load on the machine hits each alike
                 for front in fronts:
-                    ctl = controller(fleet.agents, workdir, args.poll_interval_s, front=front == "on",
-                                     name=f"controller-{k}-front-{front}")
+                    ctl = controller_daemon(
+                        [a.spec() for a in fleet.agents], workdir, name=f"controller-{k}-front-{front}",
+                        api={"token": CTL_TOKEN, "front": front == "on"}, workers={"token": AGENT_TOKEN},
+                        reconcile={"poll_interval_s": args.poll_interval_s},
+                        store={"kind": "file", "path": str(workdir / "store" / "desired.json")})
                     try:
                         await ctl.spawn().wait_ready_async()
                         url = ctl.url

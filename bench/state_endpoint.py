@@ -26,26 +26,12 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import median, plot, quiet_logs, report, table
+from bench.common import controller_daemon, median, plot, quiet_logs, report, table
 from harness.controller import wait_reachable
-from harness.processes import ControllerProcess
-from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
+from harness.simfleet import TOKEN, HostedFleet, raise_fd_limit
 from rlcore.heap import collector_paused
 
 CTL_TOKEN = "bench-ctl-token"
-
-
-def controller(agents: list[HostedAgent], workdir: Path, poll_interval_s: float, *, front: bool = True,
-               name: str = "controller") -> ControllerProcess:
-    """The controller daemon over `agents`; its tokens come from the environment, as in a pod."""
-    config = {"controller_id": "bench", "api": {"host": "127.0.0.1", "port": 0, "front": front},
-              "gateway": {"enabled": False},
-              "discovery": {"kind": "static", "static": [a.spec() for a in agents]},
-              "workers": {"max_concurrency": max(64, len(agents)), "timeout_s": 10},
-              "reconcile": {"poll_interval_s": poll_interval_s, "interval_s": 1.0},
-              "store": {"kind": "memory"}, "allowed_roots": [str(workdir)], "log_level": "warning"}
-    return ControllerProcess(config, workdir, name=name, stop_timeout_s=20,
-                             env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN})
 
 
 # The readers: what a reader sends decides what the controller sends back.
@@ -175,7 +161,12 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
         with HostedFleet(a.workers, root=workdir, latency_s=0.0, hosts=a.hosts) as fleet:
             result: dict[str, Any] = {}
             for front in a.front:  # the same fleet, a controller each way of serving, in turn
-                ctl = controller(fleet.agents, workdir, a.poll_interval_s, front=front == "on", name=f"ctl-{front}")
+                # Its tokens come from the environment, as in a pod.
+                ctl = controller_daemon(
+                    [agent.spec() for agent in fleet.agents], workdir, name=f"ctl-{front}",
+                    env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN},
+                    api={"front": front == "on"}, workers={"max_concurrency": max(64, a.workers)},
+                    reconcile={"poll_interval_s": a.poll_interval_s})
                 try:
                     await ctl.spawn().wait_ready_async()
                     print(f"  api.front {front}:", flush=True)

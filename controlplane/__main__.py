@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         await site.start()
         port = runner.addresses[0][1]
         write_port_file(args.port_file, port)
+        frozen = settle()  # startup's heap, out of the collector's sight (rlcore/heap.py)
         structlog.get_logger("controlplane").info("core_ready" if args.core else "controller_ready", port=port,
-                                                  heap_frozen=settle())
+                                                  heap_frozen=frozen)
         try:
             await stop.wait()
         finally:

@@ -54,6 +54,11 @@ def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
         "allowed_roots": [str(r) for r in roots], "log_format": "json", "log_level": "info",
     }
+    return merge_sections(config, overrides)
+
+
+def merge_sections(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`config` with `overrides`: a dict merged into its section, any other value replacing it."""
     for key, value in overrides.items():
         config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) \
             else value

@@ -108,13 +108,14 @@ async def serve(settings: ControllerSettings, *, token: str, config: Path | None
             await site.start()
             port = runner.addresses[0][1]
             write_port_file(port_file, port)
-            log.info("controller_ready", port=port, core=url, heap_frozen=settle())
+            frozen = settle()  # startup's heap, out of the collector's sight (rlcore/heap.py)
+            log.info("controller_ready", port=port, core=url, heap_frozen=frozen)
             exited = asyncio.create_task(core.wait(), name="core-exit")
             stopped = asyncio.create_task(stop.wait(), name="stop")
             await asyncio.wait({exited, stopped}, return_when=asyncio.FIRST_COMPLETED)
             for task in (exited, stopped):
                 task.cancel()
-            if stop.is_set() or not exited.done() or exited.cancelled():
+            if stop.is_set() or not exited.done():
                 return 0  # asked to stop (a signal to the process group reaches the core as well)
             log.error("core_exited", code=exited.result())
             return exited.result() or 1

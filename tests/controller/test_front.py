@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from harness.controller import AUTH, controller_config, wait_reachable
-from harness.processes import ControllerProcess
+from harness.processes import ControllerProcess, controller_pids
 from harness.simfleet import start_fleet
 from harness.waiting import wait_for
 from rlcore.cached import parse_tag
@@ -37,9 +37,9 @@ async def daemon(tmp_path: Path):
 
 
 def core_pid(ctl: ControllerProcess) -> int:
-    children = Path(f"/proc/{ctl.pid}/task/{ctl.pid}/children").read_text().split()
-    assert len(children) == 1, children
-    return int(children[0])
+    pids = controller_pids(ctl.pid)
+    assert set(pids) == {"controller-front", "controller-core"}, pids
+    return pids["controller-core"]
 
 
 def gone(pid: int) -> bool:
