@@ -35,6 +35,10 @@ class AdminSettings(Section):
 class InferenceSettings(Section):
     host: str = Field("127.0.0.1", description="Inference (OpenAI API) bind address.")
     port: int = Field(8100, ge=0, le=65535, description="Inference port (0 = pick a free one).")
+    tokens_in_tokens_out: bool = Field(
+        True, description="Serve vLLM's tokens-in/tokens-out route `POST /inference/v1/generate` (its scale-out "
+                          "routes, `vllm serve --enable-scale-out`), which verifiers' TrainClient and renderers' "
+                          "generate() post to.")
 
 
 class EngineSettings(Section):

@@ -61,7 +61,11 @@ class GatewaySettings(Section):
                                                       "answer: other members first, then again.")
     affinity_header: str = Field("X-RL-Session", min_length=1,
                                  description="Header naming a session; its requests go to one worker while it "
-                                             "serves (the body's `user` or `cache_salt` also count).")
+                                             "serves (`X-Session-ID`, verifiers' header, and the body's `user` "
+                                             "also count; `cache_salt` does not: it isolates caches).")
+    accept_admin_token: bool = Field(True, description="With `token` set, also accept the controller's admin token "
+                                                       "for inference, so one API key serves both URLs (prime-rl "
+                                                       "sends one key to both).")
     follow_url: str | None = Field(None, description="Standalone gateway only: the controller whose "
                                                      "`GET /v1/rl/state` it follows.")
     follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")

@@ -69,6 +69,14 @@ class ConflictError(ApiError):
     code = "conflict"
 
 
+class NotSupportedError(ApiError):
+    """501: a route clients know from one vLLM server that has no meaning for a fleet (yet);
+    the message names the route and what to do instead."""
+
+    status = 501
+    code = "not_supported"
+
+
 # -- the shape on the wire ------------------------------------------------------------
 class ErrorDetail(BaseModel):
     code: str

@@ -10,7 +10,7 @@ import base64
 import hmac
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import structlog
@@ -93,8 +93,21 @@ def _presented_token(header: str) -> bytes | None:
     return None
 
 
-def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str]) -> Any:
-    expected = token.encode()
+def presents_one_of(header: str, tokens: Collection[str]) -> bool:
+    """Whether an `Authorization` value carries one of these tokens. Every token is
+    compared, each in constant time, so a timing tells neither a token nor which matched."""
+    given = _presented_token(header)
+    if given is None:
+        return False
+    matches = [hmac.compare_digest(given, t.encode()) for t in tokens]
+    return any(matches)
+
+
+def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str],
+                         also_accepted: Collection[str] = ()) -> Any:
+    """`also_accepted`: further tokens that pass (the gateway takes the controller's admin
+    token too, so a trainer's one API key serves both its inference and admin URLs)."""
+    tokens = (token, *also_accepted)
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -105,9 +118,7 @@ def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[
         needs_token = request.method in _MUTATING or (auth_reads and request.path not in open_paths)
         if needs_token:
             header = request.headers.get("Authorization", "")
-            given = _presented_token(header)
-            # Constant-time compare, so the token cannot be guessed byte by byte from timings.
-            if given is None or not hmac.compare_digest(given, expected):
+            if not presents_one_of(header, tokens):
                 raise UnauthorizedError("missing or wrong bearer token" if header else "missing bearer token",
                                         field="Authorization")
         return await handler(request)

@@ -85,6 +85,9 @@ def build_vllm_args(engine: EngineSettings, inference: InferenceSettings) -> Any
         argv.append("--enforce-eager")
     if engine.enable_lora:
         argv += ["--enable-lora", "--max-lora-rank", str(engine.max_lora_rank), "--max-loras", str(engine.max_loras)]
+    if inference.tokens_in_tokens_out:
+        # Without it vLLM mounts /inference/v1/generate answering 403 "Scale-out endpoints are disabled".
+        argv.append("--enable-scale-out")
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
     for key, value in engine.extra_engine_args.items():
         if not hasattr(args, key):

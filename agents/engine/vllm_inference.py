@@ -5,12 +5,18 @@ functions `vllm serve` uses, pointed at the AsyncLLM this agent owns, so complet
 chat, tokenize/detokenize, models and `return_token_ids` behave exactly as in vLLM.
 uvicorn runs in the agent's event loop; the agent, not uvicorn, owns the signals.
 
-One addition on the way out: a non-streamed answer carries `X-RL-Weight-Versions`, the
+Additions on the way out: a non-streamed answer carries `X-RL-Weight-Versions`, the
 engine's own record of which weights sampled which output tokens (vLLM tracks these spans
-per request but its OpenAI answers drop them). A request frozen by a keep-mode pause and
-resumed after an update says so there, rather than passing as the version it started on.
-And one check on the way in: a request that names the weights it expects
+per request but its OpenAI answers drop them); a stream carries them on the chunk that
+finishes each choice; and tokens-in/tokens-out logprob entries are named `"token_id:<id>"`
+for the clients that read them so (`answer_fields.py`). A request frozen by a keep-mode
+pause and resumed after an update says so there, rather than passing as the version it
+started on. And one check on the way in: a request that names the weights it expects
 (`X-RL-Expect-Weight-Version`, as the gateway sends) is refused 409 when these are others.
+
+vLLM's tokens-in/tokens-out route (`POST /inference/v1/generate`) is served too: the agent
+starts vLLM's app with its scale-out routes on (`build_vllm_args`), as `vllm serve
+--enable-scale-out` would.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import socket
 from argparse import Namespace
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
@@ -29,6 +36,7 @@ from vllm.engine.protocol import EngineClient
 from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 
+from agents.engine.answer_fields import Span, amend_events, amend_json
 from rlcore.wire.agent import (
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,
@@ -44,19 +52,28 @@ class _Server(uvicorn.Server):
         yield
 
 
-# The spans of the request being answered: one dict per engine request (a batch of prompts
-# makes several, started in prompt order), choice index -> spans. Set by `SpanHeaders` for
-# each HTTP request, filled by `SpanRecordingClient.generate`, which vLLM's handlers call in
-# the request's context, so both see the same list.
-Spans = list[dict[int, list[tuple[str, int, int]]]]
-_SPANS: contextvars.ContextVar[Spans | None] = contextvars.ContextVar("rl_weight_version_spans", default=None)
+@dataclass
+class CallSpans:
+    """One engine request of an HTTP request (a batch of prompts makes several, started in
+    prompt order): how many choices it makes, and each finished choice's spans."""
+
+    n: int
+    by_index: dict[int, list[Span]] = field(default_factory=dict)
+
+
+# The spans of the request being answered. Set by `VersionedAnswers` for each HTTP request,
+# filled by `SpanRecordingClient.generate`, which vLLM's handlers call in the request's
+# context, so both see the same list.
+_SPANS: contextvars.ContextVar[list[CallSpans] | None] = contextvars.ContextVar("rl_weight_version_spans",
+                                                                               default=None)
 _SPANS_HEADER = WEIGHT_VERSIONS_HEADER.lower().encode()
 _EXPECT = EXPECT_VERSION_HEADER.lower().encode()
+_TOKENS_ROUTE = "/inference/v1/generate"  # vLLM's tokens-in/tokens-out: its logprob entries get names
 
 
 class SpanRecordingClient:
     """The engine client vLLM's OpenAI handlers use, recording each finished choice's
-    weight-version spans for the answer's headers; everything else is the engine's own."""
+    weight-version spans for the answer; everything else is the engine's own."""
 
     def __init__(self, inner: EngineClient) -> None:
         self._inner = inner
@@ -66,7 +83,8 @@ class SpanRecordingClient:
 
     async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         request_spans = _SPANS.get()
-        mine: dict[int, list[tuple[str, int, int]]] = {}
+        params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+        mine = CallSpans(n=getattr(params, "n", None) or 1)
         if request_spans is not None:
             request_spans.append(mine)
         # aclosing: when vLLM closes this generator (the client went away), the engine's own
@@ -76,14 +94,25 @@ class SpanRecordingClient:
                 if out.finished:
                     for choice in out.outputs:
                         if choice.weight_versions:
-                            mine[choice.index] = [(s.version, s.start, s.end) for s in choice.weight_versions]
+                            mine.by_index[choice.index] = [(s.version, s.start, s.end) for s in choice.weight_versions]
                 yield out
+
+
+def _spans_of(calls: list[CallSpans]) -> Callable[[int], list[Span] | None]:
+    """An answer's choice index -> its spans: vLLM numbers the choices of a batch's k-th
+    prompt from k * n."""
+    def spans_of(index: int) -> list[Span] | None:
+        for call in calls:
+            if index < call.n:
+                return call.by_index.get(index)
+            index -= call.n
+        return None
+    return spans_of
 
 
 class VersionedAnswers:
     """ASGI middleware: refuses a request expecting other weights than these; adds the
-    recorded spans, one list per choice, to a response whose headers go out after generation
-    finished (a stream's go out before: it has none)."""
+    recorded spans to the answer (`_AmendedAnswer`)."""
 
     def __init__(self, app: Any, served_version: Callable[[], str | None]) -> None:
         self.app = app
@@ -100,20 +129,68 @@ class VersionedAnswers:
                         "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
             return
-        spans: Spans = []
-        token = _SPANS.set(spans)
-
-        async def send_with_spans(message: dict[str, Any]) -> None:
-            choices = [per[i] for per in spans for i in sorted(per)]
-            if message["type"] == "http.response.start" and choices:
-                value = weight_versions_header(choices).encode()
-                message = {**message, "headers": [*message.get("headers", []), (_SPANS_HEADER, value)]}
-            await send(message)
-
+        calls: list[CallSpans] = []
+        token = _SPANS.set(calls)
+        answer = _AmendedAnswer(send, calls, tokens_route=scope["path"] == _TOKENS_ROUTE)
         try:
-            await self.app(scope, receive, send_with_spans)
+            await self.app(scope, receive, answer.send)
         finally:
             _SPANS.reset(token)
+
+
+class _AmendedAnswer:
+    """The sending side of one answer, with the agent's additions:
+    - the spans, one list per choice, in `X-RL-Weight-Versions` when the headers go out after
+      generation finished (a non-streamed answer);
+    - in a stream, `weight_versions` on the chunk that finishes each choice (vLLM's
+      tokens-in/tokens-out stream sets it there itself);
+    - on the tokens-in/tokens-out route, logprob entries named `"token_id:<id>"`: a JSON
+      answer is held whole (it is sent in one piece anyway) and its length set again."""
+
+    def __init__(self, send: Any, calls: list[CallSpans], *, tokens_route: bool) -> None:
+        self._send, self._calls, self._tokens_route = send, calls, tokens_route
+        self._held_start: dict[str, Any] | None = None
+        self._held_body: list[bytes] = []
+        self._stream = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            await self._start(message)
+        elif message["type"] == "http.response.body" and self._held_start is not None:
+            self._held_body.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self._send_held()
+        elif message["type"] == "http.response.body" and self._stream and message.get("body"):
+            spans_of = None if self._tokens_route else _spans_of(self._calls)
+            body = amend_events(message["body"], name_tokens=self._tokens_route, spans_of=spans_of)
+            await self._send({**message, "body": body})
+        else:
+            await self._send(message)
+
+    async def _start(self, message: dict[str, Any]) -> None:
+        headers = list(message.get("headers", []))
+        choices = [call.by_index[i] for call in self._calls for i in sorted(call.by_index)]
+        if choices:
+            headers.append((_SPANS_HEADER, weight_versions_header(choices).encode()))
+        message = {**message, "headers": headers}
+        content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+        self._stream = content_type.startswith(b"text/event-stream")
+        if self._tokens_route and content_type.startswith(b"application/json"):
+            self._held_start = message
+            return
+        await self._send(message)
+
+    async def _send_held(self) -> None:
+        assert self._held_start is not None
+        start, body = self._held_start, b"".join(self._held_body)
+        self._held_start, self._held_body = None, []
+        amended = amend_json(body)
+        if amended is not None:
+            body = amended
+            start = {**start, "headers": [*((k, v) for k, v in start["headers"] if k.lower() != b"content-length"),
+                                          (b"content-length", str(len(body)).encode())]}
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body})
 
 
 class InferenceServer:

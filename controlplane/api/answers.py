@@ -60,10 +60,13 @@ class SuccessAnswer(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """vLLM's model card (members' own cards pass through: `root`, `max_model_len`, ...)."""
+
+    model_config = ConfigDict(extra="allow")
     id: str
     object: Literal["model"]
     owned_by: str
-    parent: str | None
+    parent: str | None = None
 
 
 class ModelList(BaseModel):
@@ -79,6 +82,13 @@ class DiskWeightsRequest(BaseModel):
     weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
     weight_version: str | None = Field(None, min_length=1, max_length=256,
                                        description="Defaults to the directory's name.")
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_int_id: int | None = None  # accepted for vLLM compatibility: the fleet knows adapters by name
 
 
 class LoadLoraAdapterRequest(BaseModel):

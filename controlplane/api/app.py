@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from controlplane.api import facade, routes
+from controlplane.api import facade, routes, unsupported
 from controlplane.api.errors import to_api_error
 from controlplane.api.openapi import ROUTES, controller_document
-from controlplane.api.routes import CONTROLLER
+from controlplane.api.routes import CONTROLLER, SESSION
 from controlplane.controller import Controller, TransportFactory, http_transports
 from controlplane.discovery.base import DiscoverySource
 from controlplane.discovery.factory import make_source
+from controlplane.fleet.served import ServedModels
 from controlplane.gateway.app import new_session
 from controlplane.gateway.local import start_local_gateway
 from controlplane.gateway.proxy import Gateway
@@ -40,7 +41,6 @@ from rlcore.openapi import serve_document
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
-SESSION = web.AppKey("session", aiohttp.ClientSession)
 KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
 LEADERSHIP = web.AppKey("leadership", Leadership)
 GATEWAY = web.AppKey("gateway", Gateway)  # set when the inference gateway runs in this process
@@ -69,6 +69,8 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
     )
     routes.api.register(app)
     facade.api.register(app)
+    unsupported.api.register(app)
+    app[facade.SERVED_MODELS] = ServedModels()
     serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -119,7 +121,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
             if run_gateway:
                 # Its own session: rollouts are many long requests per worker, admin calls few.
                 gateway_session = await stack.enter_async_context(new_session())
-                gateway_obj, runner = await start_local_gateway(ctl, settings.gateway, gateway_session)
+                gateway_obj, runner = await start_local_gateway(ctl, settings.gateway, gateway_session, admin_token=token)
                 app[GATEWAY] = gateway_obj
                 stack.push_async_callback(runner.cleanup)
             yield

@@ -26,9 +26,11 @@ from controlplane.api.answers import (
     LoadLoraAdapterRequest,
     ModelList,
     SuccessAnswer,
+    UnloadLoraAdapterRequest,
 )
-from controlplane.api.routes import CONTROLLER, STEP, operation, operation_response
+from controlplane.api.routes import CONTROLLER, SESSION, STEP, operation, operation_response
 from controlplane.errors import ControlPlaneError
+from controlplane.fleet.served import ServedModels
 from controlplane.operations import lora, weights
 from controlplane.operations import pause as pausing
 from rlcore.errors import ApiError
@@ -58,6 +60,7 @@ from rlcore.wire.controller import (
 
 api = RouteTable()
 _FACADE = "vLLM-compatible facade"
+SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
 
 @contextmanager
@@ -172,6 +175,20 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
 
 
+@operation("POST", "/v1/unload_lora_adapter", "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
+           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
+@operation("POST", "/unload_lora_adapter", "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
+           "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
+           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    body = await parse_body(request, UnloadLoraAdapterRequest)
+    with _client_fields({"name": "lora_name"}):
+        result = await lora.unload_lora(request.app[CONTROLLER], body.lora_name)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
+
+
 @api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,
          tag=_FACADE)
 async def health(request: web.Request) -> web.Response:
@@ -192,12 +209,12 @@ async def get_world_size(request: web.Request) -> web.Response:
     return json_response({"world_size": request.app[CONTROLLER].transfer.world_size()})
 
 
-@api.get("/v1/models", "The fleet's base model and the desired adapters.", ok=ModelList, tag=_FACADE)
+@api.get("/v1/models", "What the fleet serves: the union of the members' own `/v1/models` (base models and "
+         "adapters), as the gateway answers it.", ok=ModelList, tag=_FACADE)
 async def models(request: web.Request) -> web.Response:
     ctl = request.app[CONTROLLER]
-    names = sorted({r.spec.model for r in ctl.members() if r.spec.model})
-    data = [{"id": n, "object": "model", "owned_by": "rl-controlplane", "parent": None} for n in names]
-    base = names[0] if names else None
-    data += [{"id": name, "object": "model", "owned_by": "rl-controlplane", "parent": base}
-             for name in sorted(ctl.desired.state.loras)]
-    return json_response({"object": "list", "data": data})
+    # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
+    # or the one they report.
+    named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
+    cards = await request.app[SERVED_MODELS].cards(ctl.state(), request.app[SESSION], named=named)
+    return json_response({"object": "list", "data": cards})

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.api import facade, routes
+from controlplane.api import facade, routes, unsupported
 from rlcore.openapi import Route, build_document, openapi_route
 
-ROUTES: tuple[Route, ...] = (*routes.api.declared, openapi_route(), *facade.api.declared)
+ROUTES: tuple[Route, ...] = (*routes.api.declared, openapi_route(), *facade.api.declared,
+                             *unsupported.api.declared)
 
 DESCRIPTION = ("The fleet controller. `/v1/rl/*` is the native API; the root is shaped like one vLLM server "
-               "(its RL routes, and the disk and LoRA routes RL frameworks call), driving the whole fleet. Errors "
+               "(its RL routes, and the disk and LoRA routes RL frameworks call), driving the whole fleet; its admin routes "
+               "that have no fleet meaning answer 501 `not_supported` saying why. Errors "
                "are `{\"error\": {\"code\", \"message\", \"field\"?}}`; bad input is answered before any worker is "
                "called. Mutating routes need the token (Bearer, or Basic with the token as the password); with "
                "`api.auth_reads` reads do too, except `/healthz`, `/readyz`, `/health` and this document.")

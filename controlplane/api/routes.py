@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, Field
 
@@ -40,6 +41,7 @@ from rlcore.wire.controller import (
 )
 
 CONTROLLER = web.AppKey("controller", Controller)
+SESSION = web.AppKey("session", aiohttp.ClientSession)  # the one client session for worker calls
 api = RouteTable()
 
 # Every write: 409 another operation runs (or this replica does not lead, or a member lacks a

@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
             followed = FollowedState(session=session, url=g.follow_url or "", interval_s=g.follow_interval_s,
                                      token=g.follow_token.get_secret_value() if g.follow_token else None)
             follower = asyncio.create_task(followed.run(), name="follow-controller-state")
-            gateway = Gateway(router=Router(followed), session=session, settings=g, metrics=GatewayMetrics())
+            # The token it follows the controller with is the controller's: inference takes it too.
+            gateway = Gateway(router=Router(followed), session=session, settings=g, metrics=GatewayMetrics(),
+                              admin_token=g.follow_token.get_secret_value() if g.follow_token else None)
             runner = await start_site(gateway)
             frozen = settle()  # startup's heap, out of the collector's sight (rlcore/heap.py)
             structlog.get_logger("controlplane.gateway").info("gateway_serving", url=gateway.url,

@@ -3,22 +3,27 @@ own site with handler cancellation, and the per-request policy headers.
 
 Inference routes pass through to a worker unchanged (`proxy.py`); the gateway itself only
 checks what it reads before any worker is called: the body is a JSON object, the fields it
-uses (`stream`, `user`, `cache_salt`) have their types, and the policy headers
-(`X-RL-Max-Staleness`, `X-RL-Hold-Timeout`) are in range -- a 4xx naming the field otherwise.
-Inference needs no token unless `gateway.token` is set (its own, not the admin token).
+uses (`stream`, `user`) have their types, and the policy headers (`X-RL-Max-Staleness`,
+`X-RL-Hold-Timeout`) are in range -- a 4xx naming the field otherwise. Inference needs no
+token unless `gateway.token` is set; then the controller's admin token is accepted too
+(`gateway.accept_admin_token`), as trainers send one API key to both URLs.
+
+A session key pins a rollout's turns to one worker (its prefix cache): the affinity header,
+else `X-Session-ID` (what verifiers' clients send, the rollout's trace id), else the body's
+`user`. Not `cache_salt`: prime-rl sets it to the policy version, the same for every
+rollout of a step, so as a session key it sent a whole step to one worker.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
+from controlplane.fleet.served import ServedModels
 from controlplane.gateway.proxy import Gateway, RequestPolicy
 from controlplane.settings import GatewaySettings
 from rlcore.errors import BadRequestError, ValidationFailedError
@@ -29,9 +34,9 @@ from rlcore.wire.agent import ProbeAnswer
 GATEWAY = web.AppKey("gateway", Gateway)
 STALENESS_HEADER = "X-RL-Max-Staleness"
 HOLD_HEADER = "X-RL-Hold-Timeout"
+SESSION_ID_HEADER = "X-Session-ID"  # verifiers' clients: the rollout's trace id, the same every turn
 api = RouteTable()
 _INFERENCE, _PROBES = "inference", "probes"
-_MODELS_TTL_S = 2.0
 
 
 class InferenceBody(BaseModel):
@@ -40,8 +45,7 @@ class InferenceBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: StrictStr | None = Field(None, description="The model or adapter name, checked by the worker.")
     stream: StrictBool | None = Field(None, description="Stream the answer as server-sent events.")
-    user: StrictStr | None = Field(None, description="A session key for affinity (after the affinity header).")
-    cache_salt: StrictStr | None = Field(None, description="Also a session key, after `user`.")
+    user: StrictStr | None = Field(None, description="A session key for affinity (after the session headers).")
 
 
 class ModelCard(BaseModel):
@@ -57,7 +61,7 @@ class ModelList(BaseModel):
 def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings) -> RequestPolicy:
     bound = _header_number(request, STALENESS_HEADER, int, 0, 31)
     hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
-    session = request.headers.get(settings.affinity_header) or body.user or body.cache_salt
+    session = request.headers.get(settings.affinity_header) or request.headers.get(SESSION_ID_HEADER) or body.user
     return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
 
 
@@ -105,7 +109,9 @@ async def proxy_inference(request: web.Request) -> web.StreamResponse:
 @api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,
          tag=_INFERENCE)
 async def models(request: web.Request) -> web.Response:
-    return json_response({"object": "list", "data": await request.app[MODELS].cards(request.app[GATEWAY])})
+    gateway = request.app[GATEWAY]
+    return json_response({"object": "list", "data": await request.app[MODELS].cards(gateway.router.state(),
+                                                                                  gateway.session)})
 
 
 @api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag=_PROBES)
@@ -113,6 +119,9 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
+@api.get("/health", "What trainers probe on an inference server (vLLM's `/health`): 200 while some member is "
+         "inside the fence, else 503 with the reason.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True,
+         tag=_PROBES)
 @api.get("/readyz", "Ready while some member is inside the fence.", ok=ProbeAnswer, answers={503: ProbeAnswer},
          probe=True, tag=_PROBES)
 async def readyz(request: web.Request) -> web.Response:
@@ -129,40 +138,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=request.app[GATEWAY].metrics.render(), content_type="text/plain", charset="utf-8")
 
 
-class ModelsCache:
-    """`GET /v1/models` of every reachable member with an inference URL, merged by id and
-    kept for a short while (a client checks its model name far more often than it changes)."""
-
-    def __init__(self) -> None:
-        self._cards: list[dict[str, Any]] | None = None
-        self._at = 0.0
-
-    async def cards(self, gateway: Gateway) -> list[dict[str, Any]]:
-        if self._cards is not None and time.monotonic() - self._at < _MODELS_TTL_S:
-            return self._cards
-        state = gateway.router.state()
-        urls = sorted({w.inference_url.rstrip("/") for w in (state.workers if state else [])
-                       if w.reachable and w.inference_url})
-        answers = await asyncio.gather(*(self._read(gateway.session, u) for u in urls))
-        merged: dict[str, dict[str, Any]] = {}
-        for cards in answers:
-            for card in cards:
-                merged.setdefault(card["id"], card)
-        self._cards, self._at = [merged[k] for k in sorted(merged)], time.monotonic()
-        return self._cards
-
-    @staticmethod
-    async def _read(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
-        try:
-            async with session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                body = await resp.json() if resp.status == 200 else {}
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return []  # an unreachable member serves nothing; the rest still answer
-        data = body.get("data") if isinstance(body, dict) else None
-        return [c for c in data or [] if isinstance(c, dict) and isinstance(c.get("id"), str)]
-
-
-MODELS = web.AppKey("models", ModelsCache)
+MODELS = web.AppKey("models", ServedModels)
 ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
 DESCRIPTION = ("The inference gateway of an RL fleet: the OpenAI and vLLM inference routes of the workers, sent only "
                "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
@@ -182,10 +158,11 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
     middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
     if token:
         open_paths = frozenset(r.path for r in ROUTES if r.probe)
-        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths))
+        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths,
+                                                also_accepted=gateway.accepted_admin_tokens()))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
     app[GATEWAY] = gateway
-    app[MODELS] = ModelsCache()
+    app[MODELS] = ServedModels()
     api.register(app)
     serve_document(app, gateway_document(secured=bool(token)))
     return app

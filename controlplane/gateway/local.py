@@ -25,10 +25,10 @@ class ControllerState:
         return self._ctl.changes.generation, self._ctl.base_state()
 
 
-async def start_local_gateway(ctl: Controller, settings: GatewaySettings,
-                              session: aiohttp.ClientSession) -> tuple[Gateway, web.AppRunner]:
+async def start_local_gateway(ctl: Controller, settings: GatewaySettings, session: aiohttp.ClientSession, *,
+                              admin_token: str | None = None) -> tuple[Gateway, web.AppRunner]:
     gateway = Gateway(router=Router(ControllerState(ctl)), session=session, settings=settings,
-                      metrics=GatewayMetrics())
+                      metrics=GatewayMetrics(), admin_token=admin_token)
     runner = await start_site(gateway)
     ctl.gateway_view = gateway.view
     return gateway, runner

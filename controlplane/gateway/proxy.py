@@ -36,6 +36,7 @@ from controlplane.gateway.metrics import GatewayMetrics
 from controlplane.gateway.routing import Route, Router
 from controlplane.settings import GatewaySettings
 from rlcore.errors import ApiError
+from rlcore.http import presents_one_of
 from rlcore.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
 from rlcore.wire.controller import GatewayView, GatewayWorkerView
 
@@ -81,8 +82,11 @@ class RequestPolicy:
 
 class Gateway:
     def __init__(self, *, router: Router, session: aiohttp.ClientSession, settings: GatewaySettings,
-                 metrics: GatewayMetrics) -> None:
+                 metrics: GatewayMetrics, admin_token: str | None = None) -> None:
+        """`admin_token`: the controller's (the one it runs in, or follows), which inference
+        accepts too with `settings.accept_admin_token`."""
         self.router, self.session, self.settings, self.metrics = router, session, settings, metrics
+        self.admin_token = admin_token
         self.url: str | None = None  # where the site bound, once it has
         self.in_flight: Counter[str] = Counter()
         self.routed: Counter[str] = Counter()
@@ -90,10 +94,15 @@ class Gateway:
         self.held = 0
         self.rejected = 0
         self._turn = 0  # rotates ties between equally loaded workers
-        # The gateway's own token is not the workers' to see; resolved once, not per request
+        # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
+        # Authorization (a key a worker itself checks) passes. Resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
-        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower()} | (
-            {"authorization"} if settings.resolved_token() else set())
+        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower()}
+        self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
+
+    def accepted_admin_tokens(self) -> tuple[str, ...]:
+        """Tokens inference accepts besides the gateway's own."""
+        return (self.admin_token,) if self.admin_token and self.settings.accept_admin_token else ()
 
     # -- state ------------------------------------------------------------------------------
     def view(self) -> GatewayView:
@@ -225,7 +234,8 @@ class Gateway:
         return response
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
+                   and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
         if route.weight_version is not None:
             headers[EXPECT_VERSION_HEADER] = route.weight_version
         return headers

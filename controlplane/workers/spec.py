@@ -41,3 +41,4 @@ class WorkerStatus(BaseModel):
     engine_alive: bool | None = None
     world_size: int | None = None
     instance_id: str | None = Field(None, description="Changes when the worker process restarts.")
+    model: str | None = Field(None, description="The base model it serves, as it names it (clients' `model`).")

@@ -48,8 +48,11 @@ async def test_disk_and_lora_routes_frameworks_call(fleet):
     status, body = await ctl.call("POST", "/load_lora_adapter", {"lora_name": "ad", "lora_path": str(adapter)})
     assert status == 200 and body["success"] is True
     assert all([lo.name for lo in a.service.state().loras] == ["ad"] for a in agents)
+    # What the fleet serves, the base model included (prime-rl checks its model name here): these
+    # members have no inference URL to ask, so they count with what they report of themselves.
+    base = agents[0].service.state().model
     status, models = await ctl.call("GET", "/v1/models", headers={})
-    assert status == 200 and [m["id"] for m in models["data"]] == ["ad"]
+    assert status == 200 and {m["id"]: m["parent"] for m in models["data"]} == {base: None, "ad": base}
     assert (await ctl.client.get("/health")).status == 200
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
@@ -167,6 +168,29 @@ async def test_a_session_keeps_its_worker_and_only_the_leavers_sessions_move(fle
     assert all(after[s] in {"w0", "w1"} for s in sessions)
 
 
+async def test_a_steps_rollouts_share_a_cache_salt_and_still_spread(fleet):
+    """prime-rl sets `cache_salt` to the policy version, the same for every rollout of a step:
+    a cache-isolation salt, not a session. Sessions come from the headers (verifiers sends
+    `X-Session-ID`, the rollout's trace id); without one, rollouts spread by load."""
+    agents, ctl, gateway, http = fleet
+    salted = completion(cache_salt="policy-v3", max_tokens=20)
+    answers = await asyncio.gather(*(post(http, gateway, salted) for _ in range(9)))
+    assert all(status == 200 for status, _, _ in answers)
+    assert set(Counter(h["X-RL-Worker"] for _, h, _ in answers)) == {"w0", "w1", "w2"}
+
+    async def where(headers: dict[str, str]) -> str:
+        _, answer_headers, _ = await post(http, gateway, salted, headers)
+        return answer_headers["X-RL-Worker"]
+
+    sessions = [f"trace-{i}" for i in range(24)]
+    by_id = {s: await where({"X-Session-ID": s}) for s in sessions}
+    assert len(set(by_id.values())) == 3  # one salt, every member
+    assert by_id == {s: await where({"X-Session-ID": s}) for s in sessions}  # each session keeps its worker
+    # The configured affinity header comes first; X-Session-ID names the same session as it would.
+    assert by_id == {s: await where({"X-RL-Session": s}) for s in sessions}
+    assert await where({"X-RL-Session": "trace-0", "X-Session-ID": "other"}) == by_id["trace-0"]
+
+
 async def test_a_worker_that_fails_before_the_first_byte_is_skipped(fleet):
     agents, ctl, gateway, http = fleet
     await agents[0].inference_runner.cleanup()  # its OpenAI port is gone; its admin port still answers
@@ -237,19 +261,26 @@ async def test_models_are_the_union_of_the_members_and_probes_say_why(fleet):
         assert "rlcp_gateway_routed" in await resp.text()
 
 
-async def test_an_inference_token_is_its_own(tmp_path):
+@pytest.mark.parametrize("accept_admin_token", [True, False])
+async def test_an_inference_token_and_the_admin_one(tmp_path, accept_admin_token):
+    """With its own token set, the gateway takes it, and the controller's admin token unless told
+    not to (trainers such as prime-rl send one API key to the admin and the inference URL)."""
     agent = await SimAgent("w0", [tmp_path], serve_inference=True).start()
-    ctl = await start_controller(tmp_path, [agent], gateway={"port": 0, "token": "rollout-token"})
+    ctl = await start_controller(tmp_path, [agent], gateway={"port": 0, "token": "rollout-token",
+                                                             "accept_admin_token": accept_admin_token})
     gateway = ctl.client.server.app[GATEWAY]
     try:
         await wait_for(lambda: bool(gateway.router.table() and gateway.router.table().routes), what="fence")
         async with aiohttp.ClientSession() as http:
-            for token, expected in ((None, 401), (AUTH["Authorization"], 401), ("Bearer rollout-token", 200)):
+            cases = ((None, 401), ("Bearer guess", 401), (AUTH["Authorization"], 200 if accept_admin_token else 401),
+                     ("Bearer rollout-token", 200))
+            for token, expected in cases:
                 headers = {"Authorization": token} if token else {}
                 async with http.post(f"{gateway.url}/v1/completions", json=completion(), headers=headers) as resp:
-                    assert resp.status == expected
-            async with http.get(f"{gateway.url}/healthz") as resp:
-                assert resp.status == 200  # probes stay open
+                    assert resp.status == expected, (token, await resp.text())
+            for probe in ("/healthz", "/health"):
+                async with http.get(f"{gateway.url}{probe}") as resp:
+                    assert resp.status == 200, probe  # probes stay open
     finally:
         await ctl.client.close()
         await agent.stop()

@@ -38,7 +38,7 @@ class AgentDriver(VllmWeightTransferRoutes):
             paused=state.paused, weight_version=state.weight_version, requests=state.requests,
             loras={lora.name: lora.version for lora in state.loras}, ready=state.ready,
             not_ready_reason=state.not_ready_reason, engine_alive=state.engine_alive,
-            world_size=state.world_size, instance_id=state.instance_id,
+            world_size=state.world_size, instance_id=state.instance_id, model=state.model,
         )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
