@@ -216,5 +216,5 @@ async def models(request: web.Request) -> web.Response:
     # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
     # or the one they report.
     named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
-    cards = await request.app[SERVED_MODELS].cards(ctl.state(), request.app[SESSION], named=named)
+    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.app[SESSION], named=named)
     return json_response({"object": "list", "data": cards})

@@ -6,7 +6,8 @@ is vLLM's (`max_model_len` included, which renderers' `generate()` reads to refu
 overlong prompt before sending it). A member with no inference URL to ask (a Dynamo worker)
 counts with what discovery named it (its model) and the adapters it reports. Trainers check
 their model name here before the first rollout (prime-rl's `wait_for_ready` against its admin
-URL), far more often than the answer changes, so it is kept for a short while.
+URL), far more often than the answer changes, so it is kept while the fleet's state document
+is the same one (a load or unload of an adapter makes a new one) and for at most `TTL_S`.
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ class ServedModels:
         self._ttl_s = ttl_s
         self._cards: list[Card] | None = None
         self._at = 0.0
+        self._seen: FleetState | None = None  # the document the cards were read under
 
     async def cards(self, state: FleetState | None, session: aiohttp.ClientSession, *,
                     named: Mapping[str, str] | None = None) -> list[Card]:
         """`named`: worker id -> the model discovery named it, for members with no inference URL."""
-        if self._cards is not None and time.monotonic() - self._at < self._ttl_s:
+        if self._cards is not None and state is self._seen and time.monotonic() - self._at < self._ttl_s:
             return self._cards
         workers = [w for w in (state.workers if state else []) if w.reachable]
         urls = sorted({w.inference_url.rstrip("/") for w in workers if w.inference_url})
         answers = await asyncio.gather(*(read_cards(session, u) for u in urls))
         unasked = [(named[w.id], w.loras) for w in workers if not w.inference_url and named and w.id in named]
-        self._cards, self._at = merge_cards(answers, unasked), time.monotonic()
+        self._cards, self._at, self._seen = merge_cards(answers, unasked), time.monotonic(), state
         return self._cards
 
 
