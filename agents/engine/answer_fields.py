@@ -20,6 +20,7 @@ the way out.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ SpansOf = Callable[[int], list[Span] | None]  # the spans of a finished choice, 
 
 _DATA = b"data: "
 _EVENT_END = b"\n\n"
+_FINISHED = re.compile(rb'"finish_reason"\s*:\s*"')  # a finish reason that is a string, not null
 
 
 def name_token_ids(answer: Any) -> bool:
@@ -99,7 +101,7 @@ def _amend_event(event: bytes, *, name_tokens: bool, spans_of: SpansOf | None) -
     if not event.startswith(_DATA):
         return event
     wants_names = name_tokens and b'"token_id"' in event
-    wants_spans = spans_of is not None and b'"finish_reason":"' in event
+    wants_spans = spans_of is not None and _FINISHED.search(event) is not None
     if not (wants_names or wants_spans):
         return event
     try:

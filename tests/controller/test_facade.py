@@ -72,3 +72,54 @@ async def test_facade_errors_are_never_200(fleet):
     assert status == 401
     resp = await ctl.client.post("/init_weight_transfer_engine", json={}, headers=AUTH)
     assert resp.status == 422 and (await resp.json())["error"]["field"] == "init_info"
+
+
+def vllm_admin_routes() -> set[tuple[str, str]]:
+    """Every admin route vLLM 0.32 serves (its RL router and its dev routers), read off vLLM
+    itself; its LoRA routes are attached inside a function, so named here."""
+    from vllm.entrypoints.rl.online.api_router import router as rl
+    from vllm.entrypoints.serve.dev.cache.api_router import router as cache
+    from vllm.entrypoints.serve.dev.rpc.api_router import router as rpc
+    from vllm.entrypoints.serve.dev.server_info.api_router import router as server_info
+    from vllm.entrypoints.serve.dev.sleep.api_router import router as sleep
+
+    routes = {(method, route.path) for router in (rl, cache, rpc, server_info, sleep)
+              for route in router.routes for method in route.methods}
+    return routes | {("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter")}
+
+
+def test_every_admin_route_of_vllm_is_answered_on_the_facade():
+    from controlplane.api.openapi import ROUTES
+
+    ours = {(r.method, r.path) for r in ROUTES}
+    missing = vllm_admin_routes() - ours
+    assert not missing, f"vLLM admin routes the facade leaves a silent 404: {sorted(missing)}"
+    assert ("POST", "/init_broadcaster") in ours  # prime-rl's own
+
+
+async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(fleet):
+    from controlplane.api.unsupported import REFUSED
+
+    ctl, agents, tmp_path = fleet
+    assert await ctl.call("POST", "/init_broadcaster", {"host": "h", "port": 1}, headers={}) == (
+        401, {"error": {"code": "unauthorized", "field": "Authorization", "message": "missing bearer token"}})
+    for method, path, _ in REFUSED:
+        status, body = await ctl.call(method, path, {} if method == "POST" else None)
+        assert status == 501 and body["error"]["code"] == "not_supported", (path, body)
+        assert f"{method} {path}" in body["error"]["message"] and body["error"]["field"] == path
+    assert not any(a.service.paused for a in agents) and all(a.service.weight_version == "default" for a in agents)
+
+
+async def test_an_adapter_unloaded_through_the_facade_leaves_every_engine(fleet):
+    ctl, agents, tmp_path = fleet
+    adapter = write_adapter(tmp_path / "ad")
+    assert (await ctl.call("POST", "/load_lora_adapter", {"lora_name": "ad", "lora_path": str(adapter)}))[0] == 200
+    status, body = await ctl.call("POST", "/v1/unload_lora_adapter", {"lora_name": "ad"})
+    assert (status, body) == (200, {"success": True, "message": "Success: LoRA adapter 'ad' removed."})
+    assert all(not a.service.state().loras for a in agents)
+    status, models = await ctl.call("GET", "/v1/models", headers={})
+    assert "ad" not in {m["id"] for m in models["data"]}
+    status, body = await ctl.call("POST", "/unload_lora_adapter", {"lora_name": "ad"})
+    assert status == 404 and body["error"]["field"] == "lora_name", body
+    status, body = await ctl.call("POST", "/unload_lora_adapter", {"lora_name": ""})
+    assert status == 422 and body["error"]["field"] == "lora_name", body

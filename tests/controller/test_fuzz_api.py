@@ -51,6 +51,7 @@ from controlplane.api.app import GATEWAY, build_app
 from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from controlplane.api.openapi import controller_document
 from controlplane.api.routes import CONTROLLER
+from controlplane.api.unsupported import REFUSED
 from controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from controlplane.gateway.app import gateway_document
 from harness.checkpoints import write_adapter, write_checkpoint
@@ -67,6 +68,8 @@ _FIELD_STATUSES = frozenset({400, 401, 403, 413, 422})
 _PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path"})
 _DECLARED = {r.key: r for r in (*AGENT_ROUTES, *CONTROLLER_ROUTES)}
 _GATEWAY_DECLARED = {r.key: r for r in GATEWAY_ROUTES}
+
+REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
 
 
 class LiveLoop:
@@ -354,9 +357,10 @@ def _fuzz_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
     if 200 <= response.status_code < 300 and route is not None:
         REACHED.setdefault(url, set()).add(case.operation.label)
     # The 5xx a healthy fleet gives by design: a probe's 503 (not ready, no worker serving), a
-    # weight-transfer chunk the engine refused, and weights that do not match a fuzzed manifest.
+    # weight-transfer chunk the engine refused, weights that do not match a fuzzed manifest, and
+    # a vLLM route with no fleet meaning (501, saying why).
     if ((route is not None and route.probe and response.status_code == 503) or _engine_refused_chunk(case, response)
-            or _manifest_refused(case, response)):
+            or _manifest_refused(case, response) or _not_supported(case, response)):
         case.validate_response(response, excluded_checks=[not_a_server_error])
     else:
         case.validate_response(response)
@@ -365,8 +369,12 @@ def _fuzz_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
         # An update that did not wait goes on in the background: let it end, so that a later
         # case's "a 4xx touched no worker" is not judged while it still touches them.
         _wait_ended(url, response.headers["location"][0], case.headers)  # schemathesis: lower-case keys, lists
-    if 400 <= response.status_code < 500:
+    if 400 <= response.status_code < 500 or response.status_code == 501:
         assert touched() == before, f"{case.operation.label} answered {response.status_code} but reached a worker"
+
+
+def _not_supported(case: Any, response: Any) -> bool:
+    return response.status_code == 501 and (case.method.upper(), case.path) in REFUSED_ROUTES
 
 
 def _wait_ended(url: str, location: str, headers: dict[str, str] | None, timeout_s: float = 60.0) -> None:
