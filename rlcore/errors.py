@@ -6,7 +6,9 @@ one middleware (`rlcore.http`).
     ├── UnauthorizedError 401      missing or wrong bearer token
     ├── ForbiddenPathError 403     a path resolves outside the allowed roots
     ├── NotFoundError     404      no such LoRA, route, ...
-    └── ConflictError     409      another mutating operation is running
+    ├── ConflictError     409      another mutating operation is running
+    ├── PayloadTooLargeError 413   the body is over the limit (as sent, or once decoded)
+    └── UnsupportedEncodingError 415  a Content-Encoding the process does not take
 
 Each process adds its own leaves (`agents.errors`: the engine's 502/503/504;
 `controlplane.api.errors`: the controller's domain errors mapped to these).
@@ -67,6 +69,16 @@ class NotFoundError(ApiError):
 class ConflictError(ApiError):
     status = 409
     code = "conflict"
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedEncodingError(ApiError):
+    status = 415
+    code = "unsupported_encoding"
 
 
 # -- the shape on the wire ------------------------------------------------------------

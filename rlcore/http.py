@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,6 +16,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from rlcore.body import read_json
 from rlcore.errors import ApiError, BadRequestError, UnauthorizedError, ValidationFailedError
 
 log = structlog.get_logger("rlcore.http")
@@ -121,17 +121,11 @@ async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool 
 
 
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
-    """The body as a JSON object, or 400 naming `body`."""
-    raw = await request.read()
-    if not raw:  # absent; whitespace alone is not JSON and is refused below
-        if allow_empty:
-            raw = b"{}"
-        else:
-            raise BadRequestError("request body must be a JSON object", field="body")
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
+    """The body as a JSON object, or a 4xx naming `body` (or `Content-Encoding`): the kernel's
+    one body parser (`rlcore.body`), so every process refuses the same inputs the same way."""
+    data = await read_json(request, allow_empty=allow_empty)
+    if data is None:
+        return {}
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", field="body")
     return data

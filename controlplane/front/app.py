@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 
 from controlplane.api.openapi import ROUTES
 from controlplane.settings import ControllerSettings
+from rlcore.body import BODY_HANDLER_ARGS
 from rlcore.cached import cached_response
 from rlcore.errors import ApiError
 from rlcore.follow import FollowedDocument
@@ -63,7 +64,9 @@ CORE = web.AppKey("core", CoreLink)
 def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
                 replica: FollowedDocument) -> web.Application:
     app = web.Application(
-        client_max_size=settings.api.max_body_bytes,
+        # The body is forwarded exactly as it came, Content-Encoding and all: the core decodes it
+        # (rlcore.body), so the two cannot disagree about what was sent.
+        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
         middlewares=[make_error_middleware(settings.api.max_body_bytes),
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)])
     app[REPLICA], app[CORE] = replica, core

@@ -11,7 +11,6 @@ Inference needs no token unless `gateway.token` is set (its own, not the admin t
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -21,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from controlplane.gateway.proxy import Gateway, RequestPolicy
 from controlplane.settings import GatewaySettings
+from rlcore.body import parse_json, read_body
 from rlcore.errors import BadRequestError, ValidationFailedError
 from rlcore.http import json_response, make_auth_middleware, make_error_middleware, validate
 from rlcore.openapi import Route, RouteTable, build_document, openapi_route, serve_document
@@ -77,11 +77,11 @@ def _header_number(request: web.Request, name: str, kind: type, low: float, high
 
 
 async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
-    raw = await request.read()
-    try:
-        data = json.loads(raw) if raw.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
+    # The kernel's parser (rlcore.body), as every process's. `decode=False`: the body goes to
+    # the worker as it came, and the workers' inference servers take identity bodies only, so
+    # a Content-Encoding is a 415 here rather than a worker's error (or a body read twice).
+    raw = await read_body(request, decode=False)
+    data = parse_json(raw) if raw.strip() else None
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", field="body")
     return raw, validate(InferenceBody, data, strict=True)
