@@ -9,8 +9,9 @@ Whatever a client sends, the answer is a 4xx naming what is wrong, never a 500:
                            labelled gzip, a truncated or corrupt stream, bytes after its end
     413 body               larger than the process's limit, as sent or once decoded
     400 body               not UTF-8, not JSON, NaN or Infinity, an integer too long to
-                           convert, a lone surrogate (`"\\ud800"`), or nested deeper than
-                           `MAX_DEPTH` (Python's own decoder would raise RecursionError)
+                           convert, or nested deeper than `MAX_DEPTH` (Python's own decoder
+                           would raise RecursionError)
+    422 <field>            a string holding a lone surrogate (`"\\ud800"`): valid JSON, not text
 
 The kernel decodes Content-Encoding itself, not aiohttp: aiohttp's decoder lets a truncated
 gzip stream through as a shorter body, answers an undecodable one from inside `read()`, and
@@ -29,7 +30,12 @@ from typing import Any
 
 from aiohttp import web
 
-from rlcore.errors import BadRequestError, PayloadTooLargeError, UnsupportedEncodingError
+from rlcore.errors import (
+    BadRequestError,
+    PayloadTooLargeError,
+    UnsupportedEncodingError,
+    ValidationFailedError,
+)
 
 # `web.Application(handler_args=BODY_HANDLER_ARGS)`: the body reaches `read_body` as sent.
 BODY_HANDLER_ARGS: dict[str, Any] = {"auto_decompress": False}
@@ -68,14 +74,17 @@ async def read_body(request: web.Request, *, decode: bool = True) -> bytes:
     return raw
 
 
-async def read_json(request: web.Request, *, decode: bool = True, allow_empty: bool = False) -> Any:
-    """The body as JSON (None when absent and `allow_empty`), or a 4xx naming `body`."""
-    raw = await read_body(request, decode=decode)
+async def read_json_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
+    """The body as a JSON object (`{}` when absent and `allow_empty`), or a 4xx naming `body`."""
+    raw = await read_body(request)
     if not raw:  # absent; whitespace alone is not JSON and is refused below
         if allow_empty:
-            return None
+            return {}
         raise BadRequestError("request body must be a JSON object", field="body")
-    return parse_json(raw)
+    data = parse_json(raw)
+    if not isinstance(data, dict):  # `null` too: an absent body is no body, not JSON null
+        raise BadRequestError("request body must be a JSON object", field="body")
+    return data
 
 
 def parse_json(raw: bytes) -> Any:
@@ -93,9 +102,11 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequestError(f"request body is nested deeper than {MAX_DEPTH} levels", field="body") from exc
     except ValueError as exc:  # JSONDecodeError, NaN, an integer past Python's digit limit
         raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
-    if _SURROGATE_ESCAPE.search(raw) and _has_lone_surrogate(data):
-        raise BadRequestError("request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string: "
-                              "not valid Unicode", field="body")
+    if _SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(data)) is not None:
+        # A 422 naming the field, as a model would for a bad value there: JSON allows the escape,
+        # but no text holds it, and a log line or a header that meets one raises.
+        raise ValidationFailedError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): "
+                                    "not valid Unicode", field=where)
     return data
 
 
@@ -154,19 +165,23 @@ def _check_depth(text: str) -> None:
             depth -= 1
 
 
-def _has_lone_surrogate(data: Any) -> bool:
-    stack = [data]
+def _lone_surrogate(data: Any) -> str | None:
+    """The dotted path of the first string (or key) holding a lone surrogate ("body" at the
+    top), or None."""
+    stack: list[tuple[Any, str]] = [(data, "")]
     while stack:
-        item = stack.pop()
+        item, where = stack.pop()
         if isinstance(item, str):
             if not item.isascii():
                 try:
                     item.encode("utf-8")
                 except UnicodeEncodeError:
-                    return True
+                    return where or "body"
         elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            for key, value in item.items():
+                here = f"{where}.{key}" if where else str(key)
+                stack.append((key, where))
+                stack.append((value, here))
         elif isinstance(item, list):
-            stack.extend(item)
-    return False
+            stack.extend((value, f"{where}.{i}" if where else str(i)) for i, value in enumerate(item))
+    return None

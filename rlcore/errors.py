@@ -3,6 +3,8 @@ one middleware (`rlcore.http`).
 
     ApiError                   -> its own status, {"error": {"code", "message", "field"?}}
     ├── BadRequestError   400/422  a field is missing, malformed or out of range
+    │   └── UnavailablePathError 400  a path inside the roots that is not there (yet), unreadable,
+    │                                 or holds no weights: `path_unavailable`, retried by a controller
     ├── UnauthorizedError 401      missing or wrong bearer token
     ├── ForbiddenPathError 403     a path resolves outside the allowed roots
     ├── NotFoundError     404      no such LoRA, route, ...
@@ -44,6 +46,10 @@ class ApiError(Exception):
 class BadRequestError(ApiError):
     status = 400
     code = "bad_request"
+
+
+class UnavailablePathError(BadRequestError):
+    code = "path_unavailable"
 
 
 class ValidationFailedError(BadRequestError):

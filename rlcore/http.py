@@ -16,8 +16,8 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from rlcore.body import read_json
-from rlcore.errors import ApiError, BadRequestError, UnauthorizedError, ValidationFailedError
+from rlcore.body import read_json_object
+from rlcore.errors import ApiError, UnauthorizedError, ValidationFailedError
 
 log = structlog.get_logger("rlcore.http")
 M = TypeVar("M", bound=BaseModel)
@@ -123,12 +123,7 @@ async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool 
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
     """The body as a JSON object, or a 4xx naming `body` (or `Content-Encoding`): the kernel's
     one body parser (`rlcore.body`), so every process refuses the same inputs the same way."""
-    data = await read_json(request, allow_empty=allow_empty)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise BadRequestError("request body must be a JSON object", field="body")
-    return data
+    return await read_json_object(request, allow_empty=allow_empty)
 
 
 def validate(model: type[M], data: dict[str, Any], *, strict: bool = False) -> M:

@@ -60,6 +60,18 @@ class DiskUpdateRequest(_Body):
                                                "the controller a round trip when it verifies).")
 
 
+class WeightsCheckRequest(_Body):
+    """Could a disk load of this directory start now? Read-only: no engine call, no lock."""
+
+    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk`.")
+
+
+class WeightsCheckAnswer(BaseModel):
+    path: str = Field(description="The directory, resolved.")
+    files: int = Field(description="Safetensors files found.")
+    tensors: int = Field(description="Tensors their headers name.")
+
+
 class LoraLoadRequest(_Body):
     """Load an adapter, or hot-swap the one already loaded under `name`."""
 
@@ -79,6 +91,9 @@ class PrepareRequest(_Body):
     """The first step of a controller's update: learn the desired version, then pause."""
 
     desired_weight_version: VersionName | None = Field(description="As `PUT /v1/agent/desired`.")
+    weights_path: str | None = Field(None, min_length=1, description="A checkpoint about to be loaded: checked "
+                                     "as `POST /v1/agent/weights/check` first, and nothing changes (no desired "
+                                     "version, no pause) unless it is loadable.")
     mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
 

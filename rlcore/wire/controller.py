@@ -160,6 +160,10 @@ class WorkerResult(BaseModel):
     phase: str = Field(description="The step this result belongs to (pause, update, verify, resume, ...).")
     duration_s: float = 0.0
     message: str | None = None
+    code: str | None = Field(None, description="Why it failed, stable for programs: `timeout`, `unreachable`, "
+                             "`connection_lost`, `rejected` (or the worker's own error code, e.g. "
+                             "`path_unavailable`, `path_forbidden`, `conflict`), `verify_failed`, `internal`. "
+                             "Null when ok.")
 
 
 class WorkerOutage(BaseModel):

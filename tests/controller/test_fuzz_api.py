@@ -63,8 +63,8 @@ pytestmark = pytest.mark.timeout(300)
 SEED = int(os.environ.get("RLCP_FUZZ_SEED", "20260101"))
 MAX_EXAMPLES = int(os.environ.get("RLCP_FUZZ_EXAMPLES", "80"))
 # Statuses whose error names the input at fault.
-_FIELD_STATUSES = frozenset({400, 401, 403, 413, 422})
-_PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path"})
+_FIELD_STATUSES = frozenset({400, 401, 403, 413, 415, 422})
+_PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path", "weights_path"})
 _DECLARED = {r.key: r for r in (*AGENT_ROUTES, *CONTROLLER_ROUTES)}
 _GATEWAY_DECLARED = {r.key: r for r in GATEWAY_ROUTES}
 

@@ -49,7 +49,7 @@ def cases() -> list[tuple[str, bytes, dict[str, str], int, str]]:
         ("gzip bomb", _BOMB, {"Content-Encoding": "gzip"}, 413, "body"),
         ("not UTF-8", b'{"mode": "k\xffeep"}', {}, 400, "body"),
         ("UTF-16", _OBJECT.decode().encode("utf-16"), {}, 400, "body"),
-        ("lone surrogate", b'{"\\ud800": "x"}', {}, 400, "body"),
+        ("lone surrogate", b'{"\\ud800": "x"}', {}, 422, "body"),
         ("NaN", b'{"timeout_s": NaN}', {}, 400, "body"),
         ("5,000 digits", b'{"timeout_s": ' + b"9" * 5000 + b"}", {}, 400, "body"),
     ]
