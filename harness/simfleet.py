@@ -55,6 +55,8 @@ class SimAgent:
     faults: FaultRules = field(default_factory=FaultRules)
     inference_faults: FaultRules = field(default_factory=FaultRules)  # on the OpenAI port
     touched: list[str] = field(default_factory=list)
+    # (call, X-Request-ID, traceparent) of every request that reached the agent, reads too.
+    traced: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     backlog: int = 128
     serve_inference: bool = False  # also the sim engine's OpenAI port (`agents.engine.sim_inference`)
     inference_port: int = 0  # bound at the first start, kept across restarts
@@ -94,6 +96,7 @@ class SimAgent:
 
     def _touch(self, request: web.Request) -> None:
         call = f"{request.method} {request.path}"
+        self.traced.append((call, request.headers.get("X-Request-ID"), request.headers.get("traceparent")))
         if request.method != "GET" and call not in CHANGES_NOTHING:
             self.touched.append(call)
 

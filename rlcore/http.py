@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -16,6 +15,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from rlcore import tracing
 from rlcore.body import read_json_object
 from rlcore.errors import ApiError, UnauthorizedError, ValidationFailedError
 
@@ -45,34 +45,43 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:12]
-        with structlog.contextvars.bound_contextvars(request_id=request_id, route=request.path):
+        # The call's request id and trace (`rlcore.tracing`): on every log line of the call, on
+        # every call it causes to another process, and echoed on the answer.
+        call = tracing.from_headers(request.headers)
+        with tracing.bound(call), structlog.contextvars.bound_contextvars(
+                request_id=call.request_id, trace_id=call.trace_id, route=request.path):
+            response = await _answer(request, handler)
+        if not response.prepared:  # a stream's headers are gone already (and carried it, via the handler)
+            response.headers[tracing.REQUEST_ID_HEADER] = call.request_id
+        return response
+
+    async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
             try:
-                try:
-                    return await handler(request)
-                except Exception as exc:
-                    mapped = translate(exc) if translate is not None else None
-                    if mapped is None:
-                        raise
-                    raise mapped from exc
-            except ApiError as exc:
-                if exc.status >= 500:
-                    log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
-                return error_response(exc)
-            except web.HTTPRequestEntityTooLarge:
-                return web.json_response({"error": {"code": "payload_too_large", "field": "body",
-                                                    "message": f"request body is larger than {max_body} bytes"}},
-                                         status=413)
-            except web.HTTPException as exc:
-                # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
-                code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-                allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-                return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
-                                         headers=allow)
+                return await handler(request)
             except Exception as exc:
-                log.exception("unhandled_error")
-                return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
-                                         status=500)
+                mapped = translate(exc) if translate is not None else None
+                if mapped is None:
+                    raise
+                raise mapped from exc
+        except ApiError as exc:
+            if exc.status >= 500:
+                log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response({"error": {"code": "payload_too_large", "field": "body",
+                                                "message": f"request body is larger than {max_body} bytes"}},
+                                     status=413)
+        except web.HTTPException as exc:
+            # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
+                                     headers=allow)
+        except Exception as exc:
+            log.exception("unhandled_error")
+            return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
+                                     status=500)
 
     return error_middleware
 

@@ -26,6 +26,7 @@ from rlcore.cached import cached_response
 from rlcore.errors import ApiError
 from rlcore.follow import FollowedDocument
 from rlcore.http import json_response, make_auth_middleware, make_error_middleware
+from rlcore.tracing import outgoing_headers
 
 _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -98,6 +99,10 @@ async def forward(request: web.Request) -> web.Response:
     core, replica = request.app[CORE], request.app[REPLICA]
     data = await request.read()
     headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
+    # The id and trace this front gave the call (its own when the client sent none), so the
+    # core's log lines and its worker calls carry the ones the client was answered with.
+    for name, value in outgoing_headers().items():
+        headers[name] = value
     what = f"{request.method} {request.path}"
     try:
         async with asyncio.timeout(core.timeout_s):

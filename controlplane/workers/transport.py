@@ -35,6 +35,8 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
+from rlcore.tracing import outgoing_headers
+
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -164,8 +166,10 @@ class HttpTransport(WorkerTransport):
     async def exchange(self, method: str, path: str, json_body: Any, params: dict | None) -> Exchange:
         answered: int | None = None  # the status, once the worker's status line arrived
         try:
+            # The request id and trace of the call this one serves, if any (`rlcore.tracing`).
+            headers = self._headers | outgoing_headers()
             async with self.session.request(method, self.base_url + path, json=json_body, params=params,
-                                            headers=self._headers) as resp:
+                                            headers=headers) as resp:
                 answered = resp.status
                 text = await resp.text()
         except aiohttp.ClientError as exc:
