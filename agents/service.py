@@ -306,11 +306,19 @@ class AgentService:
             self._transfer_group = False
 
     # -- LoRA ---------------------------------------------------------------------
-    async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:
-        path = self._resolve(req.path, "path")
-        contained_files(path, self.settings.allowed_roots, field="path")
+    async def check_adapter(self, raw: str, field: str = "path") -> Path:
+        """As `check_weights`, for a PEFT adapter directory (its `adapter_config.json`)."""
+        return await asyncio.to_thread(self._inspect_adapter, raw, field)
+
+    def _inspect_adapter(self, raw: str, field: str) -> Path:
+        path = self._resolve(raw, field)
+        contained_files(path, self.settings.allowed_roots, field=field)
         if not (path / "adapter_config.json").is_file():
-            raise UnavailablePathError(f"no adapter_config.json in {req.path!r}", field="path")
+            raise UnavailablePathError(f"no adapter_config.json in {raw!r}", field=field)
+        return path
+
+    async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:
+        path = await self.check_adapter(req.path)
         async with self._operation("load_lora", lora=req.name, version=req.version):
             previous = self._loras.get(req.name)
             adapter_id = previous.adapter_id if previous else self._next_adapter_id

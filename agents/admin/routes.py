@@ -188,6 +188,9 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
           body=WeightsCheckRequest, ok=WeightsCheckAnswer, errors=(403,), tag=_EXTRA)
 async def check_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, WeightsCheckRequest)
+    if body.kind == "adapter":
+        adapter = await _service(request).check_adapter(body.path)
+        return json_response({"path": str(adapter), "files": 0, "tensors": 0})
     path, summary = await _service(request).check_weights(body.path)
     return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
 

@@ -14,6 +14,9 @@ desired state is persisted and before anyone is cordoned, told or paused:
 - loadable on some: the others are left out of the update, each reported (phase `check`,
   its error code), untouched and serving as before; the reconciler retries them later.
 
+A LoRA load asks the same of its adapter directory before its desired state is saved: an
+adapter no worker can load would otherwise be desired for good, the reconciler retrying it.
+
 A checkpoint not there yet (`path_unavailable`) is asked about again every `RETRY_S` until
 `checkpoint_wait_s` has passed; one that resolves outside the roots (`path_forbidden`) will
 not fix itself and is final at once. A member that does not answer the check is no evidence
@@ -27,7 +30,7 @@ import asyncio
 from controlplane.errors import CheckpointUnavailable
 from controlplane.fleet.registry import WorkerRecord
 from controlplane.operations.context import OperationContext
-from controlplane.workers.capabilities import has
+from controlplane.workers.capabilities import WeightsKind, has
 from rlcore.wire.controller import WorkerResult
 
 RETRY_S = 0.25
@@ -36,9 +39,10 @@ _MAY_APPEAR = frozenset({"path_unavailable"})
 
 
 async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], path: str, *,
-                           field: str) -> dict[str, WorkerResult]:
-    """The members that cannot load `path`, with why (raises `CheckpointUnavailable` when
-    none can); [] when every member asked can, or none can be asked."""
+                           field: str, kind: WeightsKind = "weights") -> dict[str, WorkerResult]:
+    """The members that cannot load `path` (a checkpoint, or an adapter: `kind`), with why
+    (raises `CheckpointUnavailable` when none can); {} when every member asked can, or none
+    can be asked."""
     asked = [r for r in members if r.reachable and has(r.driver, "staged_update")]
     if not asked:
         return {}
@@ -47,7 +51,7 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
     latest: dict[str, WorkerResult] = {}
     pending = asked
     while True:
-        outcomes = await ctx.fanout.run([r.driver for r in pending], lambda d: d.check_weights(path), phase="check",
+        outcomes = await ctx.fanout.run([r.driver for r in pending], lambda d: d.check_weights(path, kind), phase="check",
                                         deadline_s=ctx.deadlines.control_s, quiet=True)
         latest.update((o.worker_id, o.result) for o in outcomes)
         pending = [r for r in pending if latest[r.id].code in _MAY_APPEAR]
@@ -61,7 +65,7 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
         reasons = {worker_id: result.message or result.code or "" for worker_id, result in sorted(refused.items())}
         first = next(iter(reasons.items()))
         raise CheckpointUnavailable(
-            f"{field}: no worker can load the checkpoint at {path!r} (looked for "
+            f"{field}: no worker can load the {'adapter' if kind == 'adapter' else 'checkpoint'} at {path!r} (looked for "
             f"{ctx.deadlines.checkpoint_wait_s:g}s); nothing was touched. {first[0]}: {first[1]}",
             field=field, workers=reasons)
     return refused

@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from controlplane.workers.spec import WorkerSpec, WorkerStatus
 from rlcore.wire.agent import PauseMode
 
+WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
 Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
                      "broadcast"]
 
@@ -78,7 +79,7 @@ class StagedUpdate(Protocol):
     status; refused, with nothing changed, if the checkpoint is not loadable after all),
     load (reload, answering the version and checksums), resume (answering the status)."""
 
-    async def check_weights(self, path: str) -> None: ...
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None: ...
 
     async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
                              weights_path: str | None = None) -> WorkerStatus: ...

@@ -61,15 +61,17 @@ class DiskUpdateRequest(_Body):
 
 
 class WeightsCheckRequest(_Body):
-    """Could a disk load of this directory start now? Read-only: no engine call, no lock."""
+    """Could a load of this directory start now? Read-only: no engine call, no lock."""
 
-    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk`.")
+    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk` (or `/v1/agent/loras`).")
+    kind: Literal["weights", "adapter"] = Field("weights", description="A safetensors checkpoint of the model, "
+                                                "or a PEFT adapter directory.")
 
 
 class WeightsCheckAnswer(BaseModel):
     path: str = Field(description="The directory, resolved.")
-    files: int = Field(description="Safetensors files found.")
-    tensors: int = Field(description="Tensors their headers name.")
+    files: int = Field(description="Safetensors files found (0 for an adapter).")
+    tensors: int = Field(description="Tensors their headers name (0 for an adapter).")
 
 
 class LoraLoadRequest(_Body):

@@ -174,3 +174,28 @@ async def test_a_file_symlinked_out_of_the_roots_is_refused_like_a_directory(tmp
             assert status == 200 and resp["files"] == 1 and resp["tensors"] == 2, resp
     finally:
         await agent.stop()
+
+
+async def test_an_adapter_no_worker_can_load_is_a_422_and_never_desired(tmp_path):
+    agents = await start_fleet(2, [tmp_path])
+    ctl = await start_controller(tmp_path, agents)
+    try:
+        await settled(ctl)
+        linked = write_adapter(tmp_path / "linked-adapter")
+        (linked / "adapter_model.safetensors").symlink_to("/etc/hostname")  # a file out of the roots
+        before = [list(a.touched) for a in agents]
+        for body, field in (({"name": "a", "path": str(linked)}, "path"),
+                            ({"name": "a", "path": str(tmp_path / "no-such-adapter")}, "path"),
+                            ({"name": "a", "path": str(write_checkpoint(tmp_path / "weights-not-adapter", 1))}, "path")):
+            status, resp = await ctl.call("POST", "/v1/rl/loras", body)
+            assert status == 422 and resp["error"]["code"] == "checkpoint_unavailable", resp
+            assert resp["error"]["field"] == field and set(resp["error"]["workers"]) == {"w0", "w1"}, resp
+        status, resp = await ctl.call("POST", "/load_lora_adapter", {"lora_name": "a", "lora_path": str(linked)})
+        assert status == 422 and resp["error"]["field"] == "lora_path", resp
+        assert [a.touched for a in agents] == before
+        assert (await ctl.state())["desired"]["loras"] == {}
+        assert not ctl.ctl.desired.state.loras
+    finally:
+        await ctl.client.close()
+        for a in agents:
+            await a.stop()

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from controlplane.workers.capabilities import LoadReport
+from controlplane.workers.capabilities import LoadReport, WeightsKind
 from controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from controlplane.workers.spec import WorkerStatus
 from controlplane.workers.transport import WorkerRejected
@@ -55,10 +55,11 @@ class AgentDriver(VllmWeightTransferRoutes):
                                 timeout_s=self.deadlines.weight_load_s)
 
     # -- a staged update: a check, then three calls, each answering what would otherwise be a read --
-    async def check_weights(self, path: str) -> None:
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None:
         # Not retried here: the caller retries a checkpoint that is not there yet on its own
         # schedule, and a worker that cannot be reached will fail its pause just as fast.
-        await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path}, retry=False)
+        await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
+                                     retry=False)
 
     async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
                              weights_path: str | None = None) -> WorkerStatus:
