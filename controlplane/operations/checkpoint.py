@@ -26,6 +26,7 @@ against the checkpoint: it stays in the update, whose pause finds it as it finds
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from controlplane.errors import CheckpointUnavailable
 from controlplane.fleet.registry import WorkerRecord
@@ -38,14 +39,20 @@ _NOT_LOADABLE = frozenset({"path_unavailable", "path_forbidden"})
 _MAY_APPEAR = frozenset({"path_unavailable"})
 
 
+@dataclass(frozen=True)
+class CheckpointCheck:
+    refused: dict[str, WorkerResult]  # worker id -> why it cannot load the checkpoint (phase `check`)
+    loadable: frozenset[str]  # the workers that said they can: they take `prepare`'s own check too
+
+
 async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], path: str, *,
-                           field: str, kind: WeightsKind = "weights") -> dict[str, WorkerResult]:
-    """The members that cannot load `path` (a checkpoint, or an adapter: `kind`), with why
-    (raises `CheckpointUnavailable` when none can); {} when every member asked can, or none
-    can be asked."""
+                           field: str, kind: WeightsKind = "weights") -> CheckpointCheck:
+    """Who cannot load `path` (a checkpoint, or an adapter: `kind`), with why, and who can;
+    raises `CheckpointUnavailable` when none can. A worker that answers neither way (an agent
+    too old for the check: 404) is no evidence either way."""
     asked = [r for r in members if r.reachable and has(r.driver, "staged_update")]
     if not asked:
-        return {}
+        return CheckpointCheck({}, frozenset())
     loop = asyncio.get_running_loop()
     give_up = loop.time() + ctx.deadlines.checkpoint_wait_s
     latest: dict[str, WorkerResult] = {}
@@ -68,4 +75,4 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
             f"{field}: no worker can load the {'adapter' if kind == 'adapter' else 'checkpoint'} at {path!r} (looked for "
             f"{ctx.deadlines.checkpoint_wait_s:g}s); nothing was touched. {first[0]}: {first[1]}",
             field=field, workers=reasons)
-    return refused
+    return CheckpointCheck(refused, frozenset(loadable))

@@ -20,7 +20,7 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     require_capability(members, "lora", "a LoRA load")
     # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
     # it is desired; workers that cannot load it are left out, reported.
-    refused = await check_checkpoint(ctx, members, path, field="path", kind="adapter")
+    refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
 
     async def body(run: Run) -> None:
         for result in refused.values():

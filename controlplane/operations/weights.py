@@ -52,7 +52,8 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         detail["manifest_tensors"] = len(req.expected_checksums)
     # Before the gate, the desired state, a cordon or a pause: a checkpoint no worker can load
     # is a 422 with nothing touched; one some cannot load leaves those out (checkpoint.py).
-    refused = await check_checkpoint(ctx, members, path, field="source.path")
+    check = await check_checkpoint(ctx, members, path, field="source.path")
+    refused = check.refused
     if refused:
         detail["checkpoint_refused"] = sorted(refused)
 
@@ -84,7 +85,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         size = len(members)
         if isinstance(req.strategy, Rolling):
             size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(run, req, path, size, serving_before, members).execute()
+        await Roll(run, req, path, size, serving_before, members, check.loadable).execute()
 
     return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
 
@@ -109,6 +110,7 @@ class Roll:
     size: int
     serving_before: set[str]
     members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
+    checked: frozenset[str]  # said they can load it: their prepare checks it again (older agents lack the field)
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
@@ -163,7 +165,8 @@ class Roll:
 
         def pause(a: Any) -> Awaitable[None]:  # a driver
             if a.spec.id in staged:
-                return a.prepare_update(req.version, req.pause_mode, pause_s, weights_path=self.path)
+                return a.prepare_update(req.version, req.pause_mode, pause_s,
+                                        weights_path=self.path if a.spec.id in self.checked else None)
             return a.pause(req.pause_mode, pause_s)
 
         paused, states = await run.step_values("pausing", "pause", records, pause, d.call_over(pause_s))

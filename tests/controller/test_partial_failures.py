@@ -77,3 +77,25 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
     result = await pause(ctl, PauseRequest(mode="keep", timeout_s=0.3))
     assert result.status == "failed" and lag_s(result) < 0.1
     assert {r.code for r in result.results} == {"timeout"}
+
+
+async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(fleet, tmp_path):
+    """A rolling upgrade meets agents without `POST /v1/agent/weights/check` (404): no evidence
+    against the checkpoint, and their prepare is sent without the field they would refuse."""
+    old, prepares = fleet["w0"], []
+    answer = old.handle
+
+    async def handle(method: str, path: str, params: dict, body: object) -> tuple[int, object]:
+        if path == "/v1/agent/weights/check":
+            return 404, {"error": {"code": "not_found", "message": "Not Found"}}
+        if path == "/v1/agent/prepare":
+            prepares.append(body)
+        return await answer(method, path, params, body)
+
+    old.handle = handle  # type: ignore[method-assign]
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    assert result.status == "ok", result.results
+    assert prepares and all("weights_path" not in body for body in prepares), prepares
+    assert all(a.engine.served_version == "v1" for a in fleet.agents.values())
