@@ -88,8 +88,8 @@ async def read_json_object(request: web.Request, *, allow_empty: bool = False) -
 
 
 def parse_json(raw: bytes) -> Any:
-    """Strict JSON (RFC 8259: UTF-8, no NaN or Infinity), at most `MAX_DEPTH` deep, with no
-    lone surrogate in any string; else a 400 naming `body`."""
+    """Strict JSON (RFC 8259: UTF-8, no NaN or Infinity), at most `MAX_DEPTH` deep, else a 400
+    naming `body`; with no lone surrogate in any string, else a 422 naming where it is."""
     try:
         text = raw.decode("utf-8")  # json.loads(bytes) would also take UTF-16 and UTF-32
     except UnicodeDecodeError as exc:
@@ -180,8 +180,8 @@ def _lone_surrogate(data: Any) -> str | None:
         elif isinstance(item, dict):
             for key, value in item.items():
                 here = f"{where}.{key}" if where else str(key)
-                stack.append((key, where))
                 stack.append((value, here))
+                stack.append((key, where))  # popped first: a bad key is named by where it sits
         elif isinstance(item, list):
             stack.extend((value, f"{where}.{i}" if where else str(i)) for i, value in enumerate(item))
     return None

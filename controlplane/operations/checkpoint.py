@@ -58,8 +58,8 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
     latest: dict[str, WorkerResult] = {}
     pending = asked
     while True:
-        outcomes = await ctx.fanout.run([r.driver for r in pending], lambda d: d.check_weights(path, kind), phase="check",
-                                        deadline_s=ctx.deadlines.control_s, quiet=True)
+        outcomes = await ctx.fanout.run([r.driver for r in pending], lambda d: d.check_weights(path, kind),
+                                        phase="check", deadline_s=ctx.deadlines.control_s, quiet=True)
         latest.update((o.worker_id, o.result) for o in outcomes)
         pending = [r for r in pending if latest[r.id].code in _MAY_APPEAR]
         if not pending or loop.time() + RETRY_S > give_up:
@@ -70,9 +70,9 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
     unasked = [r for r in members if not has(r.driver, "staged_update")]
     if refused and not loadable and not unasked:
         reasons = {worker_id: result.message or result.code or "" for worker_id, result in sorted(refused.items())}
-        first = next(iter(reasons.items()))
+        first_id, first_reason = next(iter(reasons.items()))
+        what = "adapter" if kind == "adapter" else "checkpoint"
         raise CheckpointUnavailable(
-            f"{field}: no worker can load the {'adapter' if kind == 'adapter' else 'checkpoint'} at {path!r} (looked for "
-            f"{ctx.deadlines.checkpoint_wait_s:g}s); nothing was touched. {first[0]}: {first[1]}",
-            field=field, workers=reasons)
+            f"{field}: no worker can load the {what} at {path!r} (looked for {ctx.deadlines.checkpoint_wait_s:g}s); "
+            f"nothing was touched. {first_id}: {first_reason}", field=field, workers=reasons)
     return CheckpointCheck(refused, frozenset(loadable))
