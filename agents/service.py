@@ -22,13 +22,13 @@ from typing import Any, TypeVar
 
 import structlog
 
-from agents.checkpoint import CheckpointError, check_covers, read_tensor_names
+from agents.checkpoint import CheckpointError, CheckpointSummary, check_covers, inspect_checkpoint, read_tensor_names
 from agents.engine.base import Engine, EngineError
 from agents.errors import DeadlineError, EngineCallError, EngineDeadError
 from agents.metrics import AgentMetrics
-from agents.paths import resolve_allowed_dir
+from agents.paths import contained_files, resolve_allowed_dir
 from agents.settings import AgentSettings
-from rlcore.errors import ApiError, BadRequestError, ConflictError, NotFoundError
+from rlcore.errors import ApiError, ConflictError, NotFoundError, UnavailablePathError
 from rlcore.wire.agent import (
     AgentState,
     DiskUpdateRequest,
@@ -158,8 +158,14 @@ class AgentService:
         except ApiError:
             self._paused = True  # unknown: say paused, so nobody routes rollouts on a guess
 
-    async def prepare(self, desired: str | None, mode: PauseMode, timeout_s: float | None = None) -> None:
-        """Told the desired version, then paused: the first of an update's three calls."""
+    async def prepare(self, desired: str | None, mode: PauseMode, timeout_s: float | None = None, *,
+                      weights_path: str | None = None) -> None:
+        """Told the desired version, then paused: the first of an update's three calls. With
+        `weights_path`, only once the checkpoint there is known loadable (`check_weights`):
+        the controller checked it a moment ago, but never pausing for weights that are not
+        there is this agent's rule, not only the caller's."""
+        if weights_path is not None:
+            await self.check_weights(weights_path, "weights_path")
         self.set_desired_version(desired)
         await self.pause(mode, timeout_s)
 
@@ -174,15 +180,25 @@ class AgentService:
                                     "abort_requests")
 
     # -- weights ----------------------------------------------------------------
-    async def update_weights_from_disk(self, req: DiskUpdateRequest) -> None:
-        path = self._resolve(req.path, "path")
+    async def check_weights(self, raw: str, field: str = "path") -> tuple[Path, CheckpointSummary]:
+        """Whether a disk load of `raw` could start now: inside the roots (the directory and
+        every file in it, symlinks resolved), there, readable, and holding the model's tensors.
+        Touches no engine and takes no lock: the controller asks before it pauses anyone. In a
+        thread: on shared storage a stat can block for seconds, and reads must keep answering."""
+        return await asyncio.to_thread(self._inspect_weights, raw, field)
+
+    def _inspect_weights(self, raw: str, field: str) -> tuple[Path, CheckpointSummary]:
+        path = self._resolve(raw, field)
+        contained_files(path, self.settings.allowed_roots, field=field)
         try:
             if self._expected_tensors is not None:
-                check_covers(path, self._expected_tensors)
-            else:
-                read_tensor_names(path)
+                return path, check_covers(path, self._expected_tensors)
+            return path, inspect_checkpoint(path)
         except CheckpointError as exc:
-            raise BadRequestError(str(exc), field="path") from exc
+            raise UnavailablePathError(str(exc), field=field) from exc
+
+    async def update_weights_from_disk(self, req: DiskUpdateRequest) -> None:
+        path, _ = await self.check_weights(req.path)
         async with self._operation("update_weights_from_disk", version=req.version, path=str(path)):
             async with self._changing_weights():
                 await self._call(self.engine.load_weights_from_disk(path), self.timeouts.weight_load_s,
@@ -290,10 +306,19 @@ class AgentService:
             self._transfer_group = False
 
     # -- LoRA ---------------------------------------------------------------------
-    async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:
-        path = self._resolve(req.path, "path")
+    async def check_adapter(self, raw: str, field: str = "path") -> Path:
+        """As `check_weights`, for a PEFT adapter directory (its `adapter_config.json`)."""
+        return await asyncio.to_thread(self._inspect_adapter, raw, field)
+
+    def _inspect_adapter(self, raw: str, field: str) -> Path:
+        path = self._resolve(raw, field)
+        contained_files(path, self.settings.allowed_roots, field=field)
         if not (path / "adapter_config.json").is_file():
-            raise BadRequestError(f"no adapter_config.json in {req.path!r}", field="path")
+            raise UnavailablePathError(f"no adapter_config.json in {raw!r}", field=field)
+        return path
+
+    async def load_lora(self, req: LoraLoadRequest) -> LoraInfo:
+        path = await self.check_adapter(req.path)
         async with self._operation("load_lora", lora=req.name, version=req.version):
             previous = self._loras.get(req.name)
             adapter_id = previous.adapter_id if previous else self._next_adapter_id

@@ -2,8 +2,9 @@
 
 One cycle is what a trainer asks for once per step: tell the desired version, pause
 (keep), update from disk, verify (version and weight checksums), resume. Hand-rolled, that is
-six calls per worker; the controller makes three (prepare, a load answering its version and
-checksums, a resume answering the status), the barriers in between. Every agent is
+six calls per worker; the controller makes four (a check that the checkpoint is loadable
+there, before anyone pauses -- headers only, no engine call -- then prepare, a load answering
+its version and checksums, a resume answering the status), the barriers in between. Every agent is
 the real agent on a SimEngine whose every engine operation sleeps `--latency-s`, so a
 cycle can never be faster than the engine operations on its critical path (the *floor*:
 pause 1, disk update 3 -- load, name the version, drop the prefix cache -- checksums 1,
@@ -49,7 +50,7 @@ from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 CTL_TOKEN = "bench-ctl-token"
 AGENT_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 ENGINE_OPS_PER_CYCLE = 6  # pause, load + set version + reset prefix cache, checksums, resume
-CONTROLLER_CALLS_PER_WORKER = 3  # prepare, load (answering version and checksums), resume (answering state)
+CONTROLLER_CALLS_PER_WORKER = 4  # check, prepare, load (answering version and checksums), resume (answering state)
 _versions = itertools.count(1)
 
 

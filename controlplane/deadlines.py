@@ -37,12 +37,14 @@ class Deadlines:
     weight_load_s: float  # default time for one disk load
     transfer_init_s: float  # every worker joining the trainer's group
     transfer_chunk_s: float  # start, one chunk, finish
+    checkpoint_wait_s: float = 10.0  # a checkpoint not on the workers yet: how long to look again
 
     @classmethod
     def from_settings(cls, settings: ControllerSettings) -> Deadlines:
         w, t = settings.workers, settings.weight_transfer
         return cls(call_s=w.timeout_s, pause_s=w.pause_timeout_s, weight_load_s=w.weight_load_timeout_s,
-                   transfer_init_s=t.init_timeout_s, transfer_chunk_s=t.chunk_timeout_s)
+                   transfer_init_s=t.init_timeout_s, transfer_chunk_s=t.chunk_timeout_s,
+                   checkpoint_wait_s=w.checkpoint_wait_s)
 
     @property
     def driver(self) -> DriverDeadlines:

@@ -7,7 +7,9 @@ table, at the edge.
     ControlPlaneError               message, and the request field it is about (if any)
     ├── MalformedInput              a field cannot be read at all (a NUL byte in a path)
     ├── InvalidInput                a field is out of range or refused, before any worker is touched
-    │   └── InconsistentInput       well-formed but wrong for this fleet (world size, ...)
+    │   ├── InconsistentInput       well-formed but wrong for this fleet (world size, ...)
+    │   └── CheckpointUnavailable   no worker can load the checkpoint (missing, unreadable, not
+    │                               weights); names each worker's reason
     ├── PathOutsideRoots            a weight or adapter path outside the allowed roots
     ├── NotFound                    no such LoRA, ...
     ├── Conflict                    another operation (or session) is running
@@ -41,6 +43,12 @@ class InvalidInput(ControlPlaneError):
 
 class InconsistentInput(InvalidInput):
     pass
+
+
+class CheckpointUnavailable(InvalidInput):
+    def __init__(self, message: str, *, field: str, workers: dict[str, str]) -> None:
+        super().__init__(message, field=field)
+        self.workers = workers  # worker id -> why it cannot load the checkpoint
 
 
 class PathOutsideRoots(ControlPlaneError):

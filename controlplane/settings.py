@@ -157,6 +157,9 @@ class WorkerCallSettings(Section):
     retry_budget_s: float = Field(30.0, gt=0, description="All tries of one call together, in seconds.")
     pause_timeout_s: float = Field(60.0, gt=0, description="Default deadline to quiesce, in seconds.")
     weight_load_timeout_s: float = Field(600.0, gt=0, description="Deadline of a disk weight load, in seconds.")
+    checkpoint_wait_s: float = Field(
+        10.0, ge=0, description="How long a disk update waits, before pausing anyone, for its checkpoint to be "
+        "there on the workers (shared storage that shows files a moment late), in seconds; checked every 0.25 s.")
 
     def resolved_token(self) -> str | None:
         return read_token(self.token, self.token_file)

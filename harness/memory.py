@@ -33,7 +33,7 @@ from controlplane.settings import ControllerSettings
 from controlplane.workers.spec import WorkerSpec
 from controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from harness.faults import FaultRules, injected_body
-from harness.simfleet import TEST_TIMEOUTS, TOKEN
+from harness.simfleet import CHANGES_NOTHING, TEST_TIMEOUTS, TOKEN
 from rlcore.errors import ApiError
 
 
@@ -103,7 +103,7 @@ class MemoryAgent:
             if fault.kind == "reset":
                 raise ConnectionResetError(f"{self.agent_id}: connection reset (injected)")
         self.calls.append(f"{method} {path}")
-        if method != "GET":
+        if method != "GET" and f"{method} {path}" not in CHANGES_NOTHING:
             self.touched.append(f"{method} {path}")
         target = path + ("?" + urlencode(params) if params else "")
         probe = make_mocked_request(method, target, app=self.app)
@@ -146,7 +146,7 @@ class MemoryFleet:
         calls operations on it and drives `refresh` / `reconciler.reconcile_once` itself."""
         base: dict[str, Any] = dict(
             workers={"timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-                     "weight_load_timeout_s": 10},
+                     "weight_load_timeout_s": 10, "checkpoint_wait_s": 1},
             reconcile={"backoff_initial_s": 0.05, "backoff_max_s": 0.2},
             store={"kind": "memory"}, allowed_roots=[str(tmp_path)], log_format="console", log_level="warning",
             gateway={"enabled": False})

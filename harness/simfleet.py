@@ -38,6 +38,9 @@ from harness.waiting import wait_for_sync
 from rlcore.heap import settle
 
 TOKEN = "agent-token"
+# POSTs that change nothing on the agent (the checkpoint check an update makes before pausing
+# anyone): not counted in `touched`, which tests read as "a mutating call reached this worker".
+CHANGES_NOTHING = frozenset({"POST /v1/agent/weights/check"})
 # Short engine deadlines, so a test's hang costs seconds.
 TEST_TIMEOUTS = {"pause_s": 30, "control_s": 10, "weight_load_s": 30}
 
@@ -52,6 +55,8 @@ class SimAgent:
     faults: FaultRules = field(default_factory=FaultRules)
     inference_faults: FaultRules = field(default_factory=FaultRules)  # on the OpenAI port
     touched: list[str] = field(default_factory=list)
+    # (call, X-Request-ID, traceparent) of every request that reached the agent, reads too.
+    traced: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     backlog: int = 128
     serve_inference: bool = False  # also the sim engine's OpenAI port (`agents.engine.sim_inference`)
     inference_port: int = 0  # bound at the first start, kept across restarts
@@ -90,8 +95,10 @@ class SimAgent:
         return self
 
     def _touch(self, request: web.Request) -> None:
-        if request.method != "GET":
-            self.touched.append(f"{request.method} {request.path}")
+        call = f"{request.method} {request.path}"
+        self.traced.append((call, request.headers.get("X-Request-ID"), request.headers.get("traceparent")))
+        if request.method != "GET" and call not in CHANGES_NOTHING:
+            self.touched.append(call)
 
     async def stop(self) -> None:
         await self.runner.cleanup()

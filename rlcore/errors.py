@@ -3,10 +3,14 @@ one middleware (`rlcore.http`).
 
     ApiError                   -> its own status, {"error": {"code", "message", "field"?}}
     ├── BadRequestError   400/422  a field is missing, malformed or out of range
+    │   └── UnavailablePathError 400  a path inside the roots that is not there (yet), unreadable,
+    │                                 or holds no weights: `path_unavailable`, retried by a controller
     ├── UnauthorizedError 401      missing or wrong bearer token
     ├── ForbiddenPathError 403     a path resolves outside the allowed roots
     ├── NotFoundError     404      no such LoRA, route, ...
-    └── ConflictError     409      another mutating operation is running
+    ├── ConflictError     409      another mutating operation is running
+    ├── PayloadTooLargeError 413   the body is over the limit (as sent, or once decoded)
+    └── UnsupportedEncodingError 415  a Content-Encoding the process does not take
 
 Each process adds its own leaves (`agents.errors`: the engine's 502/503/504;
 `controlplane.api.errors`: the controller's domain errors mapped to these).
@@ -44,6 +48,10 @@ class BadRequestError(ApiError):
     code = "bad_request"
 
 
+class UnavailablePathError(BadRequestError):
+    code = "path_unavailable"
+
+
 class ValidationFailedError(BadRequestError):
     status = 422
     code = "validation_error"
@@ -75,6 +83,16 @@ class NotSupportedError(ApiError):
 
     status = 501
     code = "not_supported"
+
+
+class PayloadTooLargeError(ApiError):
+    status = 413
+    code = "payload_too_large"
+
+
+class UnsupportedEncodingError(ApiError):
+    status = 415
+    code = "unsupported_encoding"
 
 
 # -- the shape on the wire ------------------------------------------------------------

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import json
-import uuid
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
@@ -17,7 +15,9 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from rlcore.errors import ApiError, BadRequestError, UnauthorizedError, ValidationFailedError
+from rlcore import tracing
+from rlcore.body import read_json_object
+from rlcore.errors import ApiError, UnauthorizedError, ValidationFailedError
 
 log = structlog.get_logger("rlcore.http")
 M = TypeVar("M", bound=BaseModel)
@@ -45,34 +45,43 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
 
     @web.middleware
     async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex[:12]
-        with structlog.contextvars.bound_contextvars(request_id=request_id, route=request.path):
+        # The call's request id and trace (`rlcore.tracing`): on every log line of the call, on
+        # every call it causes to another process, and echoed on the answer.
+        call = tracing.from_headers(request.headers)
+        with tracing.bound(call), structlog.contextvars.bound_contextvars(
+                request_id=call.request_id, trace_id=call.trace_id, route=request.path):
+            response = await _answer(request, handler)
+        if not response.prepared:  # a stream's headers are gone already (and carried it, via the handler)
+            response.headers[tracing.REQUEST_ID_HEADER] = call.request_id
+        return response
+
+    async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
             try:
-                try:
-                    return await handler(request)
-                except Exception as exc:
-                    mapped = translate(exc) if translate is not None else None
-                    if mapped is None:
-                        raise
-                    raise mapped from exc
-            except ApiError as exc:
-                if exc.status >= 500:
-                    log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
-                return error_response(exc)
-            except web.HTTPRequestEntityTooLarge:
-                return web.json_response({"error": {"code": "payload_too_large", "field": "body",
-                                                    "message": f"request body is larger than {max_body} bytes"}},
-                                         status=413)
-            except web.HTTPException as exc:
-                # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
-                code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-                allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-                return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
-                                         headers=allow)
+                return await handler(request)
             except Exception as exc:
-                log.exception("unhandled_error")
-                return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
-                                         status=500)
+                mapped = translate(exc) if translate is not None else None
+                if mapped is None:
+                    raise
+                raise mapped from exc
+        except ApiError as exc:
+            if exc.status >= 500:
+                log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
+            return error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            return web.json_response({"error": {"code": "payload_too_large", "field": "body",
+                                                "message": f"request body is larger than {max_body} bytes"}},
+                                     status=413)
+        except web.HTTPException as exc:
+            # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
+            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
+                                     headers=allow)
+        except Exception as exc:
+            log.exception("unhandled_error")
+            return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
+                                     status=500)
 
     return error_middleware
 
@@ -132,20 +141,9 @@ async def parse_body(request: web.Request, model: type[M], *, allow_empty: bool 
 
 
 async def read_object(request: web.Request, *, allow_empty: bool = False) -> dict[str, Any]:
-    """The body as a JSON object, or 400 naming `body`."""
-    raw = await request.read()
-    if not raw:  # absent; whitespace alone is not JSON and is refused below
-        if allow_empty:
-            raw = b"{}"
-        else:
-            raise BadRequestError("request body must be a JSON object", field="body")
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
-    if not isinstance(data, dict):
-        raise BadRequestError("request body must be a JSON object", field="body")
-    return data
+    """The body as a JSON object, or a 4xx naming `body` (or `Content-Encoding`): the kernel's
+    one body parser (`rlcore.body`), so every process refuses the same inputs the same way."""
+    return await read_json_object(request, allow_empty=allow_empty)
 
 
 def validate(model: type[M], data: dict[str, Any], *, strict: bool = False) -> M:

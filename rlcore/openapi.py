@@ -45,7 +45,7 @@ _SECURED = [{"bearerAuth": []}, {"basicAuth": []}]
 @dataclass(frozen=True)
 class Route:
     """One route as clients see it. Statuses answered with the error shape are `errors`, plus
-    those implied: 401 where the token is needed, 400/413/422 with a body, 422 with a query,
+    those implied: 401 where the token is needed, 400/413/415/422 with a body, 422 with a query,
     404 with a path parameter."""
 
     method: str
@@ -236,7 +236,7 @@ def _operation(route: Route, schemas: Mapping[Any, dict[str, Any]], defs: Mappin
     if route.body is not None:
         op["requestBody"] = {"required": not route.body_optional,
                              "content": {"application/json": {"schema": schemas[("body", "validation", route.body)]}}}
-        errors |= {400, 413, 422}
+        errors |= {400, 413, 415, 422}
     secured = route.needs_token(auth_reads=auth_reads)
     if secured:
         op["security"] = _SECURED

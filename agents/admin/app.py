@@ -7,6 +7,7 @@ from aiohttp import web
 from agents.admin.openapi import ROUTES, agent_document
 from agents.admin.routes import SERVICE, api
 from agents.service import AgentService
+from rlcore.body import BODY_HANDLER_ARGS
 from rlcore.http import make_auth_middleware, make_error_middleware
 from rlcore.openapi import serve_document
 
@@ -17,7 +18,7 @@ _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 def build_admin_app(service: AgentService, *, token: str) -> web.Application:
     settings = service.settings.admin
     app = web.Application(
-        client_max_size=settings.max_body_bytes,
+        client_max_size=settings.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
         middlewares=[make_error_middleware(settings.max_body_bytes),
                      make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS)],
     )

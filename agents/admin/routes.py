@@ -43,6 +43,8 @@ from rlcore.wire.agent import (
     VersionSetAnswer,
     WeightCheckerRequest,
     WeightInfoAnswer,
+    WeightsCheckAnswer,
+    WeightsCheckRequest,
     WorldSizeAnswer,
     WorldSizeQuery,
 )
@@ -181,14 +183,26 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
 
 
+@api.post("/v1/agent/weights/check", "Whether a disk load of this directory could start now (inside the roots, "
+          "every file too; there; readable; holding the model's tensors). Reads headers only; touches no engine.",
+          body=WeightsCheckRequest, ok=WeightsCheckAnswer, errors=(403,), tag=_EXTRA)
+async def check_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, WeightsCheckRequest)
+    if body.kind == "adapter":
+        adapter = await _service(request).check_adapter(body.path)
+        return json_response({"path": str(adapter), "files": 0, "tensors": 0})
+    path, summary = await _service(request).check_weights(body.path)
+    return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
+
+
 # An update in three calls (prepare, the disk load with its checksums, resume): each answers
 # what the controller would otherwise read in a call of its own.
 @api.post("/v1/agent/prepare", "Learn the desired weight version, then pause; answers the state.",
-          body=PrepareRequest, ok=AgentState, errors=_ENGINE, tag=_EXTRA)
+          body=PrepareRequest, ok=AgentState, errors=(403, *_ENGINE), tag=_EXTRA)
 async def prepare(request: web.Request) -> web.Response:
     body = await parse_body(request, PrepareRequest)
     service = _service(request)
-    await service.prepare(body.desired_weight_version, body.mode, body.timeout_s)
+    await service.prepare(body.desired_weight_version, body.mode, body.timeout_s, weights_path=body.weights_path)
     return json_response(service.state())
 
 

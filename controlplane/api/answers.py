@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controlplane.workers.spec import Flavor
 from rlcore.wire.controller import OperationResult, TransferGroupView
+from rlcore.wire.versions import VersionName
 
 
 class ListedWorker(BaseModel):
@@ -80,8 +81,7 @@ class DiskWeightsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
-    weight_version: str | None = Field(None, min_length=1, max_length=256,
-                                       description="Defaults to the directory's name.")
+    weight_version: VersionName | None = Field(None, description="Defaults to the directory's name.")
 
 
 class UnloadLoraAdapterRequest(BaseModel):

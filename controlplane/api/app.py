@@ -35,6 +35,7 @@ from controlplane.persistence.base import DesiredStore
 from controlplane.persistence.factory import make_store
 from controlplane.settings import ControllerSettings
 from controlplane.supervisor import start_loops
+from rlcore.body import BODY_HANDLER_ARGS
 from rlcore.http import make_auth_middleware, make_error_middleware
 from rlcore.openapi import serve_document
 
@@ -62,7 +63,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
     `settings.gateway.enabled` (the inference gateway on its own port)."""
     run_gateway = settings.gateway.enabled if gateway is None else gateway
     app = web.Application(
-        client_max_size=settings.api.max_body_bytes,
+        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
         middlewares=[make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
                      leader_middleware],

@@ -47,6 +47,22 @@ class MissingCapabilityApiError(ConflictError):
         return body
 
 
+class CheckpointUnavailableApiError(ValidationFailedError):
+    """422 `checkpoint_unavailable`: no worker could load the checkpoint, and none was
+    touched; the body names each worker's reason (missing, unreadable, not weights)."""
+
+    code = "checkpoint_unavailable"
+
+    def __init__(self, message: str, *, field: str | None, workers: dict[str, str]) -> None:
+        super().__init__(message, field=field)
+        self.workers = workers
+
+    def body(self) -> dict:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        return body
+
+
 def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
     return type(f"{code.title().replace('_', '')}Error", (base,), {"status": status, "code": code})
 
@@ -70,6 +86,8 @@ def to_api_error(exc: Exception) -> ApiError | None:
         return NotLeaderApiError(exc.message, leader=exc.leader)
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
+    if isinstance(exc, domain.CheckpointUnavailable):
+        return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
     if not isinstance(exc, domain.ControlPlaneError):
         return None
     for cls in type(exc).__mro__:

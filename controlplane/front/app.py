@@ -21,10 +21,12 @@ from multidict import CIMultiDict
 
 from controlplane.api.openapi import ROUTES
 from controlplane.settings import ControllerSettings
+from rlcore.body import BODY_HANDLER_ARGS
 from rlcore.cached import cached_response
 from rlcore.errors import ApiError
 from rlcore.follow import FollowedDocument
 from rlcore.http import json_response, make_auth_middleware, make_error_middleware
+from rlcore.tracing import outgoing_headers
 
 _OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -63,7 +65,9 @@ CORE = web.AppKey("core", CoreLink)
 def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
                 replica: FollowedDocument) -> web.Application:
     app = web.Application(
-        client_max_size=settings.api.max_body_bytes,
+        # The body is forwarded exactly as it came, Content-Encoding and all: the core decodes it
+        # (rlcore.body), so the two cannot disagree about what was sent.
+        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
         middlewares=[make_error_middleware(settings.api.max_body_bytes),
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)])
     app[REPLICA], app[CORE] = replica, core
@@ -95,6 +99,10 @@ async def forward(request: web.Request) -> web.Response:
     core, replica = request.app[CORE], request.app[REPLICA]
     data = await request.read()
     headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
+    # The id and trace this front gave the call (its own when the client sent none), so the
+    # core's log lines and its worker calls carry the ones the client was answered with.
+    for name, value in outgoing_headers().items():
+        headers[name] = value
     what = f"{request.method} {request.path}"
     try:
         async with asyncio.timeout(core.timeout_s):

@@ -16,7 +16,6 @@ rollout of a step, so as a session key it sent a whole step to one worker.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import aiohttp
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from controlplane.fleet.served import ServedModels
 from controlplane.gateway.proxy import Gateway, RequestPolicy
 from controlplane.settings import GatewaySettings
+from rlcore.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcore.errors import BadRequestError, ValidationFailedError
 from rlcore.http import json_response, make_auth_middleware, make_error_middleware, validate
 from rlcore.openapi import Route, RouteTable, build_document, openapi_route, serve_document
@@ -81,11 +81,11 @@ def _header_number(request: web.Request, name: str, kind: type, low: float, high
 
 
 async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
-    raw = await request.read()
-    try:
-        data = json.loads(raw) if raw.strip() else None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequestError(f"request body is not valid JSON: {exc}", field="body") from exc
+    # The kernel's parser (rlcore.body), as every process's. `decode=False`: the body goes to
+    # the worker as it came, and the workers' inference servers take identity bodies only, so
+    # a Content-Encoding is a 415 here rather than a worker's error (or a body read twice).
+    raw = await read_body(request, decode=False)
+    data = parse_json(raw) if raw.strip() else None
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", field="body")
     return raw, validate(InferenceBody, data, strict=True)
@@ -160,7 +160,8 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
         open_paths = frozenset(r.path for r in ROUTES if r.probe)
         middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths,
                                                 also_accepted=gateway.accepted_admin_tokens()))
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares,
+                          handler_args=BODY_HANDLER_ARGS)
     app[GATEWAY] = gateway
     app[MODELS] = ServedModels()
     api.register(app)

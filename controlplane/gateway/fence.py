@@ -7,17 +7,26 @@ adapters too), or, with a staleness bound k, one of the k versions the controlle
 just before it. A member the controller has not
 placed at an admitted version is never sent a rollout, whatever its own readiness says:
 stock vLLM and Dynamo workers cannot gate their own readiness.
+
+Nor is a member reporting a version that is not a valid name (`rlcore.wire.versions`): the
+gateway puts the version a member was admitted at into request and answer headers, and
+such a name (one set on a stock worker by hand, say) would make every request to it fail
+in the HTTP client instead of being served. The controller's own names are checked where
+they enter; this covers the names workers report, which no request model saw.
 """
 
 from __future__ import annotations
 
 from controlplane.fleet.desired import admitted_versions
 from rlcore.wire.controller import FleetState, WorkerView
+from rlcore.wire.versions import is_version_name
 
 
 def in_fence(view: WorkerView, desired: str | None, admitted: list[str]) -> bool:
     if not (view.reachable and view.paused is False and not view.cordoned and view.inference_url
             and view.engine_alive is not False):
+        return False
+    if view.weight_version is not None and not is_version_name(view.weight_version):
         return False
     if desired is None:
         return view.ready  # nothing desired yet: whatever the controller calls ready

@@ -37,6 +37,7 @@ from controlplane.gateway.routing import Route, Router
 from controlplane.settings import GatewaySettings
 from rlcore.errors import ApiError
 from rlcore.http import presents_one_of
+from rlcore.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
 from rlcore.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
 from rlcore.wire.controller import GatewayView, GatewayWorkerView
 
@@ -97,7 +98,9 @@ class Gateway:
         # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
         # Authorization (a key a worker itself checks) passes. Resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
-        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower()}
+        # The request id and trace go on as this call's (`rlcore.tracing`): a new span per try.
+        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
+                                      TRACEPARENT_HEADER.lower()}
         self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
 
     def accepted_admin_tokens(self) -> tuple[str, ...]:
@@ -236,6 +239,7 @@ class Gateway:
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
                    and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
+        headers.update(outgoing_headers())
         if route.weight_version is not None:
             headers[EXPECT_VERSION_HEADER] = route.weight_version
         return headers

@@ -13,6 +13,7 @@ from typing import Protocol
 
 from controlplane.gateway.fence import fence
 from rlcore.wire.controller import FleetState
+from rlcore.wire.versions import is_version_name
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ def _why(state: FleetState, admitted: list[str]) -> str:
         return f"the fleet is {state.phase}"
     if state.pause_state == "paused":
         return "every member is paused"
+    unnamed = [w.id for w in state.workers if w.weight_version is not None and not is_version_name(w.weight_version)]
+    if unnamed and len(unnamed) == len(state.workers):
+        return f"every member reports a weight version that is not a valid name ({', '.join(unnamed[:8])})"
     versions = ", ".join(repr(v) for v in admitted) or "any"
     return f"no member is reachable, serving and at an admitted weight version ({versions})"
 

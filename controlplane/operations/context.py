@@ -113,10 +113,13 @@ class Run:
 
     def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
         """The records worth a fresh status read before answering: not one whose status came
-        back with its last call, nor one that just ran past a deadline (it would likely make
-        the trainer wait for another one; the background poller reads it when it answers)."""
-        timed_out = {r.worker_id for r in self.tracker.results.values() if r.status == "timeout"}
-        return [r for r in records if r.id not in timed_out and r.id not in self.reported]
+        back with its last call, nor one that failed in this operation. A failed worker is
+        often one that cannot answer (killed, hung, unreachable), and reading it again would
+        make the trainer wait a status deadline -- or a connect's retries -- for nothing it can
+        use: its result already says what went wrong (`code`), and the background poller reads
+        it when it answers. So a 207 or 502 leaves as soon as the last worker's result is in."""
+        failed = {r.worker_id for r in self.tracker.results.values() if r.status in ("error", "timeout")}
+        return [r for r in records if r.id not in failed and r.id not in self.reported]
 
     def bound(self) -> Any:
         """Log context of this operation (operation id and kind on every line)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from controlplane.errors import NotFound
 from controlplane.fleet.paths import check_path
+from controlplane.operations.checkpoint import check_checkpoint
 from controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from controlplane.operations.verify import verify_adapter
 from rlcore.wire.controller import LoraRequest, LoraSpec, OperationResult
@@ -15,11 +16,19 @@ from rlcore.wire.controller import LoraRequest, LoraSpec, OperationResult
 
 async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     path = check_path(req.path, "path", ctx.allowed_roots)
-    require_capability(ctx.registry.members(), "lora", "a LoRA load")
+    members = ctx.registry.members()
+    require_capability(members, "lora", "a LoRA load")
+    # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
+    # it is desired; workers that cannot load it are left out, reported.
+    refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
 
     async def body(run: Run) -> None:
+        for result in refused.values():
+            run.tracker.set_result(result)
+            ctx.registry.record_result(result)
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
-        loaded = await run.step(None, "load_lora", run.members, lambda a: a.load_lora(req.name, path, req.version),
+        targets = [r for r in run.members if r.id not in refused]
+        loaded = await run.step(None, "load_lora", targets, lambda a: a.load_lora(req.name, path, req.version),
                                 ctx.deadlines.lora_s)
         if req.verify:
             await verify_adapter(run, loaded, req.name)

@@ -64,7 +64,7 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
     def fail(worker_id: str, message: str) -> None:
         failed.add(worker_id)
         run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
-            "status": "error", "phase": "verify", "message": message}))
+            "status": "error", "phase": "verify", "message": message, "code": "verify_failed"}))
 
     if manifest:
         for worker_id, sums in checksums.items():
@@ -111,7 +111,7 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
             if digest != majority:
                 failed.add(worker_id)
                 run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
-                    "status": "error", "phase": "verify",
+                    "status": "error", "phase": "verify", "code": "verify_failed",
                     "message": f"adapter {name!r} checksums differ from {count} other worker(s)"}))
     return [r for r in records if r.id not in failed]
 

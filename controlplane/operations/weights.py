@@ -32,6 +32,7 @@ from controlplane.fleet.desired import admitted_versions
 from controlplane.fleet.paths import check_path
 from controlplane.fleet.registry import WorkerRecord
 from controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
+from controlplane.operations.checkpoint import check_checkpoint
 from controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from controlplane.operations.verify import Agreement, verify
 from controlplane.workers.capabilities import LoadReport, has
@@ -49,9 +50,20 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
     if req.expected_checksums is not None:
         require_capability(members, "checksums", "checking weights against a manifest")
         detail["manifest_tensors"] = len(req.expected_checksums)
+    # Before the gate, the desired state, a cordon or a pause: a checkpoint no worker can load
+    # is a 422 with nothing touched; one some cannot load leaves those out (checkpoint.py).
+    check = await check_checkpoint(ctx, members, path, field="source.path")
+    refused = check.refused
+    if refused:
+        detail["checkpoint_refused"] = sorted(refused)
 
     async def body(run: Run) -> None:
-        members = run.members
+        for result in refused.values():
+            run.tracker.set_result(result)
+            ctx.registry.record_result(result)
+        members = [r for r in run.members if r.id not in refused]
+        if not members:
+            return
         if ctx.desired.state.weight_version == req.version:
             # Read fresh: the cache may predate a worker's restart onto base weights.
             await ctx.refresh(members)
@@ -73,7 +85,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         size = len(members)
         if isinstance(req.strategy, Rolling):
             size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(run, req, path, size, serving_before).execute()
+        await Roll(run, req, path, size, serving_before, members, check.loadable).execute()
 
     return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
 
@@ -97,6 +109,8 @@ class Roll:
     path: str
     size: int
     serving_before: set[str]
+    members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
+    checked: frozenset[str]  # said they can load it: their prepare checks it again (older agents lack the field)
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
@@ -107,7 +121,7 @@ class Roll:
     async def execute(self) -> None:
         run, req = self.run, self.req
         ctx = run.ctx
-        by_id = {r.id: r for r in run.members}
+        by_id = {r.id: r for r in self.members}
         plan = self.plan(list(by_id))
         bubble = run.tracker.bubble
         assert bubble is not None
@@ -138,7 +152,7 @@ class Roll:
                 progress = progress.model_copy(update={"halted": why})
                 break
         run.tracker.set_progress(progress)
-        ctx.log.set_verified(req.verify and progress.updated == len(by_id))
+        ctx.log.set_verified(req.verify and progress.updated == len(run.members))  # the refused too
 
     async def wave(self, records: list[WorkerRecord], agreement: Agreement) -> tuple[list[WorkerRecord],
                                                                                     list[WorkerRecord]]:
@@ -151,7 +165,8 @@ class Roll:
 
         def pause(a: Any) -> Awaitable[None]:  # a driver
             if a.spec.id in staged:
-                return a.prepare_update(req.version, req.pause_mode, pause_s)
+                return a.prepare_update(req.version, req.pause_mode, pause_s,
+                                        weights_path=self.path if a.spec.id in self.checked else None)
             return a.pause(req.pause_mode, pause_s)
 
         paused, states = await run.step_values("pausing", "pause", records, pause, d.call_over(pause_s))

@@ -5,7 +5,8 @@
     ├── DiskWeights     reload weights from a directory, naming the version
     ├── Checksums       per-parameter weight checksums (verification beyond versions)
     ├── DesiredVersion  told the fleet's desired version, gates its own readiness on it
-    ├── StagedUpdate    a disk update in three calls, each answering what would be a read
+    ├── StagedUpdate    a checked disk update: the checkpoint checked on the worker, then
+    │                   three calls, each answering what would be a read
     ├── Lora            load / hot-swap and unload adapters
     └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
 
@@ -27,6 +28,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from controlplane.workers.spec import WorkerSpec, WorkerStatus
 from rlcore.wire.agent import PauseMode
 
+WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
 Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
                      "broadcast"]
 
@@ -72,11 +74,15 @@ class LoadReport:
 
 @runtime_checkable
 class StagedUpdate(Protocol):
-    """A disk update in three round trips: prepare (told the desired version, then paused,
-    answering the status), load (reload, answering the version and checksums), resume
-    (answering the status)."""
+    """A checked disk update: a check (is the checkpoint loadable there? nothing changes),
+    then three round trips: prepare (told the desired version, then paused, answering the
+    status; refused, with nothing changed, if the checkpoint is not loadable after all),
+    load (reload, answering the version and checksums), resume (answering the status)."""
 
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> WorkerStatus: ...
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None: ...
+
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
+                             weights_path: str | None = None) -> WorkerStatus: ...
 
     async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport: ...
 

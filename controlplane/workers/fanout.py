@@ -46,24 +46,26 @@ class FanOut:
             # The deadline starts once a slot is ours: queueing behind a bound is not the worker's fault.
             t0 = time.perf_counter()
             value: Any = None
+            code: str | None = None
             try:
                 async with asyncio.timeout(deadline_s):
                     value = await fn(driver)
                 status, message = "ok", None
             except TimeoutError:
-                status, message = "timeout", f"{phase} did not finish within {deadline_s:g}s"
+                status, message, code = "timeout", f"{phase} did not finish within {deadline_s:g}s", "timeout"
             except WorkerTimeout as exc:
-                status, message = "timeout", exc.reason
+                status, message, code = "timeout", exc.reason, exc.code
             except WorkerCallError as exc:
-                status, message = "error", exc.reason
+                status, message, code = "error", exc.reason, exc.code
             except Exception as exc:  # a flavor bug must not sink the other workers' results
                 log.exception("fanout_call_crashed", worker_id=worker_id, phase=phase)
-                status, message = "error", f"{type(exc).__name__}: {exc}"
+                status, message, code = "error", f"{type(exc).__name__}: {exc}", "internal"
         duration = round(time.perf_counter() - t0, 6)
         if status != "ok" and not quiet:
-            log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, error=message)
+            log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, code=code,
+                        error=message)
         return Outcome(worker_id, WorkerResult(worker_id=worker_id, status=status, phase=phase,  # type: ignore[arg-type]
-                                               duration_s=duration, message=message), value)
+                                               duration_s=duration, message=message, code=code), value)
 
     async def run(self, drivers: Sequence[Driver], fn: Callable[[Driver], Awaitable[T]], *, phase: str,
                   deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:

@@ -35,33 +35,44 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
+from rlcore.tracing import outgoing_headers
+
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class WorkerCallError(Exception):
-    kind = "error"
+    """`code` is stable and machine-readable (`WorkerResult.code`): the class's own, or for
+    a rejection the worker's error code when it sent one (`path_unavailable`, ...)."""
 
-    def __init__(self, worker_id: str, reason: str, *, status: int | None = None) -> None:
+    kind = "error"
+    code = "worker_error"
+
+    def __init__(self, worker_id: str, reason: str, *, status: int | None = None, code: str | None = None) -> None:
         super().__init__(f"{worker_id}: {reason}")
         self.worker_id = worker_id
         self.reason = reason
         self.status = status
+        if code is not None:
+            self.code = code
 
 
 class WorkerUnreachable(WorkerCallError):
-    pass
+    code = "unreachable"
 
 
 class WorkerConnectionLost(WorkerCallError):
     """The worker received the request and began to answer (`status`), then the connection broke."""
 
+    code = "connection_lost"
+
 
 class WorkerTimeout(WorkerCallError):
     kind = "timeout"
+    code = "timeout"
 
 
 class WorkerRejected(WorkerCallError):
-    pass
+    code = "rejected"
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -138,7 +149,7 @@ class WorkerTransport:
             raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {deadline:g}s") from exc
         if status >= 400:
             raise WorkerRejected(self.worker_id, f"{method} {path} answered {status}: {_message(body, text)}",
-                                 status=status)
+                                 status=status, code=_error_code(body))
         return body
 
 
@@ -155,8 +166,10 @@ class HttpTransport(WorkerTransport):
     async def exchange(self, method: str, path: str, json_body: Any, params: dict | None) -> Exchange:
         answered: int | None = None  # the status, once the worker's status line arrived
         try:
+            # The request id and trace of the call this one serves, if any (`rlcore.tracing`).
+            headers = self._headers | outgoing_headers()
             async with self.session.request(method, self.base_url + path, json=json_body, params=params,
-                                            headers=self._headers) as resp:
+                                            headers=headers) as resp:
                 answered = resp.status
                 text = await resp.text()
         except aiohttp.ClientError as exc:
@@ -197,6 +210,16 @@ def _parse(text: str) -> Any:
         return json.loads(text)
     except ValueError:
         return text
+
+
+def _error_code(body: Any) -> str | None:
+    """The worker's own error code (`{"error": {"code"}}`, ours and vLLM's shape), if it is a
+    short token: it becomes part of our answer, so nothing long or odd is passed on."""
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    if isinstance(code, str) and 0 < len(code) <= 64 and code.replace("_", "").isalnum() and code.isascii():
+        return code
+    return None
 
 
 def _message(body: Any, text: str) -> str:

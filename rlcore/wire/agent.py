@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlcore.wire.versions import VersionName
+
 PauseMode = Literal["abort", "wait", "keep"]
 
 # On an agent's inference port: a request carrying this header is served only while the
@@ -52,10 +54,24 @@ class DiskUpdateRequest(_Body):
     """Reload every weight from a safetensors directory and name the result `version`."""
 
     path: str = Field(min_length=1, description="Directory with *.safetensors files, under an allowed root.")
-    version: str = Field(min_length=1, max_length=256, description="Weight version to report after the reload.")
+    version: VersionName = Field(description="Weight version to report after the reload.")
     reset_prefix_cache: bool = Field(True, description="Drop prefix-cache blocks computed with the old weights.")
     checksums: bool = Field(False, description="Also compute the new weights' checksums and answer them (saves "
                                                "the controller a round trip when it verifies).")
+
+
+class WeightsCheckRequest(_Body):
+    """Could a load of this directory start now? Read-only: no engine call, no lock."""
+
+    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk` (or `/v1/agent/loras`).")
+    kind: Literal["weights", "adapter"] = Field("weights", description="A safetensors checkpoint of the model, "
+                                                "or a PEFT adapter directory.")
+
+
+class WeightsCheckAnswer(BaseModel):
+    path: str = Field(description="The directory, resolved.")
+    files: int = Field(description="Safetensors files found (0 for an adapter).")
+    tensors: int = Field(description="Tensors their headers name (0 for an adapter).")
 
 
 class LoraLoadRequest(_Body):
@@ -64,25 +80,28 @@ class LoraLoadRequest(_Body):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$",
                       description="Adapter name; inference requests select it as `model`.")
     path: str = Field(min_length=1, description="PEFT adapter directory, under an allowed root.")
-    version: str | None = Field(None, max_length=256, description="Version label carried in state.")
+    version: VersionName | None = Field(None, description="Version label carried in state.")
 
 
 class DesiredVersionRequest(_Body):
     """The fleet's desired weight version; `/readyz` is 503 while the applied one differs."""
 
-    weight_version: str | None = Field(description="Desired version, or null to stop gating readiness.")
+    weight_version: VersionName | None = Field(description="Desired version, or null to stop gating readiness.")
 
 
 class PrepareRequest(_Body):
     """The first step of a controller's update: learn the desired version, then pause."""
 
-    desired_weight_version: str | None = Field(description="As `PUT /v1/agent/desired`.")
+    desired_weight_version: VersionName | None = Field(description="As `PUT /v1/agent/desired`.")
+    weights_path: str | None = Field(None, min_length=1, description="A checkpoint about to be loaded: checked "
+                                     "as `POST /v1/agent/weights/check` first, and nothing changes (no desired "
+                                     "version, no pause) unless it is loadable.")
     mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
 
 
 class UpdateWeightVersionRequest(_Body):
-    new_version: str = Field(min_length=1, max_length=256)
+    new_version: VersionName
 
 
 class InitWeightTransferRequest(_Body):
@@ -95,7 +114,7 @@ class UpdateWeightsRequest(_Body):
 
 
 class FinishWeightUpdateRequest(_Body):
-    weight_version: str | None = Field(None, max_length=256)
+    weight_version: VersionName | None = None
 
 
 class AbortRequestsRequest(_Body):

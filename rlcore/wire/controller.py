@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from rlcore.wire.agent import PauseMode, RequestCounts
+from rlcore.wire.versions import VersionName
 
 Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
 PauseState = Literal["running", "paused", "mixed"]
@@ -42,7 +43,7 @@ class Checkpoint(_Body):
     """A disk copy of a weight version: what a worker that missed a broadcast loads."""
 
     path: str = Field(min_length=1)
-    version: str = Field(min_length=1, max_length=256)
+    version: VersionName
 
 
 class AllAtOnce(_Body):
@@ -67,7 +68,7 @@ UpdateStrategy = Annotated[AllAtOnce | Rolling, Field(discriminator="type")]
 
 
 class UpdateWeightsRequest(_Body):
-    version: str = Field(min_length=1, max_length=256, pattern=r"^[^\s]+$", description="The new weight version.")
+    version: VersionName = Field(description="The new weight version.")
     source: DiskSource
     pause_mode: PauseMode = Field("keep", description="How in-flight requests are paused during the update.")
     verify: bool = Field(True, description="Check every member reports the version and checksums agree.")
@@ -108,7 +109,7 @@ class ResumeRequest(EmptyRequest):
 class LoraRequest(_Body):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
     path: str = Field(min_length=1)
-    version: str | None = Field(None, max_length=256)
+    version: VersionName | None = None
     verify: bool = Field(True, description="Check the adapter's tensors agree across the workers whose checksums "
                                            "cover adapters (the agent's).")
 
@@ -124,8 +125,7 @@ class TransferUpdateRequest(_Body):
 
 
 class TransferFinishRequest(_Body):
-    weight_version: str | None = Field(None, min_length=1, max_length=256, pattern=r"^[^\s]+$",
-                                       description="Names the new weights on every worker.")
+    weight_version: VersionName | None = Field(None, description="Names the new weights on every worker.")
     checkpoint_path: str | None = Field(None, min_length=1, description="A disk copy of these weights, loaded into "
                                                                         "workers that join before the next init.")
 
@@ -133,19 +133,19 @@ class TransferFinishRequest(_Body):
 # -- desired state ----------------------------------------------------------------------
 class LoraSpec(BaseModel):
     path: str
-    version: str | None = None
+    version: VersionName | None = None
 
 
 class DesiredState(BaseModel):
     """What the fleet should be; persisted, so a restarted controller converges to it."""
 
-    weight_version: str | None = None
+    weight_version: VersionName | None = None
     weight_source: DiskSource | BroadcastSource | None = Field(None, discriminator="kind")
     checkpoint: Checkpoint | None = Field(None, description="The newest disk copy of weights known to the fleet.")
     loras: dict[str, LoraSpec] = Field(default_factory=dict)
     paused: bool = False
     pause_mode: PauseMode = "keep"
-    applied_versions: list[str] = Field(default_factory=list, description="Weight versions in the order the "
+    applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
                                         "controller applied them, newest last (the last 32): the gateway's "
                                         "staleness bound counts back along this list.")
     staleness_bound: int = Field(0, ge=0, le=31, description="The gateway may route to a member at one of the "
@@ -160,6 +160,10 @@ class WorkerResult(BaseModel):
     phase: str = Field(description="The step this result belongs to (pause, update, verify, resume, ...).")
     duration_s: float = 0.0
     message: str | None = None
+    code: str | None = Field(None, description="Why it failed, stable for programs: `timeout`, `unreachable`, "
+                             "`connection_lost`, `rejected` (or the worker's own error code, e.g. "
+                             "`path_unavailable`, `path_forbidden`, `conflict`), `verify_failed`, `internal`. "
+                             "Null when ok.")
 
 
 class WorkerOutage(BaseModel):

@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,45 +55,21 @@ from controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from controlplane.gateway.app import gateway_document
 from harness.checkpoints import write_adapter, write_checkpoint
 from harness.controller import CTL_TOKEN, controller_settings
+from harness.live import LiveLoop, serve
 from harness.simfleet import TOKEN, SimAgent, start_fleet
 from harness.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300)]
 
 SEED = int(os.environ.get("RLCP_FUZZ_SEED", "20260101"))
 MAX_EXAMPLES = int(os.environ.get("RLCP_FUZZ_EXAMPLES", "80"))
 # Statuses whose error names the input at fault.
-_FIELD_STATUSES = frozenset({400, 401, 403, 413, 422})
-_PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path"})
+_FIELD_STATUSES = frozenset({400, 401, 403, 413, 415, 422})
+_PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path", "weights_path"})
 _DECLARED = {r.key: r for r in (*AGENT_ROUTES, *CONTROLLER_ROUTES)}
 _GATEWAY_DECLARED = {r.key: r for r in GATEWAY_ROUTES}
 
 REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
-
-
-class LiveLoop:
-    """An event loop in a thread: the servers run there, the test thread calls them over HTTP."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="fuzz-servers", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
-
-
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
 
 
 # Directories under the allowed root, the same for both stacks (`roots`): a checkpoint, an
@@ -263,7 +238,7 @@ class ControllerStack(_FleetStack):
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.1},
             weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600})
         app = build_app(settings, token=CTL_TOKEN)
-        self.runner, self.url = self.live.run(_serve(app))
+        self.runner, self.url = self.live.run(serve(app))
         self.live.run(self._settle(app[CONTROLLER]))
 
     @staticmethod
@@ -327,7 +302,7 @@ class GatewayStack(_FleetStack):
         settings = controller_settings(base, [a.spec() for a in self.agents], allowed_roots=[str(paths["root"])],
                                        gateway={"port": 0, "hold_timeout_s": 2})
         app = build_app(settings, token=CTL_TOKEN)
-        self.runner, _ = self.live.run(_serve(app))
+        self.runner, _ = self.live.run(serve(app))
         self.gateway = app[GATEWAY]
         self.live.run(wait_for(lambda: bool(self.gateway.router.table() and len(self.gateway.router.table().routes) == 2),
                                what="both workers inside the fence"))

@@ -52,7 +52,7 @@ async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet
     assert again.status == "ok" and again.detail.get("noop") is True
 
 
-async def test_an_agent_takes_three_round_trips_per_update_and_a_wrong_load_still_fails_verification(
+async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wrong_load_still_fails_verification(
         fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
@@ -60,9 +60,11 @@ async def test_an_agent_takes_three_round_trips_per_update_and_a_wrong_load_stil
         a.calls.clear()
     result = await update_weights(ctl, disk(tmp_path, "v1", 1))
     assert result.status == "ok"
-    # prepare (desired + pause), load (answering version and checksums), resume (answering the
-    # status, so no final read): every read the controller needs rode on these three.
-    assert all(a.calls == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
+    # The checkpoint checked before anyone pauses (headers only), then prepare (desired + pause),
+    # load (answering version and checksums), resume (answering the status, so no final read):
+    # every read the controller needs rode on these three.
+    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/prepare", "POST /v1/agent/weights/disk",
+                           "POST /v1/agent/resume"]
                for a in fleet.agents.values()), {a.agent_id: a.calls for a in fleet.agents.values()}
     view = {w.id: w for w in ctl.state().workers}
     assert all(w.ready and w.serving and w.weight_version == "v1" for w in view.values())

@@ -200,3 +200,14 @@ def test_every_permutation_of_loads_picks_a_least_loaded() -> None:
         counts = dict(zip("abc", loads, strict=True))
         first = order(list("abc"), counts)[0]
         assert counts[first] == min(loads)
+
+
+def test_a_member_reporting_a_name_no_header_can_carry_is_never_inside_the_fence() -> None:
+    # Its version goes into X-RL-Expect-Weight-Version: a control character there would make every
+    # request routed to it fail in the HTTP client (a 500), so it is left out, and the 503 says why.
+    odd = [worker("w0", "v\u0001x"), worker("w1", "v1\n")]
+    assert not in_fence(odd[0], None, []) and not in_fence(odd[1], None, [])
+    table = build_table(state(odd + [worker("w2", "v1")], None, []))
+    assert set(table.routes) == {"w2"}
+    table = build_table(state(odd, None, []))
+    assert not table.routes and "not a valid name" in table.why_empty and "w0" in table.why_empty

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from controlplane.workers.capabilities import LoadReport
+from controlplane.workers.capabilities import LoadReport, WeightsKind
 from controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from controlplane.workers.spec import WorkerStatus
 from controlplane.workers.transport import WorkerRejected
@@ -54,12 +54,20 @@ class AgentDriver(VllmWeightTransferRoutes):
         await self.transport.request("POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version},
                                 timeout_s=self.deadlines.weight_load_s)
 
-    # -- a staged update: three calls, each answering what would otherwise be a read ----------
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float) -> WorkerStatus:
+    # -- a staged update: a check, then three calls, each answering what would otherwise be a read --
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None:
+        # Not retried here: the caller retries a checkpoint that is not there yet on its own
+        # schedule, and a worker that cannot be reached will fail its pause just as fast.
+        await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
+                                     retry=False)
+
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
+                             weights_path: str | None = None) -> WorkerStatus:
+        body: dict[str, Any] = {"desired_weight_version": version, "mode": mode, "timeout_s": timeout_s}
+        if weights_path is not None:
+            body["weights_path"] = weights_path
         return self._status("POST /v1/agent/prepare", await self.transport.request(
-            "POST", "/v1/agent/prepare", json_body={"desired_weight_version": version, "mode": mode,
-                                                    "timeout_s": timeout_s},
-            timeout_s=timeout_s + self.deadlines.grace_s))
+            "POST", "/v1/agent/prepare", json_body=body, timeout_s=timeout_s + self.deadlines.grace_s))
 
     async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport:
         # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).

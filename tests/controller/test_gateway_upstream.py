@@ -1,7 +1,8 @@
-"""What of a client's credentials reaches a worker through the gateway: neither token the
-gateway knows (its own, the controller's it accepts), while any other `Authorization` (a key
-the worker itself checks, with the gateway open) passes. The worker here is a real HTTP server
-on loopback that answers with the headers it was sent."""
+"""What reaches a worker through the gateway besides the body: neither token the gateway
+knows (its own, the controller's it accepts), while any other `Authorization` (a key the worker
+itself checks, with the gateway open) passes; the client's request id and trace go on, with a
+span of the gateway's own. The worker here is a real HTTP server on loopback that answers with
+the headers it was sent."""
 
 from __future__ import annotations
 
@@ -80,3 +81,18 @@ async def test_an_open_gateway_passes_a_workers_own_key(echo_worker: str) -> Non
         assert status == 200 and upstream["Authorization"] == "Bearer the-workers-key"
         status, upstream = await sent_upstream(client, "Bearer admin-token")  # the controller's: not the worker's
         assert status == 200 and "Authorization" not in upstream
+
+
+async def test_the_request_id_and_trace_go_on_to_the_worker(echo_worker: str) -> None:
+    trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with new_session() as session, await gateway_client(echo_worker, session) as client:
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": "p"},
+                                 headers={"x-request-id": "rollout-17", "traceparent": f"00-{trace}-{span}-01"})
+        upstream = (await resp.json())["headers"]
+        assert resp.headers["X-Request-ID"] == upstream["X-Request-ID"] == "rollout-17"
+        version, trace_id, parent, flags = upstream["traceparent"].split("-")
+        assert (version, trace_id, flags) == ("00", trace, "01") and parent != span  # a span of its own
+        assert [k.lower() for k in upstream].count("x-request-id") == 1
+        resp = await client.post("/v1/completions", json={"model": "m", "prompt": "p"})
+        made = (await resp.json())["headers"]["X-Request-ID"]
+        assert made and resp.headers["X-Request-ID"] == made  # one made here when the client sent none
