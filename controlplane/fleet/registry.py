@@ -142,6 +142,17 @@ class FleetRegistry:
             self._changes.bump()
         return moved
 
+    def note_paused(self, worker_id: str, paused: bool) -> None:
+        """What a pause or resume the worker answered ok made of it, known before any status
+        read (a stock vLLM server says it only when asked). A flavor that cannot report its
+        pause state (None) is left so: its next read would take it back."""
+        rec = self._records.get(worker_id)
+        if rec is None or rec.status is None or rec.status.paused is None or rec.status.paused == paused:
+            return
+        rec.status = rec.status.model_copy(update={"paused": paused})
+        rec.revision += 1
+        self._changes.bump()
+
     def record_result(self, result: WorkerResult) -> None:
         """The last step a worker went through, in an operation or a reconcile pass."""
         rec = self._records.get(result.worker_id)

@@ -33,6 +33,7 @@ from rlcore.wire.controller import OperationKind, OperationResult, Phase
 
 T = TypeVar("T")
 Call = Callable[[Any], Awaitable[T]]  # one call on a driver
+_PAUSE_STEPS = {"pause": True, "resume": False}  # steps whose success says the worker's pause state
 
 
 class OperationContext(Protocol):
@@ -94,6 +95,10 @@ class Run:
             self.ctx.registry.record_result(o.result)
             if not o.ok:
                 self.ctx.metrics.worker_failures.labels(o.worker_id, name).inc()
+            elif name in _PAUSE_STEPS:
+                # A pause or resume the worker took is its pause state now: the state shows it
+                # at once, also for a worker a later step fails and no final read refreshes.
+                self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[name])
         ok = {o.worker_id: o.value for o in outcomes if o.ok}
         return [r for r in records if r.id in ok], ok  # type: ignore[return-value]
 
@@ -117,7 +122,9 @@ class Run:
         often one that cannot answer (killed, hung, unreachable), and reading it again would
         make the trainer wait a status deadline -- or a connect's retries -- for nothing it can
         use: its result already says what went wrong (`code`), and the background poller reads
-        it when it answers. So a 207 or 502 leaves as soon as the last worker's result is in."""
+        it when it answers. So a 207 or 502 leaves as soon as the last worker's result is in.
+        What the operation did to it is known without a read (`step_values`: a failed update
+        leaves it paused, and the state says so)."""
         failed = {r.worker_id for r in self.tracker.results.values() if r.status in ("error", "timeout")}
         return [r for r in records if r.id not in failed and r.id not in self.reported]
 
