@@ -15,8 +15,10 @@ This module runs the `ray` CLI and never imports `ray`; a test drives the cluste
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -41,15 +43,12 @@ def _dashboard_up(url: str) -> bool:
 
 
 def _free_range(size: int) -> int:
-    """The first port of `size` consecutive ports free on 127.0.0.1 right now."""
-    for _ in range(50):
-        first = free_port()
-        if first + size >= 65535:
-            continue
+    """The first port of `size` consecutive ports free on 127.0.0.1 right now, below the kernel's
+    ephemeral range (32768 up on Linux), where outgoing connections would keep taking ports."""
+    for _ in range(100):
+        first = random.randrange(20000, 32000 - size)
+        socks: list[socket.socket] = []
         try:
-            import socket
-
-            socks = []
             for p in range(first, first + size):
                 s = socket.socket()
                 socks.append(s)
@@ -80,8 +79,6 @@ class RayHead:
         return f"http://127.0.0.1:{self.ports['dashboard-port']}"
 
     def start(self, *, timeout_s: float = 60.0) -> RayHead:
-        if self.temp_dir is None:
-            self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
         names = ("port", "object-manager-port", "node-manager-port", "ray-client-server-port", "dashboard-port",
                  "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
                  "metrics-export-port")
@@ -93,6 +90,8 @@ class RayHead:
             taken.add(port)
             self.ports[name] = port
         workers = _free_range(WORKER_PORTS)
+        if self.temp_dir is None:
+            self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
                "AUTOSCALER_METRIC_PORT": str(self.ports["autoscaler-metric"]),
                "DASHBOARD_METRIC_PORT": str(self.ports["dashboard-metric"])}
@@ -116,20 +115,42 @@ class RayHead:
         return self
 
     def pids(self) -> list[int]:
-        """Every live process of this head: its own temp dir is on each one's command line."""
-        found = []
+        """Every live process of this head: `ray start` and its descendants, and any process whose
+        command line names this head's own temp dir (a worker that left the process tree)."""
         marker = str(self.temp_dir).encode()
+        parents: dict[int, int] = {}
+        found: set[int] = set()
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
                 if marker in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
+                    found.add(int(entry.name))
+            except (OSError, ValueError, IndexError):
                 continue
         if self.process is not None and self.process.poll() is None:
-            found.append(self.process.pid)
-        return sorted(set(found))
+            found.add(self.process.pid)
+        grown = True
+        while grown:
+            more = {pid for pid, parent in parents.items() if parent in found} - found
+            found |= more
+            grown = bool(more)
+        return sorted(found)
+
+    def listeners(self) -> list[tuple[str, int]]:
+        """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""
+        pids = {str(p) for p in self.pids()}
+        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10, check=True).stdout
+        found = []
+        for line in out.splitlines():
+            fields = line.split()
+            if len(fields) < 6 or not any(f"pid={p}," in fields[5] for p in pids):
+                continue
+            address, _, port = fields[3].rpartition(":")
+            found.append((address, int(port)))
+        return sorted(found)
 
     def stop(self, *, grace_s: float = 5.0) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -143,13 +164,12 @@ class RayHead:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=grace_s)
         deadline = time.monotonic() + grace_s
-        while (left := self.pids()) and time.monotonic() < deadline:
+        while self.pids() and time.monotonic() < deadline:
             time.sleep(0.2)
         for pid in self.pids():  # workers in sessions of their own, still running: by pid
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        del left
         if self.temp_dir is not None and self.temp_dir.name.startswith("rlcp-ray-"):
             shutil.rmtree(self.temp_dir, ignore_errors=True)
