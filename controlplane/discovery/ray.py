@@ -142,9 +142,11 @@ def _parse_actor(actor: Mapping[str, Any], *, qualify: bool, default_flavor: Fla
     if not wid:
         return None, "no name and no actor_id"
     raw = actor.get("repr_name")
-    if not raw:
+    if not raw:  # Ray fills repr_name only from a class's own __repr__, once __init__ has returned
         state = actor.get("state")
-        return None, f"no description yet (state {state}; __repr__ is read once the actor is created)"
+        if state in ("PENDING_CREATION", "DEPENDENCIES_UNREADY"):
+            return None, f"no description yet (state {state}: __repr__ is read once the actor is created)"
+        return None, "empty repr_name: the actor class has no __repr__ of its own (see docs/ray.md)"
     try:
         described = json.loads(raw)
     except (TypeError, ValueError):
