@@ -6,7 +6,7 @@ SimEngine agents served by this test on 127.0.0.1. The controller reads only the
 HTTP state API; the test alone imports `ray`. Checked: the members and their URLs; actors
 outside the namespace or the name prefix are not members; a SIGKILLed actor (max_restarts=-1)
 comes back on a new pid with `num_restarts` bumped, a membership change; a dashboard that does
-not answer (its process stopped) keeps the last list.
+not answer (its process stopped) keeps the last list; a DEAD engine stays a member, unreachable.
 """
 
 from __future__ import annotations
@@ -165,6 +165,13 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
             assert state["membership_epoch"] == epoch and state["discovery_synced"]
         finally:
             os.kill(pid, signal.SIGCONT)
+
+        # An engine gone for good (its actor DEAD, its agent stopped) stays a member, unreachable.
+        ray.kill(actors[ids[1]], no_restart=True)
+        await agents.pop(1).stop()  # popped: the fixture stops the rest
+        state = await wait_for(lambda: _unreachable(ctl, ids[1]), 10, "the dead engine shown unreachable")
+        assert sorted(w["id"] for w in state["workers"]) == ids
+        assert ctl.worker(state, ids[0])["reachable"]
     finally:
         await ctl.client.close()
         kill_all(ray, actors)
@@ -201,6 +208,12 @@ async def _members(ctl: Any, n: int) -> dict | None:
     state = await ctl.state()
     ws = state["workers"]
     return state if state["discovery_synced"] and len(ws) == n and all(w["reachable"] for w in ws) else None
+
+
+async def _unreachable(ctl: Any, worker_id: str) -> dict | None:
+    state = await ctl.state()
+    found = [w for w in state["workers"] if w["id"] == worker_id]
+    return state if found and not found[0]["reachable"] else None
 
 
 async def _epoch_after(ctl: Any, epoch: int) -> dict | None:
