@@ -20,6 +20,8 @@ from structlog.testing import capture_logs
 from controlplane.discovery.base import Membership
 from controlplane.discovery.factory import make_source
 from controlplane.discovery.ray import RayActorSource, RayStateError, parse_actors, query
+from controlplane.fleet.changes import ChangeCounter
+from controlplane.fleet.registry import NEVER_TOLD, FleetRegistry
 from controlplane.settings import ControllerSettings
 
 ANSWERS = json.loads((Path(__file__).parent / "data" / "ray_actors.json").read_text())
@@ -64,6 +66,20 @@ def test_a_restart_keeps_the_member_and_changes_its_incarnation() -> None:
     assert change.changed[0].incarnation == "1"
     # ALIVE again on a new pid, same description, same restart count: nothing new to converge
     assert m.apply(parse_actors(ANSWERS["restarted"], namespace="rl").specs) is None
+
+
+def test_a_restart_starts_the_members_record_afresh_so_it_is_converged_again() -> None:
+    registry = FleetRegistry(make_driver=lambda spec: object(),  # type: ignore[arg-type,return-value]
+                             changes=ChangeCounter())
+    registry.apply(parse_actors(ANSWERS["alive"], namespace="rl").specs)
+    before = registry.get(NAMED)
+    assert before is not None
+    before.reachable, before.told_desired = True, "v1"
+    registry.apply(parse_actors(ANSWERS["restarting"], namespace="rl").specs)
+    after = registry.get(NAMED)
+    assert after is not None and after is not before
+    assert not after.reachable and after.told_desired is NEVER_TOLD  # read again, told again
+    assert registry.get(UNNAMED) is not None and registry.get(UNNAMED).spec.incarnation == "0"
 
 
 def test_a_dead_actor_stays_a_member_unless_asked_to_drop_it() -> None:
