@@ -8,7 +8,7 @@ says how to reach it through its `__repr__`, which the state API carries verbati
     {"rlcp": 1, "admin_url": "http://10.0.0.5:9000", "inference_url": "http://10.0.0.5:8000",
      "flavor": "agent", "world_size": 1, "model": "Qwen/Qwen3-0.6B"}
 
-    parse_actors         state API answer -> ([WorkerSpec], [Skipped])   (pure)
+    parse_actors         state API answer -> ActorList (specs, states, skipped)   (pure)
     RayActorSource.watch poll -> parse -> yield; on failure keep quiet and back off
 
 The member id is the actor's name (`namespace/name` when no namespace is configured), or its
@@ -129,11 +129,17 @@ def _actor_list(body: Any) -> list[Any]:
     actors = inner.get("result") if isinstance(inner, Mapping) else None
     if not isinstance(actors, list):
         raise RayStateError("answer has no data.result.result list")
-    total, kept = inner.get("total"), inner.get("num_after_truncation")
-    # The server reads at most `limit` actors before it filters: fewer read than exist means
-    # the filtered list may miss members, and a missing member would be removed.
+    # A partial list would remove members that are still there, so both of Ray's truncations are
+    # failed polls: the GCS answering fewer actors than it has (`num_after_truncation < total`),
+    # and the dashboard cutting the filtered list at `limit` (fewer returned than `num_filtered`:
+    # measured on Ray 2.60.0, limit=2 over 8 actors answers total=8, num_after_truncation=8,
+    # num_filtered=8 and two actors).
+    total, kept, matched = inner.get("total"), inner.get("num_after_truncation"), inner.get("num_filtered")
     if isinstance(total, int) and isinstance(kept, int) and kept < total:
         raise RayStateError(f"the state API read {kept} of {total} actors (raise discovery.ray.limit)")
+    if isinstance(matched, int) and len(actors) < matched:
+        raise RayStateError(f"the state API returned {len(actors)} of {matched} matching actors "
+                            "(raise discovery.ray.limit)")
     return actors
 
 

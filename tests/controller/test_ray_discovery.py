@@ -188,6 +188,10 @@ async def test_source_reports_restart_as_a_change_and_a_dead_engine_as_kept(
         first = {s.id: s for s in await src.poll()}
         assert sorted(first) == ids and first[ids[0]].incarnation == "0"
         assert first[ids[1]].admin_url == agents[1].url
+        # more matching actors than the limit: a failed poll, never a partial list
+        with pytest.raises(RayStateError, match="returned 1 of"):
+            await RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=NAMESPACE,
+                                 name_prefix=f"{PREFIX}s", limit=1, timeout_s=2).poll()
 
         old_pid = ray.get(actors[ids[0]].pid.remote(), timeout=10)
         os.kill(old_pid, signal.SIGKILL)

@@ -152,6 +152,12 @@ def test_a_truncated_answer_is_a_failed_poll_not_a_partial_list() -> None:
     answer["data"]["result"].update(total=5000, num_after_truncation=100)
     with pytest.raises(RayStateError, match="read 100 of 5000"):
         parse_actors(answer)
+    # the dashboard's own cut at `limit`: Ray 2.60.0 with limit=2 over 8 actors answered
+    # total=8, num_after_truncation=8, num_filtered=8 and two actors
+    answer = copy.deepcopy(ANSWERS["alive"])
+    answer["data"]["result"].update(total=8, num_after_truncation=8, num_filtered=8)
+    with pytest.raises(RayStateError, match="returned 2 of 8 matching"):
+        parse_actors(answer)
 
 
 def test_query_filters_on_the_server_where_it_can() -> None:
