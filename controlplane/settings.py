@@ -83,6 +83,30 @@ class HttpListingSettings(Section):
     token: SecretStr | None = None
 
 
+class RaySettings(Section):
+    """Members from a Ray cluster's actors, read through the dashboard's state API (docs/ray.md).
+    The controller never imports `ray`: it reads plain HTTP."""
+
+    dashboard_url: str = Field(min_length=1, description="Base URL of the Ray dashboard, whose state API "
+                               "(`/api/v0/actors`) is read, e.g. http://127.0.0.1:8265.")
+    namespace: str | None = Field(None, min_length=1, description="Ray namespace of the actors. None: every "
+                                  "namespace, and a named actor's member id is then `namespace/name`.")
+    name_prefix: str | None = Field(None, min_length=1, description="Only actors whose name starts with this.")
+    class_name: str | None = Field(None, min_length=1, description="Only actors of this class (Ray's "
+                                   "`class_name`, the class's own name without its module).")
+    interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
+    max_backoff_s: float = Field(30.0, gt=0, description="Longest wait between failed polls, in seconds.")
+    limit: int = Field(10000, ge=1, le=10000, description="Most actors one poll reads (the state API's `limit`, "
+                       "at most 10000). A cluster with more than this is a failed poll, never a partial list.")
+    token: SecretStr | None = Field(None, description="Bearer token sent to the dashboard (a proxy in front of "
+                                    "it); none: no Authorization header.")
+    default_flavor: Flavor = Field("agent", description="Flavor of actors whose description names none.")
+    dead_actors: Literal["keep", "drop"] = Field(
+        "keep", description="keep: a DEAD actor stays a member (unreachable, shown as such) until Ray forgets it; "
+                            "drop: it leaves the fleet, logged.")
+
+
 # Where a pod finds its own namespace (the service account volume every pod mounts).
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -132,10 +156,11 @@ class KubernetesDiscoverySettings(Section):
 
 
 class DiscoverySettings(Section):
-    kind: Literal["static", "http_listing", "kubernetes"] = "static"
+    kind: Literal["static", "http_listing", "kubernetes", "ray"] = "static"
     static: list[WorkerSpec] = Field(default_factory=list, description="The members, for kind=static.")
     http_listing: HttpListingSettings | None = None
     kubernetes: KubernetesDiscoverySettings | None = None
+    ray: RaySettings | None = None
 
     @model_validator(mode="after")
     def _check(self) -> DiscoverySettings:
@@ -143,6 +168,8 @@ class DiscoverySettings(Section):
             raise ValueError("discovery.http_listing is required for kind=http_listing")
         if self.kind == "kubernetes" and self.kubernetes is None:
             raise ValueError("discovery.kubernetes (with label_selector) is required for kind=kubernetes")
+        if self.kind == "ray" and self.ray is None:
+            raise ValueError("discovery.ray (with dashboard_url) is required for kind=ray")
         return self
 
 

@@ -34,4 +34,14 @@ def make_source(settings: ControllerSettings, session: aiohttp.ClientSession, *,
         return HttpListingSource(session=session, url=d.http_listing.url, interval_s=d.http_listing.interval_s,
                                  timeout_s=d.http_listing.timeout_s, token=token,
                                  default_flavor=d.http_listing.default_flavor)
+    if d.kind == "ray":
+        from controlplane.discovery.ray import RayActorSource
+
+        assert d.ray is not None
+        r = d.ray
+        return RayActorSource(session=session, dashboard_url=r.dashboard_url, namespace=r.namespace,
+                              name_prefix=r.name_prefix, class_name=r.class_name, interval_s=r.interval_s,
+                              timeout_s=r.timeout_s, max_backoff_s=r.max_backoff_s, limit=r.limit,
+                              token=r.token.get_secret_value() if r.token else None,
+                              default_flavor=r.default_flavor, dead_actors=r.dead_actors)
     raise ValueError(f"discovery kind {d.kind!r} is not available in this build")

@@ -27,6 +27,10 @@ class WorkerSpec(BaseModel):
     routes: tuple[str, ...] | None = Field(
         None, description="The admin routes the worker publishes (Dynamo's listing `routes`); None: not "
                           "published, so the flavor's own capabilities apply.")
+    incarnation: str | None = Field(
+        None, description="Which life of the worker this is, where the source knows (a Ray actor's "
+                          "`num_restarts`): a new value is a changed spec, so the registry starts the member "
+                          "afresh and the controller reads and converges it again. None: the source cannot tell.")
 
 
 class WorkerStatus(BaseModel):
