@@ -166,17 +166,20 @@ async def test_a_disk_update_changes_every_servers_output_and_going_back_restore
 
 # -- pause modes with streams in flight --------------------------------------------------------
 async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
-    """N_STREAMS streams per server, every one under way and none finished (the premise of a
-    pause with requests in flight). Fresh prompts per call, so no prefix-cache hit lets some
-    requests race ahead of the others; several attempts, since the premise is about timing and a
-    loaded machine can starve the last streams' first token for a while."""
+    """N_STREAMS streams per server, every one under way and at most a quarter of them already
+    finished (the premise of a pause with requests in flight; each round judges its pause only on
+    the streams it caught, and asks that they be most). Fresh prompts per call, so no prefix-cache
+    hit lets some requests race ahead of the others; several attempts, since the premise is about
+    timing: while 32 streams decode on two cores the test process itself is starved (its loop
+    was seen blocked 1.4 to 19 s), reads late, and a few streams end before the last one is seen
+    to start."""
     for attempt in range(6):
         streams = [CompletionStream(http, s.url, f"{tag}-{attempt}-{n}: {PROMPT}", max_tokens=STREAM_TOKENS,
                                     timeout_s=180, name=f"stream-{s.name}-{tag}-{attempt}-{n}")
                    for s in servers for n in range(N_STREAMS)]
         await wait_for(lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60,
                        what="every stream under way")
-        if not any(st.task.done() for st in streams):
+        if sum(st.task.done() for st in streams) <= len(streams) // 4:
             return streams
         await finish(streams)
     raise AssertionError("streams kept finishing before all of them were under way")
