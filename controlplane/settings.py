@@ -83,6 +83,9 @@ class HttpListingSettings(Section):
     token: SecretStr | None = None
 
 
+DeadActors = Literal["keep", "drop"]  # what discovery kind ray does with a DEAD actor
+
+
 class RaySettings(Section):
     """Members from a Ray cluster's actors, read through the dashboard's state API (docs/ray.md).
     The controller never imports `ray`: it reads plain HTTP."""
@@ -102,7 +105,7 @@ class RaySettings(Section):
     token: SecretStr | None = Field(None, description="Bearer token sent to the dashboard (a proxy in front of "
                                     "it); none: no Authorization header.")
     default_flavor: Flavor = Field("agent", description="Flavor of actors whose description names none.")
-    dead_actors: Literal["keep", "drop"] = Field(
+    dead_actors: DeadActors = Field(
         "keep", description="keep: a DEAD actor stays a member (unreachable, shown as such) until Ray forgets it; "
                             "drop: it leaves the fleet, logged.")
 

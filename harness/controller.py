@@ -17,9 +17,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from controlplane.api.app import CONTROLLER, build_app
 from controlplane.settings import ControllerSettings
+from harness.checkpoints import write_checkpoint
 from harness.http import bearer
 from harness.simfleet import TOKEN as AGENT_TOKEN
 from harness.waiting import wait_for
+from rlcore.wire.controller import UpdateWeightsRequest
 
 CTL_TOKEN = "ctl-token"
 AUTH = bearer(CTL_TOKEN)
@@ -133,3 +135,12 @@ async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) 
 def update_body(version: str, path: Path, **extra: Any) -> dict:
     """The body of `POST /v1/rl/update_weights` from a directory on disk."""
     return {"version": version, "source": {"kind": "disk", "path": str(path)}, **extra}
+
+
+def disk_update(root: Path, version: str, seed: int, **fields: Any) -> UpdateWeightsRequest:
+    """An update to the checkpoint `root/<version>` (the weights of `seed`, written once), as the
+    operations take it in memory."""
+    path = root / version
+    if not path.exists():
+        write_checkpoint(path, seed)
+    return UpdateWeightsRequest.model_validate(update_body(version, path, **fields))

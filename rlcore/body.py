@@ -16,9 +16,9 @@ Whatever a client sends, the answer is a 4xx naming what is wrong, never a 500:
 The kernel decodes Content-Encoding itself, not aiohttp: aiohttp's decoder lets a truncated
 gzip stream through as a shorter body, answers an undecodable one from inside `read()`, and
 refuses br/zstd without their modules before any middleware runs (a text/plain 400). A
-process opts in with `BODY_HANDLER_ARGS` on its `web.Application`; a request that aiohttp
-already decoded must not be decoded twice, so `decode=False` (the gateway, whose app keeps
-aiohttp's default) takes identity bodies only.
+process opts in with `BODY_HANDLER_ARGS` on its `web.Application` (every process does).
+`decode=False` is for a caller that forwards the body as it came (the gateway: its workers
+take identity bodies), and takes identity bodies only.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ controller's route reuses `render_listing` / `parse_listing` from here.
 
     parse_listing   listing document -> [WorkerSpec]   (pure; bad entries skipped)
     render_listing  [WorkerSpec] -> listing document   (pure; the inverse)
-    HttpListingSource.watch   poll -> parse -> yield; on failure keep quiet and back off
+    HttpListingSource.watch   poll -> parse -> yield; on failure keep quiet and back off (polling.py)
 
 A failed poll yields nothing: the consumer keeps the last membership, because a flaky
 listing must never empty the fleet.
@@ -16,8 +16,6 @@ listing must never empty the fleet.
 
 from __future__ import annotations
 
-import asyncio
-import random
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, get_args
 
@@ -25,6 +23,7 @@ import aiohttp
 import structlog
 from pydantic import ValidationError
 
+from controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
 from controlplane.workers.capabilities import Capability
 from controlplane.workers.flavors.dynamo import DYNAMO_ROUTES, STATUS_ROUTES
 from controlplane.workers.spec import Flavor, WorkerSpec
@@ -56,7 +55,7 @@ def routes_for(flavor: str, capabilities: frozenset[str] | None = None) -> list[
     return sorted({*_ALWAYS[flavor], *(route for cap in caps for route in table[cap])})
 
 
-class ListingError(ValueError):
+class ListingError(PollFailed):
     """The listing as a whole is unusable (unreachable, non-200, malformed): a failed poll."""
 
 
@@ -129,15 +128,6 @@ def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[
     return {"protocol_version": PROTOCOL_VERSION, "namespace": namespace, "workers": workers}
 
 
-def backoff_s(failures: int, *, interval_s: float, max_backoff_s: float) -> float:
-    """Delay before the next poll after `failures` failures in a row: doubling from the
-    poll interval, capped, with jitter so many controllers do not retry in lockstep.
-    Never shorter than the interval: failing must not make us poll faster."""
-    cap = max(max_backoff_s, interval_s)
-    ceiling = min(cap, interval_s * 2 ** min(failures, 32))  # bounded exponent: no overflow
-    return max(interval_s, random.uniform(ceiling / 2, ceiling))
-
-
 class HttpListingSource:
     name = "http_listing"
 
@@ -154,39 +144,12 @@ class HttpListingSource:
         self._default_flavor: Flavor = default_flavor
         self._iterations = iterations  # test seam: stop after this many polls
 
-    async def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        polls = failures = 0
-        while self._iterations is None or polls < self._iterations:
-            polls += 1
-            try:
-                specs = await self.poll()
-            except ListingError as exc:
-                failures += 1
-                delay = backoff_s(failures, interval_s=self._interval_s, max_backoff_s=self._max_backoff_s)
-                log.warning("listing_poll_failed", url=self._url, reason=str(exc), failures=failures,
-                            retry_in_s=round(delay, 3))
-            else:
-                if failures:
-                    log.info("listing_poll_recovered", url=self._url, after_failures=failures)
-                failures, delay = 0, self._interval_s
-                yield specs
-            if self._iterations is None or polls < self._iterations:
-                await asyncio.sleep(delay)
+    def watch(self) -> AsyncIterator[list[WorkerSpec]]:
+        return poll_repeatedly(self.poll, source="listing", url=self._url, interval_s=self._interval_s,
+                               max_backoff_s=self._max_backoff_s, iterations=self._iterations)
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `ListingError`."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                async with self._session.get(self._url, headers=self._headers) as resp:
-                    if resp.status != 200:
-                        raise ListingError(f"HTTP {resp.status} {resp.reason or ''}".rstrip())
-                    body = await resp.json(content_type=None)  # be lenient about the header
-        except ListingError:
-            raise
-        except TimeoutError as exc:
-            raise ListingError(f"no answer within {self._timeout_s}s") from exc
-        except aiohttp.ClientError as exc:
-            raise ListingError(f"{type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:  # the body is not JSON
-            raise ListingError(f"listing is not JSON: {exc}") from exc
+        body = await get_json(self._session, self._url, timeout_s=self._timeout_s, headers=self._headers,
+                              error=ListingError)
         return parse_listing(body, default_flavor=self._default_flavor)

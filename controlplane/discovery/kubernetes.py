@@ -33,7 +33,7 @@ import aiohttp
 import structlog
 from kubernetes_asyncio import client, watch
 
-from controlplane.discovery.http_listing import backoff_s
+from controlplane.discovery.polling import backoff_s
 from controlplane.k8s.client import K8sError, K8sGone, K8sNotFound, K8sUnavailable, call, translate
 from controlplane.settings import KubernetesDiscoverySettings
 from controlplane.workers.spec import WorkerSpec

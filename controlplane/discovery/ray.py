@@ -23,17 +23,17 @@ yields nothing: the consumer keeps the last membership.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import aiohttp
 import structlog
 from pydantic import ValidationError
 
-from controlplane.discovery.http_listing import backoff_s
+from controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
+from controlplane.settings import DeadActors
 from controlplane.workers.spec import Flavor, WorkerSpec
 
 log = structlog.get_logger("controlplane.discovery.ray")
@@ -43,10 +43,9 @@ FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
 # Ray's actor states (`ray.util.state.common.ActorState`). Only these two say the process behind
 # the URL is gone; a member in either is kept and reads as unreachable.
 DOWN_STATES = frozenset({"RESTARTING", "DEAD"})
-DeadActors = Literal["keep", "drop"]
 
 
-class RayStateError(ValueError):
+class RayStateError(PollFailed):
     """The state API's answer as a whole is unusable: a failed poll."""
 
 
@@ -216,41 +215,14 @@ class RayActorSource:
         self._logged_skips: set[Skipped] = set()
         self._logged_down: dict[str, str] = {}  # member id -> the state last logged
 
-    async def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        polls = failures = 0
-        while self._iterations is None or polls < self._iterations:
-            polls += 1
-            try:
-                specs = await self.poll()
-            except RayStateError as exc:
-                failures += 1
-                delay = backoff_s(failures, interval_s=self._interval_s, max_backoff_s=self._max_backoff_s)
-                log.warning("ray_poll_failed", url=self._url, reason=str(exc), failures=failures,
-                            retry_in_s=round(delay, 3))
-            else:
-                if failures:
-                    log.info("ray_poll_recovered", url=self._url, after_failures=failures)
-                failures, delay = 0, self._interval_s
-                yield specs
-            if self._iterations is None or polls < self._iterations:
-                await asyncio.sleep(delay)
+    def watch(self) -> AsyncIterator[list[WorkerSpec]]:
+        return poll_repeatedly(self.poll, source="ray", url=self._url, interval_s=self._interval_s,
+                               max_backoff_s=self._max_backoff_s, iterations=self._iterations)
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `RayStateError`."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                async with self._session.get(self._url, params=self._params, headers=self._headers) as resp:
-                    if resp.status != 200:
-                        raise RayStateError(f"HTTP {resp.status} {resp.reason or ''}".rstrip())
-                    body = await resp.json(content_type=None)
-        except RayStateError:
-            raise
-        except TimeoutError as exc:
-            raise RayStateError(f"no answer within {self._timeout_s}s") from exc
-        except aiohttp.ClientError as exc:
-            raise RayStateError(f"{type(exc).__name__}: {exc}") from exc
-        except ValueError as exc:  # the body is not JSON
-            raise RayStateError(f"answer is not JSON: {exc}") from exc
+        body = await get_json(self._session, self._url, timeout_s=self._timeout_s, headers=self._headers,
+                              params=self._params, error=RayStateError)
         found = parse_actors(body, **self._filters)
         self._log(found)
         return found.specs

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -29,7 +29,7 @@ from controlplane.operations.gate import OperationGate
 from controlplane.operations.record import OperationLog, OperationTracker
 from controlplane.workers.capabilities import Capability, has
 from controlplane.workers.fanout import FanOut, Outcome
-from rlcore.wire.controller import OperationKind, OperationResult, Phase
+from rlcore.wire.controller import OperationKind, OperationResult, Phase, WorkerResult
 
 T = TypeVar("T")
 Call = Callable[[Any], Awaitable[T]]  # one call on a driver
@@ -101,6 +101,13 @@ class Run:
                 self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[name])
         ok = {o.worker_id: o.value for o in outcomes if o.ok}
         return [r for r in records if r.id in ok], ok  # type: ignore[return-value]
+
+    def report(self, results: Iterable[WorkerResult]) -> None:
+        """Results found before any step ran (a checkpoint a worker cannot load): recorded as
+        a step's would be, in the operation and on each worker."""
+        for result in results:
+            self.tracker.set_result(result)
+            self.ctx.registry.record_result(result)
 
     async def best_effort(self, name: str, records: list[WorkerRecord], fn: Call[Any], deadline_s: float) -> None:
         """A clean-up step whose failures do not replace a worker's first error."""

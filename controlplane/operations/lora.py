@@ -23,9 +23,7 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
 
     async def body(run: Run) -> None:
-        for result in refused.values():
-            run.tracker.set_result(result)
-            ctx.registry.record_result(result)
+        run.report(refused.values())
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
         targets = [r for r in run.members if r.id not in refused]
         loaded = await run.step(None, "load_lora", targets, lambda a: a.load_lora(req.name, path, req.version),

@@ -58,9 +58,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         detail["checkpoint_refused"] = sorted(refused)
 
     async def body(run: Run) -> None:
-        for result in refused.values():
-            run.tracker.set_result(result)
-            ctx.registry.record_result(result)
+        run.report(refused.values())
         members = [r for r in run.members if r.id not in refused]
         if not members:
             return

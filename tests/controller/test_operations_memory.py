@@ -20,6 +20,7 @@ from controlplane.operations.weights import update_weights
 from controlplane.reconcile.ratelimit import WorkerRateLimiter
 from controlplane.workers.spec import WorkerSpec
 from harness.checkpoints import write_adapter, write_checkpoint
+from harness.controller import disk_update
 from harness.faults import Fault
 from harness.memory import MemoryFleet
 from rlcore.wire.controller import LoraRequest, PauseRequest, TransferInitRequest, UpdateWeightsRequest
@@ -34,21 +35,17 @@ async def fleet(tmp_path: Path):
     await fleet.stop()
 
 
-def disk(tmp_path: Path, version: str, seed: int) -> UpdateWeightsRequest:
-    path = write_checkpoint(tmp_path / version, seed)
-    return UpdateWeightsRequest(version=version, source={"kind": "disk", "path": str(path)})
-
 
 async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok" and {r.phase for r in result.results} == {"resume"}
     assert all(a.service.weight_version == "v1" and not a.service.paused for a in fleet.agents.values())
     state = ctl.state()
     assert state.applied.weight_version == "v1" and state.applied.converged and state.applied.verified
     assert state.phase == "serving" and ctl.desired.state.checkpoint is not None
-    again = await update_weights(ctl, disk(tmp_path, "v1", 1))  # the same version again: a no-op
+    again = await update_weights(ctl, disk_update(tmp_path, "v1", 1))  # the same version again: a no-op
     assert again.status == "ok" and again.detail.get("noop") is True
 
 
@@ -58,7 +55,7 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
     await ctl.refresh()
     for a in fleet.agents.values():
         a.calls.clear()
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
     # The checkpoint checked before anyone pauses (headers only), then prepare (desired + pause),
     # load (answering version and checksums), resume (answering the status, so no final read):
@@ -75,7 +72,7 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
     wrong = write_checkpoint(tmp_path / "v2-stale-copy", 3)
     real_load = fleet["w2"].engine.load_weights_from_disk
     fleet["w2"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w2"] and failed["w2"].phase == "verify", result.results
@@ -88,7 +85,7 @@ async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_conver
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
     fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "500" in (failed["w1"].message or "")
@@ -216,7 +213,7 @@ async def test_the_status_poll_skips_workers_an_update_just_heard_from(fleet: Me
 
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
     # prepare and resume answered each agent's status: the state shows them, recorded as reads
     assert all(r.reported_at is not None and r.status.weight_version == "v1" for r in ctl.members())

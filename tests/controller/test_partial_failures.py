@@ -12,10 +12,10 @@ import pytest
 
 from controlplane.operations.pause import pause
 from controlplane.operations.weights import update_weights
-from harness.checkpoints import write_checkpoint
+from harness.controller import disk_update
 from harness.faults import Fault
 from harness.memory import MemoryFleet
-from rlcore.wire.controller import PauseRequest, UpdateWeightsRequest
+from rlcore.wire.controller import PauseRequest
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,10 +26,6 @@ async def fleet(tmp_path: Path):
     yield fleet
     await fleet.stop()
 
-
-def disk(tmp_path: Path, version: str, seed: int) -> UpdateWeightsRequest:
-    path = write_checkpoint(tmp_path / version, seed)
-    return UpdateWeightsRequest(version=version, source={"kind": "disk", "path": str(path)})
 
 
 def lag_s(result) -> float:
@@ -43,7 +39,7 @@ async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_resu
     w2 = fleet["w2"]
     w2.faults.add("POST", "/v1/agent/weights/disk", Fault("reset"))  # gone during its load...
     w2.faults.add("GET", "/v1/agent/state", Fault("hang"))  # ...and answering nothing since
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     lag = lag_s(result)
     assert result.status == "partial"
     # A status read of w2 would have held the answer for its deadline (control_s = 4 s here).
@@ -57,13 +53,13 @@ async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_resu
 async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at_once(fleet, tmp_path):
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    await update_weights(ctl, disk(tmp_path, "v1", 1))
+    await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     for a in fleet.agents.values():
         a.faults.add("GET", "/v1/agent/state", Fault("hang"))
     fleet["w0"].faults.add("POST", "/v1/agent/prepare", Fault("status", 409))
     fleet["w1"].faults.add("POST", "/v1/agent/prepare", Fault("hang"))
     fleet["w2"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2).model_copy(update={"timeout_s": 0.5}))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2).model_copy(update={"timeout_s": 0.5}))
     lag = lag_s(result)
     assert result.status == "failed" and lag < 0.1, (result.status, lag)
     codes = {r.worker_id: (r.phase, r.status, r.code) for r in result.results}
@@ -95,7 +91,7 @@ async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(fl
     old.handle = handle  # type: ignore[method-assign]
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok", result.results
     assert prepares and all("weights_path" not in body for body in prepares), prepares
     assert all(a.engine.served_version == "v1" for a in fleet.agents.values())

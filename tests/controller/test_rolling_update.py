@@ -20,6 +20,7 @@ from controlplane.gateway.fence import fence
 from controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from controlplane.operations.weights import update_weights
 from harness.checkpoints import write_checkpoint
+from harness.controller import disk_update
 from harness.faults import Fault
 from harness.memory import MemoryFleet
 from rlcore.wire.controller import UpdateWeightsRequest
@@ -33,12 +34,6 @@ async def fleet(tmp_path: Path):
     yield fleet
     await fleet.stop()
 
-
-def disk(tmp_path: Path, version: str, seed: int, **fields: Any) -> UpdateWeightsRequest:
-    path = tmp_path / version
-    if not path.exists():
-        write_checkpoint(path, seed)
-    return UpdateWeightsRequest(version=version, source={"kind": "disk", "path": str(path)}, **fields)
 
 
 def rolling(max_unavailable: int | str) -> dict[str, Any]:
@@ -61,7 +56,7 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(fl
                                                                               tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
     during: dict[str, dict[str, Any]] = {}
 
@@ -73,7 +68,7 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(fl
                             "wave": state.update.progress.wave if state.update and state.update.progress else None}
 
     watch_loads(fleet, seen)
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2, **rolling(1)))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(1)))
     assert result.status == "ok" and all(r.phase == "resume" for r in result.results), result.results
     members = ["w0", "w1", "w2", "w3"]
     for i, worker in enumerate(members):
@@ -101,7 +96,7 @@ async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(fleet:
     await ctl.refresh()
     in_fence: list[list[str]] = []
     watch_loads(fleet, lambda _: in_fence.append([w.id for w in fence(ctl.state())[1]]))
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok" and in_fence == [[]] * 4
     bubble = result.bubble
     assert bubble is not None and bubble.min_serving == 0 and [p.serving for p in bubble.capacity] == [4, 0, 4]
@@ -113,10 +108,10 @@ async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(f
                                                                               tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     in_fence: dict[str, list[str]] = {}
     watch_loads(fleet, lambda agent_id: in_fence.update({agent_id: [w.id for w in fence(ctl.state())[1]]}))
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2, **rolling("50%")))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling("50%")))
     assert result.status == "ok" and result.progress is not None and result.progress.waves == 2
     # Wave 1 (w0, w1) loads while w2, w3 still hold v1, which the fence no longer admits.
     assert in_fence["w0"] == [] and in_fence["w2"] == ["w0", "w1"], in_fence
@@ -126,12 +121,12 @@ async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(f
 async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
     fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
     for a in fleet.agents.values():
         a.touched.clear()
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2, **rolling(2)))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(2)))
     assert result.status == "partial"
     by_id = {r.worker_id: r for r in result.results}
     assert by_id["w0"].status == "ok" and by_id["w1"].phase == "update" and by_id["w1"].status == "error"
@@ -151,13 +146,13 @@ async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_
                                                                                      tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
     fleet["w1"].engine.kill()  # a dead engine: out of service before the update begins
     await ctl.refresh()
     order: list[str] = []
     watch_loads(fleet, order.append)
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2, **rolling(1)))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(1)))
     assert result.status == "partial" and result.progress is not None and result.progress.halted is None
     by_id = {r.worker_id: r for r in result.results}
     assert by_id["w1"].status == "error" and all(by_id[w].status == "ok" for w in ("w0", "w2", "w3"))
@@ -175,7 +170,7 @@ async def test_later_waves_are_held_to_what_earlier_waves_verified(fleet: Memory
     wrong = write_checkpoint(tmp_path / "stale", 3)
     real_load = fleet["w3"].engine.load_weights_from_disk
     fleet["w3"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
-    result = await update_weights(ctl, disk(tmp_path, "v1", 1, **rolling(1)))
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1, **rolling(1)))
     failed = {r.worker_id: r.message for r in result.results if r.status != "ok"}
     assert list(failed) == ["w3"] and "earlier waves agreed on" in (failed["w3"] or ""), result.results
 
@@ -183,12 +178,12 @@ async def test_later_waves_are_held_to_what_earlier_waves_verified(fleet: Memory
 async def test_a_manifest_is_checked_on_every_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()
-    assert (await update_weights(ctl, disk(tmp_path, "v1", 1))).status == "ok"
+    assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     manifest = await ctl.registry.members()[0].driver.weight_checksums()
     assert manifest
     # Every worker loads the same wrong files: they agree with each other, not with the manifest.
     write_checkpoint(tmp_path / "v2", 3)
-    result = await update_weights(ctl, disk(tmp_path, "v2", 2, expected_checksums=manifest))
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, expected_checksums=manifest))
     assert result.status == "failed" and all("differ from the manifest of version 'v2'" in (r.message or "")
                                               for r in result.results), result.results
     assert result.detail["manifest_tensors"] == len(manifest)
@@ -216,12 +211,12 @@ async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(
         await real(path)
 
     fleet["w0"].engine.load_weights_from_disk = slow_load  # type: ignore[method-assign]
-    started = await update_weights(ctl, disk(tmp_path, "v1", 1, wait=False, **rolling(2)))
+    started = await update_weights(ctl, disk_update(tmp_path, "v1", 1, wait=False, **rolling(2)))
     assert started.status == "running" and started.finished_at is None
     with pytest.raises(Conflict):  # the gate is held by the detached update
-        await update_weights(ctl, disk(tmp_path, "v2", 2))
+        await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     with pytest.raises(Conflict):  # and one that would not wait hears it too, before any answer
-        await update_weights(ctl, disk(tmp_path, "v2", 2, wait=False))
+        await update_weights(ctl, disk_update(tmp_path, "v2", 2, wait=False))
     for _ in range(200):
         running = ctl.log.find(started.id)
         if running is not None and running.progress is not None and running.progress.wave:

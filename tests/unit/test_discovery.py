@@ -20,10 +20,10 @@ from controlplane.discovery.base import Membership
 from controlplane.discovery.http_listing import (
     HttpListingSource,
     ListingError,
-    backoff_s,
     parse_listing,
     render_listing,
 )
+from controlplane.discovery.polling import backoff_s
 from controlplane.discovery.static import StaticSource
 from controlplane.workers.spec import WorkerSpec
 
