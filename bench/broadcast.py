@@ -1,6 +1,6 @@
 """`python -m bench.broadcast`: the CPU weight-transfer backend's throughput between two processes.
 
-`agents/weight_transfer/cpu_gloo.py` moves weights from a trainer (rank 0) to engines
+`rlcp/agent/weight_transfer/cpu_gloo.py` moves weights from a trainer (rank 0) to engines
 over gloo: `send_tensors` on rank 0, `receive_tensors` on the others, small tensors
 packed into buffers, two broadcasts in flight. Here two processes run both sides
 directly (no engine: what is measured is the transfer), against the baseline in the
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, plot, report, table
-from harness.http import free_port
+from rlcp.harness.http import free_port
 
 
 def payloads(large_count: int, large_mb: float, small_count: int, small_kb: float) -> dict[str, list[tuple[int, ...]]]:
@@ -44,7 +44,7 @@ def _rank_main(rank: int, ports: tuple[int, int], shapes: dict[str, list[tuple[i
     import torch.distributed as dist
     from vllm.distributed.weight_transfer.base import ParamMeta
 
-    from agents.weight_transfer.cpu_gloo import GlooGroup, receive_tensors, send_tensors
+    from rlcp.agent.weight_transfer.cpu_gloo import GlooGroup, receive_tensors, send_tensors
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=2,

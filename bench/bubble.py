@@ -1,6 +1,6 @@
 """`python -m bench.bubble`: how much of the fleet serves through a weight update, all at once vs rolling.
 
-Real processes, as `python -m localfleet` runs them: N agents (SimEngines whose disk load takes
+Real processes, as `python -m rlcp.localfleet` runs them: N agents (SimEngines whose disk load takes
 `--load-s` seconds, a real model's reload time; or real vLLM CPU engines with `--vllm`), the
 controller with its inference gateway, and here the trainer and the rollout load: `--streams`
 closed-loop clients through the gateway, enough to fill every engine's slots, so that a member
@@ -39,8 +39,8 @@ from typing import Any
 import aiohttp
 
 from bench.common import plot, quiet_logs, report, table
-from controlplane.fleet.desired import admitted_versions
-from localfleet.fleet import FleetError, Processes, start_fleet, write_step_weights
+from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.localfleet.fleet import FleetError, Processes, start_fleet, write_step_weights
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines"]
 DEFAULT_CASES = "all_at_once@1,rolling/1@1,rolling/1@0,rolling/50%@1"
@@ -153,7 +153,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     cases = [Case.parse(c) for c in args.cases.split(",")]
     base = None
     if args.vllm:
-        from agents.tiny_model import make_model_family
+        from rlcp.harness.tiny_model import make_model_family
 
         make_model_family(workdir / "models")
         base = workdir / "models" / "base"
@@ -241,7 +241,7 @@ def analyse(args: argparse.Namespace, rows: list[dict[str, Any]], answers: list[
             # Completions per bin over the update, ÷ the steady rate: the plot.
             "timeline": timeline(answers, t0 - 1.0, t1 + 1.0, steady, args.bin_s),
         }
-    return {"agents": args.agents, "engine": "vllm" if args.vllm else "sim", "load_s": args.load_s,
+    return {"rlcp.agent": args.agents, "engine": "vllm" if args.vllm else "sim", "load_s": args.load_s,
             "streams": args.streams, "max_tokens": args.max_tokens, "pause_mode": args.pause_mode,
             "answers": len(answers), "failed": sum(1 for a in answers if not a.ok),
             "outside_fence": len(outside), "rows": rows}
@@ -293,8 +293,8 @@ def draw(r: dict[str, Any], out: Path) -> Path:
         ax.set_ylabel("fraction of steady / of members")
         ax.set_ylim(-0.05, 1.6)
         ax.legend(fontsize=6, loc="upper right", ncol=2)
-        ax.set_title(f"Update bubble: {r['agents']} {r['engine']} agents, reload {r['load_s']:g}s"
-                     if r["engine"] == "sim" else f"Update bubble: {r['agents']} vLLM CPU agents")
+        ax.set_title(f"Update bubble: {r['rlcp.agent']} {r['engine']} agents, reload {r['load_s']:g}s"
+                     if r["engine"] == "sim" else f"Update bubble: {r['rlcp.agent']} vLLM CPU agents")
 
     return plot("bubble" if r["engine"] == "sim" else "bubble_vllm", d, out, size=(8.0, 4.2))
 

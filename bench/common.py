@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.controller import merge_sections
-from harness.processes import REPO, ControllerProcess
+from rlcp.harness.controller import merge_sections
+from rlcp.harness.processes import REPO, ControllerProcess
 
 OUT = REPO / "bench" / "out"
 
@@ -32,10 +32,10 @@ def median(values: Sequence[float]) -> float:
 def controller_daemon(specs: list[dict[str, Any]], workdir: Path, *, name: str = "controller",
                       env: dict[str, str] | None = None, stop_timeout_s: float = 20.0,
                       **sections: Any) -> ControllerProcess:
-    """The controller as deployed (`python -m controlplane`: its API front and its core) over
+    """The controller as deployed (`python -m rlcp.controlplane`: its API front and its core) over
     the workers `specs`, with a benchmark's settings: deadlines only a real hang trips, the
     status poll every second, no gateway, warnings only. A dict keyword is merged into its
-    section (`harness.controller.merge_sections`)."""
+    section (`rlcp.harness.controller.merge_sections`)."""
     config = merge_sections({
         "controller_id": name, "api": {"host": "127.0.0.1", "port": 0}, "gateway": {"enabled": False},
         "discovery": {"kind": "static", "static": specs},
@@ -46,7 +46,7 @@ def controller_daemon(specs: list[dict[str, Any]], workdir: Path, *, name: str =
 
 
 def quiet_logs() -> None:
-    from rlcore.logs import configure_logging
+    from rlcp.core.logs import configure_logging
 
     configure_logging("json", "error")
 

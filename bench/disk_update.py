@@ -3,7 +3,7 @@ vLLM CPU engine, through the controller, against a raw safetensors load of the s
 
 - controller: `POST /v1/rl/update_weights` (pause keep, update, verify with weight
   checksums, resume) on the real controller with one member, a real agent process
-  (`python -m agents`) on a real vLLM CPU engine. Versions alternate between two
+  (`python -m rlcp.agent`) on a real vLLM CPU engine. Versions alternate between two
   weight directories, so every cycle really loads different bytes.
 - baseline (same run, interleaved): the same safetensors files read with
   `safetensors.torch.load_file` and copied into a same-shaped `LlamaForCausalLM`
@@ -29,7 +29,7 @@ import aiohttp
 
 from bench.common import median, plot, quiet_logs, report, table
 from bench.vllm_agent import MODEL_100M, VOCAB_100M, agent_config, start_agent
-from harness.checkpoints import make_models
+from rlcp.harness.checkpoints import make_models
 
 
 def raw_load_factory(model_dir: Path) -> Any:
@@ -54,7 +54,7 @@ def raw_load_factory(model_dir: Path) -> Any:
 
 async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from bench.fanout import ControllerUnderTest
-    from harness.simfleet import HostedAgent
+    from rlcp.harness.simfleet import HostedAgent
 
     shape = None if a.tiny else MODEL_100M
     t0 = time.perf_counter()

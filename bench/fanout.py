@@ -12,10 +12,10 @@ resume 1, i.e. 6 x latency). What is above the floor is the overhead measured he
 
 Side by side, in the same run and against the same agents:
 - controller: `POST /v1/rl/update_weights` (verify on) on the real controller, run as it is
-  deployed: the `python -m controlplane` daemon (API front and core, in processes of their own;
+  deployed: the `python -m rlcp.controlplane` daemon (API front and core, in processes of their own;
   "ctl CPU" is what those processes used). In this process it would share a heap and a
   collector with the baselines, under CPython's default thresholds rather than the daemon's
-  settled heap (`rlcore/heap.py`): at 1,024 workers that was ~340 collections per cycle, a
+  settled heap (`rlcp/core/heap.py`): at 1,024 workers that was ~340 collections per cycle, a
   third of the cycle's time inside the collector;
 - httpx gather: what a trainer hand-rolls today -- per phase, an unbounded
   `asyncio.gather` over the workers, one `httpx.AsyncClient` per worker, the same calls;
@@ -42,10 +42,10 @@ import aiohttp
 import httpx
 
 from bench.common import controller_daemon, median, plot, quiet_logs, report, table
-from harness.checkpoints import write_checkpoint
-from harness.controller import wait_reachable
-from harness.processes import controller_pids, cpu_seconds
-from harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import wait_reachable
+from rlcp.harness.processes import controller_pids, cpu_seconds
+from rlcp.harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
 AGENT_HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -61,7 +61,7 @@ def next_version(ckpts: list[Path]) -> tuple[str, Path]:
 
 # -- the controller ------------------------------------------------------------------------------
 class ControllerUnderTest:
-    """The controller as it is deployed: `python -m controlplane` (its API front and its core),
+    """The controller as it is deployed: `python -m rlcp.controlplane` (its API front and its core),
     in processes of its own, so its heap, collector settings and CPU are its own and the
     hand-rolled baselines keep this process's (a trainer's) defaults."""
 

@@ -1,17 +1,17 @@
 """`python -m bench.flavor_cycle`: one update cycle through the controller, per flavor.
 
-The same tiny Llama (`agents.tiny_model`) behind each flavor, two workers per fleet, each
+The same tiny Llama (`rlcp.harness.tiny_model`) behind each flavor, two workers per fleet, each
 fleet driven by its own in-process controller: `POST /v1/rl/update_weights` from disk,
 pause `keep`, verify on, alternating between two weight sets so every cycle really
 reloads. Figures are the medians of `--repeats` cycles, the flavors interleaved cycle by
 cycle so that load from others on the machine hits them alike, and reported as ratios to
 the `agent` flavor measured in the same run.
 
-- `agent`: `python -m agents` on a vLLM CPU engine (one admin call per step, readiness
+- `agent`: `python -m rlcp.agent` on a vLLM CPU engine (one admin call per step, readiness
   gated on the desired version);
-- `vllm`: stock `vllm serve` in dev mode (`harness.processes.VllmServeProcess`): status from
+- `vllm`: stock `vllm serve` in dev mode (`rlcp.harness.processes.VllmServeProcess`): status from
   five reads, the disk update composed of three calls;
-- `dynamo`: two workers of Dynamo 1.6.1's own software (`harness.dynamo`: Dynamo's runtime and
+- `dynamo`: two workers of Dynamo 1.6.1's own software (`rlcp.harness.dynamo`: Dynamo's runtime and
   its vLLM handler's RL routes over a vLLM CPU engine), as static specs with flavor dynamo:
   status from three reads, a reload refused unless paused first.
 """
@@ -29,9 +29,9 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.common import median, quiet_logs, table, write_json
-from controlplane.api.app import build_app
-from harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
-from harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
+from rlcp.controlplane.api.app import build_app
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
+from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
 
 AGENT_TOKEN = "bench-agent-token"
 # A fleet: (worker specs for the controller, the processes behind them, the workers' admin token).
@@ -59,7 +59,7 @@ def vllm_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
 
 
 def dynamo_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
-    from harness.dynamo import DynamoWorkerProcess, dynamo_target
+    from rlcp.harness.dynamo import DynamoWorkerProcess, dynamo_target
 
     target, kv = dynamo_target(), workdir / "kv"
     kv.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ async def cycle(client: TestClient, models: dict[str, Path], n: int) -> float:
 
 
 async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]:
-    from agents.tiny_model import make_model_family
+    from rlcp.harness.tiny_model import make_model_family
 
     models = make_model_family(workdir / "models")
     fleets: dict[str, Fleet] = {}

@@ -2,7 +2,7 @@
 
 Three processes: two upstream workers (a minimal aiohttp app answering `/v1/completions`
 with a fixed OpenAI-shaped body, so the worker costs next to nothing and the gateway's
-own cost shows), the standalone gateway (`python -m controlplane.gateway`, the same code
+own cost shows), the standalone gateway (`python -m rlcp.controlplane.gateway`, the same code
 as in the controller) following a fixed fleet state served by this process, and the load
 generator here. The gateway is pinned to CPU 0, everything else to CPU 1, so "on one core"
 is literal.
@@ -35,8 +35,8 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from harness.processes import REPO, cpu_seconds
-from rlcore.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.harness.processes import REPO, cpu_seconds
 
 BODY = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "tiny",
                    "choices": [{"index": 0, "text": " hello world", "logprobs": None, "finish_reason": "length"}],
@@ -148,7 +148,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         config = workdir / "gateway.yaml"
         config.write_text(json.dumps({"log_level": "error", "gateway": {
             "host": "127.0.0.1", "port": 0, "follow_url": f"http://127.0.0.1:{ctl_port}", "follow_interval_s": 1.0}}))
-        gateway = subprocess.Popen([*_pinned(0), sys.executable, "-m", "controlplane.gateway", "--config", str(config),
+        gateway = subprocess.Popen([*_pinned(0), sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config),
                                     "--port-file", str(gw_file)], cwd=REPO, env=env)
         gw_port = _wait_file(gw_file, gateway, "gateway")["port"]
         direct = f"http://127.0.0.1:{ports[0]}/v1/completions"

@@ -1,8 +1,8 @@
 """`python bench/load_state.py`: `GET /v1/rl/state` under load while update cycles run.
 
 Three kinds of process on loopback, as in production: a fleet of real agents on SimEngine
-(`harness.simfleet`: one process serving many agents, one port each), the controller daemon
-(`python -m controlplane`: its API front and the core behind it, the core's status poller
+(`rlcp.harness.simfleet`: one process serving many agents, one port each), the controller daemon
+(`python -m rlcp.controlplane`: its API front and the core behind it, the core's status poller
 reading every member each second), and this process, which runs the update cycles (the
 trainer: one `POST /v1/rl/update_weights` after the other, each a full pause -> load ->
 verify -> resume over the whole fleet) and the load generator (an aiohttp client, one
@@ -55,12 +55,12 @@ CTL_TOKEN = "load-ctl-token"
 DEFAULT_OUT = REPO / "bench" / "out" / "load_state.json"
 
 from bench.common import controller_daemon  # noqa: E402
-from harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
-from harness.controller import wait_reachable  # noqa: E402
-from harness.processes import controller_pids, cpu_seconds  # noqa: E402
-from harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
-from harness.simfleet import HostedFleet, raise_fd_limit  # noqa: E402
-from rlcore.heap import collector_paused  # noqa: E402
+from rlcp.core.heap import collector_paused  # noqa: E402
+from rlcp.harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
+from rlcp.harness.controller import wait_reachable  # noqa: E402
+from rlcp.harness.processes import controller_pids, cpu_seconds  # noqa: E402
+from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
+from rlcp.harness.simfleet import HostedFleet, raise_fd_limit  # noqa: E402
 
 
 # -- load and cycles ------------------------------------------------------------------------------------
@@ -94,7 +94,7 @@ LAG_METRIC = "rlcp_event_loop_lag_seconds"
 
 
 async def loop_lag(session: Any, url: str) -> dict[float, float]:
-    """The controller's event-loop lag histogram (`controlplane/loopwatch.py`), cumulative
+    """The controller's event-loop lag histogram (`rlcp/controlplane/loopwatch.py`), cumulative
     counts by upper bound, from its /metrics."""
     async with session.get(url + "/metrics") as resp:
         text = await resp.text()

@@ -1,6 +1,6 @@
 """`python -m bench.pause_latency`: how long a pause takes to quiesce a busy real vLLM CPU engine.
 
-A real agent (`python -m agents`, vLLM CPU engine, the tests' tiny Llama) serves
+A real agent (`python -m rlcp.agent`, vLLM CPU engine, the tests' tiny Llama) serves
 `--batch` streaming-free completions at once (`ignore_eos`, `--max-tokens` each) from its
 inference port; once all are running, `POST /pause?mode=` on its admin port is timed
 until it answers, which it does once the mode's condition holds (abort: every request
@@ -26,7 +26,7 @@ import aiohttp
 
 from bench.common import median, plot, quiet_logs, report, table
 from bench.vllm_agent import agent_config, start_agent
-from harness.checkpoints import make_models
+from rlcp.harness.checkpoints import make_models
 
 MODES = ("abort", "wait", "keep")
 

@@ -1,8 +1,8 @@
 """`python -m bench.state_endpoint`: `GET /v1/rl/state` of a controller with 1024 members.
 
-The real controller daemon (`python -m controlplane`, its own process, default status
+The real controller daemon (`python -m rlcp.controlplane`, its own process, default status
 poll every second) watches a fleet of real agents on SimEngine hosted in other
-processes (`harness.simfleet`); an aiohttp load generator in this process reads the
+processes (`rlcp.harness.simfleet`); an aiohttp load generator in this process reads the
 state at a fixed concurrency for a fixed time, each answer timed to its last byte. Three kinds
 of reader (`--readers`): `plain` takes the whole JSON each time, `gzip` asks for it compressed
 (aiohttp's default), `etag` also names the tag of the document it holds and gets 304 while
@@ -27,9 +27,9 @@ from typing import Any
 import aiohttp
 
 from bench.common import controller_daemon, median, plot, quiet_logs, report, table
-from harness.controller import wait_reachable
-from harness.simfleet import TOKEN, HostedFleet, raise_fd_limit
-from rlcore.heap import collector_paused
+from rlcp.core.heap import collector_paused
+from rlcp.harness.controller import wait_reachable
+from rlcp.harness.simfleet import TOKEN, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"
 
@@ -90,7 +90,7 @@ async def measure(url: str, n: int, concurrencies: list[int], duration_s: float,
                   readers: list[str]) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     # Timed to the last byte as sent: a reader's decompression is its own cost, and here it
-    # would delay the other clients. This process's collector is kept out (rlcore/heap.py).
+    # would delay the other clients. This process's collector is kept out (rlcp/core/heap.py).
     with collector_paused():
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             await wait_reachable(session, url, workers=n, timeout_s=120, headers={"Accept-Encoding": "identity"})

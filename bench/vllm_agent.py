@@ -1,13 +1,13 @@
-"""A real vLLM CPU agent for the benchmarks: `python -m agents` on a model made on the spot
-(`harness.checkpoints.make_models`), one subprocess with its vLLM engine, as in production
-(`harness.processes.AgentProcess`)."""
+"""A real vLLM CPU agent for the benchmarks: `python -m rlcp.agent` on a model made on the spot
+(`rlcp.harness.checkpoints.make_models`), one subprocess with its vLLM engine, as in production
+(`rlcp.harness.processes.AgentProcess`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from harness.processes import AgentProcess
+from rlcp.harness.processes import AgentProcess
 
 # About 125M parameters (500 MB in float32): hidden 768 over 12 heads (head_dim 64, above the
 # CPU attention backend's 32), 4 KV heads, 12 layers, vocab 32k, untied embeddings.

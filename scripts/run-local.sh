@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole system locally: N agents, the controller and a small
-# trainer loop pushing a weight version per step (python -m localfleet).
+# trainer loop pushing a weight version per step (python -m rlcp.localfleet).
 #   bash scripts/run-local.sh                 # real vLLM CPU engines on a tiny model made on the spot
 #   bash scripts/run-local.sh --sim           # simulated engines, seconds
 #   bash scripts/run-local.sh --keep-running  # keep the fleet up after the steps; Ctrl-C stops it all
@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
-exec .venv/bin/python -m localfleet "$@"
+exec .venv/bin/python -m rlcp.localfleet "$@"

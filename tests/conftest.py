@@ -9,13 +9,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.processes import AgentProcess
+from rlcp.harness.processes import AgentProcess
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny Llama (seed 1 = base weights), a second weight set (seed 2), two LoRAs."""
-    from agents.tiny_model import make_model_family
+    from rlcp.harness.tiny_model import make_model_family
 
     return make_model_family(tmp_path_factory.mktemp("models"))
 
@@ -28,7 +28,7 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
         "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny", "dtype": "float32",
                    "max_model_len": 1024, "gpu_memory_utilization": 0.2, "enforce_eager": True,
                    "enable_lora": True, "max_lora_rank": 8, "max_loras": 2,
-                   # This project's CPU weight-transfer backend (agents/weight_transfer), so
+                   # This project's CPU weight-transfer backend (rlcp/agent/weight_transfer), so
                    # the broadcast path runs end to end on these engines.
                    "extra_engine_args": {"weight_transfer_config": {"backend": "gloo"}}},
     }

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from harness.http import call
-from harness.processes import AgentProcess
+from rlcp.harness.http import call
+from rlcp.harness.processes import AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

@@ -8,9 +8,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_checkpoint
-from harness.http import call
-from harness.simfleet import TOKEN, SimAgent
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.http import call
+from rlcp.harness.simfleet import TOKEN, SimAgent
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.http import bearer, call
-from harness.simfleet import TOKEN, SimAgent
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.http import bearer, call
+from rlcp.harness.simfleet import TOKEN, SimAgent
 
 pytestmark = pytest.mark.timeout(60)
 

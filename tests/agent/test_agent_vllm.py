@@ -19,11 +19,11 @@ import aiohttp
 import pytest
 from safetensors.torch import load_file
 
-from agents.engine.vllm_engine import build_vllm_args
-from agents.engine.vllm_worker import AdapterChecksumsExtension
-from agents.settings import EngineSettings, InferenceSettings
-from harness.http import call
-from harness.processes import AgentProcess
+from rlcp.agent.engine.vllm_engine import build_vllm_args
+from rlcp.agent.engine.vllm_worker import AdapterChecksumsExtension
+from rlcp.agent.settings import EngineSettings, InferenceSettings
+from rlcp.harness.http import call
+from rlcp.harness.processes import AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -432,8 +432,8 @@ def test_the_workers_get_the_adapter_checksums_extension(tiny_models):
         engine = EngineSettings(model=str(tiny_models["base"]), extra_engine_args=extra)
         return build_vllm_args(engine, InferenceSettings())
 
-    assert args().worker_extension_cls == "agents.engine.vllm_worker.AdapterChecksumsExtension"
+    assert args().worker_extension_cls == "rlcp.agent.engine.vllm_worker.AdapterChecksumsExtension"
     own = f"{__name__}.{_ExtensionWithMore.__qualname__}"
     assert args(worker_extension_cls=own).worker_extension_cls == own
-    with pytest.raises(ValueError, match="must subclass agents.engine.vllm_worker.AdapterChecksumsExtension"):
+    with pytest.raises(ValueError, match="must subclass rlcp.agent.engine.vllm_worker.AdapterChecksumsExtension"):
         args(worker_extension_cls="collections.OrderedDict")

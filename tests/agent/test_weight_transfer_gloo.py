@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.http import call, free_port
-from harness.processes import REPO, AgentProcess
+from rlcp.harness.http import call, free_port
+from rlcp.harness.processes import REPO, AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -89,7 +89,7 @@ def _trainer_main() -> None:
     from transformers import LlamaForCausalLM
     from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
-    from agents.weight_transfer.cpu_gloo import GlooTrainerInitInfo, GlooWeightTransferUpdateInfo, register
+    from rlcp.agent.weight_transfer.cpu_gloo import GlooTrainerInitInfo, GlooWeightTransferUpdateInfo, register
 
     spec = json.loads(sys.argv[1])
     register()  # a trainer process runs no vLLM plugins

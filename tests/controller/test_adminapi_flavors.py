@@ -17,15 +17,21 @@ import pytest
 from aioresponses import CallbackResult, aioresponses
 from yarl import URL
 
-from controlplane.deadlines import DriverDeadlines
-from controlplane.workers.capabilities import capabilities
-from controlplane.workers.flavors.agent import AgentDriver
-from controlplane.workers.flavors.dynamo import DynamoDriver
-from controlplane.workers.flavors.vllm import VllmDriver
-from controlplane.workers.registry import make_driver
-from controlplane.workers.spec import WorkerSpec
-from controlplane.workers.transport import CallPolicy, HttpTransport, WorkerRejected, WorkerTimeout, WorkerUnreachable
-from rlcore.wire.agent import RequestCounts
+from rlcp.controlplane.deadlines import DriverDeadlines
+from rlcp.controlplane.workers.capabilities import capabilities
+from rlcp.controlplane.workers.flavors.agent import AgentDriver
+from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver
+from rlcp.controlplane.workers.flavors.vllm import VllmDriver
+from rlcp.controlplane.workers.registry import make_driver
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workers.transport import (
+    CallPolicy,
+    HttpTransport,
+    WorkerRejected,
+    WorkerTimeout,
+    WorkerUnreachable,
+)
+from rlcp.core.wire.agent import RequestCounts
 
 BASE = "http://w0:8101"
 POLICY = CallPolicy(timeout_s=0.5, attempts=3, backoff_initial_s=0.001, backoff_max_s=0.002)

@@ -26,21 +26,21 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.admin.app import build_admin_app
-from agents.admin.openapi import agent_document
-from agents.engine.sim import SimEngine
-from agents.service import AgentService
-from agents.settings import AgentSettings
-from agents.settings import load_settings as load_agent_settings
-from controlplane.api.app import build_app
-from controlplane.api.openapi import controller_document
-from controlplane.api.unsupported import REFUSED
-from controlplane.settings import load_settings as load_controller_settings
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import CTL_TOKEN, Ctl, controller_settings, start_controller
-from harness.simfleet import TOKEN, SimAgent, start_fleet
-from harness.waiting import wait_for
-from rlcore.openapi import MUTATING, OPENAPI_PATH
+from rlcp.agent.admin.app import build_admin_app
+from rlcp.agent.admin.openapi import agent_document
+from rlcp.agent.engine.sim import SimEngine
+from rlcp.agent.service import AgentService
+from rlcp.agent.settings import AgentSettings
+from rlcp.agent.settings import load_settings as load_agent_settings
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.api.unsupported import REFUSED
+from rlcp.controlplane.settings import load_settings as load_controller_settings
+from rlcp.core.openapi import MUTATING, OPENAPI_PATH
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, start_controller
+from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
+from rlcp.harness.waiting import wait_for
 
 REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
 
@@ -417,8 +417,8 @@ async def test_a_symlink_inside_the_roots_is_followed_not_refused(fleet, tmp_pat
 
 def test_path_checks_hold_without_a_shared_mount(tmp_path):
     """A controller that does not see the weights checks lexically; workers check links."""
-    from controlplane.api.errors import to_api_error
-    from controlplane.fleet.paths import check_path
+    from rlcp.controlplane.api.errors import to_api_error
+    from rlcp.controlplane.fleet.paths import check_path
 
     settings = controller_settings(tmp_path, [], allowed_roots=["/mnt/weights-not-mounted-here"])
     check = partial(check_path, roots=settings.allowed_roots)

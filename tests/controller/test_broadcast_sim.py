@@ -12,12 +12,12 @@ import asyncio
 
 import pytest
 
-from controlplane.workers.spec import WorkerSpec
-from harness.checkpoints import write_checkpoint
-from harness.controller import start_controller, update_body
-from harness.faults import Fault
-from harness.simfleet import SimAgent
-from harness.waiting import wait_for
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import start_controller, update_body
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}

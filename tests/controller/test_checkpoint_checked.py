@@ -14,11 +14,11 @@ import time
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import start_controller, update_body
-from harness.http import bearer, call
-from harness.simfleet import TOKEN, SimAgent, start_fleet
-from harness.waiting import wait_for
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import start_controller, update_body
+from rlcp.harness.http import bearer, call
+from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

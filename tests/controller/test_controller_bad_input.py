@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checkpoints import write_checkpoint
-from harness.controller import start_controller
-from harness.simfleet import start_fleet
-from harness.waiting import wait_for
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import start_controller
+from rlcp.harness.simfleet import start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,12 +15,12 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, start_controller, update_body
-from harness.faults import Fault
-from harness.simfleet import TOKEN, start_fleet
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import build_app
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, start_controller, update_body
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import TOKEN, start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -211,8 +211,8 @@ async def test_no_members_is_503(tmp_path):
 
 async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tmp_path):
     """A real agent process (SimEngine, slow loads) SIGKILLed during the update phase."""
-    from harness.http import free_port
-    from harness.processes import AgentProcess
+    from rlcp.harness.http import free_port
+    from rlcp.harness.processes import AgentProcess
 
     ckpt = write_checkpoint(tmp_path / "ckpt", 4)
     port = free_port()
@@ -258,8 +258,8 @@ async def test_listing_discovery_adds_and_removes_workers(tmp_path):
     """Members come from a GET /v1/rl/workers listing served over HTTP; the fleet changes under it."""
     from aiohttp import web
 
-    from controlplane.discovery.http_listing import render_listing
-    from controlplane.workers.spec import WorkerSpec
+    from rlcp.controlplane.discovery.http_listing import render_listing
+    from rlcp.controlplane.workers.spec import WorkerSpec
 
     ckpt = write_checkpoint(tmp_path / "ckpt", 6)
     agents = await start_fleet(3, [tmp_path])

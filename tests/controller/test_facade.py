@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import AUTH, start_controller
-from harness.faults import Fault
-from harness.simfleet import start_fleet
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import AUTH, start_controller
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import start_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,7 +89,7 @@ def vllm_admin_routes() -> set[tuple[str, str]]:
 
 
 def test_every_admin_route_of_vllm_is_answered_on_the_facade():
-    from controlplane.api.openapi import ROUTES
+    from rlcp.controlplane.api.openapi import ROUTES
 
     ours = {(r.method, r.path) for r in ROUTES}
     missing = vllm_admin_routes() - ours
@@ -98,7 +98,7 @@ def test_every_admin_route_of_vllm_is_answered_on_the_facade():
 
 
 async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(fleet):
-    from controlplane.api.unsupported import REFUSED
+    from rlcp.controlplane.api.unsupported import REFUSED
 
     ctl, agents, tmp_path = fleet
     assert await ctl.call("POST", "/init_broadcaster", {"host": "h", "port": 1}, headers={}) == (

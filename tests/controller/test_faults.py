@@ -1,5 +1,5 @@
-"""Faults with real processes: the controller (`python -m controlplane`) and SimEngine agents
-(`python -m agents`) run as separate processes on loopback, and the tests break them from
+"""Faults with real processes: the controller (`python -m rlcp.controlplane`) and SimEngine agents
+(`python -m rlcp.agent`) run as separate processes on loopback, and the tests break them from
 outside, as production breaks them:
 
 - an agent SIGKILLed in the middle of an update, then restarted on the same address;
@@ -28,15 +28,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_checkpoint
-from harness.controller import AUTH as CTL_AUTH
-from harness.controller import controller_config
-from harness.faults import FaultProxy
-from harness.figures import record_figures
-from harness.http import CONNECTION_ERRORS, call
-from harness.processes import AgentProcess, ControllerProcess, start_all
-from harness.simfleet import sim_agent_process as sim_agent
-from harness.waiting import wait_for
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import AUTH as CTL_AUTH
+from rlcp.harness.controller import controller_config
+from rlcp.harness.faults import FaultProxy
+from rlcp.harness.figures import record_figures
+from rlcp.harness.http import CONNECTION_ERRORS, call
+from rlcp.harness.processes import AgentProcess, ControllerProcess, start_all
+from rlcp.harness.simfleet import sim_agent_process as sim_agent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(150)
 LOAD = "update_weights_from_disk"
@@ -137,7 +137,7 @@ async def make_fleet(tmp_path: Path, http: aiohttp.ClientSession):
         latency = latency or {}
         ckpt = {seed: write_checkpoint(tmp_path / "weights" / f"seed-{seed}", seed) for seed in (1, 2, 3)}
         roots = [tmp_path / "weights"]
-        agents = {name: sim_agent(name, tmp_path / "agents", roots, op_latency_s=latency.get(name, 0.05))
+        agents = {name: sim_agent(name, tmp_path / "rlcp.agent", roots, op_latency_s=latency.get(name, 0.05))
                   for name in ("a0", "a1", "a2")}
         proxy = None
         if proxied is not None:

@@ -1,4 +1,4 @@
-"""The API front (`controlplane/front/`) of a real controller daemon over sim agents: reads
+"""The API front (`rlcp/controlplane/front/`) of a real controller daemon over sim agents: reads
 answered from its replica, writes proxied and then visible, and the front's behaviour when
 the core behind it stops, hangs or dies."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.controller import AUTH, controller_config, wait_reachable
-from harness.processes import ControllerProcess, controller_pids
-from harness.simfleet import start_fleet
-from harness.waiting import wait_for
-from rlcore.cached import parse_tag
+from rlcp.core.cached import parse_tag
+from rlcp.harness.controller import AUTH, controller_config, wait_reachable
+from rlcp.harness.processes import ControllerProcess, controller_pids
+from rlcp.harness.simfleet import start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -43,18 +43,18 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis.generation import GenerationMode
 
-from agents.admin.openapi import ROUTES as AGENT_ROUTES
-from agents.admin.openapi import agent_document
-from controlplane.api.app import CONTROLLER, GATEWAY, build_app
-from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
-from controlplane.api.openapi import controller_document
-from controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
-from controlplane.gateway.app import gateway_document
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import CTL_TOKEN, controller_settings
-from harness.live import LiveLoop, serve
-from harness.simfleet import TOKEN, SimAgent
-from harness.waiting import wait_for
+from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
+from rlcp.agent.admin.openapi import agent_document
+from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
+from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
+from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
+from rlcp.controlplane.gateway.app import gateway_document
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import CTL_TOKEN, controller_settings
+from rlcp.harness.live import LiveLoop, serve
+from rlcp.harness.simfleet import TOKEN, SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(900)]
 

@@ -1,6 +1,6 @@
 """Fuzz every route of both OpenAPI documents with schemathesis, against live servers.
 
-The controller runs over a fleet of two real agents on SimEngine (`harness/simfleet.py`); the
+The controller runs over a fleet of two real agents on SimEngine (`rlcp/harness/simfleet.py`); the
 agent is one real agent on SimEngine. Both are served on 127.0.0.1 from an event loop in a
 background thread, because schemathesis' client is synchronous. The documents are the ones
 the servers serve (tests/unit/test_openapi.py), loaded at collection: one test per operation.
@@ -44,20 +44,20 @@ import schemathesis
 from aiohttp import web
 from schemathesis.checks import not_a_server_error
 
-from agents.admin.openapi import ROUTES as AGENT_ROUTES
-from agents.admin.openapi import agent_document
-from controlplane.api.app import GATEWAY, build_app
-from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
-from controlplane.api.openapi import controller_document
-from controlplane.api.routes import CONTROLLER
-from controlplane.api.unsupported import REFUSED
-from controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
-from controlplane.gateway.app import gateway_document
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import CTL_TOKEN, controller_settings
-from harness.live import LiveLoop, serve
-from harness.simfleet import TOKEN, SimAgent, start_fleet
-from harness.waiting import wait_for
+from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
+from rlcp.agent.admin.openapi import agent_document
+from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
+from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.unsupported import REFUSED
+from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
+from rlcp.controlplane.gateway.app import gateway_document
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import CTL_TOKEN, controller_settings
+from rlcp.harness.live import LiveLoop, serve
+from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300)]
 
@@ -444,7 +444,7 @@ def test_the_fuzzing_reached_past_validation(controller, agent):
 
 # -- what the fuzzing found, pinned -------------------------------------------------------------------------
 async def test_fuzz_findings_stay_fixed(tmp_path):
-    from harness.controller import start_controller
+    from rlcp.harness.controller import start_controller
 
     agents = await start_fleet(1, [tmp_path])
     ctl = await start_controller(tmp_path, agents)

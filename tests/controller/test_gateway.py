@@ -13,13 +13,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controlplane.api.app import GATEWAY
-from controlplane.workers.spec import WorkerSpec
-from harness.checkpoints import write_checkpoint
-from harness.controller import AUTH, start_controller, update_body
-from harness.faults import Fault
-from harness.simfleet import SimAgent
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import AUTH, start_controller, update_body
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controlplane.api.app import GATEWAY
-from harness.controller import start_controller
-from harness.faults import Fault
-from harness.simfleet import SimAgent
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import GATEWAY
+from rlcp.harness.controller import start_controller
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""The standalone gateway (`python -m controlplane.gateway`, `rl-gateway`, what the chart runs
+"""The standalone gateway (`python -m rlcp.controlplane.gateway`, `rl-gateway`, what the chart runs
 as N replicas) as its own process, following a real controller's `GET /v1/rl/state` over HTTP:
 it serves from that state, its fence moves with the controller's updates, it holds requests
 through a pause and releases them on resume, and it refuses to start without a controller
@@ -16,18 +16,18 @@ from typing import Any
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_checkpoint
-from harness.controller import CTL_TOKEN, start_controller, update_body
-from harness.processes import REPO, ChildProcess, child_env
-from harness.simfleet import SimAgent
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import CTL_TOKEN, start_controller, update_body
+from rlcp.harness.processes import REPO, ChildProcess, child_env
+from rlcp.harness.simfleet import SimAgent
 
 pytestmark = pytest.mark.timeout(120)
 
 
 class GatewayProcess(ChildProcess):
-    """`python -m controlplane.gateway`; its ready file holds `{"port": N}`."""
+    """`python -m rlcp.controlplane.gateway`; its ready file holds `{"port": N}`."""
 
-    module = "controlplane.gateway"
+    module = "rlcp.controlplane.gateway"
     ready_flag = "--port-file"
 
     def __init__(self, config: dict[str, Any], workdir: Path) -> None:
@@ -145,6 +145,6 @@ async def test_a_replica_takes_its_own_token_and_the_controllers(tmp_path: Path)
 def test_without_a_controller_to_follow_it_refuses_to_start(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(json.dumps({"gateway": {"port": 0}}))
-    done = subprocess.run([sys.executable, "-m", "controlplane.gateway", "--config", str(config)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config)], cwd=REPO,
                           env=child_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "follow_url" in done.stderr

@@ -13,12 +13,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.gateway.app import build_gateway_app, new_session
-from controlplane.gateway.metrics import GatewayMetrics
-from controlplane.gateway.proxy import Gateway
-from controlplane.gateway.routing import Router
-from controlplane.settings import GatewaySettings
-from rlcore.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.controlplane.gateway.app import build_gateway_app, new_session
+from rlcp.controlplane.gateway.metrics import GatewayMetrics
+from rlcp.controlplane.gateway.proxy import Gateway
+from rlcp.controlplane.gateway.routing import Router
+from rlcp.controlplane.settings import GatewaySettings
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.api.routes import CONTROLLER
-from controlplane.controller import Controller
-from controlplane.settings import ControllerSettings
-from controlplane.workers.spec import WorkerSpec
-from harness.processes import REPO
-from harness.simfleet import TOKEN, start_fleet
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.controller import Controller
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.harness.processes import REPO
+from rlcp.harness.simfleet import TOKEN, start_fleet
 
 CTL_TOKEN = "ctl-token"
 

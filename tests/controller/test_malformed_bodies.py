@@ -18,15 +18,15 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from agents.admin.openapi import ROUTES as AGENT_ROUTES
-from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
-from controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
-from harness.checkpoints import write_checkpoint
-from harness.controller import AUTH, controller_config, update_body, wait_reachable
-from harness.http import bearer
-from harness.processes import ControllerProcess
-from harness.simfleet import TOKEN, SimAgent
-from harness.waiting import wait_for
+from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
+from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
+from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import AUTH, controller_config, update_body, wait_reachable
+from rlcp.harness.http import bearer
+from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.simfleet import TOKEN, SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,6 +1,6 @@
 """Operations and reconciliation without sockets: the controller's real operations, drivers,
 fan-out and reconciler against real agents (service and route handlers on SimEngine),
-connected by `MemoryTransport` (harness/memory.py). The wire itself is covered by the
+connected by `MemoryTransport` (rlcp/harness/memory.py). The wire itself is covered by the
 socket tests (test_controller_sim.py, test_adminapi_flavors.py); these pin down the logic,
 fast."""
 
@@ -11,19 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.api.errors import to_api_error
-from controlplane.errors import MissingCapability, PathOutsideRoots
-from controlplane.operations.broadcast import plan_ranks
-from controlplane.operations.lora import load_lora
-from controlplane.operations.pause import pause, resume
-from controlplane.operations.weights import update_weights
-from controlplane.reconcile.ratelimit import WorkerRateLimiter
-from controlplane.workers.spec import WorkerSpec
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import disk_update
-from harness.faults import Fault
-from harness.memory import MemoryFleet
-from rlcore.wire.controller import LoraRequest, PauseRequest, TransferInitRequest, UpdateWeightsRequest
+from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.errors import MissingCapability, PathOutsideRoots
+from rlcp.controlplane.operations.broadcast import plan_ranks
+from rlcp.controlplane.operations.lora import load_lora
+from rlcp.controlplane.operations.pause import pause, resume
+from rlcp.controlplane.operations.weights import update_weights
+from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.core.wire.controller import LoraRequest, PauseRequest, TransferInitRequest, UpdateWeightsRequest
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import disk_update
+from rlcp.harness.faults import Fault
+from rlcp.harness.memory import MemoryFleet
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,7 +209,7 @@ async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(fleet: 
 
 
 async def test_the_status_poll_skips_workers_an_update_just_heard_from(fleet: MemoryFleet, tmp_path: Path) -> None:
-    from controlplane.fleet.observer import observe_statuses
+    from rlcp.controlplane.fleet.observer import observe_statuses
 
     ctl = fleet.controller(tmp_path)
     await ctl.refresh()

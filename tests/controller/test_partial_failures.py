@@ -1,6 +1,6 @@
 """A partial failure answers when the operation ends, not after reading workers that already
 failed (`Run.answering`), and every failed worker carries a stable error code. Real agents on
-SimEngine behind `MemoryTransport` (harness/memory.py): a worker that dies in the middle of
+SimEngine behind `MemoryTransport` (rlcp/harness/memory.py): a worker that dies in the middle of
 an update and then answers nothing, as a killed or frozen pod does."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.operations.pause import pause
-from controlplane.operations.weights import update_weights
-from harness.controller import disk_update
-from harness.faults import Fault
-from harness.memory import MemoryFleet
-from rlcore.wire.controller import PauseRequest
+from rlcp.controlplane.operations.pause import pause
+from rlcp.controlplane.operations.weights import update_weights
+from rlcp.core.wire.controller import PauseRequest
+from rlcp.harness.controller import disk_update
+from rlcp.harness.faults import Fault
+from rlcp.harness.memory import MemoryFleet
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,4 +1,4 @@
-"""Discovery kind `ray` over a real Ray 2.60.0 head on loopback (harness/raycluster.py).
+"""Discovery kind `ray` over a real Ray 2.60.0 head on loopback (rlcp/harness/raycluster.py).
 
 A plain Ray driver (`ray.init(address=..., namespace=...)`, as an RL framework would) places
 detached named actors whose `__repr__` follows the convention (docs/ray.md) and points at real
@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controlplane.discovery.ray import RayActorSource, RayStateError
-from harness.controller import start_controller
-from harness.raycluster import RayHead
-from harness.simfleet import SimAgent
-from harness.waiting import wait_for
+from rlcp.controlplane.discovery.ray import RayActorSource, RayStateError
+from rlcp.harness.controller import start_controller
+from rlcp.harness.raycluster import RayHead
+from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.ray
 

@@ -1,4 +1,4 @@
-"""Request ids travel (`rlcore.tracing`): a trainer's `X-Request-ID` and `traceparent` reach
+"""Request ids travel (`rlcp.core.tracing`): a trainer's `X-Request-ID` and `traceparent` reach
 every worker call its update causes and every log line of it, through a real controller
 daemon (its front and its core) to real agents on SimEngine; the answer echoes the id; a
 call that brings none gets one made for it, carried the same way."""
@@ -12,11 +12,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from harness.checkpoints import write_checkpoint
-from harness.controller import AUTH, controller_config, update_body, wait_reachable
-from harness.processes import ControllerProcess
-from harness.simfleet import start_fleet
-from harness.waiting import wait_for
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import AUTH, controller_config, update_body, wait_reachable
+from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.simfleet import start_fleet
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,12 +9,12 @@ import sys
 import pytest
 import yaml
 
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import AUTH, CTL_TOKEN, start_controller
-from harness.faults import Fault
-from harness.http import free_port
-from harness.simfleet import start_fleet
-from rlclient.client import ControlPlaneClient, OperationFailed, RequestRejected
+from rlcp.client.client import ControlPlaneClient, OperationFailed, RequestRejected
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import AUTH, CTL_TOKEN, start_controller
+from rlcp.harness.faults import Fault
+from rlcp.harness.http import free_port
+from rlcp.harness.simfleet import start_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,7 +33,7 @@ async def fleet(tmp_path):
 
 async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlclient.cli", "--url", url, "--token", token, *args,
+        sys.executable, "-m", "rlcp.client.cli", "--url", url, "--token", token, *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""})
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     return proc.returncode, out.decode(), err.decode()
@@ -122,7 +122,7 @@ async def test_client_error_taxonomy(fleet):
 
 
 async def test_sync_client_one_call_per_step(fleet):
-    from rlclient.client import SyncControlPlaneClient
+    from rlcp.client.client import SyncControlPlaneClient
 
     url, ctl, agents, ckpt, _ = fleet
 

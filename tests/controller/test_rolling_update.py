@@ -1,5 +1,5 @@
 """Update strategies, the bubble report, manifests and detached updates, over real agents
-(service and handlers on SimEngine) connected in memory (harness/memory.py).
+(service and handlers on SimEngine) connected in memory (rlcp/harness/memory.py).
 
 What a rolling update promises: at most `max_unavailable` members out of service at once;
 the rest keep serving while a wave is updated; a failed wave stops the roll with the members
@@ -14,16 +14,16 @@ from typing import Any
 
 import pytest
 
-from controlplane.errors import Conflict
-from controlplane.fleet.desired import admitted_versions
-from controlplane.gateway.fence import fence
-from controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
-from controlplane.operations.weights import update_weights
-from harness.checkpoints import write_checkpoint
-from harness.controller import disk_update
-from harness.faults import Fault
-from harness.memory import MemoryFleet
-from rlcore.wire.controller import UpdateWeightsRequest
+from rlcp.controlplane.errors import Conflict
+from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.controlplane.gateway.fence import fence
+from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
+from rlcp.controlplane.operations.weights import update_weights
+from rlcp.core.wire.controller import UpdateWeightsRequest
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import disk_update
+from rlcp.harness.faults import Fault
+from rlcp.harness.memory import MemoryFleet
 
 pytestmark = pytest.mark.timeout(60)
 

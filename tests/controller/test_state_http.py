@@ -10,10 +10,10 @@ import gzip
 import aiohttp
 import pytest
 
-from controlplane.gateway.follow import FollowedState
-from harness.controller import CTL_TOKEN, start_controller
-from harness.simfleet import start_fleet
-from rlcore.wire.controller import FleetState
+from rlcp.controlplane.gateway.follow import FollowedState
+from rlcp.core.wire.controller import FleetState
+from rlcp.harness.controller import CTL_TOKEN, start_controller
+from rlcp.harness.simfleet import start_fleet
 
 pytestmark = pytest.mark.timeout(60)
 # The poll runs once, at start, here: the tests below count the changes they make themselves.
@@ -97,7 +97,7 @@ async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytes
 
 
 async def test_the_python_client_polls_with_its_tag(fleet) -> None:
-    from rlclient.client import ControlPlaneClient
+    from rlcp.client.client import ControlPlaneClient
 
     ctl, *_ = fleet
     statuses: list[int] = []

@@ -1,4 +1,4 @@
-"""Version names, one kernel type (`rlcore.wire.versions`): every route of the controller
+"""Version names, one kernel type (`rlcp.core.wire.versions`): every route of the controller
 that takes one refuses a name unsafe in an HTTP header with a 422 naming the field, before
 any worker is touched; and the gateway never answers 500 because of what a version is
 called, even one a worker reports that no request model saw."""
@@ -10,11 +10,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controlplane.api.app import GATEWAY
-from harness.checkpoints import write_adapter, write_checkpoint
-from harness.controller import start_controller, update_body
-from harness.simfleet import SimAgent
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import GATEWAY
+from rlcp.harness.checkpoints import write_adapter, write_checkpoint
+from rlcp.harness.controller import start_controller, update_body
+from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 

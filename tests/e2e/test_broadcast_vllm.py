@@ -1,6 +1,6 @@
 """Broadcast updates end to end: a trainer process, the controller, two real vLLM CPU engines.
 
-The trainer runs in its own process (`harness/trainer.py`): it loads a Llama with
+The trainer runs in its own process (`rlcp/harness/trainer.py`): it loads a Llama with
 transformers and broadcasts every parameter as rank 0 through vLLM's own trainer-side engine
 (`WeightTransferTrainerFactory.trainer_init` + `send_weights`) on this project's gloo
 backend. Its `VLLMWeightSyncClient` points at the controller, never at a worker: the
@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.api.routes import CONTROLLER
-from harness.controller import AUTH, CTL_TOKEN, controller_settings
-from harness.http import call, free_port
-from harness.trainer import run_trainer
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
+from rlcp.harness.http import call, free_port
+from rlcp.harness.trainer import run_trainer
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 PROMPT = "Weights move from the trainer to every engine in the fleet."

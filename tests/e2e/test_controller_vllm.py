@@ -6,11 +6,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.api.routes import CONTROLLER
-from harness.controller import AUTH, CTL_TOKEN, controller_settings
-from harness.http import call
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
+from rlcp.harness.http import call
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 PROMPT = "Weights move from the trainer to every engine in the fleet."

@@ -1,6 +1,6 @@
 """The `dynamo` flavor against Dynamo 1.6.1's own software: Dynamo's runtime (system port,
 TCP request plane, file discovery), Dynamo's own vLLM handler RL routes over a real vLLM CPU
-engine (harness/dynamo.py), and `python -m dynamo.frontend` listing it on `GET /v1/rl/workers`.
+engine (rlcp/harness/dynamo.py), and `python -m dynamo.frontend` listing it on `GET /v1/rl/workers`.
 The controller finds the worker only through that listing (`discovery.kind: http_listing`,
 flavor dynamo) and drives the cycle the worker's published routes allow; what they do not list
 (LoRA: the worker runs without it, as `dynamo.vllm` without --enable-lora; broadcast: not a
@@ -22,13 +22,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.workers.transport import WorkerRejected
-from harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
-from harness.dynamo import DynamoFrontendProcess, DynamoWorkerProcess, dynamo_target
-from harness.http import call
-from harness.processes import stop_all
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
+from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoWorkerProcess, dynamo_target
+from rlcp.harness.http import call
+from rlcp.harness.processes import stop_all
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

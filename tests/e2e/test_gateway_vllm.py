@@ -30,10 +30,10 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import CONTROLLER, GATEWAY, build_app
-from harness.controller import AUTH, CTL_TOKEN, controller_settings
-from harness.http import call
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
+from rlcp.harness.http import call
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 PROMPTS = ["Weights move from the trainer", "Every rollout names its weights", "The fleet pauses, loads",

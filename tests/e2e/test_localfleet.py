@@ -1,4 +1,4 @@
-"""The one-command local fleet (`python -m localfleet --sim`), run as a user runs it.
+"""The one-command local fleet (`python -m rlcp.localfleet --sim`), run as a user runs it.
 
 SimEngine agents keep these fast (seconds); the vLLM mode is the same code with another
 engine block in the agents' config, and is run by hand (see the module docstring).
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from harness.processes import REPO
+from rlcp.harness.processes import REPO
 
 pytestmark = pytest.mark.timeout(150)
 
 
 def _localfleet(workdir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "localfleet", "--sim", "--agents", "2", "--port", "0", "--gateway-port", "0",
+    return [sys.executable, "-m", "rlcp.localfleet", "--sim", "--agents", "2", "--port", "0", "--gateway-port", "0",
             "--workdir", str(workdir), *extra]
 
 

@@ -19,11 +19,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.settings import ControllerSettings
-from harness.figures import record_figures
-from harness.http import CompletionStream, call
-from harness.processes import AgentProcess
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.harness.figures import record_figures
+from rlcp.harness.http import CompletionStream, call
+from rlcp.harness.processes import AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

@@ -36,8 +36,8 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import GATEWAY, build_app
-from harness.controller import CTL_TOKEN, controller_settings
+from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.harness.controller import CTL_TOKEN, controller_settings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 

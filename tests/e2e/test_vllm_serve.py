@@ -18,13 +18,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from harness.checkpoints import write_checkpoint
-from harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
-from harness.http import CompletionStream, call, free_port
-from harness.processes import VllmServeProcess, stop_all
-from harness.trainer import run_trainer
-from harness.waiting import wait_for
+from rlcp.controlplane.api.app import build_app
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.harness.http import CompletionStream, call, free_port
+from rlcp.harness.processes import VllmServeProcess, stop_all
+from rlcp.harness.trainer import run_trainer
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -287,7 +287,7 @@ async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, 
 
 
 # -- broadcast through vLLM's RL routes --------------------------------------------------------------
-# The trainer of test_broadcast_vllm (harness/trainer.py): transformers' Llama broadcast as rank 0 by
+# The trainer of test_broadcast_vllm (rlcp/harness/trainer.py): transformers' Llama broadcast as rank 0 by
 # vLLM's own trainer-side engine on our gloo backend, its client pointed at the controller.
 async def test_a_trainer_broadcasts_through_vllms_rl_routes_on_stock_servers(http, servers, ctl, refs, tiny_models,
                                                                            tmp_path):

@@ -288,7 +288,7 @@ def wait_for_status(url: str, want: int, timeout_s: float, run: Sandboxed | None
 
 @dataclass
 class HostAgents:
-    """SimEngine agents (`python -m agents`) on this machine's venv, on loopback ports they pick."""
+    """SimEngine agents (`python -m rlcp.agent`) on this machine's venv, on loopback ports they pick."""
 
     workdir: Path
     token: str
@@ -306,7 +306,7 @@ class HostAgents:
             ports.unlink(missing_ok=True)
             with (self.workdir / f"agent-{i}.log").open("ab") as log:
                 self.procs.append(subprocess.Popen(
-                    [python, "-m", "agents", "--config", str(path), "--ports-file", str(ports)], cwd=REPO,
+                    [python, "-m", "rlcp.agent", "--config", str(path), "--ports-file", str(ports)], cwd=REPO,
                     env={**os.environ, "RLAGENT_ADMIN__TOKEN": self.token}, stdout=log, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, start_new_session=True))
             files.append(ports)

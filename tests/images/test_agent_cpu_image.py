@@ -56,7 +56,7 @@ def agent_cpu_image(tmp_path_factory: pytest.TempPathFactory) -> BuiltImage:
 
 def test_agent_cpu_image_serves_a_completion_from_a_read_only_root(agent_cpu_image: BuiltImage,
                                                                    tmp_path: Path) -> None:
-    from agents.tiny_model import make_model_family
+    from rlcp.harness.tiny_model import make_model_family
 
     config = agent_cpu_image.config
     assert config["User"] == f"{UID}:{GID}" and config["Entrypoint"] == ["rl-agent"]

@@ -8,9 +8,9 @@ import functools
 
 from kubernetes_asyncio import client
 
-from controlplane.k8s.client import make_api_client
-from controlplane.settings import KubernetesApiSettings
-from harness import waiting
+from rlcp.controlplane.k8s.client import make_api_client
+from rlcp.controlplane.settings import KubernetesApiSettings
+from rlcp.harness import waiting
 from tests.k8s.k8s_fake import FakeKubeApi
 
 NS = "rl"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from kubernetes_asyncio import client
 
-from controlplane.k8s.client import K8sConflict, K8sGone, K8sNotFound, K8sUnavailable, call, make_api_client
-from controlplane.settings import KubernetesApiSettings
+from rlcp.controlplane.k8s.client import K8sConflict, K8sGone, K8sNotFound, K8sUnavailable, call, make_api_client
+from rlcp.controlplane.settings import KubernetesApiSettings
 from tests.k8s.k8s_fake import FakeKubeApi
 from tests.k8s.k8s_support import NS, api_client
 

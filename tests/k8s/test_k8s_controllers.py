@@ -22,17 +22,17 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from controlplane.api.app import build_app
-from controlplane.api.routes import CONTROLLER
-from controlplane.controller import Controller, http_transports
-from controlplane.errors import NotLeader
-from controlplane.leadership.guard import Leadership
-from controlplane.persistence.memory import MemoryStore
-from controlplane.settings import ControllerSettings
-from harness.checkpoints import write_checkpoint
-from harness.faults import Fault
-from harness.simfleet import TOKEN, SimAgent, start_fleet
-from rlcore.wire.controller import DesiredState
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.controller import Controller, http_transports
+from rlcp.controlplane.errors import NotLeader
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.persistence.memory import MemoryStore
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.core.wire.controller import DesiredState
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
 from tests.k8s.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 from tests.k8s.k8s_support import NS, wait_for
 

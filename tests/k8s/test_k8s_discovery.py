@@ -15,10 +15,10 @@ import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
-from controlplane.discovery.base import Membership
-from controlplane.discovery.kubernetes import EndpointSliceSource, members_from_slices
-from controlplane.settings import KubernetesDiscoverySettings
-from controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.discovery.base import Membership
+from rlcp.controlplane.discovery.kubernetes import EndpointSliceSource, members_from_slices
+from rlcp.controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.workers.spec import WorkerSpec
 from tests.k8s.k8s_fake import FakeKubeApi, endpoint, endpoint_slice, pod
 from tests.k8s.k8s_support import NS, api_client, wait_for
 

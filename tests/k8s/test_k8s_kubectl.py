@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.discovery.kubernetes import EndpointSliceSource
-from controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.discovery.kubernetes import EndpointSliceSource
+from rlcp.controlplane.settings import KubernetesDiscoverySettings
 from tests.k8s.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 from tests.k8s.k8s_support import NS, api_client, wait_for
 

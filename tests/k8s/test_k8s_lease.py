@@ -14,11 +14,11 @@ import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
-from controlplane.api.errors import to_api_error
-from controlplane.errors import NotLeader
-from controlplane.leadership.guard import Leadership
-from controlplane.leadership.lease import LeaseElector
-from controlplane.settings import LeaderElectionSettings
+from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.errors import NotLeader
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.leadership.lease import LeaseElector
+from rlcp.controlplane.settings import LeaderElectionSettings
 from tests.k8s.k8s_fake import FakeKubeApi
 from tests.k8s.k8s_support import NS, api_client, wait_for
 

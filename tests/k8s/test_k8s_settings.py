@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from controlplane.settings import ControllerSettings, LeaderElectionSettings
+from rlcp.controlplane.settings import ControllerSettings, LeaderElectionSettings
 
 
 def test_the_charts_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:

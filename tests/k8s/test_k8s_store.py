@@ -12,11 +12,11 @@ import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
-from controlplane.api.errors import to_api_error
-from controlplane.errors import NotLeader, StoreConflict, StoreUnavailable
-from controlplane.leadership.guard import Leadership
-from controlplane.persistence.configmap import DATA_KEY, ConfigMapStore
-from rlcore.wire.controller import DesiredState
+from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.errors import NotLeader, StoreConflict, StoreUnavailable
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.persistence.configmap import DATA_KEY, ConfigMapStore
+from rlcp.core.wire.controller import DesiredState
 from tests.k8s.k8s_fake import FakeKubeApi
 from tests.k8s.k8s_support import NS, api_client, wait_for
 

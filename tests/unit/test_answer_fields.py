@@ -1,4 +1,4 @@
-"""The fields the agent adds to vLLM's answers (agents/engine/answer_fields.py), on the shapes
+"""The fields the agent adds to vLLM's answers (rlcp/agent/engine/answer_fields.py), on the shapes
 vLLM 0.32 writes: token names on tokens-mode logprobs that renderers' own parser accepts, and
 spans on a stream's finishing chunk. The real engine's answers: tests/e2e/test_trainer_clients.py."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from agents.engine.answer_fields import add_finished_spans, amend_events, amend_json, name_token_ids
+from rlcp.agent.engine.answer_fields import add_finished_spans, amend_events, amend_json, name_token_ids
 
 
 def tokens_answer(ids: list[int]) -> dict:

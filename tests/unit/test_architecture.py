@@ -18,31 +18,31 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlcore", "agents", "controlplane", "rlclient", "localfleet", "harness")
+PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")
 
 # Lowest first; a module may import its own layer and those below it.
 CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("controlplane.errors", "controlplane.settings", "controlplane.metrics", "controlplane.deadlines", "controlplane.loopwatch",
-     "controlplane.workers.spec", "controlplane.k8s"),
-    ("controlplane.workers",),
-    ("controlplane.discovery", "controlplane.persistence", "controlplane.leadership"),
-    ("controlplane.fleet", "controlplane.reconcile.plan"),
-    ("controlplane.operations",),
-    ("controlplane.reconcile",),
-    ("controlplane.controller",),
-    ("controlplane.supervisor", "controlplane.gateway"),
-    ("controlplane.api",),
-    ("controlplane.front",),
-    ("controlplane.__main__",),
+    ("rlcp.controlplane.errors", "rlcp.controlplane.settings", "rlcp.controlplane.metrics", "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch",
+     "rlcp.controlplane.workers.spec", "rlcp.controlplane.k8s"),
+    ("rlcp.controlplane.workers",),
+    ("rlcp.controlplane.discovery", "rlcp.controlplane.persistence", "rlcp.controlplane.leadership"),
+    ("rlcp.controlplane.fleet", "rlcp.controlplane.reconcile.plan"),
+    ("rlcp.controlplane.operations",),
+    ("rlcp.controlplane.reconcile",),
+    ("rlcp.controlplane.controller",),
+    ("rlcp.controlplane.supervisor", "rlcp.controlplane.gateway"),
+    ("rlcp.controlplane.api",),
+    ("rlcp.controlplane.front",),
+    ("rlcp.controlplane.__main__",),
 )
-VLLM_ALLOWED = ("agents.engine.vllm_engine", "agents.engine.vllm_inference", "agents.weight_transfer",
-                "harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
+VLLM_ALLOWED = ("rlcp.agent.engine.vllm_engine", "rlcp.agent.engine.vllm_inference", "rlcp.agent.weight_transfer",
+                "rlcp.harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
 
 
 def modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
-        for path in sorted((REPO / package).rglob("*.py")):
+        for path in sorted((REPO / package.replace(".", "/")).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             found[name] = path
@@ -136,12 +136,12 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
         return sorted(f"{m} -> {t}" for m, ts in edges.items() if m.split(".")[0] == prefix
                       for t in ts if t.split(".")[0] in forbidden)
 
-    assert offenders("rlcore", ("agents", "controlplane", "rlclient", "localfleet", "harness")) == []
-    assert offenders("controlplane", ("agents", "rlclient", "localfleet", "harness")) == []
-    assert offenders("agents", ("controlplane", "rlclient", "localfleet", "harness")) == []
-    assert offenders("rlclient", ("agents", "controlplane", "localfleet", "harness")) == []
+    assert offenders("rlcp.core", ("rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
+    assert offenders("rlcp.controlplane", ("rlcp.agent", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
+    assert offenders("rlcp.agent", ("rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
+    assert offenders("rlcp.client", ("rlcp.agent", "rlcp.controlplane", "rlcp.localfleet", "rlcp.harness")) == []
     # The product's packages; the harness may drive engines itself (a Dynamo worker over vLLM).
-    product = ("rlcore", "agents", "controlplane", "rlclient")
+    product = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client")
     vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
                   if t.split(".")[0] == "vllm" and m.split(".")[0] in product and not m.startswith(VLLM_ALLOWED))
     assert vllm == []

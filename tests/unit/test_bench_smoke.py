@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
     """A benchmark silences logging for its whole process, and structlog caches each logger
     on first use: run in-process here, that would leave every later test's logs empty."""
-    monkeypatch.setattr("rlcore.logs.configure_logging", lambda *args, **kwargs: None)
+    monkeypatch.setattr("rlcp.core.logs.configure_logging", lambda *args, **kwargs: None)
 
 
 def _outputs(out: Path, name: str) -> dict:

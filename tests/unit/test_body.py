@@ -1,11 +1,11 @@
-"""The kernel's body parser (`rlcore.body`) at its edges: what it must still accept."""
+"""The kernel's body parser (`rlcp.core.body`) at its edges: what it must still accept."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlcore.body import MAX_DEPTH, parse_json
-from rlcore.errors import BadRequestError
+from rlcp.core.body import MAX_DEPTH, parse_json
+from rlcp.core.errors import BadRequestError
 
 
 def test_depth_up_to_the_limit_is_accepted_and_one_more_is_a_400() -> None:

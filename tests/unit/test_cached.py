@@ -1,4 +1,4 @@
-"""`rlcore.cached`: a cached document answered as a 304, gzip or plain, from one generation's
+"""`rlcp.core.cached`: a cached document answered as a 304, gzip or plain, from one generation's
 bytes; the header parsing follows RFC 9110 (weak comparison for `If-None-Match`, q-values in
 `Accept-Encoding`)."""
 
@@ -9,7 +9,7 @@ import gzip
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from rlcore.cached import CachedBody, EntityTags, accepts_gzip, cached_response, none_match
+from rlcp.core.cached import CachedBody, EntityTags, accepts_gzip, cached_response, none_match
 
 
 @pytest.mark.parametrize(("header", "expected"), [

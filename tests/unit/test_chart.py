@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 import yaml
 
-from agents.settings import AgentSettings
-from agents.settings import load_settings as load_agent_settings
-from controlplane.settings import ControllerSettings
-from controlplane.settings import load_settings as load_controller_settings
+from rlcp.agent.settings import AgentSettings
+from rlcp.agent.settings import load_settings as load_agent_settings
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import load_settings as load_controller_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rl-controlplane"

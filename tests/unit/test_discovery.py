@@ -16,16 +16,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from controlplane.discovery.base import Membership
-from controlplane.discovery.http_listing import (
+from rlcp.controlplane.discovery.base import Membership
+from rlcp.controlplane.discovery.http_listing import (
     HttpListingSource,
     ListingError,
     parse_listing,
     render_listing,
 )
-from controlplane.discovery.polling import backoff_s
-from controlplane.discovery.static import StaticSource
-from controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.discovery.polling import backoff_s
+from rlcp.controlplane.discovery.static import StaticSource
+from rlcp.controlplane.workers.spec import WorkerSpec
 
 
 def spec(i: str, **kw: Any) -> WorkerSpec:

@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
-from controlplane.fleet.desired import admitted_versions
-from controlplane.gateway.balance import order, rank_for_session
-from controlplane.gateway.fence import fence, in_fence
-from controlplane.gateway.routing import Router, build_table
-from rlcore.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.controlplane.gateway.balance import order, rank_for_session
+from rlcp.controlplane.gateway.fence import fence, in_fence
+from rlcp.controlplane.gateway.routing import Router, build_table
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 
 
 def worker(wid: str, version: str | None, *, ready: bool = True, paused: bool | None = False,
@@ -123,7 +123,7 @@ class CountingSource:
 
 
 def test_router_rebuilds_only_when_the_generation_moves(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controlplane.gateway.routing as routing
+    import rlcp.controlplane.gateway.routing as routing
     builds = Counter()
     real = routing.build_table
 

@@ -1,5 +1,5 @@
-"""The controller's view of its own event loop (`controlplane/loopwatch.py`) and the frozen
-startup heap (`rlcore/heap.py`)."""
+"""The controller's view of its own event loop (`rlcp/controlplane/loopwatch.py`) and the frozen
+startup heap (`rlcp/core/heap.py`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from structlog.testing import capture_logs
 
-from controlplane.loopwatch import watch_loop_lag
-from rlcore.heap import YOUNG_THRESHOLD, collector_paused, settle
+from rlcp.controlplane.loopwatch import watch_loop_lag
+from rlcp.core.heap import YOUNG_THRESHOLD, collector_paused, settle
 
 
 def histogram() -> Histogram:

@@ -11,20 +11,20 @@ from aiohttp.test_utils import TestClient, TestServer
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 
-from agents.admin.app import build_admin_app
-from agents.admin.openapi import ROUTES as AGENT_ROUTES
-from agents.admin.openapi import agent_document
-from agents.engine.sim import SimEngine
-from agents.service import AgentService
-from agents.settings import AgentSettings
-from controlplane.api.app import build_app
-from controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
-from controlplane.api.openapi import controller_document
-from controlplane.settings import ControllerSettings
-from rlcore.errors import ErrorBody
-from rlcore.openapi import MUTATING, OPENAPI_PATH, Route, build_document, route_drift
-from rlcore.wire.agent import AgentState, DiskUpdateRequest
-from rlcore.wire.controller import FleetState, OperationResult, UpdateWeightsRequest
+from rlcp.agent.admin.app import build_admin_app
+from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
+from rlcp.agent.admin.openapi import agent_document
+from rlcp.agent.engine.sim import SimEngine
+from rlcp.agent.service import AgentService
+from rlcp.agent.settings import AgentSettings
+from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
+from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.core.errors import ErrorBody
+from rlcp.core.openapi import MUTATING, OPENAPI_PATH, Route, build_document, route_drift
+from rlcp.core.wire.agent import AgentState, DiskUpdateRequest
+from rlcp.core.wire.controller import FleetState, OperationResult, UpdateWeightsRequest
 
 pytestmark = pytest.mark.timeout(60)
 REF = "#/components/schemas/{model}"

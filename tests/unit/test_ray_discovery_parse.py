@@ -1,5 +1,5 @@
 """Ray discovery's pure parts on answers a real Ray 2.60.0 dashboard gave
-(`tests/unit/data/ray_actors.json`, captured with harness/raycluster.py), and the poller's
+(`tests/unit/data/ray_actors.json`, captured with rlcp/harness/raycluster.py), and the poller's
 failure handling against a real aiohttp server on 127.0.0.1 serving those answers. The
 whole path over a live Ray head is tests/controller/test_ray_discovery.py."""
 
@@ -17,12 +17,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from structlog.testing import capture_logs
 
-from controlplane.discovery.base import Membership
-from controlplane.discovery.factory import make_source
-from controlplane.discovery.ray import RayActorSource, RayStateError, parse_actors, query
-from controlplane.fleet.changes import ChangeCounter
-from controlplane.fleet.registry import NEVER_TOLD, FleetRegistry
-from controlplane.settings import ControllerSettings
+from rlcp.controlplane.discovery.base import Membership
+from rlcp.controlplane.discovery.factory import make_source
+from rlcp.controlplane.discovery.ray import RayActorSource, RayStateError, parse_actors, query
+from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.registry import NEVER_TOLD, FleetRegistry
+from rlcp.controlplane.settings import ControllerSettings
 
 ANSWERS = json.loads((Path(__file__).parent / "data" / "ray_actors.json").read_text())
 NAMED, UNNAMED = "rlcp-agent-0", "b01375f69c4a36c883370c7201000000"

@@ -1,12 +1,12 @@
 """rlctl's state table in an 80-column terminal keeps worker ids and versions whole and shows
-the gateway (pure rendering: `rlclient.render`, no controller needed)."""
+the gateway (pure rendering: `rlcp.client.render`, no controller needed)."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from rlclient.render import state_view
-from rlcore.wire.controller import FleetState
+from rlcp.client.render import state_view
+from rlcp.core.wire.controller import FleetState
 
 LONG_ID = "agent-rollout-pool-a-0017"
 LONG_VERSION = "step-000123-20261123T0915"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from agents.settings import load_settings as load_agent
-from controlplane.settings import load_settings as load_controller
+from rlcp.agent.settings import load_settings as load_agent
+from rlcp.controlplane.settings import load_settings as load_controller
 
 
 def test_env_overrides_yaml_and_nested_fields(tmp_path, monkeypatch):

@@ -11,10 +11,10 @@ import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
-from agents.engine.base import Engine, EngineError
-from agents.engine.sim import SimEngine, SimOutput
-from agents.engine.sim_inference import build_sim_inference_app
-from rlcore.wire.agent import RequestCounts
+from rlcp.agent.engine.base import Engine, EngineError
+from rlcp.agent.engine.sim import SimEngine, SimOutput
+from rlcp.agent.engine.sim_inference import build_sim_inference_app
+from rlcp.core.wire.agent import RequestCounts
 
 pytestmark = pytest.mark.asyncio
 

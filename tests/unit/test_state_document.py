@@ -9,13 +9,13 @@ from collections import Counter
 
 import pytest
 
-from controlplane.fleet import view as view_module
-from controlplane.fleet.changes import ChangeCounter
-from controlplane.fleet.registry import FleetRegistry
-from controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
-from controlplane.workers.fanout import Outcome
-from controlplane.workers.spec import WorkerSpec, WorkerStatus
-from rlcore.wire.controller import DesiredState, RequestCounts, WorkerResult
+from rlcp.controlplane.fleet import view as view_module
+from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.registry import FleetRegistry
+from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
+from rlcp.controlplane.workers.fanout import Outcome
+from rlcp.controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcp.core.wire.controller import DesiredState, RequestCounts, WorkerResult
 
 
 def seen(registry: FleetRegistry, wid: str, version: str | None, *, ok: bool = True) -> None:

@@ -1,4 +1,4 @@
-"""The one version-name type (`rlcore.wire.versions`) at its edges, and where a name no model
+"""The one version-name type (`rlcp.core.wire.versions`) at its edges, and where a name no model
 checked meets it: a desired state stored before the rule."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from controlplane.persistence.file import FileStore
-from rlcore.wire.versions import VERSION_MAX_LENGTH, VersionName, is_version_name
+from rlcp.controlplane.persistence.file import FileStore
+from rlcp.core.wire.versions import VERSION_MAX_LENGTH, VersionName, is_version_name
 
 NAMES = TypeAdapter(VersionName)
 

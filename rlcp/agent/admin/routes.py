@@ -1,0 +1,263 @@
+"""Admin routes: vLLM's RL route shapes at the root, this project's extras under /v1/agent.
+
+The root routes take and return exactly what `vllm/entrypoints/rl/online/api_router.py`
+does, so a client written for a vLLM RL server works against one agent. Handlers parse,
+call the service, and shape the answer; the service decides everything else.
+
+Each route is declared once, on its handler (`rlcp.core.openapi.RouteTable`): the app factory
+registers the handlers from `api`, and `rlcp.agent.admin.openapi` builds the document from the
+same declarations. Request models are the wire models the handlers parse; the small answers,
+which the handlers build as dicts, are described by models in `rlcp.core.wire.agent` too.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from rlcp.agent.service import AgentService
+from rlcp.core.errors import ValidationFailedError
+from rlcp.core.http import json_response, parse_body, validate
+from rlcp.core.openapi import RouteTable
+from rlcp.core.wire.agent import (
+    AbortedAnswer,
+    AbortRequestsRequest,
+    AgentState,
+    ChecksumsAnswer,
+    CompareAnswer,
+    DesiredVersionRequest,
+    DiskUpdatedAnswer,
+    DiskUpdateRequest,
+    FinishWeightUpdateRequest,
+    InitWeightTransferRequest,
+    IsPausedAnswer,
+    LoraInfo,
+    LoraLoadRequest,
+    MessageAnswer,
+    PauseQuery,
+    PrepareRequest,
+    ProbeAnswer,
+    StatusAnswer,
+    UnloadedAnswer,
+    UpdateWeightsRequest,
+    UpdateWeightVersionRequest,
+    VersionSetAnswer,
+    WeightCheckerRequest,
+    WeightInfoAnswer,
+    WeightsCheckAnswer,
+    WeightsCheckRequest,
+    WorldSizeAnswer,
+    WorldSizeQuery,
+)
+
+SERVICE = web.AppKey("service", AgentService)
+api = RouteTable()
+
+# The engine answers every primitive under a deadline: 502 it failed, 503 it is dead, 504 too slow;
+# 409 another mutating operation is running.
+_ENGINE = (409, 502, 503, 504)
+_VLLM, _EXTRA, _PROBES = "vLLM RL routes", "agent", "probes"
+
+
+def _service(request: web.Request) -> AgentService:
+    return request.app[SERVICE]
+
+
+# -- vLLM RL route shapes ------------------------------------------------------------
+@api.post("/pause", "Pause generation: abort, wait (drain) or keep (freeze) in-flight requests.",
+          query=PauseQuery, ok=StatusAnswer, errors=_ENGINE, tag=_VLLM)
+async def pause(request: web.Request) -> web.Response:
+    query = validate(PauseQuery, dict(request.query))
+    await _service(request).pause(query.mode, query.timeout_s)
+    return json_response({"status": "paused"})
+
+
+@api.post("/resume", "Resume generation; frozen requests continue.", ok=StatusAnswer, errors=_ENGINE, tag=_VLLM)
+async def resume(request: web.Request) -> web.Response:
+    await _service(request).resume()
+    return json_response({"status": "resumed"})
+
+
+@api.get("/is_paused", "Whether generation is paused.", ok=IsPausedAnswer, tag=_VLLM)
+async def is_paused(request: web.Request) -> web.Response:
+    return json_response({"is_paused": _service(request).paused})
+
+
+@api.post("/abort_requests", "Abort the named requests, or all of them.", body=AbortRequestsRequest,
+          body_optional=True, ok=AbortedAnswer, errors=_ENGINE, tag=_VLLM)
+async def abort_requests(request: web.Request) -> web.Response:
+    body = await parse_body(request, AbortRequestsRequest, allow_empty=True)
+    aborted = await _service(request).abort_requests(body.request_ids or None)
+    return json_response({"status": "aborted", "aborted": aborted})
+
+
+@api.post("/init_weight_transfer_engine", "Join the trainer's weight-transfer group.",
+          body=InitWeightTransferRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
+async def init_weight_transfer_engine(request: web.Request) -> web.Response:
+    body = await parse_body(request, InitWeightTransferRequest)
+    await _service(request).init_weight_transfer(body.init_info)
+    return json_response({"message": "Weight transfer initialized"})
+
+
+@api.post("/start_weight_update", "Open a weight update.", ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
+async def start_weight_update(request: web.Request) -> web.Response:
+    await _service(request).start_weight_update()
+    return json_response({"message": "Weight update started"})
+
+
+@api.post("/update_weights", "Receive one update chunk (or a list) over the group.",
+          body=UpdateWeightsRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
+async def update_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightsRequest)
+    await _service(request).update_weights(body.update_info)
+    return json_response({"message": "Weights updated"})
+
+
+@api.post("/finish_weight_update", "Close the update; name the weights; drop the prefix cache.",
+          body=FinishWeightUpdateRequest, body_optional=True, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
+async def finish_weight_update(request: web.Request) -> web.Response:
+    body = await parse_body(request, FinishWeightUpdateRequest, allow_empty=True)
+    await _service(request).finish_weight_update(body.weight_version)
+    return json_response({"message": "Weight update finished"})
+
+
+@api.post("/shutdown_weight_transfer_engine", "Leave the weight-transfer group.", ok=MessageAnswer,
+          errors=_ENGINE, tag=_VLLM)
+async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
+    await _service(request).shutdown_weight_transfer()
+    return json_response({"message": "Weight transfer shut down"})
+
+
+@api.post("/update_weight_version", "Name the weights the engine holds.", body=UpdateWeightVersionRequest,
+          ok=VersionSetAnswer, errors=_ENGINE, tag=_VLLM)
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightVersionRequest)
+    await _service(request).update_weight_version(body.new_version)
+    return json_response({"success": True, "new_version": body.new_version})
+
+
+@api.get("/weight_info", "The weight version.", ok=WeightInfoAnswer, tag=_VLLM)
+async def weight_info(request: web.Request) -> web.Response:
+    return json_response({"weight_version": _service(request).weight_version})
+
+
+@api.get("/get_world_size", "Inference ranks behind this engine.", query=WorldSizeQuery, ok=WorldSizeAnswer,
+         tag=_VLLM)
+async def get_world_size(request: web.Request) -> web.Response:
+    query = validate(WorldSizeQuery, dict(request.query))
+    return json_response({"world_size": _service(request).engine.world_size(query.include_dp)})
+
+
+@api.post("/weight_checker", "Weight checksums (the base weights and the adapters held): compute, reset (base "
+          "weights), or compare with a baseline.",
+          body=WeightCheckerRequest, ok=StatusAnswer | ChecksumsAnswer | CompareAnswer, errors=_ENGINE, tag=_VLLM)
+async def weight_checker(request: web.Request) -> web.Response:
+    body = await parse_body(request, WeightCheckerRequest)
+    service = _service(request)
+    if body.action == "reset":
+        await service.reset_weight_checker()
+        return json_response({"status": "reset"})
+    if body.action == "compare" and body.baseline is None:
+        raise ValidationFailedError("action='compare' requires a 'baseline' object", field="baseline")
+    checksums = await service.weight_checksums()
+    if body.action == "checksum":
+        return json_response({"checksums": checksums})
+    assert body.baseline is not None
+    mismatches = sorted(k for k in checksums.keys() | body.baseline.keys() if checksums.get(k) != body.baseline.get(k))
+    return json_response({"match": not mismatches, "mismatches": mismatches})
+
+
+# -- this project's extras -------------------------------------------------------------
+@api.get("/v1/agent/state", "Everything a controller needs from this agent, in one read.", ok=AgentState,
+         tag=_EXTRA)
+async def state(request: web.Request) -> web.Response:
+    return json_response(_service(request).state())
+
+
+@api.post("/v1/agent/weights/disk", "Reload every weight from a safetensors directory and name them.",
+          body=DiskUpdateRequest, ok=DiskUpdatedAnswer, errors=(403, *_ENGINE), tag=_EXTRA)
+async def update_weights_from_disk(request: web.Request) -> web.Response:
+    body = await parse_body(request, DiskUpdateRequest)
+    service = _service(request)
+    await service.update_weights_from_disk(body)
+    checksums = await service.weight_checksums() if body.checksums else None
+    return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
+
+
+@api.post("/v1/agent/weights/check", "Whether a disk load of this directory could start now (inside the roots, "
+          "every file too; there; readable; holding the model's tensors). Reads headers only; touches no engine.",
+          body=WeightsCheckRequest, ok=WeightsCheckAnswer, errors=(403,), tag=_EXTRA)
+async def check_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, WeightsCheckRequest)
+    if body.kind == "adapter":
+        adapter = await _service(request).check_adapter(body.path)
+        return json_response({"path": str(adapter), "files": 0, "tensors": 0})
+    path, summary = await _service(request).check_weights(body.path)
+    return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
+
+
+# An update in three calls (prepare, the disk load with its checksums, resume): each answers
+# what the controller would otherwise read in a call of its own.
+@api.post("/v1/agent/prepare", "Learn the desired weight version, then pause; answers the state.",
+          body=PrepareRequest, ok=AgentState, errors=(403, *_ENGINE), tag=_EXTRA)
+async def prepare(request: web.Request) -> web.Response:
+    body = await parse_body(request, PrepareRequest)
+    service = _service(request)
+    await service.prepare(body.desired_weight_version, body.mode, body.timeout_s, weights_path=body.weights_path)
+    return json_response(service.state())
+
+
+@api.post("/v1/agent/resume", "Resume generation; answers the state.", ok=AgentState, errors=_ENGINE, tag=_EXTRA)
+async def resume_reporting(request: web.Request) -> web.Response:
+    service = _service(request)
+    await service.resume()
+    return json_response(service.state())
+
+
+@api.post("/v1/agent/loras", "Load an adapter, or hot-swap the one under its name.", body=LoraLoadRequest,
+          ok=LoraInfo, errors=(403, *_ENGINE), tag=_EXTRA)
+async def load_lora(request: web.Request) -> web.Response:
+    body = await parse_body(request, LoraLoadRequest)
+    info = await _service(request).load_lora(body)
+    return json_response(info)
+
+
+@api.delete("/v1/agent/loras/{name}", "Remove an adapter from the engine (404 if none is loaded).",
+            ok=UnloadedAnswer, errors=_ENGINE, path_params={"name": {"type": "string", "minLength": 1}}, tag=_EXTRA)
+async def unload_lora(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    remaining = await _service(request).unload_lora(name)
+    return json_response({"status": "unloaded", "name": name, "engine_adapter_ids": sorted(remaining)})
+
+
+@api.put("/v1/agent/desired", "The fleet's desired weight version (readiness follows it).",
+         body=DesiredVersionRequest, ok=AgentState, tag=_EXTRA)
+async def set_desired(request: web.Request) -> web.Response:
+    body = await parse_body(request, DesiredVersionRequest)
+    service = _service(request)
+    service.set_desired_version(body.weight_version)
+    return json_response(service.state())
+
+
+@api.get("/healthz", "Liveness: 200 while the engine is alive.", ok=ProbeAnswer, answers={503: ProbeAnswer},
+         probe=True, tag=_PROBES)
+async def healthz(request: web.Request) -> web.Response:
+    service = _service(request)
+    alive = service.engine.is_alive()
+    return json_response({"status": "ok" if alive else "engine_dead"}, status=200 if alive else 503)
+
+
+@api.get("/readyz", "Readiness: 503 with the reason while not ready.", ok=ProbeAnswer, answers={503: ProbeAnswer},
+         probe=True, tag=_PROBES)
+async def readyz(request: web.Request) -> web.Response:
+    reason = _service(request).not_ready_reason()
+    if reason is None:
+        return json_response({"status": "ready"})
+    return json_response({"status": "not_ready", "reason": reason}, status=503)
+
+
+@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain", tag=_PROBES)
+async def metrics(request: web.Request) -> web.Response:
+    service = _service(request)
+    body = service.metrics.render(paused=service.paused, ready=service.not_ready_reason() is None,
+                                  requests=service.engine.request_counts())
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")

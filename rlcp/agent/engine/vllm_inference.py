@@ -1,0 +1,237 @@
+"""Inference port: vLLM's own OpenAI-compatible app, served on the agent's engine client.
+
+We do not rewrite the OpenAI server: `build_app` + `init_app_state` are the very
+functions `vllm serve` uses, pointed at the AsyncLLM this agent owns, so completions,
+chat, tokenize/detokenize, models and `return_token_ids` behave exactly as in vLLM.
+uvicorn runs in the agent's event loop; the agent, not uvicorn, owns the signals.
+
+Additions on the way out: a non-streamed answer carries `X-RL-Weight-Versions`, the
+engine's own record of which weights sampled which output tokens (vLLM tracks these spans
+per request but its OpenAI answers drop them); a stream carries them on the chunk that
+finishes each choice; and tokens-in/tokens-out logprob entries are named `"token_id:<id>"`
+for the clients that read them so (`answer_fields.py`). A request frozen by a keep-mode
+pause and resumed after an update says so there, rather than passing as the version it
+started on. And one check on the way in: a request that names the weights it expects
+(`X-RL-Expect-Weight-Version`, as the gateway sends) is refused 409 when these are others.
+
+vLLM's tokens-in/tokens-out route (`POST /inference/v1/generate`) is served too: the agent
+starts vLLM's app with its scale-out routes on (`build_vllm_args`), as `vllm serve
+--enable-scale-out` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import socket
+from argparse import Namespace
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from vllm.engine.protocol import EngineClient
+from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+from vllm.entrypoints.launchers.app import build_app
+
+from rlcp.agent.engine.answer_fields import Span, amend_events, amend_json
+from rlcp.core.wire.agent import (
+    EXPECT_VERSION_HEADER,
+    WEIGHT_VERSIONS_HEADER,
+    version_mismatch_body,
+    weight_versions_header,
+)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The agent's runner handles SIGINT/SIGTERM and shuts the whole agent down.
+        yield
+
+
+@dataclass
+class CallSpans:
+    """One engine request of an HTTP request (a batch of prompts makes several, started in
+    prompt order): how many choices it makes, and each finished choice's spans."""
+
+    n: int
+    by_index: dict[int, list[Span]] = field(default_factory=dict)
+
+
+# The spans of the request being answered. Set by `VersionedAnswers` for each HTTP request,
+# filled by `SpanRecordingClient.generate`, which vLLM's handlers call in the request's
+# context, so both see the same list.
+_SPANS: contextvars.ContextVar[list[CallSpans] | None] = contextvars.ContextVar("rl_weight_version_spans",
+                                                                               default=None)
+_SPANS_HEADER = WEIGHT_VERSIONS_HEADER.lower().encode()
+_EXPECT = EXPECT_VERSION_HEADER.lower().encode()
+_TOKENS_ROUTE = "/inference/v1/generate"  # vLLM's tokens-in/tokens-out: its logprob entries get names
+
+
+class SpanRecordingClient:
+    """The engine client vLLM's OpenAI handlers use, recording each finished choice's
+    weight-version spans for the answer; everything else is the engine's own."""
+
+    def __init__(self, inner: EngineClient) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        request_spans = _SPANS.get()
+        params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
+        mine = CallSpans(n=getattr(params, "n", None) or 1)
+        if request_spans is not None:
+            request_spans.append(mine)
+        # aclosing: when vLLM closes this generator (the client went away), the engine's own
+        # is closed at once, which aborts the request there.
+        async with contextlib.aclosing(self._inner.generate(*args, **kwargs)) as outputs:
+            async for out in outputs:
+                if out.finished:
+                    for choice in out.outputs:
+                        if choice.weight_versions:
+                            mine.by_index[choice.index] = [(s.version, s.start, s.end) for s in choice.weight_versions]
+                yield out
+
+
+def _spans_of(calls: list[CallSpans]) -> Callable[[int], list[Span] | None]:
+    """An answer's choice index -> its spans: vLLM numbers the choices of a batch's k-th
+    prompt from k * n."""
+    def spans_of(index: int) -> list[Span] | None:
+        for call in calls:
+            if index < call.n:
+                return call.by_index.get(index)
+            index -= call.n
+        return None
+    return spans_of
+
+
+class VersionedAnswers:
+    """ASGI middleware: refuses a request expecting other weights than these; adds the
+    recorded spans to the answer (`_AmendedAnswer`)."""
+
+    def __init__(self, app: Any, served_version: Callable[[], str | None]) -> None:
+        self.app = app
+        self.served_version = served_version
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        expected = next((v.decode() for k, v in scope["headers"] if k == _EXPECT), None)
+        if expected is not None and expected != (served := self.served_version()):
+            body = json.dumps(version_mismatch_body(expected, served)).encode()
+            await send({"type": "http.response.start", "status": 409,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        calls: list[CallSpans] = []
+        token = _SPANS.set(calls)
+        answer = _AmendedAnswer(send, calls, tokens_route=scope["path"] == _TOKENS_ROUTE)
+        try:
+            await self.app(scope, receive, answer.send)
+        finally:
+            _SPANS.reset(token)
+
+
+class _AmendedAnswer:
+    """The sending side of one answer, with the agent's additions:
+    - the spans, one list per choice, in `X-RL-Weight-Versions` when the headers go out after
+      generation finished (a non-streamed answer);
+    - in a stream, `weight_versions` on the chunk that finishes each choice (vLLM's
+      tokens-in/tokens-out stream sets it there itself);
+    - on the tokens-in/tokens-out route, logprob entries named `"token_id:<id>"`: a JSON
+      answer is held whole (it is sent in one piece anyway) and its length set again."""
+
+    def __init__(self, send: Any, calls: list[CallSpans], *, tokens_route: bool) -> None:
+        self._send, self._calls, self._tokens_route = send, calls, tokens_route
+        self._held_start: dict[str, Any] | None = None
+        self._held_body: list[bytes] = []
+        self._stream = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            await self._start(message)
+        elif message["type"] == "http.response.body" and self._held_start is not None:
+            self._held_body.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await self._send_held()
+        elif message["type"] == "http.response.body" and self._stream and message.get("body"):
+            spans_of = None if self._tokens_route else _spans_of(self._calls)
+            body = amend_events(message["body"], name_tokens=self._tokens_route, spans_of=spans_of)
+            await self._send({**message, "body": body})
+        else:
+            await self._send(message)
+
+    async def _start(self, message: dict[str, Any]) -> None:
+        headers = list(message.get("headers", []))
+        choices = [call.by_index[i] for call in self._calls for i in sorted(call.by_index)]
+        if choices:
+            headers.append((_SPANS_HEADER, weight_versions_header(choices).encode()))
+        message = {**message, "headers": headers}
+        content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
+        self._stream = content_type.startswith(b"text/event-stream")
+        if self._tokens_route and content_type.startswith(b"application/json"):
+            self._held_start = message
+            return
+        await self._send(message)
+
+    async def _send_held(self) -> None:
+        assert self._held_start is not None
+        start, body = self._held_start, b"".join(self._held_body)
+        self._held_start, self._held_body = None, []
+        amended = amend_json(body)
+        if amended is not None:
+            body = amended
+            start = {**start, "headers": [*((k, v) for k, v in start["headers"] if k.lower() != b"content-length"),
+                                          (b"content-length", str(len(body)).encode())]}
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body})
+
+
+class InferenceServer:
+    def __init__(self, engine_client: EngineClient, args: Namespace, *,
+                 served_version: Callable[[], str | None]) -> None:
+        self._engine_client = engine_client
+        self._served_version = served_version
+        self._args = args
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.state = None  # the FastAPI app state: openai_serving_models lives here
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        supported_tasks = await self._engine_client.get_supported_tasks()
+        app = build_app(self._args, supported_tasks, self._engine_client.model_config)
+        await init_app_state(SpanRecordingClient(self._engine_client), app.state, self._args, supported_tasks)
+        self.state = app.state
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(VersionedAnswers(app, self._served_version), log_level="warning", access_log=False, lifespan="on")
+        self._server = _Server(config)
+        # vLLM's engine-error handler reads it (as `vllm serve`'s launcher sets it): without
+        # it a request that meets a dead engine gets an AttributeError 500, not the engine's error.
+        app.state.server = self._server
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="inference-server")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the start-up error
+            await asyncio.sleep(0.02)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        if self._server is None or self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._task
+        except TimeoutError:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

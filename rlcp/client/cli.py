@@ -1,0 +1,235 @@
+"""`rlctl`: inspect and steer the fleet from a terminal.
+
+    rlctl state [--watch] [-o json|yaml]     rlctl pause --mode keep     rlctl resume
+    rlctl update-weights --version V --path P [--max-unavailable 25%] [--no-wait] [--manifest F]
+    rlctl lora load NAME PATH | unload NAME    rlctl workers    rlctl ops [show ID [--follow]]
+
+An update is followed with a progress bar (waves, workers updated) until it ends; with
+--no-wait, rlctl prints its id and leaves it running (`rlctl ops show ID --follow` picks it up).
+
+The controller URL and token come from --url/--token, then RLCTL_URL/RLCTL_TOKEN, then
+the config file (~/.config/rlctl/config.yaml: `url:` and `token:`). Exit codes: 0 ok,
+1 an operation failed on some workers, 2 the controller could not be used (unreachable,
+401, bad input) -- always one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.live import Live
+
+from rlcp.client.client import ControlPlaneClient, ControlPlaneError, OperationFailed
+from rlcp.client.render import (
+    operation_table,
+    operations_table,
+    progress_fields,
+    state_view,
+    update_progress,
+    workers_table,
+)
+from rlcp.core.wire.controller import OperationResult
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_CONFIG = Path.home() / ".config" / "rlctl" / "config.yaml"
+console = Console()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlctl", description="Inspect and steer an RL fleet's control plane.")
+    p.add_argument("--url", help=f"controller URL (env RLCTL_URL; default {DEFAULT_URL})")
+    p.add_argument("--token", help="API token (env RLCTL_TOKEN)")
+    p.add_argument("--config", type=Path, help=f"YAML with url/token (default {DEFAULT_CONFIG})")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument("--timeout", type=float, default=30.0, help="deadline of a read, in seconds")
+    sub = p.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("state", help="fleet summary and one row per worker")
+    st.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    st.add_argument("--interval", type=float, default=1.0, help="refresh interval, in seconds")
+    st.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # test seam: refreshes
+    sub.add_parser("workers", help="the members, as the controller lists them")
+    pa = sub.add_parser("pause", help="pause every member")
+    pa.add_argument("--mode", choices=("abort", "wait", "keep"), default="keep")
+    pa.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline to quiesce, seconds")
+    sub.add_parser("resume", help="resume every member")
+    up = sub.add_parser("update-weights", help="pause, load, verify, resume")
+    up.add_argument("--version", required=True)
+    up.add_argument("--path", required=True, help="safetensors directory every worker can read")
+    up.add_argument("--pause-mode", choices=("abort", "wait", "keep"), default="keep")
+    up.add_argument("--no-verify", action="store_true")
+    up.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline per phase, seconds")
+    up.add_argument("--max-unavailable", type=count_or_percent, default=None,
+                    help="roll in waves of this many members (a count, or a percentage like 25%%)")
+    up.add_argument("--no-wait", action="store_true", help="print the operation's id and leave it running")
+    up.add_argument("--manifest", type=Path, default=None,
+                    help="JSON file of the version's expected weight checksums ({name: sha256})")
+    lo = sub.add_parser("lora", help="load or unload an adapter fleet-wide")
+    lsub = lo.add_subparsers(dest="lora_command", required=True)
+    ll = lsub.add_parser("load")
+    ll.add_argument("name")
+    ll.add_argument("path")
+    ll.add_argument("--version")
+    lu = lsub.add_parser("unload")
+    lu.add_argument("name")
+    ops = sub.add_parser("ops", help="recent operations, or one of them")
+    ops.add_argument("--limit", type=int, default=20, help="how many, newest first (1-64)")
+    osub = ops.add_subparsers(dest="ops_command")
+    show = osub.add_parser("show", help="one operation, with a weight update's progress and bubble")
+    show.add_argument("id")
+    show.add_argument("--follow", action="store_true", help="follow it with a progress bar until it ends")
+    return p
+
+
+def count_or_percent(value: str) -> int | str:
+    """A rolling update's `max_unavailable` from the command line: `3` or `25%`."""
+    if value.endswith("%"):
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a count nor a percentage") from None
+
+
+def read_manifest(path: Path) -> dict[str, str]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ControlPlaneError(f"cannot read the manifest {path}: {exc}") from exc
+    if isinstance(data, dict) and isinstance(data.get("checksums"), dict):
+        data = data["checksums"]  # the shape `POST /weight_checker` answers
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ControlPlaneError(f"the manifest {path} is not a JSON object of tensor name -> checksum")
+    return data
+
+
+def connection(args: argparse.Namespace) -> tuple[str, str | None]:
+    config: dict[str, Any] = {}
+    path = args.config or (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    if path is not None:
+        try:
+            config = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ControlPlaneError(f"cannot read config {path}: {exc}") from exc
+    url = args.url or os.environ.get("RLCTL_URL") or config.get("url") or DEFAULT_URL
+    token = args.token or os.environ.get("RLCTL_TOKEN") or config.get("token")
+    return url, token
+
+
+def emit(data: Any, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+
+
+async def show_operation(result: OperationResult, fmt: str) -> None:
+    if fmt == "table":
+        console.print(operation_table(result))
+    else:
+        emit(result.model_dump(mode="json"), fmt)
+
+
+async def run_operation(client: ControlPlaneClient, call: Any, fmt: str) -> int:
+    """Run one fleet operation; 0 when ok, 1 when some worker failed (the table says which)."""
+    try:
+        result = await call
+    except OperationFailed as exc:
+        await show_operation(exc.result, fmt)
+        return 1
+    await show_operation(result, fmt)
+    return 0
+
+
+async def follow(client: ControlPlaneClient, op: OperationResult, fmt: str, *, poll_s: float = 0.3) -> int:
+    """Follow a running operation to its end, with a progress bar on a terminal table; 0 when
+    every worker ended ok, 1 when some failed (the table says which)."""
+    if fmt != "table":
+        return await run_operation(client, client.wait_operation(op.id, poll_s=poll_s), fmt)
+    with update_progress(console) as bar:
+        task = bar.add_task(op.kind, total=None, note="")
+        return await run_operation(client, client.wait_operation(
+            op.id, poll_s=poll_s, on_update=lambda now: bar.update(task, **progress_fields(now))), fmt)
+
+
+async def run(args: argparse.Namespace) -> int:
+    url, token = connection(args)
+    async with ControlPlaneClient(url, token=token, timeout_s=args.timeout) as client:
+        match args.command:
+            case "state":
+                return await state(client, args)
+            case "workers":
+                body = await client.workers()
+                console.print(workers_table(body)) if args.output == "table" else emit(body, args.output)
+                return 0
+            case "pause":
+                return await run_operation(client, client.pause(args.mode, args.op_timeout), args.output)
+            case "resume":
+                return await run_operation(client, client.resume(), args.output)
+            case "update-weights":
+                manifest = read_manifest(args.manifest) if args.manifest else None
+                started = await client.update_weights(
+                    args.version, args.path, pause_mode=args.pause_mode, verify=not args.no_verify,
+                    timeout_s=args.op_timeout, max_unavailable=args.max_unavailable, wait=False,
+                    expected_checksums=manifest)
+                if args.no_wait:
+                    console.print(started.id) if args.output == "table" else emit(started.model_dump(mode="json"),
+                                                                                 args.output)
+                    return 0
+                return await follow(client, started, args.output)
+            case "lora":
+                call = (client.load_lora(args.name, args.path, args.version) if args.lora_command == "load"
+                        else client.unload_lora(args.name))
+                return await run_operation(client, call, args.output)
+            case "ops" if args.ops_command == "show":
+                op = await client.operation(args.id)
+                if args.follow and op.status == "running":
+                    return await follow(client, op, args.output)
+                await show_operation(op, args.output)
+                return 0 if op.status in ("ok", "running") else 1
+            case "ops":
+                ops = await client.operations(args.limit)
+                if args.output == "table":
+                    console.print(operations_table(ops))
+                else:
+                    emit([op.model_dump(mode="json") for op in ops], args.output)
+                return 0
+    raise AssertionError(args.command)
+
+
+async def state(client: ControlPlaneClient, args: argparse.Namespace) -> int:
+    if args.output != "table":
+        emit(await client.state_raw(), args.output)
+        return 0
+    if not args.watch:
+        console.print(state_view(await client.state()))
+        return 0
+    refreshes = 0
+    with Live(state_view(await client.state()), console=console, auto_refresh=False) as live:
+        while args.count is None or refreshes < args.count:
+            await asyncio.sleep(args.interval)
+            live.update(state_view(await client.state()), refresh=True)
+            refreshes += 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(run(args))
+    except ControlPlaneError as exc:
+        print(f"rlctl: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0 if args.command == "state" else 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

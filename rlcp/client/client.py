@@ -1,0 +1,321 @@
+"""Python client of the controller API, for trainers (one call per step) and for rlctl.
+
+    ControlPlaneError
+    ├── ControllerUnreachable   connect error or deadline (names the URL)
+    ├── AuthError               401: missing or wrong token
+    ├── RequestRejected         4xx: carries status, code, field, message
+    ├── OperationFailed         207/502: carries the OperationResult, every worker's result
+    └── ConvergeTimeout         wait_converged ran out of time (names the workers behind)
+
+Every call has a deadline. `SyncControlPlaneClient` wraps the async client for code
+without an event loop (a training script). `ControllerWeightSyncClient` is vLLM's
+`VLLMWeightSyncClient` protocol over the controller: hand it to a vLLM trainer-side
+weight transfer engine and one broadcast from the trainer updates the whole fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+
+from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.controller import FleetState, OperationResult
+
+T = TypeVar("T")
+_LONG_S = 1800.0  # an update transaction: a weight load per worker plus pause and verify
+
+
+class ControlPlaneError(Exception):
+    pass
+
+
+class ControllerUnreachable(ControlPlaneError):
+    pass
+
+
+class AuthError(ControlPlaneError):
+    pass
+
+
+class RequestRejected(ControlPlaneError):
+    def __init__(self, status: int, code: str, message: str, field: str | None) -> None:
+        where = f" field {field!r}" if field else ""
+        super().__init__(f"rejected ({status}){where}: {message}")
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class OperationFailed(ControlPlaneError):
+    def __init__(self, result: OperationResult) -> None:
+        failed = [f"{r.worker_id} ({r.phase}: {r.message})" for r in result.results
+                  if r.status in ("error", "timeout")]
+        super().__init__(f"{result.kind} {result.status}: failed on {', '.join(failed) or 'no worker'}")
+        self.result = result
+
+
+class ConvergeTimeout(ControlPlaneError):
+    pass
+
+
+class ControlPlaneClient:
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session = session
+        self._owns_session = session is None
+        # The last state document and its ETag: a poll of an unchanged state is a 304, no body.
+        self._state: tuple[str, dict] | None = None
+
+    async def __aenter__(self) -> ControlPlaneClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None,
+                       etag: str | None = None, answer: dict | None = None) -> Any:
+        if self._session is None:
+            # No session-wide limit: each call has its own deadline, and an update
+            # transaction may rightly take longer than aiohttp's default 300 s.
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        url = self.base_url + path
+        deadline = timeout_s or self.timeout_s
+        try:
+            async with asyncio.timeout(deadline):
+                headers = self._headers | ({"If-None-Match": etag} if etag else {})
+                async with self._session.request(method, url, json=body, headers=headers) as resp:
+                    status = resp.status
+                    data = None if status == 304 else await resp.json(content_type=None)
+                    if answer is not None:
+                        answer["etag"] = resp.headers.get("ETag")
+        except TimeoutError as exc:
+            raise ControllerUnreachable(f"the controller at {self.base_url} did not answer within {deadline:g}s") \
+                from exc
+        except aiohttp.ClientError as exc:
+            raise ControllerUnreachable(f"cannot reach the controller at {self.base_url}: {exc}") from exc
+        except ValueError as exc:
+            raise ControlPlaneError(f"{method} {path}: the controller answered {status} without JSON") from exc
+        if status == 401:
+            raise AuthError("unauthorized: missing or wrong token")
+        if status in (207, 502) and isinstance(data, dict) and "results" in data:
+            raise OperationFailed(OperationResult.model_validate(data))
+        if status >= 400:
+            err = (data or {}).get("error", {}) if isinstance(data, dict) else {}
+            raise RequestRejected(status, err.get("code", "error"), err.get("message", str(data)), err.get("field"))
+        return data
+
+    # -- reads -------------------------------------------------------------------------
+    async def state(self) -> FleetState:
+        return FleetState.model_validate(await self.state_raw())
+
+    async def state_raw(self) -> dict:
+        """The state document; polled again, a 304 when it has not changed (`If-None-Match`)."""
+        answer: dict[str, Any] = {}
+        data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None,
+                                   answer=answer)
+        if data is None and self._state is not None:  # 304: unchanged
+            return self._state[1]
+        if answer.get("etag"):
+            self._state = (answer["etag"], data)
+        return data
+
+    async def workers(self) -> dict:
+        return await self._request("GET", "/v1/rl/workers")
+
+    async def operations(self, limit: int = 64) -> list[OperationResult]:
+        body = await self._request("GET", f"/v1/rl/operations?limit={limit}")
+        return [OperationResult.model_validate(op) for op in body["operations"]]
+
+    # -- operations ----------------------------------------------------------------------
+    async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None) -> OperationResult:
+        body: dict[str, Any] = {"mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {})
+        return OperationResult.model_validate(
+            await self._request("POST", "/v1/rl/pause", body, timeout_s=(timeout_s or 60) + 30))
+
+    async def resume(self) -> OperationResult:
+        return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", {}))
+
+    async def update_weights(self, version: str, path: str, *, pause_mode: PauseMode = "keep", verify: bool = True,
+                             timeout_s: float | None = None, max_unavailable: int | str | None = None,
+                             wait: bool = True, expected_checksums: dict[str, str] | None = None) -> OperationResult:
+        """One training step's update: pause, load, verify, resume. Raises OperationFailed on 207/502.
+
+        `max_unavailable` (a count or "25%") makes it a rolling update. `wait=False` returns the
+        running operation at once; follow it with `wait_operation`."""
+        body: dict[str, Any] = {"version": version, "source": {"kind": "disk", "path": path},
+                                "pause_mode": pause_mode, "verify": verify, "wait": wait}
+        if timeout_s:
+            body["timeout_s"] = timeout_s
+        if max_unavailable is not None:
+            body["strategy"] = {"type": "rolling", "max_unavailable": max_unavailable}
+        if expected_checksums is not None:
+            body["expected_checksums"] = expected_checksums
+        deadline = timeout_s * 4 + 30 if timeout_s and wait else (_LONG_S if wait else None)
+        return OperationResult.model_validate(await self._request("POST", "/v1/rl/update_weights", body, deadline))
+
+    async def operation(self, operation_id: str) -> OperationResult:
+        from urllib.parse import quote
+
+        return OperationResult.model_validate(
+            await self._request("GET", f"/v1/rl/operations/{quote(operation_id, safe='')}"))
+
+    async def wait_operation(self, operation_id: str, *, poll_s: float = 0.5, timeout_s: float | None = None,
+                             on_update: Callable[[OperationResult], None] | None = None) -> OperationResult:
+        """Poll an operation until it ends; `on_update` sees each read. Raises OperationFailed
+        when some worker failed, ConvergeTimeout past `timeout_s`."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            op = await self.operation(operation_id)
+            if on_update is not None:
+                on_update(op)
+            if op.status != "running":
+                if op.status in ("partial", "failed"):
+                    raise OperationFailed(op)
+                return op
+            if deadline is not None and time.monotonic() > deadline:
+                raise ConvergeTimeout(f"operation {operation_id} still running after {timeout_s:g}s")
+            await asyncio.sleep(poll_s)
+
+    async def load_lora(self, name: str, path: str, version: str | None = None) -> OperationResult:
+        body = {"name": name, "path": path, "version": version}
+        return OperationResult.model_validate(await self._request("POST", "/v1/rl/loras", body, _LONG_S))
+
+    async def unload_lora(self, name: str) -> OperationResult:
+        from urllib.parse import quote
+
+        return OperationResult.model_validate(await self._request("DELETE", f"/v1/rl/loras/{quote(name, safe='')}"))
+
+    # -- broadcast updates (vLLM's weight-transfer protocol, fleet-wide) ---------------------
+    async def transfer_info(self) -> dict:
+        """`inference_world_size`, `trainer_world_size` (what the trainer's init_info needs) and the group."""
+        return await self._request("GET", "/v1/rl/weight_transfer")
+
+    async def transfer_init(self, init_info: dict[str, Any], *, timeout_s: float = _LONG_S) -> OperationResult:
+        """Every worker joins the trainer's group; returns once all have (the trainer joins beside it)."""
+        return await self._op("POST", "/v1/rl/weight_transfer/init", {"init_info": init_info}, timeout_s)
+
+    async def transfer_start(self, *, timeout_s: float = _LONG_S) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/start", {}, timeout_s)
+
+    async def transfer_update(self, update_info: dict[str, Any] | list[dict[str, Any]], *,
+                              timeout_s: float = _LONG_S) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/update", {"update_info": update_info}, timeout_s)
+
+    async def transfer_finish(self, weight_version: str | None = None, *, checkpoint_path: str | None = None,
+                              timeout_s: float = _LONG_S) -> OperationResult:
+        """Ends the update; `checkpoint_path` names a disk copy of these weights for workers that join later."""
+        body = {k: v for k, v in (("weight_version", weight_version), ("checkpoint_path", checkpoint_path)) if v}
+        return await self._op("POST", "/v1/rl/weight_transfer/finish", body, timeout_s)
+
+    async def transfer_shutdown(self) -> OperationResult:
+        return await self._op("POST", "/v1/rl/weight_transfer/shutdown", {}, None)
+
+    async def _op(self, method: str, path: str, body: Any, timeout_s: float | None) -> OperationResult:
+        return OperationResult.model_validate(await self._request(method, path, body, timeout_s))
+
+    async def wait_converged(self, version: str | None = None, *, timeout_s: float = 300.0,
+                             poll_s: float = 0.5) -> FleetState:
+        """Poll until every member is at the desired state (and at `version`, if given)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = await self.state()
+            if st.applied.converged and (version is None or st.applied.weight_version == version):
+                return st
+            if time.monotonic() > deadline:
+                behind = [w.id for w in st.workers if not w.ready or (version and w.weight_version != version)]
+                raise ConvergeTimeout(f"not converged after {timeout_s:g}s; behind: {', '.join(behind) or 'none'}")
+            await asyncio.sleep(poll_s)
+
+
+class SyncControlPlaneClient:
+    """The same calls, blocking: an event loop of its own on a daemon thread."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="controlplane-client", daemon=True)
+        self._thread.start()
+        self._client = ControlPlaneClient(base_url, token=token, timeout_s=timeout_s)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        self._run(self._client.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> SyncControlPlaneClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._client, name)
+        if not asyncio.iscoroutinefunction(method):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self._run(method(*args, **kwargs))
+
+
+class ControllerWeightSyncClient:
+    """vLLM's `VLLMWeightSyncClient` (a structural protocol) backed by the controller.
+
+        engine = WeightTransferTrainerFactory.trainer_init(
+            init_info, client=ControllerWeightSyncClient(url, token=token), source=ModuleSource(model))
+        engine.send_weights(weight_version="step-7")
+
+    The trainer's `init_info.world_size` must be `trainer_world_size()`. Each call raises
+    `OperationFailed` (with every worker's result) when any worker fails its part; the
+    controller has then ended the update and said which worker failed in which phase.
+    Calls may come from several threads at once (a trainer engine runs `update_weights`
+    beside its broadcast). `last_result` holds the latest operation result.
+    """
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = _LONG_S,
+                 checkpoint_path: str | None = None) -> None:
+        self._client = SyncControlPlaneClient(base_url, token=token, timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+        self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
+        self.last_result: OperationResult | None = None
+
+    def trainer_world_size(self) -> int:
+        return int(self._client.transfer_info()["trainer_world_size"])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+
+    def start_weight_update(self) -> None:
+        self.last_result = self._client.transfer_start(timeout_s=self.timeout_s)
+
+    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+        self.last_result = self._client.transfer_update(update_info, timeout_s=self.timeout_s)
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.last_result = self._client.transfer_finish(weight_version, checkpoint_path=self.checkpoint_path,
+                                                        timeout_s=self.timeout_s)
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self.last_result = self._client.transfer_shutdown()
+
+    def state(self) -> FleetState:
+        return self._client.state()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> ControllerWeightSyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

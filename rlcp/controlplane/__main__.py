@@ -1,0 +1,87 @@
+"""`rl-controlplane` / `python -m rlcp.controlplane`: run the controller daemon.
+
+By default (`api.front: true`) the daemon is two processes: the front on the public port and
+the core behind it (`rlcp/controlplane/front/`); `--core` is how the front starts the core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl-controlplane", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, help="YAML settings file (env RLCP_* overrides it)")
+    parser.add_argument("--port-file", type=Path, help="write the bound API port here once serving")
+    parser.add_argument("--core", action="store_true",
+                        help="run as the core behind a front (internal: stops when stdin closes)")
+    args = parser.parse_args(argv)
+
+    from rlcp.controlplane.settings import load_settings
+    from rlcp.core.logs import configure_logging
+
+    try:
+        settings = load_settings(args.config)
+        token = settings.api.resolved_token()
+        settings.workers.resolved_token()
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"rl-controlplane: bad settings: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+
+    import structlog
+    from aiohttp import web
+
+    from rlcp.controlplane.api.app import build_app
+    from rlcp.controlplane.front.daemon import CoreStartFailed, serve, write_port_file
+    from rlcp.core.heap import settle
+
+    def stop_on_signals() -> asyncio.Event:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        return stop
+
+    async def core() -> int:
+        stop = stop_on_signals()
+        if args.core:
+            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone
+        runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.api.host, settings.api.port)
+        await site.start()
+        port = runner.addresses[0][1]
+        write_port_file(args.port_file, port)
+        frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
+        structlog.get_logger("rlcp.controlplane").info("core_ready" if args.core else "controller_ready", port=port,
+                                                  heap_frozen=frozen)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+        return 0
+
+    async def front() -> int:
+        return await serve(settings, token=token, config=args.config, port_file=args.port_file,
+                           stop=stop_on_signals())
+
+    try:
+        return asyncio.run(front() if settings.api.front and not args.core else core())
+    except CoreStartFailed as exc:
+        print(f"rl-controlplane: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the port is taken, the address is wrong, ...
+        print(f"rl-controlplane: cannot serve on {settings.api.host}:{settings.api.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The controller API's own small shapes: answers of its native read routes, and the
+requests and answers of the vLLM-compatible facade. The fleet-wide models (state, operation
+results, requests of the native operations) are the wire contract in `rlcp.core.wire.controller`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcp.controlplane.workers.spec import Flavor
+from rlcp.core.wire.controller import OperationResult, TransferGroupView
+from rlcp.core.wire.versions import VersionName
+
+
+class ListedWorker(BaseModel):
+    """One entry of the listing: Dynamo's fields, then this project's."""
+
+    model_config = ConfigDict(extra="allow")
+    instance_id: str
+    system_url: str = Field(description="The admin URL again, for readers that only know Dynamo's fields.")
+    routes: list[str]
+    world_size: int
+    admin_url: str
+    inference_url: str | None
+    flavor: Flavor
+    model: str | None
+    serving: bool
+    ready: bool
+    weight_version: str | None
+    reachable: bool
+
+
+class WorkersListing(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    protocol_version: Literal[1]
+    namespace: str
+    workers: list[ListedWorker]
+    membership_epoch: int
+
+
+class OperationsAnswer(BaseModel):
+    operations: list[OperationResult] = Field(description="Newest first, the running one included.")
+
+
+class WeightTransferInfo(BaseModel):
+    inference_world_size: int = Field(description="Inference ranks across the fleet.")
+    trainer_world_size: int = Field(description="1 + inference_world_size: what the trainer's init info needs.")
+    group: TransferGroupView | None
+
+
+class DiskWeightsAnswer(BaseModel):
+    success: Literal[True]
+    message: str
+    weight_version: str
+
+
+class SuccessAnswer(BaseModel):
+    success: Literal[True]
+    message: str
+
+
+class ModelCard(BaseModel):
+    """vLLM's model card (members' own cards pass through: `root`, `max_model_len`, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"]
+    owned_by: str
+    parent: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+# -- the facade -----------------------------------------------------------------------
+class DiskWeightsRequest(BaseModel):
+    """The shape RL frameworks send their inference servers for a disk update."""
+
+    model_config = ConfigDict(extra="forbid")
+    weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
+    weight_version: VersionName | None = Field(None, description="Defaults to the directory's name.")
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_int_id: int | None = None  # accepted for vLLM compatibility: the fleet knows adapters by name
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1, max_length=128)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = True  # accepted for vLLM compatibility: a same-name load always swaps in place

@@ -1,0 +1,143 @@
+"""The controller app factory: one aiohttp session, the controller, its background tasks.
+
+Each resource is set up and torn down in its own cleanup_ctx, in order: the client
+session, the Kubernetes API client (only when a setting needs one), then the controller
+(desired state loaded) with its background loops (`supervisor.py`: discovery, status
+observer, reconciler, and the Lease elector with leader election), stopped on shutdown.
+
+With leader election, a follower serves reads and answers every write with 409
+`not_leader` naming the leader (`leader_middleware`); the leader runs each write as a task
+that losing the Lease cancels at once (see `rlcp/controlplane/leadership/guard.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+from aiohttp import web
+
+from rlcp.controlplane.api import facade, routes, unsupported
+from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.api.openapi import ROUTES, controller_document
+from rlcp.controlplane.api.routes import CONTROLLER, SESSION
+from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
+from rlcp.controlplane.discovery.base import DiscoverySource
+from rlcp.controlplane.discovery.factory import make_source
+from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.gateway.app import new_session
+from rlcp.controlplane.gateway.local import start_local_gateway
+from rlcp.controlplane.gateway.proxy import Gateway
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.persistence.base import DesiredStore
+from rlcp.controlplane.persistence.factory import make_store
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.supervisor import start_loops
+from rlcp.core.body import BODY_HANDLER_ARGS
+from rlcp.core.http import make_auth_middleware, make_error_middleware
+from rlcp.core.openapi import serve_document
+
+if TYPE_CHECKING:
+    from kubernetes_asyncio.client import ApiClient
+
+KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
+LEADERSHIP = web.AppKey("leadership", Leadership)
+GATEWAY = web.AppKey("gateway", Gateway)  # set when the inference gateway runs in this process
+# Probes (and the API document) answer without the token even when reads are protected.
+_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def needs_kubernetes(settings: ControllerSettings) -> bool:
+    return (settings.discovery.kind == "kubernetes" or settings.leader_election.enabled
+            or settings.store.kind == "configmap")
+
+
+def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore | None = None,
+              source: DiscoverySource | None = None, transports: TransportFactory | None = None,
+              background: bool = True, gateway: bool | None = None) -> web.Application:
+    """`background=False` leaves the loops to the caller (tests drive them step by step);
+    `transports` replaces HTTP to the workers (tests: `MemoryTransport`); `gateway` overrides
+    `settings.gateway.enabled` (the inference gateway on its own port)."""
+    run_gateway = settings.gateway.enabled if gateway is None else gateway
+    app = web.Application(
+        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
+        middlewares=[make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
+                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+                     leader_middleware],
+    )
+    routes.api.register(app)
+    facade.api.register(app)
+    unsupported.api.register(app)
+    app[facade.SERVED_MODELS] = ServedModels()
+    serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
+
+    async def session_ctx(app: web.Application) -> AsyncIterator[None]:
+        # One session for every worker call; connection reuse is most of fan-out speed.
+        connector = aiohttp.TCPConnector(limit=settings.workers.max_concurrency * 2, limit_per_host=8)
+        # No session-wide timeout: every call is bounded by its own deadline (WorkerTransport),
+        # and aiohttp's default would arm a second timer per request (~4% of fan-out CPU).
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+            app[SESSION] = session
+            yield
+
+    async def kube_ctx(app: web.Application) -> AsyncIterator[None]:
+        # One Kubernetes API client (its own aiohttp session) for discovery, Lease and store.
+        app[KUBE_API] = None
+        if not needs_kubernetes(settings):
+            yield
+            return
+        from rlcp.controlplane.k8s.client import make_api_client
+
+        api = await make_api_client(settings.kubernetes, user_agent=f"rl-controlplane/{settings.controller_id} "
+                                                                    f"({settings.leader_election.identity})")
+        app[KUBE_API] = api
+        try:
+            yield
+        finally:
+            await api.close()
+
+    async def controller_ctx(app: web.Application) -> AsyncIterator[None]:
+        session, kube_api = app[SESSION], app[KUBE_API]
+        le = settings.leader_election
+        leadership = Leadership(le.identity) if le.enabled else Leadership.always(le.identity)
+        app[LEADERSHIP] = leadership
+        ctl = Controller(settings, transports=transports or http_transports(session, settings.workers.resolved_token()),
+                         store=store or make_store(settings, kube_api=kube_api, leadership=leadership),
+                         leadership=leadership)
+        await ctl.load_desired()
+        app[CONTROLLER] = ctl
+        elector = None
+        if le.enabled:
+            from rlcp.controlplane.leadership.lease import LeaseElector
+
+            assert kube_api is not None
+            elector = LeaseElector(api=kube_api, settings=le, leadership=leadership,
+                                   request_timeout_s=settings.kubernetes.request_timeout_s).run
+        supervisor = start_loops(ctl, source=source or make_source(settings, session, kube_api=kube_api),
+                                 elector=elector, background=background)
+        async with contextlib.AsyncExitStack() as stack:
+            if run_gateway:
+                # Its own session: rollouts are many long requests per worker, admin calls few.
+                gateway_session = await stack.enter_async_context(new_session())
+                gateway_obj, runner = await start_local_gateway(ctl, settings.gateway, gateway_session, admin_token=token)
+                app[GATEWAY] = gateway_obj
+                stack.push_async_callback(runner.cleanup)
+            yield
+            await ctl.detached.close()
+            await supervisor.stop()
+
+    app.cleanup_ctx.extend([session_ctx, kube_ctx, controller_ctx])
+    return app
+
+
+@web.middleware
+async def leader_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Writes only on the leader, each cancelled the moment leadership is lost; reads anywhere."""
+    if request.method in _READS or request.path in _OPEN_PATHS:
+        return await handler(request)
+    ctl = request.app[CONTROLLER]
+    await ctl.ensure_leading()
+    return await ctl.leadership.run_as_leader(handler(request), name=f"{request.method} {request.path}")

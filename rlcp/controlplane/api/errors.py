@@ -1,0 +1,96 @@
+"""The controller's domain errors as HTTP, in one table (`rlcp.controlplane.errors` has the tree).
+
+The shared error middleware (`rlcp.core.http`) calls `to_api_error` for anything a handler
+raises that is not already an `ApiError`; what is not in the table stays a 500.
+"""
+
+from __future__ import annotations
+
+from rlcp.controlplane import errors as domain
+from rlcp.core.errors import (
+    ApiError,
+    BadRequestError,
+    ConflictError,
+    ForbiddenPathError,
+    NotFoundError,
+    ValidationFailedError,
+)
+
+
+class NotLeaderApiError(ConflictError):
+    """409 `not_leader`; the body names the leader, so a client can go there instead."""
+
+    code = "not_leader"
+
+    def __init__(self, message: str, *, leader: str | None) -> None:
+        super().__init__(message)
+        self.leader = leader
+
+    def body(self) -> dict:
+        body = super().body()
+        body["error"]["leader"] = self.leader
+        return body
+
+
+class MissingCapabilityApiError(ConflictError):
+    """409 `capability_missing`; the body names each worker and what it lacks."""
+
+    code = "capability_missing"
+
+    def __init__(self, message: str, *, workers: dict[str, str]) -> None:
+        super().__init__(message)
+        self.workers = workers
+
+    def body(self) -> dict:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        return body
+
+
+class CheckpointUnavailableApiError(ValidationFailedError):
+    """422 `checkpoint_unavailable`: no worker could load the checkpoint, and none was
+    touched; the body names each worker's reason (missing, unreadable, not weights)."""
+
+    code = "checkpoint_unavailable"
+
+    def __init__(self, message: str, *, field: str | None, workers: dict[str, str]) -> None:
+        super().__init__(message, field=field)
+        self.workers = workers
+
+    def body(self) -> dict:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        return body
+
+
+def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
+    return type(f"{code.title().replace('_', '')}Error", (base,), {"status": status, "code": code})
+
+
+# domain error -> (ApiError class); the most specific class is looked up first (MRO order).
+TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
+    domain.MalformedInput: BadRequestError,                                     # 400 bad_request
+    domain.InvalidInput: ValidationFailedError,                                 # 422 validation_error
+    domain.PathOutsideRoots: ForbiddenPathError,                                # 403 path_forbidden
+    domain.NotFound: NotFoundError,                                             # 404 not_found
+    domain.Conflict: ConflictError,                                             # 409 conflict
+    domain.MembershipChanged: _coded(ConflictError, 409, "membership_changed"),
+    domain.StoreConflict: _coded(ConflictError, 409, "store_conflict"),
+    domain.NoMembers: _coded(ApiError, 503, "no_members"),
+    domain.StoreUnavailable: _coded(ApiError, 503, "store_unavailable"),
+}
+
+
+def to_api_error(exc: Exception) -> ApiError | None:
+    if isinstance(exc, domain.NotLeader):
+        return NotLeaderApiError(exc.message, leader=exc.leader)
+    if isinstance(exc, domain.MissingCapability):
+        return MissingCapabilityApiError(exc.message, workers=exc.workers)
+    if isinstance(exc, domain.CheckpointUnavailable):
+        return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
+    if not isinstance(exc, domain.ControlPlaneError):
+        return None
+    for cls in type(exc).__mro__:
+        if cls in TABLE:
+            return TABLE[cls](exc.message, field=exc.field)
+    return None

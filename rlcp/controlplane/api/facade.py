@@ -1,0 +1,220 @@
+"""Compatibility facade: the fleet at the controller's root, shaped like one vLLM server.
+
+Existing RL code that drives a single vLLM server (its RL routes, or the disk and LoRA
+routes frameworks call on their inference servers) can point at the controller and drive
+the whole fleet unchanged. Each route maps onto a native operation, so the rules hold:
+one operation at a time (409), a 4xx naming the field before any worker is touched,
+and a partial failure is a 207/502 with every worker's result -- never 200.
+
+`POST /update_weights` is both vLLM's broadcast chunk (`{"update_info": ...}`) and the
+disk update frameworks send (`{"weight_dir": ...}`); the body's keys say which. A
+broadcast step that fails on any worker answers 502, so vLLM's own HTTP weight-sync
+client (which raises on a non-2xx) stops at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import PurePosixPath
+
+from aiohttp import web
+
+from rlcp.controlplane.api.answers import (
+    DiskWeightsAnswer,
+    DiskWeightsRequest,
+    LoadLoraAdapterRequest,
+    ModelList,
+    SuccessAnswer,
+    UnloadLoraAdapterRequest,
+)
+from rlcp.controlplane.api.routes import CONTROLLER, SESSION, STEP, operation, operation_response
+from rlcp.controlplane.errors import ControlPlaneError
+from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.operations import lora, weights
+from rlcp.controlplane.operations import pause as pausing
+from rlcp.core.errors import ApiError
+from rlcp.core.http import json_response, parse_body, read_object, validate
+from rlcp.core.openapi import RouteTable
+from rlcp.core.wire.agent import (
+    IsPausedAnswer,
+    MessageAnswer,
+    PauseQuery,
+    StatusAnswer,
+    UpdateWeightVersionRequest,
+    VersionSetAnswer,
+    WeightInfoAnswer,
+    WorldSizeAnswer,
+    WorldSizeQuery,
+)
+from rlcp.core.wire.controller import (
+    EmptyRequest,
+    LoraRequest,
+    OperationResult,
+    PauseRequest,
+    TransferFinishRequest,
+    TransferInitRequest,
+    TransferUpdateRequest,
+    UpdateWeightsRequest,
+)
+
+api = RouteTable()
+_FACADE = "vLLM-compatible facade"
+SERVED_MODELS = web.AppKey("served_models", ServedModels)
+
+
+@contextmanager
+def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
+    """Errors of the native request a facade route builds name the field the client sent
+    (`lora_name`, not `name`), so a 4xx points at the client's own input."""
+    try:
+        yield
+    except (ApiError, ControlPlaneError) as exc:
+        if exc.field in names:
+            old, exc.field = exc.field, names[exc.field]
+            if exc.message.startswith(f"{old}: "):
+                exc.message = f"{exc.field}: {exc.message[len(old) + 2:]}"
+        raise
+
+
+@operation("POST", "/pause", "Pause the fleet (vLLM's `/pause?mode=`).", query=PauseQuery, ok=StatusAnswer,
+           tag=_FACADE, table=api)
+async def pause(request: web.Request) -> web.Response:
+    query = validate(PauseQuery, dict(request.query))
+    result = await pausing.pause(request.app[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
+    return operation_response(result) if result.status != "ok" else json_response({"status": "paused"})
+
+
+@operation("POST", "/resume", "Resume the fleet.", ok=StatusAnswer, tag=_FACADE, table=api)
+async def resume(request: web.Request) -> web.Response:
+    result = await pausing.resume(request.app[CONTROLLER])
+    return operation_response(result) if result.status != "ok" else json_response({"status": "resumed"})
+
+
+@api.get("/is_paused", "True when every member is paused.", ok=IsPausedAnswer, tag=_FACADE)
+async def is_paused(request: web.Request) -> web.Response:
+    return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
+
+
+def _vllm_answer(result: OperationResult, answer: dict) -> web.Response:
+    return operation_response(result) if result.status not in ("ok", "running") else json_response(answer)
+
+
+@operation("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
+           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+async def init_weight_transfer_engine(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferInitRequest)
+    result = await request.app[CONTROLLER].transfer.init(body)
+    return _vllm_answer(result, {"message": "Weight transfer initialized"})
+
+
+@operation("POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True,
+           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+async def start_weight_update(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.start()
+    return _vllm_answer(result, {"message": "Weight update started"})
+
+
+@operation("POST", "/finish_weight_update", "The broadcast finish.", body=TransferFinishRequest, body_optional=True,
+           ok=MessageAnswer, partial=STEP, errors=(403,), tag=_FACADE, table=api)
+async def finish_weight_update(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferFinishRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.finish(body)
+    return _vllm_answer(result, {"message": "Weight update finished"})
+
+
+@operation("POST", "/shutdown_weight_transfer_engine", "Every worker leaves the group.", body=EmptyRequest,
+           body_optional=True, ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    result = await request.app[CONTROLLER].transfer.shutdown()
+    return _vllm_answer(result, {"message": "Weight transfer shut down"})
+
+
+@operation("POST", "/update_weight_version", "Name the weights on every member.", body=UpdateWeightVersionRequest,
+           ok=VersionSetAnswer, partial=STEP, tag=_FACADE, table=api)
+async def update_weight_version(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightVersionRequest)
+    result = await request.app[CONTROLLER].transfer.update_weight_version(body.new_version)
+    return _vllm_answer(result, {"success": True, "new_version": body.new_version})
+
+
+@operation("POST", "/update_weights", "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
+           body=TransferUpdateRequest | DiskWeightsRequest, ok=MessageAnswer | DiskWeightsAnswer, errors=(403,),
+           tag=_FACADE, table=api)
+async def update_weights(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    if "update_info" in data:  # vLLM's broadcast chunk
+        chunk = validate(TransferUpdateRequest, data, strict=True)
+        result = await request.app[CONTROLLER].transfer.update_chunk(chunk)
+        return _vllm_answer(result, {"message": "Weights updated"})
+    body = validate(DiskWeightsRequest, data, strict=True)
+    version = body.weight_version or PurePosixPath(body.weight_dir).name
+    # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
+    with _client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
+                         "source.path": "weight_dir"}):
+        req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
+        result = await weights.update_weights(request.app[CONTROLLER], req)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": "Weights updated", "weight_version": version})
+
+
+@operation("POST", "/v1/load_lora_adapter", "The same, at vLLM's OpenAI-server path.", body=LoadLoraAdapterRequest,
+           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
+@operation("POST", "/load_lora_adapter", "Load a LoRA adapter fleet-wide (vLLM's shape).", body=LoadLoraAdapterRequest,
+           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
+async def load_lora_adapter(request: web.Request) -> web.Response:
+    body = await parse_body(request, LoadLoraAdapterRequest)
+    with _client_fields({"name": "lora_name", "path": "lora_path"}):
+        req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
+        result = await lora.load_lora(request.app[CONTROLLER], req)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
+
+
+@operation("POST", "/v1/unload_lora_adapter", "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
+           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
+@operation("POST", "/unload_lora_adapter", "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
+           "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
+           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
+async def unload_lora_adapter(request: web.Request) -> web.Response:
+    body = await parse_body(request, UnloadLoraAdapterRequest)
+    with _client_fields({"name": "lora_name"}):
+        result = await lora.unload_lora(request.app[CONTROLLER], body.lora_name)
+    if result.status != "ok":
+        return operation_response(result)
+    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
+
+
+@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,
+         tag=_FACADE)
+async def health(request: web.Request) -> web.Response:
+    serving = any(w.serving for w in request.app[CONTROLLER].state().workers)
+    return web.Response(status=200 if serving else 503)
+
+
+@api.get("/weight_info", "The fleet's common weight version (null when members disagree).",
+         ok=WeightInfoAnswer, tag=_FACADE)
+async def weight_info(request: web.Request) -> web.Response:
+    return json_response({"weight_version": request.app[CONTROLLER].state().applied.weight_version})
+
+
+@api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer,
+         tag=_FACADE)
+async def get_world_size(request: web.Request) -> web.Response:
+    validate(WorldSizeQuery, dict(request.query))
+    return json_response({"world_size": request.app[CONTROLLER].transfer.world_size()})
+
+
+@api.get("/v1/models", "What the fleet serves: the union of the members' own `/v1/models` (base models and "
+         "adapters), as the gateway answers it.", ok=ModelList, tag=_FACADE)
+async def models(request: web.Request) -> web.Response:
+    ctl = request.app[CONTROLLER]
+    # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
+    # or the one they report.
+    named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
+    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.app[SESSION], named=named)
+    return json_response({"object": "list", "data": cards})

@@ -1,0 +1,249 @@
+"""The controller's native HTTP API (DESIGN §3.1) and its probes, each route declared once
+on its handler (the OpenAPI document is built from the same declarations).
+
+Handlers parse, call an operation, and shape the answer; errors leave through the shared
+middleware as JSON. Operation routes answer an `OperationResult`: 200 every worker ok, 207
+some failed, 502 none ok (a broadcast step: any failed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from rlcp.controlplane.api.answers import OperationsAnswer, WeightTransferInfo, WorkersListing
+from rlcp.controlplane.controller import Controller
+from rlcp.controlplane.discovery.http_listing import render_listing
+from rlcp.controlplane.errors import NotFound
+from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.controlplane.operations import lora, pause, weights
+from rlcp.controlplane.workers.capabilities import capabilities
+from rlcp.core.cached import cached_response
+from rlcp.core.http import json_response, parse_body, validate
+from rlcp.core.openapi import RouteTable
+from rlcp.core.wire.agent import ProbeAnswer
+from rlcp.core.wire.controller import (
+    EmptyRequest,
+    FleetState,
+    LoraRequest,
+    OperationResult,
+    OperationsQuery,
+    PauseRequest,
+    ResumeRequest,
+    StalenessRequest,
+    TransferFinishRequest,
+    TransferInitRequest,
+    TransferUpdateRequest,
+    UpdateWeightsRequest,
+)
+
+CONTROLLER = web.AppKey("controller", Controller)
+SESSION = web.AppKey("session", aiohttp.ClientSession)  # the one client session for worker calls
+api = RouteTable()
+
+# Every write: 409 another operation runs (or this replica does not lead, or a member lacks a
+# capability), 503 no members.
+WRITE_ERRORS = (409, 503)
+PARTIAL: dict[int, Any] = {207: OperationResult, 502: OperationResult}
+STEP: dict[int, Any] = {502: OperationResult}  # a broadcast step is one collective: any failure is 502
+_NATIVE, _TRANSFER = "fleet", "weight transfer"
+
+
+def operation(method: str, path: str, summary: str, *, partial: dict[int, Any] = PARTIAL, ok: Any = OperationResult,
+              errors: tuple[int, ...] = (), tag: str = _NATIVE, table: RouteTable = api, **kw: Any) -> Any:
+    """The declaration of a route that runs a fleet operation."""
+    return table.route(method, path, summary, ok=ok, answers=partial, errors=(*WRITE_ERRORS, *errors), tag=tag,
+                       **kw)
+
+
+def http_status(result: OperationResult) -> int:
+    """200 all ok (or still running, for a step of an open session); 207 some failed;
+    502 none ok. Never 200 with an error inside. A broadcast step is one collective: a
+    worker that failed it failed the whole step, so any failure there is 502."""
+    if result.status in ("ok", "running"):
+        return 200
+    if result.status == "partial" and not result.kind.startswith("weight_transfer"):
+        return 207
+    return 502
+
+
+def operation_response(result: OperationResult) -> web.Response:
+    return json_response(result, status=http_status(result))
+
+
+def _ctl(request: web.Request) -> Controller:
+    return request.app[CONTROLLER]
+
+
+@api.get("/v1/rl/state", "The fleet state, from the cache (never a fan-out per request). Carries an `ETag`: "
+         "with `If-None-Match` naming it, the answer is 304 with no body while nothing changed; gzip when "
+         "`Accept-Encoding` allows it.", ok=FleetState, answers={304: None}, tag=_NATIVE)
+async def get_state(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    return cached_response(request, etag=ctl.state_etag(), body=ctl.state_body)
+
+
+@api.get("/v1/rl/workers", "The members, in Dynamo's listing shape plus this project's fields.",
+         ok=WorkersListing, tag=_NATIVE)
+async def get_workers(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    members = ctl.members()
+    views = {v.id: v for v in (ctl.worker_view(r) for r in members)}
+    listing = render_listing([r.spec for r in members], namespace=ctl.settings.controller_id,
+                             serving={i: v.serving for i, v in views.items()},
+                             capabilities={r.id: capabilities(r.driver) for r in members})
+    for entry in listing["workers"]:
+        view = views[entry["instance_id"]]
+        entry.update(ready=view.ready, weight_version=view.weight_version, reachable=view.reachable)
+    listing["membership_epoch"] = ctl.registry.membership.epoch
+    return json_response(listing)
+
+
+@api.get("/v1/rl/operations", "Recent operations, newest first.", query=OperationsQuery, ok=OperationsAnswer,
+         tag=_NATIVE)
+async def get_operations(request: web.Request) -> web.Response:
+    query = validate(OperationsQuery, dict(request.query))
+    ops = _ctl(request).log.recent(query.limit)
+    return json_response({"operations": [op.model_dump(mode="json") for op in ops]})
+
+
+@api.get("/v1/rl/operations/{id}", "One operation, running or recent: its results, and a weight update's progress "
+         "and bubble (404 once it is older than the kept history).", ok=OperationResult, errors=(404,), tag=_NATIVE,
+         path_params={"id": {"type": "string", "minLength": 1}})
+async def get_operation(request: web.Request) -> web.Response:
+    operation_id = request.match_info["id"]
+    found = _ctl(request).log.find(operation_id)
+    if found is None:
+        raise NotFound(f"no operation {operation_id!r} (running or among the recent ones)", field="id")
+    return json_response(found)
+
+
+@operation("POST", "/v1/rl/pause", "Pause every member; returns once quiesced or past the deadline.",
+           body=PauseRequest, body_optional=True)
+async def post_pause(request: web.Request) -> web.Response:
+    body = await parse_body(request, PauseRequest, allow_empty=True)
+    return operation_response(await pause.pause(_ctl(request), body))
+
+
+@operation("POST", "/v1/rl/resume", "Resume every member.", body=ResumeRequest, body_optional=True)
+async def post_resume(request: web.Request) -> web.Response:
+    await parse_body(request, ResumeRequest, allow_empty=True)
+    return operation_response(await pause.resume(_ctl(request)))
+
+
+@operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume -- all "
+           "at once or in rolling waves. With `wait: false`, 202 with the running operation at once (its `Location` "
+           "follows it).", body=UpdateWeightsRequest, errors=(403,), partial={**PARTIAL, 202: OperationResult})
+async def post_update_weights(request: web.Request) -> web.Response:
+    body = await parse_body(request, UpdateWeightsRequest)
+    result = await weights.update_weights(_ctl(request), body)
+    if not body.wait and result.status == "running":
+        accepted = json_response(result, status=202)
+        accepted.headers["Location"] = f"/v1/rl/operations/{result.id}"
+        return accepted
+    return operation_response(result)
+
+
+@operation("POST", "/v1/rl/loras", "Load or hot-swap a LoRA adapter fleet-wide.", body=LoraRequest, errors=(403,))
+async def post_lora(request: web.Request) -> web.Response:
+    body = await parse_body(request, LoraRequest)
+    return operation_response(await lora.load_lora(_ctl(request), body))
+
+
+@operation("DELETE", "/v1/rl/loras/{name}", "Unload an adapter everywhere (404 if the fleet has none of that name).",
+           path_params={"name": {"type": "string", "minLength": 1}})
+async def delete_lora(request: web.Request) -> web.Response:
+    return operation_response(await lora.unload_lora(_ctl(request), request.match_info["name"]))
+
+
+@api.get("/v1/rl/weight_transfer", "World sizes for the trainer's init info, and the current group.",
+         ok=WeightTransferInfo, tag=_TRANSFER)
+async def get_weight_transfer(request: web.Request) -> web.Response:
+    transfer = _ctl(request).transfer
+    ranks = transfer.world_size()
+    group = transfer.view()
+    return json_response({"inference_world_size": ranks, "trainer_world_size": ranks + 1,
+                          "group": group.model_dump(mode="json") if group else None})
+
+
+@operation("POST", "/v1/rl/weight_transfer/init", "Every worker joins the trainer's group at its rank offset.",
+           body=TransferInitRequest, partial=STEP, tag=_TRANSFER)
+async def post_transfer_init(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferInitRequest)
+    return operation_response(await _ctl(request).transfer.init(body))
+
+
+@operation("POST", "/v1/rl/weight_transfer/start", "Open an update (pausing the fleet if the trainer did not).",
+           body=EmptyRequest, body_optional=True, partial=STEP, tag=_TRANSFER)
+async def post_transfer_start(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.start())
+
+
+@operation("POST", "/v1/rl/weight_transfer/update", "One update chunk, on every worker at once.",
+           body=TransferUpdateRequest, partial=STEP, tag=_TRANSFER)
+async def post_transfer_update(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferUpdateRequest)
+    return operation_response(await _ctl(request).transfer.update_chunk(body))
+
+
+@operation("POST", "/v1/rl/weight_transfer/finish", "End the update, verify, resume what start paused.",
+           body=TransferFinishRequest, body_optional=True, partial=STEP, errors=(403,), tag=_TRANSFER)
+async def post_transfer_finish(request: web.Request) -> web.Response:
+    body = await parse_body(request, TransferFinishRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.finish(body))
+
+
+@operation("POST", "/v1/rl/weight_transfer/shutdown", "Every worker leaves the group.", body=EmptyRequest,
+           body_optional=True, partial=STEP, tag=_TRANSFER)
+async def post_transfer_shutdown(request: web.Request) -> web.Response:
+    await parse_body(request, EmptyRequest, allow_empty=True)
+    return operation_response(await _ctl(request).transfer.shutdown())
+
+
+class StalenessAnswer(BaseModel):
+    staleness_bound: int
+    allowed_versions: list[str] = Field(description="What the gateway's fence admits with it, desired first.")
+
+
+@api.post("/v1/rl/gateway/staleness", "Let the gateway route to members at one of the last `bound` versions "
+          "before the desired one (kept in the desired state).", body=StalenessRequest, ok=StalenessAnswer,
+          errors=(409,), tag=_NATIVE)
+async def post_staleness(request: web.Request) -> web.Response:
+    body = await parse_body(request, StalenessRequest)
+    ctl = _ctl(request)
+    async with ctl.gate.api_operation("set_staleness"):
+        await ctl.desired.set_staleness_bound(body.bound)
+    d = ctl.desired.state
+    return json_response({"staleness_bound": d.staleness_bound,
+                          "allowed_versions": admitted_versions(d.weight_version, d.applied_versions, body.bound)})
+
+
+# -- probes ---------------------------------------------------------------------------------
+@api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag="probes")
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@api.get("/readyz", "Readiness: discovery has synced.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True,
+         tag="probes")
+async def readyz(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    leader = ctl.leadership.leader_identity
+    if not ctl.registry.membership.synced:
+        return json_response({"status": "not_ready", "reason": "discovery has not synced", "leader": leader},
+                             status=503)
+    if leader is None:
+        return json_response({"status": "not_ready", "reason": "no leader is elected yet", "leader": None},
+                             status=503)
+    return json_response({"status": "ready", "leader": leader, "leading": ctl.leadership.is_leader})
+
+
+@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain", tag="probes")
+async def metrics(request: web.Request) -> web.Response:
+    ctl = _ctl(request)
+    ready = sum(1 for r in ctl.members() if ctl.worker_view(r).ready)
+    return web.Response(body=ctl.metrics.render(ready), content_type="text/plain", charset="utf-8")

@@ -1,0 +1,64 @@
+"""The admin routes of one vLLM server (vLLM 0.32's `entrypoints/rl/online/` and
+`entrypoints/serve/dev/` routers, and prime-rl's own `/init_broadcaster`) that have no fleet
+meaning here yet. Each answers 501 `not_supported`, naming the route, why, and what to call
+instead, so code written for one vLLM server stops with a reason rather than a bare 404.
+
+The routes that do have a fleet meaning are in `facade.py`; together the two cover every
+admin route of vLLM's (`tests/controller/test_facade.py` checks the list against vLLM's own
+routers when vLLM is installed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from rlcp.core.errors import NotSupportedError
+from rlcp.core.openapi import RouteTable
+
+api = RouteTable()
+_FACADE = "vLLM-compatible facade"
+
+_SLEEP = ("sleep mode is not a fleet operation: a paused fleet already holds no rollouts (POST /pause), and "
+          "vLLM's CPU build ignores sleep")
+_CACHES = ("the fleet drops its caches itself where they go stale: an agent resets its prefix cache on every weight "
+           "update and adapter swap; to keep rollouts of different policies apart, send `cache_salt`")
+
+# (method, path, why and what instead)
+REFUSED: tuple[tuple[str, str, str], ...] = (
+    ("POST", "/abort_requests", "request ids belong to one worker and the fleet does not track them; abort everything "
+                                "in flight with POST /pause?mode=abort, then POST /resume"),
+    ("POST", "/weight_checker", "the controller compares every worker's weight checksums itself on each update "
+                                "(GET /v1/rl/state: `applied.verified`; a manifest: `expected_checksums` in POST "
+                                "/v1/rl/update_weights); one worker's checksums: its agent's own /weight_checker"),
+    ("POST", "/start_draft_weight_update", "draft-model (speculative decoding) weight updates are not supported"),
+    ("POST", "/sleep", _SLEEP),
+    ("POST", "/wake_up", _SLEEP),
+    ("GET", "/is_sleeping", _SLEEP),
+    ("POST", "/release_kv_cache_memory", _SLEEP),
+    ("POST", "/reset_prefix_cache", _CACHES),
+    ("POST", "/reset_mm_cache", _CACHES),
+    ("POST", "/reset_encoder_cache", _CACHES),
+    ("POST", "/collective_rpc", "arbitrary engine RPCs are not sent to the fleet: every operation the controller runs "
+                                "is one it can verify and undo"),
+    ("GET", "/server_info", "one server's configuration is not the fleet's: GET /v1/rl/state and GET /v1/rl/workers"),
+    ("POST", "/start_profile", "profile one worker through its own server"),
+    ("POST", "/stop_profile", "profile one worker through its own server"),
+    ("POST", "/init_broadcaster", "prime-rl's own NCCL/NIXL broadcaster is served by prime-rl's inference server, not "
+                                  "here; broadcast updates through vLLM's weight-transfer routes "
+                                  "(/init_weight_transfer_engine ...), or update from disk (POST /update_weights "
+                                  "{\"weight_dir\": ...}, prime-rl's filesystem mode)"),
+)
+
+
+def _refusal(method: str, path: str, why: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def refuse(request: web.Request) -> web.Response:
+        raise NotSupportedError(f"{method} {path} has no fleet meaning here: {why}", field=path)
+    refuse.__name__ = f"refuse_{path.strip('/').replace('/', '_')}"
+    return refuse
+
+
+for _method, _path, _why in REFUSED:
+    api.route(_method, _path, f"Not supported on a fleet: {_why}.", errors=(501,), tag=_FACADE)(
+        _refusal(_method, _path, _why))

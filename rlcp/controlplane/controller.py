@@ -1,0 +1,163 @@
+"""The composition root: builds the controller's parts and holds them together.
+
+    registry     members and their observed state          fleet/registry.py
+    desired      the only writer of the desired state      fleet/desired.py
+    log          the running operation, its phase, history operations/record.py
+    gate         one mutating operation at a time          operations/gate.py
+    fanout       bounded concurrent calls, one per worker  workers/fanout.py
+    transfer     the broadcast weight-transfer session     operations/broadcast.py
+    reconciler   converges workers that are behind         reconcile/loop.py
+
+`Controller` is the `OperationContext` operations are given (they see only that narrow
+Protocol), and it answers the state document from `fleet/view.py`. It holds no loop of its
+own: `supervisor.py` starts the background ones (discovery, status observer, reconciler,
+Lease elector), and the API calls operations with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import aiohttp
+
+from rlcp.controlplane.deadlines import Deadlines
+from rlcp.controlplane.discovery.base import DiscoverySource
+from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.observer import poll_statuses
+from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.metrics import ControllerMetrics
+from rlcp.controlplane.operations.broadcast import WeightTransfer
+from rlcp.controlplane.operations.context import Detached
+from rlcp.controlplane.operations.gate import OperationGate
+from rlcp.controlplane.operations.record import OperationLog
+from rlcp.controlplane.persistence.base import DesiredStore
+from rlcp.controlplane.reconcile.loop import Reconciler
+from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.workers.capabilities import Driver
+from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.controlplane.workers.registry import make_driver
+from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
+from rlcp.core.cached import CachedBody
+from rlcp.core.wire.controller import FleetState, GatewayView, WorkerView
+
+TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
+
+
+def http_transports(session: aiohttp.ClientSession, token: str | None) -> TransportFactory:
+    """Workers reached over HTTP on the process's one client session."""
+    def make(spec: WorkerSpec, policy: CallPolicy) -> WorkerTransport:
+        return HttpTransport(session=session, worker_id=spec.id, base_url=spec.admin_url, token=token, policy=policy)
+
+    return make
+
+
+class Controller:
+    def __init__(self, settings: ControllerSettings, *, transports: TransportFactory, store: DesiredStore,
+                 leadership: Leadership | None = None) -> None:
+        self.settings = settings
+        self.allowed_roots = list(settings.allowed_roots)
+        self.deadlines = Deadlines.from_settings(settings)
+        # Without leader election this replica always leads: the single-controller behaviour.
+        self.leadership = leadership or Leadership.always(settings.controller_id)
+        self.metrics = ControllerMetrics()
+        self.changes = ChangeCounter()
+        w = settings.workers
+        self._policy = CallPolicy(timeout_s=w.timeout_s, attempts=w.attempts, retry_budget_s=w.retry_budget_s)
+        self._transports = transports
+        self.registry = FleetRegistry(make_driver=self._make_driver, changes=self.changes)
+        self.desired = DesiredKeeper(store=store, changes=self.changes, on_saved=lambda d: self.metrics.desired_version
+                                     .info({"version": d.weight_version or ""}))
+        self.gate = OperationGate()
+        self.fanout = FanOut(w.max_concurrency)
+        self.log = OperationLog(changes=self.changes, metrics=self.metrics)
+        self.detached = Detached()  # operations whose callers did not wait
+        self.transfer = WeightTransfer(self, settings=settings.weight_transfer, changes=self.changes,
+                                       is_leader=lambda: self.leadership.is_leader)
+        r = settings.reconcile
+        self.reconciler = Reconciler(
+            registry=self.registry, desired=self.desired, gate=self.gate, fanout=self.fanout,
+            deadlines=self.deadlines, leadership=self.leadership,
+            limiter=WorkerRateLimiter(initial_s=r.backoff_initial_s, max_s=r.backoff_max_s),
+            metrics=self.metrics, refresh=self.refresh, ensure_leading=self.ensure_leading)
+        self._views = WorkerViews()
+        self._state = StateCache(self.changes, lambda: self.state(), self._views.json)  # late-bound: tests count builds
+        # The inference gateway in this process, if one runs (`gateway/local.py` sets it): its
+        # section of the state document. Its counters move per request, so they are read when
+        # the document is rebuilt (every status poll at least), not on each request.
+        self.gateway_view: Callable[[], GatewayView] | None = None
+        self._base: tuple[int, FleetState] | None = None
+
+    def _make_driver(self, spec: WorkerSpec) -> Driver:
+        return make_driver(spec, self._transports(spec, self._policy), self.deadlines.driver)
+
+    # -- membership and observation --------------------------------------------------------
+    def apply_membership(self, specs: list[WorkerSpec]) -> None:
+        if self.registry.apply(specs) is not None:
+            self.metrics.membership(len(self.registry.members()), self.registry.membership.epoch)
+
+    async def follow_discovery(self, source: DiscoverySource) -> None:
+        async for specs in source.watch():
+            self.apply_membership(specs)
+
+    def members(self) -> list[WorkerRecord]:
+        return self.registry.members()
+
+    async def refresh(self, records: list[WorkerRecord] | None = None) -> None:
+        """Read these workers' statuses now (default: every member)."""
+        await poll_statuses(self.registry, self.fanout, deadline_s=self.deadlines.control_s, records=records)
+
+    # -- leadership ---------------------------------------------------------------------------
+    async def load_desired(self) -> None:
+        await self.desired.load(term=self.leadership.term)
+
+    async def ensure_leading(self) -> None:
+        """Refuse (409 `not_leader`, naming the leader) unless this replica leads. The first
+        time in a new term, reload the desired state: the previous leader may have changed it,
+        and may have driven the workers, so a broadcast group of ours is forgotten."""
+        self.leadership.require()
+        if await self.desired.reload_for_term(self.leadership.term):
+            self.transfer.forget("a new leadership term began")
+        self.leadership.require()  # leadership may have gone while the store answered
+
+    # -- state ------------------------------------------------------------------------------------
+    def worker_view(self, rec: WorkerRecord) -> WorkerView:
+        return worker_view(self.desired.state, rec)
+
+    def facts(self) -> FleetFacts:
+        membership = self.registry.membership
+        desired, members = self.desired.state, self.registry.members()
+        operation = self.log.running_or_last()
+        return FleetFacts(desired=desired, members=members, views=self._views.views(desired, members),
+                          membership_epoch=membership.epoch, discovery_synced=membership.synced,
+                          phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
+                          verified=self.log.verified,
+                          transfer=self.transfer.view())
+
+    def base_state(self) -> FleetState:
+        """The state document without the gateway's section, built once per change: the
+        document served and the gateway's routing table are both made from it."""
+        generation = self.changes.generation
+        if self._base is None or self._base[0] != generation:
+            self._base = (generation, build_state(self.facts()))
+        return self._base[1]
+
+    def state(self) -> FleetState:
+        base = self.base_state()
+        return base if self.gateway_view is None else base.model_copy(update={"gateway": self.gateway_view()})
+
+    def state_json(self) -> bytes:
+        """`state()` serialized, rebuilt only when something it shows has changed."""
+        return self._state.json()
+
+    def state_body(self) -> CachedBody:
+        """`state_json()` with its entity tag and its gzip copy (made once per change)."""
+        return self._state.body()
+
+    def state_etag(self) -> str:
+        """The entity tag `state_body()` would carry now; builds nothing."""
+        return self._state.etag()

@@ -1,0 +1,156 @@
+"""The desired fleet state, and the one object that writes it.
+
+Operations state intent (`set_disk_weights`, `set_paused`, `set_lora`, ...); the keeper
+applies it to a copy, persists the copy, and only then makes it current, so a store that
+refuses a write (a conflict, an unreachable API server) leaves the desired state as it
+was. It also loads the state at start-up, follows the leader's writes as a follower, and
+reloads it when this replica begins a new leadership term (the previous leader may have
+changed it). Readers get `state`, which they must not mutate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+
+from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.persistence.base import DesiredStore
+from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.controller import BroadcastSource, Checkpoint, DesiredState, DiskSource, LoraSpec
+
+log = structlog.get_logger("rlcp.controlplane.fleet.desired")
+
+
+class DesiredKeeper:
+    def __init__(self, *, store: DesiredStore, changes: ChangeCounter,
+                 on_saved: Callable[[DesiredState], None] | None = None) -> None:
+        self._store = store
+        self._changes = changes
+        self._on_saved = on_saved
+        self._state = DesiredState()
+        self._term = -1  # the leadership term the state was last loaded in
+        self._lock = asyncio.Lock()
+
+    @property
+    def state(self) -> DesiredState:
+        return self._state
+
+    # -- intents ----------------------------------------------------------------------------
+    async def set_disk_weights(self, version: str, source: DiskSource) -> None:
+        """Weights loaded from disk: the source is also the newest disk copy known."""
+        def change(d: DesiredState) -> None:
+            d.weight_version, d.weight_source = version, source
+            d.checkpoint = Checkpoint(path=source.path, version=version)
+            _applied(d, version)
+
+        await self._write(change)
+
+    async def set_broadcast_weights(self, version: str | None, checkpoint: Checkpoint | None) -> None:
+        """Weights every member received over a weight-transfer group (a version may be named later)."""
+        def change(d: DesiredState) -> None:
+            d.weight_version, d.weight_source = version, BroadcastSource()
+            if checkpoint is not None:
+                d.checkpoint = checkpoint
+            _applied(d, version)
+
+        await self._write(change)
+
+    async def rename_weights(self, version: str) -> None:
+        def change(d: DesiredState) -> None:
+            d.weight_version = version
+            _applied(d, version)
+
+        await self._write(change)
+
+    async def set_staleness_bound(self, bound: int) -> None:
+        def change(d: DesiredState) -> None:
+            d.staleness_bound = bound
+
+        await self._write(change)
+
+    async def set_paused(self, paused: bool, mode: PauseMode | None = None) -> None:
+        def change(d: DesiredState) -> None:
+            d.paused = paused
+            if mode is not None:
+                d.pause_mode = mode
+
+        await self._write(change)
+
+    async def set_lora(self, name: str, spec: LoraSpec) -> None:
+        def change(d: DesiredState) -> None:
+            d.loras[name] = spec
+
+        await self._write(change)
+
+    async def drop_lora(self, name: str) -> None:
+        def change(d: DesiredState) -> None:
+            d.loras.pop(name, None)
+
+        await self._write(change)
+
+    async def _write(self, change: Callable[[DesiredState], None]) -> None:
+        new = self._state.model_copy(deep=True)
+        change(new)
+        new.updated_at = datetime.now(UTC)
+        await self._store.save(new)
+        self._state = new
+        self._changes.bump()
+        if self._on_saved is not None:
+            self._on_saved(new)
+
+    # -- loading ------------------------------------------------------------------------------
+    async def load(self, *, term: int) -> None:
+        self._term = term
+        stored = await self._store.load()
+        if stored is not None:
+            self._replace(stored)
+            log.info("desired_state_recovered", version=stored.weight_version, loras=sorted(stored.loras),
+                     paused=stored.paused)
+
+    async def reload_for_term(self, term: int) -> bool:
+        """Reload once per leadership term; True when this call did."""
+        if self._term == term:
+            return False
+        async with self._lock:
+            if self._term == term:
+                return False
+            await self.load(term=term)
+            return True
+
+    async def follow(self, *, leader: str | None) -> None:
+        """A follower's view: re-read what the leader wrote, so reads served here are not stale."""
+        stored = await self._store.load()
+        if stored is not None and stored != self._state:
+            self._replace(stored)
+            log.info("desired_state_followed", version=stored.weight_version, leader=leader)
+
+    def _replace(self, state: DesiredState) -> None:
+        self._state = state
+        self._changes.bump()
+
+
+APPLIED_KEPT = 32
+
+
+def _applied(d: DesiredState, version: str | None) -> None:
+    """Record `version` as the newest applied one (the gateway's staleness bound counts back
+    along this list); an unnamed broadcast is not a version the fence can admit."""
+    if version is not None and (not d.applied_versions or d.applied_versions[-1] != version):
+        d.applied_versions = [*d.applied_versions, version][-APPLIED_KEPT:]
+
+
+def admitted_versions(desired: str | None, applied: list[str], bound: int) -> list[str]:
+    """The desired version first, then up to `bound` distinct versions applied before it,
+    newest first. Empty when nothing is desired (a fleet never updated serves as it is)."""
+    if desired is None:
+        return []
+    out = [desired]
+    for version in reversed(applied):
+        if len(out) > bound:
+            break
+        if version not in out:
+            out.append(version)
+    return out[:bound + 1]

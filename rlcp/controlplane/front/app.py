@@ -1,0 +1,119 @@
+"""The front's routes: the state from the replica, its own liveness, the rest proxied.
+
+- `GET /v1/rl/state`: the replica's bytes, with the core's tag, 304 and gzip as the core
+  answers them (`rlcp.core.cached`); proxied to the core until the first read arrived.
+- `GET /healthz`: 200 while the core answered a state read within `stale_s` (a hung core is
+  a dead controller, and the probe must not queue behind it to find out).
+- everything else: proxied to the core as it came (method, path, query, headers, body) and
+  answered as the core answered it. A write is followed by a fresh state read before its
+  answer goes back. The token is checked here as in the core, so a request
+  that would be refused never crosses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from rlcp.controlplane.api.openapi import ROUTES
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.core.body import BODY_HANDLER_ARGS
+from rlcp.core.cached import cached_response
+from rlcp.core.errors import ApiError
+from rlcp.core.follow import FollowedDocument
+from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
+from rlcp.core.tracing import outgoing_headers
+
+_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
+_WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Hop-by-hop headers (RFC 9110 §7.6.1) and what the client library sets itself.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                  "transfer-encoding", "upgrade", "host", "content-length"})
+_HOP_OUT = _HOP | {"date", "server"}
+
+
+class CoreUnavailable(ApiError):
+    status = 503
+    code = "core_unavailable"
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return {"Retry-After": "1"}
+
+
+class CoreTimeout(ApiError):
+    status = 504
+    code = "core_timeout"
+
+
+class CoreLink:
+    """How the front reaches the core: its URL, a session that hands bodies on as they came
+    (no decompression), and the deadline of one proxied request."""
+
+    def __init__(self, *, url: str, session: aiohttp.ClientSession, timeout_s: float) -> None:
+        self.url, self.session, self.timeout_s = url.rstrip("/"), session, timeout_s
+
+
+REPLICA = web.AppKey("replica", FollowedDocument)
+CORE = web.AppKey("core", CoreLink)
+
+
+def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
+                replica: FollowedDocument) -> web.Application:
+    app = web.Application(
+        # The body is forwarded exactly as it came, Content-Encoding and all: the core decodes it
+        # (rlcp.core.body), so the two cannot disagree about what was sent.
+        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
+        middlewares=[make_error_middleware(settings.api.max_body_bytes),
+                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)])
+    app[REPLICA], app[CORE] = replica, core
+    stale_s = settings.api.front_stale_s
+
+    async def state(request: web.Request) -> web.StreamResponse:
+        body = replica.body
+        if body is None:
+            return await forward(request)
+        return cached_response(request, etag=body.etag, body=lambda: body)
+
+    async def healthz(request: web.Request) -> web.Response:
+        age = replica.age_s()
+        if age is not None and age <= stale_s:
+            return json_response({"status": "ok"})
+        reason = (f"the controller core has not answered a state read for {age:.0f}s" if age is not None
+                  else "the controller core has not answered a state read yet")
+        if replica.last_error:
+            reason += f" (last error: {replica.last_error})"
+        return json_response({"status": "core_unresponsive", "reason": reason}, status=503)
+
+    app.router.add_get("/v1/rl/state", state)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+async def forward(request: web.Request) -> web.Response:
+    core, replica = request.app[CORE], request.app[REPLICA]
+    data = await request.read()
+    headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
+    # The id and trace this front gave the call (its own when the client sent none), so the
+    # core's log lines and its worker calls carry the ones the client was answered with.
+    for name, value in outgoing_headers().items():
+        headers[name] = value
+    what = f"{request.method} {request.path}"
+    try:
+        async with asyncio.timeout(core.timeout_s):
+            async with core.session.request(request.method, core.url + request.path_qs, data=data or None,
+                                            headers=headers, allow_redirects=False) as resp:
+                payload = await resp.read()
+    except TimeoutError as exc:
+        raise CoreTimeout(f"the controller core did not answer {what} within {core.timeout_s:g}s") from exc
+    except aiohttp.ClientError as exc:
+        raise CoreUnavailable(f"the controller core did not answer {what}: {type(exc).__name__}: {exc}") from exc
+    answer: Any = CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_OUT)
+    if request.method in _WRITES:
+        await replica.refresh()  # the write's effects are in the state before its answer goes back
+    return web.Response(status=resp.status, body=payload, headers=answer)

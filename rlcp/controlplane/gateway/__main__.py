@@ -1,0 +1,79 @@
+"""`python -m rlcp.controlplane.gateway` (`rl-gateway`): a standalone gateway that follows a
+controller's state, for scaling rollouts out over several replicas behind one Service.
+
+It reads the same settings as the controller (`--config`, `RLCP_*`), of which it uses the
+`gateway` section; `gateway.follow_url` names the controller to follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl-gateway", description=__doc__)
+    parser.add_argument("--config", type=Path, help="YAML settings file (env RLCP_* overrides it)")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
+    args = parser.parse_args(argv)
+
+    from rlcp.controlplane.settings import load_settings
+    from rlcp.core.logs import configure_logging
+
+    try:
+        settings = load_settings(args.config)
+        g = settings.gateway
+        if not g.follow_url:
+            raise ValueError("gateway.follow_url (RLCP_GATEWAY__FOLLOW_URL) must name the controller to follow")
+        g.resolved_token()
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"rl-gateway: bad settings: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_format, settings.log_level)
+
+    import structlog
+
+    from rlcp.controlplane.gateway.app import new_session, start_site
+    from rlcp.controlplane.gateway.follow import FollowedState
+    from rlcp.controlplane.gateway.metrics import GatewayMetrics
+    from rlcp.controlplane.gateway.proxy import Gateway
+    from rlcp.controlplane.gateway.routing import Router
+    from rlcp.core.heap import settle
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with new_session() as session:
+            followed = FollowedState(session=session, url=g.follow_url or "", interval_s=g.follow_interval_s,
+                                     token=g.follow_token.get_secret_value() if g.follow_token else None)
+            follower = asyncio.create_task(followed.run(), name="follow-controller-state")
+            # The token it follows the controller with is the controller's: inference takes it too.
+            gateway = Gateway(router=Router(followed), session=session, settings=g, metrics=GatewayMetrics(),
+                              admin_token=g.follow_token.get_secret_value() if g.follow_token else None)
+            runner = await start_site(gateway)
+            frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
+            structlog.get_logger("rlcp.controlplane.gateway").info("gateway_serving", url=gateway.url,
+                                                               following=g.follow_url, heap_frozen=frozen)
+            if args.port_file:
+                args.port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
+            try:
+                await stop.wait()
+            finally:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
+                await runner.cleanup()
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,189 @@
+"""The gateway's HTTP face: its routes (declared once, documented at `/openapi.json`), its
+own site with handler cancellation, and the per-request policy headers.
+
+Inference routes pass through to a worker unchanged (`proxy.py`); the gateway itself only
+checks what it reads before any worker is called: the body is a JSON object, the fields it
+uses (`stream`, `user`) have their types, and the policy headers (`X-RL-Max-Staleness`,
+`X-RL-Hold-Timeout`) are in range -- a 4xx naming the field otherwise. Inference needs no
+token unless `gateway.token` is set; then the controller's admin token is accepted too
+(`gateway.accept_admin_token`), as trainers send one API key to both URLs.
+
+A session key pins a rollout's turns to one worker (its prefix cache): the affinity header,
+else `X-Session-ID` (what verifiers' clients send, the rollout's trace id), else the body's
+`user`. Not `cache_salt`: prime-rl sets it to the policy version, the same for every
+rollout of a step, so as a session key it sent a whole step to one worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
+
+from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
+from rlcp.controlplane.settings import GatewaySettings
+from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
+from rlcp.core.errors import BadRequestError, ValidationFailedError
+from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware, validate
+from rlcp.core.openapi import Route, RouteTable, build_document, openapi_route, serve_document
+from rlcp.core.wire.agent import ProbeAnswer
+
+GATEWAY = web.AppKey("gateway", Gateway)
+STALENESS_HEADER = "X-RL-Max-Staleness"
+HOLD_HEADER = "X-RL-Hold-Timeout"
+SESSION_ID_HEADER = "X-Session-ID"  # verifiers' clients: the rollout's trace id, the same every turn
+api = RouteTable()
+_INFERENCE, _PROBES = "inference", "probes"
+
+
+class InferenceBody(BaseModel):
+    """Whatever the worker's route takes; the gateway reads only these fields."""
+
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr | None = Field(None, description="The model or adapter name, checked by the worker.")
+    stream: StrictBool | None = Field(None, description="Stream the answer as server-sent events.")
+    user: StrictStr | None = Field(None, description="A session key for affinity (after the session headers).")
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+
+
+class ModelList(BaseModel):
+    object: str
+    data: list[ModelCard]
+
+
+def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings) -> RequestPolicy:
+    bound = _header_number(request, STALENESS_HEADER, int, 0, 31)
+    hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
+    session = request.headers.get(settings.affinity_header) or request.headers.get(SESSION_ID_HEADER) or body.user
+    return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
+
+
+def _header_number(request: web.Request, name: str, kind: type, low: float, high: float, *,
+                   exclusive_low: bool = False) -> Any:
+    raw = request.headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValidationFailedError(f"{name} must be a {kind.__name__}, got {raw!r}", field=name) from None
+    if not (low < value if exclusive_low else low <= value) or value > high:
+        bounds = f"{'above' if exclusive_low else 'at least'} {low:g} and at most {high:g}"
+        raise ValidationFailedError(f"{name} must be {bounds}, got {raw!r}", field=name)
+    return value
+
+
+async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
+    # The kernel's parser (rlcp.core.body), as every process's. `decode=False`: the body goes to
+    # the worker as it came, and the workers' inference servers take identity bodies only, so
+    # a Content-Encoding is a 415 here rather than a worker's error (or a body read twice).
+    raw = await read_body(request, decode=False)
+    data = parse_json(raw) if raw.strip() else None
+    if not isinstance(data, dict):
+        raise BadRequestError("request body must be a JSON object", field="body")
+    return raw, validate(InferenceBody, data, strict=True)
+
+
+def _inference_route(path: str, summary: str) -> Any:
+    return api.post(path, summary, body=InferenceBody, ok=dict[str, Any], errors=(502, 503), tag=_INFERENCE)
+
+
+@_inference_route("/inference/v1/generate", "vLLM's tokens-in/tokens-out generate, on a worker inside the fence.")
+@_inference_route("/detokenize", "Detokenize, on a worker inside the fence.")
+@_inference_route("/tokenize", "Tokenize, on a worker inside the fence.")
+@_inference_route("/v1/chat/completions", "OpenAI chat completions (streaming or not), on a worker inside the fence.")
+@_inference_route("/v1/completions", "OpenAI completions (streaming or not), on a worker inside the fence.")
+async def proxy_inference(request: web.Request) -> web.StreamResponse:
+    gateway = request.app[GATEWAY]
+    raw, body = await _read_body(request)
+    return await gateway.forward(request, raw, _policy(request, body, gateway.settings))
+
+
+@api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,
+         tag=_INFERENCE)
+async def models(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY]
+    return json_response({"object": "list", "data": await request.app[MODELS].cards(gateway.router.state(),
+                                                                                  gateway.session)})
+
+
+@api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag=_PROBES)
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+@api.get("/health", "What trainers probe on an inference server (vLLM's `/health`): 200 while some member is "
+         "inside the fence, else 503 with the reason.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True,
+         tag=_PROBES)
+@api.get("/readyz", "Ready while some member is inside the fence.", ok=ProbeAnswer, answers={503: ProbeAnswer},
+         probe=True, tag=_PROBES)
+async def readyz(request: web.Request) -> web.Response:
+    table = request.app[GATEWAY].router.table()
+    if table is None:
+        return json_response({"status": "not_ready", "reason": "no fleet state yet"}, status=503)
+    if not table.routes:
+        return json_response({"status": "not_ready", "reason": table.why_empty}, status=503)
+    return json_response({"status": "ready"})
+
+
+@api.get("/metrics", "Prometheus metrics of the gateway.", ok=str, media_type="text/plain", tag=_PROBES)
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[GATEWAY].metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+MODELS = web.AppKey("models", ServedModels)
+ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
+DESCRIPTION = ("The inference gateway of an RL fleet: the OpenAI and vLLM inference routes of the workers, sent only "
+               "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
+               "`X-RL-Weight-Version`. While nothing can serve, requests are held up to the hold deadline, then "
+               "answered 503 with `Retry-After`. Per request: `X-RL-Max-Staleness` (versions before the desired "
+               "one that may serve) and `X-RL-Hold-Timeout` (seconds).")
+
+
+def gateway_document(*, secured: bool, version: str = "0.1.0") -> dict[str, Any]:
+    return build_document(ROUTES, title="rl-controlplane gateway", version=version, description=DESCRIPTION,
+                          auth_reads=secured)
+
+
+def build_gateway_app(gateway: Gateway) -> web.Application:
+    settings = gateway.settings
+    token = settings.resolved_token()
+    middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
+    if token:
+        open_paths = frozenset(r.path for r in ROUTES if r.probe)
+        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths,
+                                                also_accepted=gateway.accepted_admin_tokens()))
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares,
+                          handler_args=BODY_HANDLER_ARGS)
+    app[GATEWAY] = gateway
+    app[MODELS] = ServedModels()
+    api.register(app)
+    serve_document(app, gateway_document(secured=bool(token)))
+    return app
+
+
+async def start_site(gateway: Gateway) -> web.AppRunner:
+    """Serve the gateway on its own port; a client that goes away cancels its handler."""
+    s = gateway.settings
+    runner = web.AppRunner(build_gateway_app(gateway), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, s.host, s.port, backlog=1024, reuse_address=True)
+    await site.start()
+    port = runner.addresses[0][1]
+    gateway.url = f"http://{s.host}:{port}"
+    return runner
+
+
+def new_session() -> aiohttp.ClientSession:
+    """The gateway's own client session: many concurrent requests per worker, no total deadline
+    (each request carries its own)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+                                 timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)

@@ -1,0 +1,284 @@
+"""One inference request through the gateway: hold, choose, forward, answer.
+
+- **Hold.** While nothing inside the fence can serve (a pause, an update, a fleet not yet
+  converged), the request waits, bounded in count (`max_held`) and time (the hold
+  deadline, from settings or `X-RL-Hold-Timeout`), and goes out as soon as a member serves
+  again; past the deadline it is answered 503 with `Retry-After` and a JSON error saying why.
+- **Choose.** `balance.order`: least outstanding, or the session's worker.
+- **Forward.** The worker's status, headers and body come back unchanged, plus `X-RL-Worker`
+  and `X-RL-Weight-Version` (the version the fence saw it at) and, when the engine reports
+  them, `X-RL-Weight-Versions`: which weights sampled which tokens, one list of spans per
+  choice (an agent sends the header itself; vLLM's tokens-in/tokens-out answers carry the
+  spans in the body). A keep-mode request resumed after an update shows it there.
+  A worker that fails before the first byte reaches the client is skipped and the request
+  tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
+  client that goes away cancels the handler (the site runs with handler cancellation), which
+  closes the upstream request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDict
+
+from rlcp.controlplane.gateway.balance import order
+from rlcp.controlplane.gateway.metrics import GatewayMetrics
+from rlcp.controlplane.gateway.routing import Route, Router
+from rlcp.controlplane.settings import GatewaySettings
+from rlcp.core.errors import ApiError
+from rlcp.core.http import presents_one_of
+from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
+from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
+from rlcp.core.wire.controller import GatewayView, GatewayWorkerView
+
+log = structlog.get_logger("rlcp.controlplane.gateway")
+
+# Not forwarded either way (RFC 9110 §7.6.1), plus what aiohttp sets itself.
+_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                  "transfer-encoding", "upgrade", "host", "content-length"})
+_POLL_S = 0.02  # how often a held request looks at the table again
+_RETRY_PAUSE_S = 0.1  # before trying members that failed this request once already
+
+
+class NoCapacity(ApiError):
+    """503: nothing could serve within the hold deadline (or the hold queue is full)."""
+
+    status = 503
+    code = "no_capacity"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+
+class UpstreamFailed(ApiError):
+    """502: every worker tried failed before answering."""
+
+    status = 502
+    code = "upstream_failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestPolicy:
+    """Per request: the staleness bound (None: the desired state's) and the hold deadline."""
+
+    bound: int | None
+    hold_s: float
+    session: str | None
+
+
+class Gateway:
+    def __init__(self, *, router: Router, session: aiohttp.ClientSession, settings: GatewaySettings,
+                 metrics: GatewayMetrics, admin_token: str | None = None) -> None:
+        """`admin_token`: the controller's (the one it runs in, or follows), which inference
+        accepts too with `settings.accept_admin_token`."""
+        self.router, self.session, self.settings, self.metrics = router, session, settings, metrics
+        self.admin_token = admin_token
+        self.url: str | None = None  # where the site bound, once it has
+        self.in_flight: Counter[str] = Counter()
+        self.routed: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self.held = 0
+        self.rejected = 0
+        self._turn = 0  # rotates ties between equally loaded workers
+        # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
+        # Authorization (a key a worker itself checks) passes. Resolved once, not per request
+        # (with `token_file` that would be a file read on the hot path).
+        # The request id and trace go on as this call's (`rlcp.core.tracing`): a new span per try.
+        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
+                                      TRACEPARENT_HEADER.lower()}
+        self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
+
+    def accepted_admin_tokens(self) -> tuple[str, ...]:
+        """Tokens inference accepts besides the gateway's own."""
+        return (self.admin_token,) if self.admin_token and self.settings.accept_admin_token else ()
+
+    # -- state ------------------------------------------------------------------------------
+    def view(self) -> GatewayView:
+        table = self.router.table()
+        inside = set(table.routes) if table else set()
+        known = sorted(inside | set(self.routed) | set(self.in_flight))
+        return GatewayView(
+            url=self.url, allowed_versions=table.admitted if table else [],
+            staleness_bound=(state.desired.staleness_bound if (state := self.router.state()) else 0),
+            held=self.held, routed=sum(self.routed.values()), rejected=self.rejected,
+            workers=[GatewayWorkerView(worker_id=w, in_fence=w in inside, in_flight=self.in_flight[w],
+                                       routed=self.routed[w], failed=self.failed[w]) for w in known])
+
+    # -- one request ----------------------------------------------------------------------------
+    async def forward(self, request: web.Request, body: bytes, policy: RequestPolicy) -> web.StreamResponse:
+        arrived = time.perf_counter()
+        deadline = time.monotonic() + policy.hold_s
+        tried: set[str] = set()
+        failures: list[str] = []
+        while True:
+            route, held_s = await self._choose(policy, deadline, frozenset(tried))
+            tried.add(route.worker_id)
+            self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
+            try:
+                return await self._send(request, body, route)
+            except _BeforeFirstByte as exc:
+                self.failed[route.worker_id] += 1
+                self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
+                failures.append(f"{route.worker_id}: {exc}")
+                retrying = len(failures) < self.settings.attempts
+                log.warning("gateway_worker_failed", worker_id=route.worker_id, error=str(exc), retrying=retrying)
+                if not retrying:
+                    raise UpstreamFailed(f"{len(failures)} tries failed before an answer: {'; '.join(failures)}") \
+                        from None
+                table = self.router.table(policy.bound)
+                if table is None or tried >= table.routes.keys():
+                    # Every member was tried: try them again in a moment. A reused connection the
+                    # worker had just closed fails once; a refused one may have left the view by then.
+                    tried.clear()
+                    await asyncio.sleep(_RETRY_PAUSE_S)
+
+    async def _choose(self, policy: RequestPolicy, deadline: float, tried: frozenset[str]) -> tuple[Route, float]:
+        """A route inside the fence and not yet tried, holding the request while there is none."""
+        held_since: float | None = None
+        try:
+            while True:
+                table = self.router.table(policy.bound)
+                if table is not None:
+                    self._turn += 1
+                    candidates = order(sorted(table.routes), self.in_flight, session=policy.session, exclude=tried,
+                                       turn=self._turn)
+                    if candidates:
+                        return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
+                reason = table.why_empty if table is not None else "the gateway has no fleet state yet"
+                if time.monotonic() >= deadline:
+                    self._reject("deadline")
+                    raise NoCapacity(f"no worker could serve within {policy.hold_s:g}s: {reason}",
+                                     retry_after_s=max(1, math.ceil(min(policy.hold_s, 30.0))))
+                if held_since is None:
+                    if self.held >= self.settings.max_held:
+                        self._reject("queue_full")
+                        raise NoCapacity(f"{self.held} requests are already waiting (gateway.max_held): {reason}",
+                                         retry_after_s=1)
+                    held_since = time.monotonic()
+                    self.held += 1
+                    self.metrics.held.inc()
+                await asyncio.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+        finally:
+            if held_since is not None:
+                self.held -= 1
+                self.metrics.held.dec()
+
+    def _reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.metrics.rejected.labels(reason).inc()
+
+    async def _send(self, request: web.Request, body: bytes, route: Route) -> web.StreamResponse:
+        worker = route.worker_id
+        self.in_flight[worker] += 1
+        self.routed[worker] += 1
+        self.metrics.routed.labels(worker).inc()
+        self.metrics.in_flight.labels(worker).inc()
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
+                                            sock_connect=self.settings.connect_timeout_s)
+            try:
+                upstream = await self.session.request(
+                    request.method, route.url + request.rel_url.path_qs, data=body or None,
+                    headers=self._upstream_headers(request, route), timeout=timeout, allow_redirects=False)
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise _BeforeFirstByte(f"{type(exc).__name__}: {exc}") from exc
+            async with upstream:
+                if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
+                    # An agent whose weights are no longer the ones the fence saw (it restarted,
+                    # or changed them since the controller last read it): another worker serves.
+                    raise _BeforeFirstByte(refusal)
+                headers = self._client_headers(upstream.headers, route)
+                if upstream.content_type == "text/event-stream":
+                    return await self._stream(request, upstream, headers, worker)
+                try:
+                    payload = await upstream.read()
+                except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                    raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+                # An agent puts the spans in a header itself; other engines, at most in the body.
+                spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
+                if spans is not None:
+                    headers[WEIGHT_VERSIONS_HEADER] = spans
+                return web.Response(body=payload, status=upstream.status, headers=headers)
+        finally:
+            self.in_flight[worker] -= 1
+            self.metrics.in_flight.labels(worker).dec()
+
+    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
+                      worker: str) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=headers)
+        await response.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # The client has the headers and part of the stream: say what happened, never cut silently.
+            self.failed[worker] += 1
+            self.metrics.failed.labels(worker, "mid_stream").inc()
+            log.warning("gateway_stream_broken", worker_id=worker, error=str(exc))
+            event = {"error": {"code": "worker_failed", "worker": worker,
+                               "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        await response.write_eof()
+        return response
+
+    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
+                   and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
+        headers.update(outgoing_headers())
+        if route.weight_version is not None:
+            headers[EXPECT_VERSION_HEADER] = route.weight_version
+        return headers
+
+    @staticmethod
+    def _client_headers(upstream: Any, route: Route) -> CIMultiDict[str]:
+        headers = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in _HOP)
+        headers["X-RL-Worker"] = route.worker_id
+        headers["X-RL-Weight-Version"] = route.weight_version or ""
+        return headers
+
+
+class _BeforeFirstByte(Exception):
+    """The worker failed before any byte went to the client: another worker may take it."""
+
+
+async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:
+    """An agent's refusal of a request that expected other weights, as the reason; None for
+    any other 409 (which goes to the client unchanged)."""
+    try:
+        body = await upstream.json(content_type=None)
+        error = body["error"]
+        return str(error["message"]) if error.get("code") == VERSION_MISMATCH else None
+    except (ValueError, TypeError, KeyError, AttributeError, aiohttp.ClientError):
+        return None
+
+
+def _weight_versions(payload: bytes, content_type: str) -> str | None:
+    """The engine's version spans in the body (vLLM's tokens-in/tokens-out answers carry them
+    per choice), as the header's JSON: one list of spans per choice."""
+    if content_type != "application/json" or b"weight_versions" not in payload:
+        return None
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    choices = [c.get("weight_versions") for c in body.get("choices") or [] if isinstance(c, dict)]
+    if not any(choices):
+        return None
+    return json.dumps([c or [] for c in choices], separators=(",", ":"))

@@ -1,0 +1,83 @@
+"""The routing table, and where the fleet state it is built from comes from.
+
+`build_table` is pure: the fence over one `FleetState`. A `StateSource` hands out the state
+with a generation that moves whenever it changed -- the controller in this process (its own
+change counter), or a controller followed over HTTP (`follow.py`) -- and `Router` rebuilds
+the table only when the generation moved, so a request costs a dictionary look-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from rlcp.controlplane.gateway.fence import fence
+from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.versions import is_version_name
+
+
+@dataclass(frozen=True)
+class Route:
+    worker_id: str
+    url: str
+    weight_version: str | None
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    admitted: list[str]
+    routes: dict[str, Route]  # worker id -> route, members inside the fence only
+    why_empty: str  # said in a 503 when nothing serves
+
+    @property
+    def desired(self) -> str | None:
+        return self.admitted[0] if self.admitted else None
+
+
+def build_table(state: FleetState, bound: int | None = None) -> RoutingTable:
+    admitted, inside = fence(state, bound)
+    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version) for w in inside}
+    return RoutingTable(admitted=admitted, routes=routes, why_empty="" if routes else _why(state, admitted))
+
+
+def _why(state: FleetState, admitted: list[str]) -> str:
+    if not state.workers:
+        return "the fleet has no members"
+    if state.phase in ("pausing", "paused", "updating", "verifying", "resuming"):
+        return f"the fleet is {state.phase}"
+    if state.pause_state == "paused":
+        return "every member is paused"
+    unnamed = [w.id for w in state.workers if w.weight_version is not None and not is_version_name(w.weight_version)]
+    if unnamed and len(unnamed) == len(state.workers):
+        return f"every member reports a weight version that is not a valid name ({', '.join(unnamed[:8])})"
+    versions = ", ".join(repr(v) for v in admitted) or "any"
+    return f"no member is reachable, serving and at an admitted weight version ({versions})"
+
+
+class StateSource(Protocol):
+    def current(self) -> tuple[int, FleetState] | None:
+        """(generation, state), or None before the first state is known."""
+
+
+class Router:
+    """The table for the source's current state and a staleness bound, cached by generation."""
+
+    def __init__(self, source: StateSource) -> None:
+        self.source = source
+        self._cache: dict[int | None, tuple[int, RoutingTable]] = {}
+
+    def table(self, bound: int | None = None) -> RoutingTable | None:
+        current = self.source.current()
+        if current is None:
+            return None
+        generation, state = current
+        cached = self._cache.get(bound)
+        if cached is None or cached[0] != generation:
+            if len(self._cache) > 64:  # per-request bounds are few; keep the cache small anyway
+                self._cache.clear()
+            cached = self._cache[bound] = (generation, build_table(state, bound))
+        return cached[1]
+
+    def state(self) -> FleetState | None:
+        current = self.source.current()
+        return None if current is None else current[1]

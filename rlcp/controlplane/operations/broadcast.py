@@ -1,0 +1,374 @@
+"""Broadcast weight updates: the fleet as the inference side of one weight-transfer group.
+
+vLLM's protocol (`vllm/distributed/weight_transfer/`) has four calls: init (join the
+trainer's group), start, one or more update chunks (each receives a broadcast), and
+finish (naming the version). The trainer is rank 0; the controller gives each worker
+its `rank_offset` from the members' world sizes, in worker-id order, and fans every
+call out at once: init and each chunk block on every worker until the trainer's
+broadcast arrives, so they must run side by side.
+
+Rules that keep a fleet from deadlocking or serving half-updated weights:
+- The trainer's `world_size` must be 1 + the fleet's inference ranks: checked before
+  any worker is touched (422 naming the field).
+- The group remembers the membership epoch and each worker's instance id at init. A
+  change (a member added, removed, or restarted) makes start and update fail fast with
+  409 `membership_changed`; the trainer re-initialises the group.
+- Start pauses a fleet the trainer has not paused (finish resumes it), and opens a
+  session: until finish, other operations get 409 and the reconciler stays away.
+- Any failure, or a trainer that goes quiet past `idle_timeout_s`, aborts the update:
+  the surviving workers finish without a version (their engines leave the half-done
+  reload intact and usable), those that received nothing resume, those that received
+  chunks stay paused and not ready until the reconciler loads a disk copy or the next
+  broadcast lands. The call returns at once with every worker's result; state names
+  the worker and the phase. The group is dropped: init again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, MembershipChanged, NoMembers
+from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.paths import check_path
+from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.verify import verify
+from rlcp.controlplane.operations.weights import tell_desired
+from rlcp.controlplane.settings import WeightTransferSettings
+from rlcp.controlplane.workers.capabilities import has
+from rlcp.core.wire.controller import (
+    Checkpoint,
+    OperationResult,
+    TransferFinishRequest,
+    TransferGroupView,
+    TransferInitRequest,
+    TransferMember,
+    TransferUpdateRequest,
+)
+
+log = structlog.get_logger("rlcp.controlplane.operations.broadcast")
+SESSION = "weight_transfer_update"
+
+
+@dataclass(frozen=True)
+class _Member:
+    worker_id: str
+    rank_offset: int
+    world_size: int
+    instance_id: str | None
+
+
+@dataclass
+class _Group:
+    epoch: int
+    world_size: int
+    members: list[_Member]
+
+
+@dataclass
+class _Update:
+    """An open update: from start to finish (or abort)."""
+
+    run: Run
+    records: list[WorkerRecord]
+    paused_by_us: bool
+    chunks: int = 0
+    last_call: float = field(default_factory=time.monotonic)
+    watchdog: asyncio.Task[None] | None = None
+
+
+def plan_ranks(sizes: dict[str, int]) -> list[tuple[str, int, int]]:
+    """(worker id, rank_offset, world size) in id order; the trainer is rank 0."""
+    out, offset = [], 1
+    for worker_id in sorted(sizes):
+        out.append((worker_id, offset, sizes[worker_id]))
+        offset += sizes[worker_id]
+    return out
+
+
+class WeightTransfer:
+    """The fleet's side of one trainer's weight-transfer group, and its open update."""
+
+    def __init__(self, ctx: OperationContext, *, settings: WeightTransferSettings, changes: ChangeCounter,
+                 is_leader: Callable[[], bool]) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self._changes = changes
+        self._is_leader = is_leader
+        self._group: _Group | None = None
+        self._update: _Update | None = None
+
+    @property
+    def group(self) -> _Group | None:
+        return self._group
+
+    @group.setter
+    def group(self, group: _Group | None) -> None:
+        self._group = group
+        self._changes.bump()
+
+    @property
+    def update(self) -> _Update | None:
+        return self._update
+
+    @update.setter
+    def update(self, update: _Update | None) -> None:
+        self._update = update
+        self._changes.bump()
+
+    # -- reads ---------------------------------------------------------------------------
+    def world_size(self) -> int:
+        """Inference ranks across the fleet (what vLLM's `/get_world_size` answers)."""
+        return sum(r.world_size for r in self.ctx.registry.members())
+
+    def view(self) -> TransferGroupView | None:
+        g = self.group
+        if g is None:
+            return None
+        return TransferGroupView(
+            membership_epoch=g.epoch, stale=self._change(g) is not None, world_size=g.world_size,
+            members=[TransferMember(worker_id=m.worker_id, rank_offset=m.rank_offset, world_size=m.world_size)
+                     for m in g.members],
+            updating=self.update is not None, chunks=self.update.chunks if self.update else 0)
+
+    # -- init ------------------------------------------------------------------------------
+    async def init(self, req: TransferInitRequest) -> OperationResult:
+        ctx = self.ctx
+        members = ctx.registry.members()
+        if not members:
+            raise NoMembers("the fleet has no members")
+        require_capability(members, "broadcast", "a broadcast weight transfer")
+        ranks = plan_ranks({r.id: r.world_size for r in members})
+        expected = 1 + sum(size for _, _, size in ranks)
+        got = req.init_info.get("world_size")
+        if not isinstance(got, int) or isinstance(got, bool) or got != expected:
+            raise InconsistentInput(
+                f"init_info.world_size must be {expected}: the trainer (rank 0) plus the fleet's "
+                f"{expected - 1} inference ranks; got {got!r}", field="init_info.world_size")
+        offsets = {worker_id: offset for worker_id, offset, _ in ranks}
+        deadline = ctx.deadlines.transfer_init_s
+
+        async def body(run: Run) -> None:
+            self.group = None  # a new init replaces the old group, joined or not
+            joined = await run.step(None, "init_weight_transfer", run.members,
+                                    lambda a: a.init_weight_transfer(req.init_info | {
+                                        "rank_offset": offsets[a.spec.id]}, deadline), ctx.deadlines.call_over(deadline))
+            if len(joined) == len(run.members):
+                self.group = _Group(epoch=run.tracker.epoch, world_size=expected, members=[
+                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
+                    for r in run.members])
+                log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
+            else:
+                # The collective cannot form without every rank: release the ones that joined.
+                await run.step(None, "shutdown_weight_transfer", joined, lambda a: a.shutdown_weight_transfer(),
+                               ctx.deadlines.control_s)
+
+        detail = {"world_size": expected, "ranks": {worker_id: offset for worker_id, offset, _ in ranks}}
+        return await run_operation(ctx, "weight_transfer_init", detail, body)
+
+    async def shutdown(self) -> OperationResult:
+        if self.update is not None:
+            async with self.ctx.gate.api_operation(SESSION, in_session=True):
+                if self.update is not None:
+                    with self.update.run.bound():
+                        await self._abort("the trainer shut the weight transfer down during an update")
+        self.group = None
+        return await run_operation(self.ctx, "weight_transfer_shutdown", {}, self._leave)
+
+    async def _leave(self, run: Run) -> None:
+        # Only members that can be in a group have one to leave.
+        peers = [r for r in run.members if has(r.driver, "broadcast")]
+        await run.step(None, "shutdown_weight_transfer", peers, lambda a: a.shutdown_weight_transfer(),
+                       self.ctx.deadlines.control_s)
+
+    # -- the update session ------------------------------------------------------------------
+    async def start(self) -> OperationResult:
+        ctx, d = self.ctx, self.ctx.deadlines
+        async with ctx.gate.api_operation(SESSION):
+            group = self._require_group()
+            run = Run(ctx, SESSION, {"world_size": group.world_size})
+            records = [r for r in (ctx.registry.get(m.worker_id) for m in group.members) if r is not None]
+            update = self.update = _Update(run=run, records=records, paused_by_us=not ctx.desired.state.paused)
+            ctx.gate.begin_session(SESSION)
+            with run.bound():
+                if update.paused_by_us:
+                    pause_s = d.pause()
+                    paused = await run.step("pausing", "pause", records,
+                                            lambda a: a.pause(self.settings.pause_mode, pause_s), d.call_over(pause_s))
+                    if len(paused) < len(records):
+                        return await self._abort("a worker did not pause")
+                started = await run.step("updating", "start_weight_update", records,
+                                         lambda a: a.start_weight_update(), d.transfer_chunk_s)
+                if len(started) < len(records):
+                    return await self._abort("a worker did not start the update")
+                update.watchdog = asyncio.create_task(self._watch_idle(update), name="weight-transfer-idle")
+                return run.tracker.snapshot()
+
+    async def update_chunk(self, req: TransferUpdateRequest) -> OperationResult:
+        return await self._in_session("update_weights", lambda u: self._chunk(u, req))
+
+    async def _chunk(self, update: _Update, req: TransferUpdateRequest) -> OperationResult:
+        update.chunks += 1
+        self._changes.bump()
+        deadline = self.ctx.deadlines.transfer_chunk_s
+        done = await update.run.step("updating", f"update_weights[{update.chunks}]", update.records,
+                                     lambda a: a.update_weights(req.update_info, deadline),
+                                     self.ctx.deadlines.call_over(deadline))
+        if len(done) < len(update.records):
+            return await self._abort("a worker failed an update chunk")
+        return update.run.tracker.snapshot()
+
+    async def finish(self, req: TransferFinishRequest) -> OperationResult:
+        checkpoint = None
+        if req.checkpoint_path is not None:
+            if req.weight_version is None:
+                raise InvalidInput("checkpoint_path needs weight_version: a disk copy must name its version",
+                                   field="checkpoint_path")
+            checkpoint = Checkpoint(path=check_path(req.checkpoint_path, "checkpoint_path", self.ctx.allowed_roots),
+                                    version=req.weight_version)
+        return await self._in_session("finish_weight_update", lambda u: self._finish(u, req, checkpoint))
+
+    async def _finish(self, update: _Update, req: TransferFinishRequest,
+                      checkpoint: Checkpoint | None) -> OperationResult:
+        ctx, run = self.ctx, update.run
+        version = req.weight_version
+        run.tracker.note(version=version, chunks=update.chunks)
+        finished = await run.step("updating", "finish_weight_update", update.records,
+                                  lambda a: a.finish_weight_update(version), ctx.deadlines.transfer_chunk_s)
+        if len(finished) < len(update.records):
+            return await self._abort("a worker failed to finish the update", finished=finished)
+        # Every worker holds the new weights: they are the desired state now. Without a
+        # version nothing names them yet (the trainer may call update_weight_version).
+        await ctx.desired.set_broadcast_weights(version, checkpoint)
+        await tell_desired(run, [r for r in update.records if r.tracks_desired], version)
+        verified = update.records
+        if version is not None and self.settings.verify:
+            verified = await verify(run, update.records, version)
+        ctx.log.set_verified(version is not None and self.settings.verify
+                             and len(verified) == len(ctx.registry.members()))
+        if update.paused_by_us and not ctx.desired.state.paused:
+            await run.step("resuming", "resume", verified, lambda a: a.resume(), ctx.deadlines.control_s)
+        return await self._close(update)
+
+    async def update_weight_version(self, version: str) -> OperationResult:
+        """Name the weights every member holds (vLLM's `/update_weight_version`)."""
+        ctx = self.ctx
+        require_capability(ctx.registry.members(), "broadcast", "naming broadcast weights")
+
+        async def body(run: Run) -> None:
+            await ctx.desired.rename_weights(version)
+            await run.step(None, "update_weight_version", run.members, lambda a: a.update_weight_version(version),
+                           ctx.deadlines.control_s)
+
+        return await run_operation(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
+
+    def forget(self, reason: str) -> None:
+        """Drop the group and any open update without touching a worker: in a new leadership
+        term another replica may have driven the workers since, so neither is ours to go
+        on with. The trainer's next call gets 409 and it initialises again."""
+        if self.group is None and self.update is None:
+            return
+        log.warning("weight_transfer_forgotten", reason=reason)
+        update, self.update, self.group = self.update, None, None
+        if update is not None:
+            self.ctx.gate.end_session()
+            if update.watchdog is not None:
+                update.watchdog.cancel()
+            update.run.tracker.note(aborted=reason)
+            update.run.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    async def _in_session(self, phase: str,
+                          call: Callable[[_Update], Awaitable[OperationResult]]) -> OperationResult:
+        ctx = self.ctx
+        if self.update is None:
+            raise Conflict(f"{phase}: no weight update is open; call start_weight_update first")
+        async with ctx.gate.api_operation(SESSION, in_session=True):
+            update = self.update
+            if update is None:  # aborted by the idle watchdog while this call waited
+                raise Conflict(f"{phase}: the weight update was aborted; start again")
+            update.last_call = time.monotonic()
+            with update.run.bound():
+                assert self.group is not None
+                if (change := self._change(self.group)) is not None:
+                    await self._abort(f"membership changed during the update: {change}")
+                    raise MembershipChanged(f"{change}; initialise the weight transfer again")
+                try:
+                    return await call(update)
+                finally:
+                    update.last_call = time.monotonic()
+
+    def _require_group(self) -> _Group:
+        if self.group is None:
+            raise Conflict("no weight-transfer group: call init_weight_transfer_engine first")
+        if (change := self._change(self.group)) is not None:
+            raise MembershipChanged(f"{change}; initialise the weight transfer again")
+        return self.group
+
+    def _change(self, group: _Group) -> str | None:
+        """Why the group no longer matches the fleet, or None when it still does."""
+        registry = self.ctx.registry
+        ids, present = {m.worker_id for m in group.members}, registry.ids()
+        if added := sorted(present - ids):
+            return f"members added since init: {', '.join(added)}"
+        if removed := sorted(ids - present):
+            return f"members removed since init: {', '.join(removed)}"
+        if registry.membership.epoch != group.epoch:
+            return f"membership epoch is {registry.membership.epoch}, the group was formed at {group.epoch}"
+        for m in group.members:
+            rec = registry.get(m.worker_id)
+            status = rec.status if rec is not None else None
+            if status is not None and m.instance_id is not None and status.instance_id != m.instance_id:
+                return f"worker {m.worker_id} restarted since init"
+        return None
+
+    async def _abort(self, reason: str, *, finished: list[WorkerRecord] | None = None) -> OperationResult:
+        """End the open update after a failure; see the module docstring for what each worker gets."""
+        update = self.update
+        assert update is not None
+        ctx, run = self.ctx, update.run
+        log.warning("weight_transfer_aborted", reason=reason, chunks=update.chunks)
+        run.tracker.note(aborted=reason, chunks=update.chunks)
+        self.group = None  # a collective that failed part-way cannot be trusted: init again
+        done = {r.id for r in finished or []}
+        alive = [r for r in update.records if r.id not in done and run.tracker.ok_so_far(r.id)]
+        # finish restores the engine's layers (a reload left open would kill the next forward pass).
+        await run.best_effort("abort:finish_weight_update", alive, lambda a: a.finish_weight_update(None),
+                              ctx.deadlines.transfer_chunk_s)
+        if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
+            intact = [r for r in update.records if run.tracker.ok_so_far(r.id)]
+            await run.step("resuming", "resume", intact, lambda a: a.resume(), ctx.deadlines.control_s)
+        return await self._close(update)
+
+    async def _close(self, update: _Update) -> OperationResult:
+        self.update = None
+        self.ctx.gate.end_session()
+        if update.watchdog is not None and update.watchdog is not asyncio.current_task():
+            update.watchdog.cancel()
+        result = update.run.close()
+        await self.ctx.refresh(update.run.answering(update.records))
+        return result
+
+    async def _watch_idle(self, update: _Update) -> None:
+        """Abort an update the trainer stopped driving, so the fleet is not left paused."""
+        idle_s = self.settings.idle_timeout_s
+        while self.update is update:
+            if not self._is_leader():
+                return  # a follower touches no worker; a later term of ours forgets the update
+            wait = update.last_call + idle_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            with contextlib.suppress(Conflict):
+                async with self.ctx.gate.api_operation(SESSION, in_session=True):
+                    if self.update is update and time.monotonic() - update.last_call >= idle_s:
+                        with update.run.bound():
+                            await self._abort(f"no call from the trainer for {idle_s:g}s")
+                        return
+            await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it

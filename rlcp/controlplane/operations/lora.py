@@ -1,0 +1,48 @@
+"""LoRA adapters fleet-wide: load (or hot-swap under the same name) and unload.
+
+A load is verified (unless `verify: false`): the adapter's tensors, as each worker holds them,
+agree across the fleet (`verify.verify_adapter`); a worker that read other bytes under the
+same path (a stale node-local copy) is named. It keeps the adapter; the operation says which."""
+
+from __future__ import annotations
+
+from rlcp.controlplane.errors import NotFound
+from rlcp.controlplane.fleet.paths import check_path
+from rlcp.controlplane.operations.checkpoint import check_checkpoint
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.verify import verify_adapter
+from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
+
+
+async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
+    path = check_path(req.path, "path", ctx.allowed_roots)
+    members = ctx.registry.members()
+    require_capability(members, "lora", "a LoRA load")
+    # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
+    # it is desired; workers that cannot load it are left out, reported.
+    refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
+
+    async def body(run: Run) -> None:
+        run.report(refused.values())
+        await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
+        targets = [r for r in run.members if r.id not in refused]
+        loaded = await run.step(None, "load_lora", targets, lambda a: a.load_lora(req.name, path, req.version),
+                                ctx.deadlines.lora_s)
+        if req.verify:
+            await verify_adapter(run, loaded, req.name)
+
+    return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path,
+                                                  "verify": req.verify}, body)
+
+
+async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
+    members = ctx.registry.members()
+    if name not in ctx.desired.state.loras and not any(r.status and name in r.status.loras for r in members):
+        raise NotFound(f"no LoRA named {name!r} in the fleet", field="name")
+    require_capability(members, "lora", "a LoRA unload")
+
+    async def body(run: Run) -> None:
+        await ctx.desired.drop_lora(name)
+        await run.step(None, "unload_lora", run.members, lambda a: a.unload_lora(name), ctx.deadlines.lora_s)
+
+    return await run_operation(ctx, "unload_lora", {"name": name}, body)

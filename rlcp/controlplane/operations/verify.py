@@ -1,0 +1,140 @@
+"""Verification after an update: every updated worker reports the version, and where its
+driver can compute them, weight checksums agree; a minority that disagrees fails. A worker
+whose load answered its version and checksums (`LoadReport`) is judged on that answer,
+without another call.
+
+Agreement among workers cannot catch a majority that loaded the same wrong files, so:
+- a trainer's manifest of the version's checksums (`expected_checksums`) is checked on every
+  worker, tensor by tensor; only the tensors it does not name (an adapter's, say) are left
+  to the comparison between workers;
+- a rolling update's later waves are held to what the earlier ones agreed on (`Agreement`),
+  not only to each other: a wave of one would otherwise agree with itself.
+
+An adapter loaded fleet-wide is verified the same way (`verify_adapter`): its tensors, as the
+workers hold them, agree across the workers whose checksums cover adapters (the agent's keys
+`lora:<name>:...`; stock vLLM's checksums leave adapters out, so those are not judged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter as Tally
+from dataclasses import dataclass
+
+from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.operations.context import Run
+from rlcp.controlplane.workers.capabilities import Driver, LoadReport, has
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.core.wire.agent import lora_checksum_key
+
+_NAMED = 3  # tensors named in a manifest mismatch message
+
+
+@dataclass
+class Agreement:
+    """The digest earlier waves of one update agreed on (None before the first)."""
+
+    digest: str | None = None
+
+
+async def verify(run: Run, records: list[WorkerRecord], version: str, reports: dict[str, LoadReport] | None = None,
+                 *, manifest: dict[str, str] | None = None,
+                 agreement: Agreement | None = None) -> list[WorkerRecord]:
+    """The records that passed; failures are recorded in the run."""
+    deadlines = run.ctx.deadlines
+    reports = reports or {}
+
+    async def reports_version(driver: Driver) -> None:
+        report = reports.get(driver.spec.id)
+        reported = report.weight_version if report is not None else (await driver.status()).weight_version
+        if reported != version:
+            raise WorkerRejected(driver.spec.id, f"reports weight version {reported!r}, expected {version!r}")
+
+    at_version = await run.step("verifying", "verify", records, reports_version, deadlines.control_s)
+    hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
+    outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
+                                        phase="verify", deadline_s=deadlines.checksums_s)
+    run.tracker.record(o for o in outcomes if not o.ok)
+    failed = {o.worker_id for o in outcomes if not o.ok}
+    checksums = {o.worker_id: o.value for o in outcomes if o.ok and o.value}
+    checksums |= {r.id: reports[r.id].checksums for r in at_version  # type: ignore[misc]
+                  if r.id in reports and reports[r.id].checksums}
+
+    def fail(worker_id: str, message: str) -> None:
+        failed.add(worker_id)
+        run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
+            "status": "error", "phase": "verify", "message": message, "code": "verify_failed"}))
+
+    if manifest:
+        for worker_id, sums in checksums.items():
+            if problem := _against_manifest(sums, manifest):
+                fail(worker_id, f"weight checksums differ from the manifest of version {version!r}: {problem}")
+        for r in at_version:
+            if r.id not in checksums and r.id not in failed:
+                fail(r.id, "gave no weight checksums to check against the manifest")
+    digests = {wid: _digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
+               for wid, sums in checksums.items() if wid not in failed}
+    if digests:
+        if agreement is not None and agreement.digest is not None:
+            agreed = agreement.digest
+            why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
+        else:
+            agreed, count = _majority(digests)
+            why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
+        for worker_id, digest in digests.items():
+            if digest != agreed:
+                fail(worker_id, why)
+        if agreement is not None:
+            agreement.digest = agreed
+    return [r for r in at_version if r.id not in failed]
+
+
+async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> list[WorkerRecord]:
+    """The records whose copy of adapter `name` agrees with the majority's (or that cannot
+    say: no checksums, or none covering adapters); failures are recorded in the run."""
+    prefix = lora_checksum_key(name, "")
+    run.ctx.log.set_phase("verifying")
+    hashing = [r for r in records if has(r.driver, "checksums")]
+    outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
+                                        phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
+    run.tracker.record(o for o in outcomes if not o.ok)
+    failed = {o.worker_id for o in outcomes if not o.ok}
+    digests = {}
+    for o in outcomes:
+        held = {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} if o.ok else {}
+        if held:
+            digests[o.worker_id] = _digest(held)
+    if digests:
+        majority, count = _majority(digests)
+        for worker_id, digest in digests.items():
+            if digest != majority:
+                failed.add(worker_id)
+                run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
+                    "status": "error", "phase": "verify", "code": "verify_failed",
+                    "message": f"adapter {name!r} checksums differ from {count} other worker(s)"}))
+    return [r for r in records if r.id not in failed]
+
+
+def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | None:
+    missing = sorted(k for k in manifest if k not in sums)
+    differ = sorted(k for k in manifest if k in sums and sums[k] != manifest[k])
+    if not missing and not differ:
+        return None
+    parts = []
+    if differ:
+        parts.append(f"{len(differ)} of {len(manifest)} tensors differ ({', '.join(differ[:_NAMED])}"
+                     f"{', ...' if len(differ) > _NAMED else ''})")
+    if missing:
+        parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:_NAMED])}"
+                     f"{', ...' if len(missing) > _NAMED else ''})")
+    return "; ".join(parts)
+
+
+def _majority(digests: dict[str, str]) -> tuple[str, int]:
+    """The digest most workers gave, and how many gave it."""
+    return Tally(digests.values()).most_common(1)[0]
+
+
+def _digest(checksums: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()

@@ -1,0 +1,123 @@
+"""The reconciler: brings workers that are behind to the desired state, one pass at a time.
+
+Level-triggered: each pass compares every reachable member's last status with the desired
+state (`plan.py`, pure) and runs the planned actions in order, stopping a worker's plan at
+its first failure. When to try a failing worker again is the rate limiter's business
+(`ratelimit.py`). Only the leader acts, through the gate (an API operation waiting makes
+the pass stop between actions), and a loss of leadership cancels a pass halfway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from rlcp.controlplane.deadlines import Deadlines
+from rlcp.controlplane.errors import NotLeader
+from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from rlcp.controlplane.leadership.guard import Leadership
+from rlcp.controlplane.metrics import ControllerMetrics
+from rlcp.controlplane.operations.gate import OperationGate
+from rlcp.controlplane.reconcile.plan import Action, plan
+from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
+from rlcp.controlplane.workers.fanout import FanOut
+
+log = structlog.get_logger("rlcp.controlplane.reconcile")
+
+
+class Reconciler:
+    def __init__(self, *, registry: FleetRegistry, desired: DesiredKeeper, gate: OperationGate, fanout: FanOut,
+                 deadlines: Deadlines, leadership: Leadership, limiter: WorkerRateLimiter,
+                 metrics: ControllerMetrics, refresh: Callable[[list[WorkerRecord]], Awaitable[None]],
+                 ensure_leading: Callable[[], Awaitable[None]]) -> None:
+        self.registry, self.desired, self.gate, self.fanout = registry, desired, gate, fanout
+        self.deadlines, self.leadership, self.limiter, self.metrics = deadlines, leadership, limiter, metrics
+        self._refresh, self._ensure_leading = refresh, ensure_leading
+
+    def plan_for(self, rec: WorkerRecord) -> list[Action]:
+        if not rec.reachable or rec.status is None:
+            return []
+        return plan(self.desired.state, rec.status, told_desired=rec.told_desired, tracks_desired=rec.tracks_desired)
+
+    def needs_work(self, rec: WorkerRecord) -> bool:
+        return bool(self.plan_for(rec))
+
+    async def reconcile_once(self) -> int:
+        """One pass over the workers that are behind; returns how many were acted on."""
+        if not self.leadership.is_leader:
+            return 0
+        await self._ensure_leading()
+        return await self.leadership.run_as_leader(self._pass(), name="reconcile-pass")
+
+    async def _pass(self) -> int:
+        async with self.gate.reconcile_pass() as held:
+            if not held:
+                return 0
+            due = [r for r in self.registry.members() if self.needs_work(r) and self.limiter.due(r.id)]
+            if not due:
+                return 0
+            await asyncio.gather(*(self._reconcile_worker(r) for r in due))
+            return len(due)
+
+    async def _reconcile_worker(self, rec: WorkerRecord) -> None:
+        with structlog.contextvars.bound_contextvars(worker_id=rec.id, operation="reconcile"):
+            fresh = await self.fanout.call(rec.driver, lambda d: d.status(), phase="status",
+                                           deadline_s=self.deadlines.control_s, quiet=True)
+            self.registry.observe(fresh)
+            if not fresh.ok or rec.status is None:
+                return
+            for action in self.plan_for(rec):
+                if self.gate.api_waiting:
+                    return  # an API operation is waiting: finish later
+                outcome = await self.fanout.call(rec.driver, lambda d, a=action: self._act(d, a),
+                                                 phase=f"reconcile:{action.kind}",
+                                                 deadline_s=self.deadlines.reconcile_action(action.kind))
+                self.registry.record_result(outcome.result)
+                if not outcome.ok:
+                    self.limiter.when(rec.id)
+                    self.metrics.worker_failures.labels(rec.id, outcome.result.phase).inc()
+                    return
+                if action.kind == "set_desired":
+                    self.registry.told(rec.id, action.args["version"])
+            self.limiter.forget(rec.id)
+            log.info("worker_reconciled", version=self.desired.state.weight_version)
+            await self._refresh([rec])
+
+    async def _act(self, d: Any, action: Action) -> None:
+        """`d` is a driver; the plan only asks one for what its capabilities allow."""
+        a = action.args
+        match action.kind:
+            case "set_desired":
+                await d.set_desired_version(a["version"])
+            case "update_weights":
+                await d.update_weights_from_disk(a["path"], a["version"])
+            case "load_lora":
+                await d.load_lora(a["name"], a["path"], a["version"])
+            case "unload_lora":
+                await d.unload_lora(a["name"])
+            case "pause":
+                await d.pause(a["mode"], self.deadlines.pause())
+            case "resume":
+                await d.resume()
+
+
+async def run_reconciler(*, reconciler: Reconciler, desired: DesiredKeeper, leadership: Leadership,
+                         interval_s: float, iterations: int | None = None) -> None:
+    """Reconcile every `interval_s` while leading; follow the leader's desired state otherwise."""
+    n = 0
+    while iterations is None or n < iterations:
+        n += 1
+        try:
+            if leadership.is_leader:
+                await reconciler.reconcile_once()
+            else:
+                await desired.follow(leader=leadership.leader_identity)
+        except NotLeader as exc:
+            log.info("reconcile_pass_stopped", reason=exc.message)
+        except Exception:  # one bad pass must not end reconciliation for good
+            log.exception("reconcile_pass_failed")
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,79 @@
+"""Reconciliation decisions: what to do to one worker to bring it to the desired state.
+
+Plain code over typed state, no I/O, so every rule is testable without sockets. The
+controller runs the plan's actions in order and stops a worker's plan at its first
+failure (then backs off). Order matters: a worker is told the desired version first
+(so it reports not ready while stale), then gets weights, then adapters, and is
+resumed only once nothing else is left to do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.core.wire.controller import DesiredState
+
+ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume"]
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+def weights_behind(desired: DesiredState, status: WorkerStatus) -> bool:
+    return desired.weight_version is not None and status.weight_version != desired.weight_version
+
+
+def load_source(desired: DesiredState) -> dict[str, str] | None:
+    """Where a worker behind gets weights: the desired disk source, else (after a
+    broadcast) the newest disk checkpoint known, which may be an older version."""
+    if desired.weight_source is not None and desired.weight_source.kind == "disk":
+        return {"path": desired.weight_source.path, "version": desired.weight_version or ""}
+    if desired.checkpoint is not None:
+        return {"path": desired.checkpoint.path, "version": desired.checkpoint.version}
+    return None
+
+
+def loras_behind(desired: DesiredState, status: WorkerStatus) -> bool:
+    want = {name: spec.version for name, spec in desired.loras.items()}
+    return status.loras != want
+
+
+def converged(desired: DesiredState, status: WorkerStatus) -> bool:
+    """At the desired weights and adapters (pause state aside)."""
+    return not weights_behind(desired, status) and not loras_behind(desired, status)
+
+
+def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | None | object,
+         tracks_desired: bool) -> list[Action]:
+    """Actions that bring one reachable worker to `desired`, in order; [] when it is there.
+
+    `told_desired` is the version this worker was last told (a sentinel when never);
+    `tracks_desired` says whether its flavor gates readiness on it (the agent does).
+    """
+    actions: list[Action] = []
+    if tracks_desired and told_desired != desired.weight_version:
+        actions.append(Action("set_desired", {"version": desired.weight_version}))
+    if weights_behind(desired, status):
+        source = load_source(desired)
+        if source is None:
+            return actions  # nothing to load (a broadcast version, no disk copy): it stays not ready
+        if status.weight_version != source["version"]:
+            actions.append(Action("update_weights", source))
+        if source["version"] != desired.weight_version:
+            return actions  # the disk copy is older: out of service until the next broadcast
+    for name, spec in desired.loras.items():
+        if name not in status.loras or status.loras[name] != spec.version:
+            actions.append(Action("load_lora", {"name": name, "path": spec.path, "version": spec.version}))
+    for name in status.loras:
+        if name not in desired.loras:
+            actions.append(Action("unload_lora", {"name": name}))
+    if desired.paused and status.paused is False:
+        actions.append(Action("pause", {"mode": desired.pause_mode}))
+    elif not desired.paused and status.paused:
+        actions.append(Action("resume"))
+    return actions

@@ -1,0 +1,279 @@
+"""The controller's settings: one pydantic-settings model built from small nested ones.
+
+Sources, highest first: init kwargs, environment (`RLCP_`, nested with `__`, e.g.
+`RLCP_API__PORT=8080`), a YAML file (`--config`), then defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+
+from rlcp.controlplane.workers.spec import Flavor, WorkerSpec
+from rlcp.core.settings import Section, load_settings_with_yaml, read_token
+from rlcp.core.wire.agent import PauseMode
+
+
+class ApiSettings(Section):
+    host: str = Field("127.0.0.1", description="Bind address of the controller API.")
+    port: int = Field(8080, ge=0, le=65535, description="Controller API port (0 = pick a free one).")
+    token: SecretStr | None = Field(None, description="Bearer token for mutating routes.")
+    token_file: Path | None = Field(None, description="File holding the token (a mounted Secret).")
+    auth_reads: bool = Field(False, description="Also require the token on read routes.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body, in bytes.")
+    front: bool = Field(True, description="Serve this port from a front process of its own, which answers "
+                        "/v1/rl/state from a replica of the controller's document and proxies the rest to the "
+                        "controller behind it (rlcp/controlplane/front/): reads do not wait for the fleet's work.")
+    front_follow_interval_s: float = Field(0.05, gt=0, description="How often the front reads the controller's "
+                                           "state (a 304 while unchanged; each write is followed by a read), in s.")
+    front_timeout_s: float = Field(3600.0, gt=0, description="Deadline of one request the front proxies (an "
+                                   "update with wait: true lasts as long as the update), in seconds.")
+    front_stale_s: float = Field(30.0, gt=0, description="The front's /healthz fails once the controller behind "
+                                 "it has not answered a state read for this long, in seconds.")
+
+    def resolved_token(self) -> str:
+        token = read_token(self.token, self.token_file)
+        if not token:
+            raise ValueError("no API token: set RLCP_API__TOKEN or RLCP_API__TOKEN_FILE")
+        return token
+
+
+class GatewaySettings(Section):
+    """The inference gateway: one endpoint for the fleet's rollouts, fenced by weight version."""
+
+    enabled: bool = Field(True, description="Serve the gateway from the controller process.")
+    host: str = Field("127.0.0.1", description="Bind address of the gateway.")
+    port: int = Field(8090, ge=0, le=65535, description="Gateway port (0 = pick a free one).")
+    token: SecretStr | None = Field(None, description="Bearer token for inference; none: inference is open.")
+    token_file: Path | None = Field(None, description="File holding the inference token (a mounted Secret).")
+    max_body_bytes: int = Field(8 << 20, ge=1024, description="Largest inference request body, in bytes.")
+    hold_timeout_s: float = Field(30.0, gt=0, le=3600, description="How long a request may wait for a member to "
+                                                                 "serve (a pause, an update), in seconds.")
+    max_held: int = Field(4096, ge=0, description="Requests waiting at once; more are answered 503 at once.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Deadline to reach a worker, in seconds.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one proxied request, in seconds.")
+    attempts: int = Field(3, ge=1, le=10, description="Tries of a request that fails before the first byte of an "
+                                                      "answer: other members first, then again.")
+    affinity_header: str = Field("X-RL-Session", min_length=1,
+                                 description="Header naming a session; its requests go to one worker while it "
+                                             "serves (`X-Session-ID`, verifiers' header, and the body's `user` "
+                                             "also count; `cache_salt` does not: it isolates caches).")
+    accept_admin_token: bool = Field(True, description="With `token` set, also accept the controller's admin token "
+                                                       "for inference, so one API key serves both URLs (prime-rl "
+                                                       "sends one key to both).")
+    follow_url: str | None = Field(None, description="Standalone gateway only: the controller whose "
+                                                     "`GET /v1/rl/state` it follows.")
+    follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")
+    follow_interval_s: float = Field(0.2, gt=0, description="How often a standalone gateway reads the state.")
+
+    def resolved_token(self) -> str | None:
+        return read_token(self.token, self.token_file)
+
+
+class HttpListingSettings(Section):
+    url: str = Field(description="URL of a GET /v1/rl/workers listing (Dynamo's shape).")
+    interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
+    default_flavor: Flavor = Field("dynamo", description="Flavor of entries that do not name one.")
+    token: SecretStr | None = None
+
+
+DeadActors = Literal["keep", "drop"]  # what discovery kind ray does with a DEAD actor
+
+
+class RaySettings(Section):
+    """Members from a Ray cluster's actors, read through the dashboard's state API (docs/ray.md).
+    The controller never imports `ray`: it reads plain HTTP."""
+
+    dashboard_url: str = Field(min_length=1, description="Base URL of the Ray dashboard, whose state API "
+                               "(`/api/v0/actors`) is read, e.g. http://127.0.0.1:8265.")
+    namespace: str | None = Field(None, min_length=1, description="Ray namespace of the actors. None: every "
+                                  "namespace, and a named actor's member id is then `namespace/name`.")
+    name_prefix: str | None = Field(None, min_length=1, description="Only actors whose name starts with this.")
+    class_name: str | None = Field(None, min_length=1, description="Only actors of this class (Ray's "
+                                   "`class_name`, the class's own name without its module).")
+    interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
+    max_backoff_s: float = Field(30.0, gt=0, description="Longest wait between failed polls, in seconds.")
+    limit: int = Field(10000, ge=1, le=10000, description="Most actors one poll reads (the state API's `limit`, "
+                       "at most 10000). A cluster with more than this is a failed poll, never a partial list.")
+    token: SecretStr | None = Field(None, description="Bearer token sent to the dashboard (a proxy in front of "
+                                    "it); none: no Authorization header.")
+    default_flavor: Flavor = Field("agent", description="Flavor of actors whose description names none.")
+    dead_actors: DeadActors = Field(
+        "keep", description="keep: a DEAD actor stays a member (unreachable, shown as such) until Ray forgets it; "
+                            "drop: it leaves the fleet, logged.")
+
+
+# Where a pod finds its own namespace (the service account volume every pod mounts).
+SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def pod_namespace() -> str:
+    """The namespace this pod runs in, or "default" outside a cluster."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE_FILE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def pod_identity() -> str:
+    """This replica's name in a Lease: the pod name (downward API `POD_NAME`), else the hostname
+    (which Kubernetes sets to the pod name too)."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class KubernetesApiSettings(Section):
+    """How to reach the Kubernetes API; shared by discovery, leader election and the ConfigMap store."""
+
+    api_url: str | None = Field(None, description="API server URL (tests, `kubectl proxy`). Unset: in-cluster "
+                                                  "config inside a pod, else the kubeconfig.")
+    kubeconfig: Path | None = Field(None, description="Kubeconfig file outside a cluster; default ~/.kube/config.")
+    context: str | None = Field(None, description="Kubeconfig context; default the current one.")
+    request_timeout_s: float = Field(10.0, gt=0, description="Deadline of one API call, in seconds.")
+
+
+class KubernetesDiscoverySettings(Section):
+    """EndpointSlices (discovery.k8s.io/v1) selected by label, list-then-watch."""
+
+    namespace: str = Field(default_factory=pod_namespace, description="Namespace of the EndpointSlices; "
+                                                                       "default the pod's own.")
+    label_selector: str = Field(min_length=1, description="Selects the workers' EndpointSlices, e.g. "
+                                                          "`kubernetes.io/service-name=rl-workers`.")
+    admin_port_name: str = Field("admin", min_length=1, description="EndpointSlice port name of the admin API.")
+    inference_port_name: str = Field("inference", min_length=1,
+                                     description="EndpointSlice port name serving inference (optional on a slice).")
+    world_size_key: str = Field("rlcp.io/world-size", min_length=1,
+                                description="Pod label or annotation holding a worker's inference ranks.")
+    read_pods: bool = Field(True, description="Read each worker pod (once per pod) for `world_size_key`; "
+                                              "off: only the EndpointSlice's own labels/annotations count.")
+    flavor: Flavor = Field("agent", description="AdminAPI flavor of every discovered worker.")
+    scheme: Literal["http", "https"] = Field("http", description="Scheme of the workers' URLs.")
+    watch_timeout_s: int = Field(300, ge=1, description="Server-side length of one watch request, in seconds.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest wait before re-listing after failures, in seconds.")
+
+
+class DiscoverySettings(Section):
+    kind: Literal["static", "http_listing", "kubernetes", "ray"] = "static"
+    static: list[WorkerSpec] = Field(default_factory=list, description="The members, for kind=static.")
+    http_listing: HttpListingSettings | None = None
+    kubernetes: KubernetesDiscoverySettings | None = None
+    ray: RaySettings | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> DiscoverySettings:
+        if self.kind == "http_listing" and self.http_listing is None:
+            raise ValueError("discovery.http_listing is required for kind=http_listing")
+        if self.kind == "kubernetes" and self.kubernetes is None:
+            raise ValueError("discovery.kubernetes (with label_selector) is required for kind=kubernetes")
+        if self.kind == "ray" and self.ray is None:
+            raise ValueError("discovery.ray (with dashboard_url) is required for kind=ray")
+        return self
+
+
+class WorkerCallSettings(Section):
+    """How the controller calls workers' admin APIs."""
+
+    token: SecretStr | None = Field(None, description="Bearer token of the workers' admin APIs.")
+    token_file: Path | None = None
+    max_concurrency: int = Field(64, ge=1, description="Calls in flight at once across the fleet.")
+    timeout_s: float = Field(10.0, gt=0, description="Deadline of one short admin call, in seconds.")
+    attempts: int = Field(3, ge=1, description="Tries of an idempotent call.")
+    retry_budget_s: float = Field(30.0, gt=0, description="All tries of one call together, in seconds.")
+    pause_timeout_s: float = Field(60.0, gt=0, description="Default deadline to quiesce, in seconds.")
+    weight_load_timeout_s: float = Field(600.0, gt=0, description="Deadline of a disk weight load, in seconds.")
+    checkpoint_wait_s: float = Field(
+        10.0, ge=0, description="How long a disk update waits, before pausing anyone, for its checkpoint to be "
+        "there on the workers (shared storage that shows files a moment late), in seconds; checked every 0.25 s.")
+
+    def resolved_token(self) -> str | None:
+        return read_token(self.token, self.token_file)
+
+
+class ReconcileSettings(Section):
+    poll_interval_s: float = Field(1.0, gt=0, description="How often every member's status is read, in seconds.")
+    seen_refresh_s: float = Field(10.0, gt=0, description="How often the state document shows the last_seen of "
+                                  "workers whose reads found nothing new, in seconds: such a read changes nothing "
+                                  "else, so readers polling with If-None-Match get 304s between changes.")
+    interval_s: float = Field(1.0, gt=0, description="How often the reconciler looks for work, in seconds.")
+    backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay of a failing worker, in seconds.")
+    backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")
+
+
+class WeightTransferSettings(Section):
+    """Broadcast weight updates (vLLM's weight-transfer protocol across the fleet)."""
+
+    init_timeout_s: float = Field(330.0, gt=0, description="Deadline for every worker to join the trainer's group.")
+    chunk_timeout_s: float = Field(600.0, gt=0, description="Deadline of start, each update chunk and finish.")
+    idle_timeout_s: float = Field(600.0, gt=0, description="An open update with no call for this long is aborted.")
+    pause_mode: PauseMode = Field("keep", description="How start pauses a fleet the trainer has not paused.")
+    verify: bool = Field(True, description="After a named finish, check versions and weight checksums agree.")
+
+
+class StoreSettings(Section):
+    kind: Literal["file", "memory", "configmap"] = "file"
+    path: Path = Field(Path(".rlcp-state/desired.json"), description="Desired-state file, for kind=file.")
+    configmap_name: str = Field("rl-controlplane-state", min_length=1,
+                                description="ConfigMap holding the desired state, for kind=configmap.")
+    namespace: str = Field(default_factory=pod_namespace,
+                           description="Namespace of that ConfigMap; default the pod's own.")
+
+
+class LeaderElectionSettings(Section):
+    """One replica leads through a coordination.k8s.io/v1 Lease (client-go's algorithm)."""
+
+    enabled: bool = Field(False, description="Off: this replica always leads (a single controller).")
+    lease_name: str = Field("rl-controlplane", min_length=1, description="Name of the Lease.")
+    namespace: str = Field(default_factory=pod_namespace, description="Namespace of the Lease; default the pod's own.")
+    identity: str = Field(default_factory=pod_identity, min_length=1,
+                          description="This replica's holder identity; default env POD_NAME, else the hostname.")
+    lease_duration_s: float = Field(15.0, gt=0, description="How long others wait after the last renewal seen "
+                                                            "before taking the Lease, in seconds.")
+    renew_deadline_s: float = Field(10.0, gt=0, description="The leader steps down when it has not renewed for "
+                                                            "this long, in seconds; below lease_duration_s.")
+    retry_period_s: float = Field(2.0, gt=0, description="Interval between tries to acquire or renew, in seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LeaderElectionSettings:
+        # The old leader must stop before anyone else may start: renew_deadline < lease_duration.
+        if self.renew_deadline_s >= self.lease_duration_s:
+            raise ValueError("leader_election.renew_deadline_s must be below lease_duration_s")
+        if self.retry_period_s >= self.renew_deadline_s:
+            raise ValueError("leader_election.retry_period_s must be below renew_deadline_s")
+        return self
+
+
+class ControllerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RLCP_", env_nested_delimiter="__", extra="forbid")
+
+    controller_id: str = Field("rl-controlplane", description="Name in logs; the listing's namespace.")
+    api: ApiSettings = ApiSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    discovery: DiscoverySettings = DiscoverySettings()
+    workers: WorkerCallSettings = WorkerCallSettings()
+    reconcile: ReconcileSettings = ReconcileSettings()
+    weight_transfer: WeightTransferSettings = WeightTransferSettings()
+    # Factories, not shared instances: their defaults (pod namespace, POD_NAME) are read when
+    # the settings are built, not when this module is imported.
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
+    kubernetes: KubernetesApiSettings = Field(default_factory=KubernetesApiSettings)
+    allowed_roots: list[Path] = Field(default_factory=list,
+                                      description="Weight and adapter paths must lie under one of these.")
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "info"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+
+
+def load_settings(config: Path | None = None, **overrides: Any) -> ControllerSettings:
+    return load_settings_with_yaml(ControllerSettings, config, **overrides)

@@ -1,0 +1,73 @@
+"""Fan-out: one call to many workers, bounded, each with its own deadline.
+
+Every call yields a `WorkerResult` (ok / error / timeout, duration, message) and never
+raises: one slow or dead worker costs its own deadline and nothing else, since the
+calls run concurrently and the semaphore only bounds how many are in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import structlog
+
+from rlcp.controlplane.workers.capabilities import Driver
+from rlcp.controlplane.workers.transport import WorkerCallError, WorkerTimeout
+from rlcp.core.wire.controller import WorkerResult
+
+log = structlog.get_logger("rlcp.controlplane.workers.fanout")
+T = TypeVar("T")
+
+
+@dataclass
+class Outcome(Generic[T]):
+    worker_id: str
+    result: WorkerResult
+    value: T | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result.status == "ok"
+
+
+class FanOut:
+    def __init__(self, max_concurrency: int) -> None:
+        self._slots = asyncio.Semaphore(max_concurrency)
+
+    async def call(self, driver: Driver, fn: Callable[[Driver], Awaitable[T]], *, phase: str,
+                   deadline_s: float, quiet: bool = False) -> Outcome[T]:
+        """`quiet`: do not log a failure (status polls log reachability changes instead)."""
+        worker_id = driver.spec.id
+        async with self._slots:
+            # The deadline starts once a slot is ours: queueing behind a bound is not the worker's fault.
+            t0 = time.perf_counter()
+            value: Any = None
+            code: str | None = None
+            try:
+                async with asyncio.timeout(deadline_s):
+                    value = await fn(driver)
+                status, message = "ok", None
+            except TimeoutError:
+                status, message, code = "timeout", f"{phase} did not finish within {deadline_s:g}s", "timeout"
+            except WorkerTimeout as exc:
+                status, message, code = "timeout", exc.reason, exc.code
+            except WorkerCallError as exc:
+                status, message, code = "error", exc.reason, exc.code
+            except Exception as exc:  # a flavor bug must not sink the other workers' results
+                log.exception("fanout_call_crashed", worker_id=worker_id, phase=phase)
+                status, message, code = "error", f"{type(exc).__name__}: {exc}", "internal"
+        duration = round(time.perf_counter() - t0, 6)
+        if status != "ok" and not quiet:
+            log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, code=code,
+                        error=message)
+        return Outcome(worker_id, WorkerResult(worker_id=worker_id, status=status, phase=phase,  # type: ignore[arg-type]
+                                               duration_s=duration, message=message, code=code), value)
+
+    async def run(self, drivers: Sequence[Driver], fn: Callable[[Driver], Awaitable[T]], *, phase: str,
+                  deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:
+        return list(await asyncio.gather(*(self.call(d, fn, phase=phase, deadline_s=deadline_s, quiet=quiet)
+                                           for d in drivers)))

@@ -1,0 +1,118 @@
+"""The `agent` flavor: this project's agent (`rlcp/agent/admin`).
+
+The agent reports everything in one read (`GET /v1/agent/state`), so `status` is one
+call parsed with the agent's own wire model; there is no second copy of the shape to
+drift. Its extras (disk update with a version, LoRA hot-swap that really frees the
+adapter, desired-version gating) live under `/v1/agent`; the weight-transfer calls use
+vLLM's RL route shapes at the root, which the agent serves unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from pydantic import ValidationError
+
+from rlcp.controlplane.workers.capabilities import LoadReport, WeightsKind
+from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
+from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.core.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
+
+
+class AgentDriver(VllmWeightTransferRoutes):
+    """Speaks to one agent's admin port."""
+
+    async def status(self) -> WorkerStatus:
+        return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state",
+                                                                                retry=False))
+
+    def _status(self, call: str, body: Any) -> WorkerStatus:
+        try:
+            state = AgentState.model_validate(body)
+        except ValidationError as exc:
+            # A 200 we cannot read is the worker's fault, not the network's: no retry.
+            raise WorkerRejected(self.spec.id, f"{call} answered a malformed state: {exc}", status=200) from exc
+        return WorkerStatus(
+            paused=state.paused, weight_version=state.weight_version, requests=state.requests,
+            loras={lora.name: lora.version for lora in state.loras}, ready=state.ready,
+            not_ready_reason=state.not_ready_reason, engine_alive=state.engine_alive,
+            world_size=state.world_size, instance_id=state.instance_id, model=state.model,
+        )
+
+    async def pause(self, mode: PauseMode, timeout_s: float) -> None:
+        await self.transport.request("POST", "/pause", params={"mode": mode, "timeout_s": timeout_s},
+                                timeout_s=timeout_s + self.deadlines.grace_s)
+
+    async def resume(self) -> None:
+        await self.transport.request("POST", "/resume")
+
+    async def update_weights_from_disk(self, path: str, version: str) -> None:
+        # Reloading the same directory under the same version is idempotent, so a 5xx
+        # is retried; the agent answers 409 while a previous attempt is still running.
+        await self.transport.request("POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version},
+                                timeout_s=self.deadlines.weight_load_s)
+
+    # -- a staged update: a check, then three calls, each answering what would otherwise be a read --
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None:
+        # Not retried here: the caller retries a checkpoint that is not there yet on its own
+        # schedule, and a worker that cannot be reached will fail its pause just as fast.
+        await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
+                                     retry=False)
+
+    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
+                             weights_path: str | None = None) -> WorkerStatus:
+        body: dict[str, Any] = {"desired_weight_version": version, "mode": mode, "timeout_s": timeout_s}
+        if weights_path is not None:
+            body["weights_path"] = weights_path
+        return self._status("POST /v1/agent/prepare", await self.transport.request(
+            "POST", "/v1/agent/prepare", json_body=body, timeout_s=timeout_s + self.deadlines.grace_s))
+
+    async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport:
+        # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).
+        body = await self.transport.request(
+            "POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version, "checksums": checksums},
+            timeout_s=self.deadlines.load_and_hash_s if checksums else self.deadlines.weight_load_s)
+        try:
+            answer = DiskUpdatedAnswer.model_validate(body)
+        except ValidationError as exc:
+            raise WorkerRejected(self.spec.id, f"POST /v1/agent/weights/disk answered malformed: {exc}",
+                                 status=200) from exc
+        if checksums and answer.checksums is None:
+            raise WorkerRejected(self.spec.id, "POST /v1/agent/weights/disk answered without the checksums asked for",
+                                 status=200)
+        return LoadReport(weight_version=answer.weight_version, checksums=answer.checksums)
+
+    async def resume_reporting(self) -> WorkerStatus:
+        return self._status("POST /v1/agent/resume", await self.transport.request("POST", "/v1/agent/resume"))
+
+    async def set_desired_version(self, version: str | None) -> None:
+        await self.transport.request("PUT", "/v1/agent/desired", json_body={"weight_version": version})
+
+    async def weight_checksums(self) -> dict[str, str] | None:
+        # Hashing every parameter of a large model takes far longer than a control call.
+        body = await self.transport.request("POST", "/weight_checker", json_body={"action": "checksum"},
+                                       timeout_s=self.deadlines.weight_load_s)
+        return _checksums(self.spec.id, body)
+
+    async def load_lora(self, name: str, path: str, version: str | None) -> None:
+        # Reads the adapter from disk, so it gets the weight-load deadline.
+        await self.transport.request("POST", "/v1/agent/loras", json_body={"name": name, "path": path, "version": version},
+                                timeout_s=self.deadlines.weight_load_s)
+
+    async def unload_lora(self, name: str) -> None:
+        # Names may hold '/' (the agent allows it), so the whole name is one escaped segment.
+        try:
+            await self.transport.request("DELETE", f"/v1/agent/loras/{quote(name, safe='')}")
+        except WorkerRejected as exc:
+            if exc.status != 404:
+                raise
+            # Already gone: unloading is idempotent, so a retry after a lost answer succeeds.
+
+
+def _checksums(worker_id: str, body: Any) -> dict[str, str]:
+    checksums = body.get("checksums") if isinstance(body, dict) else None
+    if not isinstance(checksums, dict):
+        raise WorkerRejected(worker_id, "POST /weight_checker answered without a 'checksums' object", status=200)
+    return {str(k): str(v) for k, v in checksums.items()}

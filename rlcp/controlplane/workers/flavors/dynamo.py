@@ -1,0 +1,133 @@
+"""The `dynamo` flavor: a Dynamo worker's system port, as Dynamo 1.6.1's vLLM worker serves it.
+
+Contracts read from Dynamo's own code (`dynamo.vllm.handlers.BaseWorkerHandler`, registered
+by `dynamo.vllm.worker_factory.register_engine_routes` through
+`dynamo.common.rl.register_rl_routes`) and checked against it in tests/e2e/test_dynamo.py:
+
+- every RL route is `POST /engine/<name>` with a JSON object body and answers a JSON object
+  with `"status": "ok" | "error"` and a `message`; a handler's refusal comes back in the
+  body, not the HTTP status. It becomes `WorkerRejected(status=200)` here, after the HTTP
+  layer returned, so it is never retried -- the worker did answer, and said no;
+- `get_weight_version` answers `{"version": v | null, "version_declared": bool}`: a worker
+  no one has named weights for reports no version (unknown), not a guessed one;
+- `update_weights_from_disk` is refused unless the worker was paused through
+  `pause_generation` first (the operations always pause before a reload); it takes
+  `model_path` and `weight_version`, declares the version only when one is sent, and resets
+  the prefix cache itself, so no separate `flush_cache` follows;
+- `pause_generation` takes `mode` keep | wait | abort (default keep) and `clear_cache`;
+  keep is refused while LoRA requests are in flight;
+- `liveness_probe` checks the engine (`{"alive": true}`); `GET /health` is the runtime's
+  readiness (503 until its endpoints serve);
+- `load_lora` / `unload_lora` exist only on workers started with LoRA on; the worker's
+  published route list (the frontend's `GET /v1/rl/workers` `routes`, kept in
+  `WorkerSpec.routes`) says which routes it serves, and `published_capabilities` narrows
+  this driver's capabilities to them.
+
+What Dynamo cannot tell or do, and so this driver reports as unknown or lacks:
+- pause state and request counts (no read route): None; loaded LoRAs: empty;
+- weight checksums and desired-version gating: not capabilities, so verification is by
+  version only;
+- broadcast: Dynamo's `init_weights_update_group` / `update_weights_from_distributed` call
+  engine RPCs (`init_broadcaster`, `update_weights_from_path`) that a stock vLLM engine does
+  not have, and take no transfer plan; not a capability, so a broadcast is refused up front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rlcp.controlplane.workers.capabilities import Capability
+from rlcp.controlplane.workers.flavors.base import DriverBase
+from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.core.wire.agent import PauseMode
+
+# Which of Dynamo's published routes each capability of this driver needs (all of them).
+DYNAMO_ROUTES: dict[Capability, tuple[str, ...]] = {
+    "control": ("pause_generation", "resume_generation"),
+    "disk_weights": ("update_weights_from_disk",),
+    "lora": ("load_lora", "unload_lora"),
+}
+STATUS_ROUTES = ("get_weight_version", "liveness_probe")
+
+
+def capabilities_from_routes(routes: tuple[str, ...]) -> frozenset[Capability]:
+    published = set(routes)
+    return frozenset(cap for cap, needed in DYNAMO_ROUTES.items() if published.issuperset(needed))
+
+
+class DynamoDriver(DriverBase):
+    """Speaks to one Dynamo worker's system port."""
+
+    def published_capabilities(self) -> frozenset[Capability] | None:
+        return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)
+
+    async def status(self) -> WorkerStatus:
+        body, alive, ready = await asyncio.gather(self._engine("get_weight_version", {}), self._engine_alive(),
+                                                  self._ready())
+        return WorkerStatus(weight_version=_weight_version(body), engine_alive=alive,
+                            ready=ready if alive is not False else False,
+                            not_ready_reason=None if ready is not False else "Dynamo /health: not ready")
+
+    async def pause(self, mode: PauseMode, timeout_s: float) -> None:
+        # Dynamo's pause takes no deadline; ours bounds the call. The KV cache is kept so
+        # a keep-mode pause can resume without recomputing.
+        await self._engine("pause_generation", {"mode": mode, "clear_cache": False},
+                           timeout_s=timeout_s + self.deadlines.grace_s)
+
+    async def resume(self) -> None:
+        await self._engine("resume_generation", {})
+
+    async def update_weights_from_disk(self, path: str, version: str) -> None:
+        # Dynamo resets the prefix cache inside this call, under its pause lock.
+        await self._engine("update_weights_from_disk", {"model_path": path, "weight_version": version},
+                           timeout_s=self.deadlines.weight_load_s)
+
+    async def load_lora(self, name: str, path: str, version: str | None) -> None:
+        await self._engine("load_lora", {"lora_name": name, "source": {"uri": path}},
+                           timeout_s=self.deadlines.weight_load_s)
+
+    async def unload_lora(self, name: str) -> None:
+        await self._engine("unload_lora", {"lora_name": name})
+
+    # -- helpers ------------------------------------------------------------------------
+    async def _engine(self, route: str, body: dict[str, Any], *, timeout_s: float | None = None) -> Any:
+        path = f"/engine/{route}"
+        answer = await self.transport.request("POST", path, json_body=body, timeout_s=timeout_s)
+        if isinstance(answer, dict) and answer.get("status") == "error":
+            message = answer.get("message") or answer.get("error") or "no message"
+            raise WorkerRejected(self.spec.id, f"POST {path} answered an error: {message}", status=200)
+        return answer
+
+    async def _engine_alive(self) -> bool | None:
+        """Dynamo's `liveness_probe`: the engine answers. An error answer means it did not."""
+        try:
+            answer = await self.transport.request("POST", "/engine/liveness_probe", json_body={})
+        except WorkerRejected as exc:
+            if exc.status == 404:
+                return None  # an older worker without the route: liveness unknown
+            raise
+        return isinstance(answer, dict) and answer.get("status") == "ok" and answer.get("alive") is not False
+
+    async def _ready(self) -> bool | None:
+        try:
+            await self.transport.request("GET", "/health")
+        except WorkerRejected as exc:
+            if exc.status == 404:
+                return None  # a system port without /health: readiness unknown
+            if exc.status is not None and exc.status >= 500:
+                return False  # Dynamo answers 503 `notready` until its endpoints serve
+            raise
+        return True
+
+
+def _weight_version(body: Any) -> str | None:
+    """The version from Dynamo's `get_weight_version` answer: `{"version": v, "version_declared": b}`.
+    An undeclared version is None (unknown). Older shapes (`weight_version`) are still read."""
+    if not isinstance(body, dict) or body.get("version_declared") is False:
+        return None
+    for key in ("version", "weight_version"):
+        if body.get(key) is not None:
+            return str(body[key])
+    return None

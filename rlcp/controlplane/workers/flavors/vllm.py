@@ -1,0 +1,176 @@
+"""The `vllm` flavor: a stock `vllm serve` started with VLLM_SERVER_DEV_MODE=1.
+
+Dev mode mounts vLLM's RL router (`vllm/entrypoints/rl/online/api_router.py`) and its dev
+routes (`/collective_rpc`, `/reset_prefix_cache`); LoRA load/unload additionally need
+VLLM_ALLOW_RUNTIME_LORA_UPDATING=True. Stock vLLM has no single state read, so `status`
+gathers five small reads at once, and it has no disk update with a version, so that is
+composed from `collective_rpc reload_weights` + `/update_weight_version` +
+`/reset_prefix_cache`.
+
+Limits of this flavor, all from stock vLLM:
+- no request counts, no desired-version readiness gating: those fields are None, and
+  `ready` is just "the engine is alive"; no LoRA versions either: an adapter's version is
+  the one this driver loaded it with, while `/v1/models` still shows that path;
+- the weight version of a fresh server is vLLM's placeholder "default" (`/weight_info`),
+  so a restarted server is behind any version the controller set and is reloaded before it counts;
+- a failed `reload_weights` (a directory without this model's tensors) answers 500 and leaves the model
+  half-reloaded: the next forward kills the engine core and the server exits. A worker
+  whose reload failed therefore stays paused (the update transaction's rule) until a good
+  reload, and must not be resumed onto those weights;
+- `/pause` takes no deadline: in wait mode vLLM drains without limit, so only our call
+  deadline bounds it and the engine may still be pausing afterwards (`/is_paused` tells);
+- `/v1/unload_lora_adapter` only forgets the name in the API server; the engine keeps the
+  adapter (vLLM never calls `remove_lora` there; `collective_rpc list_loras` still lists
+  its id afterwards). `/collective_rpc {"method": "remove_lora", "args": [id]}` does reach
+  the workers -- it is exactly what the engine core's `remove_lora` does -- but the
+  integer id is assigned inside the API server and never exposed over HTTP (`/v1/models`
+  shows name, path and parent only; the unload request's `lora_int_id` is ignored), and
+  ids are not predictable (a request for an unknown name consumes one). Guessing could
+  evict another adapter, so this flavor does not. The adapter stays in the workers' LRU
+  cache (bounded by max_loras / max_cpu_loras) until LRU pressure or a restart frees it.
+  Use the `agent` flavor where that matters.
+- `/weight_checker` hashes the base model's parameters only: the adapters a server holds are
+  not in its checksums, so verification cannot tell two servers' adapter bytes apart (the
+  `agent` flavor's checksums cover them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
+from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.core.wire.agent import PauseMode
+
+
+class VllmDriver(VllmWeightTransferRoutes):
+    """Speaks to one `vllm serve` in dev mode."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        # vLLM keeps no adapter versions; `/v1/models` shows each adapter's path as `root`.
+        # What this driver loaded (name -> (path, version)) names the version while the
+        # server still shows that path, so a versioned adapter reads as converged instead of
+        # being reloaded by the reconciler on every pass. A restarted server lists no
+        # adapters; a restarted controller sees None once and reloads (an in-place swap).
+        self._lora_loads: dict[str, tuple[str, str | None]] = {}
+
+    async def status(self) -> WorkerStatus:
+        alive, paused, info, models, world = await asyncio.gather(
+            self._engine_alive(),
+            self.transport.request("GET", "/is_paused"),
+            self.transport.request("GET", "/weight_info"),
+            self.transport.request("GET", "/v1/models"),
+            self.transport.request("GET", "/get_world_size"),
+            return_exceptions=True,
+        )
+        if isinstance(alive, BaseException):
+            raise alive  # unreachable or timed out: the worker as a whole is not observable
+        if alive is False:
+            # A dead engine fails the other reads with 500s; report it as dead, not as an error.
+            return WorkerStatus(engine_alive=False, ready=False, not_ready_reason="engine dead (/health answered 5xx)")
+        for result in (paused, info, models, world):
+            if isinstance(result, BaseException):
+                raise result
+        return WorkerStatus(
+            paused=bool(self._field(paused, "is_paused", "GET /is_paused")),
+            weight_version=_str_or_none(self._field(info, "weight_version", "GET /weight_info")),
+            loras=self._loras(models),
+            engine_alive=True,
+            ready=True,  # stock vLLM has no desired-version gating
+            world_size=int(self._field(world, "world_size", "GET /get_world_size")),
+        )
+
+    async def pause(self, mode: PauseMode, timeout_s: float) -> None:
+        await self.transport.request("POST", "/pause", params={"mode": mode}, timeout_s=timeout_s + self.deadlines.grace_s)
+
+    async def resume(self) -> None:
+        await self.transport.request("POST", "/resume")
+
+    async def update_weights_from_disk(self, path: str, version: str) -> None:
+        # No engine-side "timeout" in the body on purpose: vLLM's multiproc executor raises on
+        # it without draining the late reply, which the next collective_rpc would then read.
+        # Not retried: a 500 here is the worker's own exception (a path without this model's
+        # tensors, say), the same on every try; the reconciler's backoff is the retry.
+        await self.transport.request("POST", "/collective_rpc",
+                                json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                                timeout_s=self.deadlines.weight_load_s, retry=False)
+        await self.transport.request("POST", "/update_weight_version", json_body={"new_version": version})
+        # vLLM's reload keeps the prefix cache: blocks computed with the old weights would be served.
+        await self._reset_prefix_cache()
+
+    async def weight_checksums(self) -> dict[str, str] | None:
+        try:
+            body = await self.transport.request("POST", "/weight_checker", json_body={"action": "checksum"},
+                                           timeout_s=self.deadlines.weight_load_s)
+        except WorkerRejected as exc:
+            if exc.status == 404:
+                return None  # a vLLM without the weight checker: verify by version only
+            raise
+        checksums = self._field(body, "checksums", "POST /weight_checker")
+        if not isinstance(checksums, dict):
+            raise WorkerRejected(self.spec.id, "POST /weight_checker: 'checksums' is not an object", status=200)
+        return {str(k): str(v) for k, v in checksums.items()}
+
+    async def load_lora(self, name: str, path: str, version: str | None) -> None:
+        # load_inplace makes a second load under the same name a hot swap instead of a 400.
+        await self.transport.request("POST", "/v1/load_lora_adapter",
+                                json_body={"lora_name": name, "lora_path": path, "load_inplace": True},
+                                timeout_s=self.deadlines.weight_load_s)
+        self._lora_loads[name] = (path, version)
+        # Prefix blocks are keyed by (name, path): a swap from the same path would reuse stale blocks.
+        await self._reset_prefix_cache()
+
+    async def unload_lora(self, name: str) -> None:
+        # Frees the name only; the engine keeps the adapter (see the module docstring).
+        self._lora_loads.pop(name, None)
+        try:
+            await self.transport.request("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
+        except WorkerRejected as exc:
+            if exc.status != 404:
+                raise  # 404 is "cannot be found": already unloaded, so idempotent success
+
+    # -- broadcast weight transfer: vLLM's RL routes (shared), plus a cache reset ------
+    async def finish_weight_update(self, version: str | None) -> None:
+        await super().finish_weight_update(version)
+        # Like reload, vLLM's finish keeps the prefix cache; the reset is idempotent, so retried.
+        await self._reset_prefix_cache()
+
+    # -- helpers ------------------------------------------------------------------------
+    async def _engine_alive(self) -> bool:
+        try:
+            await self.transport.request("GET", "/health")
+        except WorkerRejected as exc:
+            if exc.status is not None and exc.status >= 500:
+                return False  # vLLM answers 503 once the engine core died
+            raise
+        return True
+
+    async def _reset_prefix_cache(self) -> None:
+        # reset_running_requests preempts running requests so their KV is recomputed with the
+        # new weights and the reset cannot fail on blocks they hold.
+        body = await self.transport.request("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
+        if isinstance(body, dict) and body.get("success") is False:
+            raise WorkerRejected(self.spec.id, "POST /reset_prefix_cache answered success=false "
+                                 "(blocks still held); stale prefix-cache blocks may be served", status=200)
+
+    def _field(self, body: Any, key: str, what: str) -> Any:
+        if not isinstance(body, dict) or key not in body:
+            raise WorkerRejected(self.spec.id, f"{what} answered without {key!r}", status=200)
+        return body[key]
+
+    def _loras(self, body: Any) -> dict[str, str | None]:
+        cards = self._field(body, "data", "GET /v1/models")
+        # The base model's card has no parent; each adapter's parent is its base model.
+        return {card["id"]: self._lora_version(card["id"], card.get("root"))
+                for card in cards if isinstance(card, dict) and card.get("parent")}
+
+    def _lora_version(self, name: str, root: Any) -> str | None:
+        path, version = self._lora_loads.get(name, (None, None))
+        return version if path is not None and path == root else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,48 @@
+"""Who the workers are and what they report: the spec discovery produces, and the status
+every flavor reads into one shape. Every layer above the drivers consumes these."""
+
+from __future__ import annotations
+
+from typing import Literal, NewType
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcp.core.wire.agent import RequestCounts
+
+WorkerId = NewType("WorkerId", str)
+Flavor = Literal["agent", "vllm", "dynamo"]
+
+
+class WorkerSpec(BaseModel):
+    """One member of the fleet, as discovered. Immutable: a change is a new spec."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, description="Stable worker id (instance id, pod name, ...).")
+    admin_url: str = Field(description="Base URL of the worker's admin API.")
+    inference_url: str | None = Field(None, description="Base URL serving inference, if known.")
+    flavor: Flavor = Field("agent", description="Which driver speaks to it.")
+    world_size: int = Field(1, ge=1, description="Inference ranks behind this worker (TP x PP x DP).")
+    model: str | None = None
+    routes: tuple[str, ...] | None = Field(
+        None, description="The admin routes the worker publishes (Dynamo's listing `routes`); None: not "
+                          "published, so the flavor's own capabilities apply.")
+    incarnation: str | None = Field(
+        None, description="Which life of the worker this is, where the source knows (a Ray actor's "
+                          "`num_restarts`): a new value is a changed spec, so the registry starts the member "
+                          "afresh and the controller reads and converges it again. None: the source cannot tell.")
+
+
+class WorkerStatus(BaseModel):
+    """What one worker reports about itself; None where the flavor cannot tell."""
+
+    paused: bool | None = None
+    weight_version: str | None = None
+    requests: RequestCounts | None = None
+    loras: dict[str, str | None] = Field(default_factory=dict, description="Adapter name -> version.")
+    ready: bool | None = None
+    not_ready_reason: str | None = None
+    engine_alive: bool | None = None
+    world_size: int | None = None
+    instance_id: str | None = Field(None, description="Changes when the worker process restarts.")
+    model: str | None = Field(None, description="The base model it serves, as it names it (clients' `model`).")

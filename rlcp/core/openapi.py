@@ -1,0 +1,259 @@
+"""OpenAPI 3.1 documents of the agent's admin API and the controller's API, from the wire models.
+
+Each route is declared once, on its handler (`RouteTable`: method, path, request body, query,
+answers per status, whether it is a probe): the app registers the handlers from those
+declarations and `build_document` turns the same declarations into the document served at
+`GET /openapi.json`. `route_drift` still compares the document with what an aiohttp app
+registered, so a route added beside the table (or a declaration without a handler) fails
+the tests instead of drifting. Schemas come from the pydantic models themselves
+(`TypeAdapter.json_schemas`, one pass, so two models of one name get distinct names), and
+the JSON Schema dialect of OpenAPI 3.1 is pydantic's own (draft 2020-12).
+
+Which routes need the token follows the auth middleware (`rlcp.core.http`): every
+mutating method; reads too when `auth_reads` is on, except the probes and this document.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, TypeAdapter
+
+from rlcp.core.errors import ErrorBody
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+OPENAPI_PATH = "/openapi.json"
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_REF = "#/components/schemas/{model}"
+_PARAM = re.compile(r"{(\w+)}")
+
+SECURITY_SCHEMES = {
+    "bearerAuth": {"type": "http", "scheme": "bearer",
+                   "description": "`Authorization: Bearer <token>`; compared in constant time."},
+    "basicAuth": {"type": "http", "scheme": "basic",
+                  "description": "HTTP Basic with the token as the password (any user name), for clients that "
+                                 "cannot set a header (vLLM's HTTP weight-sync client, through `~/.netrc`)."},
+}
+_SECURED = [{"bearerAuth": []}, {"basicAuth": []}]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route as clients see it. Statuses answered with the error shape are `errors`, plus
+    those implied: 401 where the token is needed, 400/413/415/422 with a body, 422 with a query,
+    404 with a path parameter."""
+
+    method: str
+    path: str
+    summary: str
+    ok: Any = None  # the 200 answer's type; None: no JSON body
+    body: Any = None  # the request body's type (a model, or a union of models)
+    body_optional: bool = False  # an empty body reads as `{}`
+    query: type[BaseModel] | None = None
+    errors: tuple[int, ...] = ()
+    answers: Mapping[int, Any] = field(default_factory=dict)  # other statuses with a shape of their own
+    media_type: str = "application/json"  # of the 200 answer
+    probe: bool = False  # open even with auth_reads (liveness, readiness, this document)
+    path_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # name -> JSON schema
+    tag: str | None = None
+    handler: Handler | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.method, self.path
+
+    def needs_token(self, *, auth_reads: bool) -> bool:
+        return self.method in MUTATING or (auth_reads and not self.probe)
+
+
+def openapi_route(summary: str = "This document.") -> Route:
+    return Route("GET", OPENAPI_PATH, summary, ok=dict[str, Any], probe=True, tag="meta")
+
+
+class RouteTable:
+    """An API's routes, each declared once on its handler:
+
+        api = RouteTable()
+
+        @api.post("/pause", "Pause generation.", query=PauseQuery, ok=StatusAnswer)
+        async def pause(request): ...
+
+    `register` adds the handlers to an app; `declared` (plus the document route) is what
+    `build_document` describes. A handler may carry several declarations (two paths)."""
+
+    def __init__(self) -> None:
+        self._routes: list[Route] = []
+
+    def route(self, method: str, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+        def declare(handler: Handler) -> Handler:
+            self._routes.append(Route(method, path, summary, handler=handler, **kw))
+            return handler
+
+        return declare
+
+    def get(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+        return self.route("GET", path, summary, **kw)
+
+    def post(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+        return self.route("POST", path, summary, **kw)
+
+    def put(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+        return self.route("PUT", path, summary, **kw)
+
+    def delete(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+        return self.route("DELETE", path, summary, **kw)
+
+    @property
+    def declared(self) -> tuple[Route, ...]:
+        return tuple(self._routes)
+
+    def register(self, app: web.Application) -> None:
+        for route in self._routes:
+            assert route.handler is not None
+            if route.method == "GET":
+                app.router.add_get(route.path, route.handler)  # HEAD comes with it, as RouteTableDef does
+            else:
+                app.router.add_route(route.method, route.path, route.handler)
+
+
+def build_document(routes: Iterable[Route], *, title: str, version: str, description: str,
+                   auth_reads: bool) -> dict[str, Any]:
+    routes = list(routes)
+    keys = [r.key for r in routes]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"a route is declared twice: {sorted(k for k in keys if keys.count(k) > 1)}")
+    schemas, defs = _schemas(routes)
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, schemas, defs,
+                                                                            auth_reads=auth_reads)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": title, "version": version, "description": description},
+        "paths": paths,
+        "components": {"schemas": dict(sorted(defs.items())), "securitySchemes": SECURITY_SCHEMES},
+    }
+
+
+def route_drift(app: web.Application, routes: Iterable[Route]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(registered but not declared, declared but not registered); HEAD comes with each GET."""
+    registered = {(r.method, r.resource.canonical) for r in app.router.routes()
+                  if r.resource is not None and r.method != "HEAD"}
+    declared = {r.key for r in routes}
+    return registered - declared, declared - registered
+
+
+def serve_document(app: web.Application, document: Mapping[str, Any]) -> None:
+    """Register `GET /openapi.json`; the document is built once, with the app."""
+    body = web.json_response(document).body
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app.router.add_get(OPENAPI_PATH, openapi)
+
+
+# -- building ------------------------------------------------------------------------------
+_SchemaKey = tuple[str, str, Any]
+
+
+def _schemas(routes: list[Route]) -> tuple[dict[Any, dict[str, Any]], dict[str, Any]]:
+    """One schema pass over every type the routes use: requests in validation mode,
+    answers in serialization mode. Returns {(role, mode, type) -> schema} and the $defs."""
+    wanted: dict[Any, TypeAdapter[Any]] = {}
+
+    def want(role: str, mode: str, tp: Any) -> None:
+        key = (role, mode, tp)
+        if tp is not None and key not in wanted:
+            wanted[key] = TypeAdapter(tp)
+
+    want("answer", "serialization", ErrorBody)
+    for r in routes:
+        want("body", "validation", r.body)
+        want("query", "validation", r.query)
+        want("answer", "serialization", r.ok)
+        for tp in r.answers.values():
+            want("answer", "serialization", tp)
+    out, top = TypeAdapter.json_schemas([((k, k[1]), k[1], ta) for k, ta in wanted.items()],  # type: ignore[misc]
+                                        ref_template=_REF)
+    return {k: out[((k, k[1]), k[1])] for k in wanted}, top.get("$defs", {})
+
+
+def _resolve(schema: Mapping[str, Any], defs: Mapping[str, Any]) -> Mapping[str, Any]:
+    ref = schema.get("$ref")
+    return defs[ref.rsplit("/", 1)[1]] if ref else schema
+
+
+def _query_parameters(model_schema: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A query model's fields as `in: query` parameters. A query value is a string or absent,
+    never null, so the null branch of an optional field is dropped."""
+    required = set(model_schema.get("required", ()))
+    params = []
+    for name, prop in model_schema.get("properties", {}).items():
+        prop = dict(prop)
+        description = prop.pop("description", None)
+        prop.pop("title", None)
+        branches = prop.pop("anyOf", None)
+        if branches is not None:
+            rest = [b for b in branches if b != {"type": "null"}]
+            prop = {**(rest[0] if len(rest) == 1 else {"anyOf": rest}), **prop}
+            if prop.get("default", 0) is None:
+                del prop["default"]
+        param = {"name": name, "in": "query", "required": name in required, "schema": prop}
+        if description:
+            param["description"] = description
+        params.append(param)
+    return params
+
+
+def _error(status: int, schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"description": HTTPStatus(status).phrase + " (the error shape)",
+            "content": {"application/json": {"schema": dict(schema)}}}
+
+
+def _operation(route: Route, schemas: Mapping[Any, dict[str, Any]], defs: Mapping[str, Any], *,
+               auth_reads: bool) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": route.summary,
+                          "operationId": route.method.lower() + re.sub(r"\W+", "_", route.path).rstrip("_")}
+    if route.tag:
+        op["tags"] = [route.tag]
+    params: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": dict(route.path_params.get(name, {"type": "string"}))}
+        for name in _PARAM.findall(route.path)]
+    errors = set(route.errors)
+    if route.query is not None:
+        params += _query_parameters(_resolve(schemas[("query", "validation", route.query)], defs))
+        errors.add(422)
+    if params:
+        op["parameters"] = params
+    if any(p["in"] == "path" for p in params):
+        errors.add(404)
+    if route.body is not None:
+        op["requestBody"] = {"required": not route.body_optional,
+                             "content": {"application/json": {"schema": schemas[("body", "validation", route.body)]}}}
+        errors |= {400, 413, 415, 422}
+    secured = route.needs_token(auth_reads=auth_reads)
+    if secured:
+        op["security"] = _SECURED
+        errors.add(401)
+    responses: dict[str, Any] = {}
+    ok: dict[str, Any] = {"description": "OK"}
+    if route.ok is not None:
+        schema = ({"type": "string"} if route.media_type != "application/json"
+                  else schemas[("answer", "serialization", route.ok)])
+        ok["content"] = {route.media_type: {"schema": schema}}
+    responses["200"] = ok
+    for status, tp in route.answers.items():
+        answer: dict[str, Any] = {"description": HTTPStatus(status).phrase}
+        if tp is not None:
+            answer["content"] = {"application/json": {"schema": schemas[("answer", "serialization", tp)]}}
+        responses[str(status)] = answer
+    for status in sorted(errors - set(route.answers)):
+        responses[str(status)] = _error(status, schemas[("answer", "serialization", ErrorBody)])
+    op["responses"] = dict(sorted(responses.items()))
+    return op

@@ -1,0 +1,74 @@
+"""One call followed across processes: its request id and its W3C trace context.
+
+A call to any of our processes gets an `X-Request-ID` (the caller's own when it sent a usable
+one, else one made here) and a trace (the caller's `traceparent` when it sent a valid one,
+else a new trace). Both are bound to every log line of the call (`request_id`, `trace_id`;
+`rlcp.core.http`'s middleware) and the request id is echoed on the answer. Every call to another
+process that the call causes -- the front's to the core, the core's to each worker -- carries
+them on (`outgoing_headers`), with a new parent span id per outgoing call as W3C Trace Context
+asks, so one trainer update can be followed from the trainer's call through the controller
+into each agent's log by one id.
+
+The ids live in context variables: the fan-out's tasks inherit the handler's context, so a
+worker call made on behalf of a request needs nothing passed to it; a call made by a
+background loop (the status poller, the reconciler) has none and carries none.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+REQUEST_ID_HEADER = "X-Request-ID"
+TRACEPARENT_HEADER = "traceparent"
+# A caller's request id is kept only if it is short and safe anywhere we put it (a header, a
+# log line): otherwise a fresh one replaces it rather than echoing what we cannot vouch for.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,128}")
+# W3C Trace Context, version 00: trace id and parent id, lowercase hex, not all zeros.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+@dataclass(frozen=True)
+class CallContext:
+    request_id: str
+    trace_id: str
+    flags: str = "01"  # sampled: ours is a log trail, no collector decides to drop it
+
+
+_current: ContextVar[CallContext | None] = ContextVar("rlcore_call_context", default=None)
+
+
+def from_headers(headers: Mapping[str, str]) -> CallContext:
+    """The context of an incoming call: the caller's ids where usable, fresh ones elsewhere."""
+    given = headers.get(REQUEST_ID_HEADER)
+    request_id = given if given is not None and _REQUEST_ID.fullmatch(given) else secrets.token_hex(6)
+    match = _TRACEPARENT.fullmatch((headers.get(TRACEPARENT_HEADER) or "").strip())
+    if match and match.group(1) != "0" * 32 and match.group(2) != "0" * 16:
+        return CallContext(request_id, match.group(1), match.group(3))
+    return CallContext(request_id, secrets.token_hex(16))
+
+
+@contextmanager
+def bound(ctx: CallContext) -> Iterator[CallContext]:
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
+
+
+def current() -> CallContext | None:
+    return _current.get()
+
+
+def outgoing_headers() -> dict[str, str]:
+    """Headers for a call this one causes: the same request id and trace, a new span."""
+    ctx = _current.get()
+    if ctx is None:
+        return {}
+    return {REQUEST_ID_HEADER: ctx.request_id,
+            TRACEPARENT_HEADER: f"00-{ctx.trace_id}-{secrets.token_hex(8)}-{ctx.flags}"}

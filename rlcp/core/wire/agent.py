@@ -1,0 +1,259 @@
+"""Wire models of the agent's admin API.
+
+These are the shapes on the admin port, importable without vLLM or torch: the
+controller's `agent` flavor parses agent responses with them, and the OpenAPI
+document is generated from them. Request bodies forbid unknown fields so a typo
+is a 422 naming the field rather than a silently ignored option.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rlcp.core.wire.versions import VersionName
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+# On an agent's inference port: a request carrying this header is served only while the
+# agent's weights are at that version, else refused 409 `weight_version_mismatch` before the
+# engine sees it. The gateway sets it to the version its fence admitted the worker at, so a
+# worker that restarted (or changed weights) since the controller last read it is skipped.
+EXPECT_VERSION_HEADER = "X-RL-Expect-Weight-Version"
+# On a non-streamed answer: which weights sampled which output tokens, as the engine tracked
+# them; JSON, one list of `{"version", "start", "end"}` spans per choice (end exclusive).
+WEIGHT_VERSIONS_HEADER = "X-RL-Weight-Versions"
+VERSION_MISMATCH = "weight_version_mismatch"
+
+
+def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
+    """The `X-RL-Weight-Versions` value for these (version, start, end) spans, per choice."""
+    return json.dumps([[{"version": v, "start": start, "end": end} for v, start, end in spans] for spans in choices],
+                      separators=(",", ":"))
+
+
+def version_mismatch_body(expected: str, served: str | None) -> dict:
+    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
+                      "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
+OperationKind = Literal[
+    "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
+    "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
+    "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
+]
+OperationStatus = Literal["ok", "error", "timeout"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DiskUpdateRequest(_Body):
+    """Reload every weight from a safetensors directory and name the result `version`."""
+
+    path: str = Field(min_length=1, description="Directory with *.safetensors files, under an allowed root.")
+    version: VersionName = Field(description="Weight version to report after the reload.")
+    reset_prefix_cache: bool = Field(True, description="Drop prefix-cache blocks computed with the old weights.")
+    checksums: bool = Field(False, description="Also compute the new weights' checksums and answer them (saves "
+                                               "the controller a round trip when it verifies).")
+
+
+class WeightsCheckRequest(_Body):
+    """Could a load of this directory start now? Read-only: no engine call, no lock."""
+
+    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk` (or `/v1/agent/loras`).")
+    kind: Literal["weights", "adapter"] = Field("weights", description="A safetensors checkpoint of the model, "
+                                                "or a PEFT adapter directory.")
+
+
+class WeightsCheckAnswer(BaseModel):
+    path: str = Field(description="The directory, resolved.")
+    files: int = Field(description="Safetensors files found (0 for an adapter).")
+    tensors: int = Field(description="Tensors their headers name (0 for an adapter).")
+
+
+class LoraLoadRequest(_Body):
+    """Load an adapter, or hot-swap the one already loaded under `name`."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$",
+                      description="Adapter name; inference requests select it as `model`.")
+    path: str = Field(min_length=1, description="PEFT adapter directory, under an allowed root.")
+    version: VersionName | None = Field(None, description="Version label carried in state.")
+
+
+class DesiredVersionRequest(_Body):
+    """The fleet's desired weight version; `/readyz` is 503 while the applied one differs."""
+
+    weight_version: VersionName | None = Field(description="Desired version, or null to stop gating readiness.")
+
+
+class PrepareRequest(_Body):
+    """The first step of a controller's update: learn the desired version, then pause."""
+
+    desired_weight_version: VersionName | None = Field(description="As `PUT /v1/agent/desired`.")
+    weights_path: str | None = Field(None, min_length=1, description="A checkpoint about to be loaded: checked "
+                                     "as `POST /v1/agent/weights/check` first, and nothing changes (no desired "
+                                     "version, no pause) unless it is loadable.")
+    mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
+
+
+class UpdateWeightVersionRequest(_Body):
+    new_version: VersionName
+
+
+class InitWeightTransferRequest(_Body):
+    init_info: dict = Field(description="Backend-specific init info (vLLM's WeightTransferInitRequest).")
+
+
+class UpdateWeightsRequest(_Body):
+    update_info: dict | list[dict] = Field(
+        description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
+
+
+class FinishWeightUpdateRequest(_Body):
+    weight_version: VersionName | None = None
+
+
+class AbortRequestsRequest(_Body):
+    request_ids: list[str] | None = Field(None, description="External request ids; empty or null aborts all.")
+
+
+class WeightCheckerRequest(_Body):
+    action: Literal["checksum", "reset", "compare"]
+    baseline: dict[str, str] | None = None
+
+
+class RequestCounts(BaseModel):
+    running: int = 0
+    waiting: int = 0
+    frozen: int = Field(0, description="Requests held in the engine by a keep-mode pause.")
+
+
+class LoraInfo(BaseModel):
+    name: str
+    version: str | None = None
+    path: str
+    adapter_id: int
+    loaded_at: datetime
+
+
+class OperationRecord(BaseModel):
+    id: str
+    kind: OperationKind
+    status: OperationStatus
+    started_at: datetime
+    duration_s: float
+    message: str | None = None
+
+
+class AgentState(BaseModel):
+    """Everything a controller needs from one agent, read in one call."""
+
+    agent_id: str
+    instance_id: str = Field(description="Random per agent process: a new value means the agent restarted.")
+    model: str
+    engine: Literal["vllm", "sim"]
+    engine_alive: bool
+    ready: bool
+    not_ready_reason: str | None = None
+    paused: bool
+    requests: RequestCounts
+    weight_version: str | None
+    desired_weight_version: str | None = None
+    loras: list[LoraInfo] = Field(default_factory=list)
+    world_size: int
+    busy_with: OperationKind | None = Field(None, description="The mutating operation running now, if any.")
+    last_operations: list[OperationRecord] = Field(default_factory=list)
+    inference_url: str | None = None
+
+
+class _Query(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class PauseQuery(_Query):
+    mode: PauseMode = Field("abort", description="abort | wait | keep (vLLM's default is abort).")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
+    clear_cache: bool = Field(True, description="Accepted for vLLM compatibility (deprecated there).")
+
+
+class WorldSizeQuery(_Query):
+    include_dp: bool = True
+
+
+# -- answers: the small shapes of vLLM's RL routes, which handlers build as dicts --------
+class StatusAnswer(BaseModel):
+    status: str
+
+
+class MessageAnswer(BaseModel):
+    message: str
+
+
+class IsPausedAnswer(BaseModel):
+    is_paused: bool
+
+
+class AbortedAnswer(BaseModel):
+    status: Literal["aborted"]
+    aborted: int = Field(description="Requests aborted.")
+
+
+class VersionSetAnswer(BaseModel):
+    success: Literal[True]
+    new_version: str
+
+
+class WeightInfoAnswer(BaseModel):
+    weight_version: str | None
+
+
+class WorldSizeAnswer(BaseModel):
+    world_size: int
+
+
+# The agent's checksums cover the LoRA adapters its engine holds as well as the base weights
+# (vLLM's own checksum route leaves adapters out): one key per adapter tensor, `lora:<adapter
+# name>:<tensor key>`. The tensor key is shaped like a base key (on vLLM its rank prefix and
+# dotted tensor name, e.g. `dp0:pp0:pcp0:tp0:model.layers.0.self_attn.qkv_proj.lora_b.2`), and
+# no base key starts with `lora:` (parameter names have no ':'). Adapter names may contain ':';
+# tensor names never do.
+LORA_CHECKSUM_PREFIX = "lora:"
+CHECKSUMS_DESCRIPTION = ("Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys) and every LoRA "
+                         "adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
+                         "copy in memory.")
+
+
+def lora_checksum_key(adapter: str, tensor: str) -> str:
+    return f"{LORA_CHECKSUM_PREFIX}{adapter}:{tensor}"
+
+
+class ChecksumsAnswer(BaseModel):
+    checksums: dict[str, str] = Field(description=CHECKSUMS_DESCRIPTION)
+
+
+class CompareAnswer(BaseModel):
+    match: bool
+    mismatches: list[str] = Field(description="Tensors whose checksum differs from the baseline.")
+
+
+class DiskUpdatedAnswer(BaseModel):
+    status: Literal["updated"]
+    weight_version: str | None
+    checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for ("
+                                                               "the keys of `ChecksumsAnswer`; a weight reload "
+                                                               "evicts adapters, so none are held here).")
+
+
+class UnloadedAnswer(BaseModel):
+    status: Literal["unloaded"]
+    name: str
+    engine_adapter_ids: list[int] = Field(description="Adapter ids the engine still holds.")
+
+
+class ProbeAnswer(BaseModel):
+    status: str
+    reason: str | None = None

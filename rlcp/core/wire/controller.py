@@ -1,0 +1,310 @@
+"""Wire models of the controller's native API: requests, results, and `/v1/rl/state`.
+
+`FleetState` is the one document a trainer reads to decide its next step and an
+operator reads to see what is wrong (DESIGN §3.2). Request bodies forbid unknown
+fields, so a typo is a 422 naming the field before any worker is touched.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from rlcp.core.wire.agent import PauseMode, RequestCounts
+from rlcp.core.wire.versions import VersionName
+
+Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
+PauseState = Literal["running", "paused", "mixed"]
+ResultStatus = Literal["ok", "error", "timeout", "skipped"]
+OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile",
+                        "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"]
+OperationStatus = Literal["running", "ok", "partial", "failed"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests -------------------------------------------------------------------------
+class DiskSource(_Body):
+    kind: Literal["disk"] = "disk"
+    path: str = Field(min_length=1, description="Safetensors directory every worker can read.")
+
+
+class BroadcastSource(_Body):
+    """Weights that arrived over a weight-transfer group (NCCL, or gloo on CPU)."""
+
+    kind: Literal["broadcast"] = "broadcast"
+
+
+class Checkpoint(_Body):
+    """A disk copy of a weight version: what a worker that missed a broadcast loads."""
+
+    path: str = Field(min_length=1)
+    version: VersionName
+
+
+class AllAtOnce(_Body):
+    """Every member at once: one pause, one load, one resume (the whole fleet is out of
+    service for the update)."""
+
+    type: Literal["all_at_once"] = "all_at_once"
+
+
+class Rolling(_Body):
+    """Waves of at most `max_unavailable` members: each wave leaves the gateway's serving set,
+    is updated and verified, and returns before the next one leaves; the others keep serving
+    (at the version the staleness bound admits)."""
+
+    type: Literal["rolling"] = "rolling"
+    max_unavailable: Annotated[int, Field(strict=True, ge=1, le=100_000)] | Annotated[str, Field(pattern=r"^(100|[1-9][0-9]?)%$")] \
+        = Field(1, description="Members out of service at once: a count, or a percentage of the members "
+                               "('25%', rounded down, at least 1).")
+
+
+UpdateStrategy = Annotated[AllAtOnce | Rolling, Field(discriminator="type")]
+
+
+class UpdateWeightsRequest(_Body):
+    version: VersionName = Field(description="The new weight version.")
+    source: DiskSource
+    pause_mode: PauseMode = Field("keep", description="How in-flight requests are paused during the update.")
+    verify: bool = Field(True, description="Check every member reports the version and checksums agree.")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each phase, in seconds.")
+    strategy: UpdateStrategy = Field(default_factory=AllAtOnce, description="All members at once, or rolling waves.")
+    wait: bool = Field(True, description="false: answer 202 at once with the running operation; follow it at "
+                                         "`GET /v1/rl/operations/{id}`.")
+    expected_checksums: dict[str, str] | None = Field(
+        None, min_length=1, description="A manifest of this version's weight checksums, as the workers name them "
+        "(`POST /weight_checker` `checksum`): every member is checked against it, not only against the others. "
+        "Needs `verify`.")
+
+    @field_validator("expected_checksums")
+    @classmethod
+    def _manifest_needs_verify(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        if value is not None and info.data.get("verify") is False:
+            raise ValueError("needs verify: true (a manifest is checked by verification)")
+        return value
+
+
+class PauseRequest(_Body):
+    mode: PauseMode = "keep"
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline to quiesce, in seconds.")
+
+
+class OperationsQuery(BaseModel):
+    limit: int = Field(64, ge=1, le=64, description="How many operations, newest first.")
+
+
+class EmptyRequest(_Body):
+    """A route that takes no fields: an empty body or `{}`."""
+
+
+class ResumeRequest(EmptyRequest):
+    pass
+
+
+class LoraRequest(_Body):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
+    path: str = Field(min_length=1)
+    version: VersionName | None = None
+    verify: bool = Field(True, description="Check the adapter's tensors agree across the workers whose checksums "
+                                           "cover adapters (the agent's).")
+
+
+class TransferInitRequest(_Body):
+    init_info: dict = Field(description="The trainer's init info for the workers (vLLM's WeightTransferInitRequest). "
+                                        "`world_size` must be 1 + the fleet's inference ranks; the controller sets "
+                                        "each worker's `rank_offset`.")
+
+
+class TransferUpdateRequest(_Body):
+    update_info: dict | list[dict] = Field(description="One update chunk (or a list), passed to every worker.")
+
+
+class TransferFinishRequest(_Body):
+    weight_version: VersionName | None = Field(None, description="Names the new weights on every worker.")
+    checkpoint_path: str | None = Field(None, min_length=1, description="A disk copy of these weights, loaded into "
+                                                                        "workers that join before the next init.")
+
+
+# -- desired state ----------------------------------------------------------------------
+class LoraSpec(BaseModel):
+    path: str
+    version: VersionName | None = None
+
+
+class DesiredState(BaseModel):
+    """What the fleet should be; persisted, so a restarted controller converges to it."""
+
+    weight_version: VersionName | None = None
+    weight_source: DiskSource | BroadcastSource | None = Field(None, discriminator="kind")
+    checkpoint: Checkpoint | None = Field(None, description="The newest disk copy of weights known to the fleet.")
+    loras: dict[str, LoraSpec] = Field(default_factory=dict)
+    paused: bool = False
+    pause_mode: PauseMode = "keep"
+    applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
+                                        "controller applied them, newest last (the last 32): the gateway's "
+                                        "staleness bound counts back along this list.")
+    staleness_bound: int = Field(0, ge=0, le=31, description="The gateway may route to a member at one of the "
+                                 "last `staleness_bound` versions before the desired one (0: the desired only).")
+    updated_at: datetime | None = None
+
+
+# -- results ------------------------------------------------------------------------------
+class WorkerResult(BaseModel):
+    worker_id: str
+    status: ResultStatus
+    phase: str = Field(description="The step this result belongs to (pause, update, verify, resume, ...).")
+    duration_s: float = 0.0
+    message: str | None = None
+    code: str | None = Field(None, description="Why it failed, stable for programs: `timeout`, `unreachable`, "
+                             "`connection_lost`, `rejected` (or the worker's own error code, e.g. "
+                             "`path_unavailable`, `path_forbidden`, `conflict`), `verify_failed`, `internal`. "
+                             "Null when ok.")
+
+
+class WorkerOutage(BaseModel):
+    worker_id: str
+    out_of_service_s: float = Field(description="Time outside the gateway's serving set during the operation.")
+    returned: bool = Field(description="Back in service when the operation ended.")
+
+
+class CapacityPoint(BaseModel):
+    t_s: float = Field(description="Seconds since the operation started.")
+    serving: int = Field(description="Members in service from then on.")
+
+
+class BubbleReport(BaseModel):
+    """How much of the fleet served through an update (the "bubble")."""
+
+    members: int
+    serving_at_start: int
+    min_serving: int
+    mean_capacity: float = Field(description="Time-weighted fraction of the members in service over the operation.")
+    worker_seconds_out: float = Field(description="Sum over members of their time out of service.")
+    capacity: list[CapacityPoint] = Field(description="Members in service over the operation: a step function.")
+    workers: list[WorkerOutage]
+
+
+class RollProgress(BaseModel):
+    strategy: Literal["all_at_once", "rolling"]
+    max_unavailable: int = Field(description="Members out of service at once, resolved to a count.")
+    waves: int
+    waves_done: int
+    wave: list[str] = Field(description="The members of the wave being updated now.")
+    updated: int = Field(description="Members updated, verified and returned so far.")
+    failed: int
+    halted: str | None = Field(None, description="Why the roll stopped before its last wave, if it did.")
+
+
+class OperationResult(BaseModel):
+    id: str
+    kind: OperationKind
+    status: OperationStatus
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    membership_epoch: int
+    detail: dict = Field(default_factory=dict, description="Kind-specific: version, mode, ...")
+    results: list[WorkerResult] = Field(default_factory=list, description="Per worker, the last step it reached.")
+    progress: RollProgress | None = Field(None, description="A weight update's waves.")
+    bubble: BubbleReport | None = Field(None, description="A weight update's out-of-service time and capacity.")
+
+
+# -- state ----------------------------------------------------------------------------------
+class AppliedState(BaseModel):
+    weight_version: str | None = Field(description="The version every member reports, or null when they disagree.")
+    converged: bool = Field(description="Every member is at the desired version and LoRAs.")
+    verified: bool = Field(description="The last update was verified (versions and, where supported, checksums).")
+
+
+class UpdateView(BaseModel):
+    """The running weight update, else the last one: its progress and its bubble."""
+
+    operation_id: str
+    status: OperationStatus
+    version: str | None
+    progress: RollProgress | None
+    bubble: BubbleReport | None
+
+
+class WorkerView(BaseModel):
+    id: str
+    admin_url: str
+    inference_url: str | None
+    flavor: str
+    world_size: int
+    reachable: bool
+    ready: bool
+    serving: bool = Field(description="Reachable, ready, at the desired state, not paused and not cordoned.")
+    cordoned: bool = Field(False, description="Taken out of the gateway's serving set by the controller (a weight "
+                                              "update's wave) until it has been updated and verified.")
+    paused: bool | None
+    requests: RequestCounts | None
+    weight_version: str | None
+    loras: dict[str, str | None]
+    engine_alive: bool | None = Field(None, description="The engine's own liveness, as the worker reports it.")
+    not_ready_reason: str | None = None
+    last_result: WorkerResult | None = None
+    last_seen: datetime | None = None
+    last_error: str | None = None
+
+
+class TransferMember(BaseModel):
+    worker_id: str
+    rank_offset: int
+    world_size: int
+
+
+class TransferGroupView(BaseModel):
+    """The weight-transfer group the trainer formed with the fleet (rank 0 is the trainer)."""
+
+    membership_epoch: int = Field(description="The membership it was formed with; another one makes it stale.")
+    stale: bool = Field(description="Membership changed since init: the next update is refused (409).")
+    world_size: int
+    members: list[TransferMember]
+    updating: bool = Field(description="Between start_weight_update and finish_weight_update.")
+    chunks: int = Field(description="Update chunks received in the current update.")
+
+
+class GatewayWorkerView(BaseModel):
+    worker_id: str
+    in_fence: bool = Field(description="May be sent a request now (serving, at an allowed version).")
+    in_flight: int
+    routed: int = Field(description="Requests sent to it since the gateway started.")
+    failed: int = Field(description="Requests it failed before (retried elsewhere) or after the first byte.")
+
+
+class GatewayView(BaseModel):
+    """The inference gateway: one endpoint for the fleet's rollouts, fenced by weight version."""
+
+    url: str | None = Field(description="Where the gateway serves, as it bound.")
+    allowed_versions: list[str] = Field(description="Versions the fence admits now, desired first.")
+    staleness_bound: int
+    held: int = Field(description="Requests waiting for a member to serve.")
+    routed: int
+    rejected: int = Field(description="Answered 503 after their hold deadline (or a full queue).")
+    workers: list[GatewayWorkerView]
+
+
+class StalenessRequest(_Body):
+    bound: int = Field(ge=0, le=31, description="How many versions before the desired one the gateway may serve.")
+
+
+class FleetState(BaseModel):
+    phase: Phase
+    quiesced: bool = Field(description="Every member is paused and none has a request running.")
+    pause_state: PauseState
+    requests: RequestCounts
+    desired: DesiredState
+    applied: AppliedState
+    membership_epoch: int
+    discovery_synced: bool
+    last_operation: OperationResult | None
+    update: UpdateView | None = Field(None, description="The running weight update, else the last one.")
+    weight_transfer: TransferGroupView | None = None
+    gateway: GatewayView | None = Field(None, description="The inference gateway in this process, if it runs.")
+    workers: list[WorkerView]

@@ -1,0 +1,15 @@
+"""The one harness shared by the tests, the benchmarks and the local demo.
+
+Each module is one concern, importable by `tests/`, `bench/` and `rlcp/localfleet/` alike (nothing here
+imports any of them):
+
+- `processes`: `python -m rlcp.agent` / `python -m rlcp.controlplane` as child processes (spawn with a
+  config file and a ready file, stop, kill the group, read the log);
+- `simfleet`: real agents on SimEngine on loopback, in this process or in host processes;
+- `checkpoints`: weights, adapters and models made on the spot;
+- `faults`: fault rules, applied by an aiohttp middleware or by a loopback HTTP proxy;
+- `controller`: an in-process controller for tests, its settings, and readiness over HTTP;
+- `waiting`: bounded waits with a deadline and a message;
+- `http`: one HTTP call with a deadline, and free loopback ports;
+- `figures`: measurements recorded by tests under `bench/out/`.
+"""

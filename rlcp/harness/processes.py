@@ -1,0 +1,361 @@
+"""The agent and the controller as child processes, started exactly as production starts them.
+
+`python -m rlcp.agent --config <yaml> --ports-file <file>` and `python -m rlcp.controlplane --config <yaml>
+--port-file <file>` bind port 0 (or the port in the config) and write what they bound to the ready
+file once they serve, so nobody races for ports or guesses when a child is up. Each child leads its
+own process group: a stop or a kill reaches a vLLM agent's engine processes too. Tests, the
+benchmarks and `localfleet` all start their children through `ChildProcess`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+# pydantic-settings ranks the environment above the YAML file: settings left exported by a shell
+# would override the child's config (a stale token makes every admin call a 401).
+_SETTINGS_PREFIXES = ("RLAGENT_", "RLCP_")
+
+
+class ProcessError(RuntimeError):
+    """A child exited while starting or running, or did not get ready in time; the message ends
+    with the tail of its log."""
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child: this one without settings variables, plus what a CPU vLLM
+    engine needs (offline Hub, a small KV cache), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    return env | extra
+
+
+class ChildProcess:
+    """One `python -m <module>` child: spawn it with its config, wait for its ready file, stop
+    it (SIGTERM to its group, SIGKILL after a grace period), kill it, read its log.
+
+    A child can be started again after it stopped or was killed: same config, same files, its
+    log appended to."""
+
+    module: ClassVar[str]
+    ready_flag: ClassVar[str]
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *, name: str, env: dict[str, str] | None = None,
+                 start_timeout_s: float = 60.0, stop_timeout_s: float = 30.0,
+                 log_path: Path | None = None) -> None:
+        self.config, self.workdir, self.name = config, workdir, name
+        self.extra_env = env or {}
+        self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
+        self.config_path = workdir / f"{name}.yaml"
+        self.ready_file = workdir / f"{name}.ready"
+        self.log_path = log_path or workdir / f"{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """What goes into the config file (subclasses add their defaults)."""
+        return self.config
+
+    def spawn(self) -> ChildProcess:
+        """Start the child and return at once; `wait_ready` waits for it to serve. The config
+        file may hold tokens: it is readable by this user only."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
+        fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            yaml.safe_dump(self.settings(), f)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", self.module, "--config", str(self.config_path), self.ready_flag,
+                 str(self.ready_file)], cwd=REPO, env=child_env(**self.extra_env), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def _ready_text(self) -> str | None:
+        """The ready file's text once written; raises if the child died first."""
+        assert self.proc is not None, f"{self.name} was never spawned"
+        if self.ready_file.exists():
+            return self.ready_file.read_text()
+        if self.proc.poll() is not None:
+            raise self.failure(f"exited with {self.proc.returncode} while starting")
+        return None
+
+    def _on_ready(self, text: str) -> None:
+        """Read what the child bound from its ready file."""
+
+    def _timed_out(self) -> ProcessError:
+        self.stop()
+        return self.failure(f"did not start within {self.start_timeout_s:g}s")
+
+    def wait_ready(self) -> ChildProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        while (text := self._ready_text()) is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            time.sleep(0.05)
+        self._on_ready(text)
+        return self
+
+    async def wait_ready_async(self) -> ChildProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        while (text := self._ready_text()) is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            await asyncio.sleep(0.05)
+        self._on_ready(text)
+        return self
+
+    def start(self) -> ChildProcess:
+        return self.spawn().wait_ready()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal_group(self, sig: int) -> bool:
+        """Signal the child's whole process group; False when none of the group is left."""
+        if self.proc is None:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def alive(self) -> bool:
+        """The child, or any process of its group (a vLLM engine may outlive its agent)."""
+        return self.running() or self.signal_group(0)
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        stop_all([self], timeout_s or self.stop_timeout_s)
+
+    def kill(self) -> None:
+        if self.running():
+            self.signal_group(signal.SIGKILL)
+            assert self.proc is not None
+            self.proc.wait(timeout=10)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def failure(self, what: str) -> ProcessError:
+        return ProcessError(f"{self.name} {what}; the end of {self.log_path}:\n{self.log_tail(40)}")
+
+
+def stop_all(children: Iterable[ChildProcess], grace_s: float = 20.0) -> list[ChildProcess]:
+    """SIGTERM every child's group, wait up to `grace_s` for all of them, then SIGKILL the rest;
+    returns the children that had to be killed. Synchronous on purpose: a second Ctrl-C cannot
+    cancel it half-way."""
+    children = [c for c in children if c.proc is not None]
+    for c in children:
+        if c.alive():
+            c.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(c.alive() for c in children):
+        time.sleep(0.05)
+    killed = [c for c in children if c.alive()]
+    for c in killed:
+        c.signal_group(signal.SIGKILL)
+        assert c.proc is not None
+        c.proc.wait(timeout=10)
+    return killed
+
+
+def start_all(children: Iterable[ChildProcess]) -> None:
+    """Spawn every child, then wait for each: their start-ups (mostly imports) overlap."""
+    children = list(children)
+    for c in children:
+        c.spawn()
+    for c in children:
+        c.wait_ready()
+
+
+class AgentProcess(ChildProcess):
+    """`python -m rlcp.agent`: admin and inference ports picked by the agent unless the config names them."""
+
+    module = "rlcp.agent"
+    ready_flag = "--ports-file"
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *, token: str = "test-token",
+                 start_timeout_s: float = 180.0, name: str = "agent", **kw: Any) -> None:
+        super().__init__(config, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
+        self.token = token
+        self.ports: dict[str, int] = {}
+
+    def settings(self) -> dict[str, Any]:
+        return {"admin": {"port": 0, "token": self.token}, "inference": {"port": 0}, **self.config}
+
+    def _on_ready(self, text: str) -> None:
+        self.ports = json.loads(text)
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['admin_port']}"
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['inference_port']}"
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def spec(self, worker_id: str) -> dict[str, Any]:
+        """This agent as a static worker of a controller (flavor `agent`)."""
+        return {"id": worker_id, "admin_url": self.admin_url, "inference_url": self.inference_url, "flavor": "agent"}
+
+    def disk_loads(self) -> Counter[str]:
+        """Versions this agent loaded from disk (successful `update_weights_from_disk`
+        operations) over every start: read from its JSON log, which restarts append to."""
+        loads: Counter[str] = Counter()
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if (rec.get("event") == "operation" and rec.get("operation") == "update_weights_from_disk"
+                    and rec.get("status") == "ok"):
+                loads[rec["version"]] += 1
+        return loads
+
+
+class ControllerProcess(ChildProcess):
+    """`python -m rlcp.controlplane` on the port its config names (0: one it picks)."""
+
+    module = "rlcp.controlplane"
+    ready_flag = "--port-file"
+
+    def __init__(self, config: dict[str, Any], workdir: Path, *, name: str = "controller",
+                 start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0, **kw: Any) -> None:
+        super().__init__(config, workdir, name=name, start_timeout_s=start_timeout_s,
+                         stop_timeout_s=stop_timeout_s, **kw)
+        self.port = 0
+
+    def _on_ready(self, text: str) -> None:
+        self.port = int(text)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds a process's live threads have run so far (Linux /proc); None once it is gone.
+
+    Summed from each thread's `schedstat` (nanoseconds): `stat`'s user + system times count in
+    clock ticks (10 ms), as coarse as a whole update cycle of a small fleet. A thread that has
+    ended drops out of the sum, so take differences over spans its threads live through."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    total_ns = 0
+    for task in tasks:
+        try:
+            total_ns += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended while being read
+    return total_ns / 1e9
+
+
+def controller_pids(pid: int) -> dict[str, int]:
+    """The daemon's processes: the front and the core it started (`api.front`), or the one."""
+    try:
+        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        children = []
+    if not children:
+        return {"controller": pid}
+    return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
+
+
+class VllmServeProcess(ChildProcess):
+    """A stock `vllm serve` as a user starts it (`python -m vllm.entrypoints.openai.api_server`,
+    since the `vllm` console script is broken in vllm-cpu), in dev mode with runtime LoRA
+    updates: the `vllm` flavor's real counterpart. It has no ready file, so it is ready when
+    `/health` answers 200. The port is picked once, so `kill` then `start` brings the same
+    server back on the same address; `core` pins its OpenMP threads so two servers on this
+    2-core machine do not both sit on core 0."""
+
+    def __init__(self, model: Path, workdir: Path, *, name: str = "vllm-serve", core: int = 0,
+                 port: int | None = None, start_timeout_s: float = 240.0, extra_args: Iterable[str] = (),
+                 **kw: Any) -> None:
+        from rlcp.harness.http import free_port
+
+        super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
+        self.model, self.core, self.extra_args = model, core, list(extra_args)
+        self.port = port or free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
+                "--host", "127.0.0.1", "--port", str(self.port), "--enable-lora", "--max-lora-rank", "8",
+                "--max-loras", "2", *self.extra_args]
+
+    def spawn(self) -> VllmServeProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = child_env(VLLM_SERVER_DEV_MODE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+                        VLLM_CPU_OMP_THREADS_BIND=str(self.core), **self.extra_env)
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+    def _ready_text(self) -> str | None:
+        import urllib.error
+        import urllib.request
+
+        assert self.proc is not None, f"{self.name} was never spawned"
+        if self.proc.poll() is not None:
+            raise self.failure(f"exited with {self.proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
+                return "up" if resp.status == 200 else None
+        except (OSError, urllib.error.URLError):
+            return None  # not listening yet, or the engine is still starting
+
+    def wait_ready(self) -> VllmServeProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        while self._ready_text() is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            time.sleep(0.5)
+        return self
+
+    async def wait_ready_async(self) -> VllmServeProcess:
+        deadline = time.monotonic() + self.start_timeout_s
+        while await asyncio.to_thread(self._ready_text) is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            await asyncio.sleep(0.5)
+        return self
+
+    def spec(self, worker_id: str) -> dict[str, Any]:
+        """This server as a static worker of a controller with flavor `vllm`."""
+        return {"id": worker_id, "admin_url": self.url, "inference_url": self.url, "flavor": "vllm"}

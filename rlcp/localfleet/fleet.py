@@ -1,0 +1,367 @@
+"""`python -m rlcp.localfleet`: the whole system on one machine, in one command.
+
+A new user with no cluster, GPU or downloadable model should still see what the project
+does: a trainer pushing a new weight version to a fleet every step while rollouts keep
+flowing. Every part is the real program: N agents (`python -m rlcp.agent`, vLLM CPU engines
+on a tiny model made on the spot, or SimEngines with `--sim`) and the controller
+(`python -m rlcp.controlplane`) run as subprocesses; a small trainer loop drives the
+controller's HTTP API as a real trainer would; everything stops on exit, Ctrl-C included.
+
+    python -m rlcp.localfleet --sim                 # seconds; no torch, no vLLM
+    python -m rlcp.localfleet --agents 2 --steps 5  # real vLLM CPU engines
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import functools
+import itertools
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from rlcp.client.cli import count_or_percent
+from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
+from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, stop_all
+
+PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
+           "Weights move from the trainer", "Pause, update, verify and resume"]
+_YN = {True: "yes", False: "no", None: "?"}
+say = functools.partial(print, flush=True)  # flushed: a pipe or a test sees progress as it happens
+
+
+class FleetError(Exception):
+    """The fleet could not be brought up or kept up; the message says which part and why."""
+
+
+@dataclass
+class Processes:
+    """Every subprocess this run started; their pids go to pids.json for tools and tests."""
+
+    workdir: Path
+    children: list[ChildProcess] = field(default_factory=list)
+
+    def spawn(self, child: ChildProcess) -> ChildProcess:
+        """Start `child` (its config, which holds tokens, readable by this user only)."""
+        self.children.append(child.spawn())
+        (self.workdir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
+        return child
+
+    def check_alive(self) -> None:
+        if dead := [c for c in self.children if not c.running()]:
+            raise dead[0].failure(f"exited with {dead[0].proc.returncode}")
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Every child stopped (SIGTERM, then SIGKILL after `grace_s`)."""
+        for c in stop_all(self.children, grace_s):
+            say(f"  {c.name} did not stop within {grace_s:g}s: killed it")
+
+
+def write_step_weights(workdir: Path, step: int, base: Path | None) -> Path:
+    """What a trainer writes after step `step`: the base weights plus noise that grows with
+    the step (vLLM mode), or a small fresh checkpoint SimEngine can digest (--sim)."""
+    out = workdir / "steps" / f"step-{step}"
+    return write_checkpoint(out, step) if base is None else write_perturbed(base, out, step, 0.01 * step)
+
+
+@dataclass
+class Rollouts:
+    """Rollout traffic through the fleet's one inference endpoint (the controller's gateway),
+    one request in flight per agent, so every weight update happens under load as in a real
+    RL run. Each answer names the weights that produced it (`X-RL-Weight-Version`): the tally."""
+
+    session: aiohttp.ClientSession
+    gateway: str
+    streams: int
+    model: str
+    version: str | None  # the version rollouts are tallied under before the first answer names one
+    ok: int = 0
+    failed: int = 0
+    by_version: collections.Counter = field(default_factory=collections.Counter)
+    turn: itertools.count = field(default_factory=itertools.count)
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._loop() for _ in range(self.streams)))
+
+    async def _loop(self) -> None:
+        while True:
+            i = next(self.turn)
+            body = {"model": self.model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16}
+            try:
+                async with self.session.post(f"{self.gateway}/v1/completions", json=body,
+                                             timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                    await resp.read()
+                    resp.raise_for_status()
+                    version = resp.headers.get("X-RL-Weight-Version") or self.version
+                self.ok += 1
+                self.by_version[version] += 1
+            except (aiohttp.ClientError, TimeoutError):
+                self.failed += 1
+                await asyncio.sleep(0.5)  # a refused port does not become a busy loop
+
+    async def wait_for(self, ok: int, deadline_s: float) -> None:
+        deadline = time.monotonic() + deadline_s
+        while self.ok < ok:
+            if time.monotonic() > deadline:
+                raise FleetError(f"rollouts stalled ({self.failed} failed; is the fleet paused?)")
+            await asyncio.sleep(0.05)
+
+
+def print_workers(state: dict) -> None:
+    for w in state["workers"]:
+        say(f"    {w['id']:<10} version={w['weight_version']}  ready={_YN[w['ready']]}  paused={_YN[w['paused']]}"
+            + (f"  ({w['not_ready_reason']})" if w.get("not_ready_reason") else ""))
+
+
+@dataclass
+class Trainer:
+    """The trainer's side: one controller call per step, and the state it reads back."""
+
+    session: aiohttp.ClientSession
+    url: str
+    token: str
+    args: argparse.Namespace
+    base: Path | None  # the base model (vLLM mode), None with --sim
+
+    async def call(self, method: str, path: str, *, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
+        """One call with a deadline: (HTTP status, JSON body); transport failures are FleetErrors."""
+        try:
+            async with self.session.request(method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(
+                    total=timeout_s), headers={"Authorization": f"Bearer {self.token}"}) as resp:
+                return resp.status, await resp.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise FleetError(f"{method} {self.url}{path} failed: {type(exc).__name__}: {exc}") from exc
+
+    async def wait_for_fleet(self, procs: Processes, deadline_s: float = 60.0) -> dict:
+        """Until the controller sees every agent reachable and ready; returns its state."""
+        deadline, state = time.monotonic() + deadline_s, {}
+        while time.monotonic() < deadline:
+            procs.check_alive()
+            try:
+                status, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
+                workers = state.get("workers", []) if status == 200 else []
+                if len(workers) == self.args.agents and all(w["reachable"] and w["ready"] for w in workers):
+                    return state
+            except FleetError:
+                pass  # not listening yet
+            await asyncio.sleep(0.25)
+        raise FleetError(f"no {self.args.agents} ready workers in {deadline_s:g}s: {json.dumps(state)[:2000]}")
+
+    async def step(self, k: int, rollouts: Rollouts) -> tuple[bool, float]:
+        """Collect rollouts, write the new weights, ONE controller call: (ok, update seconds)."""
+        ok0, failed0 = rollouts.ok, rollouts.failed
+        await rollouts.wait_for(ok0 + self.args.rollouts_per_step, deadline_s=120)
+        version, path = f"step-{k}", write_step_weights(self.args.workdir, k, self.base)
+        t0 = time.monotonic()
+        body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep"}
+        if self.args.max_unavailable is not None:
+            body["strategy"] = {"type": "rolling", "max_unavailable": self.args.max_unavailable}
+        status, result = await self.call("POST", "/v1/rl/update_weights", timeout_s=400, body=body)
+        duration = time.monotonic() - t0
+        if status == 200:
+            rollouts.version = version
+        # The controller refreshes its cache after every operation: this read is the outcome.
+        _, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
+        applied = state["applied"]
+        shown = result.get("status", "error") + ("" if status == 200 else f" (HTTP {status})")
+        say(f"step {k}/{self.args.steps}  {shown:<8} update {duration:5.2f}s  applied={applied['weight_version']}"
+            f"  converged={_YN[applied['converged']]}  verified={_YN[applied['verified']]}"
+            f"  rollouts ok={rollouts.ok - ok0} failed={rollouts.failed - failed0}")
+        if status != 200:
+            say(f"    {json.dumps(result.get('error') or result.get('results'))[:1000]}")
+        if bubble := result.get("bubble"):
+            waves = (result.get("progress") or {}).get("waves", 1)
+            say(f"    bubble: {waves} wave(s); at least {bubble['min_serving']}/{bubble['members']} members serving, "
+                f"mean capacity {bubble['mean_capacity']:.0%} over the update")
+        print_workers(state)
+        return status == 200 and applied["converged"] and applied["weight_version"] == version, duration
+
+    async def run_steps(self, procs: Processes, rollouts: Rollouts) -> bool:
+        """Every step under rollout traffic, then a summary; True when every step was ok."""
+        traffic = asyncio.create_task(rollouts.run(), name="rollouts")
+        steps: list[tuple[bool, float]] = []
+        try:
+            for k in range(1, self.args.steps + 1):
+                procs.check_alive()
+                steps.append(await self.step(k, rollouts))
+        finally:
+            traffic.cancel()
+            await asyncio.gather(traffic, return_exceptions=True)
+        n_ok, durations = sum(ok for ok, _ in steps), sorted(d for _, d in steps)
+        say(f"\nsummary: {n_ok}/{self.args.steps} steps ok"
+            + (f"; update median {durations[len(durations) // 2]:.2f}s, max {durations[-1]:.2f}s" if steps else "")
+            + f"; rollouts ok={rollouts.ok} failed={rollouts.failed}; by the version that served them "
+            + "(X-RL-Weight-Version): "
+            + " ".join(f"{v}={n}" for v, n in rollouts.by_version.items()))
+        return n_ok == self.args.steps
+
+
+async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | None) -> tuple[list[dict], str, str]:
+    """The agents (concurrently), then the controller over them: (specs, URL, API token)."""
+    # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
+    # token left exported by an earlier shell would override the generated ones.
+    admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
+    engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
+               "sim_token_interval_s": args.sim_token_s} if base is None else
+              {"kind": "vllm", "model": str(base), "served_model_name": "tiny", "dtype": "float32",
+               "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
+               "enable_lora": True, "max_lora_rank": 8, "max_loras": 2})
+    say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
+    t0 = time.monotonic()
+
+    async def start_agent(name: str, index: int) -> dict:
+        # vLLM's CPU backend binds every engine's threads to the same cores by default
+        # ("auto"); one core each lets N engines on one machine run side by side.
+        bind = {} if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else {
+            "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+        child = procs.spawn(AgentProcess({
+            "agent_id": name, "admin": {"port": 0, "token": admin_token}, "inference": {"port": 0},
+            "engine": engine, "allowed_roots": [str(args.workdir)], "require_desired_version": True,
+            "log_format": "json"}, run_dir, name=name, env=bind, start_timeout_s=args.start_timeout,
+            log_path=log_dir / f"{name}.log"))
+        ports = (await child.wait_ready_async()).ports
+        say(f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
+            f"inference :{ports['inference_port']}")
+        return {"id": name, "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
+                "inference_url": f"http://127.0.0.1:{ports['inference_port']}", "flavor": "agent"}
+
+    specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
+    child = procs.spawn(ControllerProcess({
+        "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+        "gateway": {"host": "127.0.0.1", "port": args.gateway_port},
+        "discovery": {"kind": "static", "static": specs},
+        "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+        "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+        "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+        "allowed_roots": [str(args.workdir)], "log_format": "json"}, run_dir, log_path=log_dir / "controller.log"))
+    try:
+        port = (await child.wait_ready_async()).port
+    except ProcessError as exc:
+        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
+        raise FleetError(f"{exc}{hint}") from None
+    return specs, f"http://127.0.0.1:{port}", api_token
+
+
+async def run(args: argparse.Namespace, base: Path | None) -> int:
+    """Bring the fleet up, run the steps, and stop every process it started, whatever happens."""
+    procs, task, got, t0 = Processes(args.workdir), asyncio.current_task(), [], time.monotonic()
+    model = "sim" if base is None else "tiny"
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not got:  # later signals: the stop is already on its way
+            say(f"\n{sig.name}: stopping the fleet ...")
+            task.cancel()
+        got.append(sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
+    try:
+        specs, url, token = await start_fleet(args, procs, base)
+        async with aiohttp.ClientSession() as session:
+            trainer = Trainer(session, url, token, args, base)
+            state = await trainer.wait_for_fleet(procs)
+            auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
+            gateway = (state.get("gateway") or {}).get("url")
+            if not gateway:
+                raise FleetError("the controller runs no inference gateway (gateway.enabled)")
+            say(f"""
+Controller: {url}   API token: {token}
+Gateway:    {gateway}   (one inference endpoint for the fleet, fenced by weight version)
+From another terminal, while it runs (--keep-running keeps it up after the steps):
+  export RLCTL_URL={url} RLCTL_TOKEN={token}
+  .venv/bin/rlctl state --watch
+  .venv/bin/rlctl pause --mode keep && .venv/bin/rlctl resume
+  curl -s {url}/v1/rl/state | python3 -m json.tool
+  curl -s -X POST {url}/v1/rl/pause {auth} -d '{{"mode": "keep"}}'
+  curl -s -X POST {url}/v1/rl/resume {auth} -d '{{}}'
+  curl -si {gateway}/v1/completions -H 'Content-Type: application/json' \\
+       -d '{{"model": "{model}", "prompt": "The quick brown fox", "max_tokens": 16}}'
+""")
+            if args.staleness:
+                await trainer.call("POST", "/v1/rl/gateway/staleness", body={"bound": args.staleness})
+            version = state["applied"]["weight_version"]
+            say(f"fleet ready after {time.monotonic() - t0:.1f}s, at version {version}")
+            print_workers(state)
+            rollouts = Rollouts(session, gateway, len(specs), model, version)
+            all_ok = await trainer.run_steps(procs, rollouts)
+            if args.keep_running:
+                say(f"the fleet keeps running at {url}; Ctrl-C stops it")
+                await asyncio.Event().wait()
+            return 0 if all_ok else 1
+    except asyncio.CancelledError:
+        if got:
+            return 128 + got[0]  # 130 on Ctrl-C
+        raise
+    except (FleetError, ProcessError) as exc:
+        say(f"localfleet: {exc}")
+        return 1
+    finally:
+        t_stop = time.monotonic()
+        procs.stop()
+        say(f"stopped {len(procs.children)} processes in {time.monotonic() - t_stop:.1f}s")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m rlcp.localfleet",
+                                description="Agents, the controller and a small trainer loop, on this machine.")
+    p.add_argument("--sim", action="store_true", help="SimEngine agents: no vLLM, no torch, starts in seconds")
+    p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
+    p.add_argument("--steps", type=int, default=5, help="trainer steps, one weight update each (default 5)")
+    p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
+    p.add_argument("--workdir", type=Path, default=Path(".local-fleet"), help="models, weights, logs, state")
+    p.add_argument("--port", type=int, default=8080, help="controller API port (0 = a free one)")
+    p.add_argument("--gateway-port", type=int, default=8090, help="inference gateway port (0 = a free one)")
+    p.add_argument("--start-timeout", type=float, default=300.0, help="seconds each agent may take to start")
+    p.add_argument("--keep-running", action="store_true", help="keep the fleet up after the steps until Ctrl-C")
+    p.add_argument("--max-unavailable", type=count_or_percent, default=None,
+                   help="rolling updates: members out of service at once (a count, or a percentage like 50%%)")
+    p.add_argument("--staleness", type=int, default=0,
+                   help="the gateway may serve the last N versions before the desired one (a roll's old waves)")
+    p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
+    p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
+    args = p.parse_args(argv)
+    if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
+        p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
+    args.workdir = args.workdir.resolve()
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    for sub in ("logs", "run", "state", "steps"):
+        (args.workdir / sub).mkdir(parents=True, exist_ok=True)
+    # A fresh fleet each run: a desired state kept from an earlier run would name this
+    # run's "step-1" as already applied and make its update a no-op on stale weights.
+    (args.workdir / "state" / "desired.json").unlink(missing_ok=True)
+    for stale in (args.workdir / "run").iterdir():
+        stale.unlink()
+    models = args.workdir / "models"
+    try:
+        if not args.sim and not (models / ".complete").exists():  # an interrupted make is made again
+            say(f"making the tiny model in {models} (once) ...")
+            from rlcp.harness.tiny_model import make_model_family
+
+            make_model_family(models)
+            (models / ".complete").touch()
+        return asyncio.run(run(args, None if args.sim else models / "base"))
+    except KeyboardInterrupt:  # before any process was started
+        return 130
+    except ImportError as exc:
+        say(f"localfleet: a package is missing ({exc}); run `bash scripts/bootstrap.sh` "
+            "(vLLM mode needs its cpu extra) or use --sim")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
