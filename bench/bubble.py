@@ -241,7 +241,7 @@ def analyse(args: argparse.Namespace, rows: list[dict[str, Any]], answers: list[
             # Completions per bin over the update, ÷ the steady rate: the plot.
             "timeline": timeline(answers, t0 - 1.0, t1 + 1.0, steady, args.bin_s),
         }
-    return {"rlcp.agent": args.agents, "engine": "vllm" if args.vllm else "sim", "load_s": args.load_s,
+    return {"agents": args.agents, "engine": "vllm" if args.vllm else "sim", "load_s": args.load_s,
             "streams": args.streams, "max_tokens": args.max_tokens, "pause_mode": args.pause_mode,
             "answers": len(answers), "failed": sum(1 for a in answers if not a.ok),
             "outside_fence": len(outside), "rows": rows}
@@ -293,8 +293,8 @@ def draw(r: dict[str, Any], out: Path) -> Path:
         ax.set_ylabel("fraction of steady / of members")
         ax.set_ylim(-0.05, 1.6)
         ax.legend(fontsize=6, loc="upper right", ncol=2)
-        ax.set_title(f"Update bubble: {r['rlcp.agent']} {r['engine']} agents, reload {r['load_s']:g}s"
-                     if r["engine"] == "sim" else f"Update bubble: {r['rlcp.agent']} vLLM CPU agents")
+        ax.set_title(f"Update bubble: {r['agents']} {r['engine']} agents, reload {r['load_s']:g}s"
+                     if r["engine"] == "sim" else f"Update bubble: {r['agents']} vLLM CPU agents")
 
     return plot("bubble" if r["engine"] == "sim" else "bubble_vllm", d, out, size=(8.0, 4.2))
 

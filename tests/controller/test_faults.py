@@ -137,7 +137,7 @@ async def make_fleet(tmp_path: Path, http: aiohttp.ClientSession):
         latency = latency or {}
         ckpt = {seed: write_checkpoint(tmp_path / "weights" / f"seed-{seed}", seed) for seed in (1, 2, 3)}
         roots = [tmp_path / "weights"]
-        agents = {name: sim_agent(name, tmp_path / "rlcp.agent", roots, op_latency_s=latency.get(name, 0.05))
+        agents = {name: sim_agent(name, tmp_path / "agents", roots, op_latency_s=latency.get(name, 0.05))
                   for name in ("a0", "a1", "a2")}
         proxy = None
         if proxied is not None:

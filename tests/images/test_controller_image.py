@@ -66,7 +66,7 @@ def test_names_are_the_charts_defaults(controller_image: BuiltImage) -> None:
     assert values["image"]["tag"] == ""  # the appVersion
     assert controller_image.name == f"{values['image']['repository']}:{version}"
     prefix = values["image"]["repository"].rsplit("/", 1)[0]
-    assert values["rlcp.agent"]["image"]["repository"] == f"{prefix}/rl-agent"  # agent-gpu: <prefix>/rl-agent:<version>
+    assert values["agents"]["image"]["repository"] == f"{prefix}/rl-agent"  # agent-gpu: <prefix>/rl-agent:<version>
 
     release = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
     on = release.get("on", release.get(True))  # YAML 1.1 reads a bare `on` key as True
@@ -112,7 +112,7 @@ def test_root_filesystem_is_read_only_and_tmp_is_writable(controller_image: Buil
 
 def test_controller_serves_a_static_fleet_from_a_read_only_root_and_stops_on_sigterm(
         controller_image: BuiltImage, tmp_path: Path) -> None:
-    agents = HostAgents(tmp_path / "rlcp.agent", token="workers-secret")
+    agents = HostAgents(tmp_path / "agents", token="workers-secret")
     agents.workdir.mkdir()
     agents.start(2, sys.executable)
     try:

@@ -39,6 +39,11 @@ VLLM_ALLOWED = ("rlcp.agent.engine.vllm_engine", "rlcp.agent.engine.vllm_inferen
                 "rlcp.harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
 
 
+def package_of(module: str) -> str | None:
+    """The project package a module belongs to (`rlcp.agent` for `rlcp.agent.service`), or None."""
+    return next((p for p in PACKAGES if module == p or module.startswith(p + ".")), None)
+
+
 def modules() -> dict[str, Path]:
     found = {}
     for package in PACKAGES:
@@ -83,7 +88,7 @@ def graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
 
 
 def project(module: str) -> bool:
-    return module.split(".")[0] in PACKAGES
+    return package_of(module) is not None
 
 
 def test_no_import_circles() -> None:
@@ -133,8 +138,8 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     edges, _ = graph()
 
     def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
-        return sorted(f"{m} -> {t}" for m, ts in edges.items() if m.split(".")[0] == prefix
-                      for t in ts if t.split(".")[0] in forbidden)
+        return sorted(f"{m} -> {t}" for m, ts in edges.items() if package_of(m) == prefix
+                      for t in ts if package_of(t) in forbidden)
 
     assert offenders("rlcp.core", ("rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
     assert offenders("rlcp.controlplane", ("rlcp.agent", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
@@ -143,7 +148,7 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     # The product's packages; the harness may drive engines itself (a Dynamo worker over vLLM).
     product = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client")
     vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
-                  if t.split(".")[0] == "vllm" and m.split(".")[0] in product and not m.startswith(VLLM_ALLOWED))
+                  if t.split(".")[0] == "vllm" and package_of(m) in product and not m.startswith(VLLM_ALLOWED))
     assert vllm == []
 
 
@@ -157,8 +162,21 @@ def test_controller_layers_only_look_down() -> None:
         return None if best is None else best[0]
 
     edges, _ = graph()
-    unplaced = sorted(m for m in edges if m.startswith("controlplane.") and layer(m) is None)
+    unplaced = sorted(m for m in edges if m.startswith("rlcp.controlplane.") and layer(m) is None)
     assert unplaced == [], "every controller module belongs to a layer"
     upward = sorted(f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})" for m, ts in edges.items()
                     if layer(m) is not None for t in ts if layer(t) is not None and layer(t) > layer(m))
     assert upward == []
+
+
+def test_one_installed_namespace() -> None:
+    """What the wheel installs sits under one top-level name, so it cannot collide with another
+    distribution's (`agents`, for one, is a popular agents SDK's import name)."""
+    import tomllib
+
+    from setuptools import find_namespace_packages
+
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = find_namespace_packages(str(REPO), include=find["include"], exclude=find.get("exclude", ()))
+    assert {p.split(".")[0] for p in shipped} == {"rlcp"}
+    assert {p for p in shipped if p.count(".") == 1} >= set(PACKAGES)
