@@ -74,6 +74,11 @@ class Rollouts:
                     "text": choice.get("text"), "finish": choice.get("finish_reason")})
             n += len(self._tasks)
 
+    async def answered(self, more: int, what: str) -> None:
+        """Wait until `more` answers arrived from now on: rollouts ran in the phase, whatever the machine's pace."""
+        goal = len(self.answers) + more
+        await wait_for(lambda: len(self.answers) >= goal, timeout_s=180, what=f"{more} rollouts answered {what}")
+
     def overlapped_an_update(self, answer: dict) -> bool:
         return any(answer["sent"] < end and answer["received"] > start for start, end in self.updates)
 
@@ -120,13 +125,13 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         rollouts = Rollouts(http, gateway.url, loops=6, admitted=lambda: list(gateway.router.table().admitted))
         rolls: dict[str, tuple[float, float, dict]] = {}
         try:
-            await asyncio.sleep(2)
+            await rollouts.answered(6, "before the first update")
             for version, mode in (("w2", "keep"), ("w1", "keep"), ("w2", "abort")):
                 rollouts.phase = mode
                 start = time.monotonic()
                 await update(version, mode)
                 rollouts.updates.append((start, time.monotonic()))
-                await asyncio.sleep(2)
+                await rollouts.answered(6, f"after the {mode} update to {version}")
             # Rolling, one worker at a time: at bound 1 the other worker serves w2 meanwhile; at
             # bound 0 it is outside the fence.
             for version, bound in (("w1", 1), ("w2", 0)):
@@ -137,7 +142,7 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
                 result = await update(version, "keep", {"type": "rolling", "max_unavailable": 1})
                 rolls[rollouts.phase] = (start, time.monotonic(), result)
                 rollouts.updates.append((start, time.monotonic()))
-                await asyncio.sleep(2)
+                await rollouts.answered(6, f"after the rolling update at bound {bound}")
             # An agent dies and comes back at the same address on its base weights: until the
             # controller has loaded w2 into it, the fence must keep rollouts away from it.
             rollouts.phase = "restart"
@@ -152,7 +157,7 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
             await wait_for(lambda: controller.state().applied.converged, what="the restarted agent converged",
                            timeout_s=180)
             rollouts.updates.append((start, time.monotonic()))
-            await asyncio.sleep(2)
+            await rollouts.answered(6, "after the restarted agent converged")
         finally:
             await rollouts.stop()
 
