@@ -1,6 +1,6 @@
 """Prometheus metrics of one agent, on the admin port's /metrics.
 
-A registry per service, not the global one: fleet-scale tests run hundreds of agents
+A registry per agent, not the global one: fleet-scale tests run hundreds of agents
 in one process, and each must count only its own operations.
 """
 
@@ -29,7 +29,7 @@ class AgentMetrics:
         self.duration.labels(kind).observe(duration_s)
 
     def render(self, *, paused: bool, ready: bool, requests: RequestCounts) -> bytes:
-        """Refresh the gauges from the service's view (the caller's), then render the text format."""
+        """Refresh the gauges from the agent's view (the caller's), then render the text format."""
         self._paused.set(int(paused))
         self._ready.set(int(ready))
         for state, count in requests.model_dump().items():

@@ -43,3 +43,11 @@ def contained_files(directory: Path, roots: list[Path], *, field: str) -> list[P
 
 def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path.is_relative_to(root.resolve()) for root in roots)
+
+
+def allowed_dir(raw: str, roots: list[Path], *, field: str) -> Path:
+    """`resolve_allowed_dir`, and every entry of the directory inside the roots too
+    (`contained_files`): what a disk load or an adapter load may open."""
+    path = resolve_allowed_dir(raw, roots, field=field)
+    contained_files(path, roots, field=field)
+    return path

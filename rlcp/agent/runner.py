@@ -16,56 +16,28 @@ import structlog
 from aiohttp import web
 
 from rlcp.agent.admin.app import build_admin_app
-from rlcp.agent.engine.base import Engine
+from rlcp.agent.engine.factory import build_engine
 from rlcp.agent.service import AgentService
 from rlcp.agent.settings import AgentSettings
+from rlcp.agent.sites import start_site
 
 log = structlog.get_logger("rlcp.agent.runner")
-
-
-def build_engine(settings: AgentSettings) -> Engine:
-    if settings.engine.kind == "sim":
-        from rlcp.agent.engine.sim import SimEngine
-
-        return SimEngine(model_name=settings.engine.model or "sim-model", world_size=settings.engine.sim_world_size,
-                         op_latency_s=settings.engine.sim_op_latency_s,
-                         token_interval_s=settings.engine.sim_token_interval_s,
-                         load_latency_s=settings.engine.sim_load_latency_s)
-    from rlcp.agent.engine.vllm_engine import VllmEngine  # imports vllm: only when asked for
-
-    return VllmEngine(settings.engine, settings.inference)
-
-
-async def _start_site(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1]
-    return runner, bound
 
 
 async def run_agent(settings: AgentSettings, stop: asyncio.Event, *, ports_file: Path | None = None) -> None:
     token = settings.admin.resolved_token()
     structlog.contextvars.bind_contextvars(agent_id=settings.agent_id)
-    engine = build_engine(settings)
-    runners: list[web.AppRunner] = []
+    built = build_engine(settings)
+    engine = built.engine
+    admin_runner: web.AppRunner | None = None
     try:
         await engine.start()
-        if settings.engine.kind == "sim":
-            from rlcp.agent.engine.sim_inference import build_sim_inference_app
-
-            inference_runner, inference_port = await _start_site(
-                build_sim_inference_app(engine), settings.inference.host, settings.inference.port)  # type: ignore[arg-type]
-            runners.append(inference_runner)
-        else:
-            inference_port = engine.inference_port  # type: ignore[attr-defined]
+        inference_port = await built.inference.start()
         inference_url = f"http://{settings.inference.host}:{inference_port}"
         service = AgentService(engine, settings, inference_url=inference_url)
         await service.start()
-        admin_runner, admin_port = await _start_site(build_admin_app(service, token=token), settings.admin.host,
-                                                     settings.admin.port)
-        runners.append(admin_runner)
+        admin_runner, admin_port = await start_site(build_admin_app(service, token=token), settings.admin.host,
+                                                    settings.admin.port)
         ports = {"admin_port": admin_port, "inference_port": inference_port, "pid": os.getpid()}
         if ports_file is not None:
             tmp = ports_file.with_suffix(".tmp")
@@ -75,6 +47,7 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event, *, ports_file:
         await stop.wait()
     finally:
         log.info("agent_stopping")
-        for runner in reversed(runners):
-            await runner.cleanup()
+        if admin_runner is not None:
+            await admin_runner.cleanup()
+        await built.inference.stop()
         await engine.shutdown()

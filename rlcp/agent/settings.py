@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from rlcp.agent.engine.base import EngineKind
 from rlcp.core.settings import Section, load_settings_with_yaml, read_token
 
 
@@ -42,7 +43,7 @@ class InferenceSettings(Section):
 
 
 class EngineSettings(Section):
-    kind: Literal["vllm", "sim"] = Field("vllm", description="Real vLLM engine, or the simulated one.")
+    kind: EngineKind = Field("vllm", description="Real vLLM engine, or the simulated one.")
     model: str = Field("", description="Model directory (vllm) or model name (sim).")
     served_model_name: str | None = Field(None, description="Name clients use as `model`; defaults to `model`.")
     dtype: str = Field("auto", description="vLLM dtype (float32 on CPU).")
@@ -90,6 +91,8 @@ class AgentSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
+        # A settings rule of one kind, kept with the settings so a bad file fails as bad settings
+        # (exit 2) before anything starts; building engines by kind is `engine/factory.py`'s.
         if self.engine.kind == "vllm" and not self.engine.model:
             raise ValueError("engine.model is required for the vllm engine")
         return self

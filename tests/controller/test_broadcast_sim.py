@@ -115,7 +115,7 @@ async def test_an_open_update_excludes_other_operations_and_the_reconciler(fleet
         assert status == 409 and "session is open" in answer["error"]["message"], (path, answer)
     # A worker drifting mid-update (here: resumed behind our back) is left alone until finish.
     touched = [list(a.touched) for a in agents]
-    await agents[0].service.resume()
+    await agents[0].service.control.resume()
     assert await ctl.ctl.reconciler.reconcile_once() == 0
     await asyncio.sleep(0.3)
     assert [a.touched for a in agents] == touched

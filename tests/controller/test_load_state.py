@@ -103,11 +103,11 @@ async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp
         assert builds == 2 and [w["last_seen"] for w in second["workers"]] != [w["last_seen"] for w in first["workers"]]
         assert ctl.registry.publish_seen() == 0
 
-        await agents[0].service.pause("keep", 5)  # behind the controller's back: the next poll finds it
+        await agents[0].service.control.pause("keep", 5)  # behind the controller's back: the next poll finds it
         await ctl.refresh()
         third = await read()
         assert builds == 3 and [w["paused"] for w in third["workers"]] == [True, False, False]
-        await agents[0].service.resume()
+        await agents[0].service.control.resume()
 
         resp = await client.post("/v1/rl/pause", json={"mode": "keep"},
                                  headers={"Authorization": f"Bearer {CTL_TOKEN}"})

@@ -2,7 +2,8 @@
 
 The root routes take and return exactly what `vllm/entrypoints/rl/online/api_router.py`
 does, so a client written for a vLLM RL server works against one agent. Handlers parse,
-call the service, and shape the answer; the service decides everything else.
+call the operation (`rlcp/agent/operations/`, reached through the `AgentService`), and shape
+the answer; the operations decide everything else.
 
 Each route is declared once, on its handler (`rlcp.core.openapi.RouteTable`): the app factory
 registers the handlers from `api`, and `rlcp.agent.admin.openapi` builds the document from the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from rlcp.agent.operations.control import prepare as prepare_update
 from rlcp.agent.service import AgentService
 from rlcp.core.errors import ValidationFailedError
 from rlcp.core.http import json_response, parse_body, validate
@@ -67,13 +69,13 @@ def _service(request: web.Request) -> AgentService:
           query=PauseQuery, ok=StatusAnswer, errors=_ENGINE, tag=_VLLM)
 async def pause(request: web.Request) -> web.Response:
     query = validate(PauseQuery, dict(request.query))
-    await _service(request).pause(query.mode, query.timeout_s)
+    await _service(request).control.pause(query.mode, query.timeout_s)
     return json_response({"status": "paused"})
 
 
 @api.post("/resume", "Resume generation; frozen requests continue.", ok=StatusAnswer, errors=_ENGINE, tag=_VLLM)
 async def resume(request: web.Request) -> web.Response:
-    await _service(request).resume()
+    await _service(request).control.resume()
     return json_response({"status": "resumed"})
 
 
@@ -86,7 +88,7 @@ async def is_paused(request: web.Request) -> web.Response:
           body_optional=True, ok=AbortedAnswer, errors=_ENGINE, tag=_VLLM)
 async def abort_requests(request: web.Request) -> web.Response:
     body = await parse_body(request, AbortRequestsRequest, allow_empty=True)
-    aborted = await _service(request).abort_requests(body.request_ids or None)
+    aborted = await _service(request).control.abort_requests(body.request_ids or None)
     return json_response({"status": "aborted", "aborted": aborted})
 
 
@@ -94,13 +96,13 @@ async def abort_requests(request: web.Request) -> web.Response:
           body=InitWeightTransferRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
 async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     body = await parse_body(request, InitWeightTransferRequest)
-    await _service(request).init_weight_transfer(body.init_info)
+    await _service(request).transfer.init(body.init_info)
     return json_response({"message": "Weight transfer initialized"})
 
 
 @api.post("/start_weight_update", "Open a weight update.", ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
 async def start_weight_update(request: web.Request) -> web.Response:
-    await _service(request).start_weight_update()
+    await _service(request).transfer.start()
     return json_response({"message": "Weight update started"})
 
 
@@ -108,7 +110,7 @@ async def start_weight_update(request: web.Request) -> web.Response:
           body=UpdateWeightsRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
 async def update_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightsRequest)
-    await _service(request).update_weights(body.update_info)
+    await _service(request).transfer.update(body.update_info)
     return json_response({"message": "Weights updated"})
 
 
@@ -116,14 +118,14 @@ async def update_weights(request: web.Request) -> web.Response:
           body=FinishWeightUpdateRequest, body_optional=True, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, FinishWeightUpdateRequest, allow_empty=True)
-    await _service(request).finish_weight_update(body.weight_version)
+    await _service(request).transfer.finish(body.weight_version)
     return json_response({"message": "Weight update finished"})
 
 
 @api.post("/shutdown_weight_transfer_engine", "Leave the weight-transfer group.", ok=MessageAnswer,
           errors=_ENGINE, tag=_VLLM)
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
-    await _service(request).shutdown_weight_transfer()
+    await _service(request).transfer.shutdown()
     return json_response({"message": "Weight transfer shut down"})
 
 
@@ -131,7 +133,7 @@ async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
           ok=VersionSetAnswer, errors=_ENGINE, tag=_VLLM)
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)
-    await _service(request).update_weight_version(body.new_version)
+    await _service(request).weights.set_version(body.new_version)
     return json_response({"success": True, "new_version": body.new_version})
 
 
@@ -154,11 +156,11 @@ async def weight_checker(request: web.Request) -> web.Response:
     body = await parse_body(request, WeightCheckerRequest)
     service = _service(request)
     if body.action == "reset":
-        await service.reset_weight_checker()
+        await service.weights.reset_checker()
         return json_response({"status": "reset"})
     if body.action == "compare" and body.baseline is None:
         raise ValidationFailedError("action='compare' requires a 'baseline' object", field="baseline")
-    checksums = await service.weight_checksums()
+    checksums = await service.weights.checksums()
     if body.action == "checksum":
         return json_response({"checksums": checksums})
     assert body.baseline is not None
@@ -178,8 +180,8 @@ async def state(request: web.Request) -> web.Response:
 async def update_weights_from_disk(request: web.Request) -> web.Response:
     body = await parse_body(request, DiskUpdateRequest)
     service = _service(request)
-    await service.update_weights_from_disk(body)
-    checksums = await service.weight_checksums() if body.checksums else None
+    await service.disk.load(body)
+    checksums = await service.weights.checksums() if body.checksums else None
     return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
 
 
@@ -189,9 +191,9 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
 async def check_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, WeightsCheckRequest)
     if body.kind == "adapter":
-        adapter = await _service(request).check_adapter(body.path)
+        adapter = await _service(request).lora.check(body.path)
         return json_response({"path": str(adapter), "files": 0, "tensors": 0})
-    path, summary = await _service(request).check_weights(body.path)
+    path, summary = await _service(request).disk.check(body.path)
     return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
 
 
@@ -202,14 +204,15 @@ async def check_weights(request: web.Request) -> web.Response:
 async def prepare(request: web.Request) -> web.Response:
     body = await parse_body(request, PrepareRequest)
     service = _service(request)
-    await service.prepare(body.desired_weight_version, body.mode, body.timeout_s, weights_path=body.weights_path)
+    await prepare_update(service.control, service.disk, service.readiness, body.desired_weight_version, body.mode,
+                         body.timeout_s, weights_path=body.weights_path)
     return json_response(service.state())
 
 
 @api.post("/v1/agent/resume", "Resume generation; answers the state.", ok=AgentState, errors=_ENGINE, tag=_EXTRA)
 async def resume_reporting(request: web.Request) -> web.Response:
     service = _service(request)
-    await service.resume()
+    await service.control.resume()
     return json_response(service.state())
 
 
@@ -217,7 +220,7 @@ async def resume_reporting(request: web.Request) -> web.Response:
           ok=LoraInfo, errors=(403, *_ENGINE), tag=_EXTRA)
 async def load_lora(request: web.Request) -> web.Response:
     body = await parse_body(request, LoraLoadRequest)
-    info = await _service(request).load_lora(body)
+    info = await _service(request).lora.load(body)
     return json_response(info)
 
 
@@ -225,7 +228,7 @@ async def load_lora(request: web.Request) -> web.Response:
             ok=UnloadedAnswer, errors=_ENGINE, path_params={"name": {"type": "string", "minLength": 1}}, tag=_EXTRA)
 async def unload_lora(request: web.Request) -> web.Response:
     name = request.match_info["name"]
-    remaining = await _service(request).unload_lora(name)
+    remaining = await _service(request).lora.unload(name)
     return json_response({"status": "unloaded", "name": name, "engine_adapter_ids": sorted(remaining)})
 
 
@@ -234,7 +237,7 @@ async def unload_lora(request: web.Request) -> web.Response:
 async def set_desired(request: web.Request) -> web.Response:
     body = await parse_body(request, DesiredVersionRequest)
     service = _service(request)
-    service.set_desired_version(body.weight_version)
+    service.readiness.set_desired_version(body.weight_version)
     return json_response(service.state())
 
 
@@ -249,7 +252,7 @@ async def healthz(request: web.Request) -> web.Response:
 @api.get("/readyz", "Readiness: 503 with the reason while not ready.", ok=ProbeAnswer, answers={503: ProbeAnswer},
          probe=True, tag=_PROBES)
 async def readyz(request: web.Request) -> web.Response:
-    reason = _service(request).not_ready_reason()
+    reason = _service(request).readiness.not_ready_reason()
     if reason is None:
         return json_response({"status": "ready"})
     return json_response({"status": "not_ready", "reason": reason}, status=503)

@@ -1,21 +1,40 @@
-"""The engine seam: what the agent needs from an inference engine.
+"""The engine seam: what the agent needs from an inference engine, one capability at a time.
 
-Two implementations sit behind it: `VllmEngine` (a vLLM AsyncLLM in this process,
-the real thing) and `SimEngine` (simulated, same semantics, for fleet-scale tests
-and benchmarks). The agent service composes these primitives into operations
-(a disk update is reload + version + prefix-cache reset), so both engines share
-that logic and differ only in the primitives.
+    InferenceServing    every engine: its kind and model, alive or not, started and stopped,
+                        the version its inference port admits, request counts, world size
+    GenerationControl   pause (abort | wait | keep), resume, is_paused, abort requests
+    PrefixCache         drop cached KV blocks
+    VersionedWeights    name the weights, checksum them, reset the checker (a PrefixCache)
+    ├── DiskWeights     reload every weight from a safetensors directory
+    └── WeightTransfer  vLLM's weight-transfer protocol (init, start, chunks, finish, shutdown)
+    Adapters            load / hot-swap / remove LoRA adapters (a PrefixCache)
 
-Deadlines are the service's job, not the engine's: every call here may hang as a
-real engine can, and the caller wraps it in `asyncio.timeout`.
+    Engine = all of them: what `VllmEngine` and `SimEngine` are.
+
+Two implementations sit behind it: `VllmEngine` (a vLLM AsyncLLM in this process, the real
+thing) and `SimEngine` (simulated, same semantics, for fleet-scale tests and benchmarks). Each
+of the agent's operations (`rlcp/agent/operations/`) takes the engine as the one capability it
+uses, so what an operation may ask of an engine is in its signature; a disk update is composed
+there (reload + version + prefix-cache reset), so both engines share that logic and differ
+only in the primitives. Which engine runs is decided in one place, `engine/factory.py`; the
+rest of the agent only reports `kind`, never branches on it.
+
+Deadlines are the agent's job (`rlcp/agent/gate.py`), not the engine's: every call here may
+hang as a real engine can, and the caller wraps it in `asyncio.timeout`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from rlcp.core.wire.agent import PauseMode, RequestCounts
+
+# The engines there are. `AgentSettings.engine.kind` is one; `engine/factory.py` builds each.
+EngineKind = Literal["vllm", "sim"]
+# vLLM's weight-transfer `init_info` / `update_info`: JSON objects the agent passes through to
+# the engine's transfer backend as they came (only the backend knows their keys).
+TransferInfo = dict[str, Any]
 
 
 class EngineError(Exception):
@@ -23,11 +42,14 @@ class EngineError(Exception):
 
 
 @runtime_checkable
-class Engine(Protocol):
-    kind: str  # "vllm" | "sim"
-    # The version the agent reports for these weights (None: unknown), kept by the service;
-    # the inference port admits a request expecting a version only while it is this one.
+class InferenceServing(Protocol):
+    # The version the agent reports for these weights (None: unknown), kept by the agent
+    # (`rlcp/agent/weight_state.py`); the inference port admits a request expecting a version
+    # only while it is this one.
     served_version: str | None
+
+    @property
+    def kind(self) -> EngineKind: ...
 
     @property
     def model_name(self) -> str: ...
@@ -38,7 +60,14 @@ class Engine(Protocol):
 
     async def shutdown(self) -> None: ...
 
-    # -- generation control -------------------------------------------------
+    def request_counts(self) -> RequestCounts:
+        """running / waiting now; frozen = held by a keep-mode pause."""
+
+    def world_size(self, include_dp: bool = True) -> int: ...
+
+
+@runtime_checkable
+class GenerationControl(Protocol):
     async def pause(self, mode: PauseMode) -> None:
         """Stop scheduling. abort: in-flight requests end with finish_reason abort;
         wait: returns once they drained; keep: they are frozen until `resume`."""
@@ -50,17 +79,17 @@ class Engine(Protocol):
     async def abort_requests(self, request_ids: list[str] | None) -> int:
         """Abort the given external ids, or every in-flight request; returns how many."""
 
-    def request_counts(self) -> RequestCounts:
-        """running / waiting now; frozen = held by a keep-mode pause."""
 
-    # -- weights ------------------------------------------------------------
-    async def load_weights_from_disk(self, path: Path) -> None:
-        """Reload every weight from a safetensors directory (same architecture)."""
-
+@runtime_checkable
+class PrefixCache(Protocol):
     async def reset_prefix_cache(self, *, include_running: bool) -> bool:
         """Drop cached KV blocks; with include_running, running and frozen requests are
-        preempted and recomputed on resume, so their next tokens use the new weights."""
+        preempted and recomputed on resume, so their next tokens use the new weights.
+        False: requests hold blocks and include_running was not given, nothing dropped."""
 
+
+@runtime_checkable
+class VersionedWeights(PrefixCache, Protocol):
     async def set_weight_version(self, version: str) -> None: ...
 
     async def get_weight_version(self) -> str | None: ...
@@ -70,9 +99,36 @@ class Engine(Protocol):
     async def reset_weights(self) -> None:
         """vLLM's weight_checker "reset": restore the checksum baseline."""
 
-    def world_size(self, include_dp: bool = True) -> int: ...
 
-    # -- LoRA -----------------------------------------------------------------
+@runtime_checkable
+class DiskWeights(VersionedWeights, Protocol):
+    @property
+    def model_dir(self) -> Path | None:
+        """Where the serving model's own checkpoint may be: a disk load must then cover its
+        tensors (`rlcp/agent/checkpoint.py`). None: the engine has no such directory."""
+
+    async def load_weights_from_disk(self, path: Path) -> None:
+        """Reload every weight from a safetensors directory (same architecture)."""
+
+
+@runtime_checkable
+class WeightTransfer(VersionedWeights, Protocol):
+    """vLLM's weight-transfer protocol, passed through."""
+
+    async def init_weight_transfer(self, init_info: TransferInfo) -> None: ...
+
+    async def start_weight_update(self) -> None: ...
+
+    async def update_weights(self, update_info: TransferInfo | list[TransferInfo]) -> None: ...
+
+    async def finish_weight_update(self) -> None: ...
+
+    async def shutdown_weight_transfer(self) -> None:
+        """Leave the trainer's group; inference goes on."""
+
+
+@runtime_checkable
+class Adapters(PrefixCache, Protocol):
     async def add_lora(self, name: str, adapter_id: int, path: Path, *, replace: bool) -> None:
         """Load an adapter; with replace, reload it in place under the same id."""
 
@@ -82,14 +138,7 @@ class Engine(Protocol):
 
     async def list_lora_ids(self) -> set[int]: ...
 
-    # -- weight transfer (vLLM's protocol, passed through) ------------------
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None: ...
 
-    async def start_weight_update(self) -> None: ...
-
-    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None: ...
-
-    async def finish_weight_update(self) -> None: ...
-
-    async def shutdown_weight_transfer(self) -> None:
-        """Leave the trainer's group; inference goes on."""
+@runtime_checkable
+class Engine(InferenceServing, GenerationControl, DiskWeights, WeightTransfer, Adapters, Protocol):
+    """Every capability: the engine the agent runs."""

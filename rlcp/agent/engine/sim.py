@@ -30,12 +30,12 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Final, Literal
 
-from rlcp.agent.engine.base import EngineError
+from rlcp.agent.engine.base import EngineError, EngineKind, TransferInfo
 from rlcp.core.wire.agent import PauseMode, RequestCounts, lora_checksum_key
 
 FinishReason = Literal["length", "abort"]
@@ -116,7 +116,7 @@ class _Request:
 
 
 class SimEngine:
-    kind = "sim"
+    kind: Final[EngineKind] = "sim"
 
     def __init__(self, *, model_name: str = "sim-model", world_size: int = 1, op_latency_s: float = 0.0,
                  token_interval_s: float = 0.005, max_running: int = 8,
@@ -140,7 +140,7 @@ class SimEngine:
         self._waiting: dict[str, _Request] = {}  # FIFO by insertion order
         self._loras: dict[str, _Lora] = {}  # the serving table: name -> adapter
         self._adapters: dict[int, _Lora] = {}  # what the engine holds, by adapter id
-        self._transfer_init: dict[str, Any] | None = None
+        self._transfer_init: TransferInfo | None = None
         self._update_chunks: list[str] | None = None  # not None while a transfer is active
         self._work = asyncio.Event()
         self._drained = asyncio.Event()
@@ -198,6 +198,10 @@ class SimEngine:
     def model_name(self) -> str:
         return self._model_name
 
+    @property
+    def model_dir(self) -> None:
+        return None  # a simulated model has a name, no checkpoint
+
     def is_alive(self) -> bool:
         return self._started and not self._dead
 
@@ -220,7 +224,7 @@ class SimEngine:
 
     # -- requests ----------------------------------------------------------------------------
     async def generate(self, prompt_token_ids: list[int], *, max_tokens: int, request_id: str,
-                       lora_name: str | None = None) -> AsyncIterator[SimOutput]:
+                       lora_name: str | None = None) -> AsyncGenerator[SimOutput, None]:
         await self._enter("generate", slow=False)
         if not prompt_token_ids or max_tokens < 1:
             raise EngineError(f"need a non-empty prompt and max_tokens >= 1, got max_tokens={max_tokens}")
@@ -401,7 +405,7 @@ class SimEngine:
         return set(self._adapters)
 
     # -- weight transfer -----------------------------------------------------------------------
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+    async def init_weight_transfer(self, init_info: TransferInfo) -> None:
         await self._enter("init_weight_transfer")
         self._transfer_init = dict(init_info)
 
@@ -413,7 +417,7 @@ class SimEngine:
             raise EngineError("a weight update is already active; call finish_weight_update first")
         self._update_chunks, self.updated_names = [], []
 
-    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+    async def update_weights(self, update_info: TransferInfo | list[TransferInfo]) -> None:
         try:
             await self._enter("update_weights")
         except EngineError:

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
@@ -54,7 +54,7 @@ async def _error_middleware(request: web.Request,
     try:
         return await handler(request)
     except _HttpError as exc:
-        detail: dict[str, Any] = {"code": exc.code, "message": exc.message}
+        detail: dict[str, object] = {"code": exc.code, "message": exc.message}
         if exc.field is not None:
             detail["field"] = exc.field
         return web.json_response({"error": detail}, status=exc.status)
@@ -62,7 +62,7 @@ async def _error_middleware(request: web.Request,
         return web.json_response({"error": {"code": "engine_error", "message": str(exc)}}, status=503)
 
 
-def _sse(data: dict[str, Any]) -> bytes:
+def _sse(data: dict[str, object]) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
 

@@ -1,11 +1,11 @@
 """`VllmEngine`: the Engine seam over a vLLM AsyncLLM running in the agent's process.
 
 The only place (with `vllm_inference`) that imports vllm. Every vLLM failure is
-translated to `EngineError` here, so the service above sees one error type.
+translated to `EngineError` here, so the agent's operations see one error type.
 
 Notes from vLLM 0.32's behaviour that shape this adapter:
 - `reload_weights` (collective RPC) reloads in place but does not reset the prefix
-  cache; the service does that.
+  cache; the agent does that (`WeightState.commit`).
 - vLLM's HTTP LoRA unload only drops a name from the serving table; `remove_lora`
   is what frees the adapter in the engine, and we keep the serving table in step.
 - Keep-mode pauses leave requests inside the engine: they are counted as frozen.
@@ -14,17 +14,21 @@ Notes from vLLM 0.32's behaviour that shape this adapter:
   `worker_extension_cls` when LoRA is on.
 """
 
+# vLLM is `Any` to the type checker (pyproject.toml skips following it), and vLLM takes a stat
+# logger only as a subclass of its own `StatLoggerBase`: the one class here that must subclass it.
+# mypy: disallow-subclassing-any=False
+
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, cast
 
 import structlog
 
-from rlcp.agent.engine.base import EngineError
+from rlcp.agent.engine.base import EngineError, EngineKind, TransferInfo
 from rlcp.agent.engine.vllm_worker import ADAPTER_CHECKSUMS_RPC, AdapterChecksumsExtension
 from rlcp.agent.settings import EngineSettings, InferenceSettings
 from rlcp.core.wire.agent import PauseMode, RequestCounts, lora_checksum_key
@@ -43,7 +47,7 @@ async def _engine_errors(what: str) -> AsyncIterator[None]:
         raise
     except EngineError:
         raise
-    except Exception as exc:  # vLLM raises many types; the service needs one
+    except Exception as exc:  # vLLM raises many types; the agent needs one
         raise EngineError(f"{what}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -112,7 +116,7 @@ def _install_worker_extension(args: Any) -> None:
 
 
 class VllmEngine:
-    kind = "vllm"
+    kind: Final[EngineKind] = "vllm"
 
     def __init__(self, engine: EngineSettings, inference: InferenceSettings) -> None:
         self._settings = engine
@@ -128,6 +132,12 @@ class VllmEngine:
     @property
     def model_name(self) -> str:
         return self._settings.served_model_name or self._settings.model
+
+    @property
+    def model_dir(self) -> Path:
+        """`engine.model`: a directory with the checkpoint the engine started from (or a
+        model name vLLM resolves, where no directory is)."""
+        return Path(self._settings.model)
 
     @property
     def inference_port(self) -> int | None:
@@ -213,7 +223,7 @@ class VllmEngine:
 
     async def get_weight_version(self) -> str | None:
         async with _engine_errors("get_weight_version"):
-            return await self._llm.get_weight_version()
+            return cast("str | None", await self._llm.get_weight_version())
 
     async def weight_checksums(self) -> dict[str, str]:
         merged: dict[str, str] = {}
@@ -255,7 +265,7 @@ class VllmEngine:
 
     def world_size(self, include_dp: bool = True) -> int:
         parallel = self._llm.vllm_config.parallel_config
-        return parallel.world_size_across_dp if include_dp else parallel.world_size
+        return int(parallel.world_size_across_dp if include_dp else parallel.world_size)
 
     # -- LoRA -----------------------------------------------------------------------
     async def add_lora(self, name: str, adapter_id: int, path: Path, *, replace: bool) -> None:
@@ -282,7 +292,7 @@ class VllmEngine:
             return set(await self._llm.list_loras())
 
     # -- weight transfer --------------------------------------------------------------
-    async def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+    async def init_weight_transfer(self, init_info: TransferInfo) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         async with _engine_errors("init_weight_transfer_engine"):
@@ -292,7 +302,7 @@ class VllmEngine:
         async with _engine_errors("start_weight_update"):
             await self._llm.start_weight_update()
 
-    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
+    async def update_weights(self, update_info: TransferInfo | list[TransferInfo]) -> None:
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         async with _engine_errors("update_weights"):

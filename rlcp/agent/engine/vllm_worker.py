@@ -117,13 +117,18 @@ def _slot_audit(manager: Any, lora_model: Any, slot_index: int) -> Iterator[tupl
 class AdapterChecksumsExtension:
     """Mixed into vLLM's worker class (`worker_extension_cls`); `self` is the worker."""
 
+    if TYPE_CHECKING:  # the worker's own (vLLM's `Worker`), which this mixin reads; nothing at run time
+        model_runner: Any
+
+        def _weight_checksum_prefix(self) -> str: ...
+
     def rlcp_adapter_checksums(self) -> dict[str, dict[str, str]]:
         """{adapter id (as text): {rank prefix + tensor key: sha256}} for every adapter held."""
-        lora_manager = getattr(self.model_runner, "lora_manager", None)  # type: ignore[attr-defined]
+        lora_manager = getattr(self.model_runner, "lora_manager", None)
         if lora_manager is None:
             return {}  # LoRA not enabled
         manager = lora_manager._adapter_manager  # vLLM's LoRAModelManager: the cache and the slots
-        prefix = self._weight_checksum_prefix()  # type: ignore[attr-defined]
+        prefix = self._weight_checksum_prefix()
         slots = {adapter_id: index for index, adapter_id in enumerate(manager.lora_index_to_id)
                  if adapter_id is not None}
         answer: dict[str, dict[str, str]] = {}

@@ -1,0 +1,69 @@
+"""Generation control: pause, resume, abort; and prepare, the first of an update's calls.
+
+The pause flag is kept here, from the engine's answers, so `GET /is_paused` and the state
+never wait for an engine that may be busy.
+"""
+
+from __future__ import annotations
+
+from rlcp.agent.context import OperationContext
+from rlcp.agent.engine.base import GenerationControl
+from rlcp.agent.operations.disk import DiskLoads
+from rlcp.agent.readiness import Readiness
+from rlcp.core.errors import ApiError
+from rlcp.core.wire.agent import PauseMode
+
+
+class Control:
+    def __init__(self, ctx: OperationContext, engine: GenerationControl) -> None:
+        self._ctx = ctx
+        self._engine = engine
+        self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    async def start(self) -> None:
+        """Read whether the engine is paused, once; from here on this agent tracks it."""
+        self._paused = await self._ctx.call(self._engine.is_paused(), self._ctx.timeouts.control_s, "is_paused")
+
+    async def pause(self, mode: PauseMode, timeout_s: float | None = None) -> None:
+        async with self._ctx.operation("pause", mode=mode):
+            try:
+                await self._ctx.call(self._engine.pause(mode), timeout_s or self._ctx.timeouts.pause_s,
+                                     f"pause(mode={mode})")
+            except ApiError:
+                # A pause that timed out may still take effect in the engine (a wait-mode
+                # pause stops scheduling before it drains): report what the engine says.
+                await self._refresh_paused()
+                raise
+            self._paused = True
+
+    async def _refresh_paused(self) -> None:
+        try:
+            self._paused = await self._ctx.call(self._engine.is_paused(), self._ctx.timeouts.control_s, "is_paused")
+        except ApiError:
+            self._paused = True  # unknown: say paused, so nobody routes rollouts on a guess
+
+    async def resume(self) -> None:
+        async with self._ctx.operation("resume"):
+            await self._ctx.call(self._engine.resume(), self._ctx.timeouts.control_s, "resume")
+            self._paused = False
+
+    async def abort_requests(self, request_ids: list[str] | None) -> int:
+        async with self._ctx.operation("abort_requests"):
+            return await self._ctx.call(self._engine.abort_requests(request_ids), self._ctx.timeouts.control_s,
+                                        "abort_requests")
+
+
+async def prepare(control: Control, disk: DiskLoads, readiness: Readiness, desired: str | None, mode: PauseMode,
+                  timeout_s: float | None = None, *, weights_path: str | None = None) -> None:
+    """Told the desired version, then paused: the first of an update's three calls. With
+    `weights_path`, only once the checkpoint there is known loadable (`DiskLoads.check`):
+    the controller checked it a moment ago, but never pausing for weights that are not
+    there is this agent's rule, not only the caller's."""
+    if weights_path is not None:
+        await disk.check(weights_path, "weights_path")
+    readiness.set_desired_version(desired)
+    await control.pause(mode, timeout_s)
