@@ -40,8 +40,8 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workers.capabilities import Driver
 from rlcp.controlplane.workers.fanout import FanOut
 from rlcp.controlplane.workers.registry import make_driver
-from rlcp.controlplane.workers.spec import WorkerSpec
 from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.cached import CachedBody
 from rlcp.core.wire.controller import FleetState, GatewayView, WorkerView
 

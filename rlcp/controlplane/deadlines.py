@@ -73,9 +73,9 @@ class Deadlines:
     def load(self, requested_s: float | None = None) -> float:
         return requested_s or self.weight_load_s
 
-    def staged_load(self, requested_s: float | None, *, checksums: bool) -> float:
-        """Our deadline on a staged load: the load, plus hashing when the answer carries
-        checksums. Hashing reads every parameter from memory once, so it is given no longer
+    def load_step(self, requested_s: float | None, *, checksums: bool) -> float:
+        """Our deadline on an update's load step: the load, plus hashing when a load's answer
+        carries checksums. Hashing reads every parameter from memory once, so it is given no longer
         than the load (and no longer than a checksum step of its own)."""
         load_s = self.load(requested_s)
         return self.call_over(load_s) + (min(load_s, self.checksums_s) if checksums else 0.0)

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
-from rlcp.controlplane.workers.spec import Flavor, WorkerSpec
+from rlcp.controlplane.workerspec import Flavor, WorkerSpec
 from rlcp.core.settings import Section, load_settings_with_yaml, read_token
 from rlcp.core.wire.agent import PauseMode
 

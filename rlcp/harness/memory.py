@@ -30,8 +30,8 @@ from rlcp.agent.settings import AgentSettings
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.persistence.memory import MemoryStore
 from rlcp.controlplane.settings import ControllerSettings
-from rlcp.controlplane.workers.spec import WorkerSpec
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.errors import ApiError
 from rlcp.harness.faults import FaultRules, injected_body
 from rlcp.harness.simfleet import CHANGES_NOTHING, TEST_TIMEOUTS, TOKEN

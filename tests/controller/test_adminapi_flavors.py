@@ -18,12 +18,11 @@ from aioresponses import CallbackResult, aioresponses
 from yarl import URL
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.workers.capabilities import capabilities
+from rlcp.controlplane.workers.capabilities import LoadReport, capabilities
 from rlcp.controlplane.workers.flavors.agent import AgentDriver
 from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver
 from rlcp.controlplane.workers.flavors.vllm import VllmDriver
 from rlcp.controlplane.workers.registry import make_driver
-from rlcp.controlplane.workers.spec import WorkerSpec
 from rlcp.controlplane.workers.transport import (
     CallPolicy,
     HttpTransport,
@@ -31,6 +30,7 @@ from rlcp.controlplane.workers.transport import (
     WorkerTimeout,
     WorkerUnreachable,
 )
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.agent import RequestCounts
 
 BASE = "http://w0:8101"
@@ -152,6 +152,24 @@ async def test_agent_mutations_send_the_documented_bodies(session, wire):
         ("PUT", f"{BASE}/v1/agent/desired", {"weight_version": "v2"}),
         ("PUT", f"{BASE}/v1/agent/desired", {"weight_version": None}),
         ("POST", f"{BASE}/weight_checker", {"action": "checksum"}),
+    ]
+
+
+async def test_agent_takes_each_disk_update_step_in_one_call_that_answers_a_read(session, wire):
+    wire.post(f"{BASE}/v1/agent/prepare", payload=AGENT_STATE)
+    wire.post(f"{BASE}/v1/agent/weights/disk", payload={"status": "updated", "weight_version": "v2",
+                                                         "checksums": {"model.w": "ab"}})
+    wire.post(f"{BASE}/v1/agent/resume", payload=AGENT_STATE | {"paused": False})
+    api = make("agent", session)
+    assert api.loads_with_checksums is True
+    assert (await api.pause_for_update("v2", "keep", 1.0, weights_path="/w")).paused is True
+    assert await api.load_from_disk("/w", "v2", checksums=True) == LoadReport("v2", {"model.w": "ab"})
+    assert (await api.resume_after_update()).paused is False
+    assert sent(wire) == [
+        ("POST", f"{BASE}/v1/agent/prepare", {"desired_weight_version": "v2", "mode": "keep", "timeout_s": 1.0,
+                                              "weights_path": "/w"}),
+        ("POST", f"{BASE}/v1/agent/weights/disk", {"path": "/w", "version": "v2", "checksums": True}),
+        ("POST", f"{BASE}/v1/agent/resume", None),
     ]
 
 
@@ -331,6 +349,26 @@ async def test_vllm_takes_no_desired_version(session):
     assert "desired_version" not in capabilities(make("vllm", session))  # stock vLLM cannot gate readiness
 
 
+async def test_vllm_takes_the_disk_update_steps_as_separate_calls_that_answer_nothing(session, wire):
+    wire.post(f"{BASE}/pause?mode=keep", payload={"status": "paused"})
+    wire.post(f"{BASE}/collective_rpc", payload={})
+    wire.post(f"{BASE}/update_weight_version", payload={"success": True})
+    wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": True})
+    wire.post(f"{BASE}/resume", payload={"status": "resumed"})
+    api = make("vllm", session)
+    assert api.loads_with_checksums is False
+    assert await api.pause_for_update("v8", "keep", 1.0, weights_path="/w") is None  # cannot check it again
+    assert await api.load_from_disk("/w", "v8", checksums=True) is None  # read afterwards
+    assert await api.resume_after_update() is None
+    assert sent(wire) == [
+        ("POST", f"{BASE}/pause?mode=keep", None),
+        ("POST", f"{BASE}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/w"}}),
+        ("POST", f"{BASE}/update_weight_version", {"new_version": "v8"}),
+        ("POST", f"{BASE}/reset_prefix_cache?reset_running_requests=true", None),
+        ("POST", f"{BASE}/resume", None),
+    ]
+
+
 # -- dynamo --------------------------------------------------------------------------------
 # Dynamo's real answers (version shape, an error inside a 200, the route bodies, /health) are
 # proven against Dynamo 1.6.1's own worker in tests/e2e/test_dynamo.py. Only what that
@@ -361,6 +399,20 @@ async def test_dynamo_dead_engine_is_not_ready(session, wire):
     wire.get(f"{BASE}/health", payload={"status": "ready"})
     status = await make("dynamo", session).status()
     assert status.engine_alive is False and status.ready is False and status.weight_version == "v5"
+
+
+async def test_dynamo_takes_the_disk_update_steps_as_separate_calls_that_answer_nothing(session, wire):
+    for route in ("pause_generation", "update_weights_from_disk", "resume_generation"):
+        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok"})
+    api = make("dynamo", session)
+    assert await api.pause_for_update("v8", "keep", 1.0, weights_path="/w") is None
+    assert await api.load_from_disk("/w", "v8", checksums=True) is None
+    assert await api.resume_after_update() is None
+    assert sent(wire) == [
+        ("POST", f"{BASE}/engine/pause_generation", {"mode": "keep", "clear_cache": False}),
+        ("POST", f"{BASE}/engine/update_weights_from_disk", {"model_path": "/w", "weight_version": "v8"}),
+        ("POST", f"{BASE}/engine/resume_generation", {}),
+    ]
 
 
 def dynamo_with_routes(session, routes):

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import start_controller, update_body
 from rlcp.harness.faults import Fault

@@ -259,7 +259,7 @@ async def test_listing_discovery_adds_and_removes_workers(tmp_path):
     from aiohttp import web
 
     from rlcp.controlplane.discovery.http_listing import render_listing
-    from rlcp.controlplane.workers.spec import WorkerSpec
+    from rlcp.controlplane.workerspec import WorkerSpec
 
     ckpt = write_checkpoint(tmp_path / "ckpt", 6)
     agents = await start_fleet(3, [tmp_path])

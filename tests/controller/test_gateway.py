@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from rlcp.controlplane.api.app import GATEWAY
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH, start_controller, update_body
 from rlcp.harness.faults import Fault

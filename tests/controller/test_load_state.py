@@ -23,7 +23,7 @@ from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.settings import ControllerSettings
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.processes import REPO
 from rlcp.harness.simfleet import TOKEN, start_fleet
 

@@ -8,18 +8,28 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
 from rlcp.controlplane.api.errors import to_api_error
 from rlcp.controlplane.errors import MissingCapability, PathOutsideRoots
+from rlcp.controlplane.metrics import STEPS, failed_step
 from rlcp.controlplane.operations.broadcast import plan_ranks
 from rlcp.controlplane.operations.lora import load_lora
 from rlcp.controlplane.operations.pause import pause, resume
 from rlcp.controlplane.operations.weights import update_weights
+from rlcp.controlplane.reconcile.plan import ActionKind
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.workers.spec import WorkerSpec
-from rlcp.core.wire.controller import LoraRequest, PauseRequest, TransferInitRequest, UpdateWeightsRequest
+from rlcp.controlplane.workers.capabilities import CHECKSUMS
+from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.core.wire.controller import (
+    LoraRequest,
+    PauseRequest,
+    TransferInitRequest,
+    TransferUpdateRequest,
+    UpdateWeightsRequest,
+)
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import disk_update
 from rlcp.harness.faults import Fault
@@ -141,6 +151,41 @@ async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
     answer = to_api_error(refused.value)
     assert answer.status == 409 and answer.body()["error"]["workers"] == {"w2": "broadcast"}
     assert all(a.touched == [] for a in fleet.agents.values()) and ctl.log.last is None
+
+
+async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
+        fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    await ctl.refresh()
+    assert (await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))).status == "ok"
+    assert (await ctl.transfer.start()).status == "running"
+    chunk = TransferUpdateRequest(update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]})
+    for _ in range(3):
+        await ctl.transfer.update_chunk(chunk)
+    fleet["w1"].faults["/update_weights"] = Fault("status", 500)
+    result = await ctl.transfer.update_chunk(chunk)
+    # The record says which chunk; the metric's label names only the step.
+    assert {r.worker_id: r.phase for r in result.results if r.status == "error"} == {"w1": "update_weights[4]"}
+    labels = {sample.labels["phase"] for metric in ctl.metrics.registry.collect()
+              if metric.name == "rlcp_worker_failures" for sample in metric.samples}
+    assert labels == {"update_weights"} and labels <= STEPS
+    # A result's phase text maps into the same set (the reconciler's `reconcile:<action>` included).
+    assert {f"reconcile:{kind}" for kind in get_args(ActionKind)} <= STEPS
+    assert [failed_step(p) for p in ("update_weights[12]", "reconcile:pause", "abort:finish_weight_update")] == [
+        "update_weights", "reconcile:pause", "other"]
+
+
+async def test_a_step_sends_nothing_to_a_member_whose_flavor_lacks_its_capability(
+        fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = fleet.controller(tmp_path)
+    # w2 joins as a Dynamo worker after an operation checked its members: no checksums to ask for.
+    ctl.apply_membership([*fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
+    outcomes = await ctl.fanout.each([r.driver for r in ctl.members()], CHECKSUMS, lambda w: w.weight_checksums(),
+                                     phase="verify", deadline_s=5)
+    assert {o.worker_id: (o.result.status, o.result.code) for o in outcomes} == {
+        "w0": ("ok", None), "w1": ("ok", None), "w2": ("error", "capability_missing")}
+    assert "w2 (dynamo) lacks the 'checksums' capability" in (outcomes[-1].result.message or "")
+    assert fleet["w2"].calls == []
 
 
 def test_ranks_follow_world_sizes_in_id_order() -> None:

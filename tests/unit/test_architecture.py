@@ -8,7 +8,8 @@ circle a reader must untangle), and:
 - the shared kernel (`rlcore`) imports none of the processes; the controller never imports
   the agent, nor the agent the controller; the trainer client and rlctl (`rlclient`) need
   only the kernel; in the product, only the agent's engine adapter imports vLLM;
-- inside the controller, lower layers never import higher ones.
+- inside the controller, lower layers never import higher ones, each folder sits in one
+  layer, and operations never import a flavor's driver.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")
 
-# Lowest first; a module may import its own layer and those below it.
+# Lowest first; a module may import its own layer and those below it. Each entry is a whole
+# folder or a module directly under rlcp/controlplane: a folder split across layers hides an
+# arrow running back up (settings -> workers/spec.py while workers/ -> deadlines -> settings).
 CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rlcp.controlplane.errors", "rlcp.controlplane.settings", "rlcp.controlplane.metrics", "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch",
-     "rlcp.controlplane.workers.spec", "rlcp.controlplane.k8s"),
+    ("rlcp.controlplane.errors", "rlcp.controlplane.settings", "rlcp.controlplane.metrics",
+     "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch", "rlcp.controlplane.workerspec",
+     "rlcp.controlplane.k8s"),
     ("rlcp.controlplane.workers",),
     ("rlcp.controlplane.discovery", "rlcp.controlplane.persistence", "rlcp.controlplane.leadership"),
-    ("rlcp.controlplane.fleet", "rlcp.controlplane.reconcile.plan"),
+    ("rlcp.controlplane.fleet",),
     ("rlcp.controlplane.operations",),
     ("rlcp.controlplane.reconcile",),
     ("rlcp.controlplane.controller",),
@@ -152,14 +156,21 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     assert vllm == []
 
 
+def test_each_controller_folder_sits_in_one_layer() -> None:
+    entries = [p for prefixes in CONTROLLER_LAYERS for p in prefixes]
+    assert len(entries) == len(set(entries))
+    inside = [p for p in entries if p.count(".") != 2]
+    assert inside == [], "a layer names whole folders or modules directly under rlcp/controlplane"
+    mods = modules()
+    assert [p for p in entries if p not in mods] == [], "every entry is a module or folder that exists"
+
+
 def test_controller_layers_only_look_down() -> None:
     def layer(module: str) -> int | None:
-        best = None
         for i, prefixes in enumerate(CONTROLLER_LAYERS):
-            for p in prefixes:
-                if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
-                    best = (i, len(p))
-        return None if best is None else best[0]
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                return i
+        return None
 
     edges, _ = graph()
     unplaced = sorted(m for m in edges if m.startswith("rlcp.controlplane.") and layer(m) is None)
@@ -167,6 +178,15 @@ def test_controller_layers_only_look_down() -> None:
     upward = sorted(f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})" for m, ts in edges.items()
                     if layer(m) is not None for t in ts if layer(t) is not None and layer(t) > layer(m))
     assert upward == []
+
+
+def test_operations_know_capabilities_not_flavors() -> None:
+    """An operation calls one driver step per phase, typed by capability; how a flavor
+    composes it is the driver's (`workers/flavors/`), which operations never import."""
+    edges, _ = graph()
+    offenders = sorted(f"{m} -> {t}" for m, ts in edges.items() if m.startswith("rlcp.controlplane.operations")
+                       for t in ts if t.startswith("rlcp.controlplane.workers.flavors"))
+    assert offenders == []
 
 
 def test_one_installed_namespace() -> None:

@@ -25,7 +25,7 @@ from rlcp.controlplane.discovery.http_listing import (
 )
 from rlcp.controlplane.discovery.polling import backoff_s
 from rlcp.controlplane.discovery.static import StaticSource
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 
 
 def spec(i: str, **kw: Any) -> WorkerSpec:

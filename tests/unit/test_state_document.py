@@ -14,7 +14,7 @@ from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.registry import FleetRegistry
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
 from rlcp.controlplane.workers.fanout import Outcome
-from rlcp.controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.controller import DesiredState, RequestCounts, WorkerResult
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rlcp.controlplane.workers.spec import Flavor
+from rlcp.controlplane.workerspec import Flavor
 from rlcp.core.wire.controller import OperationResult, TransferGroupView
 from rlcp.core.wire.versions import VersionName
 

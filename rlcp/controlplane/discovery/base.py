@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 
 
 class DiscoverySource(Protocol):

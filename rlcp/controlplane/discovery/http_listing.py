@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
 from rlcp.controlplane.workers.capabilities import Capability
 from rlcp.controlplane.workers.flavors.dynamo import DYNAMO_ROUTES, STATUS_ROUTES
-from rlcp.controlplane.workers.spec import Flavor, WorkerSpec
+from rlcp.controlplane.workerspec import Flavor, WorkerSpec
 
 log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 

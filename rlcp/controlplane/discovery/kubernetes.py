@@ -36,7 +36,7 @@ from kubernetes_asyncio import client, watch
 from rlcp.controlplane.discovery.polling import backoff_s
 from rlcp.controlplane.k8s.client import K8sError, K8sGone, K8sNotFound, K8sUnavailable, call, translate
 from rlcp.controlplane.settings import KubernetesDiscoverySettings
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec
 
 log = structlog.get_logger("rlcp.controlplane.discovery.kubernetes")
 

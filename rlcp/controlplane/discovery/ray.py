@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
 from rlcp.controlplane.settings import DeadActors
-from rlcp.controlplane.workers.spec import Flavor, WorkerSpec
+from rlcp.controlplane.workerspec import Flavor, WorkerSpec
 
 log = structlog.get_logger("rlcp.controlplane.discovery.ray")
 

@@ -10,7 +10,7 @@ import time
 
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.workers.fanout import FanOut, Outcome
-from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workerspec import WorkerStatus
 
 
 async def poll_statuses(registry: FleetRegistry, fanout: FanOut, *, deadline_s: float,

@@ -20,7 +20,7 @@ from rlcp.controlplane.discovery.base import Membership, MembershipChange
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.workers.capabilities import Driver, has
 from rlcp.controlplane.workers.fanout import Outcome
-from rlcp.controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.controller import WorkerResult
 
 log = structlog.get_logger("rlcp.controlplane.fleet.registry")

@@ -18,16 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.convergence import converged
 from rlcp.controlplane.fleet.registry import WorkerRecord
-from rlcp.controlplane.reconcile.plan import converged
 from rlcp.core.cached import CachedBody, EntityTags
+from rlcp.core.wire.agent import RequestCounts
 from rlcp.core.wire.controller import (
     AppliedState,
     DesiredState,
     FleetState,
     OperationResult,
+    PauseState,
     Phase,
-    RequestCounts,
     TransferGroupView,
     UpdateView,
     WorkerView,
@@ -77,7 +78,7 @@ def build_state(facts: FleetFacts) -> FleetState:
     views = facts.views if facts.views is not None else [worker_view(facts.desired, r) for r in facts.members]
     known = [v for v in views if v.reachable and v.paused is not None]
     paused = [v.paused for v in known]
-    pause_state = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
+    pause_state: PauseState = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
     counts = [v.requests for v in views if v.requests is not None]
     totals = RequestCounts(running=sum(c.running for c in counts), waiting=sum(c.waiting for c in counts),
                            frozen=sum(c.frozen for c in counts))
@@ -96,7 +97,7 @@ def build_state(facts: FleetFacts) -> FleetState:
     else:
         phase = "serving"
     return FleetState(
-        phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,  # type: ignore[arg-type]
+        phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
         desired=facts.desired,
         applied=AppliedState(weight_version=common, converged=all_converged,
                              verified=facts.verified and all_converged),

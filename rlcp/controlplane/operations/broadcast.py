@@ -39,11 +39,11 @@ from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify
-from rlcp.controlplane.operations.weights import tell_desired
 from rlcp.controlplane.settings import WeightTransferSettings
-from rlcp.controlplane.workers.capabilities import has
+from rlcp.controlplane.workers.capabilities import BROADCAST, CONTROL, DESIRED_VERSION, has
 from rlcp.core.wire.controller import (
     Checkpoint,
+    OperationKind,
     OperationResult,
     TransferFinishRequest,
     TransferGroupView,
@@ -53,7 +53,7 @@ from rlcp.core.wire.controller import (
 )
 
 log = structlog.get_logger("rlcp.controlplane.operations.broadcast")
-SESSION = "weight_transfer_update"
+SESSION: OperationKind = "weight_transfer_update"
 
 
 @dataclass(frozen=True)
@@ -156,9 +156,9 @@ class WeightTransfer:
 
         async def body(run: Run) -> None:
             self.group = None  # a new init replaces the old group, joined or not
-            joined = await run.step(None, "init_weight_transfer", run.members,
-                                    lambda a: a.init_weight_transfer(req.init_info | {
-                                        "rank_offset": offsets[a.spec.id]}, deadline), ctx.deadlines.call_over(deadline))
+            joined = await run.step(None, "init_weight_transfer", run.members, BROADCAST,
+                                    lambda w: w.init_weight_transfer(req.init_info | {
+                                        "rank_offset": offsets[w.spec.id]}, deadline), ctx.deadlines.call_over(deadline))
             if len(joined) == len(run.members):
                 self.group = _Group(epoch=run.tracker.epoch, world_size=expected, members=[
                     _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
@@ -166,8 +166,8 @@ class WeightTransfer:
                 log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
             else:
                 # The collective cannot form without every rank: release the ones that joined.
-                await run.step(None, "shutdown_weight_transfer", joined, lambda a: a.shutdown_weight_transfer(),
-                               ctx.deadlines.control_s)
+                await run.step(None, "shutdown_weight_transfer", joined, BROADCAST,
+                               lambda w: w.shutdown_weight_transfer(), ctx.deadlines.control_s)
 
         detail = {"world_size": expected, "ranks": {worker_id: offset for worker_id, offset, _ in ranks}}
         return await run_operation(ctx, "weight_transfer_init", detail, body)
@@ -184,7 +184,7 @@ class WeightTransfer:
     async def _leave(self, run: Run) -> None:
         # Only members that can be in a group have one to leave.
         peers = [r for r in run.members if has(r.driver, "broadcast")]
-        await run.step(None, "shutdown_weight_transfer", peers, lambda a: a.shutdown_weight_transfer(),
+        await run.step(None, "shutdown_weight_transfer", peers, BROADCAST, lambda w: w.shutdown_weight_transfer(),
                        self.ctx.deadlines.control_s)
 
     # -- the update session ------------------------------------------------------------------
@@ -199,12 +199,12 @@ class WeightTransfer:
             with run.bound():
                 if update.paused_by_us:
                     pause_s = d.pause()
-                    paused = await run.step("pausing", "pause", records,
-                                            lambda a: a.pause(self.settings.pause_mode, pause_s), d.call_over(pause_s))
+                    paused = await run.step("pausing", "pause", records, CONTROL,
+                                            lambda w: w.pause(self.settings.pause_mode, pause_s), d.call_over(pause_s))
                     if len(paused) < len(records):
                         return await self._abort("a worker did not pause")
-                started = await run.step("updating", "start_weight_update", records,
-                                         lambda a: a.start_weight_update(), d.transfer_chunk_s)
+                started = await run.step("updating", "start_weight_update", records, BROADCAST,
+                                         lambda w: w.start_weight_update(), d.transfer_chunk_s)
                 if len(started) < len(records):
                     return await self._abort("a worker did not start the update")
                 update.watchdog = asyncio.create_task(self._watch_idle(update), name="weight-transfer-idle")
@@ -217,9 +217,11 @@ class WeightTransfer:
         update.chunks += 1
         self._changes.bump()
         deadline = self.ctx.deadlines.transfer_chunk_s
-        done = await update.run.step("updating", f"update_weights[{update.chunks}]", update.records,
-                                     lambda a: a.update_weights(req.update_info, deadline),
-                                     self.ctx.deadlines.call_over(deadline))
+        # The chunk's number is in its results (`update_weights[3]`), not in the step's name.
+        done = await update.run.step("updating", "update_weights", update.records, BROADCAST,
+                                     lambda w: w.update_weights(req.update_info, deadline),
+                                     self.ctx.deadlines.call_over(deadline),
+                                     shown_as=f"update_weights[{update.chunks}]")
         if len(done) < len(update.records):
             return await self._abort("a worker failed an update chunk")
         return update.run.tracker.snapshot()
@@ -239,8 +241,8 @@ class WeightTransfer:
         ctx, run = self.ctx, update.run
         version = req.weight_version
         run.tracker.note(version=version, chunks=update.chunks)
-        finished = await run.step("updating", "finish_weight_update", update.records,
-                                  lambda a: a.finish_weight_update(version), ctx.deadlines.transfer_chunk_s)
+        finished = await run.step("updating", "finish_weight_update", update.records, BROADCAST,
+                                  lambda w: w.finish_weight_update(version), ctx.deadlines.transfer_chunk_s)
         if len(finished) < len(update.records):
             return await self._abort("a worker failed to finish the update", finished=finished)
         # Every worker holds the new weights: they are the desired state now. Without a
@@ -253,7 +255,7 @@ class WeightTransfer:
         ctx.log.set_verified(version is not None and self.settings.verify
                              and len(verified) == len(ctx.registry.members()))
         if update.paused_by_us and not ctx.desired.state.paused:
-            await run.step("resuming", "resume", verified, lambda a: a.resume(), ctx.deadlines.control_s)
+            await run.step("resuming", "resume", verified, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
         return await self._close(update)
 
     async def update_weight_version(self, version: str) -> OperationResult:
@@ -263,8 +265,8 @@ class WeightTransfer:
 
         async def body(run: Run) -> None:
             await ctx.desired.rename_weights(version)
-            await run.step(None, "update_weight_version", run.members, lambda a: a.update_weight_version(version),
-                           ctx.deadlines.control_s)
+            await run.step(None, "update_weight_version", run.members, BROADCAST,
+                           lambda w: w.update_weight_version(version), ctx.deadlines.control_s)
 
         return await run_operation(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
 
@@ -339,11 +341,11 @@ class WeightTransfer:
         done = {r.id for r in finished or []}
         alive = [r for r in update.records if r.id not in done and run.tracker.ok_so_far(r.id)]
         # finish restores the engine's layers (a reload left open would kill the next forward pass).
-        await run.best_effort("abort:finish_weight_update", alive, lambda a: a.finish_weight_update(None),
-                              ctx.deadlines.transfer_chunk_s)
+        await run.best_effort("finish_weight_update", alive, BROADCAST, lambda w: w.finish_weight_update(None),
+                              ctx.deadlines.transfer_chunk_s, shown_as="abort:finish_weight_update")
         if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
             intact = [r for r in update.records if run.tracker.ok_so_far(r.id)]
-            await run.step("resuming", "resume", intact, lambda a: a.resume(), ctx.deadlines.control_s)
+            await run.step("resuming", "resume", intact, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
         return await self._close(update)
 
     async def _close(self, update: _Update) -> OperationResult:
@@ -372,3 +374,11 @@ class WeightTransfer:
                             await self._abort(f"no call from the trainer for {idle_s:g}s")
                         return
             await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it
+
+
+async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:
+    """Tell workers that gate their readiness on it the desired version."""
+    told = await run.step(None, "set_desired", records, DESIRED_VERSION, lambda w: w.set_desired_version(version),
+                          run.ctx.deadlines.control_s)
+    for r in told:
+        run.ctx.registry.told(r.id, version)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from rlcp.controlplane.errors import CheckpointUnavailable
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
-from rlcp.controlplane.workers.capabilities import WeightsKind, has
+from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, WeightsKind, has
 from rlcp.core.wire.controller import WorkerResult
 
 RETRY_S = 0.25
@@ -42,7 +42,7 @@ _MAY_APPEAR = frozenset({"path_unavailable"})
 @dataclass(frozen=True)
 class CheckpointCheck:
     refused: dict[str, WorkerResult]  # worker id -> why it cannot load the checkpoint (phase `check`)
-    loadable: frozenset[str]  # the workers that said they can: they take `prepare`'s own check too
+    loadable: frozenset[str]  # the workers that said they can: their pause for the update checks it again
 
 
 async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], path: str, *,
@@ -58,8 +58,9 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
     latest: dict[str, WorkerResult] = {}
     pending = asked
     while True:
-        outcomes = await ctx.fanout.run([r.driver for r in pending], lambda d: d.check_weights(path, kind),
-                                        phase="check", deadline_s=ctx.deadlines.control_s, quiet=True)
+        outcomes = await ctx.fanout.each([r.driver for r in pending], STAGED_UPDATE,
+                                         lambda w: w.check_weights(path, kind), phase="check",
+                                         deadline_s=ctx.deadlines.control_s, quiet=True)
         latest.update((o.worker_id, o.result) for o in outcomes)
         pending = [r for r in pending if latest[r.id].code in _MAY_APPEAR]
         if not pending or loop.time() + RETRY_S > give_up:

@@ -4,10 +4,13 @@ Operations (`weights`, `pause`, `lora`, `broadcast`) see the controller through
 `OperationContext`, a narrow Protocol -- the members, the fan-out, the gate, the desired
 state keeper, named deadlines, the operation log -- never the whole controller. `Run` is one
 operation in progress: its tracker, its phase, and `step`, one fan-out over a set of
-workers whose results it records; `run_operation` wraps a body in the gate, the log
-context, and a final status refresh, and runs it to the end -- or, for a caller that does
-not wait, answers once the gate is held and the record exists, the body going on as a
-task of `Detached` (a 409 or a 503 still comes before any answer).
+workers whose results it records. A step is one call per worker, typed over the Protocol of
+the capability the workers were checked for (`workers/capabilities.py`); which of its
+engine's routes a flavor sends for it is the driver's business, never the operation's.
+`run_operation` wraps a body in the gate, the log context, and a final status refresh, and
+runs it to the end -- or, for a caller that does not wait, answers once the gate is held and
+the record exists, the body going on as a task of `Detached` (a 409 or a 503 still comes
+before any answer).
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import structlog
 
@@ -24,16 +29,16 @@ from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import MissingCapability, NoMembers
 from rlcp.controlplane.fleet.desired import DesiredKeeper
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
-from rlcp.controlplane.metrics import ControllerMetrics
+from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker
-from rlcp.controlplane.workers.capabilities import Capability, has
-from rlcp.controlplane.workers.fanout import FanOut, Outcome
+from rlcp.controlplane.workers.capabilities import Can, Capability, Driver, has
+from rlcp.controlplane.workers.fanout import FanOut
 from rlcp.core.wire.controller import OperationKind, OperationResult, Phase, WorkerResult
 
 T = TypeVar("T")
-Call = Callable[[Any], Awaitable[T]]  # one call on a driver
-_PAUSE_STEPS = {"pause": True, "resume": False}  # steps whose success says the worker's pause state
+P = TypeVar("P", bound=Driver)
+_PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False}  # steps whose success says the pause state
 
 
 class OperationContext(Protocol):
@@ -53,7 +58,7 @@ class OperationContext(Protocol):
 
 def require_capability(records: list[WorkerRecord], capability: Capability, operation: str) -> None:
     """Refuse, before any worker is touched, an operation some member cannot do."""
-    lacking = {r.id: capability for r in records if not has(r.driver, capability)}
+    lacking: dict[str, str] = {r.id: capability for r in records if not has(r.driver, capability)}
     if lacking:
         names = ", ".join(f"{worker_id} ({records_flavor(records, worker_id)})" for worker_id in sorted(lacking))
         raise MissingCapability(f"{operation} needs the {capability!r} capability, which these members lack: "
@@ -62,6 +67,14 @@ def require_capability(records: list[WorkerRecord], capability: Capability, oper
 
 def records_flavor(records: list[WorkerRecord], worker_id: str) -> str:
     return next(r.spec.flavor for r in records if r.id == worker_id)
+
+
+@dataclass(frozen=True)
+class StepDone(Generic[T]):
+    """The records a step succeeded on, and what each of their calls answered, by worker id."""
+
+    ok: list[WorkerRecord]
+    answers: dict[str, T | None]
 
 
 class Run:
@@ -73,34 +86,40 @@ class Run:
         if not self.members:
             raise NoMembers("the fleet has no members")
         self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
-        # Workers whose last call in this run answered their status (a staged update's
-        # resume): already fresh, so the final read skips them.
+        # Workers whose last call in this run answered their status (an update's resume, for a
+        # driver whose resume answers it): already fresh, so the final read skips them.
         self.reported: set[str] = set()
 
-    async def step(self, phase: Phase | None, name: str, records: list[WorkerRecord], fn: Call[T],
-                   deadline_s: float) -> list[WorkerRecord]:
-        """Run `fn` on `records`; record results; return the records that succeeded."""
-        ok, _ = await self.step_values(phase, name, records, fn, deadline_s)
-        return ok
+    async def step(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
+                   call: Callable[[P], Awaitable[object]], deadline_s: float, *,
+                   shown_as: str | None = None) -> list[WorkerRecord]:
+        """Run `call` on `records`; record results; return the records that succeeded."""
+        return (await self.step_values(phase, step, records, can, call, deadline_s, shown_as=shown_as)).ok
 
-    async def step_values(self, phase: Phase | None, name: str, records: list[WorkerRecord], fn: Call[T],
-                          deadline_s: float) -> tuple[list[WorkerRecord], dict[str, T]]:
-        """`step`, also returning what each call that succeeded answered, by worker id."""
+    async def step_values(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
+                          call: Callable[[P], Awaitable[T]], deadline_s: float, *,
+                          shown_as: str | None = None) -> StepDone[T]:
+        """`step`, also keeping what each call that succeeded answered.
+
+        `call` is typed over the Protocol of `can`, the capability the operation checked its
+        members for (`require_capability`). `step` is the step's name, one of a closed set (the
+        metrics' label); `shown_as` the result's phase text where it says more (a broadcast
+        chunk's number)."""
         if phase is not None:
             self.ctx.log.set_phase(phase)
-        outcomes: list[Outcome[T]] = await self.ctx.fanout.run([r.driver for r in records], fn, phase=name,
-                                                               deadline_s=deadline_s)
+        outcomes = await self.ctx.fanout.each([r.driver for r in records], can, call, phase=shown_as or step,
+                                              deadline_s=deadline_s)
         self.tracker.record(outcomes)
         for o in outcomes:
             self.ctx.registry.record_result(o.result)
             if not o.ok:
-                self.ctx.metrics.worker_failures.labels(o.worker_id, name).inc()
-            elif name in _PAUSE_STEPS:
+                self.ctx.metrics.worker_failures.inc(o.worker_id, step)
+            elif step in _PAUSE_STEPS:
                 # A pause or resume the worker took is its pause state now: the state shows it
                 # at once, also for a worker a later step fails and no final read refreshes.
-                self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[name])
-        ok = {o.worker_id: o.value for o in outcomes if o.ok}
-        return [r for r in records if r.id in ok], ok  # type: ignore[return-value]
+                self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[step])
+        answers = {o.worker_id: o.value for o in outcomes if o.ok}
+        return StepDone([r for r in records if r.id in answers], answers)
 
     def report(self, results: Iterable[WorkerResult]) -> None:
         """Results found before any step ran (a checkpoint a worker cannot load): recorded as
@@ -109,13 +128,15 @@ class Run:
             self.tracker.set_result(result)
             self.ctx.registry.record_result(result)
 
-    async def best_effort(self, name: str, records: list[WorkerRecord], fn: Call[Any], deadline_s: float) -> None:
+    async def best_effort(self, step: Step, records: list[WorkerRecord], can: Can[P],
+                          call: Callable[[P], Awaitable[object]], deadline_s: float, *, shown_as: str) -> None:
         """A clean-up step whose failures do not replace a worker's first error."""
-        outcomes = await self.ctx.fanout.run([r.driver for r in records], fn, phase=name, deadline_s=deadline_s)
+        outcomes = await self.ctx.fanout.each([r.driver for r in records], can, call, phase=shown_as,
+                                              deadline_s=deadline_s)
         for o in outcomes:
             first = self.tracker.results.get(o.worker_id)
             if not o.ok and first is not None and first.status != "ok":
-                note = f"; then {name} failed: {o.result.message}"
+                note = f"; then {shown_as} failed: {o.result.message}"
                 self.tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
             else:
                 self.tracker.set_result(o.result)
@@ -135,7 +156,7 @@ class Run:
         failed = {r.worker_id for r in self.tracker.results.values() if r.status in ("error", "timeout")}
         return [r for r in records if r.id not in failed and r.id not in self.reported]
 
-    def bound(self) -> Any:
+    def bound(self) -> AbstractContextManager[None]:
         """Log context of this operation (operation id and kind on every line)."""
         return structlog.contextvars.bound_contextvars(operation_id=self.tracker.id, operation=self.tracker.kind)
 
@@ -186,7 +207,8 @@ async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict
     if wait:
         return await whole()
     task = ctx.detached.spawn(whole(), name=f"operation-{kind}")
-    await asyncio.wait([begun, task], return_when=asyncio.FIRST_COMPLETED)
+    waiting: list[asyncio.Future[Any]] = [begun, task]
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     if not begun.done():  # refused before it began (the gate, no members): the caller hears why
         begun.cancel()
         return task.result()

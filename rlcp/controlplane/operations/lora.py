@@ -11,6 +11,7 @@ from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify_adapter
+from rlcp.controlplane.workers.capabilities import LORA
 from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
 
 
@@ -26,7 +27,7 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
         run.report(refused.values())
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
         targets = [r for r in run.members if r.id not in refused]
-        loaded = await run.step(None, "load_lora", targets, lambda a: a.load_lora(req.name, path, req.version),
+        loaded = await run.step(None, "load_lora", targets, LORA, lambda w: w.load_lora(req.name, path, req.version),
                                 ctx.deadlines.lora_s)
         if req.verify:
             await verify_adapter(run, loaded, req.name)
@@ -43,6 +44,6 @@ async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
 
     async def body(run: Run) -> None:
         await ctx.desired.drop_lora(name)
-        await run.step(None, "unload_lora", run.members, lambda a: a.unload_lora(name), ctx.deadlines.lora_s)
+        await run.step(None, "unload_lora", run.members, LORA, lambda w: w.unload_lora(name), ctx.deadlines.lora_s)
 
     return await run_operation(ctx, "unload_lora", {"name": name}, body)

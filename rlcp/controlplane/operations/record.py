@@ -25,7 +25,15 @@ from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.bubble import BubbleRecorder
 from rlcp.controlplane.workers.fanout import Outcome
-from rlcp.core.wire.controller import OperationKind, OperationResult, Phase, RollProgress, UpdateView, WorkerResult
+from rlcp.core.wire.controller import (
+    OperationKind,
+    OperationResult,
+    OperationStatus,
+    Phase,
+    RollProgress,
+    UpdateView,
+    WorkerResult,
+)
 
 log = structlog.get_logger("rlcp.controlplane.operations")
 
@@ -88,9 +96,9 @@ class OperationTracker:
 
     def finish(self) -> OperationResult:
         oks = [r.status in ("ok", "skipped") for r in self._results.values()]
-        status = "ok" if all(oks) else ("partial" if any(oks) else "failed")
+        status: OperationStatus = "ok" if all(oks) else ("partial" if any(oks) else "failed")
         self.finished = OperationResult(
-            id=self.id, kind=self.kind, status=status, started_at=self.started_at,  # type: ignore[arg-type]
+            id=self.id, kind=self.kind, status=status, started_at=self.started_at,
             finished_at=datetime.now(UTC), duration_s=round(time.perf_counter() - self._t0, 6),
             membership_epoch=self.epoch, detail=dict(self._detail),
             results=sorted(self._results.values(), key=lambda r: r.worker_id),
@@ -136,7 +144,7 @@ class OperationLog:
             self.last_update = result
         self.history.append(result)
         self.set_phase(None)
-        self._metrics.operation_duration.labels(result.kind, result.status).observe(result.duration_s or 0)
+        self._metrics.operation_finished(result.kind, result.status, result.duration_s or 0)
         log.info("operation", status=result.status, duration_s=result.duration_s,
                  failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")])
         return result

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.workers.capabilities import Driver, LoadReport, has
+from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, has
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.core.wire.agent import lora_checksum_key
 
@@ -51,15 +51,15 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
         if reported != version:
             raise WorkerRejected(driver.spec.id, f"reports weight version {reported!r}, expected {version!r}")
 
-    at_version = await run.step("verifying", "verify", records, reports_version, deadlines.control_s)
+    at_version = await run.step("verifying", "verify", records, DRIVER, reports_version, deadlines.control_s)
     hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
-    outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
-                                        phase="verify", deadline_s=deadlines.checksums_s)
+    outcomes = await run.ctx.fanout.each([r.driver for r in hashing], CHECKSUMS, lambda w: w.weight_checksums(),
+                                         phase="verify", deadline_s=deadlines.checksums_s)
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
     checksums = {o.worker_id: o.value for o in outcomes if o.ok and o.value}
-    checksums |= {r.id: reports[r.id].checksums for r in at_version  # type: ignore[misc]
-                  if r.id in reports and reports[r.id].checksums}
+    checksums |= {r.id: report.checksums for r in at_version
+                  if (report := reports.get(r.id)) is not None and report.checksums}
 
     def fail(worker_id: str, message: str) -> None:
         failed.add(worker_id)
@@ -96,8 +96,8 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
     prefix = lora_checksum_key(name, "")
     run.ctx.log.set_phase("verifying")
     hashing = [r for r in records if has(r.driver, "checksums")]
-    outcomes = await run.ctx.fanout.run([r.driver for r in hashing], lambda d: d.weight_checksums(),
-                                        phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
+    outcomes = await run.ctx.fanout.each([r.driver for r in hashing], CHECKSUMS, lambda w: w.weight_checksums(),
+                                         phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
     digests = {}

@@ -12,11 +12,12 @@
   after a wave in which any worker failed: the members not reached yet are left as they
   were, serving (a bad checkpoint costs one wave, not the fleet).
 - Verify: see `verify.py`. Later waves are held to what the earlier ones agreed on.
-- Round trips: a worker with the `staged_update` capability (the agent) takes three calls,
-  each answering what would otherwise be a read of its own: prepare (told the desired
-  version, then paused), load (answering its version and checksums), resume (answering its
-  status, so the final read skips it). Others compose what their engine offers: tell
-  desired, pause, load, version read, checksums, resume, final read.
+- Steps: one call per worker each, the driver's (`DiskWeights`): `pause_for_update` (told the
+  desired version where the worker gates readiness on it, then paused), `load_from_disk`,
+  `resume_after_update`. How a flavor composes them is its own: the agent answers each with
+  what would otherwise be a read (its status; its version and checksums), so verification
+  uses the load's answer and the final read skips it; stock vLLM and Dynamo send separate
+  calls that answer nothing, and are read afterwards (version, checksums, final status).
 - The bubble (`bubble.py`): each member's time out of service and the fleet's serving
   capacity, in the operation's record and the state document.
 Re-sending a version the fleet already has is a no-op success.
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
 
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.fleet.paths import check_path
@@ -35,9 +35,9 @@ from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unav
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import Agreement, verify
-from rlcp.controlplane.workers.capabilities import LoadReport, has
+from rlcp.controlplane.workers.capabilities import DISK_WEIGHTS, DiskWeights, capable
 from rlcp.controlplane.workers.fanout import Outcome
-from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest, WorkerResult
 
 
@@ -108,7 +108,7 @@ class Roll:
     size: int
     serving_before: set[str]
     members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
-    checked: frozenset[str]  # said they can load it: their prepare checks it again (older agents lack the field)
+    checked: frozenset[str]  # said they can load it: their pause for the update checks it again
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
@@ -158,63 +158,48 @@ class Roll:
         run, req = self.run, self.req
         ctx, d = run.ctx, run.ctx.deadlines
         pause_s = d.pause(req.timeout_s)
-        staged = {r.id for r in records if has(r.driver, "staged_update")}
-        await tell_desired(run, [r for r in records if r.tracks_desired and r.id not in staged], req.version)
 
-        def pause(a: Any) -> Awaitable[None]:  # a driver
-            if a.spec.id in staged:
-                return a.prepare_update(req.version, req.pause_mode, pause_s,
-                                        weights_path=self.path if a.spec.id in self.checked else None)
-            return a.pause(req.pause_mode, pause_s)
+        def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
+            # A worker that said it can load the checkpoint checks it again as it pauses.
+            return w.pause_for_update(req.version, req.pause_mode, pause_s,
+                                      weights_path=self.path if w.spec.id in self.checked else None)
 
-        paused, states = await run.step_values("pausing", "pause", records, pause, d.call_over(pause_s))
-        for r in paused:
-            if r.id in staged:
+        paused = await run.step_values("pausing", "pause", records, DISK_WEIGHTS, pause, d.call_over(pause_s))
+        for r in paused.ok:
+            if r.tracks_desired:
                 ctx.registry.told(r.id, req.version)
-                report_status(run, r.id, states.get(r.id))
+            report_status(run, r.id, paused.answers.get(r.id))
 
-        def load(a: Any) -> Awaitable[Any]:
-            if a.spec.id in staged:
-                return a.load_reporting(self.path, req.version, checksums=req.verify)
-            return a.update_weights_from_disk(self.path, req.version)
-
-        # Hashing time is allowed only where a load answers checksums (a staged worker's).
-        updated, answers = await run.step_values("updating", "update", paused, load,
-                                                 d.staged_load(req.timeout_s, checksums=req.verify and bool(staged)))
-        reports = {wid: a for wid, a in answers.items() if isinstance(a, LoadReport)}
-        verified = updated
+        # Hashing time is allowed only in a wave where a load answers checksums.
+        hashing = req.verify and any(w.loads_with_checksums for w in capable((r.driver for r in records), DISK_WEIGHTS))
+        loaded = await run.step_values(
+            "updating", "update", paused.ok, DISK_WEIGHTS,
+            lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
+            d.load_step(req.timeout_s, checksums=hashing))
+        reports = {worker_id: report for worker_id, report in loaded.answers.items() if report is not None}
+        updated = verified = loaded.ok
         if req.verify:
             verified = await verify(run, updated, req.version, reports, manifest=req.expected_checksums,
                                     agreement=agreement)
         if ctx.desired.state.paused:  # an operator paused the fleet: the update leaves it paused
             return verified, []
-        return verified, await resume(run, verified, staged)
+        return verified, await resume(run, verified)
 
 
-async def resume(run: Run, records: list[WorkerRecord], staged: set[str]) -> list[WorkerRecord]:
-    """Resume `records`; a staged worker's answer is its status, recorded as a fresh read."""
-    def call(a: Any) -> Awaitable[Any]:
-        return a.resume_reporting() if a.spec.id in staged else a.resume()
-
-    resumed, answers = await run.step_values("resuming", "resume", records, call, run.ctx.deadlines.control_s)
-    for worker_id in staged & answers.keys():
-        report_status(run, worker_id, answers[worker_id])
-        run.reported.add(worker_id)
-    return resumed
+async def resume(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
+    """Resume `records`; a status a worker answers with is recorded as a fresh read."""
+    resumed = await run.step_values("resuming", "resume", records, DISK_WEIGHTS,
+                                    lambda w: w.resume_after_update(), run.ctx.deadlines.control_s)
+    for worker_id, status in resumed.answers.items():
+        if status is not None:
+            report_status(run, worker_id, status)
+            run.reported.add(worker_id)
+    return resumed.ok
 
 
 def report_status(run: Run, worker_id: str, status: WorkerStatus | None) -> None:
-    """A staged worker's answer is its status: recorded as a fresh read (so the status poll
+    """A worker's answer that is its status: recorded as a fresh read (so the status poll
     skips it this interval)."""
     if status is not None:
         run.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
                                          status), reported=True)
-
-
-async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:
-    """Tell workers that gate their readiness on it the desired version."""
-    told = await run.step(None, "set_desired", records, lambda a: a.set_desired_version(version),
-                          run.ctx.deadlines.control_s)
-    for r in told:
-        run.ctx.registry.told(r.id, version)
-

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.fleet.convergence import weights_behind
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import DesiredState
 
 ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume"]
@@ -24,10 +25,6 @@ class Action:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def weights_behind(desired: DesiredState, status: WorkerStatus) -> bool:
-    return desired.weight_version is not None and status.weight_version != desired.weight_version
-
-
 def load_source(desired: DesiredState) -> dict[str, str] | None:
     """Where a worker behind gets weights: the desired disk source, else (after a
     broadcast) the newest disk checkpoint known, which may be an older version."""
@@ -36,16 +33,6 @@ def load_source(desired: DesiredState) -> dict[str, str] | None:
     if desired.checkpoint is not None:
         return {"path": desired.checkpoint.path, "version": desired.checkpoint.version}
     return None
-
-
-def loras_behind(desired: DesiredState, status: WorkerStatus) -> bool:
-    want = {name: spec.version for name, spec in desired.loras.items()}
-    return status.loras != want
-
-
-def converged(desired: DesiredState, status: WorkerStatus) -> bool:
-    """At the desired weights and adapters (pause state aside)."""
-    return not weights_behind(desired, status) and not loras_behind(desired, status)
 
 
 def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | None | object,

@@ -2,30 +2,40 @@
 
     Driver              every flavor: its spec, and a status read
     ├── Control         pause (abort | wait | keep) and resume
-    ├── DiskWeights     reload weights from a directory, naming the version
+    ├── DiskWeights     reload weights from a directory, naming the version; and the disk
+    │                   update's three steps (pause for it, load, resume), as the flavor composes them
     ├── Checksums       per-parameter weight checksums (verification beyond versions)
     ├── DesiredVersion  told the fleet's desired version, gates its own readiness on it
-    ├── StagedUpdate    a checked disk update: the checkpoint checked on the worker, then
-    │                   three calls, each answering what would be a read
+    ├── StagedUpdate    checks a checkpoint where it will read it, before anything changes
+    │                   (its update steps answer what would otherwise be reads)
     ├── Lora            load / hot-swap and unload adapters
     └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
 
 A flavor implements the capabilities its engine has and no others: there is no method whose
-only body is "not supported". Operations ask `capabilities(driver)` (or `lacking`) before
-touching any worker, so an operation a member cannot do is refused up front, naming the
-worker and what it lacks.
+only body is "not supported". Each flavor's class names the Protocols it implements among its
+bases, so the type checker holds every method to the Protocol's signature; at run time
+`capabilities(driver)` (or `has`) says the same, and operations ask it before touching any
+worker, so an operation a member cannot do is refused up front, naming the worker and what it
+lacks.
+
+`Can[P]` names one capability for the type checker: `implements(driver, CONTROL)` narrows a
+`Driver` to `Control`, and a step over workers (`FanOut.each`, `operations.context.Run.step`)
+takes a call typed over the capability's Protocol, never over `Any`.
 
 Where a worker publishes its route list (Dynamo's listing `routes`, kept in
 `WorkerSpec.routes`), a driver that implements `PublishesRoutes` narrows its capabilities to
-what the list allows; without a list the flavor's own capabilities stand.
+what the list allows; without a list the flavor's own capabilities stand. `has` follows the
+list; `implements` (what a call can be typed over) does not: a member whose list leaves out a
+capability its flavor has is still sent what an operation asks of it, as the worker decides.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Generic, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
-from rlcp.controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
 WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
@@ -41,68 +51,83 @@ class Driver(Protocol):
 
 
 @runtime_checkable
-class Control(Protocol):
+class Control(Driver, Protocol):
     async def pause(self, mode: PauseMode, timeout_s: float) -> None: ...
 
     async def resume(self) -> None: ...
 
 
-@runtime_checkable
-class DiskWeights(Protocol):
-    async def update_weights_from_disk(self, path: str, version: str) -> None: ...
-
-
-@runtime_checkable
-class Checksums(Protocol):
-    async def weight_checksums(self) -> dict[str, str]: ...
-
-
-@runtime_checkable
-class DesiredVersion(Protocol):
-    async def set_desired_version(self, version: str | None) -> None:
-        """Tell the worker the fleet's desired version: it reports not ready while behind."""
-
-
 @dataclass(frozen=True)
 class LoadReport:
-    """What a staged load answers: the version the worker now reports, and its weight
-    checksums when they were asked for."""
+    """What a load answers where the call carries it: the version the worker now reports, and
+    its weight checksums when they were asked for."""
 
     weight_version: str | None
     checksums: dict[str, str] | None
 
 
 @runtime_checkable
-class StagedUpdate(Protocol):
-    """A checked disk update: a check (is the checkpoint loadable there? nothing changes),
-    then three round trips: prepare (told the desired version, then paused, answering the
-    status; refused, with nothing changed, if the checkpoint is not loadable after all),
-    load (reload, answering the version and checksums), resume (answering the status)."""
+class DiskWeights(Driver, Protocol):
+    """A reload from a directory: one call (`update_weights_from_disk`, the reconciler's), and
+    the update transaction's three steps, each one call of the operation's however the flavor
+    composes it -- the agent in one round trip each, answering what would otherwise be a read;
+    a stock engine in separate calls, answering nothing (None)."""
 
-    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None: ...
+    loads_with_checksums: bool
+    """`load_from_disk(checksums=True)` hashes the new weights in the same call (the step is
+    given the hashing time on top of the load's)."""
 
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
-                             weights_path: str | None = None) -> WorkerStatus: ...
+    async def update_weights_from_disk(self, path: str, version: str) -> None: ...
 
-    async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport: ...
+    async def pause_for_update(self, version: str, mode: PauseMode, timeout_s: float, *,
+                               weights_path: str | None = None) -> WorkerStatus | None:
+        """Out of service for an update to `version`: told the version where the worker gates
+        its readiness on it, then paused (`mode`, bounded by `timeout_s`). `weights_path`: the
+        checkpoint, checked once more where the worker can (refused, nothing changed, if it is
+        not loadable after all). Answers the worker's status where the call carries it."""
 
-    async def resume_reporting(self) -> WorkerStatus: ...
+    async def load_from_disk(self, path: str, version: str, *, checksums: bool) -> LoadReport | None:
+        """Reload `path` as `version`. Answers the version now held (and, if `checksums`, the
+        new weights' checksums) where the call carries them; None: read them separately."""
+
+    async def resume_after_update(self) -> WorkerStatus | None:
+        """Back in service; answers the worker's status where the call carries it."""
 
 
 @runtime_checkable
-class Lora(Protocol):
+class Checksums(Driver, Protocol):
+    async def weight_checksums(self) -> dict[str, str] | None:
+        """Per-parameter checksums; None: this worker cannot compute them (verify by version)."""
+
+
+@runtime_checkable
+class DesiredVersion(Driver, Protocol):
+    async def set_desired_version(self, version: str | None) -> None:
+        """Tell the worker the fleet's desired version: it reports not ready while behind."""
+
+
+@runtime_checkable
+class StagedUpdate(Driver, Protocol):
+    """A checked disk update: a check (is the checkpoint loadable there? nothing changes)
+    before the update, whose steps (`DiskWeights`) then answer what would be reads."""
+
+    async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None: ...
+
+
+@runtime_checkable
+class Lora(Driver, Protocol):
     async def load_lora(self, name: str, path: str, version: str | None) -> None: ...
 
     async def unload_lora(self, name: str) -> None: ...
 
 
 @runtime_checkable
-class BroadcastPeer(Protocol):
+class BroadcastPeer(Driver, Protocol):
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None: ...
 
     async def start_weight_update(self) -> None: ...
 
-    async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None: ...
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None: ...
 
     async def finish_weight_update(self, version: str | None) -> None: ...
 
@@ -110,12 +135,6 @@ class BroadcastPeer(Protocol):
 
     async def update_weight_version(self, version: str) -> None:
         """Name the weights the worker holds (after a finish that named none)."""
-
-
-_PROTOCOLS: dict[Capability, type] = {
-    "control": Control, "disk_weights": DiskWeights, "checksums": Checksums,
-    "desired_version": DesiredVersion, "staged_update": StagedUpdate, "lora": Lora, "broadcast": BroadcastPeer,
-}
 
 
 @runtime_checkable
@@ -126,25 +145,95 @@ class PublishesRoutes(Protocol):
         routes: the flavor could speak them, this member cannot serve them."""
 
 
-def capabilities(driver: Driver) -> frozenset[Capability]:
-    return frozenset(name for name in _PROTOCOLS if has(driver, name))
+P = TypeVar("P", bound=Driver, covariant=True)
 
 
+@dataclass(frozen=True, eq=False)
+class Can(Generic[P]):
+    """One capability, typed: its name and the test that proves a driver has its Protocol."""
+
+    name: Capability | Literal["driver"]
+    test: Callable[[Driver], TypeGuard[P]]
+
+
+def _driver(d: Driver) -> TypeGuard[Driver]:
+    return True  # what every flavor is (a spec, a status read)
+
+
+def _control(d: Driver) -> TypeGuard[Control]:
+    return isinstance(d, Control)
+
+
+def _disk_weights(d: Driver) -> TypeGuard[DiskWeights]:
+    return isinstance(d, DiskWeights)
+
+
+def _checksums(d: Driver) -> TypeGuard[Checksums]:
+    return isinstance(d, Checksums)
+
+
+def _desired_version(d: Driver) -> TypeGuard[DesiredVersion]:
+    return isinstance(d, DesiredVersion)
+
+
+def _staged_update(d: Driver) -> TypeGuard[StagedUpdate]:
+    return isinstance(d, StagedUpdate)
+
+
+def _lora(d: Driver) -> TypeGuard[Lora]:
+    return isinstance(d, Lora)
+
+
+def _broadcast(d: Driver) -> TypeGuard[BroadcastPeer]:
+    return isinstance(d, BroadcastPeer)
+
+
+DRIVER = Can("driver", _driver)
+CONTROL = Can("control", _control)
+DISK_WEIGHTS = Can("disk_weights", _disk_weights)
+CHECKSUMS = Can("checksums", _checksums)
+DESIRED_VERSION = Can("desired_version", _desired_version)
+STAGED_UPDATE = Can("staged_update", _staged_update)
+LORA = Can("lora", _lora)
+BROADCAST = Can("broadcast", _broadcast)
+
+_ALL: dict[Capability, Can[Driver]] = {
+    "control": CONTROL, "disk_weights": DISK_WEIGHTS, "checksums": CHECKSUMS, "desired_version": DESIRED_VERSION,
+    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST}
 # isinstance against a runtime-checkable Protocol inspects every member each time (~5% of
 # an update's CPU at 1,024 workers); what a class implements does not change.
-_IMPLEMENTS: dict[tuple[type, Capability], bool] = {}
+_IMPLEMENTS: dict[tuple[type, str], bool] = {}
 _PUBLISHES: dict[type, bool] = {}
 
 
+def implements(driver: Driver, can: Can[P]) -> TypeGuard[P]:
+    """Whether the driver's flavor implements the capability's Protocol (the published route
+    list aside): what lets a call be typed over that Protocol."""
+    key = (type(driver), can.name)
+    found = _IMPLEMENTS.get(key)
+    if found is None:
+        found = _IMPLEMENTS[key] = bool(can.test(driver))
+    return found
+
+
+def capable(drivers: Iterable[Driver], can: Can[P]) -> list[P]:
+    """The drivers that implement `can`, typed as its Protocol."""
+    return [d for d in drivers if implements(d, can)]
+
+
+def capabilities(driver: Driver) -> frozenset[Capability]:
+    return frozenset(name for name in _ALL if has(driver, name))
+
+
 def has(driver: Driver, capability: Capability) -> bool:
-    key = (type(driver), capability)
-    implements = _IMPLEMENTS.get(key)
-    if implements is None:
-        implements = _IMPLEMENTS[key] = isinstance(driver, _PROTOCOLS[capability])
-    if not implements:
+    """Whether the member can do it: its flavor implements it, and the routes it published
+    (where it published any) allow it."""
+    if not implements(driver, _ALL[capability]):
         return False
     publishes = _PUBLISHES.get(type(driver))
     if publishes is None:
         publishes = _PUBLISHES[type(driver)] = isinstance(driver, PublishesRoutes)
-    published = driver.published_capabilities() if publishes else None  # type: ignore[attr-defined]
+    if not publishes or not isinstance(driver, PublishesRoutes):  # the second test only for a type that does
+        return True
+    published = driver.published_capabilities()
     return published is None or capability in published

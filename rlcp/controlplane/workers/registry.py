@@ -8,11 +8,12 @@ the registered ones, as vLLM's `WeightTransferEngineFactory` does.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.workers.capabilities import Driver
-from rlcp.controlplane.workers.spec import WorkerSpec
 from rlcp.controlplane.workers.transport import WorkerTransport
+from rlcp.controlplane.workerspec import WorkerSpec
 
 # flavor -> (module, class)
 _REGISTRY: dict[str, tuple[str, str]] = {
@@ -28,5 +29,5 @@ def make_driver(spec: WorkerSpec, transport: WorkerTransport, deadlines: DriverD
     except KeyError:
         raise ValueError(f"unknown worker flavor {spec.flavor!r} for worker {spec.id!r}; "
                          f"available: {sorted(_REGISTRY)}") from None
-    cls = getattr(importlib.import_module(module_name), class_name)
-    return cls(spec=spec, transport=transport, deadlines=deadlines)
+    flavor: Callable[..., Driver] = getattr(importlib.import_module(module_name), class_name)
+    return flavor(spec=spec, transport=transport, deadlines=deadlines)

@@ -102,12 +102,12 @@ class WorkerTransport:
         self.worker_id = worker_id
         self.policy = policy
 
-    async def exchange(self, method: str, path: str, json_body: Any, params: dict | None) -> Exchange:
+    async def exchange(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None) -> Exchange:
         """Send one request, return the answer; raise `WorkerUnreachable` (nothing arrived)
         or `WorkerConnectionLost` (the answer broke off). The deadline is the caller's."""
         raise NotImplementedError
 
-    async def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None,
+    async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
                       timeout_s: float | None = None, retry: bool = True) -> Any:
         """One logical call; returns the parsed JSON body (or None when empty).
 
@@ -139,7 +139,7 @@ class WorkerTransport:
                 return await self._once(method, path, json_body, params, timeout_s)
         raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
 
-    async def _once(self, method: str, path: str, json_body: Any, params: dict | None,
+    async def _once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
                     timeout_s: float | None) -> Any:
         deadline = timeout_s if timeout_s is not None else self.policy.timeout_s
         try:
@@ -163,7 +163,7 @@ class HttpTransport(WorkerTransport):
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
-    async def exchange(self, method: str, path: str, json_body: Any, params: dict | None) -> Exchange:
+    async def exchange(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None) -> Exchange:
         answered: int | None = None  # the status, once the worker's status line arrived
         try:
             # The request id and trace of the call this one serves, if any (`rlcp.core.tracing`).
@@ -193,7 +193,7 @@ class MemoryTransport(WorkerTransport):
         super().__init__(worker_id=worker_id, policy=policy)
         self.handler = handler
 
-    async def exchange(self, method: str, path: str, json_body: Any, params: dict | None) -> Exchange:
+    async def exchange(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None) -> Exchange:
         try:
             status, body = await self.handler(method, path, {k: str(v) for k, v in (params or {}).items()},
                                               json_body)

@@ -9,20 +9,34 @@ vLLM's RL route shapes at the root, which the agent serves unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, final
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
-from rlcp.controlplane.workers.capabilities import LoadReport, WeightsKind
+from rlcp.controlplane.workers.capabilities import (
+    BroadcastPeer,
+    Checksums,
+    Control,
+    DesiredVersion,
+    DiskWeights,
+    LoadReport,
+    Lora,
+    StagedUpdate,
+    WeightsKind,
+)
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
-from rlcp.controlplane.workers.spec import WorkerStatus
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
 
 
-class AgentDriver(VllmWeightTransferRoutes):
+@final
+class AgentDriver(VllmWeightTransferRoutes, Control, DiskWeights, StagedUpdate, DesiredVersion, Checksums, Lora,
+                  BroadcastPeer):
     """Speaks to one agent's admin port."""
+
+    loads_with_checksums = True  # its load answers the new weights' checksums when asked
 
     async def status(self) -> WorkerStatus:
         return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state",
@@ -61,15 +75,17 @@ class AgentDriver(VllmWeightTransferRoutes):
         await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
                                      retry=False)
 
-    async def prepare_update(self, version: str, mode: PauseMode, timeout_s: float, *,
-                             weights_path: str | None = None) -> WorkerStatus:
+    async def pause_for_update(self, version: str, mode: PauseMode, timeout_s: float, *,
+                               weights_path: str | None = None) -> WorkerStatus:
+        """One call: told the desired version, then paused (refused, nothing changed, when the
+        checkpoint at `weights_path` is not loadable after all); answers the state."""
         body: dict[str, Any] = {"desired_weight_version": version, "mode": mode, "timeout_s": timeout_s}
         if weights_path is not None:
             body["weights_path"] = weights_path
         return self._status("POST /v1/agent/prepare", await self.transport.request(
             "POST", "/v1/agent/prepare", json_body=body, timeout_s=timeout_s + self.deadlines.grace_s))
 
-    async def load_reporting(self, path: str, version: str, *, checksums: bool) -> LoadReport:
+    async def load_from_disk(self, path: str, version: str, *, checksums: bool) -> LoadReport:
         # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).
         body = await self.transport.request(
             "POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version, "checksums": checksums},
@@ -84,7 +100,7 @@ class AgentDriver(VllmWeightTransferRoutes):
                                  status=200)
         return LoadReport(weight_version=answer.weight_version, checksums=answer.checksums)
 
-    async def resume_reporting(self) -> WorkerStatus:
+    async def resume_after_update(self) -> WorkerStatus:
         return self._status("POST /v1/agent/resume", await self.transport.request("POST", "/v1/agent/resume"))
 
     async def set_desired_version(self, version: str | None) -> None:

@@ -1,10 +1,16 @@
-"""What every driver holds: its worker's spec, the transport that reaches it, its deadlines."""
+"""What every driver holds (its worker's spec, the transport that reaches it, its deadlines),
+and the disk update's steps composed from separate calls, for a flavor whose engine has no
+staged update (stock vLLM, Dynamo)."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.workers.spec import WorkerSpec
+from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, implements
 from rlcp.controlplane.workers.transport import WorkerTransport
+from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.core.wire.agent import PauseMode
 
 
 class DriverBase:
@@ -12,3 +18,30 @@ class DriverBase:
         self.spec = spec
         self.transport = transport
         self.deadlines = deadlines
+
+
+class _Reloads(Control, Protocol):
+    async def update_weights_from_disk(self, path: str, version: str) -> None: ...
+
+
+class SeparateUpdateCalls:
+    """The update transaction's steps (`DiskWeights`) as separate calls that answer nothing:
+    the worker is told the desired version where it gates readiness on it, then paused; the
+    load is the flavor's own reload; the resume a plain resume. The operation reads versions,
+    checksums and statuses afterwards."""
+
+    loads_with_checksums = False
+
+    async def pause_for_update(self: _Reloads, version: str, mode: PauseMode, timeout_s: float, *,
+                               weights_path: str | None = None) -> None:
+        # `weights_path` is for a worker that checks the checkpoint again as it pauses: these cannot.
+        if implements(self, DESIRED_VERSION):
+            await self.set_desired_version(version)
+        await self.pause(mode, timeout_s)
+
+    async def load_from_disk(self: _Reloads, path: str, version: str, *, checksums: bool) -> None:
+        # No checksums in the answer: `loads_with_checksums` is False, so they are read afterwards.
+        await self.update_weights_from_disk(path, version)
+
+    async def resume_after_update(self: _Reloads) -> None:
+        await self.resume()

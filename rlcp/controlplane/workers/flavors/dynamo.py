@@ -35,12 +35,12 @@ What Dynamo cannot tell or do, and so this driver reports as unknown or lacks:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, final
 
-from rlcp.controlplane.workers.capabilities import Capability
-from rlcp.controlplane.workers.flavors.base import DriverBase
-from rlcp.controlplane.workers.spec import WorkerStatus
+from rlcp.controlplane.workers.capabilities import Capability, Control, DiskWeights, Lora, PublishesRoutes
+from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
 # Which of Dynamo's published routes each capability of this driver needs (all of them).
@@ -57,8 +57,10 @@ def capabilities_from_routes(routes: tuple[str, ...]) -> frozenset[Capability]:
     return frozenset(cap for cap, needed in DYNAMO_ROUTES.items() if published.issuperset(needed))
 
 
-class DynamoDriver(DriverBase):
-    """Speaks to one Dynamo worker's system port."""
+@final
+class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, PublishesRoutes):
+    """Speaks to one Dynamo worker's system port. A disk update's steps are separate calls
+    (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 
     def published_capabilities(self) -> frozenset[Capability] | None:
         return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)

@@ -37,16 +37,20 @@ Limits of this flavor, all from stock vLLM:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, final
 
+from rlcp.controlplane.workers.capabilities import BroadcastPeer, Checksums, Control, DiskWeights, Lora
+from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
-from rlcp.controlplane.workers.spec import WorkerStatus
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
 
-class VllmDriver(VllmWeightTransferRoutes):
-    """Speaks to one `vllm serve` in dev mode."""
+@final
+class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, Control, DiskWeights, Checksums, Lora, BroadcastPeer):
+    """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
+    (`SeparateUpdateCalls`): pause, the composed reload below, resume."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
@@ -58,7 +62,7 @@ class VllmDriver(VllmWeightTransferRoutes):
         self._lora_loads: dict[str, tuple[str, str | None]] = {}
 
     async def status(self) -> WorkerStatus:
-        alive, paused, info, models, world = await asyncio.gather(
+        reads = await asyncio.gather(
             self._engine_alive(),
             self.transport.request("GET", "/is_paused"),
             self.transport.request("GET", "/weight_info"),
@@ -66,6 +70,7 @@ class VllmDriver(VllmWeightTransferRoutes):
             self.transport.request("GET", "/get_world_size"),
             return_exceptions=True,
         )
+        alive, paused, info, models, world = reads
         if isinstance(alive, BaseException):
             raise alive  # unreachable or timed out: the worker as a whole is not observable
         if alive is False:

@@ -19,7 +19,7 @@ class VllmWeightTransferRoutes(DriverBase):
     async def start_weight_update(self) -> None:
         await self.transport.request("POST", "/start_weight_update", retry=False)
 
-    async def update_weights(self, update_info: dict[str, Any], timeout_s: float) -> None:
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None:
         await self.transport.request("POST", "/update_weights", json_body={"update_info": update_info},
                                 timeout_s=timeout_s, retry=False)
 
