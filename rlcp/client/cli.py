@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ async def show_operation(result: OperationResult, fmt: str) -> None:
         emit(result.model_dump(mode="json"), fmt)
 
 
-async def run_operation(client: ControlPlaneClient, call: Any, fmt: str) -> int:
+async def run_operation(client: ControlPlaneClient, call: Awaitable[OperationResult], fmt: str) -> int:
     """Run one fleet operation; 0 when ok, 1 when some worker failed (the table says which)."""
     try:
         result = await call

@@ -16,10 +16,12 @@ weight transfer engine and one broadcast from the trainer updates the whole flee
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
+import types
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import aiohttp
 
@@ -27,6 +29,7 @@ from rlcp.core.wire.agent import PauseMode
 from rlcp.core.wire.controller import FleetState, OperationResult
 
 T = TypeVar("T")
+P = ParamSpec("P")
 _LONG_S = 1800.0  # an update transaction: a weight load per worker plus pause and verify
 
 
@@ -61,6 +64,13 @@ class ConvergeTimeout(ControlPlaneError):
     pass
 
 
+def _object(data: object, what: str) -> dict[str, Any]:
+    """A JSON answer that must be an object (every read of the controller's API answers one)."""
+    if not isinstance(data, dict):
+        raise ControlPlaneError(f"{what}: the controller answered a {type(data).__name__}, not an object")
+    return data
+
+
 class ControlPlaneClient:
     def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0,
                  session: aiohttp.ClientSession | None = None) -> None:
@@ -70,7 +80,7 @@ class ControlPlaneClient:
         self._session = session
         self._owns_session = session is None
         # The last state document and its ETag: a poll of an unchanged state is a 304, no body.
-        self._state: tuple[str, dict] | None = None
+        self._state: tuple[str, dict[str, Any]] | None = None
 
     async def __aenter__(self) -> ControlPlaneClient:
         return self
@@ -84,7 +94,8 @@ class ControlPlaneClient:
             self._session = None
 
     async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None,
-                       etag: str | None = None, answer: dict | None = None) -> Any:
+                       etag: str | None = None, answer: dict[str, str | None] | None = None) -> object:
+        """The answer's JSON (None for a 304); `answer["etag"]` gets its ETag when `answer` is given."""
         if self._session is None:
             # No session-wide limit: each call has its own deadline, and an update
             # transaction may rightly take longer than aiohttp's default 300 s.
@@ -119,22 +130,23 @@ class ControlPlaneClient:
     async def state(self) -> FleetState:
         return FleetState.model_validate(await self.state_raw())
 
-    async def state_raw(self) -> dict:
+    async def state_raw(self) -> dict[str, Any]:
         """The state document; polled again, a 304 when it has not changed (`If-None-Match`)."""
-        answer: dict[str, Any] = {}
+        answer: dict[str, str | None] = {}
         data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None,
                                    answer=answer)
         if data is None and self._state is not None:  # 304: unchanged
             return self._state[1]
-        if answer.get("etag"):
-            self._state = (answer["etag"], data)
-        return data
+        document = _object(data, "GET /v1/rl/state")
+        if etag := answer.get("etag"):
+            self._state = (etag, document)
+        return document
 
-    async def workers(self) -> dict:
-        return await self._request("GET", "/v1/rl/workers")
+    async def workers(self) -> dict[str, Any]:
+        return _object(await self._request("GET", "/v1/rl/workers"), "GET /v1/rl/workers")
 
     async def operations(self, limit: int = 64) -> list[OperationResult]:
-        body = await self._request("GET", f"/v1/rl/operations?limit={limit}")
+        body = _object(await self._request("GET", f"/v1/rl/operations?limit={limit}"), "GET /v1/rl/operations")
         return [OperationResult.model_validate(op) for op in body["operations"]]
 
     # -- operations ----------------------------------------------------------------------
@@ -197,9 +209,9 @@ class ControlPlaneClient:
         return OperationResult.model_validate(await self._request("DELETE", f"/v1/rl/loras/{quote(name, safe='')}"))
 
     # -- broadcast updates (vLLM's weight-transfer protocol, fleet-wide) ---------------------
-    async def transfer_info(self) -> dict:
+    async def transfer_info(self) -> dict[str, Any]:
         """`inference_world_size`, `trainer_world_size` (what the trainer's init_info needs) and the group."""
-        return await self._request("GET", "/v1/rl/weight_transfer")
+        return _object(await self._request("GET", "/v1/rl/weight_transfer"), "GET /v1/rl/weight_transfer")
 
     async def transfer_init(self, init_info: dict[str, Any], *, timeout_s: float = _LONG_S) -> OperationResult:
         """Every worker joins the trainer's group; returns once all have (the trainer joins beside it)."""
@@ -238,6 +250,32 @@ class ControlPlaneClient:
             await asyncio.sleep(poll_s)
 
 
+class _Blocking(Generic[P, T]):
+    """A coroutine method of `ControlPlaneClient`, as a blocking method of `SyncControlPlaneClient`
+    with the same parameters: the call runs on the sync client's own event loop."""
+
+    def __init__(self, method: Callable[Concatenate[ControlPlaneClient, P], Coroutine[Any, Any, T]]) -> None:
+        self._method = method
+
+    @overload
+    def __get__(self, obj: None, owner: type[SyncControlPlaneClient]) -> _Blocking[P, T]: ...
+
+    @overload
+    def __get__(self, obj: SyncControlPlaneClient, owner: type[SyncControlPlaneClient]) -> Callable[P, T]: ...
+
+    def __get__(self, obj: SyncControlPlaneClient | None,
+                owner: type[SyncControlPlaneClient]) -> _Blocking[P, T] | Callable[P, T]:
+        if obj is None:
+            return self
+        method, client = self._method, obj._client
+
+        @functools.wraps(types.MethodType(method, client))  # the async call's name, docstring and parameters
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return obj._run(method(client, *args, **kwargs))
+
+        return call
+
+
 class SyncControlPlaneClient:
     """The same calls, blocking: an event loop of its own on a daemon thread."""
 
@@ -261,11 +299,25 @@ class SyncControlPlaneClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._client, name)
-        if not asyncio.iscoroutinefunction(method):
-            raise AttributeError(name)
-        return lambda *args, **kwargs: self._run(method(*args, **kwargs))
+    # Every public call of the async client (tests/unit/test_client_sync.py holds the two lists equal).
+    state = _Blocking(ControlPlaneClient.state)
+    state_raw = _Blocking(ControlPlaneClient.state_raw)
+    workers = _Blocking(ControlPlaneClient.workers)
+    operations = _Blocking(ControlPlaneClient.operations)
+    pause = _Blocking(ControlPlaneClient.pause)
+    resume = _Blocking(ControlPlaneClient.resume)
+    update_weights = _Blocking(ControlPlaneClient.update_weights)
+    operation = _Blocking(ControlPlaneClient.operation)
+    wait_operation = _Blocking(ControlPlaneClient.wait_operation)
+    load_lora = _Blocking(ControlPlaneClient.load_lora)
+    unload_lora = _Blocking(ControlPlaneClient.unload_lora)
+    transfer_info = _Blocking(ControlPlaneClient.transfer_info)
+    transfer_init = _Blocking(ControlPlaneClient.transfer_init)
+    transfer_start = _Blocking(ControlPlaneClient.transfer_start)
+    transfer_update = _Blocking(ControlPlaneClient.transfer_update)
+    transfer_finish = _Blocking(ControlPlaneClient.transfer_finish)
+    transfer_shutdown = _Blocking(ControlPlaneClient.transfer_shutdown)
+    wait_converged = _Blocking(ControlPlaneClient.wait_converged)
 
 
 class ControllerWeightSyncClient:

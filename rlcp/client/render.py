@@ -144,7 +144,7 @@ def operations_table(ops: list[OperationResult]) -> Table:
     return table
 
 
-def workers_table(listing: dict) -> Table:
+def workers_table(listing: dict[str, Any]) -> Table:
     table = Table(title=f"namespace {listing.get('namespace')}, epoch {listing.get('membership_epoch')}",
                   title_justify="left")
     for col in ("instance_id", "flavor", "admin_url", "world_size", "version", "ready", "serving"):

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
+# The error shape as `ApiError.body` builds it: {"error": {"code", "message", "field"?, ...}}, where a
+# subclass adds its own keys to the inner object (a 409 `not_leader` names the leader, ...).
+ErrorJson = dict[str, dict[str, object]]
+
 
 class ApiError(Exception):
     status = 500
@@ -36,8 +40,8 @@ class ApiError(Exception):
         """Headers the answer carries besides the body (a 503's `Retry-After`, ...)."""
         return None
 
-    def body(self) -> dict:
-        detail: dict = {"code": self.code, "message": self.message}
+    def body(self) -> ErrorJson:
+        detail: dict[str, object] = {"code": self.code, "message": self.message}
         if self.field is not None:
             detail["field"] = self.field
         return {"error": detail}

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
 from rlcp.core import tracing
@@ -39,7 +40,7 @@ def error_response(exc: ApiError) -> web.Response:
 Translate = Callable[[Exception], ApiError | None]
 
 
-def make_error_middleware(max_body: int, *, translate: Translate | None = None) -> Any:
+def make_error_middleware(max_body: int, *, translate: Translate | None = None) -> Middleware:
     """`translate` maps a process's own domain errors to `ApiError`s (None: not one of them),
     so domain code raises what went wrong and only this edge knows the HTTP status."""
 
@@ -113,7 +114,7 @@ def presents_one_of(header: str, tokens: Collection[str]) -> bool:
 
 
 def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str],
-                         also_accepted: Collection[str] = ()) -> Any:
+                         also_accepted: Collection[str] = ()) -> Middleware:
     """`also_accepted`: further tokens that pass (the gateway takes the controller's admin
     token too, so a trainer's one API key serves both its inference and admin URLs)."""
     tokens = (token, *also_accepted)

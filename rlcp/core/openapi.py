@@ -23,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter
+from pydantic.json_schema import JsonSchemaMode
 
 from rlcp.core.errors import ErrorBody
 
@@ -39,7 +40,7 @@ SECURITY_SCHEMES = {
                   "description": "HTTP Basic with the token as the password (any user name), for clients that "
                                  "cannot set a header (vLLM's HTTP weight-sync client, through `~/.netrc`)."},
 }
-_SECURED = [{"bearerAuth": []}, {"basicAuth": []}]
+_SECURED: list[dict[str, list[str]]] = [{"bearerAuth": []}, {"basicAuth": []}]
 
 
 @dataclass(frozen=True)
@@ -159,15 +160,15 @@ def serve_document(app: web.Application, document: Mapping[str, Any]) -> None:
 
 
 # -- building ------------------------------------------------------------------------------
-_SchemaKey = tuple[str, str, Any]
+_SchemaKey = tuple[str, JsonSchemaMode, Any]  # (role, mode, the type a route names)
 
 
-def _schemas(routes: list[Route]) -> tuple[dict[Any, dict[str, Any]], dict[str, Any]]:
+def _schemas(routes: list[Route]) -> tuple[dict[_SchemaKey, dict[str, Any]], dict[str, Any]]:
     """One schema pass over every type the routes use: requests in validation mode,
     answers in serialization mode. Returns {(role, mode, type) -> schema} and the $defs."""
-    wanted: dict[Any, TypeAdapter[Any]] = {}
+    wanted: dict[_SchemaKey, TypeAdapter[Any]] = {}
 
-    def want(role: str, mode: str, tp: Any) -> None:
+    def want(role: str, mode: JsonSchemaMode, tp: Any) -> None:
         key = (role, mode, tp)
         if tp is not None and key not in wanted:
             wanted[key] = TypeAdapter(tp)
@@ -179,7 +180,7 @@ def _schemas(routes: list[Route]) -> tuple[dict[Any, dict[str, Any]], dict[str, 
         want("answer", "serialization", r.ok)
         for tp in r.answers.values():
             want("answer", "serialization", tp)
-    out, top = TypeAdapter.json_schemas([((k, k[1]), k[1], ta) for k, ta in wanted.items()],  # type: ignore[misc]
+    out, top = TypeAdapter.json_schemas([((k, k[1]), k[1], ta) for k, ta in wanted.items()],
                                         ref_template=_REF)
     return {k: out[((k, k[1]), k[1])] for k in wanted}, top.get("$defs", {})
 
@@ -216,7 +217,7 @@ def _error(status: int, schema: Mapping[str, Any]) -> dict[str, Any]:
             "content": {"application/json": {"schema": dict(schema)}}}
 
 
-def _operation(route: Route, schemas: Mapping[Any, dict[str, Any]], defs: Mapping[str, Any], *,
+def _operation(route: Route, schemas: Mapping[_SchemaKey, dict[str, Any]], defs: Mapping[str, Any], *,
                auth_reads: bool) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": route.summary,
                           "operationId": route.method.lower() + re.sub(r"\W+", "_", route.path).rstrip("_")}

@@ -43,5 +43,5 @@ def load_settings_with_yaml(cls: type[S], config: Path | None, **overrides: Any)
         return cls(**overrides)
     if not config.is_file():
         raise FileNotFoundError(f"config file not found: {config}")
-    configured = type(cls.__name__, (cls,), {"model_config": {**cls.model_config, "yaml_file": config}})
+    configured: type[S] = type(cls.__name__, (cls,), {"model_config": {**cls.model_config, "yaml_file": config}})
     return configured(**overrides)

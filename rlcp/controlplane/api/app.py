@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from rlcp.controlplane.api import facade, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
@@ -134,10 +135,14 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
 
 
 @web.middleware
-async def leader_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def leader_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Writes only on the leader, each cancelled the moment leadership is lost; reads anywhere."""
     if request.method in _READS or request.path in _OPEN_PATHS:
         return await handler(request)
     ctl = request.app[CONTROLLER]
     await ctl.ensure_leading()
-    return await ctl.leadership.run_as_leader(handler(request), name=f"{request.method} {request.path}")
+
+    async def handle() -> web.StreamResponse:  # a coroutine for the task, whatever awaitable the handler gives
+        return await handler(request)
+
+    return await ctl.leadership.run_as_leader(handle(), name=f"{request.method} {request.path}")

@@ -11,6 +11,7 @@ from rlcp.core.errors import (
     ApiError,
     BadRequestError,
     ConflictError,
+    ErrorJson,
     ForbiddenPathError,
     NotFoundError,
     ValidationFailedError,
@@ -26,7 +27,7 @@ class NotLeaderApiError(ConflictError):
         super().__init__(message)
         self.leader = leader
 
-    def body(self) -> dict:
+    def body(self) -> ErrorJson:
         body = super().body()
         body["error"]["leader"] = self.leader
         return body
@@ -41,7 +42,7 @@ class MissingCapabilityApiError(ConflictError):
         super().__init__(message)
         self.workers = workers
 
-    def body(self) -> dict:
+    def body(self) -> ErrorJson:
         body = super().body()
         body["error"]["workers"] = self.workers
         return body
@@ -57,7 +58,7 @@ class CheckpointUnavailableApiError(ValidationFailedError):
         super().__init__(message, field=field)
         self.workers = workers
 
-    def body(self) -> dict:
+    def body(self) -> ErrorJson:
         body = super().body()
         body["error"]["workers"] = self.workers
         return body

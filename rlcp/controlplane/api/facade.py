@@ -70,7 +70,7 @@ def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
     try:
         yield
     except (ApiError, ControlPlaneError) as exc:
-        if exc.field in names:
+        if exc.field is not None and exc.field in names:
             old, exc.field = exc.field, names[exc.field]
             if exc.message.startswith(f"{old}: "):
                 exc.message = f"{exc.field}: {exc.message[len(old) + 2:]}"
@@ -96,7 +96,7 @@ async def is_paused(request: web.Request) -> web.Response:
     return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
 
 
-def _vllm_answer(result: OperationResult, answer: dict) -> web.Response:
+def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Response:
     return operation_response(result) if result.status not in ("ok", "running") else json_response(answer)
 
 

@@ -8,6 +8,7 @@ some failed, 502 none ok (a broadcast step: any failed).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -23,7 +24,7 @@ from rlcp.controlplane.operations import lora, pause, weights
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
 from rlcp.core.http import json_response, parse_body, validate
-from rlcp.core.openapi import RouteTable
+from rlcp.core.openapi import Handler, RouteTable
 from rlcp.core.wire.agent import ProbeAnswer
 from rlcp.core.wire.controller import (
     EmptyRequest,
@@ -53,7 +54,8 @@ _NATIVE, _TRANSFER = "fleet", "weight transfer"
 
 
 def operation(method: str, path: str, summary: str, *, partial: dict[int, Any] = PARTIAL, ok: Any = OperationResult,
-              errors: tuple[int, ...] = (), tag: str = _NATIVE, table: RouteTable = api, **kw: Any) -> Any:
+              errors: tuple[int, ...] = (), tag: str = _NATIVE, table: RouteTable = api,
+              **kw: Any) -> Callable[[Handler], Handler]:
     """The declaration of a route that runs a fleet operation."""
     return table.route(method, path, summary, ok=ok, answers=partial, errors=(*WRITE_ERRORS, *errors), tag=tag,
                        **kw)

@@ -74,7 +74,7 @@ def parse_listing(body: Any, *, default_flavor: Flavor) -> list[WorkerSpec]:
     for index, entry in enumerate(entries):
         spec, reason = _parse_entry(entry, default_flavor)
         if spec is not None and spec.id in specs:
-            spec, reason = None, f"duplicate instance_id {spec.id!r}"
+            reason, spec = f"duplicate instance_id {spec.id!r}", None
         if spec is None:
             log.warning("listing_entry_skipped", index=index, entry=entry, reason=reason)
             continue

@@ -24,7 +24,7 @@ from the slice's own labels/annotations (mirrored from the Service), else 1.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -168,7 +168,7 @@ class EndpointSliceSource:
                 await asyncio.sleep(delay)
 
     # -- layer 2: list, then watch from its resourceVersion ------------------------------------------
-    async def _list_then_watch(self) -> AsyncIterator[list[WorkerSpec]]:
+    async def _list_then_watch(self) -> AsyncGenerator[list[WorkerSpec], None]:
         listed = await call(
             f"list EndpointSlices in {self._s.namespace} ({self._s.label_selector})",
             self._discovery.list_namespaced_endpoint_slice(self._s.namespace, label_selector=self._s.label_selector,
@@ -193,7 +193,7 @@ class EndpointSliceSource:
                         yield members
 
     # -- layer 3: one watch request -------------------------------------------------------------------
-    async def _stream(self, version: str) -> AsyncIterator[tuple[str, str, bool]]:
+    async def _stream(self, version: str) -> AsyncGenerator[tuple[str, str, bool], None]:
         """Yield (event type, resourceVersion to resume from, whether the slice map changed)
         until the server ends the stream. 410 raises `K8sGone`; other failures `K8sError`."""
         what = f"watch EndpointSlices in {self._s.namespace} from {version}"

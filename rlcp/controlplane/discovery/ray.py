@@ -126,7 +126,7 @@ def _actor_list(body: Any) -> list[Any]:
     data = body.get("data")
     inner = data.get("result") if isinstance(data, Mapping) else None
     actors = inner.get("result") if isinstance(inner, Mapping) else None
-    if not isinstance(actors, list):
+    if not isinstance(inner, Mapping) or not isinstance(actors, list):
         raise RayStateError("answer has no data.result.result list")
     # A partial list would remove members that are still there, so both of Ray's truncations are
     # failed polls: the GCS answering fewer actors than it has (`num_after_truncation < total`),

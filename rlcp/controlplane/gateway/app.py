@@ -16,7 +16,8 @@ rollout of a step, so as a session key it sent a whole step to one worker.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
@@ -28,7 +29,7 @@ from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, ValidationFailedError
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware, validate
-from rlcp.core.openapi import Route, RouteTable, build_document, openapi_route, serve_document
+from rlcp.core.openapi import Handler, Route, RouteTable, build_document, openapi_route, serve_document
 from rlcp.core.wire.agent import ProbeAnswer
 
 GATEWAY = web.AppKey("gateway", Gateway)
@@ -65,8 +66,11 @@ def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings
     return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
 
 
-def _header_number(request: web.Request, name: str, kind: type, low: float, high: float, *,
-                   exclusive_low: bool = False) -> Any:
+N = TypeVar("N", int, float)
+
+
+def _header_number(request: web.Request, name: str, kind: type[N], low: float, high: float, *,
+                   exclusive_low: bool = False) -> N | None:
     raw = request.headers.get(name)
     if raw is None:
         return None
@@ -91,7 +95,7 @@ async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
     return raw, validate(InferenceBody, data, strict=True)
 
 
-def _inference_route(path: str, summary: str) -> Any:
+def _inference_route(path: str, summary: str) -> Callable[[Handler], Handler]:
     return api.post(path, summary, body=InferenceBody, ok=dict[str, Any], errors=(502, 503), tag=_INFERENCE)
 
 

@@ -21,7 +21,7 @@ import asyncio
 import json
 import os
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import aiohttp
 from kubernetes_asyncio import client, config
@@ -70,7 +70,8 @@ async def make_api_client(settings: KubernetesApiSettings, *, user_agent: str) -
         configuration.host = settings.api_url.rstrip("/")
     elif in_cluster():
         # Reads two small files (token, CA); re-reads the token when it rotates.
-        config.load_incluster_config(client_configuration=configuration)
+        config.load_incluster_config(  # type: ignore[no-untyped-call]  # the library's config module has no annotations
+            client_configuration=configuration)
     else:
         # persist_config=False: a refreshed token is never written back into the user's file.
         await config.load_kube_config(config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
@@ -109,7 +110,7 @@ async def call(what: str, awaitable: Awaitable[T], *, timeout_s: float) -> T:
         raise translate(exc, what) from exc
 
 
-def _status_body(exc: ApiException) -> dict:
+def _status_body(exc: ApiException) -> dict[str, Any]:
     try:
         body = json.loads(exc.body) if exc.body else {}
     except (TypeError, ValueError):

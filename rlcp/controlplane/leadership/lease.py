@@ -46,8 +46,9 @@ def micro_time(dt: datetime) -> str:
 class LeaseRecord:
     holder: str | None
     duration_s: int
-    acquire_time: Any
-    renew_time: Any
+    # datetimes as the client reads them (a string where it cannot: no dateutil), None when unset
+    acquire_time: datetime | str | None
+    renew_time: datetime | str | None
     transitions: int
 
     @classmethod
@@ -143,7 +144,8 @@ class LeaseElector:
         except K8sNotFound:
             body = self._body(None, now, transitions=0, acquire_time=now)
             await call(f"create {self._what}", self._coord.create_namespaced_lease(
-                self._s.namespace, body, _request_timeout=timeout_s), timeout_s=timeout_s)
+                self._s.namespace, body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is
+                _request_timeout=timeout_s), timeout_s=timeout_s)
             self._saw(LeaseRecord(me, self._duration_s, now, now, 0), self._loop.time())
             self._renewed_at = started
             return "held"
@@ -161,7 +163,9 @@ class LeaseElector:
             transitions, acquire_time = record.transitions + (1 if record.holder else 0), now
         body = self._body(lease.metadata.resource_version, now, transitions=transitions, acquire_time=acquire_time)
         await call(f"update {self._what}", self._coord.replace_namespaced_lease(
-            self._s.lease_name, self._s.namespace, body, _request_timeout=timeout_s), timeout_s=timeout_s)
+            self._s.lease_name, self._s.namespace,
+            body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
+            _request_timeout=timeout_s), timeout_s=timeout_s)
         self._saw(LeaseRecord(me, self._duration_s, acquire_time, now, transitions), self._loop.time())
         self._renewed_at = started
         if record.holder != me:
@@ -181,8 +185,9 @@ class LeaseElector:
                 body = self._body(lease.metadata.resource_version, now, transitions=LeaseRecord.of(lease).transitions,
                                   acquire_time=now, holder=None, duration_s=1)
                 await call(f"release {self._what}", self._coord.replace_namespaced_lease(
-                    self._s.lease_name, self._s.namespace, body, _request_timeout=self._timeout_s),
-                    timeout_s=self._timeout_s)
+                    self._s.lease_name, self._s.namespace,
+                    body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
+                    _request_timeout=self._timeout_s), timeout_s=self._timeout_s)
                 self._log.info("lease_released")
         except (K8sError, TimeoutError) as exc:
             self._log.warning("lease_release_failed", reason=str(exc) or type(exc).__name__)
@@ -195,9 +200,11 @@ class LeaseElector:
     def _saw(self, record: LeaseRecord, at: float) -> None:
         self._observed, self._observed_at = record, at
 
-    def _body(self, resource_version: str | None, now: datetime, *, transitions: int, acquire_time: Any,
+    def _body(self, resource_version: str | None, now: datetime, *, transitions: int, acquire_time: datetime | str,
               holder: str | None | Literal[False] = False, duration_s: int | None = None) -> dict[str, Any]:
-        # A plain dict, not a V1Lease: the model would serialise times with isoformat().
+        # A plain dict, not a V1Lease: the model would serialise times with isoformat(), which is not the
+        # MicroTime the API server reads (no fraction at .0). The client's stubs name only the model as a
+        # body, while its ApiClient sends a dict as it is: hence the `type: ignore`s where bodies are sent.
         metadata: dict[str, Any] = {"name": self._s.lease_name, "namespace": self._s.namespace}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version  # the optimistic-concurrency guard

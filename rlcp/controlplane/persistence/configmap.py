@@ -15,8 +15,6 @@ fails loudly; it never writes as a follower. Missing ConfigMap: created on the f
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 from kubernetes_asyncio import client
 from pydantic import ValidationError
@@ -100,9 +98,8 @@ class ConfigMapStore:
             self.name, self.namespace, self._body(document, self._version), _request_timeout=self._timeout_s),
             timeout_s=self._timeout_s)
 
-    def _body(self, document: str, version: str | None) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace,
-                                    "labels": {"app.kubernetes.io/managed-by": "rl-controlplane"}}
-        if version is not None:
-            metadata["resourceVersion"] = version
-        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {DATA_KEY: document}}
+    def _body(self, document: str, version: str | None) -> client.V1ConfigMap:
+        # resourceVersion (the optimistic-concurrency guard) is left out when None, as every unset field.
+        metadata = client.V1ObjectMeta(name=self.name, namespace=self.namespace, resource_version=version,
+                                       labels={"app.kubernetes.io/managed-by": "rl-controlplane"})
+        return client.V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=metadata, data={DATA_KEY: document})

@@ -10,8 +10,8 @@ the pass stop between actions), and a loss of leadership cancels a pass halfway.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import structlog
 
@@ -24,6 +24,7 @@ from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.reconcile.plan import Action, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
+from rlcp.controlplane.workers.capabilities import Control, DesiredVersion, DiskWeights, Driver, Lora
 from rlcp.controlplane.workers.fanout import FanOut
 
 log = structlog.get_logger("rlcp.controlplane.reconcile")
@@ -73,7 +74,7 @@ class Reconciler:
             for action in self.plan_for(rec):
                 if self.gate.api_waiting:
                     return  # an API operation is waiting: finish later
-                outcome = await self.fanout.call(rec.driver, lambda d, a=action: self._act(d, a),
+                outcome = await self.fanout.call(rec.driver, functools.partial(self._act, action=action),
                                                  phase=f"reconcile:{action.kind}",
                                                  deadline_s=self.deadlines.reconcile_action(action.kind))
                 self.registry.record_result(outcome.result)
@@ -87,22 +88,26 @@ class Reconciler:
             log.info("worker_reconciled", version=self.desired.state.weight_version)
             await self._refresh([rec])
 
-    async def _act(self, d: Any, action: Action) -> None:
-        """`d` is a driver; the plan only asks one for what its capabilities allow."""
+    async def _act(self, d: Driver, action: Action) -> None:
+        """The plan only asks a driver for what its capabilities allow; one that lacks the
+        capability an action needs fails that action (naming both) instead of being called."""
         a = action.args
-        match action.kind:
-            case "set_desired":
+        match action.kind, d:
+            case "set_desired", DesiredVersion():
                 await d.set_desired_version(a["version"])
-            case "update_weights":
+            case "update_weights", DiskWeights():
                 await d.update_weights_from_disk(a["path"], a["version"])
-            case "load_lora":
+            case "load_lora", Lora():
                 await d.load_lora(a["name"], a["path"], a["version"])
-            case "unload_lora":
+            case "unload_lora", Lora():
                 await d.unload_lora(a["name"])
-            case "pause":
+            case "pause", Control():
                 await d.pause(a["mode"], self.deadlines.pause())
-            case "resume":
+            case "resume", Control():
                 await d.resume()
+            case _:
+                raise TypeError(f"a {type(d).__name__} cannot {action.kind}: the plan asked for a capability "
+                                "it lacks")
 
 
 async def run_reconciler(*, reconciler: Reconciler, desired: DesiredKeeper, leadership: Leadership,

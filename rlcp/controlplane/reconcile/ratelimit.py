@@ -24,7 +24,7 @@ class WorkerRateLimiter:
     def when(self, worker_id: str) -> float:
         """Record a failure; returns how long the worker is left alone."""
         n = self._failures[worker_id] = self._failures.get(worker_id, 0) + 1
-        delay = min(self._max_s, self._initial_s * 2 ** (n - 1)) * self._jitter()
+        delay = min(self._max_s, self._initial_s * 2.0 ** (n - 1)) * self._jitter()
         self._not_before[worker_id] = self._clock() + delay
         return delay
 

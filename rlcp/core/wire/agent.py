@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,7 +35,7 @@ def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
                       separators=(",", ":"))
 
 
-def version_mismatch_body(expected: str, served: str | None) -> dict:
+def version_mismatch_body(expected: str, served: str | None) -> dict[str, dict[str, str]]:
     return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
                       "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
 OperationKind = Literal[
@@ -105,11 +105,11 @@ class UpdateWeightVersionRequest(_Body):
 
 
 class InitWeightTransferRequest(_Body):
-    init_info: dict = Field(description="Backend-specific init info (vLLM's WeightTransferInitRequest).")
+    init_info: dict[str, Any] = Field(description="Backend-specific init info (vLLM's WeightTransferInitRequest).")
 
 
 class UpdateWeightsRequest(_Body):
-    update_info: dict | list[dict] = Field(
+    update_info: dict[str, Any] | list[dict[str, Any]] = Field(
         description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
 
 

@@ -8,7 +8,7 @@ fields, so a typo is a 422 naming the field before any worker is touched.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -115,13 +115,14 @@ class LoraRequest(_Body):
 
 
 class TransferInitRequest(_Body):
-    init_info: dict = Field(description="The trainer's init info for the workers (vLLM's WeightTransferInitRequest). "
-                                        "`world_size` must be 1 + the fleet's inference ranks; the controller sets "
-                                        "each worker's `rank_offset`.")
+    init_info: dict[str, Any] = Field(description="The trainer's init info for the workers (vLLM's "
+                                                  "WeightTransferInitRequest). `world_size` must be 1 + the fleet's "
+                                                  "inference ranks; the controller sets each worker's `rank_offset`.")
 
 
 class TransferUpdateRequest(_Body):
-    update_info: dict | list[dict] = Field(description="One update chunk (or a list), passed to every worker.")
+    update_info: dict[str, Any] | list[dict[str, Any]] = Field(
+        description="One update chunk (or a list), passed to every worker.")
 
 
 class TransferFinishRequest(_Body):
@@ -208,7 +209,7 @@ class OperationResult(BaseModel):
     finished_at: datetime | None = None
     duration_s: float | None = None
     membership_epoch: int
-    detail: dict = Field(default_factory=dict, description="Kind-specific: version, mode, ...")
+    detail: dict[str, Any] = Field(default_factory=dict, description="Kind-specific: version, mode, ...")
     results: list[WorkerResult] = Field(default_factory=list, description="Per worker, the last step it reached.")
     progress: RollProgress | None = Field(None, description="A weight update's waves.")
     bubble: BubbleReport | None = Field(None, description="A weight update's out-of-service time and capacity.")
