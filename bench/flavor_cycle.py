@@ -32,6 +32,7 @@ from bench.common import median, quiet_logs, table, write_json
 from rlcp.controlplane.api.app import build_app
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
 from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
+from rlcp.harness.tiny_model import agent_engine
 
 AGENT_TOKEN = "bench-agent-token"
 # A fleet: (worker specs for the controller, the processes behind them, the workers' admin token).
@@ -42,9 +43,7 @@ def agent_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
     def config(i: int) -> dict[str, Any]:
         return {"agent_id": f"agent-{i}", "allowed_roots": [str(models["base"].parent)], "log_format": "json",
                 "log_level": "warning",
-                "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny",
-                           "dtype": "float32", "max_model_len": 1024, "gpu_memory_utilization": 0.2,
-                           "enforce_eager": True, "enable_lora": True, "max_lora_rank": 8, "max_loras": 2}}
+                "engine": agent_engine(models["base"])}
 
     procs = [AgentProcess(config(i), workdir / f"agent-{i}", name=f"agent-{i}", token=AGENT_TOKEN,
                           start_timeout_s=300) for i in range(2)]

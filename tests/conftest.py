@@ -1,6 +1,8 @@
-"""Fixtures shared by every part of the suite: the tiny models, the real vLLM agents (one engine
-each, shared by the session: start-up costs ~30 s), and an HTTP session. The helpers behind
-them live in the `harness` package, which the benchmarks and the local demo use too."""
+"""Fixtures more than one folder uses: the tiny models, the real vLLM agents (one engine each,
+shared by the session: start-up costs ~30 s, so they are defined once, here, and not per folder),
+a module's reference outputs, and an HTTP session. What one folder's files share is in that
+folder's conftest.py. The helpers behind them live in the `harness` package, which the
+benchmarks and the local demo use too."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import aiohttp
 import pytest
 
 from rlcp.harness.processes import AgentProcess
+from rlcp.harness.tiny_model import agent_engine
 
 
 @pytest.fixture(scope="session")
@@ -25,12 +28,9 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
         "agent_id": "vllm-0",
         "allowed_roots": [str(models["base"].parent)],
         "log_format": "json",
-        "engine": {"kind": "vllm", "model": str(models["base"]), "served_model_name": "tiny", "dtype": "float32",
-                   "max_model_len": 1024, "gpu_memory_utilization": 0.2, "enforce_eager": True,
-                   "enable_lora": True, "max_lora_rank": 8, "max_loras": 2,
-                   # This project's CPU weight-transfer backend (rlcp/agent/weight_transfer), so
-                   # the broadcast path runs end to end on these engines.
-                   "extra_engine_args": {"weight_transfer_config": {"backend": "gloo"}}},
+        # This project's CPU weight-transfer backend (rlcp/agent/weight_transfer), so the
+        # broadcast path runs end to end on these engines.
+        "engine": agent_engine(models["base"], extra_engine_args={"weight_transfer_config": {"backend": "gloo"}}),
     }
 
 
@@ -49,6 +49,13 @@ def vllm_agent_b(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPath
     agent = AgentProcess(config, tmp_path_factory.mktemp("vllm-agent-b")).start()
     yield agent
     agent.stop()
+
+
+@pytest.fixture(scope="module")
+def references() -> dict:
+    """Reference outputs a module's tests compute once (greedy tokens of each weight set) and
+    share: empty at the module's first test."""
+    return {}
 
 
 @pytest.fixture

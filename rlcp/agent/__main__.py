@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
-
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,24 +15,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from rlcp.agent.settings import load_settings
-    from rlcp.core.logs import configure_logging
+    from rlcp.core.entry import settings_or_exit, stop_on_signals
 
-    try:
-        settings = load_settings(args.config)
-        settings.admin.resolved_token()
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"rl-agent: bad settings: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_or_exit(parser, lambda: load_settings(args.config), check=lambda s: s.admin.resolved_token())
 
     from rlcp.agent.runner import run_agent
 
     async def _run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run_agent(settings, stop, ports_file=args.ports_file)
+        await run_agent(settings, stop_on_signals(), ports_file=args.ports_file)
 
     asyncio.run(_run())
     return 0

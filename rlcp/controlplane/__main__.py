@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
-
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,16 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from rlcp.controlplane.settings import load_settings
-    from rlcp.core.logs import configure_logging
+    from rlcp.core.entry import settings_or_exit, stop_on_signals
 
-    try:
-        settings = load_settings(args.config)
-        token = settings.api.resolved_token()
-        settings.workers.resolved_token()
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"rl-controlplane: bad settings: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format, settings.log_level)
+    settings = settings_or_exit(parser, lambda: load_settings(args.config),
+                                check=lambda s: (s.api.resolved_token(), s.workers.resolved_token()))
+    token = settings.api.resolved_token()
 
     import structlog
     from aiohttp import web
@@ -41,13 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     from rlcp.controlplane.api.app import build_app
     from rlcp.controlplane.front.daemon import CoreStartFailed, serve, write_port_file
     from rlcp.core.heap import settle
-
-    def stop_on_signals() -> asyncio.Event:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        return stop
 
     async def core() -> int:
         stop = stop_on_signals()

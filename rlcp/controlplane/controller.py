@@ -72,7 +72,7 @@ class Controller:
         self.registry = FleetRegistry(make_driver=self._make_driver, changes=self.changes)
         self.desired = DesiredKeeper(store=store, changes=self.changes, on_saved=lambda d: self.metrics.desired_version
                                      .info({"version": d.weight_version or ""}))
-        self.gate = OperationGate()
+        self.gate = OperationGate(wait_for_reconciler_s=settings.reconcile.yield_timeout_s)
         self.fanout = FanOut(w.max_concurrency)
         self.log = OperationLog(changes=self.changes, metrics=self.metrics)
         self.detached = Detached()  # operations whose callers did not wait

@@ -2,8 +2,8 @@
 
 Two layers of deadline meet on each call: the engine's own (an agent bounds a pause by the
 `timeout_s` it is sent) and ours on the call (fan-out cancels it). Ours is the engine's plus
-`GRACE_S`, so the worker's own answer ("did not quiesce within 5s", naming what it waited
-for) arrives before our deadline fires and says less ("did not answer").
+a grace (`workers.deadline_grace_s`), so the worker's own answer ("did not quiesce within 5s",
+naming what it waited for) arrives before our deadline fires and says less ("did not answer").
 """
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ from dataclasses import dataclass
 
 from rlcp.controlplane.settings import ControllerSettings
 
-GRACE_S = 5.0  # our call deadline over the engine's own, so its answer comes first
-
 
 @dataclass(frozen=True, kw_only=True)
 class DriverDeadlines:
     """What a driver needs to bound its own calls."""
 
     weight_load_s: float  # a disk load, an adapter load, hashing every parameter
-    grace_s: float = GRACE_S
+    grace_s: float  # our call deadline over the engine's own, so its answer comes first
 
     @property
     def load_and_hash_s(self) -> float:
@@ -37,18 +35,19 @@ class Deadlines:
     weight_load_s: float  # default time for one disk load
     transfer_init_s: float  # every worker joining the trainer's group
     transfer_chunk_s: float  # start, one chunk, finish
-    checkpoint_wait_s: float = 10.0  # a checkpoint not on the workers yet: how long to look again
+    checkpoint_wait_s: float  # a checkpoint not on the workers yet: how long to look again
+    grace_s: float  # our call deadline over the engine's own, so its answer comes first
 
     @classmethod
     def from_settings(cls, settings: ControllerSettings) -> Deadlines:
         w, t = settings.workers, settings.weight_transfer
         return cls(call_s=w.timeout_s, pause_s=w.pause_timeout_s, weight_load_s=w.weight_load_timeout_s,
                    transfer_init_s=t.init_timeout_s, transfer_chunk_s=t.chunk_timeout_s,
-                   checkpoint_wait_s=w.checkpoint_wait_s)
+                   checkpoint_wait_s=w.checkpoint_wait_s, grace_s=w.deadline_grace_s)
 
     @property
     def driver(self) -> DriverDeadlines:
-        return DriverDeadlines(weight_load_s=self.weight_load_s)
+        return DriverDeadlines(weight_load_s=self.weight_load_s, grace_s=self.grace_s)
 
     @property
     def control_s(self) -> float:
@@ -80,10 +79,9 @@ class Deadlines:
         load_s = self.load(requested_s)
         return self.call_over(load_s) + (min(load_s, self.checksums_s) if checksums else 0.0)
 
-    @staticmethod
-    def call_over(engine_s: float) -> float:
+    def call_over(self, engine_s: float) -> float:
         """Our deadline on a call the engine bounds by `engine_s` itself."""
-        return engine_s + GRACE_S
+        return engine_s + self.grace_s
 
     def reconcile_action(self, kind: str) -> float:
         """A reconciler step: the engine's bound plus one short call."""

@@ -35,6 +35,10 @@ class ApiSettings(Section):
                                    "update with wait: true lasts as long as the update), in seconds.")
     front_stale_s: float = Field(30.0, gt=0, description="The front's /healthz fails once the controller behind "
                                  "it has not answered a state read for this long, in seconds.")
+    core_start_timeout_s: float = Field(120.0, gt=0, description="How long the front waits for the controller "
+                                        "behind it to serve before giving up, in seconds.")
+    core_stop_timeout_s: float = Field(30.0, gt=0, description="How long the front waits for the controller behind "
+                                       "it to stop after SIGTERM before killing it, in seconds.")
 
     def resolved_token(self) -> str:
         token = read_token(self.token, self.token_file)
@@ -190,6 +194,9 @@ class WorkerCallSettings(Section):
     checkpoint_wait_s: float = Field(
         10.0, ge=0, description="How long a disk update waits, before pausing anyone, for its checkpoint to be "
         "there on the workers (shared storage that shows files a moment late), in seconds; checked every 0.25 s.")
+    deadline_grace_s: float = Field(5.0, gt=0, description="Our deadline on a call the engine bounds itself (a "
+                                    "pause, a load) is the engine's plus this, so the worker's own answer, naming "
+                                    "what it waited for, comes first; in seconds.")
 
     def resolved_token(self) -> str | None:
         return read_token(self.token, self.token_file)
@@ -203,6 +210,8 @@ class ReconcileSettings(Section):
     interval_s: float = Field(1.0, gt=0, description="How often the reconciler looks for work, in seconds.")
     backoff_initial_s: float = Field(1.0, gt=0, description="First retry delay of a failing worker, in seconds.")
     backoff_max_s: float = Field(30.0, gt=0, description="Longest retry delay, in seconds.")
+    yield_timeout_s: float = Field(120.0, gt=0, description="How long an API operation waits for the reconciler "
+                                   "to yield (it stops between actions) before answering 409, in seconds.")
 
 
 class WeightTransferSettings(Section):

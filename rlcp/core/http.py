@@ -25,6 +25,10 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Not forwarded by a proxy, either way: the hop-by-hop headers (RFC 9110 §7.6.1), plus what the
+# client library sets itself for the next hop (Host, Content-Length). The front and the gateway.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host", "content-length"})
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:

@@ -19,6 +19,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from importlib import metadata
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +31,10 @@ from rlcp.core.errors import ErrorBody
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 OPENAPI_PATH = "/openapi.json"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+try:  # every document's `info.version`: the installed package's
+    API_VERSION = metadata.version("rl-controlplane")
+except metadata.PackageNotFoundError:  # a source tree on sys.path, never installed
+    API_VERSION = "0+unknown"
 _REF = "#/components/schemas/{model}"
 _PARAM = re.compile(r"{(\w+)}")
 
@@ -70,6 +75,12 @@ class Route:
 
     def needs_token(self, *, auth_reads: bool) -> bool:
         return self.method in MUTATING or (auth_reads and not self.probe)
+
+
+def open_paths(routes: Iterable[Route]) -> frozenset[str]:
+    """The paths the auth middleware (`rlcp.core.http`) lets through without the token even with
+    `auth_reads`: the probes and this document."""
+    return frozenset(r.path for r in routes if r.probe)
 
 
 def openapi_route(summary: str = "This document.") -> Route:
@@ -122,8 +133,8 @@ class RouteTable:
                 app.router.add_route(route.method, route.path, route.handler)
 
 
-def build_document(routes: Iterable[Route], *, title: str, version: str, description: str,
-                   auth_reads: bool) -> dict[str, Any]:
+def build_document(routes: Iterable[Route], *, title: str, description: str, auth_reads: bool,
+                   version: str = API_VERSION) -> dict[str, Any]:
     routes = list(routes)
     keys = [r.key for r in routes]
     if len(set(keys)) != len(keys):

@@ -33,7 +33,7 @@ def controller_settings(tmp_path: Path, specs: list[dict], **overrides: Any) -> 
     base = dict(
         api={"token": CTL_TOKEN}, gateway={"port": 0}, discovery={"kind": "static", "static": specs},
         workers={"token": AGENT_TOKEN, "timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-                 "weight_load_timeout_s": 10, "checkpoint_wait_s": 1},
+                 "weight_load_timeout_s": 10, "checkpoint_wait_s": 1, "deadline_grace_s": 1},
         reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         store={"kind": "file", "path": str(tmp_path / "state" / "desired.json")},
         allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcp.harness.processes import REPO, ChildProcess, ProcessError, child_env
+from rlcp.harness.tiny_model import ENGINE_ARGS
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -163,7 +164,7 @@ def _engine(model: str) -> Any:
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    args = AsyncEngineArgs(model=model, dtype="float32", max_model_len=1024, enforce_eager=True)
+    args = AsyncEngineArgs(model=model, **ENGINE_ARGS)
     return AsyncLLM.from_engine_args(args, usage_context=UsageContext.ENGINE_CONTEXT)
 
 

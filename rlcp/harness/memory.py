@@ -146,7 +146,7 @@ class MemoryFleet:
         calls operations on it and drives `refresh` / `reconciler.reconcile_once` itself."""
         base: dict[str, Any] = dict(
             workers={"timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-                     "weight_load_timeout_s": 10, "checkpoint_wait_s": 1},
+                     "weight_load_timeout_s": 10, "checkpoint_wait_s": 1, "deadline_grace_s": 1},
             reconcile={"backoff_initial_s": 0.05, "backoff_max_s": 0.2},
             store={"kind": "memory"}, allowed_roots=[str(tmp_path)], log_format="console", log_level="warning",
             gateway={"enabled": False})

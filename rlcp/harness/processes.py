@@ -23,6 +23,8 @@ from typing import Any, ClassVar
 
 import yaml
 
+from rlcp.harness.tiny_model import serve_flags
+
 REPO = Path(__file__).resolve().parents[2]
 # pydantic-settings ranks the environment above the YAML file: settings left exported by a shell
 # would override the child's config (a stale token makes every admin call a 401).
@@ -314,9 +316,7 @@ class VllmServeProcess(ChildProcess):
 
     def argv(self) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-                "--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
-                "--host", "127.0.0.1", "--port", str(self.port), "--enable-lora", "--max-lora-rank", "8",
-                "--max-loras", "2", *self.extra_args]
+                *serve_flags(), "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]
 
     def spawn(self) -> VllmServeProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -32,6 +33,28 @@ _CHAT_TEMPLATE = (
 # The CPU attention backend needs a head_dim of at least 32: hidden 64 over 2 heads.
 _DEFAULT_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1)
+MAX_POSITIONS = 1024  # the model's context limit, which the engines serve it at
+
+# How vLLM serves the tiny model, wherever it runs (the test agents, `vllm serve`, the Dynamo
+# worker, the local fleet, the benchmarks): engine arguments by their Python names.
+SERVED_NAME = "tiny"
+ENGINE_ARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": MAX_POSITIONS, "enforce_eager": True}
+LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
+
+
+def agent_engine(model: Path, **overrides: Any) -> dict[str, Any]:
+    """An agent's `engine` settings section serving the tiny model at `model`, adapters on."""
+    return {"kind": "vllm", "model": str(model), "served_model_name": SERVED_NAME, "gpu_memory_utilization": 0.2,
+            **ENGINE_ARGS, **LORA_ARGS, **overrides}
+
+
+def serve_flags() -> list[str]:
+    """The same engine as `vllm serve` flags (after `--model`)."""
+    flags = ["--served-model-name", SERVED_NAME]
+    for name, value in {**ENGINE_ARGS, **LORA_ARGS}.items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
 
 
 def make_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
@@ -53,7 +76,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     fast.save_pretrained(out_dir)
 
 
-def make_weights(out_dir: Path, seed: int, *, vocab_size: int, max_positions: int = 1024,
+def make_weights(out_dir: Path, seed: int, *, vocab_size: int, max_positions: int = MAX_POSITIONS,
                  shape: dict | None = None) -> None:
     """Save a randomly initialised Llama (config + safetensors) made with `seed`."""
     import torch

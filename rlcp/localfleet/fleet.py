@@ -33,6 +33,7 @@ import aiohttp
 from rlcp.client.cli import count_or_percent
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
 from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, stop_all
+from rlcp.harness.tiny_model import agent_engine
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
            "Weights move from the trainer", "Pause, update, verify and resume"]
@@ -214,9 +215,7 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
     engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
                "sim_token_interval_s": args.sim_token_s} if base is None else
-              {"kind": "vllm", "model": str(base), "served_model_name": "tiny", "dtype": "float32",
-               "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
-               "enable_lora": True, "max_lora_rank": 8, "max_loras": 2})
+              agent_engine(base))
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
-import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.http import call
@@ -15,15 +14,9 @@ from rlcp.harness.simfleet import TOKEN, SimAgent
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-@pytest.fixture
-async def agent(tmp_path):
-    a = await SimAgent("s0", [tmp_path]).start()
-    a.service.timeouts.weight_load_s = 0.3
-    yield a
-    await a.stop()
-
-
-async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(agent, tmp_path):
+async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(sim_agent, tmp_path):
+    agent = sim_agent
+    agent.service.timeouts.weight_load_s = 0.3  # what the hung load costs this test
     ckpt = write_checkpoint(tmp_path / "c", 1)
     agent.engine.hang_next("load_weights_from_disk")
     async with aiohttp.ClientSession() as http:
@@ -42,7 +35,8 @@ async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(agent, tm
         assert status == 200 and agent.service.state().ready
 
 
-async def test_engine_failure_is_a_502_naming_the_step(agent, tmp_path):
+async def test_engine_failure_is_a_502_naming_the_step(sim_agent, tmp_path):
+    agent = sim_agent
     agent.engine.fail_next("pause", "scheduler exploded")
     async with aiohttp.ClientSession() as http:
         status, body = await call(http, "POST", agent.url + "/pause?mode=keep", headers=AUTH)
@@ -51,7 +45,8 @@ async def test_engine_failure_is_a_502_naming_the_step(agent, tmp_path):
         assert agent.service.paused is False  # the engine says it did not pause
 
 
-async def test_dead_engine_fails_health_and_refuses_operations(agent):
+async def test_dead_engine_fails_health_and_refuses_operations(sim_agent):
+    agent = sim_agent
     agent.engine.kill()
     async with aiohttp.ClientSession() as http:
         assert (await call(http, "GET", agent.url + "/healthz"))[0] == 503

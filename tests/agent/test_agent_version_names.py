@@ -5,8 +5,6 @@ and `GET /v1/agent/state` keeps answering (a stored lone surrogate once made it 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import aiohttp
 import pytest
 
@@ -20,14 +18,6 @@ BAD_NAMES = ["v\u0001x", "v\x00", "v\x1f", "v\x7f", "v5\n", "\tv", "a b", "", " 
              "v\u00e9"]
 
 
-@pytest.fixture
-async def agent(tmp_path: Path):
-    agent = await SimAgent("a0", [tmp_path]).start()
-    async with aiohttp.ClientSession() as http:
-        yield agent, http
-    await agent.stop()
-
-
 async def snapshot(http: aiohttp.ClientSession, agent: SimAgent) -> dict:
     status, st = await call(http, "GET", agent.url + "/v1/agent/state")
     assert status == 200, st
@@ -35,8 +25,8 @@ async def snapshot(http: aiohttp.ClientSession, agent: SimAgent) -> dict:
         "operations": [op["id"] for op in st["last_operations"]]}
 
 
-async def test_a_bad_version_name_is_a_422_naming_the_field_and_changes_nothing(agent, tmp_path):
-    agent, http = agent
+async def test_a_bad_version_name_is_a_422_naming_the_field_and_changes_nothing(sim_agent, http, tmp_path):
+    agent = sim_agent
     ckpt, adapter = write_checkpoint(tmp_path / "ckpt", 1), write_adapter(tmp_path / "adapter")
     routes = [
         ("PUT", "/v1/agent/desired", lambda v: {"weight_version": v}, "weight_version"),

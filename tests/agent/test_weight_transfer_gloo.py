@@ -153,11 +153,6 @@ async def _load_from_disk(http, agent: AgentProcess, path: Path, version: str) -
     return await _complete(http, agent)
 
 
-@pytest.fixture(scope="module")
-def references() -> dict[str, list[int]]:
-    return {}
-
-
 @pytest.fixture
 async def disk_refs(http, vllm_agent, tiny_models, references) -> dict[str, list[int]]:
     """Greedy tokens of weights-1 and weights-2 loaded from disk; leaves the agent on weights-1."""

@@ -18,6 +18,7 @@ from aioresponses import CallbackResult, aioresponses
 from yarl import URL
 
 from rlcp.controlplane.deadlines import DriverDeadlines
+from rlcp.controlplane.settings import WorkerCallSettings
 from rlcp.controlplane.workers.capabilities import LoadReport, capabilities
 from rlcp.controlplane.workers.flavors.agent import AgentDriver
 from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver
@@ -35,6 +36,7 @@ from rlcp.core.wire.agent import RequestCounts
 
 BASE = "http://w0:8101"
 POLICY = CallPolicy(timeout_s=0.5, attempts=3, backoff_initial_s=0.001, backoff_max_s=0.002)
+GRACE_S = WorkerCallSettings().deadline_grace_s  # the default
 
 
 class _Response(aiohttp.ClientResponse):
@@ -65,7 +67,7 @@ def wire():
 def make(flavor: str, session: aiohttp.ClientSession, **options: Any):
     spec = WorkerSpec(id="w0", admin_url=BASE, flavor=flavor)
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
-    return make_driver(spec, transport, DriverDeadlines(weight_load_s=options.get("weight_load_timeout_s", 600.0)))
+    return make_driver(spec, transport, DriverDeadlines(weight_load_s=options.get("weight_load_timeout_s", 600.0), grace_s=GRACE_S))
 
 
 def sent(m: aioresponses) -> list[tuple[str, str, Any]]:
@@ -93,7 +95,7 @@ async def test_factory_names_the_available_flavors(session):
     spec = WorkerSpec(id="w0", admin_url=BASE).model_copy(update={"flavor": "sglang"})  # copy skips validation
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token=None, policy=POLICY)
     with pytest.raises(ValueError, match=r"'sglang'.*\['agent', 'dynamo', 'vllm'\]"):
-        make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0))
+        make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0, grace_s=GRACE_S))
 
 
 # -- agent ---------------------------------------------------------------------------------
@@ -418,7 +420,7 @@ async def test_dynamo_takes_the_disk_update_steps_as_separate_calls_that_answer_
 def dynamo_with_routes(session, routes):
     spec = WorkerSpec(id="w0", admin_url=BASE, flavor="dynamo", routes=routes)
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
-    return make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0))
+    return make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0, grace_s=GRACE_S))
 
 
 async def test_dynamo_capabilities_follow_the_published_routes(session, wire):
@@ -436,5 +438,5 @@ async def test_dynamo_has_no_broadcast_to_call(session, wire):
                                        "destroy_weights_update_group", "pause_generation", "resume_generation"))
     assert capabilities(api) == {"control"}  # Dynamo's group routes call engine RPCs vLLM lacks
     for name in ("init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"):
-        assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/unit/test_operations_memory.py)
+        assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/controller/test_operations_memory.py)
     assert sent(wire) == []

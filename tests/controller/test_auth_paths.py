@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,9 @@ from rlcp.controlplane.settings import load_settings as load_controller_settings
 from rlcp.core.openapi import MUTATING, OPENAPI_PATH
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, start_controller
-from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
+from rlcp.harness.simfleet import TOKEN, start_fleet
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import SimFleet
 
 REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
 
@@ -129,20 +129,16 @@ class Agent:
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Ctl, list[SimAgent]]]:
-    agents = await start_fleet(2, [tmp_path])
-    ctl = await start_controller(tmp_path, agents)
-    # The reconciler's first pass tells every worker the desired version; the tests start after it.
+async def settled_fleet(sim_fleet: SimFleet) -> SimFleet:
+    """`sim_fleet` once the reconciler's first pass has told every worker the desired version."""
+    ctl = sim_fleet.ctl
     await wait_for(lambda: not any(ctl.ctl.reconciler.needs_work(r) for r in ctl.ctl.members()), what="settled")
-    yield ctl, agents
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
+    return sim_fleet
 
 
 # -- tokens on every secured route, from the documents --------------------------------------------------
-async def test_every_secured_controller_route_refuses_a_bad_token_and_touches_no_worker(fleet):
-    ctl, agents = fleet
+async def test_every_secured_controller_route_refuses_a_bad_token_and_touches_no_worker(settled_fleet):
+    ctl, agents = settled_fleet
     secured = [(m, p) for m, p, s in operations(controller_document(auth_reads=False)) if s]
     assert {m for m, _ in secured} == {"POST", "DELETE"} and len(secured) >= 20
     before = [list(a.touched) for a in agents]
@@ -168,8 +164,8 @@ async def test_every_secured_agent_route_refuses_a_bad_token_and_touches_no_engi
         await agent.stop()
 
 
-async def test_the_right_token_works_as_bearer_and_as_basic_password(fleet):
-    ctl, agents = fleet
+async def test_the_right_token_works_as_bearer_and_as_basic_password(settled_fleet):
+    ctl, agents = settled_fleet
     for headers in ({"Authorization": f"Bearer {CTL_TOKEN}"}, {"Authorization": basic("anyone", CTL_TOKEN)},
                     {"Authorization": basic("", CTL_TOKEN)}, {"Authorization": f"bearer {CTL_TOKEN}"}):
         status, body = await send(ctl.client, "POST", "/v1/rl/pause", headers)
@@ -304,8 +300,8 @@ def test_a_missing_or_empty_token_stops_start_up(tmp_path):
 
 
 # -- no token in any log line --------------------------------------------------------------------------
-async def test_no_token_in_any_log_line_over_a_full_cycle(fleet, tmp_path, capfd):
-    ctl, agents = fleet
+async def test_no_token_in_any_log_line_over_a_full_cycle(settled_fleet, tmp_path, capfd):
+    ctl, agents = settled_fleet
     ckpt, adapter = write_checkpoint(tmp_path / "ckpt", 1), write_adapter(tmp_path / "ad")
     bearer = {"Authorization": f"Bearer {CTL_TOKEN}"}
     as_basic = {"Authorization": basic("trainer", CTL_TOKEN)}
@@ -364,8 +360,8 @@ def controller_path_requests(path: str) -> list[tuple[str, str, dict, str]]:
     ]
 
 
-async def test_controller_refuses_bad_paths_with_403_before_any_worker(fleet, tmp_path):
-    ctl, agents = fleet
+async def test_controller_refuses_bad_paths_with_403_before_any_worker(settled_fleet, tmp_path):
+    ctl, agents = settled_fleet
     before = [list(a.touched) for a in agents]
     for name, path in bad_paths(tmp_path).items():
         for method, route, body, field in controller_path_requests(path):
@@ -377,8 +373,8 @@ async def test_controller_refuses_bad_paths_with_403_before_any_worker(fleet, tm
     assert ctl.ctl.desired.state.checkpoint is None
 
 
-async def test_controller_refuses_a_nul_byte_in_a_path(fleet, tmp_path):
-    ctl, agents = fleet
+async def test_controller_refuses_a_nul_byte_in_a_path(settled_fleet, tmp_path):
+    ctl, agents = settled_fleet
     before = [list(a.touched) for a in agents]
     for method, route, body, field in controller_path_requests(f"{tmp_path}/ckpt\x00/x"):
         status, resp = await ctl.call(method, route, body)
@@ -404,9 +400,9 @@ async def test_agent_refuses_bad_paths_with_403_before_the_engine(tmp_path):
         await agent.stop()
 
 
-async def test_a_symlink_inside_the_roots_is_followed_not_refused(fleet, tmp_path):
+async def test_a_symlink_inside_the_roots_is_followed_not_refused(settled_fleet, tmp_path):
     """The check resolves links, it does not ban them: a link to a checkpoint in a root works."""
-    ctl, agents = fleet
+    ctl, agents = settled_fleet
     ckpt = write_checkpoint(tmp_path / "real" / "ckpt", 3)
     (tmp_path / "latest").symlink_to(ckpt)
     status, result = await ctl.call("POST", "/v1/rl/update_weights",

@@ -24,7 +24,7 @@ CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "sh
 
 
 @pytest.fixture
-async def fleet(tmp_path):
+async def broadcast_fleet(tmp_path):
     """Three agents with 1, 2 and 1 inference ranks: the trainer's world size is 5."""
     agents = [await SimAgent(f"w{i}", [tmp_path], engine_kwargs={"world_size": size}).start()
               for i, size in enumerate((1, 2, 1))]
@@ -47,8 +47,8 @@ def _by_worker(result: dict) -> dict[str, tuple[str, str]]:
     return {r["worker_id"]: (r["status"], r["phase"]) for r in result["results"]}
 
 
-async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(fleet):
-    ctl, agents, _ = fleet
+async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     status, info = await ctl.call("GET", "/v1/rl/weight_transfer", headers={})
     assert (status, info["inference_world_size"], info["trainer_world_size"], info["group"]) == (200, 4, 5, None)
 
@@ -86,8 +86,8 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(fleet)
     assert st["weight_transfer"]["updating"] is False
 
 
-async def test_bad_init_is_refused_before_any_worker_is_touched(fleet):
-    ctl, agents, _ = fleet
+async def test_bad_init_is_refused_before_any_worker_is_touched(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     for init_info, field in (({"world_size": 4}, "init_info.world_size"), ({}, "init_info.world_size"),
                              ({"world_size": "5"}, "init_info.world_size")):
         status, body = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init_info})
@@ -103,8 +103,8 @@ async def test_bad_init_is_refused_before_any_worker_is_touched(fleet):
     assert all(a.touched == [] for a in agents)
 
 
-async def test_an_open_update_excludes_other_operations_and_the_reconciler(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_an_open_update_excludes_other_operations_and_the_reconciler(broadcast_fleet):
+    ctl, agents, tmp_path = broadcast_fleet
     assert (await _init(ctl))[0] == 200
     assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
     ckpt = write_checkpoint(tmp_path / "c1", 1)
@@ -123,8 +123,8 @@ async def test_an_open_update_excludes_other_operations_and_the_reconciler(fleet
     assert status == 200, result
 
 
-async def test_membership_change_after_init_fails_the_next_update_fast_with_409(fleet):
-    ctl, agents, _ = fleet
+async def test_membership_change_after_init_fails_the_next_update_fast_with_409(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     assert (await _init(ctl))[0] == 200
     ctl.ctl.apply_membership([WorkerSpec(**a.spec()) for a in agents[:2]])  # w2 leaves the fleet
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/start")
@@ -137,8 +137,8 @@ async def test_membership_change_after_init_fails_the_next_update_fast_with_409(
     assert (await ctl.state())["weight_transfer"]["stale"] is False
 
 
-async def test_a_worker_restarting_during_an_update_aborts_it_with_409_and_the_fleet_resumes(fleet):
-    ctl, agents, _ = fleet
+async def test_a_worker_restarting_during_an_update_aborts_it_with_409_and_the_fleet_resumes(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     assert (await _init(ctl))[0] == 200
     assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
     await agents[1].restart()  # a new process: it left the group
@@ -152,11 +152,11 @@ async def test_a_worker_restarting_during_an_update_aborts_it_with_409_and_the_f
     assert last["kind"] == "weight_transfer_update" and "membership changed" in last["detail"]["aborted"]
 
 
-async def test_a_worker_dying_between_start_and_finish(fleet):
+async def test_a_worker_dying_between_start_and_finish(broadcast_fleet):
     """The chunk fails on the dead worker: the call returns 502 naming it and the phase;
     the survivors end their reload and, since their weights are now unknown, stay
     paused and not ready until the reconciler restores the last disk checkpoint."""
-    ctl, agents, tmp_path = fleet
+    ctl, agents, tmp_path = broadcast_fleet
     ckpt = write_checkpoint(tmp_path / "c1", 1)
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt))
     assert status == 200, result
@@ -179,8 +179,8 @@ async def test_a_worker_dying_between_start_and_finish(fleet):
     assert status == 409
 
 
-async def test_the_trainer_never_joins_init_times_out_and_nothing_is_paused(fleet):
-    ctl, agents, _ = fleet
+async def test_the_trainer_never_joins_init_times_out_and_nothing_is_paused(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     for a in agents:
         a.faults["/init_weight_transfer_engine"] = Fault("hang")  # blocked in the rendezvous
     status, result = await _init(ctl)
@@ -192,8 +192,8 @@ async def test_the_trainer_never_joins_init_times_out_and_nothing_is_paused(flee
     assert not any(a.service.paused for a in agents)
 
 
-async def test_one_worker_failing_init_releases_the_others(fleet):
-    ctl, agents, _ = fleet
+async def test_one_worker_failing_init_releases_the_others(broadcast_fleet):
+    ctl, agents, _ = broadcast_fleet
     agents[2].faults["/init_weight_transfer_engine"] = Fault("status", 502, times=1)
     status, result = await _init(ctl)
     assert status == 502
@@ -202,8 +202,8 @@ async def test_one_worker_failing_init_releases_the_others(fleet):
     assert agents[0].engine._transfer_init is None  # left the half-formed group
 
 
-async def test_a_trainer_that_goes_quiet_is_aborted_and_the_fleet_resumes(fleet, tmp_path):
-    ctl, agents, _ = fleet
+async def test_a_trainer_that_goes_quiet_is_aborted_and_the_fleet_resumes(broadcast_fleet, tmp_path):
+    ctl, agents, _ = broadcast_fleet
     await ctl.client.close()
     ctl = await start_controller(tmp_path, agents, weight_transfer={"idle_timeout_s": 0.5})
     assert (await _init(ctl))[0] == 200
@@ -217,8 +217,8 @@ async def test_a_trainer_that_goes_quiet_is_aborted_and_the_fleet_resumes(fleet,
     await ctl.client.close()
 
 
-async def test_a_new_member_is_converged_from_the_last_disk_checkpoint(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_a_new_member_is_converged_from_the_last_disk_checkpoint(broadcast_fleet):
+    ctl, agents, tmp_path = broadcast_fleet
     ckpt1, ckpt2 = write_checkpoint(tmp_path / "c1", 1), write_checkpoint(tmp_path / "c2", 2)
     assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt1)))[0] == 200
     for version, checkpoint in (("b2", None), ("b3", str(ckpt2))):
@@ -244,9 +244,9 @@ async def test_a_new_member_is_converged_from_the_last_disk_checkpoint(fleet):
     assert status == 422 and body["error"]["field"] == "checkpoint_path"
 
 
-async def test_a_new_leadership_term_forgets_the_group_and_the_open_update(fleet):
+async def test_a_new_leadership_term_forgets_the_group_and_the_open_update(broadcast_fleet):
     """Another replica may have driven the workers meanwhile: nothing from the old term goes on."""
-    ctl, agents, _ = fleet
+    ctl, agents, _ = broadcast_fleet
     assert (await _init(ctl))[0] == 200
     assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
     leadership = ctl.ctl.leadership

@@ -21,24 +21,19 @@ from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, s
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import TOKEN, start_fleet
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def setup(tmp_path):
-    ckpt = {i: write_checkpoint(tmp_path / f"ckpt-{i}", i) for i in (1, 2, 3)}
-    agents = await start_fleet(3, [tmp_path])
-    ctl = await start_controller(tmp_path, agents)
-    yield ctl, agents, ckpt, tmp_path
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
+def fleet_shape() -> FleetShape:
+    return FleetShape(agents=3)
 
 
-async def test_update_transaction_converges_and_verifies(setup):
-    ctl, agents, ckpt, _ = setup
-    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1]))
+async def test_update_transaction_converges_and_verifies(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
+    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", checkpoints[1]))
     assert status == 200, result
     assert result["status"] == "ok" and result["kind"] == "update_weights"
     assert [(r["worker_id"], r["status"], r["phase"]) for r in result["results"]] == [
@@ -51,7 +46,7 @@ async def test_update_transaction_converges_and_verifies(setup):
     assert st["phase"] == "serving" and st["pause_state"] == "running"
     assert st["applied"] == {"weight_version": "v1", "converged": True, "verified": True}
     assert st["desired"]["weight_version"] == "v1"
-    assert st["desired"]["weight_source"]["path"] == str(ckpt[1])
+    assert st["desired"]["weight_source"]["path"] == str(checkpoints[1])
     assert all(w["ready"] and w["serving"] and w["weight_version"] == "v1" for w in st["workers"])
     assert st["last_operation"]["id"] == result["id"]
     status, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
@@ -59,7 +54,7 @@ async def test_update_transaction_converges_and_verifies(setup):
 
     # Idempotent: the same version again touches no worker.
     touched = [len(a.touched) for a in agents]
-    status, again = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1]))
+    status, again = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", checkpoints[1]))
     assert status == 200 and again["detail"].get("noop") is True
     assert all(r["status"] == "skipped" for r in again["results"])
     status, ops = await ctl.call("GET", "/v1/rl/operations?limit=1", headers={})
@@ -69,11 +64,11 @@ async def test_update_transaction_converges_and_verifies(setup):
     assert [len(a.touched) for a in agents] == touched
 
 
-async def test_worker_answering_500_stays_out_of_service_then_is_reconciled(setup):
-    ctl, agents, ckpt, _ = setup
+async def test_worker_answering_500_stays_out_of_service_then_is_reconciled(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
     bad = agents[1]
     bad.faults["/v1/agent/weights/disk"] = Fault("status", 500)
-    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", ckpt[2]))
+    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", checkpoints[2]))
     assert status == 207 and result["status"] == "partial"
     by_id = {r["worker_id"]: r for r in result["results"]}
     assert by_id["w1"]["status"] == "error" and by_id["w1"]["phase"] == "update"
@@ -100,13 +95,13 @@ async def _converged(ctl: Ctl):
     return st if st["applied"]["converged"] else None
 
 
-async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(setup):
-    ctl, agents, ckpt, _ = setup
+async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
     agents[0].faults["/v1/agent/prepare"] = Fault("hang")  # an update's pause (with the desired version)
     agents[2].faults["/v1/agent/weights/disk"] = Fault("reset")
     t0 = time.monotonic()
     status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("v3", ckpt[3], timeout_s=0.5, pause_mode="abort"))
+                                    update_body("v3", checkpoints[3], timeout_s=0.5, pause_mode="abort"))
     elapsed = time.monotonic() - t0
     assert status == 207
     by_id = {r["worker_id"]: r for r in result["results"]}
@@ -118,10 +113,10 @@ async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(set
     assert agents[0].service.weight_version != "v3"
 
 
-async def test_restarted_worker_is_reconciled_before_it_is_ready(setup):
-    ctl, agents, ckpt, tmp_path = setup
+async def test_restarted_worker_is_reconciled_before_it_is_ready(sim_fleet, checkpoints, tmp_path):
+    ctl, agents = sim_fleet
     adapter = write_adapter(tmp_path / "adapter")
-    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1])))[0] == 200
+    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", checkpoints[1])))[0] == 200
     status, result = await ctl.call("POST", "/v1/rl/loras", {"name": "ad", "path": str(adapter), "version": "7"})
     assert status == 200, result
     target = agents[2]
@@ -147,9 +142,9 @@ async def test_restarted_worker_is_reconciled_before_it_is_ready(setup):
     assert [(lo.name, lo.version) for lo in target.service.state().loras] == [("ad", "7")]
 
 
-async def test_controller_restart_recovers_desired_state(setup):
-    ctl, agents, ckpt, tmp_path = setup
-    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", ckpt[2])))[0] == 200
+async def test_controller_restart_recovers_desired_state(sim_fleet, checkpoints, tmp_path):
+    ctl, agents = sim_fleet
+    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", checkpoints[2])))[0] == 200
     await ctl.client.close()
     # While no controller runs, one worker restarts on base weights.
     await agents[0].restart()
@@ -186,8 +181,8 @@ async def test_concurrent_operation_gets_409(tmp_path):
             await a.stop()
 
 
-async def test_pause_and_resume_the_fleet(setup):
-    ctl, agents, _, _ = setup
+async def test_pause_and_resume_the_fleet(sim_fleet):
+    ctl, agents = sim_fleet
     status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep", "timeout_s": 5})
     assert status == 200 and result["kind"] == "pause"
     st = await ctl.state()
@@ -211,7 +206,7 @@ async def test_no_members_is_503(tmp_path):
 
 async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tmp_path):
     """A real agent process (SimEngine, slow loads) SIGKILLed during the update phase."""
-    from rlcp.harness.http import free_port
+    from rlcp.harness.http import call, free_port
     from rlcp.harness.processes import AgentProcess
 
     ckpt = write_checkpoint(tmp_path / "ckpt", 4)
@@ -230,7 +225,12 @@ async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tm
         await wait_for(lambda: all(r.reachable for r in ctl.ctl.members()), what="reachable")
         update = asyncio.create_task(ctl.call("POST", "/v1/rl/update_weights", update_body("v4", ckpt)))
         await wait_for(lambda: ctl.ctl.log.phase == "updating", what="update phase")
-        await asyncio.sleep(0.3)
+
+        async def proc_loading() -> bool:  # the kill must land inside its disk load (1 s of engine latency)
+            status, st = await call(client.session, "GET", proc.admin_url + "/v1/agent/state", timeout_s=5)
+            return status == 200 and st["busy_with"] == "update_weights_from_disk"
+
+        await wait_for(proc_loading, what="proc loading the new weights")
         proc.kill()
         status, result = await update
         assert status == 207
@@ -302,9 +302,9 @@ async def test_listing_discovery_adds_and_removes_workers(tmp_path):
             await a.stop()
 
 
-async def test_metrics_and_probes(setup):
-    ctl, agents, ckpt, _ = setup
-    await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt[1]))
+async def test_metrics_and_probes(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
+    await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", checkpoints[1]))
     resp = await ctl.client.get("/metrics")
     text = await resp.text()
     assert resp.status == 200
@@ -316,11 +316,11 @@ async def test_metrics_and_probes(setup):
     assert (await ctl.client.get("/readyz")).status == 200
 
 
-async def test_tokens_never_reach_the_controller_log(setup, capfd):
-    ctl, agents, ckpt, _ = setup
+async def test_tokens_never_reach_the_controller_log(sim_fleet, checkpoints, capfd):
+    ctl, agents = sim_fleet
     await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"}, headers={"Authorization": "Bearer wrong-guess"})
     agents[0].faults["/v1/agent/resume"] = Fault("status", 401)  # an update's resume
-    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v7", ckpt[1])))[0] == 207
+    assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v7", checkpoints[1])))[0] == 207
     out, err = capfd.readouterr()
     assert "worker_call_failed" in out + err  # the failure was logged...
     for secret in (CTL_TOKEN, TOKEN, "wrong-guess"):

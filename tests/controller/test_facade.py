@@ -5,25 +5,14 @@ from __future__ import annotations
 import pytest
 
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import AUTH, start_controller
+from rlcp.harness.controller import AUTH
 from rlcp.harness.faults import Fault
-from rlcp.harness.simfleet import start_fleet
 
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-async def fleet(tmp_path):
-    agents = await start_fleet(2, [tmp_path])
-    ctl = await start_controller(tmp_path, agents)
-    yield ctl, agents, tmp_path
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
-
-
-async def test_vllm_rl_route_shapes_drive_every_worker(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_vllm_rl_route_shapes_drive_every_worker(sim_fleet):
+    ctl, agents = sim_fleet
     assert await ctl.call("POST", "/pause?mode=keep") == (200, {"status": "paused"})
     assert all(a.service.paused for a in agents)
     assert await ctl.call("GET", "/is_paused", headers={}) == (200, {"is_paused": True})
@@ -34,8 +23,8 @@ async def test_vllm_rl_route_shapes_drive_every_worker(fleet):
     assert status == 422 and body["error"]["field"] == "mode"
 
 
-async def test_disk_and_lora_routes_frameworks_call(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_disk_and_lora_routes_frameworks_call(sim_fleet, tmp_path):
+    ctl, agents = sim_fleet
     ckpt = write_checkpoint(tmp_path / "step-3", 3)
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)})
     assert (status, body["weight_version"]) == (200, "step-3")
@@ -56,8 +45,8 @@ async def test_disk_and_lora_routes_frameworks_call(fleet):
     assert (await ctl.client.get("/health")).status == 200
 
 
-async def test_facade_errors_are_never_200(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
+    ctl, agents = sim_fleet
     ckpt = write_checkpoint(tmp_path / "c", 4)
     agents[0].faults["/v1/agent/weights/disk"] = Fault("status", 500)
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)})
@@ -97,10 +86,10 @@ def test_every_admin_route_of_vllm_is_answered_on_the_facade():
     assert ("POST", "/init_broadcaster") in ours  # prime-rl's own
 
 
-async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(fleet):
+async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(sim_fleet):
     from rlcp.controlplane.api.unsupported import REFUSED
 
-    ctl, agents, tmp_path = fleet
+    ctl, agents = sim_fleet
     assert await ctl.call("POST", "/init_broadcaster", {"host": "h", "port": 1}, headers={}) == (
         401, {"error": {"code": "unauthorized", "field": "Authorization", "message": "missing bearer token"}})
     for method, path, _ in REFUSED:
@@ -110,8 +99,8 @@ async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(fleet):
     assert not any(a.service.paused for a in agents) and all(a.service.weight_version == "default" for a in agents)
 
 
-async def test_an_adapter_unloaded_through_the_facade_leaves_every_engine(fleet):
-    ctl, agents, tmp_path = fleet
+async def test_an_adapter_unloaded_through_the_facade_leaves_every_engine(sim_fleet, tmp_path):
+    ctl, agents = sim_fleet
     adapter = write_adapter(tmp_path / "ad")
     assert (await ctl.call("POST", "/load_lora_adapter", {"lora_name": "ad", "lora_path": str(adapter)}))[0] == 200
     status, body = await ctl.call("POST", "/v1/unload_lora_adapter", {"lora_name": "ad"})

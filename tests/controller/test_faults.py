@@ -122,15 +122,9 @@ def by_worker(result: dict) -> dict[str, dict]:
 
 
 @pytest.fixture
-async def http():
+async def make_fleet(tmp_path: Path, fresh_http: aiohttp.ClientSession):
     # A fresh connection per request: agents and the controller restart under these tests,
     # and a pooled connection to a dead process is not what is being tested.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        yield session
-
-
-@pytest.fixture
-async def make_fleet(tmp_path: Path, http: aiohttp.ClientSession):
     made: list[Fleet] = []
 
     async def make(*, latency: dict[str, float] | None = None, proxied: str | None = None) -> Fleet:
@@ -147,7 +141,7 @@ async def make_fleet(tmp_path: Path, http: aiohttp.ClientSession):
                    for name, a in agents.items()]
         controller = ControllerProcess(controller_config(tmp_path / "controller", workers, roots),
                                        tmp_path / "controller")
-        fleet = Fleet(agents, controller, proxy, ckpt, http)
+        fleet = Fleet(agents, controller, proxy, ckpt, fresh_http)
         made.append(fleet)
         # The proxy lives on this event loop: start the processes from a thread.
         await asyncio.to_thread(start_all, [*agents.values(), controller])

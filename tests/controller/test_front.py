@@ -13,27 +13,17 @@ import aiohttp
 import pytest
 
 from rlcp.core.cached import parse_tag
-from rlcp.harness.controller import AUTH, controller_config, wait_reachable
+from rlcp.harness.controller import AUTH
 from rlcp.harness.processes import ControllerProcess, controller_pids
-from rlcp.harness.simfleet import start_fleet
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def daemon(tmp_path: Path):
-    agents = await start_fleet(2, [tmp_path])
-    config = controller_config(tmp_path, [a.spec() for a in agents], [tmp_path],
-                               api={"front_stale_s": 1.0, "front_timeout_s": 2.0})
-    ctl = ControllerProcess(config, tmp_path)
-    await ctl.spawn().wait_ready_async()
-    async with aiohttp.ClientSession() as http:
-        await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
-        yield ctl, http
-    ctl.stop()
-    for a in agents:
-        await a.stop()
+def fleet_shape() -> FleetShape:
+    return FleetShape(settings={"api": {"front_stale_s": 1.0, "front_timeout_s": 2.0}})
 
 
 def core_pid(ctl: ControllerProcess) -> int:
@@ -56,8 +46,8 @@ async def get(http: aiohttp.ClientSession, url: str, **kw) -> tuple[int, dict | 
         return resp.status, body, resp.headers
 
 
-async def test_a_write_is_in_the_state_read_right_after_it(daemon) -> None:
-    ctl, http = daemon
+async def test_a_write_is_in_the_state_read_right_after_it(daemon_fleet) -> None:
+    _, ctl, http = daemon_fleet
     async with http.post(ctl.url + "/v1/rl/pause", json={"mode": "keep"}, headers=AUTH) as resp:
         result = await resp.json()
         assert resp.status == 200, result
@@ -75,8 +65,8 @@ async def test_a_write_is_in_the_state_read_right_after_it(daemon) -> None:
     assert status == 200 and op["id"] == result["id"]
 
 
-async def test_reads_are_answered_while_the_core_is_stopped(daemon) -> None:
-    ctl, http = daemon
+async def test_reads_are_answered_while_the_core_is_stopped(daemon_fleet) -> None:
+    _, ctl, http = daemon_fleet
     status, before, headers = await get(http, ctl.url + "/v1/rl/state")
     assert status == 200
     core = core_pid(ctl)
@@ -110,15 +100,15 @@ async def _healthy(http: aiohttp.ClientSession, url: str) -> bool:
     return (await get(http, url + "/healthz"))[0] == 200
 
 
-async def test_when_the_core_dies_the_front_exits(daemon) -> None:
-    ctl, _ = daemon
+async def test_when_the_core_dies_the_front_exits(daemon_fleet) -> None:
+    ctl = daemon_fleet.ctl
     os.kill(core_pid(ctl), signal.SIGKILL)
     await wait_for(lambda: not ctl.running(), 15, "the front to exit after its core died")
     assert ctl.proc is not None and ctl.proc.returncode != 0
 
 
-async def test_when_the_front_dies_the_core_stops(daemon) -> None:
-    ctl, _ = daemon
+async def test_when_the_front_dies_the_core_stops(daemon_fleet) -> None:
+    ctl = daemon_fleet.ctl
     core = core_pid(ctl)
     os.kill(ctl.pid, signal.SIGKILL)  # the front alone, as an OOM kill would
     await wait_for(lambda: gone(core), 30, "the core to stop once its front was gone")

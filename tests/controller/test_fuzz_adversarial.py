@@ -142,7 +142,7 @@ def _attack_dirs(root: Path, outside: Path) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def adversarial_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     stack = Fleet(tmp_path_factory.mktemp("adversarial"))
     yield stack
     stack.close()
@@ -231,9 +231,9 @@ def _wait_ended(url: str, location: str, headers: dict[str, str], timeout_s: flo
 
 
 @pytest.mark.parametrize("server,method,path", CASES, ids=[f"{s} {m} {p}" for s, m, p in CASES])
-def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(fleet, server, method, path):
+def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(adversarial_fleet, server, method, path):
     figures = FIGURES.setdefault(server, {"tried": 0, "5xx": [], "touched_by_rejected": [], "accepted": 0})
-    url, auth = fleet.urls[server] + path, fleet.auth[server]
+    url, auth = adversarial_fleet.urls[server] + path, adversarial_fleet.auth[server]
 
     @seed(SEED)
     @settings(max_examples=ATTACKS, database=None, derandomize=True, deadline=None,
@@ -241,8 +241,8 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(fleet, se
     @given(body=_body_strategy(server, method, path), how=attack)
     def one(body: Any, how: tuple[str, Any, str]) -> None:
         kind, arg, text = how
-        data, headers, must_refuse = _attacked(body, kind, arg, text, fleet.dirs)
-        before = fleet.snapshot()
+        data, headers, must_refuse = _attacked(body, kind, arg, text, adversarial_fleet.dirs)
+        before = adversarial_fleet.snapshot()
         response = requests.request(method, url, data=data, timeout=60,
                                     headers={"Content-Type": "application/json", **auth, **headers})
         figures["tried"] += 1
@@ -250,10 +250,10 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(fleet, se
         if response.status_code >= 500:
             figures["5xx"].append([label, response.status_code, response.text[:300]])
         if response.status_code == 202:
-            _wait_ended(fleet.urls[server], response.headers["Location"], auth)
+            _wait_ended(adversarial_fleet.urls[server], response.headers["Location"], auth)
         touched = False
         if 400 <= response.status_code < 500:
-            after = fleet.snapshot()
+            after = adversarial_fleet.snapshot()
             if after != before:
                 touched = True
                 figures["touched_by_rejected"].append([label, response.status_code, str(before), str(after)])
@@ -264,6 +264,6 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(fleet, se
         assert response.status_code < 500, (label, response.status_code, response.text[:500])
         if must_refuse:
             assert 400 <= response.status_code < 500, (label, response.status_code, response.text[:300])
-        assert not touched, (label, response.status_code, response.text[:300], before, fleet.snapshot())
+        assert not touched, (label, response.status_code, response.text[:300], before, adversarial_fleet.snapshot())
 
     one()

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from pathlib import Path
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -20,27 +21,37 @@ from rlcp.harness.controller import AUTH, start_controller, update_body
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path):
-    agents = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True,
-                             engine_kwargs={"token_interval_s": 0.01}).start() for i in range(3)]
-    ctl = await start_controller(tmp_path, agents)
-    gateway = ctl.client.server.app[GATEWAY]
-    await wait_for(lambda: gateway.router.table() is not None and len(gateway.router.table().routes) == 3,
-                   what="every worker inside the fence")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        yield agents, ctl, gateway, http
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
+def fleet_shape() -> FleetShape:
+    """Three workers (a member can leave with two still serving), a token every 10 ms (a stream
+    long enough to cut mid-way)."""
+    return FleetShape(agents=3, engine={"token_interval_s": 0.01})
 
 
 def completion(**extra) -> dict:
     return {"model": "sim", "prompt": "hello", "max_tokens": 4} | extra
+
+
+def first_token_event(agents: list[SimAgent]) -> asyncio.Event:
+    """Set when any agent's engine has made the first token of a request (a hook on the engine
+    seam, as the inference port calls it)."""
+    made = asyncio.Event()
+    for agent in agents:
+        real = agent.engine.generate
+
+        async def generate(*args: Any, _real: Any = real, **kw: Any) -> AsyncIterator[Any]:
+            async for output in _real(*args, **kw):
+                if output.token_ids:
+                    made.set()
+                yield output
+
+        agent.engine.generate = generate  # type: ignore[method-assign]
+    return made
 
 
 async def post(http: aiohttp.ClientSession, gateway, body: dict, headers: dict | None = None):
@@ -48,8 +59,8 @@ async def post(http: aiohttp.ClientSession, gateway, body: dict, headers: dict |
         return resp.status, dict(resp.headers), await resp.json()
 
 
-async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_stale_ones_out(fleet, tmp_path):
-    agents, ctl, gateway, http = fleet
+async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_stale_ones_out(gateway_fleet, tmp_path):
+    agents, ctl, gateway, http = gateway_fleet
     status, headers, body = await post(http, gateway, completion())
     assert status == 200 and body["choices"][0]["text"] and headers["X-RL-Worker"] in {"w0", "w1", "w2"}
     write_checkpoint(tmp_path / "v1", 1)
@@ -79,12 +90,13 @@ async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_sta
     assert "w1" not in {h["X-RL-Worker"] for _, h, _ in fresh}
 
 
-async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_another_serves(fleet, tmp_path):
+async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_another_serves(gateway_fleet, tmp_path):
     # The controller's view of w1 goes stale (its state reads hang), then w1's weights change
     # behind its back, as when an agent restarts on its base weights at the same address.
-    agents, ctl, gateway, http = fleet
+    agents, ctl, gateway, http = gateway_fleet
     agents[1].faults.add("GET", "/v1/agent/state", Fault("hang"))
-    await asyncio.sleep(0.3)  # the poll under way now hangs; the view keeps w1 as it was
+    # Once a poll hangs there, the view keeps w1 as it was.
+    await wait_for(lambda: agents[1].faults.fired("GET", "/v1/agent/state"), what="a state read of w1 hanging")
     agents[1].engine.served_version = "rogue"
     assert "w1" in gateway.router.table().routes
     answers = [await post(http, gateway, completion()) for _ in range(12)]
@@ -99,8 +111,8 @@ async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_anoth
         assert body["error"]["field"] == "X-RL-Expect-Weight-Version" and "rogue" in body["error"]["message"]
 
 
-async def test_a_keep_mode_request_across_an_update_says_which_weights_made_which_tokens(fleet, tmp_path):
-    agents, ctl, gateway, http = fleet
+async def test_a_keep_mode_request_across_an_update_says_which_weights_made_which_tokens(gateway_fleet, tmp_path):
+    agents, ctl, gateway, http = gateway_fleet
     write_checkpoint(tmp_path / "v1", 1)
     write_checkpoint(tmp_path / "v2", 2)
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", tmp_path / "v1"))
@@ -109,9 +121,10 @@ async def test_a_keep_mode_request_across_an_update_says_which_weights_made_whic
     status, headers, _ = await post(http, gateway, completion())
     assert status == 200 and json.loads(headers["X-RL-Weight-Versions"]) == [[{"version": "v1", "start": 0, "end": 4}]]
     # A long request under way when a keep-mode update lands: frozen, then finished on v2.
+    first_token = first_token_event(agents)
     request = asyncio.create_task(post(http, gateway, completion(max_tokens=100)))
-    await wait_for(lambda: sum(gateway.in_flight.values()) == 1, what="the request under way")
-    await asyncio.sleep(0.2)
+    async with asyncio.timeout(10):
+        await first_token.wait()  # some of its tokens are v1's
     status, result = await ctl.call("POST", "/v1/rl/update_weights",
                                     update_body("v2", tmp_path / "v2", pause_mode="keep"))
     assert status == 200, result
@@ -123,8 +136,8 @@ async def test_a_keep_mode_request_across_an_update_says_which_weights_made_whic
     assert 0 < first["end"] == second["start"] < 100
 
 
-async def test_requests_are_held_through_a_pause_and_released_on_resume(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_requests_are_held_through_a_pause_and_released_on_resume(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     status, _ = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
     assert status == 200
     await wait_for(lambda: not gateway.router.table().routes, what="the fence empty while paused")
@@ -137,8 +150,8 @@ async def test_requests_are_held_through_a_pause_and_released_on_resume(fleet):
     assert all(s == 200 and h["X-RL-Worker"] for s, h, _ in answers) and gateway.held == 0
 
 
-async def test_past_the_hold_deadline_the_answer_is_503_with_retry_after_and_why(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_past_the_hold_deadline_the_answer_is_503_with_retry_after_and_why(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
     await wait_for(lambda: not gateway.router.table().routes, what="the fence empty while paused")
     status, headers, body = await post(http, gateway, completion(), {"X-RL-Hold-Timeout": "0.3"})
@@ -147,8 +160,8 @@ async def test_past_the_hold_deadline_the_answer_is_503_with_retry_after_and_why
     assert gateway.rejected == 1 and all(a.engine.request_counts().running == 0 for a in agents)
 
 
-async def test_a_session_keeps_its_worker_and_only_the_leavers_sessions_move(fleet, tmp_path):
-    agents, ctl, gateway, http = fleet
+async def test_a_session_keeps_its_worker_and_only_the_leavers_sessions_move(gateway_fleet, tmp_path):
+    agents, ctl, gateway, http = gateway_fleet
     sessions = [f"rollout-{i}" for i in range(24)]
 
     async def where(session: str) -> str:
@@ -168,18 +181,18 @@ async def test_a_session_keeps_its_worker_and_only_the_leavers_sessions_move(fle
     assert all(after[s] in {"w0", "w1"} for s in sessions)
 
 
-async def test_a_steps_rollouts_share_a_cache_salt_and_still_spread(fleet):
+async def test_a_steps_rollouts_share_a_cache_salt_and_still_spread(gateway_fleet):
     """prime-rl sets `cache_salt` to the policy version, the same for every rollout of a step:
     a cache-isolation salt, not a session. Sessions come from the headers (verifiers sends
     `X-Session-ID`, the rollout's trace id); without one, rollouts spread by load."""
-    agents, ctl, gateway, http = fleet
+    agents, ctl, gateway, http = gateway_fleet
     salted = completion(cache_salt="policy-v3", max_tokens=20)
     answers = await asyncio.gather(*(post(http, gateway, salted) for _ in range(9)))
     assert all(status == 200 for status, _, _ in answers)
     assert set(Counter(h["X-RL-Worker"] for _, h, _ in answers)) == {"w0", "w1", "w2"}
 
-    async def where(headers: dict[str, str]) -> str:
-        _, answer_headers, _ = await post(http, gateway, salted, headers)
+    async def where(headers: dict[str, str]) -> str:  # one token: where it went is the answer
+        _, answer_headers, _ = await post(http, gateway, salted | {"max_tokens": 1}, headers)
         return answer_headers["X-RL-Worker"]
 
     sessions = [f"trace-{i}" for i in range(24)]
@@ -191,8 +204,8 @@ async def test_a_steps_rollouts_share_a_cache_salt_and_still_spread(fleet):
     assert await where({"X-RL-Session": "trace-0", "X-Session-ID": "other"}) == by_id["trace-0"]
 
 
-async def test_a_worker_that_fails_before_the_first_byte_is_skipped(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_a_worker_that_fails_before_the_first_byte_is_skipped(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     await agents[0].inference_runner.cleanup()  # its OpenAI port is gone; its admin port still answers
     answers = [await post(http, gateway, completion()) for _ in range(12)]
     assert all(s == 200 for s, _, _ in answers)
@@ -200,8 +213,8 @@ async def test_a_worker_that_fails_before_the_first_byte_is_skipped(fleet):
     assert gateway.failed["w0"] >= 1
 
 
-async def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error_event(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error_event(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     events: list[str] = []
     async with http.post(f"{gateway.url}/v1/completions", json=completion(max_tokens=400, stream=True),
                          headers={"X-RL-Session": "s"}) as resp:
@@ -218,8 +231,8 @@ async def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error_event(fle
     assert last["error"]["code"] == "worker_failed" and last["error"]["worker"] == victim.agent_id
 
 
-async def test_a_client_that_hangs_up_cancels_its_upstream_request(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_a_client_that_hangs_up_cancels_its_upstream_request(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     async with aiohttp.ClientSession() as once:
         resp = await once.post(f"{gateway.url}/v1/completions", json=completion(max_tokens=2000, stream=True))
         worker = next(a for a in agents if a.agent_id == resp.headers["X-RL-Worker"])
@@ -238,8 +251,8 @@ async def test_a_client_that_hangs_up_cancels_its_upstream_request(fleet):
     ({"X-RL-Max-Staleness": "two"}, json.dumps(completion()).encode(), "X-RL-Max-Staleness"),
     ({"X-RL-Hold-Timeout": "0"}, json.dumps(completion()).encode(), "X-RL-Hold-Timeout"),
 ])
-async def test_bad_input_is_refused_before_any_worker(fleet, headers, body, field):
-    agents, ctl, gateway, http = fleet
+async def test_bad_input_is_refused_before_any_worker(gateway_fleet, headers, body, field):
+    agents, ctl, gateway, http = gateway_fleet
     async with http.post(f"{gateway.url}/v1/completions", data=body,
                          headers={"Content-Type": "application/json", **headers}) as resp:
         answer = await resp.json()
@@ -247,8 +260,8 @@ async def test_bad_input_is_refused_before_any_worker(fleet, headers, body, fiel
     assert sum(gateway.routed.values()) == 0
 
 
-async def test_models_are_the_union_of_the_members_and_probes_say_why(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_models_are_the_union_of_the_members_and_probes_say_why(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     async with http.get(f"{gateway.url}/v1/models") as resp:
         assert resp.status == 200 and [c["id"] for c in (await resp.json())["data"]] == ["sim"]
     async with http.get(f"{gateway.url}/readyz") as resp:

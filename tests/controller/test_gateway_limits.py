@@ -6,33 +6,20 @@ before the first byte goes round again, up to `gateway.attempts` tries in all.""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-from rlcp.controlplane.api.app import GATEWAY
-from rlcp.harness.controller import start_controller
 from rlcp.harness.faults import Fault
-from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path):
-    agents = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True).start() for i in range(2)]
-    ctl = await start_controller(tmp_path, agents, gateway={"port": 0, "max_held": 2, "hold_timeout_s": 10,
-                                                            "max_body_bytes": 4096})
-    gateway = ctl.client.server.app[GATEWAY]
-    await wait_for(lambda: gateway.router.table() is not None and len(gateway.router.table().routes) == 2,
-                   what="both workers inside the fence")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        yield agents, ctl, gateway, http
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
+def fleet_shape() -> FleetShape:
+    return FleetShape(settings={"gateway": {"port": 0, "max_held": 2, "hold_timeout_s": 10, "max_body_bytes": 4096}})
 
 
 async def post(http: aiohttp.ClientSession, url: str, **kw) -> tuple[int, dict[str, str], dict]:
@@ -40,8 +27,8 @@ async def post(http: aiohttp.ClientSession, url: str, **kw) -> tuple[int, dict[s
         return resp.status, dict(resp.headers), await resp.json()
 
 
-async def test_a_full_hold_queue_answers_503_at_once_and_the_held_still_go_out(fleet) -> None:
-    agents, ctl, gateway, http = fleet
+async def test_a_full_hold_queue_answers_503_at_once_and_the_held_still_go_out(gateway_fleet) -> None:
+    agents, ctl, gateway, http = gateway_fleet
     body = {"model": "sim", "prompt": "hi", "max_tokens": 2}
     status, _ = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
     assert status == 200
@@ -61,8 +48,8 @@ async def test_a_full_hold_queue_answers_503_at_once_and_the_held_still_go_out(f
     assert [s for s, _, _ in answers] == [200, 200] and gateway.held == 0
 
 
-async def test_a_body_over_the_limit_is_413_before_any_worker(fleet) -> None:
-    agents, ctl, gateway, http = fleet
+async def test_a_body_over_the_limit_is_413_before_any_worker(gateway_fleet) -> None:
+    agents, ctl, gateway, http = gateway_fleet
     before = sum(gateway.routed.values())
     big = {"model": "sim", "prompt": "x" * 8192, "max_tokens": 2}
     status, headers, answer = await post(http, gateway.url, json=big)
@@ -74,8 +61,8 @@ async def test_a_body_over_the_limit_is_413_before_any_worker(fleet) -> None:
     assert status == 200 and headers["X-RL-Worker"] in {"w0", "w1"}
 
 
-async def test_a_request_every_member_failed_once_goes_round_again_then_502_names_each_try(fleet) -> None:
-    agents, ctl, gateway, http = fleet
+async def test_a_request_every_member_failed_once_goes_round_again_then_502_names_each_try(gateway_fleet) -> None:
+    agents, ctl, gateway, http = gateway_fleet
     body = {"model": "sim", "prompt": "hi", "max_tokens": 2}
     # Each member resets the connection once (as a pooled connection the worker had just
     # closed does): both fail, and the third try, on a member tried before, answers.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -22,13 +21,18 @@ from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, controller_config, update_body, wait_reachable
+from rlcp.harness.controller import AUTH, update_body, wait_reachable
 from rlcp.harness.http import bearer
-from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.simfleet import TOKEN, SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def fleet_shape() -> FleetShape:
+    return FleetShape(inference=True)
 
 _OBJECT = b'{"mode": "keep"}'
 _BOMB = gzip.compress(b'{"a": "' + b"x" * (8 << 20) + b'"}')  # 8 KiB that decodes to 8 MiB
@@ -59,20 +63,6 @@ def body_routes(routes) -> list[tuple[str, str]]:
     return sorted({(r.method, r.path) for r in routes if r.body is not None and "{" not in r.path})
 
 
-@pytest.fixture
-async def daemon(tmp_path: Path):
-    agents = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True).start() for i in range(2)]
-    ctl = ControllerProcess(controller_config(tmp_path, [a.spec() for a in agents], [tmp_path]), tmp_path)
-    await ctl.spawn().wait_ready_async()
-    # A connection per request: a process may close one after refusing a body it could not read.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
-        await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
-        yield agents, ctl, http
-    ctl.stop()
-    for a in agents:
-        await a.stop()
-
-
 async def send(http: aiohttp.ClientSession, method: str, url: str, data: bytes, headers: dict) -> tuple[int, dict]:
     async with http.request(method, url, data=data, headers={"Content-Type": "application/json", **headers},
                             timeout=aiohttp.ClientTimeout(total=30)) as resp:
@@ -93,8 +83,8 @@ async def rollout(http: aiohttp.ClientSession, gateway_url: str) -> tuple[int, d
         return resp.status, dict(resp.headers)
 
 
-async def test_every_malformed_body_is_a_4xx_on_every_process_and_touches_nothing(daemon, tmp_path):
-    agents, ctl, http = daemon
+async def test_every_malformed_body_is_a_4xx_on_every_process_and_touches_nothing(daemon_fleet, tmp_path):
+    agents, ctl, http = daemon_fleet
     honest = json.dumps(update_body("v1", write_checkpoint(tmp_path / "v1", 1))).encode()
     status, result = await send(http, "POST", ctl.url + "/v1/rl/update_weights", gzip.compress(honest),
                                 {**AUTH, "Content-Encoding": "gzip"})

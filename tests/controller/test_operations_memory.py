@@ -38,20 +38,12 @@ from rlcp.harness.memory import MemoryFleet
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path):
-    fleet = await MemoryFleet.start(3, roots=[tmp_path])
-    yield fleet
-    await fleet.stop()
-
-
-
-async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_an_update_reaches_every_worker_and_is_verified(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok" and {r.phase for r in result.results} == {"resume"}
-    assert all(a.service.weight_version == "v1" and not a.service.paused for a in fleet.agents.values())
+    assert all(a.service.weight_version == "v1" and not a.service.paused for a in memory_fleet.agents.values())
     state = ctl.state()
     assert state.applied.weight_version == "v1" and state.applied.converged and state.applied.verified
     assert state.phase == "serving" and ctl.desired.state.checkpoint is not None
@@ -60,10 +52,10 @@ async def test_an_update_reaches_every_worker_and_is_verified(fleet: MemoryFleet
 
 
 async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wrong_load_still_fails_verification(
-        fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
-    for a in fleet.agents.values():
+    for a in memory_fleet.agents.values():
         a.calls.clear()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
@@ -72,85 +64,86 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
     # every read the controller needs rode on these three.
     assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/prepare", "POST /v1/agent/weights/disk",
                            "POST /v1/agent/resume"]
-               for a in fleet.agents.values()), {a.agent_id: a.calls for a in fleet.agents.values()}
+               for a in memory_fleet.agents.values()), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
     view = {w.id: w for w in ctl.state().workers}
     assert all(w.ready and w.serving and w.weight_version == "v1" for w in view.values())
     assert ctl.state().applied.verified and all(a.service.desired_weight_version == "v1"
-                                                for a in fleet.agents.values())
+                                                for a in memory_fleet.agents.values())
     # The checksums the loads answered are still compared across workers: w2 reading other
     # files at the same path (a stale node-local copy) is the minority that fails verification.
     wrong = write_checkpoint(tmp_path / "v2-stale-copy", 3)
-    real_load = fleet["w2"].engine.load_weights_from_disk
-    fleet["w2"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
+    real_load = memory_fleet["w2"].engine.load_weights_from_disk
+    memory_fleet["w2"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w2"] and failed["w2"].phase == "verify", result.results
     assert "checksums differ from 2 other worker(s)" in (failed["w2"].message or "")
-    assert fleet["w2"].service.paused and not fleet["w0"].service.paused
+    assert memory_fleet["w2"].service.paused and not memory_fleet["w0"].service.paused
 
 
 async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_converges_it(
-        fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
-    fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    memory_fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "500" in (failed["w1"].message or "")
-    assert fleet["w1"].service.paused and not fleet["w0"].service.paused and not fleet["w2"].service.paused
+    assert memory_fleet["w1"].service.paused and not memory_fleet["w0"].service.paused and not memory_fleet["w2"].service.paused
     view = {w.id: w for w in ctl.state().workers}
     assert not view["w1"].ready and not view["w1"].serving and view["w0"].serving
     # Still failing: the reconciler tries, fails, and backs off (no tight loop).
     assert await ctl.reconciler.reconcile_once() == 1
     assert ctl.reconciler.limiter.num_requeues("w1") == 1 and not ctl.reconciler.limiter.due("w1")
     assert await ctl.reconciler.reconcile_once() == 0  # inside its backoff: left alone
-    fleet["w1"].faults.clear()
+    memory_fleet["w1"].faults.clear()
     for _ in range(100):
         if ctl.reconciler.limiter.due("w1"):
             break
         await asyncio.sleep(0.02)
     assert await ctl.reconciler.reconcile_once() == 1
-    assert fleet["w1"].service.weight_version == "v2" and not fleet["w1"].service.paused
+    assert memory_fleet["w1"].service.weight_version == "v2" and not memory_fleet["w1"].service.paused
     assert ctl.reconciler.limiter.num_requeues("w1") == 0
     assert ctl.state().applied.converged
 
 
-async def test_a_hung_pause_costs_its_deadline_and_names_the_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path, workers={"timeout_s": 0.2, "attempts": 1, "pause_timeout_s": 0.3})
-    fleet["w2"].faults["/pause"] = Fault("hang")
+async def test_a_hung_pause_costs_its_deadline_and_names_the_worker(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path, workers={"timeout_s": 0.2, "attempts": 1, "pause_timeout_s": 0.3,
+                                                     "deadline_grace_s": 1})
+    memory_fleet["w2"].faults["/pause"] = Fault("hang")
     result = await pause(ctl, PauseRequest(mode="keep", timeout_s=0.3))
     timed_out = [r for r in result.results if r.status == "timeout"]
     assert [r.worker_id for r in timed_out] == ["w2"] and result.status == "partial"
-    assert ctl.desired.state.paused and fleet["w0"].service.paused
-    fleet["w2"].faults.clear()
+    assert ctl.desired.state.paused and memory_fleet["w0"].service.paused
+    memory_fleet["w2"].faults.clear()
     assert (await resume(ctl)).status == "ok" and not ctl.desired.state.paused
 
 
-async def test_refused_input_touches_no_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_refused_input_touches_no_worker(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     with pytest.raises(PathOutsideRoots) as refused:
         await update_weights(ctl, UpdateWeightsRequest(version="v9", source={"kind": "disk", "path": "/etc"}))
     assert to_api_error(refused.value).status == 403 and refused.value.field == "source.path"
     with pytest.raises(PathOutsideRoots):
         await load_lora(ctl, LoraRequest(name="a", path="/tmp/../etc"))
-    assert all(a.touched == [] for a in fleet.agents.values())
+    assert all(a.touched == [] for a in memory_fleet.agents.values())
     write_adapter(tmp_path / "lora")
     assert (await load_lora(ctl, LoraRequest(name="a", path=str(tmp_path / "lora")))).status == "ok"
 
 
 async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
-        fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     # w2 is driven as a Dynamo worker: no broadcast weight transfer.
-    ctl.apply_membership([*fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
+    ctl.apply_membership([*memory_fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
     with pytest.raises(MissingCapability) as refused:
         await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))
     assert refused.value.workers == {"w2": "broadcast"} and "w2 (dynamo)" in refused.value.message
     answer = to_api_error(refused.value)
     assert answer.status == 409 and answer.body()["error"]["workers"] == {"w2": "broadcast"}
-    assert all(a.touched == [] for a in fleet.agents.values()) and ctl.log.last is None
+    assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
 
 
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
@@ -203,35 +196,35 @@ def test_the_rate_limiter_grows_caps_and_forgets() -> None:
     assert limiter.when("w") == 1.0
 
 
-async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     adapter = write_adapter(tmp_path / "ad")
     (adapter / "adapter_model.safetensors").write_bytes(b"the adapter the trainer wrote")
     stale = write_adapter(tmp_path / "stale")
     (stale / "adapter_model.safetensors").write_bytes(b"last week's adapter, same name")
     # w1 reads another copy at the same path (a node-local cache that missed the new files).
-    real_add = fleet["w1"].engine.add_lora
-    fleet["w1"].engine.add_lora = lambda name, aid, path, replace: real_add(name, aid, stale, replace=replace)  # type: ignore[method-assign]
-    for a in fleet.agents.values():
+    real_add = memory_fleet["w1"].engine.add_lora
+    memory_fleet["w1"].engine.add_lora = lambda name, aid, path, replace: real_add(name, aid, stale, replace=replace)  # type: ignore[method-assign]
+    for a in memory_fleet.agents.values():
         a.calls.clear()
     result = await load_lora(ctl, LoraRequest(name="ad", path=str(adapter)))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"] and failed["w1"].phase == "verify"
     assert "adapter 'ad' checksums differ from 2 other worker(s)" in (failed["w1"].message or "")
-    assert all("POST /weight_checker" in a.calls for a in fleet.agents.values())
+    assert all("POST /weight_checker" in a.calls for a in memory_fleet.agents.values())
     # Same bytes everywhere: verified; `verify: false` skips the checksums.
-    fleet["w1"].engine.add_lora = real_add  # type: ignore[method-assign]
+    memory_fleet["w1"].engine.add_lora = real_add  # type: ignore[method-assign]
     assert (await load_lora(ctl, LoraRequest(name="ad", path=str(adapter)))).status == "ok"
-    for a in fleet.agents.values():
+    for a in memory_fleet.agents.values():
         a.calls.clear()
     assert (await load_lora(ctl, LoraRequest(name="ad2", path=str(adapter), verify=False))).status == "ok"
-    assert not any("POST /weight_checker" in a.calls for a in fleet.agents.values())
+    assert not any("POST /weight_checker" in a.calls for a in memory_fleet.agents.values())
 
 
-async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     generation, tag = ctl.changes.generation, ctl.state_etag()
     seen = {w.id: w.last_seen for w in ctl.state().workers}
@@ -242,31 +235,31 @@ async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(fleet: 
     assert ctl.registry.publish_seen() == 3 and ctl.changes.generation == generation + 1  # all in one change
     assert all(w.last_seen != seen[w.id] for w in ctl.state().workers)
 
-    fleet["w1"].faults.add("GET", "/v1/agent/state", Fault("status", 500))
+    memory_fleet["w1"].faults.add("GET", "/v1/agent/state", Fault("status", 500))
     await ctl.refresh()  # a new failure is a change ...
     failing = ctl.changes.generation
     assert failing > generation + 1 and not ctl.registry.get("w1").reachable
     await ctl.refresh()  # ... the same failure again is not
     assert ctl.changes.generation == failing
-    fleet["w1"].faults.clear()
+    memory_fleet["w1"].faults.clear()
     await ctl.refresh()
     assert ctl.changes.generation > failing and ctl.registry.get("w1").reachable
 
 
-async def test_the_status_poll_skips_workers_an_update_just_heard_from(fleet: MemoryFleet, tmp_path: Path) -> None:
+async def test_the_status_poll_skips_workers_an_update_just_heard_from(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
     from rlcp.controlplane.fleet.observer import observe_statuses
 
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
     # prepare and resume answered each agent's status: the state shows them, recorded as reads
     assert all(r.reported_at is not None and r.status.weight_version == "v1" for r in ctl.members())
-    for a in fleet.agents.values():
+    for a in memory_fleet.agents.values():
         a.calls.clear()
     await observe_statuses(registry=ctl.registry, fanout=ctl.fanout, interval_s=30, deadline_s=5, iterations=1)
-    assert all(a.calls == [] for a in fleet.agents.values()), "a worker heard from this interval was read again"
+    assert all(a.calls == [] for a in memory_fleet.agents.values()), "a worker heard from this interval was read again"
     for rec in ctl.members():
         rec.reported_at -= 31  # an interval later
     await observe_statuses(registry=ctl.registry, fanout=ctl.fanout, interval_s=30, deadline_s=5, iterations=1)
-    assert all(a.calls == ["GET /v1/agent/state"] for a in fleet.agents.values())
+    assert all(a.calls == ["GET /v1/agent/state"] for a in memory_fleet.agents.values())

@@ -6,7 +6,6 @@ an update and then answers nothing, as a killed or frozen pod does."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -15,17 +14,8 @@ from rlcp.controlplane.operations.weights import update_weights
 from rlcp.core.wire.controller import PauseRequest
 from rlcp.harness.controller import disk_update
 from rlcp.harness.faults import Fault
-from rlcp.harness.memory import MemoryFleet
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def fleet(tmp_path: Path):
-    fleet = await MemoryFleet.start(3, roots=[tmp_path])
-    yield fleet
-    await fleet.stop()
-
 
 
 def lag_s(result) -> float:
@@ -33,10 +23,10 @@ def lag_s(result) -> float:
     return (datetime.now(UTC) - result.finished_at).total_seconds()
 
 
-async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_result(fleet, tmp_path):
-    ctl = fleet.controller(tmp_path)
+async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_result(memory_fleet, tmp_path):
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
-    w2 = fleet["w2"]
+    w2 = memory_fleet["w2"]
     w2.faults.add("POST", "/v1/agent/weights/disk", Fault("reset"))  # gone during its load...
     w2.faults.add("GET", "/v1/agent/state", Fault("hang"))  # ...and answering nothing since
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
@@ -47,18 +37,18 @@ async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_resu
     by_id = {r.worker_id: r for r in result.results}
     assert (by_id["w2"].status, by_id["w2"].phase, by_id["w2"].code) == ("error", "update", "unreachable")
     assert all(by_id[w].status == "ok" and by_id[w].code is None for w in ("w0", "w1"))
-    assert [a.engine.served_version for a in (fleet["w0"], fleet["w1"])] == ["v1", "v1"]
+    assert [a.engine.served_version for a in (memory_fleet["w0"], memory_fleet["w1"])] == ["v1", "v1"]
 
 
-async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at_once(fleet, tmp_path):
-    ctl = fleet.controller(tmp_path)
+async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at_once(memory_fleet, tmp_path):
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     await update_weights(ctl, disk_update(tmp_path, "v1", 1))
-    for a in fleet.agents.values():
+    for a in memory_fleet.agents.values():
         a.faults.add("GET", "/v1/agent/state", Fault("hang"))
-    fleet["w0"].faults.add("POST", "/v1/agent/prepare", Fault("status", 409))
-    fleet["w1"].faults.add("POST", "/v1/agent/prepare", Fault("hang"))
-    fleet["w2"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    memory_fleet["w0"].faults.add("POST", "/v1/agent/prepare", Fault("status", 409))
+    memory_fleet["w1"].faults.add("POST", "/v1/agent/prepare", Fault("hang"))
+    memory_fleet["w2"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2).model_copy(update={"timeout_s": 0.5}))
     lag = lag_s(result)
     assert result.status == "failed" and lag < 0.1, (result.status, lag)
@@ -66,7 +56,7 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
     assert codes == {"w0": ("pause", "error", "injected"), "w1": ("pause", "timeout", "timeout"),
                      "w2": ("update", "error", "injected")}, codes
     # A pause whose members all hang answers at its deadline, not a status deadline later.
-    for a in fleet.agents.values():
+    for a in memory_fleet.agents.values():
         a.faults.clear()
         a.faults.add("GET", "/v1/agent/state", Fault("hang"))
         a.faults.add("POST", "/pause", Fault("hang"))
@@ -75,10 +65,10 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
     assert {r.code for r in result.results} == {"timeout"}
 
 
-async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(fleet, tmp_path):
+async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(memory_fleet, tmp_path):
     """A rolling upgrade meets agents without `POST /v1/agent/weights/check` (404): no evidence
     against the checkpoint, and their prepare is sent without the field they would refuse."""
-    old, prepares = fleet["w0"], []
+    old, prepares = memory_fleet["w0"], []
     answer = old.handle
 
     async def handle(method: str, path: str, params: dict, body: object) -> tuple[int, object]:
@@ -89,9 +79,9 @@ async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(fl
         return await answer(method, path, params, body)
 
     old.handle = handle  # type: ignore[method-assign]
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok", result.results
     assert prepares and all("weights_path" not in body for body in prepares), prepares
-    assert all(a.engine.served_version == "v1" for a in fleet.agents.values())
+    assert all(a.engine.served_version == "v1" for a in memory_fleet.agents.values())

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-import aiohttp
 import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, controller_config, update_body, wait_reachable
+from rlcp.harness.controller import AUTH, update_body
 from rlcp.harness.processes import ControllerProcess
-from rlcp.harness.simfleet import start_fleet
 from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,19 +21,6 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
 UPDATE_CALLS = ["POST /v1/agent/weights/check", "POST /v1/agent/prepare", "POST /v1/agent/weights/disk",
                 "POST /v1/agent/resume"]
-
-
-@pytest.fixture
-async def daemon(tmp_path: Path):
-    agents = await start_fleet(2, [tmp_path])
-    ctl = ControllerProcess(controller_config(tmp_path, [a.spec() for a in agents], [tmp_path]), tmp_path)
-    await ctl.spawn().wait_ready_async()
-    async with aiohttp.ClientSession() as http:
-        await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
-        yield agents, ctl, http
-    ctl.stop()
-    for a in agents:
-        await a.stop()
 
 
 def core_log_lines(ctl: ControllerProcess) -> list[dict]:
@@ -49,8 +33,8 @@ def core_log_lines(ctl: ControllerProcess) -> list[dict]:
     return lines
 
 
-async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update(daemon, tmp_path, capfd):
-    agents, ctl, http = daemon
+async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update(daemon_fleet, tmp_path, capfd):
+    agents, ctl, http = daemon_fleet
     for a in agents:
         a.traced.clear()
     headers = {**AUTH, "X-Request-ID": "trainer-step-7", "traceparent": f"00-{TRACE}-{CALLER_SPAN}-01"}
@@ -80,8 +64,8 @@ async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update
     assert all("request_id=trainer-step-7" in line and f"trace_id={TRACE}" in line for line in agent_lines)
 
 
-async def test_a_call_without_ids_gets_one_carried_the_same_way_and_a_bad_one_is_replaced(daemon, tmp_path):
-    agents, ctl, http = daemon
+async def test_a_call_without_ids_gets_one_carried_the_same_way_and_a_bad_one_is_replaced(daemon_fleet, tmp_path):
+    agents, ctl, http = daemon_fleet
     made_ids = set()
     for given in (None, "has space", "x" * 500):
         for a in agents:

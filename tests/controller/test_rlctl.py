@@ -10,25 +10,12 @@ import pytest
 import yaml
 
 from rlcp.client.client import ControlPlaneClient, OperationFailed, RequestRejected
-from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import AUTH, CTL_TOKEN, start_controller
+from rlcp.harness.checkpoints import write_adapter
+from rlcp.harness.controller import AUTH, CTL_TOKEN
 from rlcp.harness.faults import Fault
 from rlcp.harness.http import free_port
-from rlcp.harness.simfleet import start_fleet
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def fleet(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "ckpt", 1)
-    agents = await start_fleet(2, [tmp_path])
-    ctl = await start_controller(tmp_path, agents)
-    url = str(ctl.client.make_url("")).rstrip("/")
-    yield url, ctl, agents, ckpt, tmp_path
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
 
 
 async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str, str]:
@@ -39,8 +26,9 @@ async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str,
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_state_table_json_and_yaml(fleet):
-    url, ctl, agents, _, _ = fleet
+async def test_state_table_json_and_yaml(sim_fleet):
+    ctl, agents = sim_fleet
+    url = ctl.url
     rc, out, err = await rlctl(url, "state")
     assert rc == 0, err
     assert "phase" in out and "w0" in out and "w1" in out
@@ -59,8 +47,9 @@ async def test_state_table_json_and_yaml(fleet):
     assert rc == 0 and "w0" in out and "agent" in out
 
 
-async def test_pause_resume_update_lora_and_ops(fleet):
-    url, ctl, agents, ckpt, tmp_path = fleet
+async def test_pause_resume_update_lora_and_ops(sim_fleet, checkpoints, tmp_path):
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
     rc, out, err = await rlctl(url, "pause", "--mode", "keep")
     assert rc == 0, err
     assert all(a.service.paused for a in agents) and "pause" in out
@@ -87,16 +76,17 @@ async def test_pause_resume_update_lora_and_ops(fleet):
     assert rc == 0 and "update_weights" in out
 
 
-async def test_partial_failure_exits_1_and_names_the_worker(fleet):
-    url, ctl, agents, ckpt, _ = fleet
+async def test_partial_failure_exits_1_and_names_the_worker(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
     agents[1].faults["/v1/agent/weights/disk"] = Fault("status", 500)
     rc, out, err = await rlctl(url, "update-weights", "--version", "v2", "--path", str(ckpt))
     assert rc == 1, (out, err)
     assert "partial" in out and "w1" in out and "update" in out and "500" in out
 
 
-async def test_errors_are_one_line_and_exit_2(fleet):
-    url, *_ = fleet
+async def test_errors_are_one_line_and_exit_2(sim_fleet):
+    url = sim_fleet.ctl.url
     rc, out, err = await rlctl(f"http://127.0.0.1:{free_port()}", "state")
     assert rc == 2 and err.count("\n") == 1 and "cannot reach the controller" in err and "Traceback" not in err
     rc, out, err = await rlctl(url, "pause", token="wrong")
@@ -105,8 +95,9 @@ async def test_errors_are_one_line_and_exit_2(fleet):
     assert rc == 2 and err.count("\n") == 1 and "403" in err and "source.path" in err
 
 
-async def test_client_error_taxonomy(fleet):
-    url, ctl, agents, ckpt, _ = fleet
+async def test_client_error_taxonomy(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
     async with ControlPlaneClient(url, token=CTL_TOKEN) as client:
         with pytest.raises(RequestRejected) as rejected:
             await client.update_weights("v", "relative/path")
@@ -121,10 +112,11 @@ async def test_client_error_taxonomy(fleet):
         assert st.applied.weight_version == "v9"
 
 
-async def test_sync_client_one_call_per_step(fleet):
+async def test_sync_client_one_call_per_step(sim_fleet, checkpoints):
     from rlcp.client.client import SyncControlPlaneClient
 
-    url, ctl, agents, ckpt, _ = fleet
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
 
     def trainer() -> list[str]:
         with SyncControlPlaneClient(url, token=CTL_TOKEN) as client:
@@ -136,8 +128,9 @@ async def test_sync_client_one_call_per_step(fleet):
     assert all(a.service.weight_version == "step-2" for a in agents)
 
 
-async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(fleet):
-    url, ctl, agents, ckpt, tmp_path = fleet
+async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(sim_fleet, checkpoints, tmp_path):
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
     rc, out, err = await rlctl(url, "update-weights", "--version", "r0", "--path", str(ckpt))
     assert rc == 0 and "bubble: 0/2 serving at least" in out, (out, err)
     status, _ = await ctl.call("POST", "/v1/rl/gateway/staleness", {"bound": 1})  # r0 may serve during the roll
@@ -170,8 +163,9 @@ async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(
     assert rc == 1 and "failed" in out and "manifest" in out, (rc, out, err)
 
 
-async def test_an_update_that_does_not_wait_answers_202_with_its_location(fleet):
-    url, ctl, agents, ckpt, _ = fleet
+async def test_an_update_that_does_not_wait_answers_202_with_its_location(sim_fleet, checkpoints):
+    ctl, agents = sim_fleet
+    url, ckpt = ctl.url, checkpoints[1]
     body = {"version": "a1", "source": {"kind": "disk", "path": str(ckpt)}, "wait": False,
             "strategy": {"type": "rolling", "max_unavailable": 1}}
     resp = await ctl.client.post("/v1/rl/update_weights", json=body, headers=AUTH)

@@ -29,11 +29,8 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture
-async def fleet(tmp_path: Path):
-    fleet = await MemoryFleet.start(4, roots=[tmp_path])
-    yield fleet
-    await fleet.stop()
-
+def memory_fleet_size() -> int:
+    return 4
 
 
 def rolling(max_unavailable: int | str) -> dict[str, Any]:
@@ -52,9 +49,9 @@ def watch_loads(fleet: MemoryFleet, seen: Callable[[str], None]) -> None:
         agent.engine.load_weights_from_disk = watched  # type: ignore[method-assign]
 
 
-async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(fleet: MemoryFleet,
+async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(memory_fleet: MemoryFleet,
                                                                               tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
@@ -62,12 +59,12 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(fl
 
     def seen(agent_id: str) -> None:
         state = ctl.state()
-        during[agent_id] = {"paused": sorted(a.agent_id for a in fleet.agents.values() if a.service.paused),
+        during[agent_id] = {"paused": sorted(a.agent_id for a in memory_fleet.agents.values() if a.service.paused),
                             "in_fence": sorted(w.id for w in fence(state)[1]),
                             "cordoned": sorted(w.id for w in state.workers if w.cordoned),
                             "wave": state.update.progress.wave if state.update and state.update.progress else None}
 
-    watch_loads(fleet, seen)
+    watch_loads(memory_fleet, seen)
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(1)))
     assert result.status == "ok" and all(r.phase == "resume" for r in result.results), result.results
     members = ["w0", "w1", "w2", "w3"]
@@ -90,12 +87,12 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(fl
     assert state.update is not None and state.update.operation_id == result.id and state.update.bubble == bubble
 
 
-async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(fleet: MemoryFleet,
+async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(memory_fleet: MemoryFleet,
                                                                          tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     in_fence: list[list[str]] = []
-    watch_loads(fleet, lambda _: in_fence.append([w.id for w in fence(ctl.state())[1]]))
+    watch_loads(memory_fleet, lambda _: in_fence.append([w.id for w in fence(ctl.state())[1]]))
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok" and in_fence == [[]] * 4
     bubble = result.bubble
@@ -104,13 +101,13 @@ async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(fleet:
     assert bubble.worker_seconds_out == pytest.approx(sum(w.out_of_service_s for w in bubble.workers), abs=1e-3)
 
 
-async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(fleet: MemoryFleet,
+async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(memory_fleet: MemoryFleet,
                                                                               tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     in_fence: dict[str, list[str]] = {}
-    watch_loads(fleet, lambda agent_id: in_fence.update({agent_id: [w.id for w in fence(ctl.state())[1]]}))
+    watch_loads(memory_fleet, lambda agent_id: in_fence.update({agent_id: [w.id for w in fence(ctl.state())[1]]}))
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling("50%")))
     assert result.status == "ok" and result.progress is not None and result.progress.waves == 2
     # Wave 1 (w0, w1) loads while w2, w3 still hold v1, which the fence no longer admits.
@@ -118,13 +115,13 @@ async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(f
     assert result.bubble is not None and [p.serving for p in result.bubble.capacity] == [4, 0, 2, 4]
 
 
-async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
-    fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
-    for a in fleet.agents.values():
+    memory_fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    for a in memory_fleet.agents.values():
         a.touched.clear()
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(2)))
     assert result.status == "partial"
@@ -134,24 +131,24 @@ async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(fleet: M
     assert result.progress is not None and result.progress.halted and result.progress.waves_done == 1
     assert result.progress.updated == 1 and result.progress.failed == 1
     # Untouched, still serving v1 inside the fence; w1 stays paused (out of service) for the reconciler.
-    assert fleet["w2"].touched == fleet["w3"].touched == []
+    assert memory_fleet["w2"].touched == memory_fleet["w3"].touched == []
     assert {w.id for w in fence(ctl.state())[1]} == {"w0", "w2", "w3"}
-    assert fleet["w1"].service.paused and fleet["w2"].service.weight_version == "v1"
+    assert memory_fleet["w1"].service.paused and memory_fleet["w2"].service.weight_version == "v1"
     assert result.bubble is not None and {w.worker_id: w.returned for w in result.bubble.workers} == {
         "w0": True, "w1": False, "w2": True, "w3": True}
     assert not ctl.state().applied.verified
 
 
-async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_roll(fleet: MemoryFleet,
+async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_roll(memory_fleet: MemoryFleet,
                                                                                      tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
-    fleet["w1"].engine.kill()  # a dead engine: out of service before the update begins
+    memory_fleet["w1"].engine.kill()  # a dead engine: out of service before the update begins
     await ctl.refresh()
     order: list[str] = []
-    watch_loads(fleet, order.append)
+    watch_loads(memory_fleet, order.append)
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(1)))
     assert result.status == "partial" and result.progress is not None and result.progress.halted is None
     by_id = {r.worker_id: r for r in result.results}
@@ -162,21 +159,21 @@ async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_
     assert bubble is not None and bubble.serving_at_start == 3 and bubble.min_serving == 2
 
 
-async def test_later_waves_are_held_to_what_earlier_waves_verified(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_later_waves_are_held_to_what_earlier_waves_verified(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     # w3 reads other files at the same path (a stale node-local copy), alone in the last wave:
     # a wave of one agrees with itself, so only the earlier waves' agreement can catch it.
     wrong = write_checkpoint(tmp_path / "stale", 3)
-    real_load = fleet["w3"].engine.load_weights_from_disk
-    fleet["w3"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
+    real_load = memory_fleet["w3"].engine.load_weights_from_disk
+    memory_fleet["w3"].engine.load_weights_from_disk = lambda path: real_load(wrong)  # type: ignore[method-assign]
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1, **rolling(1)))
     failed = {r.worker_id: r.message for r in result.results if r.status != "ok"}
     assert list(failed) == ["w3"] and "earlier waves agreed on" in (failed["w3"] or ""), result.results
 
 
-async def test_a_manifest_is_checked_on_every_worker(fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+async def test_a_manifest_is_checked_on_every_worker(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     manifest = await ctl.registry.members()[0].driver.weight_checksums()
@@ -199,18 +196,18 @@ async def test_a_manifest_is_checked_on_every_worker(fleet: MemoryFleet, tmp_pat
                                               for r in result.results), result.results
 
 
-async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(fleet: MemoryFleet,
+async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(memory_fleet: MemoryFleet,
                                                                                tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     release = asyncio.Event()
-    real = fleet["w0"].engine.load_weights_from_disk
+    real = memory_fleet["w0"].engine.load_weights_from_disk
 
     async def slow_load(path: Any) -> None:
         await release.wait()
         await real(path)
 
-    fleet["w0"].engine.load_weights_from_disk = slow_load  # type: ignore[method-assign]
+    memory_fleet["w0"].engine.load_weights_from_disk = slow_load  # type: ignore[method-assign]
     started = await update_weights(ctl, disk_update(tmp_path, "v1", 1, wait=False, **rolling(2)))
     assert started.status == "running" and started.finished_at is None
     with pytest.raises(Conflict):  # the gate is held by the detached update

@@ -13,7 +13,7 @@ import pytest
 from rlcp.controlplane.gateway.follow import FollowedState
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.controller import CTL_TOKEN, start_controller
-from rlcp.harness.simfleet import start_fleet
+from tests.controller.fleets import FleetShape
 
 pytestmark = pytest.mark.timeout(60)
 # The poll runs once, at start, here: the tests below count the changes they make themselves.
@@ -21,18 +21,18 @@ QUIET = {"poll_interval_s": 600, "interval_s": 600}
 
 
 @pytest.fixture
-async def fleet(tmp_path):
-    agents = await start_fleet(2, [tmp_path])
-    ctl = await start_controller(tmp_path, agents, reconcile=QUIET)
+def fleet_shape() -> FleetShape:
+    return FleetShape(settings={"reconcile": QUIET})
+
+
+@pytest.fixture
+async def raw_http():
     async with aiohttp.ClientSession(auto_decompress=False) as raw:  # sees the bytes on the wire
-        yield ctl, agents, raw, tmp_path
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
+        yield raw
 
 
-async def test_gzip_plain_and_not_modified(fleet) -> None:
-    ctl, _, raw, _ = fleet
+async def test_gzip_plain_and_not_modified(sim_fleet, raw_http) -> None:
+    ctl, raw = sim_fleet.ctl, raw_http
     url = ctl.url + "/v1/rl/state"
     async with raw.get(url, headers={"Accept-Encoding": "identity"}) as resp:
         plain, tag = await resp.read(), resp.headers["ETag"]
@@ -49,8 +49,8 @@ async def test_gzip_plain_and_not_modified(fleet) -> None:
         assert resp.headers["Content-Encoding"] == "gzip" and await resp.read() == plain
 
 
-async def test_a_change_or_another_controller_gives_a_new_tag(fleet) -> None:
-    ctl, agents, raw, tmp_path = fleet
+async def test_a_change_or_another_controller_gives_a_new_tag(sim_fleet, raw_http, tmp_path) -> None:
+    (ctl, agents), raw = sim_fleet, raw_http
     url = ctl.url + "/v1/rl/state"
     async with raw.get(url) as resp:
         tag = resp.headers["ETag"]
@@ -67,11 +67,8 @@ async def test_a_change_or_another_controller_gives_a_new_tag(fleet) -> None:
         await other.client.close()
 
 
-@pytest.mark.parametrize("decompress", [True, False], ids=["aiohttp-default", "gateway-session"])
-async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytest.MonkeyPatch, decompress) -> None:
-    """Both with a session that decompresses and with the gateway's own (`auto_decompress=False`,
-    as a proxy must), which still asks for gzip."""
-    ctl, _, _, _ = fleet
+def status_trace() -> tuple[aiohttp.TraceConfig, list[int]]:
+    """A client trace, and the status of every answer a session with it gets, in order."""
     statuses: list[int] = []
 
     async def on_end(session, ctx, params) -> None:
@@ -79,6 +76,16 @@ async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytes
 
     trace = aiohttp.TraceConfig()
     trace.on_request_end.append(on_end)
+    return trace, statuses
+
+
+@pytest.mark.parametrize("decompress", [True, False], ids=["aiohttp-default", "gateway-session"])
+async def test_the_follower_reads_304s_without_parsing(sim_fleet, monkeypatch: pytest.MonkeyPatch,
+                                                     decompress) -> None:
+    """Both with a session that decompresses and with the gateway's own (`auto_decompress=False`,
+    as a proxy must), which still asks for gzip."""
+    ctl = sim_fleet.ctl
+    trace, statuses = status_trace()
     async with aiohttp.ClientSession(trace_configs=[trace], auto_decompress=decompress) as session:
         followed = FollowedState(session=session, url=ctl.url, token=CTL_TOKEN, interval_s=0.0)
         await followed.read_once()
@@ -96,17 +103,11 @@ async def test_the_follower_reads_304s_without_parsing(fleet, monkeypatch: pytes
         assert now[0] == first[0] + 1 and now[1].desired.paused is True and followed.last_error is None
 
 
-async def test_the_python_client_polls_with_its_tag(fleet) -> None:
+async def test_the_python_client_polls_with_its_tag(sim_fleet) -> None:
     from rlcp.client.client import ControlPlaneClient
 
-    ctl, *_ = fleet
-    statuses: list[int] = []
-
-    async def count(session, ctx, params) -> None:
-        statuses.append(params.response.status)
-
-    trace = aiohttp.TraceConfig()
-    trace.on_request_end.append(count)
+    ctl = sim_fleet.ctl
+    trace, statuses = status_trace()
     async with aiohttp.ClientSession(trace_configs=[trace]) as session:
         client = ControlPlaneClient(ctl.url, token=CTL_TOKEN, session=session)
         first = await client.state_raw()

@@ -10,10 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rlcp.controlplane.api.app import GATEWAY
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import start_controller, update_body
-from rlcp.harness.simfleet import SimAgent
+from rlcp.harness.controller import update_body
 from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,20 +34,6 @@ def version_routes(ckpt: Path, adapter: Path) -> list[tuple[str, str, object, st
     ]
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path):
-    agents = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True).start() for i in range(2)]
-    ctl = await start_controller(tmp_path, agents)
-    gateway = ctl.client.server.app[GATEWAY]
-    await wait_for(lambda: gateway.router.table() is not None and len(gateway.router.table().routes) == 2,
-                   what="every worker inside the fence")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-        yield agents, ctl, gateway, http
-    await ctl.client.close()
-    for a in agents:
-        await a.stop()
-
-
 async def rollouts(http: aiohttp.ClientSession, gateway, n: int) -> list[tuple[int, dict]]:
     out = []
     for _ in range(n):
@@ -59,8 +43,8 @@ async def rollouts(http: aiohttp.ClientSession, gateway, n: int) -> list[tuple[i
     return out
 
 
-async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_touches_nothing(fleet, tmp_path):
-    agents, ctl, gateway, http = fleet
+async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_touches_nothing(gateway_fleet, tmp_path):
+    agents, ctl, gateway, http = gateway_fleet
     ckpt, adapter = write_checkpoint(tmp_path / "ckpt", 1), write_adapter(tmp_path / "adapter")
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt))
     assert status == 200, result
@@ -88,8 +72,8 @@ async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_t
     assert {s for s, _ in served} == {200} and {h["X-RL-Weight-Version"] for _, h in served} == {"v1"}
 
 
-async def test_a_good_name_of_every_visible_ascii_character_is_taken_and_served(fleet, tmp_path):
-    agents, ctl, gateway, http = fleet
+async def test_a_good_name_of_every_visible_ascii_character_is_taken_and_served(gateway_fleet, tmp_path):
+    agents, ctl, gateway, http = gateway_fleet
     name = "".join(chr(c) for c in range(0x21, 0x7F))  # every character a name may hold, at once
     status, result = await ctl.call("POST", "/v1/rl/update_weights",
                                     update_body(name, write_checkpoint(tmp_path / "ckpt", 1)))
@@ -100,8 +84,8 @@ async def test_a_good_name_of_every_visible_ascii_character_is_taken_and_served(
     assert {s for s, _ in served} == {200} and {h["X-RL-Weight-Version"] for _, h in served} == {name}
 
 
-async def test_a_worker_reporting_a_name_no_header_can_carry_is_kept_out_of_the_fence_not_a_500(fleet):
-    agents, ctl, gateway, http = fleet
+async def test_a_worker_reporting_a_name_no_header_can_carry_is_kept_out_of_the_fence_not_a_500(gateway_fleet):
+    agents, ctl, gateway, http = gateway_fleet
     # A name set on the worker by hand (as one could on a stock vLLM server): no request model of
     # ours saw it, and nothing is desired yet, so the fence would otherwise admit the worker as ready.
     agents[0].engine.served_version = "v\u0001x"

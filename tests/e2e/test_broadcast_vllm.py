@@ -45,11 +45,6 @@ async def _load_direct(http, agent, path: Path, version: str) -> None:
         assert status == 200, resp
 
 
-@pytest.fixture(scope="module")
-def references() -> dict[str, list[int]]:
-    return {}
-
-
 @pytest.fixture
 async def fleet(http, vllm_agent, vllm_agent_b, tiny_models, references, tmp_path):
     """Both agents on weights-1 from disk, a controller over them, and the reference

@@ -80,11 +80,6 @@ async def generate(http, worker, max_tokens: int = 16) -> dict:
     return answer
 
 
-@pytest.fixture(scope="module")
-def references() -> dict:
-    return {}
-
-
 @pytest.fixture
 async def ctl(http, dynamo, tiny_models, tmp_path, references):
     worker, frontend = dynamo

@@ -27,7 +27,8 @@ def seen(registry: FleetRegistry, wid: str, version: str | None, *, ok: bool = T
 
 
 @pytest.fixture
-def fleet(monkeypatch: pytest.MonkeyPatch):
+def counted_registry(monkeypatch: pytest.MonkeyPatch):
+    """Four members seen at v1, and how many times each one's view was made."""
     made = Counter()
     real = view_module.worker_view
 
@@ -51,8 +52,8 @@ def document(registry: FleetRegistry, views: WorkerViews, desired: DesiredState)
                                   verified=True, transfer=None))
 
 
-def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_serialization(fleet) -> None:
-    registry, changes, made = fleet
+def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_serialization(counted_registry) -> None:
+    registry, changes, made = counted_registry
     views, desired = WorkerViews(), DesiredState(weight_version="v1")
     cache = StateCache(changes, lambda: document(registry, views, desired), views.json)
     first = cache.json()
@@ -72,8 +73,8 @@ def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_seriali
     assert third == document(registry, views, desired).model_dump_json().encode()
 
 
-def test_a_new_desired_state_or_a_replaced_member_remakes_them(fleet) -> None:
-    registry, changes, made = fleet
+def test_a_new_desired_state_or_a_replaced_member_remakes_them(counted_registry) -> None:
+    registry, changes, made = counted_registry
     views = WorkerViews()
     document(registry, views, DesiredState(weight_version="v1"))
     state = document(registry, views, DesiredState(weight_version="v2"))  # a new desired object
@@ -86,10 +87,10 @@ def test_a_new_desired_state_or_a_replaced_member_remakes_them(fleet) -> None:
     assert not any(w.reachable for w in state.workers)
 
 
-def test_the_cache_tags_each_generation_and_compresses_it_once(fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_tags_each_generation_and_compresses_it_once(counted_registry, monkeypatch: pytest.MonkeyPatch) -> None:
     import gzip
 
-    registry, changes, _ = fleet
+    registry, changes, _ = counted_registry
     views, desired = WorkerViews(), DesiredState(weight_version="v1")
     cache = StateCache(changes, lambda: document(registry, views, desired), views.json)
     tag = cache.etag()

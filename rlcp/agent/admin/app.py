@@ -9,10 +9,10 @@ from rlcp.agent.admin.routes import SERVICE, api
 from rlcp.agent.service import AgentService
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.http import make_auth_middleware, make_error_middleware
-from rlcp.core.openapi import serve_document
+from rlcp.core.openapi import open_paths, serve_document
 
 # Probes (and the API document) must work without the token even when reads are protected.
-_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
+_OPEN_PATHS = open_paths(ROUTES)
 
 
 def build_admin_app(service: AgentService, *, token: str) -> web.Application:

@@ -20,6 +20,6 @@ DESCRIPTION = ("The admin port of one agent (one vLLM engine). The root routes t
                "with `admin.auth_reads` reads do too, except `/healthz`, `/readyz` and this document.")
 
 
-def agent_document(*, auth_reads: bool, version: str = "0.1.0") -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-agent admin API", version=version, description=DESCRIPTION,
+def agent_document(*, auth_reads: bool) -> dict[str, Any]:
+    return build_document(ROUTES, title="rl-agent admin API", description=DESCRIPTION,
                           auth_reads=auth_reads)

@@ -38,7 +38,7 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.supervisor import start_loops
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.http import make_auth_middleware, make_error_middleware
-from rlcp.core.openapi import serve_document
+from rlcp.core.openapi import open_paths, serve_document
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -47,7 +47,7 @@ KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
 LEADERSHIP = web.AppKey("leadership", Leadership)
 GATEWAY = web.AppKey("gateway", Gateway)  # set when the inference gateway runs in this process
 # Probes (and the API document) answer without the token even when reads are protected.
-_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
+_OPEN_PATHS = open_paths(ROUTES)
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

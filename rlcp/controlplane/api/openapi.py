@@ -21,6 +21,6 @@ DESCRIPTION = ("The fleet controller. `/v1/rl/*` is the native API; the root is 
                "`api.auth_reads` reads do too, except `/healthz`, `/readyz`, `/health` and this document.")
 
 
-def controller_document(*, auth_reads: bool, version: str = "0.1.0") -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-controlplane API", version=version, description=DESCRIPTION,
+def controller_document(*, auth_reads: bool) -> dict[str, Any]:
+    return build_document(ROUTES, title="rl-controlplane API", description=DESCRIPTION,
                           auth_reads=auth_reads)

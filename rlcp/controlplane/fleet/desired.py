@@ -19,7 +19,14 @@ import structlog
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import BroadcastSource, Checkpoint, DesiredState, DiskSource, LoraSpec
+from rlcp.core.wire.controller import (
+    APPLIED_VERSIONS_KEPT,
+    BroadcastSource,
+    Checkpoint,
+    DesiredState,
+    DiskSource,
+    LoraSpec,
+)
 
 log = structlog.get_logger("rlcp.controlplane.fleet.desired")
 
@@ -132,14 +139,11 @@ class DesiredKeeper:
         self._changes.bump()
 
 
-APPLIED_KEPT = 32
-
-
 def _applied(d: DesiredState, version: str | None) -> None:
     """Record `version` as the newest applied one (the gateway's staleness bound counts back
     along this list); an unnamed broadcast is not a version the fence can admit."""
     if version is not None and (not d.applied_versions or d.applied_versions[-1] != version):
-        d.applied_versions = [*d.applied_versions, version][-APPLIED_KEPT:]
+        d.applied_versions = [*d.applied_versions, version][-APPLIED_VERSIONS_KEPT:]
 
 
 def admitted_versions(desired: str | None, applied: list[str], bound: int) -> list[str]:

@@ -25,15 +25,13 @@ from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.cached import cached_response
 from rlcp.core.errors import ApiError
 from rlcp.core.follow import FollowedDocument
-from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
+from rlcp.core.http import HOP_BY_HOP, json_response, make_auth_middleware, make_error_middleware
+from rlcp.core.openapi import open_paths
 from rlcp.core.tracing import outgoing_headers
 
-_OPEN_PATHS = frozenset(r.path for r in ROUTES if r.probe)
+_OPEN_PATHS = open_paths(ROUTES)
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# Hop-by-hop headers (RFC 9110 §7.6.1) and what the client library sets itself.
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                  "transfer-encoding", "upgrade", "host", "content-length"})
-_HOP_OUT = _HOP | {"date", "server"}
+_HOP_OUT = HOP_BY_HOP | {"date", "server"}  # the answer's Date and Server are this process's
 
 
 class CoreUnavailable(ApiError):
@@ -98,7 +96,7 @@ def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
 async def forward(request: web.Request) -> web.Response:
     core, replica = request.app[CORE], request.app[REPLICA]
     data = await request.read()
-    headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in _HOP)
+    headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
     # The id and trace this front gave the call (its own when the client sent none), so the
     # core's log lines and its worker calls carry the ones the client was answered with.
     for name, value in outgoing_headers().items():

@@ -35,7 +35,7 @@ class CoreStartFailed(RuntimeError):
 
 
 class CoreProcess:
-    def __init__(self, config: Path | None, *, start_timeout_s: float = 120.0, stop_timeout_s: float = 30.0) -> None:
+    def __init__(self, config: Path | None, *, start_timeout_s: float, stop_timeout_s: float) -> None:
         self._config = config
         self._start_timeout_s, self._stop_timeout_s = start_timeout_s, stop_timeout_s
         self._tmp = tempfile.TemporaryDirectory(prefix="rlcp-core-")
@@ -88,9 +88,9 @@ def write_port_file(path: Path | None, port: int) -> None:
 async def serve(settings: ControllerSettings, *, token: str, config: Path | None, port_file: Path | None,
                 stop: asyncio.Event) -> int:
     """Run the core and the front until `stop` is set or the core exits; the exit code."""
-    core = CoreProcess(config)
-    url = await core.start()
     api = settings.api
+    core = CoreProcess(config, start_timeout_s=api.core_start_timeout_s, stop_timeout_s=api.core_stop_timeout_s)
+    url = await core.start()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
                                      timeout=aiohttp.ClientTimeout(total=None)) as session:

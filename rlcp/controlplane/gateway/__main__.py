@@ -10,11 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from pathlib import Path
-
-from pydantic import ValidationError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,19 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once serving")
     args = parser.parse_args(argv)
 
-    from rlcp.controlplane.settings import load_settings
-    from rlcp.core.logs import configure_logging
+    from rlcp.controlplane.settings import ControllerSettings, load_settings
+    from rlcp.core.entry import settings_or_exit, stop_on_signals
 
-    try:
-        settings = load_settings(args.config)
-        g = settings.gateway
-        if not g.follow_url:
+    def check(settings: ControllerSettings) -> None:
+        if not settings.gateway.follow_url:
             raise ValueError("gateway.follow_url (RLCP_GATEWAY__FOLLOW_URL) must name the controller to follow")
-        g.resolved_token()
-    except (ValidationError, ValueError, OSError) as exc:
-        print(f"rl-gateway: bad settings: {exc}", file=sys.stderr)
-        return 2
-    configure_logging(settings.log_format, settings.log_level)
+        settings.gateway.resolved_token()
+
+    g = settings_or_exit(parser, lambda: load_settings(args.config), check=check).gateway
 
     import structlog
 
@@ -47,10 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlcp.core.heap import settle
 
     async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         async with new_session() as session:
             followed = FollowedState(session=session, url=g.follow_url or "", interval_s=g.follow_interval_s,
                                      token=g.follow_token.get_secret_value() if g.follow_token else None)

@@ -29,8 +29,9 @@ from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, ValidationFailedError
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware, validate
-from rlcp.core.openapi import Handler, Route, RouteTable, build_document, openapi_route, serve_document
+from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
 from rlcp.core.wire.agent import ProbeAnswer
+from rlcp.core.wire.controller import STALENESS_BOUND_MAX
 
 GATEWAY = web.AppKey("gateway", Gateway)
 STALENESS_HEADER = "X-RL-Max-Staleness"
@@ -60,7 +61,7 @@ class ModelList(BaseModel):
 
 
 def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings) -> RequestPolicy:
-    bound = _header_number(request, STALENESS_HEADER, int, 0, 31)
+    bound = _header_number(request, STALENESS_HEADER, int, 0, STALENESS_BOUND_MAX)
     hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
     session = request.headers.get(settings.affinity_header) or request.headers.get(SESSION_ID_HEADER) or body.user
     return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
@@ -151,8 +152,8 @@ DESCRIPTION = ("The inference gateway of an RL fleet: the OpenAI and vLLM infere
                "one that may serve) and `X-RL-Hold-Timeout` (seconds).")
 
 
-def gateway_document(*, secured: bool, version: str = "0.1.0") -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-controlplane gateway", version=version, description=DESCRIPTION,
+def gateway_document(*, secured: bool) -> dict[str, Any]:
+    return build_document(ROUTES, title="rl-controlplane gateway", description=DESCRIPTION,
                           auth_reads=secured)
 
 
@@ -161,8 +162,7 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
     token = settings.resolved_token()
     middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
     if token:
-        open_paths = frozenset(r.path for r in ROUTES if r.probe)
-        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths,
+        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths(ROUTES),
                                                 also_accepted=gateway.accepted_admin_tokens()))
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares,
                           handler_args=BODY_HANDLER_ARGS)

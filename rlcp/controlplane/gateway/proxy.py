@@ -36,16 +36,13 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.routing import Route, Router
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
-from rlcp.core.http import presents_one_of
+from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
 from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
 from rlcp.core.wire.controller import GatewayView, GatewayWorkerView
 
 log = structlog.get_logger("rlcp.controlplane.gateway")
 
-# Not forwarded either way (RFC 9110 §7.6.1), plus what aiohttp sets itself.
-_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                  "transfer-encoding", "upgrade", "host", "content-length"})
 _POLL_S = 0.02  # how often a held request looks at the table again
 _RETRY_PAUSE_S = 0.1  # before trying members that failed this request once already
 
@@ -99,7 +96,7 @@ class Gateway:
         # Authorization (a key a worker itself checks) passes. Resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
         # The request id and trace go on as this call's (`rlcp.core.tracing`): a new span per try.
-        self._drop_upstream = _HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
+        self._drop_upstream = HOP_BY_HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
                                       TRACEPARENT_HEADER.lower()}
         self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
 
@@ -246,7 +243,7 @@ class Gateway:
 
     @staticmethod
     def _client_headers(upstream: Any, route: Route) -> CIMultiDict[str]:
-        headers = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in _HOP)
+        headers = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in HOP_BY_HOP)
         headers["X-RL-Worker"] = route.worker_id
         headers["X-RL-Weight-Version"] = route.weight_version or ""
         return headers

@@ -20,7 +20,7 @@ from rlcp.controlplane.errors import Conflict
 
 
 class OperationGate:
-    def __init__(self, *, wait_for_reconciler_s: float = 120.0) -> None:
+    def __init__(self, *, wait_for_reconciler_s: float) -> None:
         self._lock = asyncio.Lock()
         self._holder: str | None = None
         self._api_claimed = False

@@ -21,6 +21,10 @@ ResultStatus = Literal["ok", "error", "timeout", "skipped"]
 OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile",
                         "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"]
 OperationStatus = Literal["running", "ok", "partial", "failed"]
+# The gateway's staleness bound admits at most this many versions before the desired one; the
+# desired state keeps one more applied version than that, so every bound has versions to count.
+STALENESS_BOUND_MAX = 31
+APPLIED_VERSIONS_KEPT = STALENESS_BOUND_MAX + 1
 
 
 class _Body(BaseModel):
@@ -147,10 +151,11 @@ class DesiredState(BaseModel):
     paused: bool = False
     pause_mode: PauseMode = "keep"
     applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
-                                        "controller applied them, newest last (the last 32): the gateway's "
-                                        "staleness bound counts back along this list.")
-    staleness_bound: int = Field(0, ge=0, le=31, description="The gateway may route to a member at one of the "
-                                 "last `staleness_bound` versions before the desired one (0: the desired only).")
+                                        f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
+                                        "the gateway's staleness bound counts back along this list.")
+    staleness_bound: int = Field(0, ge=0, le=STALENESS_BOUND_MAX, description="The gateway may route to a member at "
+                                 "one of the last `staleness_bound` versions before the desired one (0: the desired "
+                                 "only).")
     updated_at: datetime | None = None
 
 
@@ -292,7 +297,8 @@ class GatewayView(BaseModel):
 
 
 class StalenessRequest(_Body):
-    bound: int = Field(ge=0, le=31, description="How many versions before the desired one the gateway may serve.")
+    bound: int = Field(ge=0, le=STALENESS_BOUND_MAX,
+                       description="How many versions before the desired one the gateway may serve.")
 
 
 class FleetState(BaseModel):

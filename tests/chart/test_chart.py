@@ -37,13 +37,6 @@ AGENTS_ON = ["--set", "agents.enabled=true", "--set", "agents.weights.claimName=
 Doc = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    done = subprocess.run(["bash", "scripts/k8s-tools.sh"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, f"scripts/k8s-tools.sh failed:\n{done.stderr}"
-    return str(Path(done.stdout.strip()) / "helm")
-
-
 def _template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
                           capture_output=True, text=True, timeout=60)

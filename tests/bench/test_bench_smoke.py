@@ -17,13 +17,6 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(autouse=True)
-def _keep_test_logging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A benchmark silences logging for its whole process, and structlog caches each logger
-    on first use: run in-process here, that would leave every later test's logs empty."""
-    monkeypatch.setattr("rlcp.core.logs.configure_logging", lambda *args, **kwargs: None)
-
-
 def _outputs(out: Path, name: str) -> dict:
     assert (out / f"{name}.png").stat().st_size > 1000
     return json.loads((out / f"{name}.json").read_text())
