@@ -23,7 +23,7 @@ PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp
 
 # Lowest first; a module may import its own layer and those below it. Each entry is a whole
 # folder or a module directly under rlcp/controlplane: a folder split across layers hides an
-# arrow running back up (settings -> workers/spec.py while workers/ -> deadlines -> settings).
+# arrow running back up (settings -> workerspec.py while workers/ -> deadlines -> settings).
 CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlcp.controlplane.errors", "rlcp.controlplane.settings", "rlcp.controlplane.metrics",
      "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch", "rlcp.controlplane.workerspec",

@@ -7,7 +7,7 @@ import pytest
 
 from rlcp.controlplane.reconcile.loop import Reconciler
 from rlcp.controlplane.reconcile.plan import Action
-from rlcp.controlplane.workers.spec import WorkerSpec, WorkerStatus
+from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 
 
 class _StatusOnly:

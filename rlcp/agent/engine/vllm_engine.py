@@ -14,10 +14,6 @@ Notes from vLLM 0.32's behaviour that shape this adapter:
   `worker_extension_cls` when LoRA is on.
 """
 
-# vLLM is `Any` to the type checker (pyproject.toml skips following it), and vLLM takes a stat
-# logger only as a subclass of its own `StatLoggerBase`: the one class here that must subclass it.
-# mypy: disallow-subclassing-any=False
-
 from __future__ import annotations
 
 import asyncio

@@ -17,10 +17,6 @@ joined, or fails after `timeout_s`. An update chunk names the tensors (names, dt
 shapes) and the trainer broadcasts them in that order, small ones packed into buffers.
 """
 
-# vLLM is `Any` to the type checker (pyproject.toml skips following it), and vLLM builds a
-# backend only from subclasses of its own classes (the info dataclasses, the two engines).
-# mypy: disallow-subclassing-any=False
-
 from __future__ import annotations
 
 import math
