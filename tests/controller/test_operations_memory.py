@@ -147,15 +147,15 @@ async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
 
 
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
-        fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))).status == "ok"
     assert (await ctl.transfer.start()).status == "running"
     chunk = TransferUpdateRequest(update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]})
     for _ in range(3):
         await ctl.transfer.update_chunk(chunk)
-    fleet["w1"].faults["/update_weights"] = Fault("status", 500)
+    memory_fleet["w1"].faults["/update_weights"] = Fault("status", 500)
     result = await ctl.transfer.update_chunk(chunk)
     # The record says which chunk; the metric's label names only the step.
     assert {r.worker_id: r.phase for r in result.results if r.status == "error"} == {"w1": "update_weights[4]"}
@@ -169,16 +169,16 @@ async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
 
 
 async def test_a_step_sends_nothing_to_a_member_whose_flavor_lacks_its_capability(
-        fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = fleet.controller(tmp_path)
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    ctl = memory_fleet.controller(tmp_path)
     # w2 joins as a Dynamo worker after an operation checked its members: no checksums to ask for.
-    ctl.apply_membership([*fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
+    ctl.apply_membership([*memory_fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
     outcomes = await ctl.fanout.each([r.driver for r in ctl.members()], CHECKSUMS, lambda w: w.weight_checksums(),
                                      phase="verify", deadline_s=5)
     assert {o.worker_id: (o.result.status, o.result.code) for o in outcomes} == {
         "w0": ("ok", None), "w1": ("ok", None), "w2": ("error", "capability_missing")}
     assert "w2 (dynamo) lacks the 'checksums' capability" in (outcomes[-1].result.message or "")
-    assert fleet["w2"].calls == []
+    assert memory_fleet["w2"].calls == []
 
 
 def test_ranks_follow_world_sizes_in_id_order() -> None:
