@@ -1,0 +1,221 @@
+"""Placement kind `ray` over a real Ray 2.60.0 head on loopback (rlcp/harness/raycluster.py).
+
+The controller (its own process, a Ray driver) keeps SimEngine agents as detached actors in a
+placement group; `discovery.kind: ray` makes them members. This test never imports `ray`: it
+reads the dashboard's state API and kills processes by pid. Checked: two agents placed become
+members and serve through the gateway; a disk update goes through; an actor's process SIGKILLed
+(and, on another member, the agent child SIGKILLed) comes back through Ray's restart, and the
+controller converges it to the desired version before the gateway routes to it (every answer
+during and after carries the desired X-RL-Weight-Version); a new controller with replicas 3 then
+1 reshapes the fleet (it finds its predecessor's actors by name); teardown removes everything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from rlcp.harness.checkpoints import write_checkpoint
+from rlcp.harness.controller import AUTH, controller_config, update_body
+from rlcp.harness.http import free_port
+from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.raycluster import RayHead
+from rlcp.harness.simfleet import TEST_TIMEOUTS
+from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
+from rlcp.harness.waiting import wait_for
+
+pytestmark = pytest.mark.ray
+
+NAMESPACE = "rlcp-place"
+PREFIX = "rlcp-agent-"
+
+
+@pytest.fixture(scope="module")
+def head() -> Iterator[RayHead]:
+    # Without this Ray turns 127.0.0.1 into the machine's own address (head, and the controller's driver).
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    started = RayHead(num_cpus=2).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+    assert started.pids() == []
+
+
+def actors(head: RayHead) -> dict[str, dict[str, Any]]:
+    """This namespace's agent actors by name, from the state API (alive or restarting)."""
+    url = (f"{head.dashboard_url}/api/v0/actors?detail=true&limit=1000&filter_keys=ray_namespace"
+           f"&filter_predicates=%3D&filter_values={NAMESPACE}")
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        rows = json.load(resp)["data"]["result"]["result"]
+    return {r["name"]: r for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "DEAD"}
+
+
+def groups(head: RayHead) -> list[str]:
+    url = f"{head.dashboard_url}/api/v0/placement_groups?detail=true&limit=1000"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        rows = json.load(resp)["data"]["result"]["result"]
+    return sorted(r["name"] for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "REMOVED")
+
+
+def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown: bool) -> dict[str, Any]:
+    agent = {"engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02}, "admin": {"token": AGENT_TOKEN},
+             "allowed_roots": [str(root)], "timeouts": TEST_TIMEOUTS, "log_format": "json"}
+    return controller_config(
+        workdir, [], [root], gateway={"port": free_port()},
+        # one desired state for the controllers that follow each other here
+        store={"kind": "file", "path": str(workdir.parent / "store" / "desired.json")},
+        discovery={"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
+                                          "name_prefix": PREFIX, "interval_s": 0.2, "timeout_s": 2.0,
+                                          "max_backoff_s": 1.0,
+                                          "dead_actors": "drop"}},  # an actor scaled away leaves the fleet
+        placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
+                                          "replicas": replicas, "bundle": {"CPU": 0.5}, "strategy": "PACK",
+                                          "interval_s": 0.5, "call_timeout_s": 60, "teardown": teardown,
+                                          "agent": agent}})
+
+
+async def state(http: aiohttp.ClientSession, ctl: ControllerProcess) -> dict[str, Any]:
+    async with http.get(f"{ctl.url}/v1/rl/state", headers=AUTH) as resp:
+        return dict(await resp.json())
+
+
+def serving(st: dict[str, Any], n: int, version: str | None = None) -> bool:
+    ws = st.get("workers", [])
+    return len(ws) == n and all(w["serving"] and (version is None or w["weight_version"] == version) for w in ws)
+
+
+class Rollouts:
+    """Requests through the gateway, one after another, each answer's worker and version kept."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http, self.url = http, url
+        self.answers: list[tuple[float, str, str, int]] = []  # (time, worker, version, status)
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                async with self.http.post(f"{self.url}/v1/completions", json={
+                        "model": "sim", "prompt": "hi", "max_tokens": 2}) as resp:
+                    await resp.read()
+                    self.answers.append((time.monotonic(), resp.headers.get("X-RL-Worker", ""),
+                                         resp.headers.get("X-RL-Weight-Version", ""), resp.status))
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def kill_and_wait_converged(http: aiohttp.ClientSession, ctl: ControllerProcess, head: RayHead, name: str,
+                                  pid: int, n: int, version: str) -> float:
+    """SIGKILL `pid` (the actor's or its agent's); wait for Ray to restart the actor and the
+    controller to serve it again at `version`; the seconds from the kill to serving."""
+    before = actors(head)[name]["num_restarts"]
+    old_url = next(w["admin_url"] for w in (await state(http, ctl))["workers"] if w["id"] == name)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    await wait_for(lambda: actors(head)[name]["num_restarts"] > before and actors(head)[name]["state"] == "ALIVE",
+                   30, f"{name} restarted by Ray", interval_s=0.1)
+    await wait_for(lambda: _serving_anew(http, ctl, n, version, name, old_url), 30,
+                   f"{name} converged and serving", interval_s=0.05)
+    return time.monotonic() - t0
+
+
+async def _serving_anew(http: aiohttp.ClientSession, ctl: ControllerProcess, n: int, version: str, name: str,
+                        old_url: str) -> bool:
+    """Every member serving at `version`, `name` on its new agent (a new port: a new URL)."""
+    st = await state(http, ctl)
+    return serving(st, n, version) and any(w["id"] == name and w["admin_url"] != old_url for w in st["workers"])
+
+
+async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tmp_path: Path) -> None:
+    root = tmp_path / "weights"
+    write_checkpoint(root / "v1", 1)
+    ctl = ControllerProcess(config(tmp_path / "c1", head, root, replicas=2, teardown=False), tmp_path / "c1",
+                            start_timeout_s=90)
+    gateway = f"http://127.0.0.1:{ctl.config['gateway']['port']}"
+    timings: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http:
+        try:
+            t0 = time.monotonic()
+            await ctl.spawn().wait_ready_async()
+            await wait_for(lambda: _serving(http, ctl, 2), 90, "two placed agents serving", interval_s=0.2)
+            timings["place_2_s"] = time.monotonic() - t0
+            placed = actors(head)
+            assert sorted(placed) == [f"{PREFIX}0", f"{PREFIX}1"]
+            assert groups(head) == [f"{PREFIX}group-0-2"]
+            st = await state(http, ctl)
+            assert sorted(w["id"] for w in st["workers"]) == sorted(placed)
+
+            async with http.post(f"{ctl.url}/v1/rl/update_weights", headers=AUTH,
+                                 json=update_body("v1", root / "v1")) as resp:
+                assert resp.status == 200, await resp.text()
+            await wait_for(lambda: _serving(http, ctl, 2, "v1"), 20, "both at v1", interval_s=0.1)
+
+            rollouts = Rollouts(http, gateway)
+            try:
+                await wait_for(lambda: len(rollouts.answers) > 5, 10, "answers through the gateway")
+                # The actor's process SIGKILLed: its agent child dies with it (PDEATHSIG).
+                timings["actor_kill_to_serving_s"] = await kill_and_wait_converged(
+                    http, ctl, head, f"{PREFIX}0", placed[f"{PREFIX}0"]["pid"], 2, "v1")
+                # The agent child SIGKILLed: the actor exits with it, and Ray restarts the actor.
+                agent_pid = json.loads(actors(head)[f"{PREFIX}1"]["repr_name"])["agent_pid"]
+                timings["agent_kill_to_serving_s"] = await kill_and_wait_converged(
+                    http, ctl, head, f"{PREFIX}1", agent_pid, 2, "v1")
+                n = len(rollouts.answers)
+                await wait_for(lambda: len(rollouts.answers) > n + 5, 10, "answers after the restarts")
+            finally:
+                await rollouts.stop()
+            ok = [a for a in rollouts.answers if a[3] == 200]
+            assert ok and all(version == "v1" for _, _, version, _ in ok), \
+                {v for _, _, v, _ in rollouts.answers}  # never the base weights of a fresh agent
+            assert {w for _, w, _, _ in ok} == {f"{PREFIX}0", f"{PREFIX}1"}
+        finally:
+            ctl.stop()
+
+        # Scale 2 -> 3 (a new controller: it finds the actors its predecessor placed).
+        ctl3 = ControllerProcess(config(tmp_path / "c3", head, root, replicas=3, teardown=False), tmp_path / "c3",
+                                 start_timeout_s=90)
+        try:
+            await ctl3.spawn().wait_ready_async()
+            t0 = time.monotonic()
+            await wait_for(lambda: _serving(http, ctl3, 3, "v1"), 60, "three agents at v1", interval_s=0.2)
+            timings["scale_2_to_3_s"] = time.monotonic() - t0
+            assert sorted(actors(head)) == [f"{PREFIX}{i}" for i in range(3)]
+            assert groups(head) == [f"{PREFIX}group-0-2", f"{PREFIX}group-2-1"]
+        finally:
+            ctl3.stop()
+
+        # Scale 3 -> 1, then teardown on stop.
+        ctl1 = ControllerProcess(config(tmp_path / "c4", head, root, replicas=1, teardown=True), tmp_path / "c4",
+                                 start_timeout_s=90)
+        try:
+            await ctl1.spawn().wait_ready_async()
+            await wait_for(lambda: sorted(actors(head)) == [f"{PREFIX}0"], 30, "scaled to one", interval_s=0.2)
+            assert groups(head) == [f"{PREFIX}group-0-2"]  # the straddling group stays, one spare bundle
+            await wait_for(lambda: _serving(http, ctl1, 1, "v1"), 30, "one agent at v1", interval_s=0.2)
+        finally:
+            ctl1.stop()
+        await wait_for(lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups",
+                       interval_s=0.2)
+    print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}))
+
+
+async def _serving(http: aiohttp.ClientSession, ctl: ControllerProcess, n: int, version: str | None = None) -> bool:
+    try:
+        return serving(await state(http, ctl), n, version)
+    except aiohttp.ClientError:
+        return False
