@@ -4,9 +4,10 @@ The controller (its own process, a Ray driver) keeps SimEngine agents as detache
 placement group; `discovery.kind: ray` makes them members. This test never imports `ray`: it
 reads the dashboard's state API and kills processes by pid. Checked: two agents placed become
 members and serve through the gateway; a disk update goes through; an actor's process SIGKILLed
-(and, on another member, the agent child SIGKILLed) comes back through Ray's restart, and the
-controller converges it to the desired version before the gateway routes to it (every answer
-during and after carries the desired X-RL-Weight-Version); a new controller with replicas 3 then
+(then, on another member, the agent child; then an actor in the middle of an update) comes back
+through Ray's restart, and the controller converges it to the desired version before the gateway
+routes to it (no answer ever carries a fresh agent's base weights: X-RL-Weight-Version is the
+version desired when it was sent); a new controller with replicas 3 then
 1 reshapes the fleet (it finds its predecessor's actors by name); teardown removes everything.
 """
 
@@ -69,7 +70,8 @@ def groups(head: RayHead) -> list[str]:
 
 
 def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown: bool) -> dict[str, Any]:
-    agent = {"engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02}, "admin": {"token": AGENT_TOKEN},
+    agent = {"engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02,
+                                                   "sim_load_latency_s": 1.0}, "admin": {"token": AGENT_TOKEN},
              "allowed_roots": [str(root)], "timeouts": TEST_TIMEOUTS, "log_format": "json"}
     return controller_config(
         workdir, [], [root], gateway={"port": free_port()},
@@ -128,7 +130,7 @@ async def kill_and_wait_converged(http: aiohttp.ClientSession, ctl: ControllerPr
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     await wait_for(lambda: actors(head)[name]["num_restarts"] > before and actors(head)[name]["state"] == "ALIVE",
-                   30, f"{name} restarted by Ray", interval_s=0.1)
+                   30, f"{name} restarted by Ray", interval_s=0.1, tolerate=(KeyError,))
     await wait_for(lambda: _serving_anew(http, ctl, n, version, name, old_url), 30,
                    f"{name} converged and serving", interval_s=0.05)
     return time.monotonic() - t0
@@ -177,11 +179,28 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
                     http, ctl, head, f"{PREFIX}1", agent_pid, 2, "v1")
                 n = len(rollouts.answers)
                 await wait_for(lambda: len(rollouts.answers) > n + 5, 10, "answers after the restarts")
+                assert {v for _, _, v, s in rollouts.answers if s == 200} == {"v1"}
+
+                # SIGKILL mid-update: the desired state names v2 before any worker is touched, so
+                # the restarted member is converged to v2, whatever the update's own answer says.
+                write_checkpoint(root / "v2", 2)
+                update = asyncio.create_task(_post(http, f"{ctl.url}/v1/rl/update_weights",
+                                                   update_body("v2", root / "v2")))
+                await wait_for(lambda: _loading(http, ctl), 10, "the update loading", interval_s=0.02)
+                update_status = 0
+                timings["mid_update_kill_to_serving_s"] = await kill_and_wait_converged(
+                    http, ctl, head, f"{PREFIX}0", actors(head)[f"{PREFIX}0"]["pid"], 2, "v2")
+                update_status = await update
+                t_done = time.monotonic()
+                await wait_for(lambda: len([a for a in rollouts.answers if a[0] > t_done]) > 5, 10,
+                               "answers after the update")
             finally:
                 await rollouts.stop()
             ok = [a for a in rollouts.answers if a[3] == 200]
-            assert ok and all(version == "v1" for _, _, version, _ in ok), \
-                {v for _, _, v, _ in rollouts.answers}  # never the base weights of a fresh agent
+            # never the base weights of a fresh agent: v1, then v2 once the desired state moved
+            assert {v for _, _, v, _ in ok} == {"v1", "v2"}, {v for _, _, v, _ in rollouts.answers}
+            assert all(v == "v2" for t, _, v, _ in ok if t > t_done)
+            assert update_status in (200, 207, 502)
             assert {w for _, w, _, _ in ok} == {f"{PREFIX}0", f"{PREFIX}1"}
         finally:
             ctl.stop()
@@ -192,7 +211,7 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
         try:
             await ctl3.spawn().wait_ready_async()
             t0 = time.monotonic()
-            await wait_for(lambda: _serving(http, ctl3, 3, "v1"), 60, "three agents at v1", interval_s=0.2)
+            await wait_for(lambda: _serving(http, ctl3, 3, "v2"), 60, "three agents at v2", interval_s=0.2)
             timings["scale_2_to_3_s"] = time.monotonic() - t0
             assert sorted(actors(head)) == [f"{PREFIX}{i}" for i in range(3)]
             assert groups(head) == [f"{PREFIX}group-0-2", f"{PREFIX}group-2-1"]
@@ -206,12 +225,24 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             await ctl1.spawn().wait_ready_async()
             await wait_for(lambda: sorted(actors(head)) == [f"{PREFIX}0"], 30, "scaled to one", interval_s=0.2)
             assert groups(head) == [f"{PREFIX}group-0-2"]  # the straddling group stays, one spare bundle
-            await wait_for(lambda: _serving(http, ctl1, 1, "v1"), 30, "one agent at v1", interval_s=0.2)
+            await wait_for(lambda: _serving(http, ctl1, 1, "v2"), 30, "one agent at v2", interval_s=0.2)
         finally:
             ctl1.stop()
         await wait_for(lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups",
                        interval_s=0.2)
     print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}))
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
+    async with http.post(url, headers=AUTH, json=body) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def _loading(http: aiohttp.ClientSession, ctl: ControllerProcess) -> bool:
+    """Some member is out of service for the update (paused or cordoned) while it runs."""
+    st = await state(http, ctl)
+    return any(w["paused"] or w["cordoned"] for w in st["workers"])
 
 
 async def _serving(http: aiohttp.ClientSession, ctl: ControllerProcess, n: int, version: str | None = None) -> bool:
