@@ -8,7 +8,8 @@ restarts the actor (`max_restarts=-1`), which starts a fresh agent. The other wa
 child gets SIGKILL when the actor's process dies (`PR_SET_PDEATHSIG`), and the actor exits
 when its child does, so the two always go together.
 
-This module imports nothing from Ray at import time and nothing of the controller.
+This module imports Ray only inside the actor (for the node's address and the actor's id), and
+of the controller only the convention's version (one home: discovery, which reads it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONVENTION = 1  # the `rlcp` key of the repr (docs/ray.md, "The actor convention")
+from rlcp.controlplane.discovery.ray import CONVENTION_VERSION
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -40,11 +42,16 @@ class AgentActor:
     (None: the Ray node's address)."""
 
     def __init__(self, config: dict[str, Any], host: str | None, start_timeout_s: float) -> None:
-        if host is None:
-            import ray
+        import ray
 
-            host = ray.util.get_node_ip_address()
-        self.workdir = Path(tempfile.mkdtemp(prefix="rlcp-placed-"))
+        host = host or ray.util.get_node_ip_address()
+        # One directory per actor, kept across its restarts (the actor id stays): the previous
+        # agent's log is kept beside the new one, and a restart leaves nothing more behind.
+        self.workdir = Path(tempfile.gettempdir()) / f"rlcp-placed-{ray.get_runtime_context().get_actor_id()}"
+        self.workdir.mkdir(exist_ok=True)
+        if (self.workdir / "agent.log").exists():
+            (self.workdir / "agent.log").replace(self.workdir / "agent.previous.log")
+        (self.workdir / "ports.json").unlink(missing_ok=True)
         config_path, ports_path = self.workdir / "agent.json", self.workdir / "ports.json"
         config_path.write_text(json.dumps(config))  # JSON is YAML: the agent's --config reads it
         self.log = (self.workdir / "agent.log").open("ab")
@@ -60,7 +67,7 @@ class AgentActor:
                 raise RuntimeError(f"the agent did not start (exit {self.child.poll()}): {tail}")
             time.sleep(0.05)
         ports = json.loads(ports_path.read_text())
-        self.described = {"rlcp": CONVENTION, "admin_url": f"http://{host}:{ports['admin_port']}",
+        self.described = {"rlcp": CONVENTION_VERSION, "admin_url": f"http://{host}:{ports['admin_port']}",
                           "inference_url": f"http://{host}:{ports['inference_port']}", "flavor": "agent",
                           "world_size": 1, "model": config.get("engine", {}).get("model", ""),
                           "agent_pid": ports["pid"]}
