@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -51,10 +49,7 @@ def head() -> Iterator[RayHead]:
     try:
         yield started
     finally:
-        try:
-            remove_actor_dirs(started)
-        finally:
-            started.stop()
+        started.stop()
     assert started.pids() == []
 
 
@@ -65,15 +60,6 @@ def actors(head: RayHead) -> dict[str, dict[str, Any]]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         rows = json.load(resp)["data"]["result"]["result"]
     return {r["name"]: r for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "DEAD"}
-
-
-def remove_actor_dirs(head: RayHead) -> None:
-    """The placed actors' directories (one per actor id, rlcp/controlplane/placement/actor.py)."""
-    url = f"{head.dashboard_url}/api/v0/actors?limit=1000&filter_keys=ray_namespace&filter_predicates=%3D" \
-          f"&filter_values={NAMESPACE}"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        for row in json.load(resp)["data"]["result"]["result"]:
-            shutil.rmtree(Path(tempfile.gettempdir()) / f"rlcp-placed-{row['actor_id']}", ignore_errors=True)
 
 
 def groups(head: RayHead) -> list[str]:

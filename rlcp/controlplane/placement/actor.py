@@ -37,6 +37,14 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _logs_dir(ray: Any) -> Path:
+    node: Any = getattr(getattr(getattr(ray, "_private", None), "worker", None), "_global_node", None)
+    try:
+        return Path(node.get_logs_dir_path())
+    except (AttributeError, TypeError):
+        return Path(tempfile.gettempdir())
+
+
 class AgentActor:
     """One placed agent. `config`: the agent's settings; `host`: the host in the URLs published
     (None: the Ray node's address)."""
@@ -46,14 +54,17 @@ class AgentActor:
 
         host = host or ray.util.get_node_ip_address()
         # One directory per actor, kept across its restarts (the actor id stays): the previous
-        # agent's log is kept beside the new one, and a restart leaves nothing more behind.
-        self.workdir = Path(tempfile.gettempdir()) / f"rlcp-placed-{ray.get_runtime_context().get_actor_id()}"
+        # agent's log is kept beside the new one. Under the Ray session's logs when Ray says where
+        # (a private attribute, hence the fallback), so it goes with the node's other logs.
+        self.workdir = _logs_dir(ray) / f"rlcp-placed-{ray.get_runtime_context().get_actor_id()}"
         self.workdir.mkdir(exist_ok=True)
         if (self.workdir / "agent.log").exists():
             (self.workdir / "agent.log").replace(self.workdir / "agent.previous.log")
         (self.workdir / "ports.json").unlink(missing_ok=True)
         config_path, ports_path = self.workdir / "agent.json", self.workdir / "ports.json"
-        config_path.write_text(json.dumps(config))  # JSON is YAML: the agent's --config reads it
+        config_path.unlink(missing_ok=True)
+        with os.fdopen(os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            json.dump(config, f)  # JSON is YAML: the agent's --config reads it; it may hold a token
         self.log = (self.workdir / "agent.log").open("ab")
         self.child = subprocess.Popen([sys.executable, "-m", "rlcp.agent", "--config", str(config_path),
                                        "--ports-file", str(ports_path)],
