@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import collections
 import functools
+import importlib.util
 import itertools
 import json
 import os
@@ -388,6 +389,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     args.workdir = args.workdir.resolve()
+    if args.ray and importlib.util.find_spec("ray") is None:
+        p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
     return args
 
 
