@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import structlog
 
@@ -23,15 +23,24 @@ log = structlog.get_logger("rlcp.controlplane.placement")
 T = TypeVar("T")
 
 
+class Placer(Protocol):
+    """What the loop drives (`RayPlacer`); blocking calls, each run on the loop's thread."""
+
+    def reconcile(self) -> object: ...
+    def teardown(self) -> None: ...
+    def close(self) -> None: ...
+
+
 async def _call(executor: ThreadPoolExecutor, fn: Callable[[], T], timeout_s: float) -> T:
     return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(executor, fn), timeout_s)
 
 
 async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[], bool],
-                        placer: RayPlacer | None = None, passes: int | None = None) -> None:
+                        placer: Placer | None = None, passes: int | None = None) -> None:
     """Forever (or `passes` times, a test seam): keep `settings.replicas` agents placed."""
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-placement")
-    placer = placer or RayPlacer(settings)
+    if placer is None:
+        placer = RayPlacer(settings)
     done = 0
     try:
         while passes is None or done < passes:
