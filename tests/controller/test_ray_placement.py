@@ -200,7 +200,7 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             # never the base weights of a fresh agent: v1, then v2 once the desired state moved
             assert {v for _, _, v, _ in ok} == {"v1", "v2"}, {v for _, _, v, _ in rollouts.answers}
             assert all(v == "v2" for t, _, v, _ in ok if t > t_done)
-            assert update_status in (200, 207, 502)
+            assert update_status == 207  # the killed member failed the update, the other took it
             assert {w for _, w, _, _ in ok} == {f"{PREFIX}0", f"{PREFIX}1"}
         finally:
             ctl.stop()
@@ -230,7 +230,8 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             ctl1.stop()
         await wait_for(lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups",
                        interval_s=0.2)
-    print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}))
+    print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}), "mid-update answer:",
+          update_status)
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
