@@ -45,7 +45,7 @@ PREFIX = "rlcp-agent-"
 def head() -> Iterator[RayHead]:
     # Without this Ray turns 127.0.0.1 into the machine's own address (head, and the controller's driver).
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    started = RayHead(num_cpus=2).start()
+    started = RayHead(num_cpus=2, num_gpus=3).start()  # logical GPUs: one per bundle, up to 3 agents
     try:
         yield started
     finally:
@@ -60,6 +60,13 @@ def actors(head: RayHead) -> dict[str, dict[str, Any]]:
     with urllib.request.urlopen(url, timeout=5) as resp:
         rows = json.load(resp)["data"]["result"]["result"]
     return {r["name"]: r for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "DEAD"}
+
+
+def cuda_visible_devices(pid: int) -> str | None:
+    for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if item.startswith(b"CUDA_VISIBLE_DEVICES="):
+            return item.partition(b"=")[2].decode()
+    return None
 
 
 def groups(head: RayHead) -> list[str]:
@@ -82,7 +89,7 @@ def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown:
                                           "max_backoff_s": 1.0,
                                           "dead_actors": "drop"}},  # an actor scaled away leaves the fleet
         placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
-                                          "replicas": replicas, "bundle": {"CPU": 0.5}, "strategy": "PACK",
+                                          "replicas": replicas, "bundle": {"CPU": 0.5, "GPU": 1}, "strategy": "PACK",
                                           "interval_s": 0.5, "call_timeout_s": 60, "teardown": teardown,
                                           "agent": agent}})
 
@@ -161,6 +168,9 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             assert groups(head) == [f"{PREFIX}group-0-2"]
             st = await state(http, ctl)
             assert sorted(w["id"] for w in st["workers"]) == sorted(placed)
+            # Ray gives each actor its bundle's GPU, and the agent it starts inherits it.
+            devices = {cuda_visible_devices(json.loads(a["repr_name"])["agent_pid"]) for a in placed.values()}
+            assert len(devices) == 2 and None not in devices, devices
 
             async with http.post(f"{ctl.url}/v1/rl/update_weights", headers=AUTH,
                                  json=update_body("v1", root / "v1")) as resp:
