@@ -18,7 +18,8 @@ table, at the edge.
     │   ├── MissingCapability       a member cannot do what was asked; names worker and capability
     │   └── StoreConflict           the desired-state store kept answering conflicts
     ├── NoMembers                   discovery knows no worker
-    └── StoreUnavailable            the desired-state store could not be reached
+    ├── StoreUnavailable            the desired-state store could not be reached
+    └── PlacementUnavailable        placement.kind=ray without the `ray` package (a start-up error)
 
 A partial failure is not an error: it is an operation result (207/502 at the API).
 """
@@ -88,4 +89,8 @@ class NoMembers(ControlPlaneError):
 
 
 class StoreUnavailable(ControlPlaneError):
+    pass
+
+
+class PlacementUnavailable(ControlPlaneError):
     pass

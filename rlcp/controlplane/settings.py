@@ -114,6 +114,59 @@ class RaySettings(Section):
                             "drop: it leaves the fleet, logged.")
 
 
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]  # Ray's placement group strategies
+
+
+class BundleSettings(Section):
+    """One agent's share of the cluster: a placement-group bundle, which the agent's actor takes whole."""
+
+    CPU: float = Field(1.0, ge=0, description="Logical CPUs of one bundle (fractions allowed).")
+    GPU: float = Field(0.0, ge=0, description="GPUs of one bundle: the engine's tensor-parallel size. Ray sets "
+                       "CUDA_VISIBLE_DEVICES for the actor, and the agent it starts inherits it.")
+
+    @model_validator(mode="after")
+    def _check(self) -> BundleSettings:
+        if self.CPU == 0 and self.GPU == 0:
+            raise ValueError("placement.bundle needs some CPU or GPU (Ray refuses empty bundles)")
+        return self
+
+
+class RayPlacementSettings(Section):
+    """The controller as a Ray driver keeping `replicas` agents as detached actors (docs/ray.md)."""
+
+    address: str = Field(min_length=1, description="The Ray cluster's GCS address, `host:port` (e.g. "
+                         "127.0.0.1:6379, or a KubeRay head service `<head-svc>:6379`).")
+    namespace: str = Field("rlcp", min_length=1, description="Ray namespace of the actors and placement groups.")
+    name_prefix: str = Field("rlcp-agent-", min_length=1, description="Actor i is named `<name_prefix><i>`; "
+                             "placement groups `<name_prefix>group-<first>-<count>`.")
+    replicas: int = Field(1, ge=0, description="Agents to keep running, one per bundle.")
+    bundle: BundleSettings = Field(default_factory=BundleSettings)
+    strategy: PlacementStrategy = Field("PACK", description="Ray placement strategy of a group's bundles (a "
+                                        "scale-up places its new bundles as a group of their own).")
+    agent: dict[str, Any] = Field(default_factory=dict, description="Agent settings (`rlcp.agent`'s YAML) every "
+                                  "placed agent starts with; the actor sets agent_id, the ports (0: free ones) "
+                                  "and require_desired_version.")
+    agent_host: str | None = Field(None, description="Host in the URLs an actor publishes; default the Ray "
+                                   "node's address.")
+    interval_s: float = Field(5.0, gt=0, description="How often the placed actors are checked, in seconds.")
+    call_timeout_s: float = Field(120.0, gt=0, description="Deadline of one pass of Ray calls (connect, list, "
+                                  "create, wait for a group), in seconds.")
+    teardown: bool = Field(False, description="On controller stop, kill the actors and remove the groups. Off: "
+                           "they are detached and outlive the controller, which finds them again on start.")
+
+
+class PlacementSettings(Section):
+    kind: Literal["none", "ray"] = Field("none", description="none: the controller places nothing; ray: it keeps "
+                                         "agents as Ray actors (leader only; needs the `ray` extra).")
+    ray: RayPlacementSettings | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> PlacementSettings:
+        if self.kind == "ray" and self.ray is None:
+            raise ValueError("placement.ray (with address) is required for kind=ray")
+        return self
+
+
 # Where a pod finds its own namespace (the service account volume every pod mounts).
 SERVICE_ACCOUNT_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -267,6 +320,7 @@ class ControllerSettings(BaseSettings):
     workers: WorkerCallSettings = WorkerCallSettings()
     reconcile: ReconcileSettings = ReconcileSettings()
     weight_transfer: WeightTransferSettings = WeightTransferSettings()
+    placement: PlacementSettings = PlacementSettings()
     # Factories, not shared instances: their defaults (pod namespace, POD_NAME) are read when
     # the settings are built, not when this module is imported.
     store: StoreSettings = Field(default_factory=StoreSettings)
@@ -276,6 +330,13 @@ class ControllerSettings(BaseSettings):
                                       description="Weight and adapter paths must lie under one of these.")
     log_format: Literal["json", "console"] = "json"
     log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _check(self) -> ControllerSettings:
+        # Placed actors become members only through discovery of the same actors.
+        if self.placement.kind == "ray" and self.discovery.kind != "ray":
+            raise ValueError("placement.kind=ray needs discovery.kind=ray (the placed actors' dashboard)")
+        return self
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

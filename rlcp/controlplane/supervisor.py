@@ -5,6 +5,7 @@
     reconciler        converge workers that are behind (the leader), follow the desired state (a follower)
     lease-elector     acquire / renew the Lease (with leader election only)
     loop-lag          how late the event loop runs (a metric; loopwatch.py)
+    placement         keep the placed agents running (placement.kind ray; acts only while leading)
 
 Each loop is a named task. One that dies of an unexpected error is logged and started again
 after a short, growing delay: a bug in one pass must not silently end discovery or
@@ -81,4 +82,13 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
             reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
             interval_s=s.reconcile.interval_s))
         supervisor.spawn("loop-lag", lambda: watch_loop_lag(ctl.metrics.loop_lag))
+        if s.placement.kind == "ray":
+            assert s.placement.ray is not None
+            from rlcp.controlplane.placement.loop import run_placement
+            from rlcp.controlplane.placement.ray import RayPlacer
+
+            placer = RayPlacer(s.placement.ray)  # here, so a missing `ray` fails the start, not a loop
+            placement = s.placement.ray
+            supervisor.spawn("placement", lambda: run_placement(
+                settings=placement, is_leader=lambda: ctl.leadership.is_leader, placer=placer))
     return supervisor

@@ -65,6 +65,7 @@ def _free_range(size: int) -> int:
 @dataclass
 class RayHead:
     num_cpus: int = 2
+    num_gpus: int = 0  # logical GPUs: Ray schedules them and sets CUDA_VISIBLE_DEVICES, no device needed
     temp_dir: Path | None = None  # default: a short dir under /tmp (Ray's socket paths are length-bound)
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen | None = None
@@ -96,7 +97,7 @@ class RayHead:
                "AUTOSCALER_METRIC_PORT": str(self.ports["autoscaler-metric"]),
                "DASHBOARD_METRIC_PORT": str(self.ports["dashboard-metric"])}
         cmd = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-               f"--num-cpus={self.num_cpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
+               f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
                f"--min-worker-port={workers}", f"--max-worker-port={workers + WORKER_PORTS - 1}",
                *(f"--{name}={self.ports[name]}" for name in names)]

@@ -9,6 +9,11 @@ controller's HTTP API as a real trainer would; everything stops on exit, Ctrl-C 
 
     python -m rlcp.localfleet --sim                 # seconds; no torch, no vLLM
     python -m rlcp.localfleet --agents 2 --steps 5  # real vLLM CPU engines
+    python -m rlcp.localfleet --sim --ray           # on a local Ray head: agents placed by the controller
+
+With `--ray` the agents are not started here: a local Ray head is (loopback only,
+`rlcp.harness.raycluster`), and the controller places the agents on it as detached actors
+(`placement.kind: ray`) and finds them through the dashboard (`discovery.kind: ray`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import argparse
 import asyncio
 import collections
 import functools
+import importlib.util
 import itertools
 import json
 import os
@@ -207,6 +213,42 @@ class Trainer:
         return n_ok == self.args.steps
 
 
+async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path | None,
+                          head: Any) -> tuple[list[dict], str, str]:
+    """A controller that places `args.agents` agents on the Ray head `head` (a started
+    `rlcp.harness.raycluster.RayHead`): ([], URL, API token); its state shows the agents."""
+    admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
+    engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
+               "sim_token_interval_s": args.sim_token_s} if base is None else agent_engine(base))
+    agent = {"admin": {"token": admin_token}, "engine": engine, "allowed_roots": [str(args.workdir)],
+             "log_format": "json"}
+    say(f"Ray head up: GCS {head.gcs_address}, dashboard {head.dashboard_url}, files {head.temp_dir}; "
+        f"the controller places "
+        f"{args.agents} agents as actors")
+    child = procs.spawn(ControllerProcess({
+        "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+        "gateway": {"host": "127.0.0.1", "port": args.gateway_port},
+        "discovery": {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": "rlcp",
+                                             "name_prefix": "rlcp-agent-", "interval_s": 0.5, "timeout_s": 5,
+                                             "dead_actors": "drop"}},
+        "placement": {"kind": "ray", "ray": {"address": head.gcs_address, "namespace": "rlcp",
+                                             "name_prefix": "rlcp-agent-", "replicas": args.agents,
+                                             "bundle": {"CPU": 1}, "strategy": "PACK", "interval_s": 1,
+                                             "teardown": True, "agent": agent}},
+        "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+        "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+        "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+        "allowed_roots": [str(args.workdir)], "log_format": "json"}, run_dir, log_path=log_dir / "controller.log",
+        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}))
+    try:
+        port = (await child.wait_ready_async()).port
+    except ProcessError as exc:
+        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
+        raise FleetError(f"{exc}{hint}") from None
+    return [], f"http://127.0.0.1:{port}", api_token
+
+
 async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | None) -> tuple[list[dict], str, str]:
     """The agents (concurrently), then the controller over them: (specs, URL, API token)."""
     # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
@@ -256,6 +298,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
     """Bring the fleet up, run the steps, and stop every process it started, whatever happens."""
     procs, task, got, t0 = Processes(args.workdir), asyncio.current_task(), [], time.monotonic()
     model = "sim" if base is None else "tiny"
+    head = None
 
     def on_signal(sig: signal.Signals) -> None:
         if not got:  # later signals: the stop is already on its way
@@ -266,10 +309,18 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
     try:
-        specs, url, token = await start_fleet(args, procs, base)
+        if args.ray:
+            from rlcp.harness.raycluster import RayHead
+
+            say("starting a local Ray head (loopback only, ~5-10 s) ...")
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+            head = await asyncio.to_thread(RayHead(num_cpus=max(2, args.agents)).start)
+            specs, url, token = await start_ray_fleet(args, procs, base, head)
+        else:
+            specs, url, token = await start_fleet(args, procs, base)
         async with aiohttp.ClientSession() as session:
             trainer = Trainer(session, url, token, args, base)
-            state = await trainer.wait_for_fleet(procs)
+            state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
             gateway = (state.get("gateway") or {}).get("url")
             if not gateway:
@@ -292,7 +343,7 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
             version = state["applied"]["weight_version"]
             say(f"fleet ready after {time.monotonic() - t0:.1f}s, at version {version}")
             print_workers(state)
-            rollouts = Rollouts(session, gateway, len(specs), model, version)
+            rollouts = Rollouts(session, gateway, args.agents, model, version)
             all_ok = await trainer.run_steps(procs, rollouts)
             if args.keep_running:
                 say(f"the fleet keeps running at {url}; Ctrl-C stops it")
@@ -307,14 +358,19 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
         return 1
     finally:
         t_stop = time.monotonic()
-        procs.stop()
-        say(f"stopped {len(procs.children)} processes in {time.monotonic() - t_stop:.1f}s")
+        procs.stop()  # the controller first: with teardown it removes the actors it placed
+        if head is not None:
+            head.stop()
+        say(f"stopped {len(procs.children)} processes{' and the Ray head' if head else ''} "
+            f"in {time.monotonic() - t_stop:.1f}s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m rlcp.localfleet",
                                 description="Agents, the controller and a small trainer loop, on this machine.")
     p.add_argument("--sim", action="store_true", help="SimEngine agents: no vLLM, no torch, starts in seconds")
+    p.add_argument("--ray", action="store_true",
+                   help="on a local Ray head (the `ray` extra): the controller places the agents as actors")
     p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
     p.add_argument("--steps", type=int, default=5, help="trainer steps, one weight update each (default 5)")
     p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
@@ -333,6 +389,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     args.workdir = args.workdir.resolve()
+    if args.ray and importlib.util.find_spec("ray") is None:
+        p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
     return args
 
 

@@ -93,3 +93,12 @@ def test_bubble(tmp_path: Path) -> None:
     # The fence check counts: answers during the updates were checked, and none was outside it.
     assert result["answers"] > 0 and result["outside_fence"] == 0 and result["failed"] == 0
     assert rows[0]["bubble"]["min_serving"] == 0 and rows[1]["progress"]["waves"] == 2
+
+
+@pytest.mark.ray
+def test_ray_restart(tmp_path: Path) -> None:
+    from bench import ray_restart
+
+    ray_restart.main(["--agents", "1", "--kills", "1", "--out", str(tmp_path)])
+    result = _outputs(tmp_path, "ray_restart")
+    assert len(result["kills"]) == 1 and result["kills"][0]["serving_s"] >= result["kills"][0]["ray_alive_s"]

@@ -29,7 +29,8 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
      "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch", "rlcp.controlplane.workerspec",
      "rlcp.controlplane.k8s"),
     ("rlcp.controlplane.workers",),
-    ("rlcp.controlplane.discovery", "rlcp.controlplane.persistence", "rlcp.controlplane.leadership"),
+    ("rlcp.controlplane.discovery", "rlcp.controlplane.persistence", "rlcp.controlplane.leadership",
+     "rlcp.controlplane.placement"),
     ("rlcp.controlplane.fleet",),
     ("rlcp.controlplane.operations",),
     ("rlcp.controlplane.reconcile",),
@@ -41,6 +42,8 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
 )
 VLLM_ALLOWED = ("rlcp.agent.engine.vllm_engine", "rlcp.agent.engine.vllm_inference", "rlcp.agent.weight_transfer",
                 "rlcp.harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
+# Ray is optional: only placement (kind ray) is a Ray driver, and its actor runs inside Ray.
+RAY_ALLOWED = ("rlcp.controlplane.placement.ray", "rlcp.controlplane.placement.actor")
 
 
 def package_of(module: str) -> str | None:
@@ -154,6 +157,9 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
                   if t.split(".")[0] == "vllm" and package_of(m) in product and not m.startswith(VLLM_ALLOWED))
     assert vllm == []
+    ray = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
+                 if t.split(".")[0] == "ray" and package_of(m) in product and m not in RAY_ALLOWED)
+    assert ray == []
 
 
 def test_each_controller_folder_sits_in_one_layer() -> None:

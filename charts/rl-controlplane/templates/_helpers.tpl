@@ -180,8 +180,13 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- $_ := set $cfg "discovery" (dict "kind" "kubernetes" "kubernetes" $k) }}
 {{- else if eq $d.kind "static" }}
 {{- $_ := set $cfg "discovery" (dict "kind" "static" "static" $d.static) }}
+{{- else if eq $d.kind "ray" }}
+{{- $_ := set $cfg "discovery" (dict "kind" "ray" "ray" $d.ray) }}
 {{- else }}
 {{- $_ := set $cfg "discovery" (dict "kind" "http_listing" "http_listing" $d.httpListing) }}
+{{- end }}
+{{- if eq $v.placement.kind "ray" }}
+{{- $_ := set $cfg "placement" (dict "kind" "ray" "ray" $v.placement.ray) }}
 {{- end }}
 {{- if $v.leaderElection.enabled }}
 {{- $_ := set $cfg "leader_election" (dict "enabled" true "lease_name" (include "rlcp.leaseName" .)) }}
@@ -241,6 +246,12 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- end }}
 {{- if and (eq .Values.discovery.kind "static") (not .Values.discovery.static) }}
 {{- fail "discovery.kind=static needs discovery.static: a list of {id, admin_url, inference_url, flavor}" }}
+{{- end }}
+{{- if and (eq .Values.discovery.kind "ray") (not .Values.discovery.ray.dashboard_url) }}
+{{- fail "discovery.kind=ray needs discovery.ray.dashboard_url (the Ray head service's dashboard, :8265)" }}
+{{- end }}
+{{- if and (eq .Values.placement.kind "ray") (not .Values.placement.ray.address) }}
+{{- fail "placement.kind=ray needs placement.ray.address (the Ray head service's GCS, <head-svc>:6379)" }}
 {{- end }}
 {{- if and (eq .Values.discovery.kind "http_listing") (not .Values.discovery.httpListing.url) }}
 {{- fail "discovery.kind=http_listing needs discovery.httpListing.url" }}
