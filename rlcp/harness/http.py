@@ -42,13 +42,16 @@ class CompletionStream:
     the background; records what came back (tokens, finish reason, error) instead of raising."""
 
     def __init__(self, http: aiohttp.ClientSession, base_url: str, prompt: str, *, max_tokens: int,
-                 timeout_s: float = 120.0, name: str = "stream") -> None:
+                 timeout_s: float = 120.0, name: str = "stream", stream_interval: int | None = None) -> None:
         self.max_tokens = max_tokens
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
         payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                    "ignore_eos": True, "stream": True, "return_token_ids": True}
+        if stream_interval is not None:
+            # vLLM's per-request chunking: the first token at once, then one chunk per N tokens.
+            payload["stream_interval"] = stream_interval
         self.task = asyncio.create_task(self._run(http, base_url + "/v1/completions", payload, timeout_s), name=name)
 
     async def _run(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float) -> None:

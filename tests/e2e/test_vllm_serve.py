@@ -35,6 +35,12 @@ LONG_PROMPT = ("The trainer writes weights and every engine in the fleet must lo
                "flight are kept or aborted as asked. ") * 2
 STREAM_TOKENS = 960  # the prompt is ~15 tokens; the servers' max_model_len is 1024 (the model's limit)
 N_STREAMS = 16  # per server
+# Tokens per streamed chunk after the first (vLLM's per-request `stream_interval`). At one token a
+# chunk, 32 streams of a tiny model send ~10k chunks a second; parsing them starved this process
+# (its loop seen blocked 10 to 18 s under CI) until it read every stream late, saw them finished
+# before it saw them start, and never paused with requests in flight. The first token still comes
+# alone, so "under way" is seen as soon as it is true.
+STREAM_INTERVAL = 16
 
 
 # -- the servers, shared by the module -------------------------------------------------------
@@ -170,12 +176,12 @@ async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
     finished (the premise of a pause with requests in flight; each round judges its pause only on
     the streams it caught, and asks that they be most). Fresh prompts per call, so no prefix-cache
     hit lets some requests race ahead of the others; several attempts, since the premise is about
-    timing: while 32 streams decode on two cores the test process itself is starved (its loop
-    was seen blocked 1.4 to 19 s), reads late, and a few streams end before the last one is seen
-    to start."""
+    timing: while 32 streams decode on two cores the test process shares the cores with both
+    servers, reads late, and a few streams may end before the last one is seen to start."""
     for attempt in range(6):
         streams = [CompletionStream(http, s.url, f"{tag}-{attempt}-{n}: {PROMPT}", max_tokens=STREAM_TOKENS,
-                                    timeout_s=180, name=f"stream-{s.name}-{tag}-{attempt}-{n}")
+                                    timeout_s=180, name=f"stream-{s.name}-{tag}-{attempt}-{n}",
+                                    stream_interval=STREAM_INTERVAL)
                    for s in servers for n in range(N_STREAMS)]
         await wait_for(lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60,
                        what="every stream under way")
