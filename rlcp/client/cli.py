@@ -3,6 +3,7 @@
     rlctl state [--watch] [-o json|yaml]     rlctl pause --mode keep     rlctl resume
     rlctl update-weights --version V --path P [--max-unavailable 25%] [--no-wait] [--manifest F]
     rlctl lora load NAME PATH | unload NAME    rlctl workers    rlctl ops [show ID [--follow]]
+    rlctl placement    rlctl scale N|default     (placement.kind ray: the agents the controller keeps)
 
 An update is followed with a progress bar (waves, workers updated) until it ends; with
 --no-wait, rlctl prints its id and leaves it running (`rlctl ops show ID --follow` picks it up).
@@ -32,6 +33,7 @@ from rlcp.client.client import ControlPlaneClient, ControlPlaneError, OperationF
 from rlcp.client.render import (
     operation_table,
     operations_table,
+    placement_table,
     progress_fields,
     state_view,
     update_progress,
@@ -80,6 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     ll.add_argument("--version")
     lu = lsub.add_parser("unload")
     lu.add_argument("name")
+    sub.add_parser("placement", help="the agents placement keeps, and its last pass")
+    sc = sub.add_parser("scale", help="keep N agents placed (placement.kind ray)")
+    sc.add_argument("replicas", type=replicas_or_default,
+                    help="a count, or `default` to hand the count back to the settings")
     ops = sub.add_parser("ops", help="recent operations, or one of them")
     ops.add_argument("--limit", type=int, default=20, help="how many, newest first (1-64)")
     osub = ops.add_subparsers(dest="ops_command")
@@ -97,6 +103,18 @@ def count_or_percent(value: str) -> int | str:
         return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is neither a count nor a percentage") from None
+
+
+def replicas_or_default(value: str) -> int | None:
+    if value == "default":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither a count nor `default`") from None
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{count} agents: the count cannot be negative")
+    return count
 
 
 def read_manifest(path: Path) -> dict[str, str]:
@@ -189,6 +207,11 @@ async def run(args: argparse.Namespace) -> int:
                 call = (client.load_lora(args.name, args.path, args.version) if args.lora_command == "load"
                         else client.unload_lora(args.name))
                 return await run_operation(client, call, args.output)
+            case "placement" | "scale":
+                view = await (client.placement() if args.command == "placement" else client.scale(args.replicas))
+                console.print(placement_table(view)) if args.output == "table" else emit(
+                    view.model_dump(mode="json"), args.output)
+                return 0
             case "ops" if args.ops_command == "show":
                 op = await client.operation(args.id)
                 if args.follow and op.status == "running":

@@ -26,7 +26,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 import aiohttp
 
 from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import FleetState, OperationResult
+from rlcp.core.wire.controller import FleetState, OperationResult, PlacementView
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -149,7 +149,15 @@ class ControlPlaneClient:
         body = _object(await self._request("GET", f"/v1/rl/operations?limit={limit}"), "GET /v1/rl/operations")
         return [OperationResult.model_validate(op) for op in body["operations"]]
 
+    async def placement(self) -> PlacementView:
+        return PlacementView.model_validate(await self._request("GET", "/v1/rl/placement"))
+
     # -- operations ----------------------------------------------------------------------
+    async def scale(self, replicas: int | None) -> PlacementView:
+        """Keep `replicas` agents placed (placement.kind ray); None hands the count back to the
+        settings. Returns once the count is stored; the agents join as they start."""
+        return PlacementView.model_validate(await self._request("PUT", "/v1/rl/placement", {"replicas": replicas}))
+
     async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None) -> OperationResult:
         body: dict[str, Any] = {"mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {})
         return OperationResult.model_validate(
@@ -304,6 +312,8 @@ class SyncControlPlaneClient:
     state_raw = _Blocking(ControlPlaneClient.state_raw)
     workers = _Blocking(ControlPlaneClient.workers)
     operations = _Blocking(ControlPlaneClient.operations)
+    placement = _Blocking(ControlPlaneClient.placement)
+    scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
     resume = _Blocking(ControlPlaneClient.resume)
     update_weights = _Blocking(ControlPlaneClient.update_weights)

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from rlcp.core.wire.controller import FleetState, GatewayWorkerView, OperationResult
+from rlcp.core.wire.controller import FleetState, GatewayWorkerView, OperationResult, PlacementView
 
 _STATUS_STYLE = {"ok": "green", "skipped": "dim", "error": "red", "timeout": "red", "partial": "yellow",
                  "failed": "red", "running": "cyan"}
@@ -153,4 +153,19 @@ def workers_table(listing: dict[str, Any]) -> Table:
         table.add_row(str(w.get("instance_id")), str(w.get("flavor")), str(w.get("admin_url")),
                       str(w.get("world_size")), str(w.get("weight_version")), _yn(w.get("ready")),
                       _yn(w.get("serving")))
+    return table
+
+
+def placement_table(view: PlacementView) -> Table | Text:
+    if view.kind == "none":
+        return Text("placement: none (this controller places no agents)")
+    table = Table(title=f"placement {view.kind}: {view.replicas} agents (from the {view.replicas_from}, at most "
+                        f"{view.max_replicas}); {'leading' if view.leading else 'not leading: the leader places'}",
+                  title_justify="left")
+    for col in ("placed", "groups", "last pass", "took", "error"):
+        table.add_column(col)
+    table.add_row(", ".join(view.placed) or "-", ", ".join(view.groups) or "-",
+                  view.last_pass_at.strftime("%H:%M:%S") if view.last_pass_at else "never",
+                  f"{view.last_pass_s:.2f}s" if view.last_pass_s is not None else "-",
+                  Text(view.last_error, style="red") if view.last_error else "-")
     return table

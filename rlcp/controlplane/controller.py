@@ -7,6 +7,7 @@
     fanout       bounded concurrent calls, one per worker  workers/fanout.py
     transfer     the broadcast weight-transfer session     operations/broadcast.py
     reconciler   converges workers that are behind         reconcile/loop.py
+    placement    the count of agents to place, last pass   placement/status.py (kind ray only)
 
 `Controller` is the `OperationContext` operations are given (they see only that narrow
 Protocol), and it answers the state document from `fleet/view.py`. It holds no loop of its
@@ -34,6 +35,7 @@ from rlcp.controlplane.operations.context import Detached
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.operations.record import OperationLog
 from rlcp.controlplane.persistence.base import DesiredStore
+from rlcp.controlplane.placement.status import PlacementStatus
 from rlcp.controlplane.reconcile.loop import Reconciler
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.settings import ControllerSettings
@@ -91,6 +93,10 @@ class Controller:
         # the document is rebuilt (every status poll at least), not on each request.
         self.gateway_view: Callable[[], GatewayView] | None = None
         self._base: tuple[int, FleetState] | None = None
+        # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
+        ray_placement = settings.placement.ray if settings.placement.kind == "ray" else None
+        self.placement = None if ray_placement is None else PlacementStatus(
+            ray_placement, desired=lambda: self.desired.state.placement_replicas)
 
     def _make_driver(self, spec: WorkerSpec) -> Driver:
         return make_driver(spec, self._transports(spec, self._policy), self.deadlines.driver)

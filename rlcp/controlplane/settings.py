@@ -139,7 +139,10 @@ class RayPlacementSettings(Section):
     namespace: str = Field("rlcp", min_length=1, description="Ray namespace of the actors and placement groups.")
     name_prefix: str = Field("rlcp-agent-", min_length=1, description="Actor i is named `<name_prefix><i>`; "
                              "placement groups `<name_prefix>group-<first>-<count>`.")
-    replicas: int = Field(1, ge=0, description="Agents to keep running, one per bundle.")
+    replicas: int = Field(1, ge=0, description="Agents to keep running, one per bundle, until `PUT "
+                          "/v1/rl/placement` (rlctl scale) sets a count in the desired state.")
+    max_replicas: int = Field(256, ge=1, description="The most agents `PUT /v1/rl/placement` may ask for (a typo "
+                              "must not ask Ray for thousands of actors).")
     bundle: BundleSettings = Field(default_factory=BundleSettings)
     strategy: PlacementStrategy = Field("PACK", description="Ray placement strategy of a group's bundles (a "
                                         "scale-up places its new bundles as a group of their own).")
@@ -153,6 +156,12 @@ class RayPlacementSettings(Section):
                                   "create, wait for a group), in seconds.")
     teardown: bool = Field(False, description="On controller stop, kill the actors and remove the groups. Off: "
                            "they are detached and outlive the controller, which finds them again on start.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RayPlacementSettings:
+        if self.replicas > self.max_replicas:
+            raise ValueError(f"placement.ray.replicas ({self.replicas}) is above max_replicas ({self.max_replicas})")
+        return self
 
 
 class PlacementSettings(Section):

@@ -82,13 +82,13 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
             reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
             interval_s=s.reconcile.interval_s))
         supervisor.spawn("loop-lag", lambda: watch_loop_lag(ctl.metrics.loop_lag))
-        if s.placement.kind == "ray":
-            assert s.placement.ray is not None
+        if ctl.placement is not None:
             from rlcp.controlplane.placement.loop import run_placement
             from rlcp.controlplane.placement.ray import RayPlacer
 
-            placer = RayPlacer(s.placement.ray)  # here, so a missing `ray` fails the start, not a loop
-            placement = s.placement.ray
+            status = ctl.placement
+            placer = RayPlacer(status.settings)  # here, so a missing `ray` fails the start, not a loop
             supervisor.spawn("placement", lambda: run_placement(
-                settings=placement, is_leader=lambda: ctl.leadership.is_leader, placer=placer))
+                settings=status.settings, is_leader=lambda: ctl.leadership.is_leader, placer=placer,
+                status=status))
     return supervisor

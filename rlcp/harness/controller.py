@@ -9,6 +9,8 @@ internals, so this module holds whatever the controller's insides become.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +146,13 @@ def disk_update(root: Path, version: str, seed: int, **fields: Any) -> UpdateWei
     if not path.exists():
         write_checkpoint(path, seed)
     return UpdateWeightsRequest.model_validate(update_body(version, path, **fields))
+
+
+async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str, str]:
+    """`rlctl` as an operator runs it, a process of its own: (exit code, stdout, stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "rlcp.client.cli", "--url", url, "--token", token, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""})
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -140,14 +140,15 @@ async def settled_fleet(sim_fleet: SimFleet) -> SimFleet:
 async def test_every_secured_controller_route_refuses_a_bad_token_and_touches_no_worker(settled_fleet):
     ctl, agents = settled_fleet
     secured = [(m, p) for m, p, s in operations(controller_document(auth_reads=False)) if s]
-    assert {m for m, _ in secured} == {"POST", "DELETE"} and len(secured) >= 20
+    assert {m for m, _ in secured} == {"POST", "PUT", "DELETE"} and len(secured) >= 20
     before = [list(a.touched) for a in agents]
     for method, path in secured:
         for name, headers in bad_headers(CTL_TOKEN).items():
             status, body = await send(ctl.client, method, path, headers)
             assert_401(status, body, (method, path, name))
     assert [a.touched for a in agents] == before, "a request without the right token reached a worker"
-    assert ctl.ctl.desired.state.weight_version is None and not ctl.ctl.desired.state.paused
+    desired = ctl.ctl.desired.state
+    assert desired.weight_version is None and not desired.paused and desired.placement_replicas is None
 
 
 async def test_every_secured_agent_route_refuses_a_bad_token_and_touches_no_engine(tmp_path):

@@ -325,9 +325,22 @@ def gateway(tmp_path_factory: pytest.TempPathFactory, roots: dict[str, Path]) ->
 REACHED: dict[str, set[str]] = {}
 
 
+# Headers that frame the message: a fuzzed value (`transfer-encoding: +` beside a
+# Content-Length) is refused by aiohttp's HTTP parser with a plain-text 400 before any of our
+# code runs; the routes are what is under test here, so the case goes without them.
+_FRAMING = frozenset({"transfer-encoding", "content-length", "connection", "host", "expect", "upgrade"})
+
+
+def _call(case: Any, url: str) -> Any:
+    if case.headers:
+        for name in [n for n in case.headers if n.lower() in _FRAMING]:
+            del case.headers[name]
+    return case.call(base_url=url)
+
+
 def _fuzz_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
     before = touched()
-    response = case.call(base_url=url)
+    response = _call(case, url)
     route = _route(case)
     if 200 <= response.status_code < 300 and route is not None:
         REACHED.setdefault(url, set()).add(case.operation.label)
@@ -365,7 +378,7 @@ def _wait_ended(url: str, location: str, headers: dict[str, str] | None, timeout
 
 def _no_token_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
     before = touched()
-    response = case.call(base_url=url)
+    response = _call(case, url)
     _check_error_shape(case, response)
     if bool(case.operation.definition.raw.get("security")):
         assert response.status_code == 401, (case.operation.label, response.status_code, response.text)
@@ -391,7 +404,7 @@ def test_fuzz_gateway(case, gateway):
     """The gateway's own answers hold to its document and refuse bad input before any worker; what a
     worker answered (it says so in `X-RL-Worker`) is the worker's to shape, and must not be a 5xx."""
     before = gateway.routed()
-    response = case.call(base_url=gateway.url)
+    response = _call(case, gateway.url)
     if any(name.lower() == "x-rl-worker" for name in response.headers):
         assert response.status_code < 500, (case.operation.label, response.status_code, response.text[:300])
         return

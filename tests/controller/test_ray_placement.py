@@ -7,8 +7,9 @@ members and serve through the gateway; a disk update goes through; an actor's pr
 (then, on another member, the agent child; then an actor in the middle of an update) comes back
 through Ray's restart, and the controller converges it to the desired version before the gateway
 routes to it (no answer ever carries a fresh agent's base weights: X-RL-Weight-Version is the
-version desired when it was sent); a new controller with replicas 3 then
-1 reshapes the fleet (it finds its predecessor's actors by name); teardown removes everything.
+version desired when it was sent); scaling live through the API (2 -> 3) and rlctl (3 -> 1)
+reshapes the fleet; a new controller whose settings say 2 keeps the 1 the desired state says and
+finds its predecessor's actor by name; teardown removes everything.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rlcp.client.client import ControlPlaneClient
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, controller_config, update_body
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_config, rlctl, update_body
 from rlcp.harness.http import free_port
 from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.raycluster import RayHead
@@ -212,36 +214,56 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             assert all(v == "v2" for t, _, v, _ in ok if t > t_done)
             assert update_status == 207  # the killed member failed the update, the other took it
             assert {w for _, w, _, _ in ok} == {f"{PREFIX}0", f"{PREFIX}1"}
+
+            # Scale 2 -> 3 live, through the API: one new group for the new bundle, the new agent
+            # converged to v2 before it serves.
+            async with ControlPlaneClient(ctl.url, token=CTL_TOKEN) as client:
+                t0 = time.monotonic()
+                view = await client.scale(3)
+                assert (view.replicas, view.replicas_from) == (3, "api")
+                await wait_for(lambda: _serving(http, ctl, 3, "v2"), 60, "three agents at v2", interval_s=0.2)
+                timings["scale_2_to_3_s"] = time.monotonic() - t0
+                assert sorted(actors(head)) == [f"{PREFIX}{i}" for i in range(3)]
+                assert groups(head) == [f"{PREFIX}group-0-2", f"{PREFIX}group-2-1"]
+                await wait_for(lambda: _placed(client, 3), 10, "the placement view shows three", interval_s=0.1)
+
+            # Scale 3 -> 1 with rlctl: the top two go, the straddling group keeps a spare bundle.
+            rc, out, err = await rlctl(ctl.url, "scale", "1")
+            assert rc == 0 and f"{PREFIX}0" in out, err
+            await wait_for(lambda: sorted(actors(head)) == [f"{PREFIX}0"], 30, "scaled to one", interval_s=0.2)
+            assert groups(head) == [f"{PREFIX}group-0-2"]
+            await wait_for(lambda: _serving(http, ctl, 1, "v2"), 30, "one agent at v2", interval_s=0.2)
+            survivor = actors(head)[f"{PREFIX}0"]
         finally:
             ctl.stop()
 
-        # Scale 2 -> 3 (a new controller: it finds the actors its predecessor placed).
-        ctl3 = ControllerProcess(config(tmp_path / "c3", head, root, replicas=3, teardown=False), tmp_path / "c3",
+        # A new controller whose settings say 2: the desired state's 1 (set through the API)
+        # wins; it finds its predecessor's actor by name and starts nothing. Teardown on stop.
+        ctl2 = ControllerProcess(config(tmp_path / "c2", head, root, replicas=2, teardown=True), tmp_path / "c2",
                                  start_timeout_s=90)
         try:
-            await ctl3.spawn().wait_ready_async()
-            t0 = time.monotonic()
-            await wait_for(lambda: _serving(http, ctl3, 3, "v2"), 60, "three agents at v2", interval_s=0.2)
-            timings["scale_2_to_3_s"] = time.monotonic() - t0
-            assert sorted(actors(head)) == [f"{PREFIX}{i}" for i in range(3)]
-            assert groups(head) == [f"{PREFIX}group-0-2", f"{PREFIX}group-2-1"]
+            await ctl2.spawn().wait_ready_async()
+            async with ControlPlaneClient(ctl2.url, token=CTL_TOKEN) as client:
+                await wait_for(lambda: _placed(client, 1), 30, "a pass by the new controller", interval_s=0.2)
+                view = await client.placement()
+                assert (view.replicas, view.replicas_from) == (1, "api")
+            await wait_for(lambda: _serving(http, ctl2, 1, "v2"), 30, "one agent at v2", interval_s=0.2)
+            again = actors(head)
+            assert sorted(again) == [f"{PREFIX}0"]
+            assert (again[f"{PREFIX}0"]["pid"], again[f"{PREFIX}0"]["num_restarts"]) == (
+                survivor["pid"], survivor["num_restarts"])
         finally:
-            ctl3.stop()
-
-        # Scale 3 -> 1, then teardown on stop.
-        ctl1 = ControllerProcess(config(tmp_path / "c4", head, root, replicas=1, teardown=True), tmp_path / "c4",
-                                 start_timeout_s=90)
-        try:
-            await ctl1.spawn().wait_ready_async()
-            await wait_for(lambda: sorted(actors(head)) == [f"{PREFIX}0"], 30, "scaled to one", interval_s=0.2)
-            assert groups(head) == [f"{PREFIX}group-0-2"]  # the straddling group stays, one spare bundle
-            await wait_for(lambda: _serving(http, ctl1, 1, "v2"), 30, "one agent at v2", interval_s=0.2)
-        finally:
-            ctl1.stop()
+            ctl2.stop()
         await wait_for(lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups",
                        interval_s=0.2)
     print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}), "mid-update answer:",
           update_status)
+
+
+async def _placed(client: ControlPlaneClient, n: int) -> bool:
+    """The controller's last placement pass left `n` agents."""
+    view = await client.placement()
+    return view.last_pass_at is not None and view.last_error is None and len(view.placed) == n
 
 
 async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:

@@ -4,26 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 import pytest
 import yaml
 
 from rlcp.client.client import ControlPlaneClient, OperationFailed, RequestRejected
 from rlcp.harness.checkpoints import write_adapter
-from rlcp.harness.controller import AUTH, CTL_TOKEN
+from rlcp.harness.controller import AUTH, CTL_TOKEN, rlctl
 from rlcp.harness.faults import Fault
 from rlcp.harness.http import free_port
 
 pytestmark = pytest.mark.timeout(120)
-
-
-async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlcp.client.cli", "--url", url, "--token", token, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""})
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_state_table_json_and_yaml(sim_fleet):

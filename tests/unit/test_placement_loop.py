@@ -1,18 +1,23 @@
 """Placement's loop (rlcp/controlplane/placement/loop.py) with a fake placer, and the start-up
-error without Ray: a follower places nothing, a failed pass is retried, teardown only when
-configured and leading, and a missing `ray` names the extra."""
+error without Ray: a follower places nothing, a failed pass is retried (and shown), teardown only
+when configured and leading, the count comes from the desired state when set and a change wakes
+the loop, and a missing `ray` names the extra."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
+import time
 from typing import Any
 
 import pytest
 
 from rlcp.controlplane.errors import PlacementUnavailable
 from rlcp.controlplane.placement.loop import run_placement
+from rlcp.controlplane.placement.plan import Group, Placed, plan_placement
 from rlcp.controlplane.placement.ray import RayPlacer
+from rlcp.controlplane.placement.status import PlacementStatus
 from rlcp.controlplane.settings import RayPlacementSettings
 
 
@@ -21,15 +26,19 @@ class FakePlacer:
         self.calls: list[str] = []
         self.threads: set[str] = set()
         self.fail_first = fail_first
+        self.asked: list[int] = []
 
     def _record(self, what: str) -> None:
         self.calls.append(what)
         self.threads.add(threading.current_thread().name)
 
-    def reconcile(self) -> None:
+    def reconcile(self, replicas: int) -> Placed:
         self._record("reconcile")
+        self.asked.append(replicas)
         if self.fail_first and self.calls.count("reconcile") == 1:
             raise RuntimeError("GCS unreachable")
+        groups = {Group(0, replicas)} if replicas else set()
+        return Placed(plan=plan_placement(replicas, set(), set()), actors=set(range(replicas)), groups=groups)
 
     def teardown(self) -> None:
         self._record("teardown")
@@ -39,14 +48,51 @@ class FakePlacer:
 
 
 def settings(**kw: Any) -> RayPlacementSettings:
-    return RayPlacementSettings(address="127.0.0.1:6379", interval_s=0.01, **kw)
+    return RayPlacementSettings(**{"address": "127.0.0.1:6379", "interval_s": 0.01, **kw})
 
 
 async def test_leader_passes_on_a_thread_of_their_own_and_a_failed_pass_is_retried() -> None:
     placer = FakePlacer(fail_first=True)
-    await run_placement(settings=settings(), is_leader=lambda: True, placer=placer, passes=3)
+    seen: list[str | None] = []
+    status = PlacementStatus(settings(), desired=lambda: None)
+    real_failed = status.failed
+
+    def failed(error: str, duration_s: float) -> None:
+        real_failed(error, duration_s)
+        seen.append(status.view(leading=True).last_error)
+
+    status.failed = failed  # type: ignore[method-assign]  # watch the status between passes
+    await run_placement(settings=settings(), is_leader=lambda: True, placer=placer, status=status, passes=3)
     assert placer.calls == ["reconcile", "reconcile", "reconcile", "close"]
     assert len(placer.threads) == 1 and next(iter(placer.threads)).startswith("ray-placement")
+    assert seen == ["RuntimeError: GCS unreachable"]
+    view = status.view(leading=True)
+    assert view.last_error is None and view.placed == ["rlcp-agent-0"] and view.groups == ["rlcp-agent-group-0-1"]
+    assert view.replicas == 1 and view.replicas_from == "settings" and view.last_pass_at is not None
+
+
+async def test_the_count_comes_from_the_desired_state_once_set_and_a_change_wakes_the_loop() -> None:
+    desired: list[int | None] = [None]
+    placer = FakePlacer()
+    status = PlacementStatus(settings(replicas=2, interval_s=60), desired=lambda: desired[0])
+    loop = asyncio.create_task(run_placement(settings=status.settings, is_leader=lambda: True, placer=placer,
+                                             status=status))
+    try:
+        while not placer.asked:
+            await asyncio.sleep(0.01)
+        assert placer.asked == [2] and status.view(leading=True).replicas_from == "settings"
+        desired[0] = 5
+        t0 = time.monotonic()
+        status.wake()
+        while len(placer.asked) < 2:
+            await asyncio.sleep(0.01)
+        assert time.monotonic() - t0 < 30  # not the 60 s interval
+        assert placer.asked == [2, 5]
+        view = status.view(leading=True)
+        assert (view.replicas, view.replicas_from, len(view.placed)) == (5, "api", 5)
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
 
 
 async def test_a_follower_places_nothing_and_never_tears_down() -> None:

@@ -64,3 +64,5 @@ def test_settings_refuse_placement_without_ray_discovery_and_empty_bundles() -> 
         RayPlacementSettings(address="a:1", bundle={"CPU": 0})
     with pytest.raises(ValidationError):
         RayPlacementSettings(address="a:1", strategy="ANYWHERE")
+    with pytest.raises(ValidationError, match=r"replicas \(9\) is above max_replicas \(8\)"):
+        RayPlacementSettings(address="a:1", replicas=9, max_replicas=8)

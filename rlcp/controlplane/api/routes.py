@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from rlcp.controlplane.api.answers import OperationsAnswer, WeightTransferInfo, WorkersListing
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.http_listing import render_listing
-from rlcp.controlplane.errors import NotFound
+from rlcp.controlplane.errors import Conflict, InvalidInput, NotFound
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.operations import lora, pause, weights
 from rlcp.controlplane.workers.capabilities import capabilities
@@ -33,6 +33,8 @@ from rlcp.core.wire.controller import (
     OperationResult,
     OperationsQuery,
     PauseRequest,
+    PlacementRequest,
+    PlacementView,
     ResumeRequest,
     StalenessRequest,
     TransferFinishRequest,
@@ -222,6 +224,36 @@ async def post_staleness(request: web.Request) -> web.Response:
     d = ctl.desired.state
     return json_response({"staleness_bound": d.staleness_bound,
                           "allowed_versions": admitted_versions(d.weight_version, d.applied_versions, body.bound)})
+
+
+def _placement_view(ctl: Controller) -> PlacementView:
+    if ctl.placement is None:
+        return PlacementView(kind="none", replicas=None, replicas_from=None, leading=ctl.leadership.is_leader)
+    return ctl.placement.view(leading=ctl.leadership.is_leader)
+
+
+@api.get("/v1/rl/placement", "The agents placement keeps (placement.kind ray): the count, where it comes from, "
+         "and the actors and groups of the last pass.", ok=PlacementView, tag=_NATIVE)
+async def get_placement(request: web.Request) -> web.Response:
+    return json_response(_placement_view(_ctl(request)))
+
+
+@api.put("/v1/rl/placement", "Scale: set the count of agents to keep placed (kept in the desired state, so it "
+         "outlives restarts; null hands it back to the settings). Answers once the count is stored; the placement "
+         "loop acts at once, and the new agents join through discovery.", body=PlacementRequest, ok=PlacementView,
+         errors=(409,), tag=_NATIVE)
+async def put_placement(request: web.Request) -> web.Response:
+    body = await parse_body(request, PlacementRequest)
+    ctl = _ctl(request)
+    if ctl.placement is None:
+        raise Conflict("placement.kind is none: this controller places no agents, so there is nothing to scale")
+    most = ctl.placement.settings.max_replicas
+    if body.replicas is not None and body.replicas > most:
+        raise InvalidInput(f"replicas {body.replicas} is above placement.ray.max_replicas ({most})", field="replicas")
+    async with ctl.gate.api_operation("set_placement"):
+        await ctl.desired.set_placement_replicas(body.replicas)
+    ctl.placement.wake()
+    return json_response(_placement_view(ctl))
 
 
 # -- probes ---------------------------------------------------------------------------------

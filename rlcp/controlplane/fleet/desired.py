@@ -78,6 +78,12 @@ class DesiredKeeper:
 
         await self._write(change)
 
+    async def set_placement_replicas(self, replicas: int | None) -> None:
+        def change(d: DesiredState) -> None:
+            d.placement_replicas = replicas
+
+        await self._write(change)
+
     async def set_paused(self, paused: bool, mode: PauseMode | None = None) -> None:
         def change(d: DesiredState) -> None:
             d.paused = paused

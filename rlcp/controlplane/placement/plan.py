@@ -35,6 +35,15 @@ class PlacementPlan:
         return not (self.kill or self.remove or self.create_group or self.start)
 
 
+@dataclass
+class Placed:
+    """One pass: what it did, and the actors and groups there are after it."""
+
+    plan: PlacementPlan
+    actors: set[int]
+    groups: set[Group]
+
+
 def actor_name(prefix: str, index: int) -> str:
     return f"{prefix}{index}"
 
@@ -62,6 +71,12 @@ def plan_placement(replicas: int, actors: set[int], groups: set[Group]) -> Place
         plan.create_group = Group(uncovered[0], replicas - uncovered[0])
     plan.start = [i for i in range(replicas) if i not in actors]
     return plan
+
+
+def after(plan: PlacementPlan, actors: set[int], groups: set[Group]) -> Placed:
+    """The actors and groups once `plan` is carried out over what was observed."""
+    kept = (groups - set(plan.remove)) | ({plan.create_group} if plan.create_group else set())
+    return Placed(plan=plan, actors=(actors - set(plan.kill)) | set(plan.start), groups=kept)
 
 
 def group_of(index: int, groups: set[Group]) -> Group:

@@ -20,8 +20,9 @@ from rlcp.controlplane.errors import PlacementUnavailable
 from rlcp.controlplane.placement.actor import AgentActor
 from rlcp.controlplane.placement.plan import (
     Group,
-    PlacementPlan,
+    Placed,
     actor_name,
+    after,
     group_name,
     group_of,
     parse_actor,
@@ -94,13 +95,13 @@ class RayPlacer:
             return False
         return True
 
-    def reconcile(self) -> PlacementPlan:
-        """One pass: act on the plan; returns what it did."""
+    def reconcile(self, replicas: int) -> Placed:
+        """One pass towards `replicas` agents: act on the plan; returns what it did and left."""
         self.connect()
         actors, groups = self.observe()
-        plan = plan_placement(self.settings.replicas, actors, groups)
+        plan = plan_placement(replicas, actors, groups)
         if plan.empty:
-            return plan
+            return after(plan, actors, groups)
         prefix = self.settings.name_prefix
         for index in plan.kill:
             self._kill(actor_name(prefix, index))
@@ -112,10 +113,10 @@ class RayPlacer:
             kept.add(plan.create_group)
         for index in plan.start:
             self._start(index, group_of(index, kept))
-        log.info("placement_reconciled", replicas=self.settings.replicas, killed=plan.kill, started=plan.start,
+        log.info("placement_reconciled", replicas=replicas, killed=plan.kill, started=plan.start,
                  removed_groups=[group_name(prefix, g) for g in plan.remove],
                  created_group=group_name(prefix, plan.create_group) if plan.create_group else None)
-        return plan
+        return after(plan, actors, groups)
 
     def _kill(self, name: str) -> None:
         try:

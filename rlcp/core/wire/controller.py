@@ -156,6 +156,8 @@ class DesiredState(BaseModel):
     staleness_bound: int = Field(0, ge=0, le=STALENESS_BOUND_MAX, description="The gateway may route to a member at "
                                  "one of the last `staleness_bound` versions before the desired one (0: the desired "
                                  "only).")
+    placement_replicas: int | None = Field(None, ge=0, description="Agents placement keeps running, as last set "
+                                           "through the API; null: placement.ray.replicas from the settings.")
     updated_at: datetime | None = None
 
 
@@ -299,6 +301,29 @@ class GatewayView(BaseModel):
 class StalenessRequest(_Body):
     bound: int = Field(ge=0, le=STALENESS_BOUND_MAX,
                        description="How many versions before the desired one the gateway may serve.")
+
+
+class PlacementRequest(_Body):
+    replicas: int | None = Field(ge=0, description="Agents to keep placed (at most placement.ray.max_replicas); null "
+                                 "hands the count back to the settings' placement.ray.replicas.")
+
+
+class PlacementView(BaseModel):
+    """What placement keeps and what it last saw (GET/PUT /v1/rl/placement)."""
+
+    kind: Literal["none", "ray"]
+    replicas: int | None = Field(description="Agents to keep placed; null when placement.kind is none.")
+    replicas_from: Literal["settings", "api"] | None = Field(
+        description="Where `replicas` comes from: the settings, or the desired state an API call set.")
+    max_replicas: int | None = None
+    placed: list[str] = Field(default_factory=list, description="Agent actors alive after the last pass, by name "
+                              "(discovery's members say which of them serve).")
+    groups: list[str] = Field(default_factory=list, description="Placement groups after the last pass.")
+    leading: bool = Field(description="Only the leader places; a follower's view is what it last saw leading.")
+    last_pass_at: datetime | None = None
+    last_pass_s: float | None = Field(None, description="How long the last pass took.")
+    last_error: str | None = Field(None, description="Why the last pass failed (retried at the next interval); null "
+                                   "when it succeeded.")
 
 
 class FleetState(BaseModel):
