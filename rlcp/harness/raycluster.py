@@ -14,6 +14,7 @@ This module runs the `ray` CLI and never imports `ray`; a test drives the cluste
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -26,6 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlcp.harness.http import free_port
 from rlcp.harness.waiting import wait_for_sync
@@ -139,6 +141,22 @@ class RayHead:
             found |= more
             grown = bool(more)
         return sorted(found)
+
+    def _state_rows(self, resource: str, query: str = "") -> list[dict[str, Any]]:
+        url = f"{self.dashboard_url}/api/v0/{resource}?detail=true&limit=1000{query}"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return list(json.load(resp)["data"]["result"]["result"])
+
+    def actors(self, namespace: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """Named actors of `namespace` whose name starts with `prefix`, alive or restarting, by name
+        (the dashboard's state API rows: pid, state, num_restarts, repr_name, ...)."""
+        rows = self._state_rows("actors", f"&filter_keys=ray_namespace&filter_predicates=%3D&filter_values={namespace}")
+        return {r["name"]: r for r in rows if r.get("name", "").startswith(prefix) and r["state"] != "DEAD"}
+
+    def placement_groups(self, prefix: str) -> list[str]:
+        """Names of the placement groups starting with `prefix` that are not removed."""
+        return sorted(r["name"] for r in self._state_rows("placement_groups")
+                      if r.get("name", "").startswith(prefix) and r["state"] != "REMOVED")
 
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""

@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,12 +55,7 @@ def head() -> Iterator[RayHead]:
 
 
 def actors(head: RayHead) -> dict[str, dict[str, Any]]:
-    """This namespace's agent actors by name, from the state API (alive or restarting)."""
-    url = (f"{head.dashboard_url}/api/v0/actors?detail=true&limit=1000&filter_keys=ray_namespace"
-           f"&filter_predicates=%3D&filter_values={NAMESPACE}")
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        rows = json.load(resp)["data"]["result"]["result"]
-    return {r["name"]: r for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "DEAD"}
+    return head.actors(NAMESPACE, PREFIX)
 
 
 def cuda_visible_devices(pid: int) -> str | None:
@@ -72,10 +66,7 @@ def cuda_visible_devices(pid: int) -> str | None:
 
 
 def groups(head: RayHead) -> list[str]:
-    url = f"{head.dashboard_url}/api/v0/placement_groups?detail=true&limit=1000"
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        rows = json.load(resp)["data"]["result"]["result"]
-    return sorted(r["name"] for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "REMOVED")
+    return head.placement_groups(PREFIX)
 
 
 def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown: bool) -> dict[str, Any]:
