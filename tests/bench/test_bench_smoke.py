@@ -102,3 +102,13 @@ def test_ray_restart(tmp_path: Path) -> None:
     ray_restart.main(["--agents", "1", "--kills", "1", "--out", str(tmp_path)])
     result = _outputs(tmp_path, "ray_restart")
     assert len(result["kills"]) == 1 and result["kills"][0]["serving_s"] >= result["kills"][0]["ray_alive_s"]
+
+
+@pytest.mark.ray
+def test_ray_discovery(tmp_path: Path) -> None:
+    from bench import ray_discovery
+
+    ray_discovery.main(["--live", "2", "--sizes", "2,6", "--members", "10", "--repeats", "2", "--out", str(tmp_path)])
+    result = _outputs(tmp_path, "ray_discovery")
+    assert [(r["size"], r["rows"], r["members"]) for r in result["rows"]] == [(2, 2, 2), (6, 6, 2)]
+    assert result["parse"]["members"] == 10
