@@ -1,7 +1,8 @@
 """Discovery kind `ray` over a real Ray 2.60.0 head on loopback (rlcp/harness/raycluster.py).
 
 A plain Ray driver (`ray.init(address=..., namespace=...)`, as an RL framework would) places
-detached named actors whose `__repr__` follows the convention (docs/ray.md) and points at real
+detached named actors, named as verl names its engines (`vllm_server_{replica}_{node}`), whose
+`__repr__` follows the convention (docs/ray.md) and points at real
 SimEngine agents served by this test on 127.0.0.1. The controller reads only the dashboard's
 HTTP state API; the test alone imports `ray`. Checked: the members and their URLs; actors
 outside the namespace or the name prefix are not members; a SIGKILLed actor (max_restarts=-1)
@@ -33,7 +34,9 @@ from rlcp.harness.waiting import wait_for
 pytestmark = pytest.mark.ray
 
 NAMESPACE = "rlcp-test"
-PREFIX = "rlcp-engine-"
+# verl's names for its engine actors, `vllm_server_{replica}_{node}`: the prefix a user of verl
+# would configure (its actors would still need the `__repr__` convention, docs/ray.md).
+PREFIX = "vllm_server_"
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +85,20 @@ async def agents(tmp_path: Path) -> AsyncIterator[list[SimAgent]]:
         await agent.stop()
 
 
-def place(ray: Any, agents: list[SimAgent], tag: str) -> dict[str, Any]:
-    """Two engines the controller should find, and two it must not: another prefix, another
-    namespace. Detached, as engines outlive the driver that placed them."""
+def place(ray: Any, agents: list[SimAgent], namespace: str) -> dict[str, Any]:
+    """Two engines the controller should find, named as verl names its replicas on node 0, and
+    two it must not: another prefix, and the same name in another namespace. Detached, as
+    engines outlive the driver that placed them."""
     Engine = engine_class(ray)
     actors: dict[str, Any] = {}
     for i, agent in enumerate(agents):
         spec = agent.spec()
-        actors[f"{PREFIX}{tag}{i}"] = Engine.options(name=f"{PREFIX}{tag}{i}", lifetime="detached").remote(
-            spec["admin_url"], spec["inference_url"])
-    actors[f"trainer-{tag}"] = Engine.options(name=f"trainer-{tag}", lifetime="detached").remote(
+        actors[f"{PREFIX}{i}_0"] = Engine.options(name=f"{PREFIX}{i}_0", namespace=namespace,
+                                                  lifetime="detached").remote(spec["admin_url"], spec["inference_url"])
+    actors["trainer_0"] = Engine.options(name="trainer_0", namespace=namespace, lifetime="detached").remote(
         agents[0].url, None)
-    actors[f"elsewhere/{PREFIX}{tag}"] = Engine.options(
-        name=f"{PREFIX}{tag}", namespace="elsewhere", lifetime="detached").remote(agents[0].url, None)
+    actors[f"elsewhere/{PREFIX}0_0"] = Engine.options(
+        name=f"{PREFIX}0_0", namespace=f"{namespace}-elsewhere", lifetime="detached").remote(agents[0].url, None)
     pids = ray.get([a.pid.remote() for a in actors.values()], timeout=60)  # every one created
     assert len(set(pids)) == 4
     return actors
@@ -105,8 +109,8 @@ def kill_all(ray: Any, actors: dict[str, Any]) -> None:
         ray.kill(actor, no_restart=True)
 
 
-def ray_settings(head: RayHead, **kw: Any) -> dict[str, Any]:
-    return {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
+def ray_settings(head: RayHead, namespace: str, **kw: Any) -> dict[str, Any]:
+    return {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": namespace,
                                    "name_prefix": PREFIX, "interval_s": 0.2, "timeout_s": 1.0,
                                    "max_backoff_s": 0.5, **kw}}
 
@@ -127,13 +131,14 @@ def dashboard_pid(head: RayHead) -> int:
 async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_without_the_dashboard(
         ray_head: tuple[RayHead, Any], agents: list[SimAgent], tmp_path: Path) -> None:
     head, ray = ray_head
-    actors = place(ray, agents, "c")
-    ids = [f"{PREFIX}c0", f"{PREFIX}c1"]
-    ctl = await start_controller(tmp_path, [], discovery=ray_settings(head))
+    ns = f"{NAMESPACE}-c"
+    actors = place(ray, agents, ns)
+    ids = [f"{PREFIX}0_0", f"{PREFIX}1_0"]
+    ctl = await start_controller(tmp_path, [], discovery=ray_settings(head, ns))
     try:
         state = await wait_for(lambda: _members(ctl, 2), 15, "both engines reachable")
         workers = {w["id"]: w for w in state["workers"]}
-        assert sorted(workers) == ids  # not trainer-c (prefix), not elsewhere/... (namespace)
+        assert sorted(workers) == ids  # not trainer_0 (prefix), not the same name elsewhere (namespace)
         listening = head.listeners()  # the head, its dashboard and the four engines' workers
         assert len(listening) >= 8 and {a for a, _ in listening} <= {"127.0.0.1", "[::ffff:127.0.0.1]"}, listening
         for i, agent in enumerate(agents):
@@ -145,7 +150,7 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
         # SIGKILL the first engine's process: Ray restarts it (max_restarts=-1) on a new pid.
         old_pid = ray.get(actors[ids[0]].pid.remote(), timeout=10)
         os.kill(old_pid, signal.SIGKILL)
-        new_pid = await wait_for(lambda: _alive_pid(head, ids[0], old_pid), 20, "the engine back on a new pid")
+        new_pid = await wait_for(lambda: _alive_pid(head, ns, ids[0], old_pid), 20, "the engine back on a new pid")
         assert new_pid != old_pid
         state = await wait_for(lambda: _epoch_after(ctl, epoch), 10, "the restart seen as a membership change")
         assert sorted(w["id"] for w in state["workers"]) == ids  # changed, never removed
@@ -180,28 +185,29 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
 async def test_source_reports_restart_as_a_change_and_a_dead_engine_as_kept(
         ray_head: tuple[RayHead, Any], agents: list[SimAgent]) -> None:
     head, ray = ray_head
-    actors = place(ray, agents, "s")
-    ids = [f"{PREFIX}s0", f"{PREFIX}s1"]
+    ns = f"{NAMESPACE}-s"
+    actors = place(ray, agents, ns)
+    ids = [f"{PREFIX}0_0", f"{PREFIX}1_0"]
     async with aiohttp.ClientSession() as session:
-        src = RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=NAMESPACE,
-                             name_prefix=f"{PREFIX}s", timeout_s=2)
+        src = RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=ns,
+                             name_prefix=PREFIX, timeout_s=2)
         first = {s.id: s for s in await src.poll()}
         assert sorted(first) == ids and first[ids[0]].incarnation == "0"
         assert first[ids[1]].admin_url == agents[1].url
         # more matching actors than the limit: a failed poll, never a partial list
         with pytest.raises(RayStateError, match="returned 1 of"):
-            await RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=NAMESPACE,
-                                 name_prefix=f"{PREFIX}s", limit=1, timeout_s=2).poll()
+            await RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=ns,
+                                 name_prefix=PREFIX, limit=1, timeout_s=2).poll()
 
         old_pid = ray.get(actors[ids[0]].pid.remote(), timeout=10)
         os.kill(old_pid, signal.SIGKILL)
-        await wait_for(lambda: _alive_pid(head, ids[0], old_pid), 20, "the engine back on a new pid")
+        await wait_for(lambda: _alive_pid(head, ns, ids[0], old_pid), 20, "the engine back on a new pid")
         after = {s.id: s for s in await src.poll()}
         assert after[ids[0]].incarnation == "1" and after[ids[0]] != first[ids[0]]
         assert after[ids[1]] == first[ids[1]]
 
         ray.kill(actors[ids[1]], no_restart=True)  # DEAD for good: kept, unreachable once its agent goes
-        await wait_for(lambda: _state(head, ids[1]) == "DEAD", 10, "the engine DEAD")
+        await wait_for(lambda: _state(head, ns, ids[1]) == "DEAD", 10, "the engine DEAD")
         assert sorted(s.id for s in await src.poll()) == ids
     kill_all(ray, actors)
 
@@ -232,13 +238,13 @@ def _actors(head: RayHead, name: str) -> list[dict]:
         return json.load(resp)["data"]["result"]["result"]
 
 
-def _alive_pid(head: RayHead, name: str, old_pid: int) -> int | None:
+def _alive_pid(head: RayHead, namespace: str, name: str, old_pid: int) -> int | None:
     for a in _actors(head, name):
-        if a["ray_namespace"] == NAMESPACE and a["state"] == "ALIVE" and a["pid"] != old_pid:
+        if a["ray_namespace"] == namespace and a["state"] == "ALIVE" and a["pid"] != old_pid:
             return int(a["pid"])
     return None
 
 
-def _state(head: RayHead, name: str) -> str | None:
-    found = [a["state"] for a in _actors(head, name) if a["ray_namespace"] == NAMESPACE]
+def _state(head: RayHead, namespace: str, name: str) -> str | None:
+    found = [a["state"] for a in _actors(head, name) if a["ray_namespace"] == namespace]
     return found[0] if found else None
