@@ -3,12 +3,14 @@ observation and one log line, whatever its outcome.
 
 The last `KEPT` records are shown in `GET /v1/agent/state` (newest first); the metrics count
 operations by kind and outcome (`rlcp/agent/metrics.py`). An outcome is `timeout` for a
-deadline the engine missed, `error` for any other failure (the error's message recorded), else
-`ok`. The log line carries the operation's id and kind, bound for every line logged meanwhile.
+deadline the engine missed, `cancelled` when the task running it was cancelled before it ended
+(the caller went away, the agent is stopping: the engine may be half way), `error` for any
+other failure (the error's message recorded), else `ok`. The log line carries the operation's id and kind, bound for every line logged meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import deque
@@ -48,6 +50,9 @@ class OperationRecords:
                 yield
             except DeadlineError as exc:
                 status, message = "timeout", exc.message
+                raise
+            except asyncio.CancelledError:
+                status, message = "cancelled", "cancelled before it finished"
                 raise
             except ApiError as exc:
                 status, message = "error", exc.message

@@ -94,6 +94,21 @@ async def test_a_dead_engine_is_not_called(agent):
         "engine is not alive")
 
 
+async def test_an_operation_cancelled_midway_is_recorded_cancelled_not_ok(agent):
+    engine = sim(agent)
+    engine.hang_next("pause")
+    pause = asyncio.create_task(agent.control.pause("keep", timeout_s=30.0))
+    await wait_busy(agent, "pause")
+    pause.cancel()  # the caller went away (a dropped HTTP request) or the agent is stopping
+    with pytest.raises(asyncio.CancelledError):
+        await pause
+    record = agent.state().last_operations[0]
+    assert (record.kind, record.status, record.message) == ("pause", "cancelled", "cancelled before it finished")
+    metrics = agent.metrics.render(paused=False, ready=True, requests=engine.request_counts()).decode()
+    assert 'rl_agent_operations_total{kind="pause",status="cancelled"} 1.0' in metrics
+    assert agent.gate.busy_with is None  # the gate is free again
+
+
 async def test_the_records_keep_the_newest(agent):
     for i in range(KEPT + 3):
         await agent.weights.set_version(f"v{i}")

@@ -43,7 +43,7 @@ OperationKind = Literal[
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
     "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
 ]
-OperationStatus = Literal["ok", "error", "timeout"]
+OperationStatus = Literal["ok", "error", "timeout", "cancelled"]
 
 
 class _Body(BaseModel):
