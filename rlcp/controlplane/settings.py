@@ -216,8 +216,10 @@ class KubernetesDiscoverySettings(Section):
                                      description="EndpointSlice port name serving inference (optional on a slice).")
     world_size_key: str = Field("rlcp.io/world-size", min_length=1,
                                 description="Pod label or annotation holding a worker's inference ranks.")
-    read_pods: bool = Field(True, description="Read each worker pod (once per pod) for `world_size_key`; "
-                                              "off: only the EndpointSlice's own labels/annotations count.")
+    read_pods: bool = Field(True, description="Read each worker pod (once per pod) for `world_size_key` and its "
+                                              "labels (the member's labels); off: only the EndpointSlice's own "
+                                              "labels/annotations count for the world size, and members have no "
+                                              "labels.")
     flavor: Flavor = Field("agent", description="AdminAPI flavor of every discovered worker.")
     scheme: Literal["http", "https"] = Field("http", description="Scheme of the workers' URLs.")
     watch_timeout_s: int = Field(300, ge=1, description="Server-side length of one watch request, in seconds.")

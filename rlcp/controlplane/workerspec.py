@@ -7,6 +7,7 @@ from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rlcp.core.labels import Labels
 from rlcp.core.wire.agent import RequestCounts
 
 WorkerId = NewType("WorkerId", str)
@@ -31,6 +32,9 @@ class WorkerSpec(BaseModel):
         None, description="Which life of the worker this is, where the source knows (a Ray actor's "
                           "`num_restarts`): a new value is a changed spec, so the registry starts the member "
                           "afresh and the controller reads and converges it again. None: the source cannot tell.")
+    labels: Labels = Field(default_factory=Labels, description="Labels from the source (static config, the listing's "
+                           "`labels`, the pod's labels, a Ray actor's description), in Kubernetes' label syntax: "
+                           "what selectors match.")
 
 
 class WorkerStatus(BaseModel):

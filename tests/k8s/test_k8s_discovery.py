@@ -291,3 +291,29 @@ async def test_a_watch_that_hangs_is_given_up_and_resumed(fake: FakeKubeApi, fol
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"))
     await f.wait_ids(["w-0", "w-1"], "from a resumed watch")
     assert fake.count("GET", "/endpointslices", watch=False) == 1
+
+
+async def test_members_carry_their_pods_labels(fake: FakeKubeApi, follow: Any) -> None:
+    """The pod read that gives the world size also gives the member its labels (no watch on
+    pods); a pod recreated with other labels is a new uid, read again; without pod reads there
+    are none."""
+    fake.put(pod("w-0", labels={"role": "policy", "app.kubernetes.io/name": "vllm"}, namespace=NS))
+    fake.put(pod("w-1", labels={"role": "reference"}, namespace=NS))
+    put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"), ports={"admin": 9000})
+    f = await follow()
+    specs = await f.wait_ids(["w-0", "w-1"])
+    assert {s.id: dict(s.labels) for s in specs} == {
+        "w-0": {"role": "policy", "app.kubernetes.io/name": "vllm"}, "w-1": {"role": "reference"}}
+
+    new = pod("w-1", labels={"role": "policy"}, namespace=NS)
+    new["metadata"]["uid"] = "uid-w-1-again"
+    fake.remove("pods", NS, "w-1")
+    fake.put(new)
+    moved = ep("w-1", "10.0.0.2")
+    moved["targetRef"]["uid"] = "uid-w-1-again"
+    put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), moved, ports={"admin": 9000})
+    await wait_for(lambda: dict(f.lists[-1][1].labels) == {"role": "policy"}, what="w-1's new labels")
+
+    blind = await follow(read_pods=False)
+    specs = await blind.wait_ids(["w-0", "w-1"])
+    assert all(dict(s.labels) == {} for s in specs)

@@ -25,6 +25,7 @@ class ListedWorker(BaseModel):
     inference_url: str | None
     flavor: Flavor
     model: str | None
+    labels: dict[str, str] = Field(default_factory=dict, description="The member's labels, from its source.")
     serving: bool
     ready: bool
     weight_version: str | None

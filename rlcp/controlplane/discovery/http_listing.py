@@ -3,7 +3,7 @@
 The listing is the shape Dynamo's frontend serves (`protocol_version`, `namespace`,
 `workers[]` with `instance_id`, `system_url`, `routes`, `world_size`, ...). This
 controller serves the same shape with a few fields of its own (`flavor`, `admin_url`,
-`inference_url`, `serving`), so one controller can discover another's fleet, and the
+`inference_url`, `serving`, `labels`), so one controller can discover another's fleet, and the
 controller's route reuses `render_listing` / `parse_listing` from here.
 
     parse_listing   listing document -> [WorkerSpec]   (pure; bad entries skipped)
@@ -101,7 +101,8 @@ def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None,
     try:
         spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url"),
                           flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"),
-                          routes=tuple(routes) if routes is not None else None)
+                          routes=tuple(routes) if routes is not None else None,
+                          labels=entry.get("labels") or {})
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""
@@ -119,7 +120,7 @@ def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[
         entry: dict[str, Any] = {
             "instance_id": spec.id, "system_url": spec.admin_url, "admin_url": spec.admin_url,
             "inference_url": spec.inference_url, "flavor": spec.flavor, "world_size": spec.world_size,
-            "model": spec.model,
+            "model": spec.model, "labels": dict(spec.labels),
             "routes": routes_for(spec.flavor, capabilities.get(spec.id) if capabilities is not None else None),
         }
         if serving is not None:

@@ -18,7 +18,9 @@ A worker is one endpoint: its id is the pod name (`targetRef`), its admin and in
 come from the slice's ports named by settings, and an endpoint whose `conditions.ready` is
 false is not a member (a missing `ready` means ready, as Kubernetes defines it). Its world
 size is read from its pod's label or annotation (one GET per pod, cached by pod uid), else
-from the slice's own labels/annotations (mirrored from the Service), else 1.
+from the slice's own labels/annotations (mirrored from the Service), else 1. The same read
+gives the member its labels: the pod's own (no watch on pods is needed; a pod's labels changed
+after it was read show when its endpoint changes or it restarts as a new pod).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from rlcp.controlplane.discovery.polling import backoff_s
 from rlcp.controlplane.k8s.client import K8sError, K8sGone, K8sNotFound, K8sUnavailable, call, translate
 from rlcp.controlplane.settings import KubernetesDiscoverySettings
 from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.core.labels import Labels
 
 log = structlog.get_logger("rlcp.controlplane.discovery.kubernetes")
 
@@ -48,6 +51,14 @@ _ADDRESS_PREFERENCE = {"IPv4": 0, "IPv6": 1, "FQDN": 2}
 class PodRef:
     name: str
     uid: str | None
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What one read of a pod gives its member."""
+
+    world_size: int | None
+    labels: Labels
 
 
 def _endpoint_pod(ep: client.V1Endpoint) -> PodRef | None:
@@ -75,10 +86,13 @@ def _meta_value(meta: client.V1ObjectMeta | None, key: str) -> str | None:
 
 
 def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: KubernetesDiscoverySettings,
-                        pod_world_sizes: Mapping[str, int]) -> tuple[list[WorkerSpec], list[str]]:
+                        pod_world_sizes: Mapping[str, int], *,
+                        pod_labels: Mapping[str, Labels] | None = None) -> tuple[list[WorkerSpec], list[str]]:
     """The members the slices describe, sorted by id, and a list of problems (each naming the
     slice or pod and why it was skipped). `pod_world_sizes` maps pod name -> world size read
-    from the pod; pods missing from it fall back to the slice's value."""
+    from the pod; pods missing from it fall back to the slice's value. `pod_labels` maps pod
+    name -> its labels (a member without a pod read has none)."""
+    pod_labels = pod_labels or {}
     best: dict[str, tuple[tuple[int, str], WorkerSpec]] = {}
     problems: list[str] = []
     for sl in sorted(slices, key=lambda s: s.metadata.name):
@@ -111,7 +125,8 @@ def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: Kube
             world_size = pod_world_sizes.get(pod.name) if pod else None
             spec = WorkerSpec(id=worker_id, admin_url=f"{base}:{admin_port}",
                               inference_url=f"{base}:{inference_port}" if inference_port is not None else None,
-                              flavor=settings.flavor, world_size=world_size or slice_size or 1)
+                              flavor=settings.flavor, world_size=world_size or slice_size or 1,
+                              labels=pod_labels.get(pod.name, Labels()) if pod else Labels())
             rank = (_ADDRESS_PREFERENCE.get(sl.address_type, 3), name)
             if worker_id not in best or rank < best[worker_id][0]:
                 best[worker_id] = (rank, spec)
@@ -131,7 +146,7 @@ class EndpointSliceSource:
         self._backoff_initial_s = backoff_initial_s
         self._iterations = iterations  # test seam: stop after this many list cycles
         self._slices: dict[str, client.V1EndpointSlice] = {}
-        self._pod_sizes: dict[PodRef, int | None] = {}  # by name and uid: a new pod is read anew
+        self._pods: dict[PodRef, PodFacts | None] = {}  # by name and uid: a new pod is read anew
         self._warned: set[str] = set()
         self._events_since_list = 0
         self._log = log.bind(namespace=settings.namespace, selector=settings.label_selector)
@@ -243,30 +258,33 @@ class EndpointSliceSource:
 
     # -- members ----------------------------------------------------------------------------------
     async def _members(self) -> list[WorkerSpec]:
-        pod_sizes = await self._pod_world_sizes() if self._s.read_pods else {}
-        members, problems = members_from_slices(self._slices.values(), self._s, pod_sizes)
+        pods = await self._read_pods() if self._s.read_pods else {}
+        members, problems = members_from_slices(
+            self._slices.values(), self._s, {n: f.world_size for n, f in pods.items() if f.world_size is not None},
+            pod_labels={n: f.labels for n, f in pods.items()})
         for problem in problems:
             if problem not in self._warned:  # once per problem, not once per event
                 self._warned.add(problem)
                 self._log.warning("endpointslice_entry_skipped", reason=problem)
         return members
 
-    async def _pod_world_sizes(self) -> dict[str, int]:
-        """World sizes of the ready endpoints' pods: one GET per pod it has not read, bounded
-        in concurrency. A failed read is logged and retried at the next change; meanwhile the
-        slice's value counts (and an agent's own report of its world size overrides both)."""
+    async def _read_pods(self) -> dict[str, PodFacts]:
+        """World sizes and labels of the ready endpoints' pods: one GET per pod it has not read,
+        bounded in concurrency. A failed read is logged and retried at the next change; meanwhile
+        the slice's world size counts (and an agent's own report of its world size overrides
+        both), and the member has no labels."""
         wanted = {pod for sl in self._slices.values()
                   if any(p.name == self._s.admin_port_name for p in sl.ports or [])
                   for ep in sl.endpoints or []
                   if (pod := _endpoint_pod(ep)) is not None
                   and not (ep.conditions is not None and ep.conditions.ready is False)}
-        missing = [p for p in wanted if p not in self._pod_sizes]
+        missing = [p for p in wanted if p not in self._pods]
         if missing:
             limit = asyncio.Semaphore(16)
 
             async def read(pod: PodRef) -> None:
                 async with limit:
-                    self._pod_sizes[pod] = await self._read_pod_world_size(pod)
+                    self._pods[pod] = await self._read_pod(pod)
 
             results = await asyncio.gather(*(read(p) for p in missing), return_exceptions=True)
             for pod, result in zip(missing, results):
@@ -275,10 +293,10 @@ class EndpointSliceSource:
                 elif isinstance(result, BaseException):
                     raise result
         # Forget pods that left, so the cache does not grow with every restart.
-        self._pod_sizes = {p: s for p, s in self._pod_sizes.items() if p in wanted}
-        return {p.name: s for p, s in self._pod_sizes.items() if s is not None}
+        self._pods = {p: f for p, f in self._pods.items() if p in wanted}
+        return {p.name: f for p, f in self._pods.items() if f is not None}
 
-    async def _read_pod_world_size(self, pod: PodRef) -> int | None:
+    async def _read_pod(self, pod: PodRef) -> PodFacts | None:
         try:
             obj = await call(f"get pod {self._s.namespace}/{pod.name}",
                              self._core.read_namespaced_pod(pod.name, self._s.namespace,
@@ -290,4 +308,9 @@ class EndpointSliceSource:
         size = parse_world_size(raw)
         if raw is not None and size is None:
             self._log.warning("pod_world_size_invalid", pod=pod.name, key=self._s.world_size_key, value=raw)
-        return size
+        try:
+            labels = Labels((obj.metadata.labels if obj.metadata else None) or {})
+        except ValueError as exc:  # the API server checks the same syntax; only the count can be over
+            self._log.warning("pod_labels_ignored", pod=pod.name, reason=str(exc))
+            labels = Labels()
+        return PodFacts(size, labels)

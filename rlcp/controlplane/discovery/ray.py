@@ -6,7 +6,7 @@ says how to reach it through its `__repr__`, which the state API carries verbati
 `repr_name` (docs/ray.md, "The actor convention"):
 
     {"rlcp": 1, "admin_url": "http://10.0.0.5:9000", "inference_url": "http://10.0.0.5:8000",
-     "flavor": "agent", "world_size": 1, "model": "Qwen/Qwen3-0.6B"}
+     "flavor": "agent", "world_size": 1, "model": "Qwen/Qwen3-0.6B", "labels": {"role": "policy"}}
 
     parse_actors         state API answer -> ActorList (specs, states, skipped)   (pure)
     RayActorSource.watch poll -> parse -> yield; on failure keep quiet and back off
@@ -173,7 +173,8 @@ def _parse_actor(actor: Mapping[str, Any], *, qualify: bool, default_flavor: Fla
         spec = WorkerSpec(id=wid, admin_url=admin_url, inference_url=described.get("inference_url"),
                           flavor=flavor, world_size=1 if described.get("world_size") is None else described["world_size"],
                           model=described.get("model"), routes=tuple(routes) if routes is not None else None,
-                          incarnation=str(restarts) if restarts is not None else None)
+                          incarnation=str(restarts) if restarts is not None else None,
+                          labels=described.get("labels") or {})
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""

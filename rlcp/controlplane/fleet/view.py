@@ -64,7 +64,7 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
         reason = f"at weight version {s.weight_version if s else None!r}, desired {desired.weight_version!r}"
     return WorkerView(
         id=rec.spec.id, admin_url=rec.spec.admin_url, inference_url=rec.spec.inference_url,
-        flavor=rec.spec.flavor, world_size=rec.world_size,
+        flavor=rec.spec.flavor, world_size=rec.world_size, labels=dict(rec.spec.labels),
         reachable=rec.reachable, ready=ready,
         serving=ready and s is not None and s.paused is False and not rec.cordoned,
         cordoned=rec.cordoned, paused=s.paused if s else None, requests=s.requests if s else None,

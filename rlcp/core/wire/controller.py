@@ -245,6 +245,7 @@ class WorkerView(BaseModel):
     inference_url: str | None
     flavor: str
     world_size: int
+    labels: dict[str, str] = Field(default_factory=dict, description="The member's labels, from its source.")
     reachable: bool
     ready: bool
     serving: bool = Field(description="Reachable, ready, at the desired state, not paused and not cordoned.")
