@@ -99,6 +99,16 @@ class Labels(Mapping[str, str]):
             cls, as_dict, serialization=core_schema.plain_serializer_function_ser_schema(dict, return_schema=as_dict))
 
 
+def labels_from(raw: object) -> Labels:
+    """Labels from a document's `labels` field (a listing entry, an actor's description): absent
+    or null is none; anything but an object of strings raises `ValueError` saying why."""
+    if raw is None:
+        return Labels()
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"labels is a {type(raw).__name__}, not an object")
+    return Labels(raw)
+
+
 # -- selectors --------------------------------------------------------------------------------
 Operator = Literal["exists", "absent", "eq", "ne", "in", "notin"]
 

@@ -20,6 +20,7 @@ from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import Conflict, InvalidInput, NotFound
 from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations import lora, pause, weights
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
@@ -36,6 +37,7 @@ from rlcp.core.wire.controller import (
     PlacementRequest,
     PlacementView,
     ResumeRequest,
+    SelectorQuery,
     StalenessRequest,
     TransferFinishRequest,
     TransferInitRequest,
@@ -84,17 +86,24 @@ def _ctl(request: web.Request) -> Controller:
 
 @api.get("/v1/rl/state", "The fleet state, from the cache (never a fan-out per request). Carries an `ETag`: "
          "with `If-None-Match` naming it, the answer is 304 with no body while nothing changed; gzip when "
-         "`Accept-Encoding` allows it.", ok=FleetState, answers={304: None}, tag=_NATIVE)
+         "`Accept-Encoding` allows it. With `selector`, `workers` lists only the matching members (the rest of "
+         "the document is the whole fleet's) and the answer is made afresh, without an `ETag`.",
+         query=SelectorQuery, ok=FleetState, answers={304: None}, tag=_NATIVE)
 async def get_state(request: web.Request) -> web.Response:
     ctl = _ctl(request)
+    selector = read_selector(validate(SelectorQuery, dict(request.query)).selector)
+    if selector is not None:
+        state = ctl.state()
+        return json_response(state.model_copy(update={"workers": [
+            w for w in state.workers if selector.matches(w.labels)]}))
     return cached_response(request, etag=ctl.state_etag(), body=ctl.state_body)
 
 
-@api.get("/v1/rl/workers", "The members, in Dynamo's listing shape plus this project's fields.",
-         ok=WorkersListing, tag=_NATIVE)
+@api.get("/v1/rl/workers", "The members, in Dynamo's listing shape plus this project's fields (`labels` among "
+         "them); with `selector`, only those whose labels match.", query=SelectorQuery, ok=WorkersListing, tag=_NATIVE)
 async def get_workers(request: web.Request) -> web.Response:
     ctl = _ctl(request)
-    members = ctl.members()
+    members = selected(ctl.members(), read_selector(validate(SelectorQuery, dict(request.query)).selector))
     views = {v.id: v for v in (ctl.worker_view(r) for r in members)}
     listing = render_listing([r.spec for r in members], namespace=ctl.settings.controller_id,
                              serving={i: v.serving for i, v in views.items()},
@@ -125,17 +134,18 @@ async def get_operation(request: web.Request) -> web.Response:
     return json_response(found)
 
 
-@operation("POST", "/v1/rl/pause", "Pause every member; returns once quiesced or past the deadline.",
-           body=PauseRequest, body_optional=True)
+@operation("POST", "/v1/rl/pause", "Pause every member (with `selector`, only the matching members, held paused "
+           "in the desired state); returns once quiesced or past the deadline.", body=PauseRequest, body_optional=True)
 async def post_pause(request: web.Request) -> web.Response:
     body = await parse_body(request, PauseRequest, allow_empty=True)
     return operation_response(await pause.pause(_ctl(request), body))
 
 
-@operation("POST", "/v1/rl/resume", "Resume every member.", body=ResumeRequest, body_optional=True)
+@operation("POST", "/v1/rl/resume", "Resume every member and release every hold (with `selector`, only the "
+           "matching members; 409 while the whole fleet is paused).", body=ResumeRequest, body_optional=True)
 async def post_resume(request: web.Request) -> web.Response:
-    await parse_body(request, ResumeRequest, allow_empty=True)
-    return operation_response(await pause.resume(_ctl(request)))
+    body = await parse_body(request, ResumeRequest, allow_empty=True)
+    return operation_response(await pause.resume(_ctl(request), body))
 
 
 @operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume -- all "

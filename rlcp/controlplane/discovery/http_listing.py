@@ -27,6 +27,7 @@ from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repea
 from rlcp.controlplane.workers.capabilities import Capability
 from rlcp.controlplane.workers.flavors.dynamo import DYNAMO_ROUTES, STATUS_ROUTES
 from rlcp.controlplane.workerspec import Flavor, WorkerSpec
+from rlcp.core.labels import labels_from
 
 log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 
@@ -99,10 +100,14 @@ def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None,
     if routes is not None and not (isinstance(routes, list) and all(isinstance(r, str) for r in routes)):
         return None, "routes is not a list of strings"
     try:
+        labels = labels_from(entry.get("labels"))
+    except ValueError as exc:
+        return None, f"labels: {exc}"
+    try:
         spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url"),
                           flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"),
                           routes=tuple(routes) if routes is not None else None,
-                          labels=entry.get("labels") or {})
+                          labels=labels)
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""

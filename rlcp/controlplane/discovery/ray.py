@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
 from rlcp.controlplane.settings import DeadActors
 from rlcp.controlplane.workerspec import Flavor, WorkerSpec
+from rlcp.core.labels import labels_from
 
 log = structlog.get_logger("rlcp.controlplane.discovery.ray")
 
@@ -170,11 +171,15 @@ def _parse_actor(actor: Mapping[str, Any], *, qualify: bool, default_flavor: Fla
         return None, "routes is not a list of strings"
     restarts = actor.get("num_restarts")  # an int64 in Ray's protobuf: a string in its JSON
     try:
+        labels = labels_from(described.get("labels"))
+    except ValueError as exc:
+        return None, f"labels in __repr__: {exc}"
+    try:
         spec = WorkerSpec(id=wid, admin_url=admin_url, inference_url=described.get("inference_url"),
                           flavor=flavor, world_size=1 if described.get("world_size") is None else described["world_size"],
                           model=described.get("model"), routes=tuple(routes) if routes is not None else None,
                           incarnation=str(restarts) if restarts is not None else None,
-                          labels=described.get("labels") or {})
+                          labels=labels)
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""

@@ -31,6 +31,14 @@ from rlcp.core.wire.controller import (
 log = structlog.get_logger("rlcp.controlplane.fleet.desired")
 
 
+def wanted_pause(desired: DesiredState, worker_id: str) -> PauseMode | None:
+    """How this member should be paused, or None for running: the whole fleet's pause, else its
+    own hold (a selector-scoped pause)."""
+    if desired.paused:
+        return desired.pause_mode
+    return desired.held.get(worker_id)
+
+
 class DesiredKeeper:
     def __init__(self, *, store: DesiredStore, changes: ChangeCounter,
                  on_saved: Callable[[DesiredState], None] | None = None) -> None:
@@ -85,10 +93,26 @@ class DesiredKeeper:
         await self._write(change)
 
     async def set_paused(self, paused: bool, mode: PauseMode | None = None) -> None:
+        """The whole fleet paused or running: every hold is subsumed (paused) or released (running)."""
         def change(d: DesiredState) -> None:
             d.paused = paused
+            d.held = {}
             if mode is not None:
                 d.pause_mode = mode
+
+        await self._write(change)
+
+    async def hold(self, worker_ids: list[str], mode: PauseMode) -> None:
+        """These members stay paused (a selector-scoped pause) while the rest follow `paused`."""
+        def change(d: DesiredState) -> None:
+            d.held.update(dict.fromkeys(worker_ids, mode))
+
+        await self._write(change)
+
+    async def release(self, worker_ids: list[str]) -> None:
+        def change(d: DesiredState) -> None:
+            for worker_id in worker_ids:
+                d.held.pop(worker_id, None)
 
         await self._write(change)
 

@@ -67,7 +67,7 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
         flavor=rec.spec.flavor, world_size=rec.world_size, labels=dict(rec.spec.labels),
         reachable=rec.reachable, ready=ready,
         serving=ready and s is not None and s.paused is False and not rec.cordoned,
-        cordoned=rec.cordoned, paused=s.paused if s else None, requests=s.requests if s else None,
+        cordoned=rec.cordoned, paused=s.paused if s else None, held=rec.id in desired.held, requests=s.requests if s else None,
         weight_version=s.weight_version if s else None, loras=s.loras if s else {},
         engine_alive=s.engine_alive if s else None,
         not_ready_reason=None if ready else reason, last_result=rec.last_result, last_seen=rec.last_seen,

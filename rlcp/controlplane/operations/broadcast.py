@@ -255,7 +255,9 @@ class WeightTransfer:
         ctx.log.set_verified(version is not None and self.settings.verify
                              and len(verified) == len(ctx.registry.members()))
         if update.paused_by_us and not ctx.desired.state.paused:
-            await run.step("resuming", "resume", verified, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
+            held = ctx.desired.state.held  # members an operator holds paused stay paused
+            await run.step("resuming", "resume", [r for r in verified if r.id not in held], CONTROL,
+                           lambda w: w.resume(), ctx.deadlines.control_s)
         return await self._close(update)
 
     async def update_weight_version(self, version: str) -> OperationResult:
@@ -344,7 +346,7 @@ class WeightTransfer:
         await run.best_effort("finish_weight_update", alive, BROADCAST, lambda w: w.finish_weight_update(None),
                               ctx.deadlines.transfer_chunk_s, shown_as="abort:finish_weight_update")
         if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
-            intact = [r for r in update.records if run.tracker.ok_so_far(r.id)]
+            intact = [r for r in update.records if run.tracker.ok_so_far(r.id) and r.id not in ctx.desired.state.held]
             await run.step("resuming", "resume", intact, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
         return await self._close(update)
 

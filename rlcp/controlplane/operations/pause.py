@@ -1,26 +1,75 @@
-"""Pause (abort | wait | keep) and resume the whole fleet; the desired state records which,
-so a worker that joins or restarts is brought to it by the reconciler."""
+"""Pause (abort | wait | keep) and resume the fleet, or the members a label selector names; the
+desired state records which, so a worker that joins or restarts is brought to it by the reconciler.
+
+The rule for a selector (docs/controller.md, "Selectors"):
+- pause without one pauses every member (`desired.paused`); resume without one resumes every
+  member and releases every hold;
+- pause with one pauses only the matching members and *holds* them (`desired.held`, by worker
+  id): the reconciler keeps them paused, the rest keep following `desired.paused`, and a weight
+  update updates them but leaves them paused;
+- resume with one releases and resumes only the matching members. While the whole fleet is
+  paused it is refused (409): "all paused but these" is not a state the controller keeps, so
+  it would be undone at the next reconcile.
+A selector that is malformed (422) or matches no member (422) is refused before any worker is
+touched or anything is written.
+"""
 
 from __future__ import annotations
 
+from rlcp.controlplane.errors import Conflict, InvalidInput
+from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
 from rlcp.controlplane.workers.capabilities import CONTROL
-from rlcp.core.wire.controller import OperationResult, PauseRequest
+from rlcp.core.labels import Selector
+from rlcp.core.wire.controller import OperationResult, PauseRequest, ResumeRequest
+
+
+def _targets(records: list[WorkerRecord], selector: Selector) -> list[WorkerRecord]:
+    """The matching members; none is a 422 naming `selector` (an empty fleet is left to `Run`: 503)."""
+    chosen = selected(records, selector)
+    if records and not chosen:
+        raise InvalidInput(f"selector {selector.text!r} matches none of the {len(records)} members",
+                           field="selector")
+    return chosen
 
 
 async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
+    selector = read_selector(req.selector)
+    if selector is not None:
+        _targets(ctx.registry.members(), selector)  # refused before the gate and the log
+
     async def body(run: Run) -> None:
         deadline = ctx.deadlines.pause(req.timeout_s)
-        await ctx.desired.set_paused(True, req.mode)
+        if selector is None:
+            await ctx.desired.set_paused(True, req.mode)
+        else:
+            run.members = _targets(run.members, selector)
+            run.tracker.note(workers=[r.id for r in run.members])
+            await ctx.desired.hold([r.id for r in run.members], req.mode)
         await run.step("pausing", "pause", run.members, CONTROL, lambda w: w.pause(req.mode, deadline),
                        ctx.deadlines.call_over(deadline))
 
-    return await run_operation(ctx, "pause", {"mode": req.mode}, body)
+    detail: dict[str, object] = {"mode": req.mode} | ({"selector": req.selector} if selector else {})
+    return await run_operation(ctx, "pause", detail, body)
 
 
-async def resume(ctx: OperationContext) -> OperationResult:
+async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> OperationResult:
+    selector = read_selector(req.selector if req is not None else None)
+    if selector is not None:
+        if ctx.desired.state.paused:
+            raise Conflict("the whole fleet is paused: resume it without a selector, then pause the members to keep "
+                           "paused with one")
+        _targets(ctx.registry.members(), selector)
+
     async def body(run: Run) -> None:
-        await ctx.desired.set_paused(False)
+        if selector is None:
+            await ctx.desired.set_paused(False)
+        else:
+            run.members = _targets(run.members, selector)
+            run.tracker.note(workers=[r.id for r in run.members])
+            await ctx.desired.release([r.id for r in run.members])
         await run.step("resuming", "resume", run.members, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
 
-    return await run_operation(ctx, "resume", {}, body)
+    return await run_operation(ctx, "resume", {"selector": req.selector} if req is not None and selector else {},
+                               body)

@@ -183,7 +183,8 @@ class Roll:
                                     agreement=agreement)
         if ctx.desired.state.paused:  # an operator paused the fleet: the update leaves it paused
             return verified, []
-        return verified, await resume(run, verified)
+        # A member an operator holds paused (a selector-scoped pause) is updated but stays paused.
+        return verified, await resume(run, [r for r in verified if r.id not in ctx.desired.state.held])
 
 
 async def resume(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:

@@ -42,7 +42,8 @@ class Reconciler:
     def plan_for(self, rec: WorkerRecord) -> list[Action]:
         if not rec.reachable or rec.status is None:
             return []
-        return plan(self.desired.state, rec.status, told_desired=rec.told_desired, tracks_desired=rec.tracks_desired)
+        return plan(self.desired.state, rec.status, told_desired=rec.told_desired, tracks_desired=rec.tracks_desired,
+                    worker_id=rec.id)
 
     def needs_work(self, rec: WorkerRecord) -> bool:
         return bool(self.plan_for(rec))

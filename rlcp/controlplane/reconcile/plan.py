@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlcp.controlplane.fleet.convergence import weights_behind
+from rlcp.controlplane.fleet.desired import wanted_pause
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import DesiredState
 
@@ -36,11 +37,12 @@ def load_source(desired: DesiredState) -> dict[str, str] | None:
 
 
 def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | None | object,
-         tracks_desired: bool) -> list[Action]:
+         tracks_desired: bool, worker_id: str = "") -> list[Action]:
     """Actions that bring one reachable worker to `desired`, in order; [] when it is there.
 
     `told_desired` is the version this worker was last told (a sentinel when never);
-    `tracks_desired` says whether its flavor gates readiness on it (the agent does).
+    `tracks_desired` says whether its flavor gates readiness on it (the agent does);
+    `worker_id` finds its hold, if a selector-scoped pause holds it (`desired.held`).
     """
     actions: list[Action] = []
     if tracks_desired and told_desired != desired.weight_version:
@@ -59,8 +61,9 @@ def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | Non
     for name in status.loras:
         if name not in desired.loras:
             actions.append(Action("unload_lora", {"name": name}))
-    if desired.paused and status.paused is False:
-        actions.append(Action("pause", {"mode": desired.pause_mode}))
-    elif not desired.paused and status.paused:
+    pause = wanted_pause(desired, worker_id)
+    if pause is not None and status.paused is False:
+        actions.append(Action("pause", {"mode": pause}))
+    elif pause is None and status.paused:
         actions.append(Action("resume"))
     return actions

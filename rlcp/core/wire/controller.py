@@ -93,9 +93,22 @@ class UpdateWeightsRequest(_Body):
         return value
 
 
+SELECTOR_FIELD = Field(None, max_length=4096, description="A Kubernetes label selector (`role=policy`, `tier in "
+                       "(a,b)`, `!canary`, comma = AND): only the matching members are touched, and held so (paused) "
+                       "or released (resumed) in the desired state; none matching is a 422.")
+
+
 class PauseRequest(_Body):
     mode: PauseMode = "keep"
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline to quiesce, in seconds.")
+    selector: str | None = SELECTOR_FIELD
+
+
+class SelectorQuery(BaseModel):
+    """A read of the members, narrowed by label."""
+
+    selector: str | None = Field(None, max_length=4096, description="A Kubernetes label selector (`role=policy`, "
+                                 "`tier in (a,b)`, `!canary`, comma = AND): only matching members are shown.")
 
 
 class OperationsQuery(BaseModel):
@@ -106,8 +119,8 @@ class EmptyRequest(_Body):
     """A route that takes no fields: an empty body or `{}`."""
 
 
-class ResumeRequest(EmptyRequest):
-    pass
+class ResumeRequest(_Body):
+    selector: str | None = SELECTOR_FIELD
 
 
 class LoraRequest(_Body):
@@ -150,6 +163,10 @@ class DesiredState(BaseModel):
     loras: dict[str, LoraSpec] = Field(default_factory=dict)
     paused: bool = False
     pause_mode: PauseMode = "keep"
+    held: dict[str, PauseMode] = Field(default_factory=dict, description="Members held paused by a selector-scoped "
+                                       "pause, by worker id, with its mode: kept paused (by the reconciler too, after "
+                                       "a restart) while the rest follow `paused`, until a resume naming them, or a "
+                                       "resume of the whole fleet, releases them.")
     applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
                                         f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
                                         "the gateway's staleness bound counts back along this list.")
@@ -252,6 +269,7 @@ class WorkerView(BaseModel):
     cordoned: bool = Field(False, description="Taken out of the gateway's serving set by the controller (a weight "
                                               "update's wave) until it has been updated and verified.")
     paused: bool | None
+    held: bool = Field(False, description="Held paused by a selector-scoped pause (`desired.held`).")
     requests: RequestCounts | None
     weight_version: str | None
     loras: dict[str, str | None]
