@@ -34,7 +34,9 @@ _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _NAME_RE = re.compile(rf"^{_NAME}$")
 _PREFIX_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 MAX_LABELS = 64  # more is a mistake, not a fleet; keeps a state document's size bounded
-MAX_SELECTOR_CHARS = 4096
+# Room for real selectors, and short enough that one sent in a query string (percent-encoded, up to
+# 12 bytes a character) stays inside aiohttp's 8190-byte request line.
+MAX_SELECTOR_CHARS = 512
 
 
 def label_key_problem(key: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import Ctl, start_controller, update_body
+from rlcp.harness.controller import start_controller, update_body
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 

@@ -331,3 +331,16 @@ def test_parse_skips_an_entry_whose_routes_are_not_strings() -> None:
         {"instance_id": 2, "system_url": "http://h:2", "routes": [1, 2]},
         {"instance_id": 3, "system_url": "http://h:3"}]}
     assert [(s.id, s.routes) for s in parse_listing(doc, default_flavor="dynamo")] == [("3", None)]
+
+
+def test_listing_labels_travel_and_bad_labels_skip_the_entry() -> None:
+    specs = [spec("a", labels={"role": "policy"}), spec("b")]
+    doc = json.loads(json.dumps(render_listing(specs, namespace="rl")))
+    assert [w["labels"] for w in doc["workers"]] == [{"role": "policy"}, {}]
+    assert [dict(s.labels) for s in parse_listing(doc, default_flavor="agent")] == [{"role": "policy"}, {}]
+    doc["workers"][0]["labels"] = {"role": "not ok"}
+    doc["workers"].append({"instance_id": "c", "system_url": "http://c:1", "labels": ["role"]})
+    with capture_logs() as logs:
+        assert [s.id for s in parse_listing(doc, default_flavor="agent")] == ["b"]
+    reasons = [e["reason"] for e in logs if e["event"] == "listing_entry_skipped"]
+    assert len(reasons) == 2 and "label value 'not ok'" in reasons[0] and "not an object" in reasons[1]

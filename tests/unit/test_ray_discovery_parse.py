@@ -235,3 +235,18 @@ async def test_unreachable_dashboard_is_a_failed_poll() -> None:
         src = RayActorSource(session=session, dashboard_url="http://127.0.0.1:1", timeout_s=2)
         with pytest.raises(RayStateError):
             await src.poll()
+
+
+def test_an_actors_description_gives_its_labels_and_a_bad_one_skips_it() -> None:
+    good = actors(ANSWERS["alive"])[0]
+    described = json.loads(good["repr_name"])
+
+    def actor(actor_id: str, name: str, labels: Any) -> dict:
+        return {**good, "actor_id": actor_id, "name": name, "repr_name": json.dumps({**described, "labels": labels})}
+
+    found = parse_actors(with_actors([actor("a0", "policy-0", {"role": "policy"}), actor("a1", "plain", None),
+                                      actor("a2", "bad", {"role": "not ok"}), actor("a3", "worse", "role=x")]),
+                         namespace="rl")
+    assert {s.id: dict(s.labels) for s in found.specs} == {"policy-0": {"role": "policy"}, "plain": {}}
+    reasons = {s.actor_id: s.reason for s in found.skipped}
+    assert "labels in __repr__: label value 'not ok'" in reasons["a2"] and "not an object" in reasons["a3"]

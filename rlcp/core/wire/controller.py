@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from rlcp.core.labels import MAX_SELECTOR_CHARS
 from rlcp.core.wire.agent import PauseMode, RequestCounts
 from rlcp.core.wire.versions import VersionName
 
@@ -93,7 +94,7 @@ class UpdateWeightsRequest(_Body):
         return value
 
 
-SELECTOR_FIELD = Field(None, max_length=4096, description="A Kubernetes label selector (`role=policy`, `tier in "
+SELECTOR_FIELD = Field(None, max_length=MAX_SELECTOR_CHARS, description="A Kubernetes label selector (`role=policy`, `tier in "
                        "(a,b)`, `!canary`, comma = AND): only the matching members are touched, and held so (paused) "
                        "or released (resumed) in the desired state; none matching is a 422.")
 
@@ -107,7 +108,7 @@ class PauseRequest(_Body):
 class SelectorQuery(BaseModel):
     """A read of the members, narrowed by label."""
 
-    selector: str | None = Field(None, max_length=4096, description="A Kubernetes label selector (`role=policy`, "
+    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A Kubernetes label selector (`role=policy`, "
                                  "`tier in (a,b)`, `!canary`, comma = AND): only matching members are shown.")
 
 
