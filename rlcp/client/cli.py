@@ -58,11 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
     st.add_argument("--interval", type=float, default=1.0, help="refresh interval, in seconds")
     st.add_argument("--count", type=int, default=None, help=argparse.SUPPRESS)  # test seam: refreshes
-    sub.add_parser("workers", help="the members, as the controller lists them")
-    pa = sub.add_parser("pause", help="pause every member")
+    wk = sub.add_parser("workers", help="the members, as the controller lists them")
+    pa = sub.add_parser("pause", help="pause every member (with -l, the matching ones, held paused)")
     pa.add_argument("--mode", choices=("abort", "wait", "keep"), default="keep")
     pa.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline to quiesce, seconds")
-    sub.add_parser("resume", help="resume every member")
+    rs = sub.add_parser("resume", help="resume every member, releasing every hold (with -l, the matching ones)")
+    for cmd in (st, wk, pa, rs):
+        cmd.add_argument("-l", "--selector", default=None,
+                         help="label selector, as kubectl's: role=policy, zone in (a,b), !canary (comma = AND)")
     up = sub.add_parser("update-weights", help="pause, load, verify, resume")
     up.add_argument("--version", required=True)
     up.add_argument("--path", required=True, help="safetensors directory every worker can read")
@@ -185,13 +188,14 @@ async def run(args: argparse.Namespace) -> int:
             case "state":
                 return await state(client, args)
             case "workers":
-                body = await client.workers()
+                body = await client.workers(args.selector)
                 console.print(workers_table(body)) if args.output == "table" else emit(body, args.output)
                 return 0
             case "pause":
-                return await run_operation(client, client.pause(args.mode, args.op_timeout), args.output)
+                return await run_operation(client, client.pause(args.mode, args.op_timeout, selector=args.selector),
+                                           args.output)
             case "resume":
-                return await run_operation(client, client.resume(), args.output)
+                return await run_operation(client, client.resume(selector=args.selector), args.output)
             case "update-weights":
                 manifest = read_manifest(args.manifest) if args.manifest else None
                 started = await client.update_weights(
@@ -230,16 +234,16 @@ async def run(args: argparse.Namespace) -> int:
 
 async def state(client: ControlPlaneClient, args: argparse.Namespace) -> int:
     if args.output != "table":
-        emit(await client.state_raw(), args.output)
+        emit(await client.state_raw(args.selector), args.output)
         return 0
     if not args.watch:
-        console.print(state_view(await client.state()))
+        console.print(state_view(await client.state(args.selector)))
         return 0
     refreshes = 0
-    with Live(state_view(await client.state()), console=console, auto_refresh=False) as live:
+    with Live(state_view(await client.state(args.selector)), console=console, auto_refresh=False) as live:
         while args.count is None or refreshes < args.count:
             await asyncio.sleep(args.interval)
-            live.update(state_view(await client.state()), refresh=True)
+            live.update(state_view(await client.state(args.selector)), refresh=True)
             refreshes += 1
     return 0
 

@@ -22,6 +22,7 @@ import time
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from urllib.parse import urlencode
 
 import aiohttp
 
@@ -62,6 +63,10 @@ class OperationFailed(ControlPlaneError):
 
 class ConvergeTimeout(ControlPlaneError):
     pass
+
+
+def _with_selector(path: str, selector: str | None) -> str:
+    return path if selector is None else f"{path}?{urlencode({'selector': selector})}"
 
 
 def _object(data: object, what: str) -> dict[str, Any]:
@@ -127,11 +132,14 @@ class ControlPlaneClient:
         return data
 
     # -- reads -------------------------------------------------------------------------
-    async def state(self) -> FleetState:
-        return FleetState.model_validate(await self.state_raw())
+    async def state(self, selector: str | None = None) -> FleetState:
+        return FleetState.model_validate(await self.state_raw(selector))
 
-    async def state_raw(self) -> dict[str, Any]:
-        """The state document; polled again, a 304 when it has not changed (`If-None-Match`)."""
+    async def state_raw(self, selector: str | None = None) -> dict[str, Any]:
+        """The state document; polled again, a 304 when it has not changed (`If-None-Match`).
+        With `selector` (a label selector), only the matching members' rows, read afresh."""
+        if selector is not None:
+            return _object(await self._request("GET", _with_selector("/v1/rl/state", selector)), "GET /v1/rl/state")
         answer: dict[str, str | None] = {}
         data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None,
                                    answer=answer)
@@ -142,8 +150,8 @@ class ControlPlaneClient:
             self._state = (etag, document)
         return document
 
-    async def workers(self) -> dict[str, Any]:
-        return _object(await self._request("GET", "/v1/rl/workers"), "GET /v1/rl/workers")
+    async def workers(self, selector: str | None = None) -> dict[str, Any]:
+        return _object(await self._request("GET", _with_selector("/v1/rl/workers", selector)), "GET /v1/rl/workers")
 
     async def operations(self, limit: int = 64) -> list[OperationResult]:
         body = _object(await self._request("GET", f"/v1/rl/operations?limit={limit}"), "GET /v1/rl/operations")
@@ -158,13 +166,18 @@ class ControlPlaneClient:
         settings. Returns once the count is stored; the agents join as they start."""
         return PlacementView.model_validate(await self._request("PUT", "/v1/rl/placement", {"replicas": replicas}))
 
-    async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None) -> OperationResult:
-        body: dict[str, Any] = {"mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {})
+    async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None, *,
+                    selector: str | None = None) -> OperationResult:
+        """Pause the fleet; with `selector`, only the matching members, held paused until resumed."""
+        body: dict[str, Any] = {"mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {}) \
+            | ({"selector": selector} if selector is not None else {})
         return OperationResult.model_validate(
             await self._request("POST", "/v1/rl/pause", body, timeout_s=(timeout_s or 60) + 30))
 
-    async def resume(self) -> OperationResult:
-        return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", {}))
+    async def resume(self, *, selector: str | None = None) -> OperationResult:
+        """Resume the fleet (releasing every hold); with `selector`, only the matching members."""
+        body = {"selector": selector} if selector is not None else {}
+        return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", body))
 
     async def update_weights(self, version: str, path: str, *, pause_mode: PauseMode = "keep", verify: bool = True,
                              timeout_s: float | None = None, max_unavailable: int | str | None = None,

@@ -21,7 +21,7 @@ def _yn(value: bool | None) -> str:
 
 
 def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fence: GatewayWorkerView | None,
-            cordoned: bool = False) -> Text:
+            cordoned: bool = False, held: bool = False) -> Text:
     """One word for the worker, and whether the gateway sends it rollouts (`+gw`)."""
     if not reachable:
         word, style = "unreachable", "red"
@@ -30,7 +30,7 @@ def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fe
     elif serving:
         word, style = "serving", "green"
     elif paused:
-        word, style = "paused", "yellow"
+        word, style = ("held" if held else "paused"), "yellow"  # held: by a selector-scoped pause
     else:
         word, style = ("ready" if ready else "not ready"), ("" if ready else "yellow")
     if fence is not None and fence.in_fence:
@@ -76,9 +76,12 @@ def state_view(st: FleetState) -> Group:
         bad = not w.reachable or (w.last_result is not None and w.last_result.status in ("error", "timeout"))
         mark = Text("✗", style="red") if bad else (Text("!", style="yellow") if stale or not w.ready else "")
         reqs = f"{w.requests.running}/{w.requests.waiting}/{w.requests.frozen}" if w.requests else "-"
-        workers.add_row(mark, w.id, _status(w.reachable, w.ready, w.serving, w.paused, in_fence.get(w.id), w.cordoned),
+        workers.add_row(mark, w.id, _status(w.reachable, w.ready, w.serving, w.paused, in_fence.get(w.id), w.cordoned,
+                                            w.held),
                         reqs,
                         Text(str(w.weight_version), style="yellow" if stale else ""))
+        if w.labels:  # below the table: labels are free text of any length
+            notes.append(Text(f"{w.id}: labels {labels_text(w.labels)}", style="dim"))
         if w.loras:
             notes.append(Text(f"{w.id}: adapters " + ", ".join(f"{n}@{v}" if v else n for n, v in w.loras.items()),
                               style="dim"))
@@ -147,13 +150,18 @@ def operations_table(ops: list[OperationResult]) -> Table:
 def workers_table(listing: dict[str, Any]) -> Table:
     table = Table(title=f"namespace {listing.get('namespace')}, epoch {listing.get('membership_epoch')}",
                   title_justify="left")
-    for col in ("instance_id", "flavor", "admin_url", "world_size", "version", "ready", "serving"):
+    for col in ("instance_id", "flavor", "admin_url", "world_size", "version", "ready", "serving", "labels"):
         table.add_column(col)
     for w in listing.get("workers", []):
         table.add_row(str(w.get("instance_id")), str(w.get("flavor")), str(w.get("admin_url")),
                       str(w.get("world_size")), str(w.get("weight_version")), _yn(w.get("ready")),
-                      _yn(w.get("serving")))
+                      _yn(w.get("serving")), labels_text(w.get("labels") or {}))
     return table
+
+
+def labels_text(labels: dict[str, str]) -> str:
+    """As a selector would name them: `role=policy,zone=a`."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
 
 def placement_table(view: PlacementView) -> Table | Text:

@@ -10,10 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import json
+
 import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import start_controller, update_body
+from rlcp.harness.controller import rlctl, start_controller, update_body
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 
@@ -144,3 +146,28 @@ async def test_bad_or_empty_selectors_touch_nothing(fleet: Any, selector: str, w
     assert ops == ops_before
     st = await ctl.state()
     assert st["desired"]["held"] == {} and st["desired"]["paused"] is False
+
+
+async def test_rlctl_shows_labels_and_takes_a_selector(fleet: Any) -> None:
+    ctl, agents = fleet
+    rc, out, err = await rlctl(ctl.url, "state")
+    assert rc == 0, err
+    assert "w2: labels role=reference,zone=a" in out
+    rc, out, err = await rlctl(ctl.url, "-o", "json", "state", "-l", "zone=a")
+    assert rc == 0, err
+    assert ids(json.loads(out)["workers"]) == ["w0", "w2"]
+    rc, out, err = await rlctl(ctl.url, "workers", "--selector", "role in (reference)")
+    assert rc == 0, err
+    assert "w2" in out and "w0" not in out and "role=reference,zone=a" in out
+
+    rc, out, err = await rlctl(ctl.url, "pause", "-l", "role=reference")
+    assert rc == 0, err
+    assert agents["w2"].service.paused and not agents["w0"].service.paused
+    rc, out, err = await rlctl(ctl.url, "state")
+    assert rc == 0 and "held" in out
+    rc, out, err = await rlctl(ctl.url, "resume", "-l", "role=reference")
+    assert rc == 0, err
+    assert not agents["w2"].service.paused
+
+    rc, out, err = await rlctl(ctl.url, "pause", "-l", "role in (")
+    assert rc == 2 and "selector" in err and not any(a.service.paused for a in agents.values())
