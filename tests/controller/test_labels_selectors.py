@@ -7,10 +7,9 @@ before any worker is touched."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
-
-import json
 
 import pytest
 
