@@ -11,6 +11,7 @@ table, at the edge.
     │   └── CheckpointUnavailable   no worker can load the checkpoint (missing, unreadable, not
     │                               weights); names each worker's reason
     ├── PathOutsideRoots            a weight or adapter path outside the allowed roots
+    ├── RouteNotAllowed             an engine route outside the passthrough's allowlist
     ├── NotFound                    no such LoRA, ...
     ├── Conflict                    another operation (or session) is running
     │   ├── NotLeader               this replica does not lead; names the leader
@@ -53,6 +54,10 @@ class CheckpointUnavailable(InvalidInput):
 
 
 class PathOutsideRoots(ControlPlaneError):
+    pass
+
+
+class RouteNotAllowed(ControlPlaneError):
     pass
 
 

@@ -26,6 +26,7 @@ Step = Literal[
     "load_lora", "unload_lora",
     "init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update",  # a broadcast
     "update_weight_version", "shutdown_weight_transfer",
+    "engine",  # the guarded passthrough (operations/engine.py): one allowlisted engine route
 ]
 # The reconciler's actions on one worker (`reconcile.plan.ActionKind`, as `reconcile:<kind>`).
 ReconcileStep = Literal["reconcile:set_desired", "reconcile:update_weights", "reconcile:load_lora",

@@ -7,6 +7,7 @@ Sources, highest first: init kwargs, environment (`RLCP_`, nested with `__`, e.g
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any, Literal
@@ -244,6 +245,40 @@ class DiscoverySettings(Section):
         return self
 
 
+EngineMethod = Literal["GET", "POST"]
+ENGINE_ROUTE_PATTERN = r"^[A-Za-z0-9_]{1,64}$"  # one path segment: no '/', no '..'
+# The passthrough's defaults (`POST /v1/rl/engine/{route}`, docs/controller.md): routes each engine
+# serves whose effects the controller either does not track or re-reads after the call. Left out on
+# purpose: sleep / wake_up / release_kv_cache_memory (a slept engine is one the controller would
+# still count as serving: a fleet operation of its own), collective_rpc (arbitrary code), and every
+# route an operation already drives (pause, weights, LoRA), which must go through the operation.
+DEFAULT_ENGINE_ROUTES: dict[Flavor, dict[str, EngineMethod]] = {
+    "agent": {"is_paused": "GET", "weight_info": "GET", "get_world_size": "GET", "abort_requests": "POST"},
+    "vllm": {"is_paused": "GET", "get_world_size": "GET", "server_info": "GET", "is_sleeping": "GET",
+             "reset_prefix_cache": "POST", "reset_mm_cache": "POST", "reset_encoder_cache": "POST"},
+    "dynamo": {},
+}
+
+
+class EngineRouteSettings(Section):
+    """The guarded engine passthrough: which engine routes an operator may run through the controller."""
+
+    allow: dict[Flavor, dict[str, EngineMethod]] = Field(
+        default_factory=lambda: {f: dict(r) for f, r in DEFAULT_ENGINE_ROUTES.items()},
+        description="Per flavor, route name -> HTTP method. A flavor left out keeps its defaults; an empty "
+                    "object allows nothing for it. Route names are one path segment (letters, digits, '_').")
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineRouteSettings:
+        for flavor, routes in self.allow.items():
+            for route in routes:
+                if not re.match(ENGINE_ROUTE_PATTERN, route):
+                    raise ValueError(f"engine_routes.allow.{flavor}: route {route!r} is not one path segment of "
+                                     "letters, digits and '_'")
+        self.allow = {**{f: dict(r) for f, r in DEFAULT_ENGINE_ROUTES.items()}, **self.allow}
+        return self
+
+
 class WorkerCallSettings(Section):
     """How the controller calls workers' admin APIs."""
 
@@ -332,6 +367,7 @@ class ControllerSettings(BaseSettings):
     reconcile: ReconcileSettings = ReconcileSettings()
     weight_transfer: WeightTransferSettings = WeightTransferSettings()
     placement: PlacementSettings = PlacementSettings()
+    engine_routes: EngineRouteSettings = EngineRouteSettings()
     # Factories, not shared instances: their defaults (pod namespace, POD_NAME) are read when
     # the settings are built, not when this module is imported.
     store: StoreSettings = Field(default_factory=StoreSettings)

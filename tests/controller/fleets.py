@@ -42,3 +42,18 @@ class DaemonFleet(NamedTuple):
     agents: list[SimAgent]
     ctl: ControllerProcess
     http: aiohttp.ClientSession
+
+
+# Labels of a three-agent fleet with roles (test_labels_selectors, test_engine_passthrough).
+ROLES = {"w0": {"role": "policy", "zone": "a"}, "w1": {"role": "policy", "zone": "b"},
+         "w2": {"role": "reference", "zone": "a"}}
+
+
+class Labelled:
+    """An agent whose static spec carries labels."""
+
+    def __init__(self, agent: SimAgent, labels: dict[str, str]) -> None:
+        self.agent, self.labels = agent, labels
+
+    def spec(self) -> dict[str, Any]:
+        return self.agent.spec() | {"labels": self.labels}

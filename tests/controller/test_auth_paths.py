@@ -70,7 +70,8 @@ def operations(document: dict) -> list[tuple[str, str, bool]]:
     out = []
     for path, methods in document["paths"].items():
         for method, op in methods.items():
-            out.append((method.upper(), path.replace("{name}", "some-adapter").replace("{id}", "no-such-operation"), bool(op.get("security"))))
+            out.append((method.upper(), path.replace("{name}", "some-adapter").replace("{id}", "no-such-operation")
+                       .replace("{route}", "is_paused"), bool(op.get("security"))))
     return out
 
 

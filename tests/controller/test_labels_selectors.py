@@ -17,22 +17,9 @@ from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import rlctl, start_controller, update_body
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import ROLES, Labelled
 
 pytestmark = pytest.mark.timeout(120)
-
-ROLES = {"w0": {"role": "policy", "zone": "a"}, "w1": {"role": "policy", "zone": "b"},
-         "w2": {"role": "reference", "zone": "a"}}
-
-
-class Labelled:
-    """An agent whose static spec carries labels."""
-
-    def __init__(self, agent: SimAgent, labels: dict[str, str]) -> None:
-        self.agent, self.labels = agent, labels
-
-    def spec(self) -> dict[str, Any]:
-        return self.agent.spec() | {"labels": self.labels}
-
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> Any:

@@ -73,6 +73,7 @@ TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
     domain.MalformedInput: BadRequestError,                                     # 400 bad_request
     domain.InvalidInput: ValidationFailedError,                                 # 422 validation_error
     domain.PathOutsideRoots: ForbiddenPathError,                                # 403 path_forbidden
+    domain.RouteNotAllowed: _coded(ApiError, 403, "route_forbidden"),
     domain.NotFound: NotFoundError,                                             # 404 not_found
     domain.Conflict: ConflictError,                                             # 409 conflict
     domain.MembershipChanged: _coded(ConflictError, 409, "membership_changed"),

@@ -21,7 +21,7 @@ from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import Conflict, InvalidInput, NotFound
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations import lora, pause, weights
+from rlcp.controlplane.operations import engine, lora, pause, weights
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
 from rlcp.core.http import json_response, parse_body, validate
@@ -29,6 +29,7 @@ from rlcp.core.openapi import Handler, RouteTable
 from rlcp.core.wire.agent import ProbeAnswer
 from rlcp.core.wire.controller import (
     EmptyRequest,
+    EngineRouteRequest,
     FleetState,
     LoraRequest,
     OperationResult,
@@ -171,6 +172,18 @@ async def post_lora(request: web.Request) -> web.Response:
            path_params={"name": {"type": "string", "minLength": 1}})
 async def delete_lora(request: web.Request) -> web.Response:
     return operation_response(await lora.unload_lora(_ctl(request), request.match_info["name"]))
+
+
+@operation("POST", "/v1/rl/engine/{route}", "Run one engine route from the allowlist (settings "
+           "`engine_routes.allow`, per flavor) on one `worker`, the members a `selector` names, or the whole fleet; "
+           "403 naming a route not allowed. Recorded as an operation; the touched workers are read again after it.",
+           body=EngineRouteRequest, body_optional=True, errors=(403, 404),
+           path_params={"route": {"type": "string", "minLength": 1}})
+async def post_engine_route(request: web.Request) -> web.Response:
+    body = await parse_body(request, EngineRouteRequest, allow_empty=True)
+    ctl = _ctl(request)
+    return operation_response(await engine.run_engine_route(ctl, request.match_info["route"], body,
+                                                            ctl.settings.engine_routes.allow))
 
 
 @api.get("/v1/rl/weight_transfer", "World sizes for the trainer's init info, and the current group.",

@@ -138,6 +138,14 @@ class BroadcastPeer(Driver, Protocol):
 
 
 @runtime_checkable
+class EngineRoutes(Driver, Protocol):
+    """Runs one of its engine's own routes as it is (the guarded passthrough,
+    `operations/engine.py`); which routes may be run is the controller's allowlist, not the driver's."""
+
+    async def engine_call(self, method: Literal["GET", "POST"], route: str, body: Any) -> Any: ...
+
+
+@runtime_checkable
 class PublishesRoutes(Protocol):
     def published_capabilities(self) -> frozenset[Capability] | None:
         """What the worker's published route list allows, or None when it published none.
@@ -152,7 +160,7 @@ P = TypeVar("P", bound=Driver, covariant=True)
 class Can(Generic[P]):
     """One capability, typed: its name and the test that proves a driver has its Protocol."""
 
-    name: Capability | Literal["driver"]
+    name: Capability | Literal["driver", "engine_routes"]
     test: Callable[[Driver], TypeGuard[P]]
 
 
@@ -188,7 +196,12 @@ def _broadcast(d: Driver) -> TypeGuard[BroadcastPeer]:
     return isinstance(d, BroadcastPeer)
 
 
+def _engine_routes(d: Driver) -> TypeGuard[EngineRoutes]:
+    return isinstance(d, EngineRoutes)
+
+
 DRIVER = Can("driver", _driver)
+ENGINE_ROUTES = Can("engine_routes", _engine_routes)
 CONTROL = Can("control", _control)
 DISK_WEIGHTS = Can("disk_weights", _disk_weights)
 CHECKSUMS = Can("checksums", _checksums)

@@ -19,7 +19,7 @@ from rlcp.core.wire.versions import VersionName
 Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
 PauseState = Literal["running", "paused", "mixed"]
 ResultStatus = Literal["ok", "error", "timeout", "skipped"]
-OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile",
+OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile", "engine",
                         "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"]
 OperationStatus = Literal["running", "ok", "partial", "failed"]
 # The gateway's staleness bound admits at most this many versions before the desired one; the
@@ -110,6 +110,17 @@ class SelectorQuery(BaseModel):
 
     selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A Kubernetes label selector (`role=policy`, "
                                  "`tier in (a,b)`, `!canary`, comma = AND): only matching members are shown.")
+
+
+class EngineRouteRequest(_Body):
+    """`POST /v1/rl/engine/{route}`: one allowlisted engine route on one worker, the members a
+    selector names, or (neither given) the whole fleet."""
+
+    worker: str | None = Field(None, min_length=1, max_length=253, description="One member, by id.")
+    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: the "
+                                 "matching members.")
+    body: dict[str, Any] | None = Field(None, description="The JSON body sent to a POST route as it is (none for a "
+                                        "GET route).")
 
 
 class OperationsQuery(BaseModel):

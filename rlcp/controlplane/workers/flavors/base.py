@@ -4,7 +4,7 @@ staged update (stock vLLM, Dynamo)."""
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, implements
@@ -14,10 +14,17 @@ from rlcp.core.wire.agent import PauseMode
 
 
 class DriverBase:
+    engine_prefix = ""  # where the engine's own routes sit under the admin URL (Dynamo: /engine)
+
     def __init__(self, *, spec: WorkerSpec, transport: WorkerTransport, deadlines: DriverDeadlines) -> None:
         self.spec = spec
         self.transport = transport
         self.deadlines = deadlines
+
+    async def engine_call(self, method: Literal["GET", "POST"], route: str, body: Any) -> Any:
+        """One engine route, as it is (`EngineRoutes`). Not retried: the controller does not know
+        whether an allowlisted route is idempotent."""
+        return await self.transport.request(method, f"{self.engine_prefix}/{route}", json_body=body, retry=False)
 
 
 class _Reloads(Control, Protocol):

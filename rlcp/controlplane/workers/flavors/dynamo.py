@@ -62,6 +62,8 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     """Speaks to one Dynamo worker's system port. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 
+    engine_prefix = "/engine"
+
     def published_capabilities(self) -> frozenset[Capability] | None:
         return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)
 

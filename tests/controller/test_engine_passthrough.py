@@ -1,0 +1,107 @@
+"""The guarded engine passthrough (`POST /v1/rl/engine/{route}`) over a sim fleet (real agent
+code on SimEngine): an allowlisted route runs on the whole fleet, a selector's members or one
+worker, as an operation with a result and the answer per worker; a route outside the allowlist
+is a 403 naming it and reaches no worker; the touched workers' statuses are read again after it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlcp.harness.controller import start_controller
+from rlcp.harness.simfleet import SimAgent
+from tests.controller.fleets import ROLES, Labelled
+
+pytestmark = pytest.mark.timeout(120)
+# Slow polls and reconciles: what the state shows after a call is the call's own re-read.
+QUIET = {"reconcile": {"poll_interval_s": 60, "interval_s": 60, "backoff_initial_s": 0.1, "backoff_max_s": 0.5}}
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> Any:
+    agents = [await SimAgent(wid, [tmp_path]).start() for wid in ROLES]
+    ctl = await start_controller(tmp_path, [Labelled(a, ROLES[a.agent_id]) for a in agents], **QUIET)
+    yield ctl, {a.agent_id: a for a in agents}
+    await ctl.client.close()
+    for a in agents:
+        await a.stop()
+
+
+def reached(agent: SimAgent, call: str) -> int:
+    return sum(1 for c, *_ in agent.traced if c == call)
+
+
+async def test_an_allowed_route_runs_on_the_fleet_a_selector_or_one_worker(fleet: Any) -> None:
+    ctl, agents = fleet
+    status, result = await ctl.call("POST", "/v1/rl/engine/is_paused", {})
+    assert status == 200, result
+    assert result["kind"] == "engine" and result["status"] == "ok"
+    assert sorted(r["worker_id"] for r in result["results"]) == ["w0", "w1", "w2"]
+    assert {r["phase"] for r in result["results"]} == {"engine:is_paused"}
+    assert result["detail"]["answers"] == {w: {"is_paused": False} for w in ROLES}
+    assert result["detail"]["method"] == "GET" and result["detail"]["route"] == "is_paused"
+    assert all(reached(a, "GET /is_paused") == 1 for a in agents.values())
+
+    status, result = await ctl.call("POST", "/v1/rl/engine/is_paused", {"selector": "role=reference"})
+    assert status == 200 and [r["worker_id"] for r in result["results"]] == ["w2"]
+    status, result = await ctl.call("POST", "/v1/rl/engine/weight_info", {"worker": "w1"})
+    assert status == 200 and [r["worker_id"] for r in result["results"]] == ["w1"]
+    assert result["detail"]["answers"]["w1"] == {"weight_version": agents["w1"].service.weight_version}
+    assert [reached(agents[w], "GET /is_paused") for w in ROLES] == [1, 1, 2]
+    assert [reached(agents[w], "GET /weight_info") for w in ROLES] == [0, 1, 0]
+
+    status, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
+    assert [o["kind"] for o in ops["operations"][:3]] == ["engine"] * 3
+
+
+async def test_a_post_route_passes_its_body_and_the_touched_workers_are_read_again(fleet: Any) -> None:
+    ctl, agents = fleet
+    # Paused behind the controller's back: with polls a minute apart, only the re-read after
+    # the call can show it.
+    await agents["w0"].service.control.pause("keep", 5)
+    assert ctl.worker(await ctl.state(), "w0")["paused"] is False
+    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests",
+                                    {"worker": "w0", "body": {"request_ids": ["nope"]}})
+    assert status == 200, result
+    assert result["detail"]["answers"]["w0"] == {"status": "aborted", "aborted": 0}
+    assert agents["w0"].touched[-1] == "POST /abort_requests"
+    assert ctl.worker(await ctl.state(), "w0")["paused"] is True
+    # A body the engine refuses is that worker's failed result: 502, named.
+    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"worker": "w0", "body": {"x": 1}})
+    assert status == 502 and result["results"][0]["status"] == "error", result
+
+
+@pytest.mark.parametrize("route,body,code,field,why", [
+    ("sleep", {}, 403, "route", "engine route 'sleep' is not allowed for flavor agent"),
+    ("collective_rpc", {"body": {"method": "x"}}, 403, "route", "'collective_rpc' is not allowed"),
+    ("pause", {"worker": "w0"}, 403, "route", "allowed: agent: abort_requests, get_world_size, is_paused"),
+    ("is_paused", {"body": {}}, 422, "body", "is a GET: it takes no body"),
+    ("is_paused", {"worker": "w0", "selector": "role=policy"}, 422, "selector", "not both"),
+    ("is_paused", {"worker": "w9"}, 404, "worker", "no member 'w9'"),
+    ("is_paused", {"selector": "role=teacher"}, 422, "selector", "matches none"),
+    ("is_paused", {"selector": "role in"}, 422, "selector", "expected '('"),
+    ("is_paused", {"route": "x"}, 422, "route", "Extra inputs"),
+])
+async def test_refusals_reach_no_worker_and_log_nothing(fleet: Any, route: str, body: dict, code: int, field: str,
+                                                        why: str) -> None:
+    ctl, agents = fleet
+    _, ops_before = await ctl.call("GET", "/v1/rl/operations", headers={})
+    calls = {w: len(a.traced) for w, a in agents.items()}
+    status, answer = await ctl.call("POST", f"/v1/rl/engine/{route}", body)
+    assert status == code, answer
+    assert answer["error"]["field"] == field and why in answer["error"]["message"], answer
+    if code == 403:
+        assert answer["error"]["code"] == "route_forbidden"
+    assert {w: len([c for c, *_ in a.traced[calls[w]:] if c != "GET /v1/agent/state"])
+            for w, a in agents.items()} == {w: 0 for w in agents}
+    _, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
+    assert ops == ops_before
+
+
+async def test_the_admin_token_is_required(fleet: Any) -> None:
+    ctl, agents = fleet
+    status, _ = await ctl.call("POST", "/v1/rl/engine/is_paused", {}, headers={})
+    assert status == 401
+    assert all(reached(a, "GET /is_paused") == 0 for a in agents.values())
