@@ -105,3 +105,18 @@ async def test_the_admin_token_is_required(fleet: Any) -> None:
     status, _ = await ctl.call("POST", "/v1/rl/engine/is_paused", {}, headers={})
     assert status == 401
     assert all(reached(a, "GET /is_paused") == 0 for a in agents.values())
+
+
+async def test_an_empty_fleet_is_503_for_every_target_form(tmp_path: Path) -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from rlcp.controlplane.api.app import build_app
+    from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
+
+    app = build_app(controller_settings(tmp_path, []), token=CTL_TOKEN)
+    async with TestClient(TestServer(app)) as client:
+        for body in ({}, {"selector": "role=policy"}, {"worker": "w0"}):
+            resp = await client.post("/v1/rl/engine/is_paused", json=body, headers=AUTH)
+            assert resp.status == 503 and (await resp.json())["error"]["code"] == "no_members", body
+        resp = await client.post("/v1/rl/pause", json={"selector": "role=policy"}, headers=AUTH)
+        assert resp.status == 503

@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rlcp.controlplane.errors import InvalidInput, NotFound, RouteNotAllowed
+from rlcp.controlplane.errors import InvalidInput, NoMembers, NotFound, RouteNotAllowed
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
@@ -71,6 +71,8 @@ async def run_engine_route(ctx: OperationContext, route: str, req: EngineRouteRe
 
     def check(records: list[WorkerRecord]) -> tuple[list[WorkerRecord], EngineMethod]:
         targets = _targets(records, req, selector)
+        if not targets:
+            raise NoMembers("the fleet has no members")
         method = method_for(route, targets, allow)
         if method == "GET" and req.body is not None:
             raise InvalidInput(f"engine route {route!r} is a GET: it takes no body", field="body")
