@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     for cmd in (st, wk, pa, rs):
         cmd.add_argument("-l", "--selector", default=None,
                          help="label selector, as kubectl's: role=policy, zone in (a,b), !canary (comma = AND)")
+    en = sub.add_parser("engine", help="run an allowlisted engine route (settings engine_routes.allow)")
+    en.add_argument("route")
+    en.add_argument("-l", "--selector", default=None, help="only the members this label selector matches")
+    en.add_argument("--worker", default=None, help="only this member")
+    en.add_argument("--body", type=json_object, default=None, help="JSON object sent to a POST route")
     up = sub.add_parser("update-weights", help="pause, load, verify, resume")
     up.add_argument("--version", required=True)
     up.add_argument("--path", required=True, help="safetensors directory every worker can read")
@@ -96,6 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("id")
     show.add_argument("--follow", action="store_true", help="follow it with a progress bar until it ends")
     return p
+
+
+def json_object(value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"request_ids\": [\"r1\"]}'")
+    return parsed
 
 
 def count_or_percent(value: str) -> int | str:
@@ -196,6 +211,9 @@ async def run(args: argparse.Namespace) -> int:
                                            args.output)
             case "resume":
                 return await run_operation(client, client.resume(selector=args.selector), args.output)
+            case "engine":
+                return await run_operation(client, client.engine(args.route, worker=args.worker, selector=args.selector,
+                                                                 body=args.body), args.output)
             case "update-weights":
                 manifest = read_manifest(args.manifest) if args.manifest else None
                 started = await client.update_weights(

@@ -22,7 +22,7 @@ import time
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import aiohttp
 
@@ -178,6 +178,14 @@ class ControlPlaneClient:
         """Resume the fleet (releasing every hold); with `selector`, only the matching members."""
         body = {"selector": selector} if selector is not None else {}
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", body))
+
+    async def engine(self, route: str, *, worker: str | None = None, selector: str | None = None,
+                     body: dict[str, Any] | None = None) -> OperationResult:
+        """One allowlisted engine route (`POST /v1/rl/engine/{route}`) on a worker, a selector's
+        members or the fleet. Raises OperationFailed on 207/502, RequestRejected (403) off the list."""
+        request = {k: v for k, v in (("worker", worker), ("selector", selector), ("body", body)) if v is not None}
+        return OperationResult.model_validate(
+            await self._request("POST", f"/v1/rl/engine/{quote(route, safe='')}", request))
 
     async def update_weights(self, version: str, path: str, *, pause_mode: PauseMode = "keep", verify: bool = True,
                              timeout_s: float | None = None, max_unavailable: int | str | None = None,

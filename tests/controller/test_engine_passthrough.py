@@ -5,6 +5,7 @@ is a 403 naming it and reaches no worker; the touched workers' statuses are read
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,19 @@ async def test_an_empty_fleet_is_503_for_every_target_form(tmp_path: Path) -> No
             assert resp.status == 503 and (await resp.json())["error"]["code"] == "no_members", body
         resp = await client.post("/v1/rl/pause", json={"selector": "role=policy"}, headers=AUTH)
         assert resp.status == 503
+
+
+async def test_rlctl_engine(fleet: Any) -> None:
+    from rlcp.harness.controller import rlctl
+
+    ctl, agents = fleet
+    rc, out, err = await rlctl(ctl.url, "engine", "is_paused", "-l", "role=policy")
+    assert rc == 0, err
+    assert "w0" in out and "w1" in out and "w2" not in out
+    rc, out, err = await rlctl(ctl.url, "-o", "json", "engine", "abort_requests", "--worker", "w2",
+                               "--body", '{"request_ids": []}')
+    assert rc == 0, err
+    assert json.loads(out)["detail"]["answers"] == {"w2": {"status": "aborted", "aborted": 0}}
+    rc, out, err = await rlctl(ctl.url, "engine", "sleep")
+    assert rc == 2 and "'sleep' is not allowed" in err
+    assert all(a.touched.count("POST /abort_requests") == (1 if w == "w2" else 0) for w, a in agents.items())
