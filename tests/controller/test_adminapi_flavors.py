@@ -440,3 +440,21 @@ async def test_dynamo_has_no_broadcast_to_call(session, wire):
     for name in ("init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"):
         assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/controller/test_operations_memory.py)
     assert sent(wire) == []
+
+
+# -- the engine passthrough ---------------------------------------------------------------------
+async def test_engine_routes_are_sent_where_each_flavor_serves_them_once_without_retry(session, wire):
+    """Stock vLLM and the agent serve engine routes at the admin root, Dynamo under /engine; a
+    POST's body goes as it is; a 5xx is not retried (an allowlisted route need not be idempotent)."""
+    wire.post(f"{BASE}/reset_prefix_cache", payload={})
+    wire.get(f"{BASE}/is_sleeping", payload={"is_sleeping": False})
+    wire.post(f"{BASE}/engine/flush_cache", payload={"status": "ok"})
+    wire.post(f"{BASE}/abort_requests", status=500, body="boom", content_type="text/plain")
+    assert await make("vllm", session).engine_call("POST", "reset_prefix_cache", None) == {}
+    assert await make("vllm", session).engine_call("GET", "is_sleeping", None) == {"is_sleeping": False}
+    assert await make("dynamo", session).engine_call("POST", "flush_cache", {"a": 1}) == {"status": "ok"}
+    with pytest.raises(WorkerRejected):
+        await make("agent", session).engine_call("POST", "abort_requests", {"request_ids": None})
+    assert sent(wire) == [("POST", f"{BASE}/reset_prefix_cache", None), ("GET", f"{BASE}/is_sleeping", None),
+                          ("POST", f"{BASE}/engine/flush_cache", {"a": 1}),
+                          ("POST", f"{BASE}/abort_requests", {"request_ids": None})]
