@@ -337,6 +337,7 @@ class SyncControlPlaneClient:
     scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
     resume = _Blocking(ControlPlaneClient.resume)
+    engine = _Blocking(ControlPlaneClient.engine)
     update_weights = _Blocking(ControlPlaneClient.update_weights)
     operation = _Blocking(ControlPlaneClient.operation)
     wait_operation = _Blocking(ControlPlaneClient.wait_operation)
