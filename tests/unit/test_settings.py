@@ -52,3 +52,15 @@ def test_static_members_carry_labels_and_a_bad_label_is_a_settings_error():
     with pytest.raises(ValidationError, match=r"discovery\.static\.0\.labels[\s\S]*label value 'not ok'"):
         load_controller(discovery={"kind": "static", "static": [
             {"id": "w0", "admin_url": "http://w0:9000", "labels": {"role": "not ok"}}]})
+
+
+def test_engine_route_allowlist_defaults_overrides_and_bad_names():
+    defaults = load_controller().engine_routes.allow
+    assert defaults["agent"]["is_paused"] == "GET" and "sleep" not in defaults["vllm"] and defaults["dynamo"] == {}
+    changed = load_controller(engine_routes={"allow": {"vllm": {"sleep": "POST", "wake_up": "POST"}}}).engine_routes
+    assert changed.allow["vllm"] == {"sleep": "POST", "wake_up": "POST"}  # a flavor named is replaced whole
+    assert changed.allow["agent"] == defaults["agent"]  # the others keep their defaults
+    with pytest.raises(ValidationError, match="'../admin' is not one path segment"):
+        load_controller(engine_routes={"allow": {"agent": {"../admin": "POST"}}})
+    with pytest.raises(ValidationError, match="engine_routes.allow.agent.x"):
+        load_controller(engine_routes={"allow": {"agent": {"x": "DELETE"}}})
