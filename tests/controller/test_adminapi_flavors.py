@@ -417,6 +417,24 @@ async def test_dynamo_takes_the_disk_update_steps_as_separate_calls_that_answer_
     ]
 
 
+async def test_dynamo_pause_state_is_what_the_drivers_own_calls_left(session, wire):
+    # Dynamo has no pause read: a new worker (a new instance, so a new driver) starts
+    # unpaused; a pause counts from the moment it is asked, a resume once it answered ok.
+    for route in ("get_weight_version", "liveness_probe"):
+        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok", "version": "v1", "version_declared": True,
+                                                      "alive": True}, repeat=True)
+    wire.get(f"{BASE}/health", payload={"status": "ready"}, repeat=True)
+    wire.post(f"{BASE}/engine/pause_generation", payload={"status": "ok"})
+    wire.post(f"{BASE}/engine/resume_generation", status=500, body="boom", content_type="text/plain", repeat=True)
+    api = make("dynamo", session)
+    assert (await api.status()).paused is False
+    await api.pause("keep", 1.0)
+    assert (await api.status()).paused is True
+    with pytest.raises(WorkerRejected):
+        await api.resume()
+    assert (await api.status()).paused is True  # a failed resume leaves it paused, as far as anyone knows
+
+
 def dynamo_with_routes(session, routes):
     spec = WorkerSpec(id="w0", admin_url=BASE, flavor="dynamo", routes=routes)
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
