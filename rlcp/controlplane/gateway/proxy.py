@@ -10,6 +10,9 @@
   them, `X-RL-Weight-Versions`: which weights sampled which tokens, one list of spans per
   choice (an agent sends the header itself; vLLM's tokens-in/tokens-out answers carry the
   spans in the body). A keep-mode request resumed after an update shows it there.
+  A member of a flavor without an inference port of its own (Dynamo) is reached through its
+  frontend with the request pinned to it (`pinning.py`); a frontend that refuses the pin is
+  that member's failure, like a refused connection, never an unpinned answer.
   A worker that fails before the first byte reaches the client is skipped and the request
   tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
@@ -33,6 +36,7 @@ from multidict import CIMultiDict
 
 from rlcp.controlplane.gateway.balance import order
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
+from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
 from rlcp.controlplane.gateway.routing import Route, Router
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
@@ -188,6 +192,12 @@ class Gateway:
         try:
             timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
                                             sock_connect=self.settings.connect_timeout_s)
+            pinned = pins(route.flavor)
+            if pinned:
+                try:
+                    body = pinned_body(body, worker)
+                except ValueError as exc:
+                    raise _BeforeFirstByte(str(exc)) from exc
             try:
                 upstream = await self.session.request(
                     request.method, route.url + request.rel_url.path_qs, data=body or None,
@@ -206,6 +216,10 @@ class Gateway:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+                if pinned and pin_refused(upstream.status, payload):
+                    raise _BeforeFirstByte(f"the frontend at {route.url} refused the pin to instance {worker} "
+                                           f"(HTTP {upstream.status} {payload[:200].decode(errors='replace')}): "
+                                           "it no longer lists that worker")
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:

@@ -21,6 +21,7 @@ class Route:
     worker_id: str
     url: str
     weight_version: str | None
+    flavor: str = "agent"  # how a request reaches it (`pinning.py`: dynamo goes through its frontend)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RoutingTable:
 
 def build_table(state: FleetState, bound: int | None = None) -> RoutingTable:
     admitted, inside = fence(state, bound)
-    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version) for w in inside}
+    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version, w.flavor) for w in inside}
     return RoutingTable(admitted=admitted, routes=routes, why_empty="" if routes else _why(state, admitted))
 
 
