@@ -41,11 +41,14 @@ def test_the_pin_merges_into_the_clients_nvext() -> None:
 
 
 def test_only_the_frontends_own_refusal_is_a_refused_pin() -> None:
-    assert pin_refused(400, json.dumps(REFUSAL).encode())
+    assert "no longer lists" in (pin_refused(400, json.dumps(REFUSAL).encode()) or "")
+    # What the frontend answered for a killed worker it still listed.
+    gone = b'{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}'
+    assert "could not reach it (HTTP 503 " in (pin_refused(503, gone) or "")
     # A client's bad field is named in the message: the client's error, passed on.
     named = {"message": "Failed to deserialize the JSON body into the target type: invalid type", "code": 400}
-    assert not pin_refused(400, json.dumps(named).encode())
-    assert not pin_refused(404, json.dumps(REFUSAL).encode()) and not pin_refused(400, b"not json")
+    assert pin_refused(400, json.dumps(named).encode()) is None
+    assert pin_refused(404, json.dumps(REFUSAL).encode()) is None and pin_refused(400, b"not json") is None
 
 
 class FixedState:
@@ -111,7 +114,7 @@ async def test_when_every_pin_is_refused_the_answer_names_the_workers(frontend) 
         resp = await client.post("/v1/chat/completions", json=CHAT)
         body = await resp.json()
     assert resp.status == 502, body
-    assert GONE in body["error"]["message"] and "refused the pin" in body["error"]["message"], body
+    assert GONE in body["error"]["message"] and "no longer lists" in body["error"]["message"], body
 
 
 async def test_the_client_does_not_choose_the_instance(frontend) -> None:

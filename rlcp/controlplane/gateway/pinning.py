@@ -12,8 +12,10 @@ frontend (the member's `inference_url`) with that field set to the member's inst
 Checked against the running frontend (tests/e2e/test_dynamo_rollouts.py): a pinned request is
 served by that instance only; an id the frontend does not know is answered
 `400 {"message": "Invalid request", ...}` (a client's own bad field is named in the message
-instead), which `pin_refused` recognises so the proxy takes it as this member's failure, not
-the client's, and never as an answer.
+instead); a worker killed while the frontend still lists it is answered 503 "Service
+temporarily unavailable", then 500 "Failed to generate completions". `pin_refused` names
+those as this member's failure (not the client's), so the proxy tries another member and
+never hands them on as an answer.
 
     check_client_nvext   the client's body, before any worker is chosen: 4xx naming the field
     pinned_body          the body with the member's pin merged in
@@ -69,13 +71,17 @@ def pinned_body(body: bytes, worker_id: str) -> bytes:
     return json.dumps(data, separators=(",", ":")).encode()
 
 
-def pin_refused(status: int, payload: bytes) -> bool:
-    """Whether the frontend refused the pin itself (an instance it does not know), rather than
-    the client's request."""
+def pin_refused(status: int, payload: bytes) -> str | None:
+    """Why the frontend could not serve the pinned instance (it does not know it, or cannot
+    reach it), rather than refusing the client's request; None if it did not say so."""
+    if status >= 500:
+        return f"the frontend could not reach it (HTTP {status} {payload[:200].decode(errors='replace')})"
     if status != 400:
-        return False
+        return None
     try:
         answer = json.loads(payload)
     except ValueError:
-        return False
-    return isinstance(answer, dict) and answer.get("message") == _FRONTEND_REFUSAL
+        return None
+    if isinstance(answer, dict) and answer.get("message") == _FRONTEND_REFUSAL:
+        return f"the frontend refused the pin (HTTP 400 {_FRONTEND_REFUSAL}): it no longer lists that worker"
+    return None

@@ -216,10 +216,8 @@ class Gateway:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
-                if pinned and pin_refused(upstream.status, payload):
-                    raise _BeforeFirstByte(f"the frontend at {route.url} refused the pin to instance {worker} "
-                                           f"(HTTP {upstream.status} {payload[:200].decode(errors='replace')}): "
-                                           "it no longer lists that worker")
+                if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
+                    raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
