@@ -435,6 +435,33 @@ async def test_dynamo_pause_state_is_what_the_drivers_own_calls_left(session, wi
     assert (await api.status()).paused is True  # a failed resume leaves it paused, as far as anyone knows
 
 
+async def test_dynamo_reconcile_reload_of_a_running_worker_pauses_it_first(session, wire):
+    # Dynamo refuses a reload of a worker not paused through pause_generation (inside a 200,
+    # seen in tests/e2e/test_dynamo_rollouts.py); the reconciler asks for the reload alone.
+    for route in ("pause_generation", "update_weights_from_disk", "resume_generation"):
+        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok"})
+    await make("dynamo", session).update_weights_from_disk("/w", "v9")
+    assert sent(wire) == [
+        ("POST", f"{BASE}/engine/pause_generation", {"mode": "abort", "clear_cache": False}),
+        ("POST", f"{BASE}/engine/update_weights_from_disk", {"model_path": "/w", "weight_version": "v9"}),
+        ("POST", f"{BASE}/engine/resume_generation", {}),
+    ]
+
+
+async def test_dynamo_failed_reconcile_reload_stays_paused(session, wire):
+    wire.post(f"{BASE}/engine/pause_generation", payload={"status": "ok"})
+    wire.post(f"{BASE}/engine/update_weights_from_disk", payload={"status": "error", "message": "no tensors"})
+    api = make("dynamo", session)
+    with pytest.raises(WorkerRejected, match="no tensors"):
+        await api.update_weights_from_disk("/bad", "v9")
+    assert [path for _, path, _ in sent(wire)] == [f"{BASE}/engine/pause_generation",
+                                                   f"{BASE}/engine/update_weights_from_disk"]  # no resume
+    wire.post(f"{BASE}/engine/update_weights_from_disk", payload={"status": "ok"})
+    await api.update_weights_from_disk("/w", "v9")  # paused already: the reload alone
+    assert sent(wire)[-1] == ("POST", f"{BASE}/engine/update_weights_from_disk",
+                              {"model_path": "/w", "weight_version": "v9"})
+
+
 def dynamo_with_routes(session, routes):
     spec = WorkerSpec(id="w0", admin_url=BASE, flavor="dynamo", routes=routes)
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)

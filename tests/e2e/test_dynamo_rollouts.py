@@ -123,6 +123,12 @@ async def ctl(fleet, tiny_models, tmp_path):
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         gateway={"port": 0, "hold_timeout_s": 90})
     async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        controller = client.server.app[CONTROLLER]
+
+        def both_reachable() -> bool:
+            workers = controller.state().workers
+            return len(workers) == 2 and all(w.reachable for w in workers)
+        await wait_for(both_reachable, timeout_s=60, what="the controller reaching both listed workers")
         yield client
         # Leave the fleet on the base weights, whatever the test did.
         with contextlib.suppress(Exception):

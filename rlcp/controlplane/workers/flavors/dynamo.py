@@ -94,6 +94,19 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         self._paused = False
 
     async def update_weights_from_disk(self, path: str, version: str) -> None:
+        if self._paused:  # the update transaction paused it first (its own step)
+            await self._reload(path, version)
+            return
+        # The reconciler's call on a running member that is behind (a restarted worker, say):
+        # Dynamo reloads only a worker paused through pause_generation. It is outside the fence
+        # (not at the desired version), so what it runs is nobody's rollout: abort it rather
+        # than let it finish on the new weights. A failed reload leaves it paused (reported so):
+        # the next pass reloads it again, and resumes it only once it is at the desired state.
+        await self.pause("abort", self.deadlines.weight_load_s)
+        await self._reload(path, version)
+        await self.resume()
+
+    async def _reload(self, path: str, version: str) -> None:
         # Dynamo resets the prefix cache inside this call, under its pause lock.
         await self._engine("update_weights_from_disk", {"model_path": path, "weight_version": version},
                            timeout_s=self.deadlines.weight_load_s)
