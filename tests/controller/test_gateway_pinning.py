@@ -53,10 +53,13 @@ def test_only_the_frontends_own_refusal_is_a_refused_pin() -> None:
 
 class FixedState:
     def __init__(self, state: FleetState) -> None:
-        self.state = state
+        self.state, self.generation = state, 1
+
+    def set(self, state: FleetState) -> None:
+        self.state, self.generation = state, self.generation + 1
 
     def current(self) -> tuple[int, FleetState]:
-        return 1, self.state
+        return self.generation, self.state
 
 
 def dynamo_fleet(frontend: str, ids: list[str]) -> FleetState:
@@ -127,3 +130,36 @@ async def test_the_client_does_not_choose_the_instance(frontend) -> None:
         body = await resp.json()
         assert resp.status == 400 and body["error"]["field"] == "nvext", body
     assert seen == []  # nothing reached the frontend
+
+
+async def test_an_answer_from_a_member_whose_weights_changed_meanwhile_is_not_handed_on() -> None:
+    # A request on its way through the frontend when the member paused runs after the resume,
+    # on the new weights (seen with Dynamo 1.6.1 in tests/e2e/test_dynamo_rollouts.py). Here the
+    # member's version moves while the frontend holds the first request.
+    state = FixedState(dynamo_fleet("", [LIVE, GONE]))
+    answered: list[int] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        instance = body["nvext"]["backend_instance_id"]
+        answered.append(instance)
+        if len(answered) == 1:
+            workers = [w.model_copy(update={"weight_version": "v2"}) if w.id == str(instance) else w
+                       for w in state.state.workers]
+            state.set(state.state.model_copy(update={"workers": workers}))
+        return web.json_response({"choices": [], "served_by": instance})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    async with TestServer(app) as server, new_session() as session:
+        url = str(server.make_url("")).rstrip("/")
+        state.set(dynamo_fleet(url, [LIVE, GONE]))
+        gateway = Gateway(router=Router(state), session=session, settings=GatewaySettings(hold_timeout_s=1.0),
+                          metrics=GatewayMetrics())
+        async with TestClient(TestServer(build_gateway_app(gateway))) as client:
+            resp = await client.post("/v1/chat/completions", json=CHAT)
+            body = await resp.json()
+    assert resp.status == 200, body
+    assert len(answered) == 2 and answered[0] != answered[1]  # the first member's answer was dropped
+    assert body["served_by"] == answered[1] and resp.headers["X-RL-Worker"] == str(answered[1])
+    assert resp.headers["X-RL-Weight-Version"] == "v1"

@@ -211,13 +211,15 @@ class Gateway:
                     raise _BeforeFirstByte(refusal)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
-                    return await self._stream(request, upstream, headers, worker)
+                    return await self._stream(request, upstream, headers, route if pinned else None)
                 try:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
+                if pinned and (changed := self._weights_changed(route)) is not None:
+                    raise _BeforeFirstByte(changed)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -228,7 +230,8 @@ class Gateway:
             self.metrics.in_flight.labels(worker).dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      worker: str) -> web.StreamResponse:
+                      pinned: Route | None) -> web.StreamResponse:
+        worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         try:
@@ -242,8 +245,24 @@ class Gateway:
             event = {"error": {"code": "worker_failed", "worker": worker,
                                "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        else:
+            if pinned is not None and (changed := self._weights_changed(pinned)) is not None:
+                self.failed[worker] += 1
+                self.metrics.failed.labels(worker, "mid_stream").inc()
+                log.warning("gateway_stream_weights_changed", worker_id=worker, error=changed)
+                event = {"error": {"code": "weights_changed", "worker": worker, "message": changed}}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
         await response.write_eof()
         return response
+
+    def _weights_changed(self, route: Route) -> str | None:
+        """Why a pinned member's answer cannot be vouched for: its weights changed while it
+        held the request (its version now differs from the one the fence sent it at)."""
+        now = self.router.version_now(route.worker_id)
+        if now == route.weight_version:
+            return None
+        return (f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it held "
+                "the request, so its answer may come from either")
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream

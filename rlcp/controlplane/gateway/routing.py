@@ -66,6 +66,7 @@ class Router:
     def __init__(self, source: StateSource) -> None:
         self.source = source
         self._cache: dict[int | None, tuple[int, RoutingTable]] = {}
+        self._versions: tuple[int, dict[str, str | None]] | None = None
 
     def table(self, bound: int | None = None) -> RoutingTable | None:
         current = self.source.current()
@@ -78,6 +79,16 @@ class Router:
                 self._cache.clear()
             cached = self._cache[bound] = (generation, build_table(state, bound))
         return cached[1]
+
+    def version_now(self, worker_id: str) -> str | None:
+        """The weight version the state names for a member now (None: unknown or gone)."""
+        current = self.source.current()
+        if current is None:
+            return None
+        generation, state = current
+        if self._versions is None or self._versions[0] != generation:
+            self._versions = (generation, {w.id: w.weight_version for w in state.workers})
+        return self._versions[1].get(worker_id)
 
     def state(self) -> FleetState | None:
         current = self.source.current()
