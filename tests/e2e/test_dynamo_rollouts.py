@@ -284,7 +284,8 @@ async def test_rollouts_during_rolling_updates_and_a_restart_never_leave_the_fen
         [(a["status"], a["body"]) for a in answers if a["status"] != 200][:3]
     # Every answer is the greedy output of the weights its header names: none outside the fence.
     wrong = [a for a in answers if a["ids"] != refs[a["version"]][a["prompt"]]]
-    assert wrong == [], [(a["worker"], a["version"], a["phase"], a["ids"]) for a in wrong][:5]
+    assert wrong == [], [(a["worker"], a["version"], a["phase"], a["sent"], a["received"],
+                          [v for v, r in refs.items() if r[a["prompt"]] == a["ids"]], rolls) for a in wrong][:5]
     # At bound 0, nothing sent once only the new version was admitted came from the old one.
     for phase, (start, _, result) in rolls.items():
         assert result["status"] == "ok" and result["progress"]["waves"] == 2, result
@@ -317,7 +318,7 @@ async def test_a_three_turn_token_session_follows_the_updates(http, fleet, tiny_
     for version in ("w1", "w2", "w1"):
         await update(ctl, version, tiny_models)
         await fence_holds(ctl, version, len(gateway.router.table().routes) or 2)
-        resp = await http.post(gateway.url + "/v1/chat/completions", json=chat(conversation),
+        resp = await http.post(gateway.url + "/v1/chat/completions", json={**chat(conversation), "logprobs": True},
                                headers={"X-Session-ID": "rollout-7"})
         body = await resp.json()
         assert resp.status == 200, body
