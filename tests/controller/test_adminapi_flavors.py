@@ -403,14 +403,20 @@ async def test_dynamo_dead_engine_is_not_ready(session, wire):
     assert status.engine_alive is False and status.ready is False and status.weight_version == "v5"
 
 
-async def test_dynamo_takes_the_disk_update_steps_as_separate_calls_that_answer_nothing(session, wire):
+async def test_dynamo_takes_the_disk_update_steps_as_separate_calls(session, wire):
     for route in ("pause_generation", "update_weights_from_disk", "resume_generation"):
         wire.post(f"{BASE}/engine/{route}", payload={"status": "ok"})
     api = make("dynamo", session)
     assert await api.pause_for_update("v8", "keep", 1.0, weights_path="/w") is None
     assert await api.load_from_disk("/w", "v8", checksums=True) is None
-    assert await api.resume_after_update() is None
-    assert sent(wire) == [
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": "v8", "version_declared": True})
+    wire.post(f"{BASE}/engine/liveness_probe", payload={"status": "ok", "alive": True})
+    wire.get(f"{BASE}/health", payload={"status": "ready"})
+    # The resume answers a fresh status: the controller holds the new version before the
+    # member serves again (a Dynamo worker cannot refuse a request sent for other weights).
+    status = await api.resume_after_update()
+    assert status.weight_version == "v8" and status.paused is False
+    assert sent(wire)[:3] == [
         ("POST", f"{BASE}/engine/pause_generation", {"mode": "keep", "clear_cache": False}),
         ("POST", f"{BASE}/engine/update_weights_from_disk", {"model_path": "/w", "weight_version": "v8"}),
         ("POST", f"{BASE}/engine/resume_generation", {}),

@@ -111,6 +111,16 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         await self._engine("update_weights_from_disk", {"model_path": path, "weight_version": version},
                            timeout_s=self.deadlines.weight_load_s)
 
+    async def resume_after_update(self) -> WorkerStatus:
+        # The update's last step answers a fresh status, so the controller holds the new
+        # version before the member returns to the gateway's serving set (uncordoned). Without
+        # it the member served again while the registry still named the old version, and the
+        # gateway admitted it at that version (seen in tests/e2e/test_dynamo_rollouts.py during
+        # a roll at bound 1: answers labelled w1 from w2 weights); an agent refuses such
+        # requests itself, a Dynamo worker cannot.
+        await self.resume()
+        return await self.status()
+
     async def load_lora(self, name: str, path: str, version: str | None) -> None:
         await self._engine("load_lora", {"lora_name": name, "source": {"uri": path}},
                            timeout_s=self.deadlines.weight_load_s)
