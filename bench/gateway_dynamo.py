@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.processes import stop_all
@@ -87,6 +87,12 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         try:
             app = runner.app
             gateway = app[GATEWAY]
+            controller = app[CONTROLLER]
+
+            def both_reachable() -> bool:
+                members = controller.state().workers
+                return len(members) == 2 and all(w.reachable for w in members)
+            await wait_for(both_reachable, timeout_s=60, what="the controller reaching both listed workers")
             async with aiohttp.ClientSession() as http:
                 ctl_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
                 async with http.post(ctl_url + "/v1/rl/update_weights", headers=AUTH, json={

@@ -133,8 +133,8 @@ async def test_the_client_does_not_choose_the_instance(frontend) -> None:
 
 
 async def test_an_answer_from_a_member_whose_weights_changed_meanwhile_is_not_handed_on() -> None:
-    # A request on its way through the frontend when the member paused runs after the resume,
-    # on the new weights (seen with Dynamo 1.6.1 in tests/e2e/test_dynamo_rollouts.py). Here the
+    # A request queued in the engine (not yet running) when the member paused runs after the
+    # resume, on the new weights (vLLM's wait-mode pause drains only what runs). Here the
     # member's version moves while the frontend holds the first request.
     state = FixedState(dynamo_fleet("", [LIVE, GONE]))
     answered: list[int] = []

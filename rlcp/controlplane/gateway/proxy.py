@@ -12,7 +12,12 @@
   spans in the body). A keep-mode request resumed after an update shows it there.
   A member of a flavor without an inference port of its own (Dynamo) is reached through its
   frontend with the request pinned to it (`pinning.py`); a frontend that refuses the pin is
-  that member's failure, like a refused connection, never an unpinned answer.
+  that member's failure, like a refused connection, never an unpinned answer. Such a member
+  cannot refuse a request sent for other weights either (an agent answers 409), and a request
+  that reached its engine's queue but not its batch when it paused runs after the resume, on
+  the new weights (vLLM's wait-mode pause drains only what runs): so an answer from a pinned
+  member whose weight version changed while it held the request is discarded and the request
+  served by another member (a stream ends with an SSE error event instead, its bytes gone out).
   A worker that fails before the first byte reaches the client is skipped and the request
   tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
