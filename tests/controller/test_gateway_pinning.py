@@ -132,7 +132,9 @@ async def test_the_client_does_not_choose_the_instance(frontend) -> None:
     assert seen == []  # nothing reached the frontend
 
 
-async def test_an_answer_from_a_member_whose_weights_changed_meanwhile_is_not_handed_on() -> None:
+@pytest.mark.parametrize("meanwhile", [{"weight_version": "v2"}, {"cordoned": True}, {"paused": True}],
+                         ids=["new-weights", "cordoned", "paused"])
+async def test_an_answer_from_a_member_that_left_service_meanwhile_is_not_handed_on(meanwhile: dict) -> None:
     # A request queued in the engine (not yet running) when the member paused runs after the
     # resume, on the new weights (vLLM's wait-mode pause drains only what runs). Here the
     # member's version moves while the frontend holds the first request.
@@ -144,7 +146,7 @@ async def test_an_answer_from_a_member_whose_weights_changed_meanwhile_is_not_ha
         instance = body["nvext"]["backend_instance_id"]
         answered.append(instance)
         if len(answered) == 1:
-            workers = [w.model_copy(update={"weight_version": "v2"}) if w.id == str(instance) else w
+            workers = [w.model_copy(update=meanwhile) if w.id == str(instance) else w
                        for w in state.state.workers]
             state.set(state.state.model_copy(update={"workers": workers}))
         return web.json_response({"choices": [], "served_by": instance})

@@ -15,9 +15,13 @@
   that member's failure, like a refused connection, never an unpinned answer. Such a member
   cannot refuse a request sent for other weights either (an agent answers 409), and a request
   that reached its engine's queue but not its batch when it paused runs after the resume, on
-  the new weights (vLLM's wait-mode pause drains only what runs): so an answer from a pinned
-  member whose weight version changed while it held the request is discarded and the request
-  served by another member (a stream ends with an SSE error event instead, its bytes gone out).
+  the new weights (vLLM's wait-mode pause drains only what runs; seen in
+  tests/e2e/test_dynamo_rollouts.py, answered ~20 ms after the resume, before the controller
+  had read the new version). So an answer from a pinned member is handed on only if the member
+  is still in service (not cordoned, not paused) at the version it was sent at; otherwise the
+  request is served again by a member in service (a stream ends with an SSE error event
+  instead, its bytes gone out). The cost: answers a member finishes while an update takes it
+  out of service are computed twice.
   A worker that fails before the first byte reaches the client is skipped and the request
   tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
@@ -261,13 +265,16 @@ class Gateway:
         return response
 
     def _weights_changed(self, route: Route) -> str | None:
-        """Why a pinned member's answer cannot be vouched for: its weights changed while it
-        held the request (its version now differs from the one the fence sent it at)."""
-        now = self.router.version_now(route.worker_id)
-        if now == route.weight_version:
+        """Why a pinned member's answer cannot be vouched for: it left service (an update
+        cordoned or paused it) or its weights changed while it held the request."""
+        in_service, now = self.router.member_now(route.worker_id)
+        if in_service and now == route.weight_version:
             return None
-        return (f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it held "
-                "the request, so its answer may come from either")
+        if now != route.weight_version:
+            return (f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it "
+                    "held the request, so its answer may come from either")
+        return (f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
+                "come from the next weights")
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream

@@ -66,7 +66,7 @@ class Router:
     def __init__(self, source: StateSource) -> None:
         self.source = source
         self._cache: dict[int | None, tuple[int, RoutingTable]] = {}
-        self._versions: tuple[int, dict[str, str | None]] | None = None
+        self._members: tuple[int, dict[str, tuple[bool, str | None]]] | None = None
 
     def table(self, bound: int | None = None) -> RoutingTable | None:
         current = self.source.current()
@@ -80,15 +80,18 @@ class Router:
             cached = self._cache[bound] = (generation, build_table(state, bound))
         return cached[1]
 
-    def version_now(self, worker_id: str) -> str | None:
-        """The weight version the state names for a member now (None: unknown or gone)."""
+    def member_now(self, worker_id: str) -> tuple[bool, str | None]:
+        """(in service, weight version) the state names for a member now: in service is
+        reachable, not paused and not cordoned (out of service for an update). (False, None)
+        when unknown or gone."""
         current = self.source.current()
         if current is None:
-            return None
+            return False, None
         generation, state = current
-        if self._versions is None or self._versions[0] != generation:
-            self._versions = (generation, {w.id: w.weight_version for w in state.workers})
-        return self._versions[1].get(worker_id)
+        if self._members is None or self._members[0] != generation:
+            self._members = (generation, {w.id: (w.reachable and w.paused is False and not w.cordoned,
+                                                 w.weight_version) for w in state.workers})
+        return self._members[1].get(worker_id, (False, None))
 
     def state(self) -> FleetState | None:
         current = self.source.current()
