@@ -141,6 +141,16 @@ class Gateway:
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             try:
                 return await self._send(request, body, route)
+            except _AnswerAgain as exc:
+                # Not the member's failure: an update took it out of service meanwhile. The
+                # request goes again, to whatever is in service, within its hold deadline.
+                log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
+                tried.discard(route.worker_id)
+                if time.monotonic() >= deadline:
+                    self._reject("deadline")
+                    raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: {exc}",
+                                     retry_after_s=1) from None
+                continue
             except _BeforeFirstByte as exc:
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
@@ -228,7 +238,7 @@ class Gateway:
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 if pinned and (changed := self._weights_changed(route)) is not None:
-                    raise _BeforeFirstByte(changed)
+                    raise _AnswerAgain(changed)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -294,6 +304,11 @@ class Gateway:
 
 class _BeforeFirstByte(Exception):
     """The worker failed before any byte went to the client: another worker may take it."""
+
+
+class _AnswerAgain(_BeforeFirstByte):
+    """A pinned member answered, but left service or changed weights while it held the
+    request: the answer is dropped and the request sent again (not counted as a failure)."""
 
 
 async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:
