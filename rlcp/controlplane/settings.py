@@ -86,6 +86,12 @@ class HttpListingSettings(Section):
     timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
     default_flavor: Flavor = Field("dynamo", description="Flavor of entries that do not name one.")
     token: SecretStr | None = None
+    inference_url: str | None = Field(
+        None, min_length=1,
+        description="Where the listed workers take inference when an entry names no `inference_url`: for Dynamo, "
+                    "the frontend's OpenAI base URL (`--http-port`; the listing itself is served on `DYN_RL_PORT`), "
+                    "to which the gateway sends each rollout pinned to one instance. None: such members take no "
+                    "rollouts.")
 
 
 DeadActors = Literal["keep", "drop"]  # what discovery kind ray does with a DEAD actor

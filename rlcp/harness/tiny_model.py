@@ -48,10 +48,10 @@ def agent_engine(model: Path, **overrides: Any) -> dict[str, Any]:
             **ENGINE_ARGS, **LORA_ARGS, **overrides}
 
 
-def serve_flags() -> list[str]:
-    """The same engine as `vllm serve` flags (after `--model`)."""
+def serve_flags(*, lora: bool = True) -> list[str]:
+    """The same engine as `vllm serve` flags (after `--model`); `lora`: adapters on."""
     flags = ["--served-model-name", SERVED_NAME]
-    for name, value in {**ENGINE_ARGS, **LORA_ARGS}.items():
+    for name, value in {**ENGINE_ARGS, **(LORA_ARGS if lora else {})}.items():
         flag = "--" + name.replace("_", "-")
         flags += [flag] if value is True else [flag, str(value)]
     return flags

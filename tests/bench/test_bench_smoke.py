@@ -74,6 +74,21 @@ def test_vllm_benchmarks_report(tmp_path: Path) -> None:
     _outputs(tmp_path, "pause_latency")
 
 
+def test_gateway_dynamo_report(tmp_path: Path) -> None:
+    # Its measuring path needs Dynamo's processes and two vLLM engines (~30 s of start-up).
+    from bench import gateway_dynamo
+    from bench.common import write_json
+
+    paths = {n: {"p50_ms": 4.0 + i, "p99_ms": 9.0 + i, "mean_ms": 5.0 + i}
+             for i, n in enumerate(["frontend", "frontend, pinned", "gateway"])}
+    result = {**paths, "added_p50_ms_vs_frontend": 2.0, "added_p99_ms_vs_frontend": 2.0,
+              "added_p50_ms_vs_frontend_pinned": 1.0, "added_p99_ms_vs_frontend_pinned": 1.0, "requests_per_path": 1}
+    assert "added by the gateway (vs pinned)" in gateway_dynamo.render(result)
+    write_json("gateway_dynamo", result, tmp_path)
+    gateway_dynamo.draw(result, tmp_path)
+    _outputs(tmp_path, "gateway_dynamo")
+
+
 def test_gateway(tmp_path: Path) -> None:
     from bench import gateway
 

@@ -403,18 +403,69 @@ async def test_dynamo_dead_engine_is_not_ready(session, wire):
     assert status.engine_alive is False and status.ready is False and status.weight_version == "v5"
 
 
-async def test_dynamo_takes_the_disk_update_steps_as_separate_calls_that_answer_nothing(session, wire):
+async def test_dynamo_takes_the_disk_update_steps_as_separate_calls(session, wire):
     for route in ("pause_generation", "update_weights_from_disk", "resume_generation"):
         wire.post(f"{BASE}/engine/{route}", payload={"status": "ok"})
     api = make("dynamo", session)
     assert await api.pause_for_update("v8", "keep", 1.0, weights_path="/w") is None
     assert await api.load_from_disk("/w", "v8", checksums=True) is None
-    assert await api.resume_after_update() is None
-    assert sent(wire) == [
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": "v8", "version_declared": True})
+    wire.post(f"{BASE}/engine/liveness_probe", payload={"status": "ok", "alive": True})
+    wire.get(f"{BASE}/health", payload={"status": "ready"})
+    # The resume answers a fresh status: the controller holds the new version before the
+    # member serves again (a Dynamo worker cannot refuse a request sent for other weights).
+    status = await api.resume_after_update()
+    assert status.weight_version == "v8" and status.paused is False
+    assert sent(wire)[:3] == [
         ("POST", f"{BASE}/engine/pause_generation", {"mode": "keep", "clear_cache": False}),
         ("POST", f"{BASE}/engine/update_weights_from_disk", {"model_path": "/w", "weight_version": "v8"}),
         ("POST", f"{BASE}/engine/resume_generation", {}),
     ]
+
+
+async def test_dynamo_pause_state_is_what_the_drivers_own_calls_left(session, wire):
+    # Dynamo has no pause read: a new worker (a new instance, so a new driver) starts
+    # unpaused; a pause counts from the moment it is asked, a resume once it answered ok.
+    for route in ("get_weight_version", "liveness_probe"):
+        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok", "version": "v1", "version_declared": True,
+                                                      "alive": True}, repeat=True)
+    wire.get(f"{BASE}/health", payload={"status": "ready"}, repeat=True)
+    wire.post(f"{BASE}/engine/pause_generation", payload={"status": "ok"})
+    wire.post(f"{BASE}/engine/resume_generation", status=500, body="boom", content_type="text/plain", repeat=True)
+    api = make("dynamo", session)
+    assert (await api.status()).paused is False
+    await api.pause("keep", 1.0)
+    assert (await api.status()).paused is True
+    with pytest.raises(WorkerRejected):
+        await api.resume()
+    assert (await api.status()).paused is True  # a failed resume leaves it paused, as far as anyone knows
+
+
+async def test_dynamo_reconcile_reload_of_a_running_worker_pauses_it_first(session, wire):
+    # Dynamo refuses a reload of a worker not paused through pause_generation (inside a 200,
+    # seen in tests/e2e/test_dynamo_rollouts.py); the reconciler asks for the reload alone.
+    for route in ("pause_generation", "update_weights_from_disk", "resume_generation"):
+        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok"})
+    await make("dynamo", session).update_weights_from_disk("/w", "v9")
+    assert sent(wire) == [
+        ("POST", f"{BASE}/engine/pause_generation", {"mode": "abort", "clear_cache": False}),
+        ("POST", f"{BASE}/engine/update_weights_from_disk", {"model_path": "/w", "weight_version": "v9"}),
+        ("POST", f"{BASE}/engine/resume_generation", {}),
+    ]
+
+
+async def test_dynamo_failed_reconcile_reload_stays_paused(session, wire):
+    wire.post(f"{BASE}/engine/pause_generation", payload={"status": "ok"})
+    wire.post(f"{BASE}/engine/update_weights_from_disk", payload={"status": "error", "message": "no tensors"})
+    api = make("dynamo", session)
+    with pytest.raises(WorkerRejected, match="no tensors"):
+        await api.update_weights_from_disk("/bad", "v9")
+    assert [path for _, path, _ in sent(wire)] == [f"{BASE}/engine/pause_generation",
+                                                   f"{BASE}/engine/update_weights_from_disk"]  # no resume
+    wire.post(f"{BASE}/engine/update_weights_from_disk", payload={"status": "ok"})
+    await api.update_weights_from_disk("/w", "v9")  # paused already: the reload alone
+    assert sent(wire)[-1] == ("POST", f"{BASE}/engine/update_weights_from_disk",
+                              {"model_path": "/w", "weight_version": "v9"})
 
 
 def dynamo_with_routes(session, routes):

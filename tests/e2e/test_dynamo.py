@@ -23,7 +23,6 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.api.app import build_app
-from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoWorkerProcess, dynamo_target
 from rlcp.harness.http import call
@@ -240,11 +239,16 @@ async def test_what_the_worker_does_not_list_is_refused_naming_it(http, dynamo, 
     assert (await generate(http, worker))["finish_reason"] == "length"  # still serving, never paused
 
 
-async def test_dynamos_refusal_inside_a_200_names_the_worker(http, dynamo, ctl, tiny_models):
-    # Dynamo refuses a reload of an unpaused worker in the body of a 200; straight to the
-    # driver, since the controller always pauses first.
+async def test_dynamos_refusal_inside_a_200_and_the_drivers_reload_of_a_running_worker(http, dynamo, ctl,
+                                                                                      tiny_models, references):
+    # Dynamo refuses a reload of an unpaused worker in the body of a 200. The reconciler asks
+    # the driver for a reload alone (a restarted worker behind the desired version), so the
+    # driver pauses (abort) a running worker first, reloads, and resumes it.
     worker, _ = dynamo
+    refusal = await engine(http, worker, "update_weights_from_disk", {"model_path": str(tiny_models["weights-2"])})
+    assert refusal["status"] == "error" and "paused" in refusal["message"], refusal
     record = ctl.ctl.members()[0]
-    with pytest.raises(WorkerRejected) as err:
-        await record.driver.update_weights_from_disk(str(tiny_models["weights-2"]), "x")
-    assert err.value.status == 200 and "paused" in err.value.reason and err.value.worker_id == record.id
+    await record.driver.update_weights_from_disk(str(tiny_models["weights-2"]), "x")
+    assert await engine(http, worker, "get_weight_version") == {"status": "ok", "version": "x",
+                                                                 "version_declared": True}
+    assert (await generate(http, worker))["text"] != references["base"]  # resumed, on the new weights

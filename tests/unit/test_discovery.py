@@ -89,6 +89,18 @@ def test_parse_dynamo_listing() -> None:
     assert {s.flavor for s in parse_listing(DYNAMO_DOC, default_flavor="vllm")} == {"vllm"}
 
 
+def test_dynamo_entries_take_inference_at_the_frontend_given() -> None:
+    # Dynamo's listing names no inference URL (its workers have none of their own); the
+    # configured frontend is every such entry's, and an entry that names one keeps it.
+    frontend = "http://10.0.1.2:8000"
+    specs = parse_listing(DYNAMO_DOC, default_flavor="dynamo", inference_url=frontend)
+    assert [s.inference_url for s in specs] == [frontend, frontend]
+    doc = {"protocol_version": 1, "workers": [{"instance_id": "a", "system_url": "http://h:1",
+                                               "inference_url": "http://h:8000"}]}
+    assert parse_listing(doc, default_flavor="dynamo", inference_url=frontend)[0].inference_url == "http://h:8000"
+    assert {s.inference_url for s in parse_listing(DYNAMO_DOC, default_flavor="dynamo")} == {None}
+
+
 def test_parse_this_projects_fields_take_precedence() -> None:
     doc = {"protocol_version": 1, "namespace": "rl", "workers": [
         {"instance_id": "agent-0", "system_url": "http://h:1", "admin_base_url": "http://h:2",

@@ -33,7 +33,8 @@ def make_source(settings: ControllerSettings, session: aiohttp.ClientSession, *,
         token = d.http_listing.token.get_secret_value() if d.http_listing.token else None
         return HttpListingSource(session=session, url=d.http_listing.url, interval_s=d.http_listing.interval_s,
                                  timeout_s=d.http_listing.timeout_s, token=token,
-                                 default_flavor=d.http_listing.default_flavor)
+                                 default_flavor=d.http_listing.default_flavor,
+                                 inference_url=d.http_listing.inference_url)
     if d.kind == "ray":
         from rlcp.controlplane.discovery.ray import RayActorSource
 

@@ -60,9 +60,11 @@ class ListingError(PollFailed):
     """The listing as a whole is unusable (unreachable, non-200, malformed): a failed poll."""
 
 
-def parse_listing(body: Any, *, default_flavor: Flavor) -> list[WorkerSpec]:
+def parse_listing(body: Any, *, default_flavor: Flavor, inference_url: str | None = None) -> list[WorkerSpec]:
     """Turn a listing document into specs. A malformed top level raises `ListingError`;
-    one bad entry is logged and skipped, so it cannot take the rest of the fleet down."""
+    one bad entry is logged and skipped, so it cannot take the rest of the fleet down.
+    `inference_url`: for entries that name none (Dynamo's never do: its workers take
+    inference only through the frontend, whose HTTP port the listing does not name)."""
     if not isinstance(body, Mapping):
         raise ListingError(f"listing is a {type(body).__name__}, not an object")
     version = body.get("protocol_version")
@@ -73,7 +75,7 @@ def parse_listing(body: Any, *, default_flavor: Flavor) -> list[WorkerSpec]:
         raise ListingError("listing has no 'workers' list")
     specs: dict[str, WorkerSpec] = {}
     for index, entry in enumerate(entries):
-        spec, reason = _parse_entry(entry, default_flavor)
+        spec, reason = _parse_entry(entry, default_flavor, inference_url)
         if spec is not None and spec.id in specs:
             reason, spec = f"duplicate instance_id {spec.id!r}", None
         if spec is None:
@@ -83,7 +85,7 @@ def parse_listing(body: Any, *, default_flavor: Flavor) -> list[WorkerSpec]:
     return list(specs.values())
 
 
-def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None, str]:
+def _parse_entry(entry: Any, default_flavor: Flavor, inference_url: str | None) -> tuple[WorkerSpec | None, str]:
     if not isinstance(entry, Mapping):
         return None, "entry is not an object"
     raw_id = entry.get("instance_id")
@@ -104,7 +106,7 @@ def _parse_entry(entry: Any, default_flavor: Flavor) -> tuple[WorkerSpec | None,
     except ValueError as exc:
         return None, f"labels: {exc}"
     try:
-        spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url"),
+        spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url") or inference_url,
                           flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"),
                           routes=tuple(routes) if routes is not None else None,
                           labels=labels)
@@ -139,7 +141,8 @@ class HttpListingSource:
 
     def __init__(self, *, session: aiohttp.ClientSession, url: str, interval_s: float = 5.0,
                  timeout_s: float = 5.0, token: str | None = None, default_flavor: Flavor = "dynamo",
-                 max_backoff_s: float = 30.0, iterations: int | None = None) -> None:
+                 max_backoff_s: float = 30.0, iterations: int | None = None,
+                 inference_url: str | None = None) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
         if default_flavor not in FLAVORS:
@@ -148,6 +151,7 @@ class HttpListingSource:
         self._interval_s, self._timeout_s, self._max_backoff_s = interval_s, timeout_s, max_backoff_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._default_flavor: Flavor = default_flavor
+        self._inference_url = inference_url
         self._iterations = iterations  # test seam: stop after this many polls
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
@@ -158,4 +162,4 @@ class HttpListingSource:
         """One GET under one deadline; every way it can fail becomes a `ListingError`."""
         body = await get_json(self._session, self._url, timeout_s=self._timeout_s, headers=self._headers,
                               error=ListingError)
-        return parse_listing(body, default_flavor=self._default_flavor)
+        return parse_listing(body, default_flavor=self._default_flavor, inference_url=self._inference_url)

@@ -3,7 +3,8 @@ own site with handler cancellation, and the per-request policy headers.
 
 Inference routes pass through to a worker unchanged (`proxy.py`); the gateway itself only
 checks what it reads before any worker is called: the body is a JSON object, the fields it
-uses (`stream`, `user`) have their types, and the policy headers (`X-RL-Max-Staleness`,
+uses (`stream`, `user`, `nvext`: an object, its `backend_instance_id` left to the fence) have
+their types, and the policy headers (`X-RL-Max-Staleness`,
 `X-RL-Hold-Timeout`) are in range -- a 4xx naming the field otherwise. Inference needs no
 token unless `gateway.token` is set; then the controller's admin token is accepted too
 (`gateway.accept_admin_token`), as trainers send one API key to both URLs.
@@ -24,6 +25,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
@@ -93,6 +95,7 @@ async def _read_body(request: web.Request) -> tuple[bytes, InferenceBody]:
     data = parse_json(raw) if raw.strip() else None
     if not isinstance(data, dict):
         raise BadRequestError("request body must be a JSON object", field="body")
+    check_client_nvext(data)
     return raw, validate(InferenceBody, data, strict=True)
 
 

@@ -10,6 +10,18 @@
   them, `X-RL-Weight-Versions`: which weights sampled which tokens, one list of spans per
   choice (an agent sends the header itself; vLLM's tokens-in/tokens-out answers carry the
   spans in the body). A keep-mode request resumed after an update shows it there.
+  A member of a flavor without an inference port of its own (Dynamo) is reached through its
+  frontend with the request pinned to it (`pinning.py`); a frontend that refuses the pin is
+  that member's failure, like a refused connection, never an unpinned answer. Such a member
+  cannot refuse a request sent for other weights either (an agent answers 409), and a request
+  that reached its engine's queue but not its batch when it paused runs after the resume, on
+  the new weights (vLLM's wait-mode pause drains only what runs; seen in
+  tests/e2e/test_dynamo_rollouts.py, answered ~20 ms after the resume, before the controller
+  had read the new version). So an answer from a pinned member is handed on only if the member
+  is still in service (not cordoned, not paused) at the version it was sent at; otherwise the
+  request is served again by a member in service (a stream ends with an SSE error event
+  instead, its bytes gone out). The cost: answers a member finishes while an update takes it
+  out of service are computed twice.
   A worker that fails before the first byte reaches the client is skipped and the request
   tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
@@ -33,6 +45,7 @@ from multidict import CIMultiDict
 
 from rlcp.controlplane.gateway.balance import order
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
+from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
 from rlcp.controlplane.gateway.routing import Route, Router
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
@@ -128,6 +141,16 @@ class Gateway:
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             try:
                 return await self._send(request, body, route)
+            except _AnswerAgain as exc:
+                # Not the member's failure: an update took it out of service meanwhile. The
+                # request goes again, to whatever is in service, within its hold deadline.
+                log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
+                tried.discard(route.worker_id)
+                if time.monotonic() >= deadline:
+                    self._reject("deadline")
+                    raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: {exc}",
+                                     retry_after_s=1) from None
+                continue
             except _BeforeFirstByte as exc:
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
@@ -188,6 +211,12 @@ class Gateway:
         try:
             timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
                                             sock_connect=self.settings.connect_timeout_s)
+            pinned = pins(route.flavor)
+            if pinned:
+                try:
+                    body = pinned_body(body, worker)
+                except ValueError as exc:
+                    raise _BeforeFirstByte(str(exc)) from exc
             try:
                 upstream = await self.session.request(
                     request.method, route.url + request.rel_url.path_qs, data=body or None,
@@ -201,11 +230,15 @@ class Gateway:
                     raise _BeforeFirstByte(refusal)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
-                    return await self._stream(request, upstream, headers, worker)
+                    return await self._stream(request, upstream, headers, route if pinned else None)
                 try:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+                if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
+                    raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
+                if pinned and (changed := self._weights_changed(route)) is not None:
+                    raise _AnswerAgain(changed)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -216,7 +249,8 @@ class Gateway:
             self.metrics.in_flight.labels(worker).dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      worker: str) -> web.StreamResponse:
+                      pinned: Route | None) -> web.StreamResponse:
+        worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         try:
@@ -230,8 +264,27 @@ class Gateway:
             event = {"error": {"code": "worker_failed", "worker": worker,
                                "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
+        else:
+            if pinned is not None and (changed := self._weights_changed(pinned)) is not None:
+                self.failed[worker] += 1
+                self.metrics.failed.labels(worker, "mid_stream").inc()
+                log.warning("gateway_stream_weights_changed", worker_id=worker, error=changed)
+                event = {"error": {"code": "weights_changed", "worker": worker, "message": changed}}
+                await response.write(f"data: {json.dumps(event)}\n\n".encode())
         await response.write_eof()
         return response
+
+    def _weights_changed(self, route: Route) -> str | None:
+        """Why a pinned member's answer cannot be vouched for: it left service (an update
+        cordoned or paused it) or its weights changed while it held the request."""
+        in_service, now = self.router.member_now(route.worker_id)
+        if in_service and now == route.weight_version:
+            return None
+        if now != route.weight_version:
+            return (f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it "
+                    "held the request, so its answer may come from either")
+        return (f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
+                "come from the next weights")
 
     def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
@@ -251,6 +304,11 @@ class Gateway:
 
 class _BeforeFirstByte(Exception):
     """The worker failed before any byte went to the client: another worker may take it."""
+
+
+class _AnswerAgain(_BeforeFirstByte):
+    """A pinned member answered, but left service or changed weights while it held the
+    request: the answer is dropped and the request sent again (not counted as a failure)."""
 
 
 async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:

@@ -21,6 +21,7 @@ class Route:
     worker_id: str
     url: str
     weight_version: str | None
+    flavor: str = "agent"  # how a request reaches it (`pinning.py`: dynamo goes through its frontend)
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class RoutingTable:
 
 def build_table(state: FleetState, bound: int | None = None) -> RoutingTable:
     admitted, inside = fence(state, bound)
-    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version) for w in inside}
+    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version, w.flavor) for w in inside}
     return RoutingTable(admitted=admitted, routes=routes, why_empty="" if routes else _why(state, admitted))
 
 
@@ -65,6 +66,7 @@ class Router:
     def __init__(self, source: StateSource) -> None:
         self.source = source
         self._cache: dict[int | None, tuple[int, RoutingTable]] = {}
+        self._members: tuple[int, dict[str, tuple[bool, str | None]]] | None = None
 
     def table(self, bound: int | None = None) -> RoutingTable | None:
         current = self.source.current()
@@ -77,6 +79,19 @@ class Router:
                 self._cache.clear()
             cached = self._cache[bound] = (generation, build_table(state, bound))
         return cached[1]
+
+    def member_now(self, worker_id: str) -> tuple[bool, str | None]:
+        """(in service, weight version) the state names for a member now: in service is
+        reachable, not paused and not cordoned (out of service for an update). (False, None)
+        when unknown or gone."""
+        current = self.source.current()
+        if current is None:
+            return False, None
+        generation, state = current
+        if self._members is None or self._members[0] != generation:
+            self._members = (generation, {w.id: (w.reachable and w.paused is False and not w.cordoned,
+                                                 w.weight_version) for w in state.workers})
+        return self._members[1].get(worker_id, (False, None))
 
     def state(self) -> FleetState | None:
         current = self.source.current()

@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, implements
 from rlcp.controlplane.workers.transport import WorkerTransport
-from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
 
@@ -50,5 +50,7 @@ class SeparateUpdateCalls:
         # No checksums in the answer: `loads_with_checksums` is False, so they are read afterwards.
         await self.update_weights_from_disk(path, version)
 
-    async def resume_after_update(self: _Reloads) -> None:
+    async def resume_after_update(self: _Reloads) -> WorkerStatus | None:
+        # None: the operation reads statuses afterwards (a flavor may answer one here).
         await self.resume()
+        return None

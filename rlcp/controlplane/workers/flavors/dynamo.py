@@ -24,7 +24,14 @@ by `dynamo.vllm.worker_factory.register_engine_routes` through
   this driver's capabilities to them.
 
 What Dynamo cannot tell or do, and so this driver reports as unknown or lacks:
-- pause state and request counts (no read route): None; loaded LoRAs: empty;
+- pause state: no read route, so the driver reports the state its own calls left the worker
+  in. A Dynamo worker process starts unpaused (its handler's `_paused = False`), and a
+  restarted one has a new `instance_id`, so a new member and a new driver: that starts at
+  "not paused", then follows every pause and resume this controller's driver answered ok.
+  Without it the gateway's fence (which admits only members known not paused) could never
+  send a rollout to a Dynamo member. What it cannot see: a pause made by someone else on
+  the system port, or one left by a controller that died mid-update (docs/gateway.md);
+- request counts (no read route): None; loaded LoRAs: empty;
 - weight checksums and desired-version gating: not capabilities, so verification is by
   version only;
 - broadcast: Dynamo's `init_weights_update_group` / `update_weights_from_distributed` call
@@ -63,6 +70,7 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 
     engine_prefix = "/engine"
+    _paused = False  # what this driver's own calls left the worker in (see the module docstring)
 
     def published_capabilities(self) -> frozenset[Capability] | None:
         return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)
@@ -70,23 +78,49 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     async def status(self) -> WorkerStatus:
         body, alive, ready = await asyncio.gather(self._engine("get_weight_version", {}), self._engine_alive(),
                                                   self._ready())
-        return WorkerStatus(weight_version=_weight_version(body), engine_alive=alive,
+        return WorkerStatus(weight_version=_weight_version(body), engine_alive=alive, paused=self._paused,
                             ready=ready if alive is not False else False,
                             not_ready_reason=None if ready is not False else "Dynamo /health: not ready")
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
         # Dynamo's pause takes no deadline; ours bounds the call. The KV cache is kept so
         # a keep-mode pause can resume without recomputing.
+        # Paused from the moment it is asked: a pause that timed out may still take hold.
+        self._paused = True
         await self._engine("pause_generation", {"mode": mode, "clear_cache": False},
                            timeout_s=timeout_s + self.deadlines.grace_s)
 
     async def resume(self) -> None:
         await self._engine("resume_generation", {})
+        self._paused = False
 
     async def update_weights_from_disk(self, path: str, version: str) -> None:
+        if self._paused:  # the update transaction paused it first (its own step)
+            await self._reload(path, version)
+            return
+        # The reconciler's call on a running member that is behind (a restarted worker, say):
+        # Dynamo reloads only a worker paused through pause_generation. It is outside the fence
+        # (not at the desired version), so what it runs is nobody's rollout: abort it rather
+        # than let it finish on the new weights. A failed reload leaves it paused (reported so):
+        # the next pass reloads it again, and resumes it only once it is at the desired state.
+        await self.pause("abort", self.deadlines.weight_load_s)
+        await self._reload(path, version)
+        await self.resume()
+
+    async def _reload(self, path: str, version: str) -> None:
         # Dynamo resets the prefix cache inside this call, under its pause lock.
         await self._engine("update_weights_from_disk", {"model_path": path, "weight_version": version},
                            timeout_s=self.deadlines.weight_load_s)
+
+    async def resume_after_update(self) -> WorkerStatus:
+        # The update's last step answers a fresh status, so the controller holds the new
+        # version before the member returns to the gateway's serving set (uncordoned). Without
+        # it the member served again while the registry still named the old version, and the
+        # gateway admitted it at that version (seen in tests/e2e/test_dynamo_rollouts.py during
+        # a roll at bound 1: answers labelled w1 from w2 weights); an agent refuses such
+        # requests itself, a Dynamo worker cannot.
+        await self.resume()
+        return await self.status()
 
     async def load_lora(self, name: str, path: str, version: str | None) -> None:
         await self._engine("load_lora", {"lora_name": name, "source": {"uri": path}},
