@@ -11,9 +11,10 @@ the `agent` flavor measured in the same run.
   gated on the desired version);
 - `vllm`: stock `vllm serve` in dev mode (`rlcp.harness.processes.VllmServeProcess`): status from
   five reads, the disk update composed of three calls;
-- `dynamo`: two workers of Dynamo 1.6.1's own software (`rlcp.harness.dynamo`: Dynamo's runtime and
-  its vLLM handler's RL routes over a vLLM CPU engine), as static specs with flavor dynamo:
-  status from three reads, a reload refused unless paused first.
+- `dynamo`: two workers of Dynamo 1.6.1's own software (`python -m dynamo.vllm`, Dynamo's own
+  worker entry, on a vLLM CPU engine: `rlcp.harness.dynamo.DynamoVllmProcess`), as static specs
+  with flavor dynamo (their system ports): status from three reads, a reload refused unless
+  paused first.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ def vllm_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
 
 
 def dynamo_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
-    from rlcp.harness.dynamo import DynamoWorkerProcess, dynamo_target
+    from rlcp.harness.dynamo import DynamoVllmProcess, dynamo_target
 
     target, kv = dynamo_target(), workdir / "kv"
     kv.mkdir(parents=True, exist_ok=True)
-    procs = [DynamoWorkerProcess(models["base"], workdir / f"dynamo-{i}", target=target, kv_dir=kv,
-                                 name=f"dynamo-{i}") for i in range(2)]
+    procs = [DynamoVllmProcess(models["base"], workdir / f"dynamo-{i}", target=target, kv_dir=kv,
+                               name=f"dynamo-{i}", core=i) for i in range(2)]
     specs = [{"id": f"dynamo-{i}", "admin_url": p.url, "flavor": "dynamo"} for i, p in enumerate(_start(procs))]
     return specs, procs, "unused-by-dynamo"
 

