@@ -299,15 +299,16 @@ class VllmServeProcess(ChildProcess):
     updates: the `vllm` flavor's real counterpart. It has no ready file, so it is ready when
     `/health` answers 200. The port is picked once, so `kill` then `start` brings the same
     server back on the same address; `core` pins its OpenMP threads so two servers on this
-    2-core machine do not both sit on core 0."""
+    2-core machine do not both sit on core 0. `nice` lowers its scheduling priority (with its
+    engine core child), for a test whose own process must keep up with the streams it reads."""
 
     def __init__(self, model: Path, workdir: Path, *, name: str = "vllm-serve", core: int = 0,
                  port: int | None = None, start_timeout_s: float = 240.0, extra_args: Iterable[str] = (),
-                 **kw: Any) -> None:
+                 nice: int = 0, **kw: Any) -> None:
         from rlcp.harness.http import free_port
 
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
-        self.model, self.core, self.extra_args = model, core, list(extra_args)
+        self.model, self.core, self.extra_args, self.nice = model, core, list(extra_args), nice
         self.port = port or free_port()
 
     @property
@@ -315,7 +316,8 @@ class VllmServeProcess(ChildProcess):
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+        niced = ["nice", "-n", str(self.nice)] if self.nice else []  # `nice` execs: the pid stays the server's
+        return [*niced, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 *serve_flags(), "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]
 
     def spawn(self) -> VllmServeProcess:
