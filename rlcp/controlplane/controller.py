@@ -38,7 +38,7 @@ from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.placement.status import PlacementStatus
 from rlcp.controlplane.reconcile.loop import Reconciler
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings, FleetSettings
 from rlcp.controlplane.workers.capabilities import Driver
 from rlcp.controlplane.workers.fanout import FanOut
 from rlcp.controlplane.workers.registry import make_driver
@@ -60,8 +60,12 @@ def http_transports(session: aiohttp.ClientSession, token: str | None) -> Transp
 
 class Controller:
     def __init__(self, settings: ControllerSettings, *, transports: TransportFactory, store: DesiredStore,
-                 leadership: Leadership | None = None) -> None:
+                 leadership: Leadership | None = None, fleet: str = DEFAULT_FLEET) -> None:
+        """`fleet`: which of the settings' fleets this controller keeps (`fleets.py`); the
+        default one is every member no named fleet's selector matches."""
         self.settings = settings
+        self.fleet = fleet
+        self.fleet_settings: FleetSettings | None = settings.fleets.get(fleet)
         self.allowed_roots = list(settings.allowed_roots)
         self.deadlines = Deadlines.from_settings(settings)
         # Without leader election this replica always leads: the single-controller behaviour.
@@ -93,8 +97,10 @@ class Controller:
         # the document is rebuilt (every status poll at least), not on each request.
         self.gateway_view: Callable[[], GatewayView] | None = None
         self._base: tuple[int, FleetState] | None = None
+        self._served: tuple[int, frozenset[str]] | None = None
         # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
-        ray_placement = settings.placement.ray if settings.placement.kind == "ray" else None
+        # The default fleet's: the agents it places join whichever fleet their labels select.
+        ray_placement = settings.placement.ray if settings.placement.kind == "ray" and fleet == DEFAULT_FLEET else None
         self.placement = None if ray_placement is None else PlacementStatus(
             ray_placement, desired=lambda: self.desired.state.placement_replicas)
 
@@ -138,7 +144,7 @@ class Controller:
         membership = self.registry.membership
         desired, members = self.desired.state, self.registry.members()
         operation = self.log.running_or_last()
-        return FleetFacts(desired=desired, members=members, views=self._views.views(desired, members),
+        return FleetFacts(fleet=self.fleet, desired=desired, members=members, views=self._views.views(desired, members),
                           membership_epoch=membership.epoch, discovery_synced=membership.synced,
                           phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
                           verified=self.log.verified,
@@ -151,6 +157,20 @@ class Controller:
         if self._base is None or self._base[0] != generation:
             self._base = (generation, build_state(self.facts()))
         return self._base[1]
+
+    def served_names(self) -> frozenset[str]:
+        """The model names the gateway routes to this fleet: its settings' `models`, the base
+        models its members serve (as discovery named them, or as they report) and the adapters
+        it keeps or they have loaded. Built once per change."""
+        generation = self.changes.generation
+        if self._served is None or self._served[0] != generation:
+            names = set(self.fleet_settings.models if self.fleet_settings else ())
+            names.update(self.desired.state.loras)
+            for rec in self.registry.members():
+                names.update(n for n in (rec.spec.model, rec.status.model if rec.status else None) if n)
+                names.update(rec.status.loras if rec.status else ())
+            self._served = (generation, frozenset(names))
+        return self._served[1]
 
     def state(self) -> FleetState:
         base = self.base_state()

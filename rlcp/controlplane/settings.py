@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from rlcp.controlplane.workerspec import Flavor, WorkerSpec
+from rlcp.core.labels import SelectorError, parse_selector
 from rlcp.core.settings import Section, load_settings_with_yaml, read_token
 from rlcp.core.wire.agent import PauseMode
 
@@ -338,6 +339,28 @@ class StoreSettings(Section):
                            description="Namespace of that ConfigMap; default the pod's own.")
 
 
+FLEET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: it is a path segment and a suffix
+DEFAULT_FLEET = "default"
+
+
+class FleetSettings(Section):
+    """A named fleet: the members its selector matches, with a desired state of its own."""
+
+    selector: str = Field(min_length=1, description="Label selector (Kubernetes syntax) of its members. A member "
+                          "goes to the first fleet, in the order written, whose selector matches it; members no "
+                          "fleet matches form the default fleet.")
+    models: list[str] = Field(default_factory=list, description="Model names the gateway routes to this fleet, "
+                              "besides the ones its members and adapters serve (read from them).")
+
+    @model_validator(mode="after")
+    def _check(self) -> FleetSettings:
+        try:
+            parse_selector(self.selector)
+        except SelectorError as exc:
+            raise ValueError(f"selector: {exc}") from exc
+        return self
+
+
 class LeaderElectionSettings(Section):
     """One replica leads through a coordination.k8s.io/v1 Lease (client-go's algorithm)."""
 
@@ -379,6 +402,9 @@ class ControllerSettings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     kubernetes: KubernetesApiSettings = Field(default_factory=KubernetesApiSettings)
+    fleets: dict[str, FleetSettings] = Field(default_factory=dict, description="Named fleets beside the default "
+                                             "one, each served under `/fleets/<name>/` with the whole API (DESIGN "
+                                             "§2.6); names are DNS labels, `default` is taken.")
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="Weight and adapter paths must lie under one of these.")
     log_format: Literal["json", "console"] = "json"
@@ -389,6 +415,10 @@ class ControllerSettings(BaseSettings):
         # Placed actors become members only through discovery of the same actors.
         if self.placement.kind == "ray" and self.discovery.kind != "ray":
             raise ValueError("placement.kind=ray needs discovery.kind=ray (the placed actors' dashboard)")
+        for name in self.fleets:
+            if name == DEFAULT_FLEET or not re.match(FLEET_NAME_PATTERN, name):
+                raise ValueError(f"fleets: {name!r} is not a fleet name (a DNS label: lowercase letters, digits and "
+                                 f"'-', at most 63 characters; {DEFAULT_FLEET!r} is the default fleet's)")
         return self
 
     @classmethod

@@ -1,8 +1,9 @@
 """The controller's background loops, started and supervised in one place.
 
-    discovery         member lists from the source into the registry
-    status-observer   every member's status, every poll interval
-    reconciler        converge workers that are behind (the leader), follow the desired state (a follower)
+    discovery         member lists from the source, split among the fleets (`fleets.py`)
+    status-observer   every member's status, every poll interval          } one of each per fleet,
+    reconciler        converge workers that are behind (the leader),      } `:<name>` after a named
+                      follow the desired state (a follower)               } fleet's
     lease-elector     acquire / renew the Lease (with leader election only)
     loop-lag          how late the event loop runs (a metric; loopwatch.py)
     placement         keep the placed agents running (placement.kind ray; acts only while leading)
@@ -24,6 +25,7 @@ import structlog
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.fleet.observer import observe_statuses
+from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.loopwatch import watch_loop_lag
 from rlcp.controlplane.reconcile.loop import run_reconciler
 
@@ -65,7 +67,7 @@ class Supervisor:
         return [t.get_name() for t in self._tasks if not t.done()]
 
 
-def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | None = None,
+def start_loops(fleets: Fleets, *, source: DiscoverySource, elector: Loop | None = None,
                 background: bool = True) -> Supervisor:
     """The controller's loops; `background=False` leaves all but the elector to the caller
     (tests drive them step by step)."""
@@ -73,14 +75,10 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
     if elector is not None:
         supervisor.spawn("lease-elector", elector)
     if background:
-        s = ctl.settings
-        supervisor.spawn("discovery", lambda: ctl.follow_discovery(source))
-        supervisor.spawn("status-observer", lambda: observe_statuses(
-            registry=ctl.registry, fanout=ctl.fanout, interval_s=s.reconcile.poll_interval_s,
-            deadline_s=ctl.deadlines.control_s, seen_refresh_s=s.reconcile.seen_refresh_s))
-        supervisor.spawn("reconciler", lambda: run_reconciler(
-            reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
-            interval_s=s.reconcile.interval_s))
+        ctl = fleets.default
+        supervisor.spawn("discovery", lambda: fleets.follow_discovery(source))
+        for each in fleets:
+            _spawn_fleet_loops(supervisor, each)
         supervisor.spawn("loop-lag", lambda: watch_loop_lag(ctl.metrics.loop_lag))
         if ctl.placement is not None:
             from rlcp.controlplane.placement.loop import run_placement
@@ -92,3 +90,13 @@ def start_loops(ctl: Controller, *, source: DiscoverySource, elector: Loop | Non
                 settings=status.settings, is_leader=lambda: ctl.leadership.is_leader, placer=placer,
                 status=status))
     return supervisor
+
+
+def _spawn_fleet_loops(supervisor: Supervisor, ctl: Controller) -> None:
+    s, suffix = ctl.settings, "" if ctl.fleet_settings is None else f":{ctl.fleet}"
+    supervisor.spawn(f"status-observer{suffix}", lambda: observe_statuses(
+        registry=ctl.registry, fanout=ctl.fanout, interval_s=s.reconcile.poll_interval_s,
+        deadline_s=ctl.deadlines.control_s, seen_refresh_s=s.reconcile.seen_refresh_s))
+    supervisor.spawn(f"reconciler{suffix}", lambda: run_reconciler(
+        reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
+        interval_s=s.reconcile.interval_s))

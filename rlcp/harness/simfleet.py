@@ -60,6 +60,7 @@ class SimAgent:
     backlog: int = 128
     serve_inference: bool = False  # also the sim engine's OpenAI port (`rlcp.agent.engine.sim_inference`)
     inference_port: int = 0  # bound at the first start, kept across restarts
+    model: str = "sim"  # the base model's name, as clients send it
 
     @property
     def url(self) -> str:
@@ -72,9 +73,9 @@ class SimAgent:
         return spec
 
     async def start(self) -> SimAgent:
-        self.engine = SimEngine(model_name="sim", **self.engine_kwargs)
+        self.engine = SimEngine(model_name=self.model, **self.engine_kwargs)
         await self.engine.start()
-        settings = AgentSettings(**({"agent_id": self.agent_id, "engine": {"kind": "sim", "model": "sim"},
+        settings = AgentSettings(**({"agent_id": self.agent_id, "engine": {"kind": "sim", "model": self.model},
                                      "allowed_roots": self.roots, "admin": {"token": TOKEN},
                                      "timeouts": TEST_TIMEOUTS} | self.settings_overrides))
         self.service = AgentService(self.engine, settings)

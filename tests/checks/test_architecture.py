@@ -34,7 +34,7 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlcp.controlplane.fleet",),
     ("rlcp.controlplane.operations",),
     ("rlcp.controlplane.reconcile",),
-    ("rlcp.controlplane.controller",),
+    ("rlcp.controlplane.controller", "rlcp.controlplane.fleets"),
     ("rlcp.controlplane.supervisor", "rlcp.controlplane.gateway"),
     ("rlcp.controlplane.api",),
     ("rlcp.controlplane.front",),

@@ -167,6 +167,9 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- if eq $v.store.kind "configmap" }}
 {{- $_ := set $cfg.store "configmap_name" (include "rlcp.storeConfigMapName" .) }}
 {{- end }}
+{{- if $v.fleets }}
+{{- $_ := set $cfg "fleets" $v.fleets }}
+{{- end }}
 {{- $d := $v.discovery }}
 {{- if eq $d.kind "kubernetes" }}
 {{- $k := dict "label_selector" (include "rlcp.discoveryLabelSelector" .)

@@ -1,9 +1,15 @@
 """The controller app factory: one aiohttp session, the controller, its background tasks.
 
 Each resource is set up and torn down in its own cleanup_ctx, in order: the client
-session, the Kubernetes API client (only when a setting needs one), then the controller
-(desired state loaded) with its background loops (`supervisor.py`: discovery, status
-observer, reconciler, and the Lease elector with leader election), stopped on shutdown.
+session, the Kubernetes API client (only when a setting needs one), then the controllers
+(one per fleet, desired states loaded) with their background loops (`supervisor.py`:
+discovery, status observers, reconcilers, and the Lease elector with leader election),
+stopped on shutdown.
+
+The default fleet is served at the root; each named fleet (settings `fleets`) has the same
+routes in a sub-application under `/fleets/<name>/`, so a client written for one server
+drives a fleet given that base URL. Handlers find their fleet's controller and the shared
+session through `request.config_dict` (the innermost application's first).
 
 With leader election, a follower serves reads and answers every write with 409
 `not_leader` naming the leader (`leader_middleware`); the leader runs each write as a task
@@ -20,21 +26,23 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from rlcp.controlplane.api import facade, routes, unsupported
+from rlcp.controlplane.api import facade, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.api.fleets import FLEETS, fleet_path
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
 from rlcp.controlplane.api.routes import CONTROLLER, SESSION
 from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.discovery.factory import make_source
 from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.local import start_local_gateway
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.persistence.factory import make_store
-from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
 from rlcp.controlplane.supervisor import start_loops
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.http import make_auth_middleware, make_error_middleware
@@ -69,11 +77,16 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
                      leader_middleware],
     )
-    routes.api.register(app)
-    facade.api.register(app)
-    unsupported.api.register(app)
-    app[facade.SERVED_MODELS] = ServedModels()
+    serve_fleet_routes(app)
+    fleets.api.register(app)
     serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
+    named_apps: dict[str, web.Application] = {}
+    for name in settings.fleets:
+        named_apps[name] = sub = web.Application(client_max_size=settings.api.max_body_bytes,
+                                                 handler_args=BODY_HANDLER_ARGS)
+        serve_fleet_routes(sub)
+        serve_document(sub, controller_document(auth_reads=settings.api.auth_reads, fleet=name))
+        app.add_subapp(fleet_path(name), sub)
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         # One session for every worker call; connection reuse is most of fan-out speed.
@@ -105,11 +118,21 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
         le = settings.leader_election
         leadership = Leadership(le.identity) if le.enabled else Leadership.always(le.identity)
         app[LEADERSHIP] = leadership
-        ctl = Controller(settings, transports=transports or http_transports(session, settings.workers.resolved_token()),
-                         store=store or make_store(settings, kube_api=kube_api, leadership=leadership),
-                         leadership=leadership)
-        await ctl.load_desired()
-        app[CONTROLLER] = ctl
+        make_transport = transports or http_transports(session, settings.workers.resolved_token())
+
+        def make_controller(fleet: str) -> Controller:
+            # `store` (tests) is the default fleet's; a named fleet's comes from the settings.
+            own = store if store is not None and fleet == DEFAULT_FLEET else make_store(
+                settings, kube_api=kube_api, leadership=leadership, fleet=fleet)
+            return Controller(settings, transports=make_transport, store=own, leadership=leadership, fleet=fleet)
+
+        every = Fleets(make_controller(DEFAULT_FLEET), {name: make_controller(name) for name in settings.fleets})
+        for each in every:
+            await each.load_desired()
+        app[CONTROLLER] = every.default
+        app[FLEETS] = every
+        for name, sub in named_apps.items():
+            sub[CONTROLLER] = every.named[name]
         elector = None
         if le.enabled:
             from rlcp.controlplane.leadership.lease import LeaseElector
@@ -117,21 +140,31 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
             assert kube_api is not None
             elector = LeaseElector(api=kube_api, settings=le, leadership=leadership,
                                    request_timeout_s=settings.kubernetes.request_timeout_s).run
-        supervisor = start_loops(ctl, source=source or make_source(settings, session, kube_api=kube_api),
+        supervisor = start_loops(every, source=source or make_source(settings, session, kube_api=kube_api),
                                  elector=elector, background=background)
         async with contextlib.AsyncExitStack() as stack:
             if run_gateway:
                 # Its own session: rollouts are many long requests per worker, admin calls few.
                 gateway_session = await stack.enter_async_context(new_session())
-                gateway_obj, runner = await start_local_gateway(ctl, settings.gateway, gateway_session, admin_token=token)
+                gateway_obj, runner = await start_local_gateway(every, settings.gateway, gateway_session,
+                                                                admin_token=token)
                 app[GATEWAY] = gateway_obj
                 stack.push_async_callback(runner.cleanup)
             yield
-            await ctl.detached.close()
+            for each in every:
+                await each.detached.close()
             await supervisor.stop()
 
     app.cleanup_ctx.extend([session_ctx, kube_ctx, controller_ctx])
     return app
+
+
+def serve_fleet_routes(app: web.Application) -> None:
+    """The routes of one fleet: the native API, the vLLM-shaped facade, and its 501s."""
+    routes.api.register(app)
+    facade.api.register(app)
+    unsupported.api.register(app)
+    app[facade.SERVED_MODELS] = ServedModels()
 
 
 @web.middleware
@@ -139,7 +172,7 @@ async def leader_middleware(request: web.Request, handler: Handler) -> web.Strea
     """Writes only on the leader, each cancelled the moment leadership is lost; reads anywhere."""
     if request.method in _READS or request.path in _OPEN_PATHS:
         return await handler(request)
-    ctl = request.app[CONTROLLER]
+    ctl = request.config_dict[CONTROLLER]
     await ctl.ensure_leading()
 
     async def handle() -> web.StreamResponse:  # a coroutine for the task, whatever awaitable the handler gives

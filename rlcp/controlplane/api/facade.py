@@ -81,19 +81,19 @@ def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
            tag=_FACADE, table=api)
 async def pause(request: web.Request) -> web.Response:
     query = validate(PauseQuery, dict(request.query))
-    result = await pausing.pause(request.app[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
+    result = await pausing.pause(request.config_dict[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
     return operation_response(result) if result.status != "ok" else json_response({"status": "paused"})
 
 
 @operation("POST", "/resume", "Resume the fleet.", ok=StatusAnswer, tag=_FACADE, table=api)
 async def resume(request: web.Request) -> web.Response:
-    result = await pausing.resume(request.app[CONTROLLER])
+    result = await pausing.resume(request.config_dict[CONTROLLER])
     return operation_response(result) if result.status != "ok" else json_response({"status": "resumed"})
 
 
 @api.get("/is_paused", "True when every member is paused.", ok=IsPausedAnswer, tag=_FACADE)
 async def is_paused(request: web.Request) -> web.Response:
-    return json_response({"is_paused": request.app[CONTROLLER].state().pause_state == "paused"})
+    return json_response({"is_paused": request.config_dict[CONTROLLER].state().pause_state == "paused"})
 
 
 def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Response:
@@ -104,7 +104,7 @@ def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Resp
            ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferInitRequest)
-    result = await request.app[CONTROLLER].transfer.init(body)
+    result = await request.config_dict[CONTROLLER].transfer.init(body)
     return _vllm_answer(result, {"message": "Weight transfer initialized"})
 
 
@@ -112,7 +112,7 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
            ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def start_weight_update(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
-    result = await request.app[CONTROLLER].transfer.start()
+    result = await request.config_dict[CONTROLLER].transfer.start()
     return _vllm_answer(result, {"message": "Weight update started"})
 
 
@@ -120,7 +120,7 @@ async def start_weight_update(request: web.Request) -> web.Response:
            ok=MessageAnswer, partial=STEP, errors=(403,), tag=_FACADE, table=api)
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferFinishRequest, allow_empty=True)
-    result = await request.app[CONTROLLER].transfer.finish(body)
+    result = await request.config_dict[CONTROLLER].transfer.finish(body)
     return _vllm_answer(result, {"message": "Weight update finished"})
 
 
@@ -128,7 +128,7 @@ async def finish_weight_update(request: web.Request) -> web.Response:
            body_optional=True, ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
-    result = await request.app[CONTROLLER].transfer.shutdown()
+    result = await request.config_dict[CONTROLLER].transfer.shutdown()
     return _vllm_answer(result, {"message": "Weight transfer shut down"})
 
 
@@ -136,7 +136,7 @@ async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
            ok=VersionSetAnswer, partial=STEP, tag=_FACADE, table=api)
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)
-    result = await request.app[CONTROLLER].transfer.update_weight_version(body.new_version)
+    result = await request.config_dict[CONTROLLER].transfer.update_weight_version(body.new_version)
     return _vllm_answer(result, {"success": True, "new_version": body.new_version})
 
 
@@ -147,7 +147,7 @@ async def update_weights(request: web.Request) -> web.Response:
     data = await read_object(request)
     if "update_info" in data:  # vLLM's broadcast chunk
         chunk = validate(TransferUpdateRequest, data, strict=True)
-        result = await request.app[CONTROLLER].transfer.update_chunk(chunk)
+        result = await request.config_dict[CONTROLLER].transfer.update_chunk(chunk)
         return _vllm_answer(result, {"message": "Weights updated"})
     body = validate(DiskWeightsRequest, data, strict=True)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
@@ -155,7 +155,7 @@ async def update_weights(request: web.Request) -> web.Response:
     with _client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
                          "source.path": "weight_dir"}):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
-        result = await weights.update_weights(request.app[CONTROLLER], req)
+        result = await weights.update_weights(request.config_dict[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": "Weights updated", "weight_version": version})
@@ -169,7 +169,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
     with _client_fields({"name": "lora_name", "path": "lora_path"}):
         req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
-        result = await lora.load_lora(request.app[CONTROLLER], req)
+        result = await lora.load_lora(request.config_dict[CONTROLLER], req)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
@@ -183,7 +183,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, UnloadLoraAdapterRequest)
     with _client_fields({"name": "lora_name"}):
-        result = await lora.unload_lora(request.app[CONTROLLER], body.lora_name)
+        result = await lora.unload_lora(request.config_dict[CONTROLLER], body.lora_name)
     if result.status != "ok":
         return operation_response(result)
     return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
@@ -192,29 +192,29 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
 @api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,
          tag=_FACADE)
 async def health(request: web.Request) -> web.Response:
-    serving = any(w.serving for w in request.app[CONTROLLER].state().workers)
+    serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
     return web.Response(status=200 if serving else 503)
 
 
 @api.get("/weight_info", "The fleet's common weight version (null when members disagree).",
          ok=WeightInfoAnswer, tag=_FACADE)
 async def weight_info(request: web.Request) -> web.Response:
-    return json_response({"weight_version": request.app[CONTROLLER].state().applied.weight_version})
+    return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
 
 
 @api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer,
          tag=_FACADE)
 async def get_world_size(request: web.Request) -> web.Response:
     validate(WorldSizeQuery, dict(request.query))
-    return json_response({"world_size": request.app[CONTROLLER].transfer.world_size()})
+    return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
 
 
 @api.get("/v1/models", "What the fleet serves: the union of the members' own `/v1/models` (base models and "
          "adapters), as the gateway answers it.", ok=ModelList, tag=_FACADE)
 async def models(request: web.Request) -> web.Response:
-    ctl = request.app[CONTROLLER]
+    ctl = request.config_dict[CONTROLLER]
     # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
     # or the one they report.
     named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
-    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.app[SESSION], named=named)
+    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.config_dict[SESSION], named=named)
     return json_response({"object": "list", "data": cards})

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcp.controlplane.api import facade, routes, unsupported
+from rlcp.controlplane.api import facade, fleets, routes, unsupported
 from rlcp.core.openapi import Route, build_document, openapi_route
 
-ROUTES: tuple[Route, ...] = (*routes.api.declared, openapi_route(), *facade.api.declared,
-                             *unsupported.api.declared)
+# What each fleet serves (the default one at the root, a named one under /fleets/<name>/), and
+# the root's whole set: those plus the list of fleets.
+FLEET_ROUTES: tuple[Route, ...] = (*routes.api.declared, openapi_route(), *facade.api.declared,
+                                   *unsupported.api.declared)
+ROUTES: tuple[Route, ...] = (*FLEET_ROUTES, *fleets.api.declared)
 
 DESCRIPTION = ("The fleet controller. `/v1/rl/*` is the native API; the root is shaped like one vLLM server "
                "(its RL routes, and the disk and LoRA routes RL frameworks call), driving the whole fleet; its admin routes "
@@ -21,6 +24,12 @@ DESCRIPTION = ("The fleet controller. `/v1/rl/*` is the native API; the root is 
                "`api.auth_reads` reads do too, except `/healthz`, `/readyz`, `/health` and this document.")
 
 
-def controller_document(*, auth_reads: bool) -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-controlplane API", description=DESCRIPTION,
-                          auth_reads=auth_reads)
+def controller_document(*, auth_reads: bool, fleet: str | None = None) -> dict[str, Any]:
+    """The root's document, or (`fleet`) the one a named fleet serves under its path."""
+    if fleet is None:
+        return build_document(ROUTES, title="rl-controlplane API", description=DESCRIPTION, auth_reads=auth_reads)
+    document = build_document(FLEET_ROUTES, title=f"rl-controlplane API: fleet {fleet}",
+                              description=f"Fleet {fleet!r}: the controller's API for its members alone, under "
+                                          f"`/fleets/{fleet}`. " + DESCRIPTION, auth_reads=auth_reads)
+    document["servers"] = [{"url": f"/fleets/{fleet}"}]  # the paths above are relative to it
+    return document

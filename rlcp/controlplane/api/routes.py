@@ -82,7 +82,7 @@ def operation_response(result: OperationResult) -> web.Response:
 
 
 def _ctl(request: web.Request) -> Controller:
-    return request.app[CONTROLLER]
+    return request.config_dict[CONTROLLER]
 
 
 @api.get("/v1/rl/state", "The fleet state, from the cache (never a fan-out per request). Carries an `ETag`: "
@@ -157,7 +157,8 @@ async def post_update_weights(request: web.Request) -> web.Response:
     result = await weights.update_weights(_ctl(request), body)
     if not body.wait and result.status == "running":
         accepted = json_response(result, status=202)
-        accepted.headers["Location"] = f"/v1/rl/operations/{result.id}"
+        fleet_base = request.path[:request.path.rfind("/v1/rl/")]  # "" at the root, /fleets/<name> for a named fleet
+        accepted.headers["Location"] = f"{fleet_base}/v1/rl/operations/{result.id}"
         return accepted
     return operation_response(result)
 

@@ -39,6 +39,7 @@ from rlcp.core.wire.controller import (
 class FleetFacts:
     """Everything the state document is built from."""
 
+    fleet: str = "default"
     desired: DesiredState
     members: list[WorkerRecord]
     membership_epoch: int
@@ -97,7 +98,7 @@ def build_state(facts: FleetFacts) -> FleetState:
     else:
         phase = "serving"
     return FleetState(
-        phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
+        fleet=facts.fleet, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
         desired=facts.desired,
         applied=AppliedState(weight_version=common, converged=all_converged,
                              verified=facts.verified and all_converged),

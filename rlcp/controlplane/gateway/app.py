@@ -24,10 +24,9 @@ import aiohttp
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
-from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.fleet.served import ServedModels, merge_cards
 from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
-from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, ValidationFailedError
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware, validate
@@ -62,11 +61,13 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def _policy(request: web.Request, body: InferenceBody, settings: GatewaySettings) -> RequestPolicy:
+def _policy(request: web.Request, body: InferenceBody, gateway: Gateway) -> RequestPolicy:
+    settings = gateway.settings
     bound = _header_number(request, STALENESS_HEADER, int, 0, STALENESS_BOUND_MAX)
     hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
     session = request.headers.get(settings.affinity_header) or request.headers.get(SESSION_ID_HEADER) or body.user
-    return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session)
+    return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session,
+                         router=gateway.router_for(body.model))
 
 
 N = TypeVar("N", int, float)
@@ -111,15 +112,19 @@ def _inference_route(path: str, summary: str) -> Callable[[Handler], Handler]:
 async def proxy_inference(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     raw, body = await _read_body(request)
-    return await gateway.forward(request, raw, _policy(request, body, gateway.settings))
+    return await gateway.forward(request, raw, _policy(request, body, gateway))
 
 
 @api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,
          tag=_INFERENCE)
 async def models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
-    return json_response({"object": "list", "data": await request.app[MODELS].cards(gateway.router.state(),
-                                                                                  gateway.session)})
+    if gateway.fleets is None:
+        cards = await request.app[MODELS].cards(gateway.router.state(), gateway.session)
+    else:  # every fleet's, each read (and kept) on its own
+        cards = merge_cards([await fleet.models.cards(fleet.router.state(), gateway.session)
+                             for fleet in gateway.fleets])
+    return json_response({"object": "list", "data": cards})
 
 
 @api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag=_PROBES)
@@ -133,12 +138,16 @@ async def healthz(request: web.Request) -> web.Response:
 @api.get("/readyz", "Ready while some member is inside the fence.", ok=ProbeAnswer, answers={503: ProbeAnswer},
          probe=True, tag=_PROBES)
 async def readyz(request: web.Request) -> web.Response:
-    table = request.app[GATEWAY].router.table()
-    if table is None:
-        return json_response({"status": "not_ready", "reason": "no fleet state yet"}, status=503)
-    if not table.routes:
-        return json_response({"status": "not_ready", "reason": table.why_empty}, status=503)
-    return json_response({"status": "ready"})
+    gateway = request.app[GATEWAY]
+    fleets = [(f.name, f.router) for f in gateway.fleets] if gateway.fleets else [("", gateway.router)]
+    reasons = []
+    for name, router in fleets:
+        table = router.table()
+        if table is not None and table.routes:
+            return json_response({"status": "ready"})
+        reason = table.why_empty if table is not None else "no fleet state yet"
+        reasons.append(f"fleet {name}: {reason}" if name else reason)
+    return json_response({"status": "not_ready", "reason": "; ".join(reasons)}, status=503)
 
 
 @api.get("/metrics", "Prometheus metrics of the gateway.", ok=str, media_type="text/plain", tag=_PROBES)

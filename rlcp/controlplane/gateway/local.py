@@ -1,13 +1,17 @@
-"""The gateway inside the controller process: its fleet state is the controller's own,
-rebuilt only when the controller's change counter moved."""
+"""The gateway inside the controller process: each fleet's state is its controller's own,
+rebuilt only when that controller's change counter moved."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import aiohttp
 from aiohttp import web
 
 from rlcp.controlplane.controller import Controller
+from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.app import start_site
+from rlcp.controlplane.gateway.fleets import FleetRoute, ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
@@ -25,10 +29,13 @@ class ControllerState:
         return self._ctl.changes.generation, self._ctl.base_state()
 
 
-async def start_local_gateway(ctl: Controller, settings: GatewaySettings, session: aiohttp.ClientSession, *,
+async def start_local_gateway(fleets: Fleets, settings: GatewaySettings, session: aiohttp.ClientSession, *,
                               admin_token: str | None = None) -> tuple[Gateway, web.AppRunner]:
-    gateway = Gateway(router=Router(ControllerState(ctl)), session=session, settings=settings,
-                      metrics=GatewayMetrics(), admin_token=admin_token)
+    every = {ctl.fleet: FleetRoute(ctl.fleet, Router(ControllerState(ctl)), ctl.served_names) for ctl in fleets}
+    default, named = every[fleets.default.fleet], [every[name] for name in fleets.named]
+    gateway = Gateway(router=default.router, session=session, settings=settings, metrics=GatewayMetrics(),
+                      admin_token=admin_token, fleets=ModelRoutes(default, named) if named else None)
     runner = await start_site(gateway)
-    ctl.gateway_view = gateway.view
+    for ctl in fleets:
+        ctl.gateway_view = partial(gateway.view, every[ctl.fleet].router)
     return gateway, runner

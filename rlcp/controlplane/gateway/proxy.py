@@ -44,6 +44,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from rlcp.controlplane.gateway.balance import order
+from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
 from rlcp.controlplane.gateway.routing import Route, Router
@@ -84,19 +85,23 @@ class UpstreamFailed(ApiError):
 
 @dataclass(frozen=True, kw_only=True)
 class RequestPolicy:
-    """Per request: the staleness bound (None: the desired state's) and the hold deadline."""
+    """Per request: the staleness bound (None: the desired state's), the hold deadline, the
+    session key, and the fleet's router (None: the gateway's own; `fleets.py` picks by model)."""
 
     bound: int | None
     hold_s: float
     session: str | None
+    router: Router | None = None
 
 
 class Gateway:
     def __init__(self, *, router: Router, session: aiohttp.ClientSession, settings: GatewaySettings,
-                 metrics: GatewayMetrics, admin_token: str | None = None) -> None:
+                 metrics: GatewayMetrics, admin_token: str | None = None, fleets: ModelRoutes | None = None) -> None:
         """`admin_token`: the controller's (the one it runs in, or follows), which inference
-        accepts too with `settings.accept_admin_token`."""
+        accepts too with `settings.accept_admin_token`. `fleets`: several fleets, each with its
+        router (`router` is the default fleet's), chosen per request by model."""
         self.router, self.session, self.settings, self.metrics = router, session, settings, metrics
+        self.fleets = fleets
         self.admin_token = admin_token
         self.url: str | None = None  # where the site bound, once it has
         self.in_flight: Counter[str] = Counter()
@@ -118,29 +123,38 @@ class Gateway:
         return (self.admin_token,) if self.admin_token and self.settings.accept_admin_token else ()
 
     # -- state ------------------------------------------------------------------------------
-    def view(self) -> GatewayView:
-        table = self.router.table()
+    def router_for(self, model: str | None) -> Router:
+        return self.router if self.fleets is None else self.fleets.router_for(model)
+
+    def view(self, router: Router | None = None) -> GatewayView:
+        """The gateway as one fleet sees it (`router`: that fleet's; default the gateway's own)."""
+        router = router or self.router
+        table = router.table()
+        state = router.state()
         inside = set(table.routes) if table else set()
-        known = sorted(inside | set(self.routed) | set(self.in_flight))
+        known = inside | set(self.routed) | set(self.in_flight)
+        if self.fleets is not None:  # the counters are the gateway's; each fleet shows its own members'
+            known &= inside | {w.id for w in (state.workers if state else [])}
         return GatewayView(
             url=self.url, allowed_versions=table.admitted if table else [],
-            staleness_bound=(state.desired.staleness_bound if (state := self.router.state()) else 0),
+            staleness_bound=state.desired.staleness_bound if state else 0,
             held=self.held, routed=sum(self.routed.values()), rejected=self.rejected,
             workers=[GatewayWorkerView(worker_id=w, in_fence=w in inside, in_flight=self.in_flight[w],
-                                       routed=self.routed[w], failed=self.failed[w]) for w in known])
+                                       routed=self.routed[w], failed=self.failed[w]) for w in sorted(known)])
 
     # -- one request ----------------------------------------------------------------------------
     async def forward(self, request: web.Request, body: bytes, policy: RequestPolicy) -> web.StreamResponse:
         arrived = time.perf_counter()
+        router = policy.router or self.router
         deadline = time.monotonic() + policy.hold_s
         tried: set[str] = set()
         failures: list[str] = []
         while True:
-            route, held_s = await self._choose(policy, deadline, frozenset(tried))
+            route, held_s = await self._choose(router, policy, deadline, frozenset(tried))
             tried.add(route.worker_id)
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             try:
-                return await self._send(request, body, route)
+                return await self._send(request, body, route, router)
             except _AnswerAgain as exc:
                 # Not the member's failure: an update took it out of service meanwhile. The
                 # request goes again, to whatever is in service, within its hold deadline.
@@ -160,19 +174,20 @@ class Gateway:
                 if not retrying:
                     raise UpstreamFailed(f"{len(failures)} tries failed before an answer: {'; '.join(failures)}") \
                         from None
-                table = self.router.table(policy.bound)
+                table = router.table(policy.bound)
                 if table is None or tried >= table.routes.keys():
                     # Every member was tried: try them again in a moment. A reused connection the
                     # worker had just closed fails once; a refused one may have left the view by then.
                     tried.clear()
                     await asyncio.sleep(_RETRY_PAUSE_S)
 
-    async def _choose(self, policy: RequestPolicy, deadline: float, tried: frozenset[str]) -> tuple[Route, float]:
+    async def _choose(self, router: Router, policy: RequestPolicy, deadline: float,
+                      tried: frozenset[str]) -> tuple[Route, float]:
         """A route inside the fence and not yet tried, holding the request while there is none."""
         held_since: float | None = None
         try:
             while True:
-                table = self.router.table(policy.bound)
+                table = router.table(policy.bound)
                 if table is not None:
                     self._turn += 1
                     candidates = order(sorted(table.routes), self.in_flight, session=policy.session, exclude=tried,
@@ -202,7 +217,7 @@ class Gateway:
         self.rejected += 1
         self.metrics.rejected.labels(reason).inc()
 
-    async def _send(self, request: web.Request, body: bytes, route: Route) -> web.StreamResponse:
+    async def _send(self, request: web.Request, body: bytes, route: Route, router: Router) -> web.StreamResponse:
         worker = route.worker_id
         self.in_flight[worker] += 1
         self.routed[worker] += 1
@@ -230,14 +245,14 @@ class Gateway:
                     raise _BeforeFirstByte(refusal)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
-                    return await self._stream(request, upstream, headers, route if pinned else None)
+                    return await self._stream(request, upstream, headers, route if pinned else None, router)
                 try:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
-                if pinned and (changed := self._weights_changed(route)) is not None:
+                if pinned and (changed := self._weights_changed(route, router)) is not None:
                     raise _AnswerAgain(changed)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
@@ -249,7 +264,7 @@ class Gateway:
             self.metrics.in_flight.labels(worker).dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      pinned: Route | None) -> web.StreamResponse:
+                      pinned: Route | None, router: Router) -> web.StreamResponse:
         worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
@@ -265,7 +280,7 @@ class Gateway:
                                "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         else:
-            if pinned is not None and (changed := self._weights_changed(pinned)) is not None:
+            if pinned is not None and (changed := self._weights_changed(pinned, router)) is not None:
                 self.failed[worker] += 1
                 self.metrics.failed.labels(worker, "mid_stream").inc()
                 log.warning("gateway_stream_weights_changed", worker_id=worker, error=changed)
@@ -274,10 +289,10 @@ class Gateway:
         await response.write_eof()
         return response
 
-    def _weights_changed(self, route: Route) -> str | None:
+    def _weights_changed(self, route: Route, router: Router) -> str | None:
         """Why a pinned member's answer cannot be vouched for: it left service (an update
         cordoned or paused it) or its weights changed while it held the request."""
-        in_service, now = self.router.member_now(route.worker_id)
+        in_service, now = router.member_now(route.worker_id)
         if in_service and now == route.weight_version:
             return None
         if now != route.weight_version:

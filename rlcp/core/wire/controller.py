@@ -357,7 +357,30 @@ class PlacementView(BaseModel):
                                    "when it succeeded.")
 
 
+class FleetSummary(BaseModel):
+    """One fleet of a controller, as `GET /v1/rl/fleets` lists it (DESIGN §2.6)."""
+
+    name: str = Field(description="`default`, or a name from settings `fleets`.")
+    path: str = Field(description="Where its API is served: `` for the default fleet (the root), else "
+                                  "`/fleets/<name>`; a trainer's admin base URL for it is the controller's plus this.")
+    selector: str | None = Field(description="Its members' label selector; null for the default fleet (every "
+                                             "member no named fleet matches).")
+    models: list[str] = Field(description="Model names the gateway routes to it.")
+    members: int
+    serving: int = Field(description="Members inside its fence now.")
+    phase: Phase
+    pause_state: PauseState
+    desired_version: str | None
+    applied: AppliedState
+
+
+class FleetsListing(BaseModel):
+    fleets: list[FleetSummary] = Field(description="The default fleet first, then the named ones in settings order.")
+
+
 class FleetState(BaseModel):
+    fleet: str = Field("default", description="Which fleet this is: `default`, or a name from settings `fleets` "
+                                               "(served under `/fleets/<name>/`).")
     phase: Phase
     quiesced: bool = Field(description="Every member is paused and none has a request running.")
     pause_state: PauseState
