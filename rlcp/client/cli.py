@@ -4,12 +4,13 @@
     rlctl update-weights --version V --path P [--max-unavailable 25%] [--no-wait] [--manifest F]
     rlctl lora load NAME PATH | unload NAME    rlctl workers    rlctl ops [show ID [--follow]]
     rlctl placement    rlctl scale N|default     (placement.kind ray: the agents the controller keeps)
+    rlctl fleets       rlctl --fleet teacher state   (settings `fleets`: any command, for one named fleet)
 
 An update is followed with a progress bar (waves, workers updated) until it ends; with
 --no-wait, rlctl prints its id and leaves it running (`rlctl ops show ID --follow` picks it up).
 
 The controller URL and token come from --url/--token, then RLCTL_URL/RLCTL_TOKEN, then
-the config file (~/.config/rlctl/config.yaml: `url:` and `token:`). Exit codes: 0 ok,
+the config file (~/.config/rlctl/config.yaml: `url:`, `token:`, `fleet:`). Exit codes: 0 ok,
 1 an operation failed on some workers, 2 the controller could not be used (unreachable,
 401, bad input) -- always one line on stderr, never a traceback.
 """
@@ -24,6 +25,7 @@ import sys
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import yaml
 from rich.console import Console
@@ -31,6 +33,7 @@ from rich.live import Live
 
 from rlcp.client.client import ControlPlaneClient, ControlPlaneError, OperationFailed
 from rlcp.client.render import (
+    fleets_table,
     operation_table,
     operations_table,
     placement_table,
@@ -50,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description="Inspect and steer an RL fleet's control plane.")
     p.add_argument("--url", help=f"controller URL (env RLCTL_URL; default {DEFAULT_URL})")
     p.add_argument("--token", help="API token (env RLCTL_TOKEN)")
+    p.add_argument("--fleet", help="a named fleet (env RLCTL_FLEET; `rlctl fleets` lists them); default: the "
+                                   "default fleet, served at the controller's root")
     p.add_argument("--config", type=Path, help=f"YAML with url/token (default {DEFAULT_CONFIG})")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p.add_argument("--timeout", type=float, default=30.0, help="deadline of a read, in seconds")
@@ -90,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     ll.add_argument("--version")
     lu = lsub.add_parser("unload")
     lu.add_argument("name")
+    sub.add_parser("fleets", help="the controller's fleets: members, versions, models the gateway routes there")
     sub.add_parser("placement", help="the agents placement keeps, and its last pass")
     sc = sub.add_parser("scale", help="keep N agents placed (placement.kind ray)")
     sc.add_argument("replicas", type=replicas_or_default,
@@ -155,8 +161,11 @@ def connection(args: argparse.Namespace) -> tuple[str, str | None]:
             config = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
             raise ControlPlaneError(f"cannot read config {path}: {exc}") from exc
-    url = args.url or os.environ.get("RLCTL_URL") or config.get("url") or DEFAULT_URL
+    url = (args.url or os.environ.get("RLCTL_URL") or config.get("url") or DEFAULT_URL).rstrip("/")
     token = args.token or os.environ.get("RLCTL_TOKEN") or config.get("token")
+    fleet = args.fleet or os.environ.get("RLCTL_FLEET") or config.get("fleet")
+    if fleet and fleet != "default" and args.command != "fleets":
+        url += f"/fleets/{quote(fleet, safe='')}"  # a named fleet's whole API lives under its path
     return url, token
 
 
@@ -229,6 +238,11 @@ async def run(args: argparse.Namespace) -> int:
                 call = (client.load_lora(args.name, args.path, args.version) if args.lora_command == "load"
                         else client.unload_lora(args.name))
                 return await run_operation(client, call, args.output)
+            case "fleets":
+                listing = await client.fleets()
+                console.print(fleets_table(listing)) if args.output == "table" else emit(
+                    listing.model_dump(mode="json"), args.output)
+                return 0
             case "placement" | "scale":
                 view = await (client.placement() if args.command == "placement" else client.scale(args.replicas))
                 console.print(placement_table(view)) if args.output == "table" else emit(

@@ -27,7 +27,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import FleetState, OperationResult, PlacementView
+from rlcp.core.wire.controller import FleetsListing, FleetState, OperationResult, PlacementView
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -159,6 +159,10 @@ class ControlPlaneClient:
 
     async def placement(self) -> PlacementView:
         return PlacementView.model_validate(await self._request("GET", "/v1/rl/placement"))
+
+    async def fleets(self) -> FleetsListing:
+        """The controller's fleets (ask the root: a named fleet's base URL serves its own API only)."""
+        return FleetsListing.model_validate(await self._request("GET", "/v1/rl/fleets"))
 
     # -- operations ----------------------------------------------------------------------
     async def scale(self, replicas: int | None) -> PlacementView:

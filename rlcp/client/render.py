@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from rlcp.core.wire.controller import FleetState, GatewayWorkerView, OperationResult, PlacementView
+from rlcp.core.wire.controller import FleetsListing, FleetState, GatewayWorkerView, OperationResult, PlacementView
 
 _STATUS_STYLE = {"ok": "green", "skipped": "dim", "error": "red", "timeout": "red", "partial": "yellow",
                  "failed": "red", "running": "cyan"}
@@ -63,7 +63,8 @@ def state_view(st: FleetState) -> Group:
         summary.add_row("update", f"{u.version} {u.status}{steps}", "capacity",
                         f"min {b.min_serving}/{b.members}, mean {b.mean_capacity:.0%}" if b is not None else "-")
     in_fence = {w.worker_id: w for w in gw.workers} if gw is not None else {}
-    workers = Table(title=f"{len(st.workers)} workers", title_justify="left")
+    fleet = "" if st.fleet == "default" else f"fleet {st.fleet}: "
+    workers = Table(title=f"{fleet}{len(st.workers)} workers", title_justify="left")
     workers.add_column("", no_wrap=True, min_width=1)
     workers.add_column("worker", no_wrap=True, min_width=max([6, *(len(w.id) for w in st.workers)]))
     workers.add_column("status", no_wrap=True, min_width=11)
@@ -162,6 +163,18 @@ def workers_table(listing: dict[str, Any]) -> Table:
 def labels_text(labels: dict[str, str]) -> str:
     """As a selector would name them: `role=policy,zone=a`."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def fleets_table(listing: FleetsListing) -> Table:
+    table = Table(title="fleets", title_justify="left")
+    for col in ("fleet", "path", "selector", "members", "serving", "phase", "desired", "applied", "models"):
+        table.add_column(col)
+    for f in listing.fleets:
+        applied = f.applied.weight_version or ("mixed" if f.members else "-")
+        table.add_row(f.name, f.path or "/", f.selector or "(the rest)", str(f.members), str(f.serving), f.phase,
+                      f.desired_version or "-", applied + ("" if f.applied.converged else " (converging)"),
+                      ", ".join(f.models) or "-")
+    return table
 
 
 def placement_table(view: PlacementView) -> Table | Text:

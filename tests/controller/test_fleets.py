@@ -24,7 +24,7 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import parse_selector
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import Ctl, start_controller, update_body
+from rlcp.harness.controller import Ctl, rlctl, start_controller, update_body
 from rlcp.harness.memory import MemoryFleet
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
@@ -186,6 +186,26 @@ async def test_a_fleets_base_url_takes_the_vllm_shaped_facade(fleet, tmp_path: P
     assert status == 404
     status, document = await ctl.call("GET", f"{TEACHER}/openapi.json", headers={})
     assert status == 200 and document["servers"] == [{"url": TEACHER}] and "/v1/rl/fleets" not in document["paths"]
+
+
+async def test_rlctl_lists_the_fleets_and_steers_one_by_name(fleet) -> None:
+    ctl, _ = fleet
+    rc, out, err = await rlctl(ctl.url, "fleets")
+    assert rc == 0, err
+    assert "default" in out and "teacher" in out and "role=teacher" in out and "teacher-m" in out
+    rc, out, err = await rlctl(ctl.url, "--fleet", "teacher", "-o", "json", "state")
+    assert rc == 0, err
+    assert sorted(w["id"] for w in json.loads(out)["workers"]) == ["t0", "t1"]
+    rc, out, err = await rlctl(ctl.url, "--fleet", "teacher", "pause")
+    assert rc == 0, err
+    assert (await state(ctl, TEACHER))["pause_state"] == "paused"
+    assert (await state(ctl, ""))["pause_state"] == "running"
+    rc, out, err = await rlctl(ctl.url, "--fleet", "teacher", "state")
+    assert rc == 0 and "fleet teacher: 2 workers" in out, out
+    rc, out, err = await rlctl(ctl.url, "--fleet", "teacher", "resume")
+    assert rc == 0, err
+    rc, out, err = await rlctl(ctl.url, "--fleet", "nope", "state")
+    assert rc == 2 and "no fleet 'nope'" in err and "teacher (at /fleets/teacher)" in err, (out, err)
 
 
 async def test_a_model_no_fleet_serves_is_a_404_naming_model_when_the_default_fleet_is_empty(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
 from rlcp.controlplane.api import facade, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
@@ -34,6 +34,7 @@ from rlcp.controlplane.api.routes import CONTROLLER, SESSION
 from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.discovery.factory import make_source
+from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.app import new_session
@@ -75,7 +76,7 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
         client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
         middlewares=[make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
                      make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
-                     leader_middleware],
+                     unknown_fleet_middleware(list(settings.fleets)), leader_middleware],
     )
     serve_fleet_routes(app)
     fleets.api.register(app)
@@ -165,6 +166,22 @@ def serve_fleet_routes(app: web.Application) -> None:
     facade.api.register(app)
     unsupported.api.register(app)
     app[facade.SERVED_MODELS] = ServedModels()
+
+
+def unknown_fleet_middleware(names: list[str]) -> Middleware:
+    """A path under `/fleets/<name>/` for a fleet the settings do not name is a 404 that says
+    so and lists the fleets, not a bare "Not Found" (a typo in a trainer's base URL)."""
+    kept = ", ".join(["default (at /)", *(f"{n} (at {fleet_path(n)})" for n in names)])
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.match_info.http_exception is not None and request.path.startswith("/fleets/"):
+            name = request.path.split("/")[2]
+            if name not in names:
+                raise NotFound(f"no fleet {name!r}: this controller keeps {kept}", field="fleet")
+        return await handler(request)
+
+    return middleware
 
 
 @web.middleware
