@@ -336,7 +336,11 @@ def test_rendered_config_loads_in_the_controller_settings(helm: str, values: Pat
     if settings.store.kind == "configmap":
         assert settings.store.namespace == NAMESPACE
         role = one(docs, "Role", FULLNAME)
-        assert ("", "configmaps", (settings.store.configmap_name,), ("get", "update")) in rules(role)
+        names = (settings.store.configmap_name, *(f"{settings.store.configmap_name}-{n}" for n in settings.fleets))
+        assert ("", "configmaps", names, ("get", "update")) in rules(role)
+    if values and values.name == "fleets-values.yaml":
+        assert {n: (f.selector, f.models) for n, f in settings.fleets.items()} == {
+            "teacher": ("role=teacher", []), "reward": ("role=reward", ["rm-v1"])}
 
 
 def test_rendered_agent_config_loads_in_the_agent_settings(helm: str, tmp_path: Path,
