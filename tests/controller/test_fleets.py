@@ -24,8 +24,9 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import parse_selector
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import Ctl, rlctl, start_controller, update_body
+from rlcp.harness.controller import AUTH, Ctl, controller_config, rlctl, start_controller, update_body, wait_reachable
 from rlcp.harness.memory import MemoryFleet
+from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.controller.fleets import Labelled
@@ -227,6 +228,44 @@ async def test_a_model_no_fleet_serves_is_a_404_naming_model_when_the_default_fl
             assert status == 404 and headers["X-RL-Worker"] in {"p0", "p1"}, body
     finally:
         await ctl.client.close()
+        for a in agents:
+            await a.stop()
+
+
+async def test_the_daemon_serves_each_fleet_through_its_front_and_keeps_each_desired_state_over_a_restart(
+        tmp_path: Path) -> None:
+    """The controller as it is deployed: a process with its front; a named fleet's routes pass
+    the front like the root's, and each fleet's desired state outlives the process on its own."""
+    agents = [await SimAgent(wid, [tmp_path], model=model).start() for wid, model in MODELS.items()]
+    config = controller_config(tmp_path, [Labelled(a, {"role": ROLE[a.model]}).spec() for a in agents], [tmp_path],
+                               fleets={"teacher": {"selector": "role=teacher"}})
+    ctl = ControllerProcess(config, tmp_path)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+            async def read(path: str) -> dict[str, Any]:
+                async with http.get(ctl.url + path, headers=AUTH) as resp:
+                    assert resp.status == 200, await resp.text()
+                    return await resp.json()
+
+            for attempt in range(2):
+                await ctl.spawn().wait_ready_async()
+                await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
+                await wait_reachable(http, ctl.url + TEACHER, workers=2, timeout_s=30)
+                if attempt == 0:
+                    async with http.post(ctl.url + f"{TEACHER}/v1/rl/pause", json={"mode": "keep"},
+                                         headers=AUTH) as resp:
+                        assert resp.status == 200, await resp.text()
+                    ctl.stop()
+            root, teacher = await read("/v1/rl/state"), await read(f"{TEACHER}/v1/rl/state")
+            # After the restart: the teacher still desired paused (its own file), the policy not.
+            assert (root["desired"]["paused"], teacher["desired"]["paused"]) == (False, True)
+            assert (root["pause_state"], teacher["pause_state"]) == ("running", "paused")
+            assert [a.service.paused for a in agents] == [False, False, True, True]
+            listing = await read("/v1/rl/fleets")
+            assert [(f["name"], f["pause_state"]) for f in listing["fleets"]] == [
+                ("default", "running"), ("teacher", "paused")]
+    finally:
+        ctl.stop()
         for a in agents:
             await a.stop()
 
