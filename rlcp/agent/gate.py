@@ -48,13 +48,18 @@ class OperationGate:
         """Hold the gate for one mutating operation; 409 if another holds it."""
         if self._busy_with is not None:
             raise ConflictError(f"operation {self._busy_with} is running; retry when it is done")
-        if kind not in WHILE_ASLEEP and self._asleep():
-            raise ConflictError(f"the engine is asleep: {kind} needs it awake (POST /wake_up first)")
+        if kind not in WHILE_ASLEEP:
+            self.check_awake(kind)
         self._busy_with = kind
         try:
             yield
         finally:
             self._busy_with = None
+
+    def check_awake(self, what: str) -> None:
+        """409 while the engine is asleep: `what` needs its memory (a read, such as checksums, too)."""
+        if self._asleep():
+            raise ConflictError(f"the engine is asleep: {what} needs it awake (POST /wake_up first)")
 
     async def call(self, awaitable: Awaitable[T], deadline_s: float, what: str) -> T:
         """One engine call under a deadline, its failures mapped to the agent's errors."""

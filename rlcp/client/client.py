@@ -355,6 +355,8 @@ class SyncControlPlaneClient:
     placement = _Blocking(ControlPlaneClient.placement)
     scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
+    sleep = _Blocking(ControlPlaneClient.sleep)
+    wake_up = _Blocking(ControlPlaneClient.wake_up)
     resume = _Blocking(ControlPlaneClient.resume)
     engine = _Blocking(ControlPlaneClient.engine)
     update_weights = _Blocking(ControlPlaneClient.update_weights)

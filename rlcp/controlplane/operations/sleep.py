@@ -149,10 +149,12 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
     partial = req.tags is not None and set(req.tags) != FULL_WAKE
 
     async def body(run: Run) -> None:
-        run.members = _named(run.members, req.selector, req.worker_ids)
-        sleepers = [r for r in run.members if is_asleep(ctx, r)]
+        named = _named(run.members, req.selector, req.worker_ids)
+        sleepers = [r for r in named if is_asleep(ctx, r)]
         require_capability(sleepers, "sleep", "wake_up")
         run.tracker.note(workers=[r.id for r in sleepers])
+        # The operation is about the sleepers; a member named by id that is awake is said so.
+        run.members = sleepers if req.worker_ids is None else named
         for r in run.members:
             if r not in sleepers:
                 run.tracker.skip(r.id, "wake_up", "not asleep")
