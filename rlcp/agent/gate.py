@@ -26,9 +26,16 @@ from rlcp.core.wire.agent import OperationKind
 T = TypeVar("T")
 
 
+# What an engine asleep may still be asked: its memory is released (on an accelerator the
+# weights are offloaded or gone), so a resume, a reload, a transfer, an adapter or a checksum
+# would run on memory that is not there. Pausing and aborting touch no weights.
+WHILE_ASLEEP: frozenset[OperationKind] = frozenset({"sleep", "wake_up", "pause", "abort_requests", "set_desired"})
+
+
 class OperationGate:
-    def __init__(self, alive: Callable[[], bool]) -> None:
+    def __init__(self, alive: Callable[[], bool], asleep: Callable[[], bool] = lambda: False) -> None:
         self._alive = alive
+        self._asleep = asleep
         self._busy_with: OperationKind | None = None
 
     @property
@@ -41,11 +48,18 @@ class OperationGate:
         """Hold the gate for one mutating operation; 409 if another holds it."""
         if self._busy_with is not None:
             raise ConflictError(f"operation {self._busy_with} is running; retry when it is done")
+        if kind not in WHILE_ASLEEP:
+            self.check_awake(kind)
         self._busy_with = kind
         try:
             yield
         finally:
             self._busy_with = None
+
+    def check_awake(self, what: str) -> None:
+        """409 while the engine is asleep: `what` needs its memory (a read, such as checksums, too)."""
+        if self._asleep():
+            raise ConflictError(f"the engine is asleep: {what} needs it awake (POST /wake_up first)")
 
     async def call(self, awaitable: Awaitable[T], deadline_s: float, what: str) -> T:
         """One engine call under a deadline, its failures mapped to the agent's errors."""

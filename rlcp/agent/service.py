@@ -35,11 +35,11 @@ class AgentService:
         self.inference_url = inference_url
         self.instance_id = uuid.uuid4().hex[:12]
         self.metrics = AgentMetrics()
-        self.gate = OperationGate(alive=lambda: engine.is_alive())
+        self.gate = OperationGate(alive=lambda: engine.is_alive(), asleep=lambda: self.control.sleeping)
         self.records = OperationRecords(self.metrics)
         ctx = OperationContext(settings, self.gate, self.records)
         self.weight_state = WeightState(ctx, engine)
-        self.readiness = Readiness(settings, engine, self.weight_state)
+        self.readiness = Readiness(settings, engine, self.weight_state, asleep=lambda: self.control.sleeping)
         self.control = Control(ctx, engine)
         self.disk = DiskLoads(ctx, engine, self.weight_state)
         self.weights = Weights(ctx, engine, self.weight_state)
@@ -76,7 +76,7 @@ class AgentService:
         return AgentState(
             agent_id=self.settings.agent_id, instance_id=self.instance_id, model=self.engine.model_name,
             engine=self.engine.kind, engine_alive=self.engine.is_alive(), ready=reason is None, not_ready_reason=reason,
-            paused=self.control.paused, requests=self.engine.request_counts(), weight_version=self.weight_state.version,
+            paused=self.control.paused, sleeping=self.control.sleeping, requests=self.engine.request_counts(), weight_version=self.weight_state.version,
             desired_weight_version=self.readiness.desired_version, loras=self.lora.registry.loaded(),
             world_size=self.engine.world_size(), busy_with=self.gate.busy_with,
             last_operations=self.records.recent(), inference_url=self.inference_url,

@@ -1,6 +1,7 @@
 """`rlctl`: inspect and steer the fleet from a terminal.
 
     rlctl state [--watch] [-o json|yaml]     rlctl pause --mode keep     rlctl resume
+    rlctl sleep [--level N] [-l SEL]         rlctl wake [-l SEL]
     rlctl update-weights --version V --path P [--max-unavailable 25%] [--no-wait] [--manifest F]
     rlctl lora load NAME PATH | unload NAME    rlctl workers    rlctl ops [show ID [--follow]]
     rlctl placement    rlctl scale N|default     (placement.kind ray: the agents the controller keeps)
@@ -68,7 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--mode", choices=("abort", "wait", "keep"), default="keep")
     pa.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline to quiesce, seconds")
     rs = sub.add_parser("resume", help="resume every member, releasing every hold (with -l, the matching ones)")
-    for cmd in (st, wk, pa, rs):
+    sl = sub.add_parser("sleep", help="put members to sleep (all, or with -l / --worker): out of the gateway's "
+                                      "fence, kept asleep until woken")
+    sl.add_argument("--level", type=int, choices=(1, 2), default=1, help="1: offload weights; 2: discard them")
+    sl.add_argument("--mode", choices=("abort", "wait"), default="abort", help="what happens to running requests")
+    sl.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline of each sleep, seconds")
+    wu = sub.add_parser("wake", help="wake members asleep, verify them, return them to service")
+    wu.add_argument("--tags", choices=("weights", "kv_cache"), action="append", default=None,
+                    help="wake only this allocation (repeatable); the members stay asleep")
+    for cmd in (sl, wu):
+        cmd.add_argument("--worker", dest="worker_ids", action="append", default=None, help="this member (repeatable)")
+    for cmd in (st, wk, pa, rs, sl, wu):
         cmd.add_argument("-l", "--selector", default=None,
                          help="label selector, as kubectl's: role=policy, zone in (a,b), !canary (comma = AND)")
     en = sub.add_parser("engine", help="run an allowlisted engine route (settings engine_routes.allow)")
@@ -220,6 +231,13 @@ async def run(args: argparse.Namespace) -> int:
                                            args.output)
             case "resume":
                 return await run_operation(client, client.resume(selector=args.selector), args.output)
+            case "sleep":
+                return await run_operation(client, client.sleep(args.level, mode=args.mode, timeout_s=args.op_timeout,
+                                                                selector=args.selector, worker_ids=args.worker_ids),
+                                           args.output)
+            case "wake":
+                return await run_operation(client, client.wake_up(tags=args.tags, selector=args.selector,
+                                                                  worker_ids=args.worker_ids), args.output)
             case "engine":
                 return await run_operation(client, client.engine(args.route, worker=args.worker, selector=args.selector,
                                                                  body=args.body), args.output)

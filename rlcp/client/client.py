@@ -183,6 +183,25 @@ class ControlPlaneClient:
         body = {"selector": selector} if selector is not None else {}
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", body))
 
+    async def sleep(self, level: int = 1, *, mode: str = "abort", timeout_s: float | None = None,
+                    selector: str | None = None, worker_ids: list[str] | None = None) -> OperationResult:
+        """Put members to sleep (all, or a selector's, or these ids): out of the gateway's fence and
+        kept asleep until `wake_up`. Raises OperationFailed on 207/502."""
+        body: dict[str, Any] = {"level": level, "mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {}) \
+            | ({"selector": selector} if selector is not None else {}) \
+            | ({"worker_ids": worker_ids} if worker_ids is not None else {})
+        return OperationResult.model_validate(
+            await self._request("POST", "/v1/rl/sleep", body, timeout_s=(timeout_s or 60) + 60))
+
+    async def wake_up(self, *, tags: list[str] | None = None, selector: str | None = None,
+                      worker_ids: list[str] | None = None) -> OperationResult:
+        """Wake members asleep, verify them, return those that pass to service."""
+        body: dict[str, Any] = ({"tags": tags} if tags else {}) \
+            | ({"selector": selector} if selector is not None else {}) \
+            | ({"worker_ids": worker_ids} if worker_ids is not None else {})
+        # A wake may reload weights (level 2, or a fleet updated meanwhile): a load's time.
+        return OperationResult.model_validate(await self._request("POST", "/v1/rl/wake_up", body, timeout_s=900))
+
     async def engine(self, route: str, *, worker: str | None = None, selector: str | None = None,
                      body: dict[str, Any] | None = None) -> OperationResult:
         """One allowlisted engine route (`POST /v1/rl/engine/{route}`) on a worker, a selector's
@@ -340,6 +359,8 @@ class SyncControlPlaneClient:
     placement = _Blocking(ControlPlaneClient.placement)
     scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
+    sleep = _Blocking(ControlPlaneClient.sleep)
+    wake_up = _Blocking(ControlPlaneClient.wake_up)
     resume = _Blocking(ControlPlaneClient.resume)
     engine = _Blocking(ControlPlaneClient.engine)
     update_weights = _Blocking(ControlPlaneClient.update_weights)

@@ -13,7 +13,7 @@ from rlcp.core.wire.controller import FleetsListing, FleetState, GatewayWorkerVi
 
 _STATUS_STYLE = {"ok": "green", "skipped": "dim", "error": "red", "timeout": "red", "partial": "yellow",
                  "failed": "red", "running": "cyan"}
-_PHASE_STYLE = {"serving": "green", "paused": "yellow", "degraded": "yellow", "failed": "red"}
+_PHASE_STYLE = {"serving": "green", "paused": "yellow", "degraded": "yellow", "failed": "red", "sleeping": "blue"}
 
 
 def _yn(value: bool | None) -> str:
@@ -21,10 +21,12 @@ def _yn(value: bool | None) -> str:
 
 
 def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fence: GatewayWorkerView | None,
-            cordoned: bool = False, held: bool = False) -> Text:
+            cordoned: bool = False, held: bool = False, sleeping: bool = False) -> Text:
     """One word for the worker, and whether the gateway sends it rollouts (`+gw`)."""
     if not reachable:
         word, style = "unreachable", "red"
+    elif sleeping:  # before cordoned: a member asleep is also out of the fence
+        word, style = "asleep", "blue"
     elif cordoned:
         word, style = "updating", "cyan"
     elif serving:
@@ -49,6 +51,8 @@ def state_view(st: FleetState) -> Group:
                     "pause state", f"{st.pause_state}, quiesced {_yn(st.quiesced)}")
     summary.add_row("desired", str(st.desired.weight_version), "applied", str(st.applied.weight_version))
     summary.add_row("converged", _yn(st.applied.converged), "verified", _yn(st.applied.verified))
+    if st.sleeping:
+        summary.add_row("asleep", f"{st.sleeping} of {len(st.workers)}", "", "")
     summary.add_row("requests", f"run {st.requests.running} wait {st.requests.waiting} "
                                 f"frozen {st.requests.frozen}", "epoch", str(st.membership_epoch))
     gw = st.gateway
@@ -78,7 +82,7 @@ def state_view(st: FleetState) -> Group:
         mark = Text("✗", style="red") if bad else (Text("!", style="yellow") if stale or not w.ready else "")
         reqs = f"{w.requests.running}/{w.requests.waiting}/{w.requests.frozen}" if w.requests else "-"
         workers.add_row(mark, w.id, _status(w.reachable, w.ready, w.serving, w.paused, in_fence.get(w.id), w.cordoned,
-                                            w.held),
+                                            w.held, w.sleeping),
                         reqs,
                         Text(str(w.weight_version), style="yellow" if stale else ""))
         if w.labels:  # below the table: labels are free text of any length

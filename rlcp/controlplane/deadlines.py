@@ -87,6 +87,6 @@ class Deadlines:
         """A reconciler step: the engine's bound plus one short call."""
         if kind == "update_weights":
             return self.weight_load_s + self.call_s
-        if kind == "pause":
+        if kind in ("pause", "sleep"):
             return self.pause_s + self.call_s
         return self.control_s

@@ -27,10 +27,11 @@ Step = Literal[
     "init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update",  # a broadcast
     "update_weight_version", "shutdown_weight_transfer",
     "engine",  # the guarded passthrough (operations/engine.py): one allowlisted engine route
+    "checksums", "sleep", "wake_up",  # sleep mode (operations/sleep.py)
 ]
 # The reconciler's actions on one worker (`reconcile.plan.ActionKind`, as `reconcile:<kind>`).
 ReconcileStep = Literal["reconcile:set_desired", "reconcile:update_weights", "reconcile:load_lora",
-                        "reconcile:unload_lora", "reconcile:pause", "reconcile:resume"]
+                        "reconcile:unload_lora", "reconcile:pause", "reconcile:resume", "reconcile:sleep"]
 FailedStep = Step | ReconcileStep | Literal["other"]
 _STEPS: dict[str, FailedStep] = {s: s for s in (*get_args(Step), *get_args(ReconcileStep), "other")}
 STEPS = frozenset(_STEPS)  # every value the `phase` label of worker failures can take

@@ -47,6 +47,8 @@ class WorkerStatus(BaseModel):
     ready: bool | None = None
     not_ready_reason: str | None = None
     engine_alive: bool | None = None
+    sleeping: bool | None = Field(None, description="The engine is asleep (vLLM's sleep mode); None: the flavor "
+                                  "cannot tell (stock vLLM while paused: its `/is_sleeping` says true for a pause).")
     world_size: int | None = None
     instance_id: str | None = Field(None, description="Changes when the worker process restarts.")
     model: str | None = Field(None, description="The base model it serves, as it names it (clients' `model`).")

@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
@@ -64,3 +64,66 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
                 ("step-7", True, False)] * 2
         for agent in agents:  # leave the shared agents as other tests expect them
             await load_direct(agent, 1, "base")
+
+
+async def test_sleep_leaves_the_fence_and_a_verified_wake_serves_the_same_tokens(vllm_agent, vllm_agent_b,
+                                                                                  tiny_models, tmp_path):
+    """Sleep and wake_up through the controller on real vLLM CPU engines. vLLM's CPU build
+    accepts sleep and ignores its memory part ("sleep mode is not supported on CPU, ignore
+    it"): the engine pauses its scheduler and resumes it on wake, the weights never leave
+    memory. So this proves the sequencing and the fence -- out of the gateway's fence while
+    asleep, verified (version and checksums) before serving again, the same greedy tokens
+    after -- not a memory release."""
+    agents = {"vllm-0": vllm_agent, "vllm-1": vllm_agent_b}
+    async with aiohttp.ClientSession() as http:
+        async def output(agent) -> list[int]:
+            status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
+                "model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                "return_token_ids": True})
+            assert status == 200, body
+            return body["choices"][0]["token_ids"]
+
+        for agent in agents.values():  # as the shared agents may have been left by another test
+            status, resp = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
+            assert status == 200, resp
+        before = await output(vllm_agent_b)
+        specs = [a.spec(worker_id) for worker_id, a in agents.items()]
+        settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
+                                       workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
+                                                "weight_load_timeout_s": 120})
+        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+            gateway = client.server.app[GATEWAY]
+
+            def fence() -> set[str]:
+                table = gateway.router.table()
+                return set() if table is None else set(table.routes)
+
+            await wait_for(lambda: fence() == set(agents), timeout_s=30, what="both engines inside the fence")
+            resp = await client.post("/v1/rl/sleep", headers=AUTH, json={"worker_ids": ["vllm-1"]})
+            result = await resp.json()
+            assert resp.status == 200, result
+            assert [(r["worker_id"], r["phase"], r["status"]) for r in result["results"]] == [
+                ("vllm-1", "sleep", "ok")]
+            assert fence() == {"vllm-0"}
+            status, asleep = await call(http, "GET", vllm_agent_b.admin_url + "/is_sleeping",
+                                        headers=vllm_agent_b.auth)
+            assert status == 200 and asleep == {"is_sleeping": True}
+            for _ in range(4):
+                status, body = await call(http, "POST", gateway.url + "/v1/completions", body={
+                    "model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+                assert status == 200, body
+            st = await (await client.get("/v1/rl/state")).json()
+            w1 = next(w for w in st["workers"] if w["id"] == "vllm-1")
+            assert (w1["sleeping"], w1["serving"], w1["paused"]) == (True, False, True)
+            routed = {w["worker_id"]: w["routed"] for w in st["gateway"]["workers"]}
+            assert routed.get("vllm-1", 0) == 0 and routed["vllm-0"] >= 4, routed
+
+            resp = await client.post("/v1/rl/wake_up", headers=AUTH, json={})
+            result = await resp.json()
+            assert resp.status == 200, result
+            assert [(r["worker_id"], r["status"]) for r in result["results"]] == [("vllm-1", "ok")]
+            st = await (await client.get("/v1/rl/state")).json()
+            w1 = next(w for w in st["workers"] if w["id"] == "vllm-1")
+            assert (w1["sleeping"], w1["serving"], w1["paused"]) == (False, True, False)
+            assert fence() == set(agents)
+        assert await output(vllm_agent_b) == before

@@ -179,6 +179,38 @@ async def test_a_disk_update_changes_every_servers_output_and_going_back_restore
         assert (status, body) == (200, {"weight_version": "step-1"})
 
 
+# -- sleep mode ---------------------------------------------------------------------------------
+async def test_sleep_keeps_a_server_out_and_a_verified_wake_returns_it_unchanged(http, servers, ctl, refs):
+    """vLLM's own dev routes (`/sleep`, `/wake_up`, `/is_sleeping`) on a stock server. Its CPU
+    build accepts sleep and ignores the memory part (the scheduler pauses and resumes, the
+    weights stay), so this proves the sequencing and the controller's view -- asleep and out of
+    service, left alone by the reconciler, checked on wake (version and `/weight_checker`
+    checksums against those taken before the sleep), the same greedy tokens after -- not a
+    memory release."""
+    before = await complete(http, servers[1])
+    status, result = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["vllm-1"], "level": 1})
+    assert status == 200, result
+    assert by_worker(result) == {"vllm-1": ("ok", "sleep")}
+    status, body = await call(http, "GET", servers[1].url + "/is_sleeping")
+    assert (status, body) == (200, {"is_sleeping": True})
+    state = await ctl.state()
+    asleep, awake = (ctl.worker(state, w) for w in ("vllm-1", "vllm-0"))
+    assert (asleep["sleeping"], asleep["cordoned"], asleep["serving"]) == (True, True, False)
+    assert (awake["sleeping"], awake["serving"]) == (False, True)
+    assert state["desired"]["asleep"]["vllm-1"]["checksums_digest"]
+    record = ctl.ctl.registry.get("vllm-1")
+    assert record is not None and ctl.ctl.reconciler.plan_for(record) == []  # nothing to converge or resume
+
+    status, result = await ctl.call("POST", "/v1/rl/wake_up", {})
+    assert status == 200, result
+    assert by_worker(result) == {"vllm-1": ("ok", "resume")}
+    status, body = await call(http, "GET", servers[1].url + "/is_sleeping")
+    assert (status, body) == (200, {"is_sleeping": False})
+    woken = ctl.worker(await ctl.state(), "vllm-1")
+    assert (woken["sleeping"], woken["serving"], woken["paused"]) == (False, True, False)
+    assert await complete(http, servers[1]) == before
+
+
 # -- pause modes with streams in flight --------------------------------------------------------
 async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
     """N_STREAMS streams per server, every one under way and at most a quarter of them already

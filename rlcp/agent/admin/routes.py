@@ -32,17 +32,22 @@ from rlcp.core.wire.agent import (
     FinishWeightUpdateRequest,
     InitWeightTransferRequest,
     IsPausedAnswer,
+    IsSleepingAnswer,
     LoraInfo,
     LoraLoadRequest,
     MessageAnswer,
     PauseQuery,
     PrepareRequest,
     ProbeAnswer,
+    SleepAnswer,
+    SleepQuery,
     StatusAnswer,
     UnloadedAnswer,
     UpdateWeightsRequest,
     UpdateWeightVersionRequest,
     VersionSetAnswer,
+    WakeUpAnswer,
+    WakeUpQuery,
     WeightCheckerRequest,
     WeightInfoAnswer,
     WeightsCheckAnswer,
@@ -82,6 +87,31 @@ async def resume(request: web.Request) -> web.Response:
 @api.get("/is_paused", "Whether generation is paused.", ok=IsPausedAnswer, tag=_VLLM)
 async def is_paused(request: web.Request) -> web.Response:
     return json_response({"is_paused": _service(request).paused})
+
+
+@api.post("/sleep", "Sleep (vLLM's dev route): pause (`mode`), then release memory -- level 1 offloads the weights "
+          "and drops the KV cache, level 2 discards both. Until woken, only pause, abort and wake_up are taken "
+          "(409 otherwise) and the agent reports not ready. vLLM's CPU build pauses and ignores the rest.",
+          query=SleepQuery, ok=SleepAnswer, errors=_ENGINE, tag=_VLLM)
+async def sleep(request: web.Request) -> web.Response:
+    query = validate(SleepQuery, dict(request.query))
+    await _service(request).control.sleep(query.level, query.mode, query.timeout_s)
+    return json_response({"status": "sleeping", "level": query.level})
+
+
+@api.post("/wake_up", "Wake up (vLLM's dev route): every allocation, or the `tags` named; once fully awake the "
+          "engine schedules again.", query=WakeUpQuery, ok=WakeUpAnswer, errors=_ENGINE, tag=_VLLM)
+async def wake_up(request: web.Request) -> web.Response:
+    query = validate(WakeUpQuery, {"tags": request.query.getall("tags", [])})
+    tags: list[str] | None = list(query.tags) or None
+    fully_awake = await _service(request).control.wake_up(tags)
+    return json_response({"status": "awake" if fully_awake else "sleeping", "tags": tags})
+
+
+@api.get("/is_sleeping", "Whether the engine is asleep (its memory released; a mere pause is not sleep).",
+         ok=IsSleepingAnswer, tag=_VLLM)
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response({"is_sleeping": _service(request).control.sleeping})
 
 
 @api.post("/abort_requests", "Abort the named requests, or all of them.", body=AbortRequestsRequest,

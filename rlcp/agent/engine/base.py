@@ -8,6 +8,7 @@
     ├── DiskWeights     reload every weight from a safetensors directory
     └── WeightTransfer  vLLM's weight-transfer protocol (init, start, chunks, finish, shutdown)
     Adapters            load / hot-swap / remove LoRA adapters (a PrefixCache)
+    └── SleepMode       vLLM's sleep mode: sleep (level, mode), wake_up (tags), is_sleeping
 
     Engine = all of them: what `VllmEngine` and `SimEngine` are.
 
@@ -140,5 +141,23 @@ class Adapters(PrefixCache, Protocol):
 
 
 @runtime_checkable
-class Engine(InferenceServing, GenerationControl, DiskWeights, WeightTransfer, Adapters, Protocol):
+class SleepMode(GenerationControl, Protocol):
+    """vLLM's sleep mode (`AsyncLLM.sleep` / `wake_up` / `is_sleeping`): a pause that also
+    releases memory, hence a kind of generation control."""
+
+    async def sleep(self, level: int, mode: PauseMode) -> None:
+        """Pause scheduling (`mode`, as `GenerationControl.pause`), then release memory: level 1
+        offloads the weights to host memory and drops the KV cache, level 2 discards both."""
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        """Bring back every allocation (None) or the tagged ones; True once fully awake, when
+        the engine also resumes scheduling (vLLM's own rule)."""
+
+    async def is_sleeping(self) -> bool:
+        """Memory released and not yet woken. (vLLM's own `is_sleeping` is also true while
+        merely paused; this one is not.)"""
+
+
+@runtime_checkable
+class Engine(InferenceServing, SleepMode, DiskWeights, WeightTransfer, Adapters, Protocol):
     """Every capability: the engine the agent runs."""

@@ -19,6 +19,11 @@ Behaviour copied from vLLM 0.32 on purpose (it surprises people):
 - `add_lora` of an id already loaded without `replace` keeps the old adapter.
 - A failed `update_weights` ends the transfer session; `start_weight_update` again.
 - `reset_prefix_cache(include_running=False)` is False while requests hold KV blocks.
+- `sleep(level, mode)` pauses scheduling as `pause(mode)` does, then marks the weights and
+  the KV cache asleep; `wake_up` resumes scheduling once both are awake again. Level 2 loses
+  the weights, as it does on a GPU (the engine wakes with garbage until they are reloaded):
+  the tokens and checksums change. vLLM's CPU build ignores sleep (the weights stay), so
+  here the sim follows the accelerator builds, which the controller's wake must handle.
 - `weight_checksums` covers the adapters the engine holds, as `VllmEngine`'s does: keys
   `lora:<name>:<tensor>` derived from the adapter's files as loaded (not its path), so
   the same bytes agree across engines and different bytes under one name do not.
@@ -45,7 +50,9 @@ _FAULTABLE = frozenset({
     "reset_prefix_cache", "set_weight_version", "get_weight_version", "weight_checksums",
     "reset_weights", "add_lora", "remove_lora", "list_lora_ids", "init_weight_transfer",
     "start_weight_update", "update_weights", "finish_weight_update", "shutdown_weight_transfer",
+    "sleep", "wake_up", "is_sleeping",
 })
+_SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 _PARAM_NAMES = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
 _LORA_TENSORS = ("model.layers.0.self_attn.q_proj.lora_a", "model.layers.0.self_attn.q_proj.lora_b")
 
@@ -142,6 +149,7 @@ class SimEngine:
         self._adapters: dict[int, _Lora] = {}  # what the engine holds, by adapter id
         self._transfer_init: TransferInfo | None = None
         self._update_chunks: list[str] | None = None  # not None while a transfer is active
+        self._asleep: set[str] = set()  # the allocations asleep (`_SLEEP_TAGS`)
         self._work = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
@@ -301,6 +309,9 @@ class SimEngine:
         if mode not in ("abort", "wait", "keep"):
             raise EngineError(f"invalid pause mode {mode!r}")
         await self._enter("pause")
+        await self._pause_scheduling(mode)
+
+    async def _pause_scheduling(self, mode: PauseMode) -> None:
         if mode == "abort":
             for req in list(self._requests.values()):
                 self._finish(req, "abort")
@@ -310,6 +321,29 @@ class SimEngine:
             # A caller's timeout cancels only this wait; the engine stays paused, as vLLM's does.
             await self._drained.wait()
             self._check_alive()
+
+    # -- sleep mode ------------------------------------------------------------------------
+    async def sleep(self, level: int, mode: PauseMode) -> None:
+        if level not in (0, 1, 2):
+            raise EngineError(f"invalid sleep level {level!r}")
+        await self._enter("sleep")
+        await self._pause_scheduling(mode)
+        if level >= 1 and not self._asleep:
+            self._asleep = set(_SLEEP_TAGS)
+            if level == 2:
+                self._set_weights(_digest("discarded", self._weights_key))  # garbage until reloaded
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        await self._enter("wake_up")
+        self._asleep -= set(tags) if tags else _SLEEP_TAGS
+        if not self._asleep:
+            self._scheduling = "run"  # vLLM resumes scheduling once fully awake
+            self._refresh()
+        return not self._asleep
+
+    async def is_sleeping(self) -> bool:
+        await self._enter("is_sleeping", slow=False)
+        return bool(self._asleep)
 
     async def resume(self) -> None:
         await self._enter("resume")

@@ -9,6 +9,11 @@ Notes from vLLM 0.32's behaviour that shape this adapter:
 - vLLM's HTTP LoRA unload only drops a name from the serving table; `remove_lora`
   is what frees the adapter in the engine, and we keep the serving table in step.
 - Keep-mode pauses leave requests inside the engine: they are counted as frozen.
+- `AsyncLLM.sleep(level, mode)` pauses the scheduler (`mode`) before releasing memory, and
+  `wake_up` resumes it once fully awake; vLLM's `is_sleeping` is also true while merely
+  paused, so whether the memory is asleep is tracked here from our own calls. The CPU build
+  accepts sleep and wake_up and ignores them ("sleep mode is not supported on CPU, ignore
+  it"): the scheduler is paused and resumed, the weights never leave memory.
 - `compute_weight_checksums` covers the base weights only; the adapters the engine holds are
   hashed in its workers by `vllm_worker.AdapterChecksumsExtension`, installed as vLLM's
   `worker_extension_cls` when LoRA is on.
@@ -124,6 +129,7 @@ class VllmEngine:
         self._pause_mode: PauseMode | None = None
         self._warned_empty_checksums = False
         self._adapter_names: dict[int, str] = {}  # adapter id -> name, for the checksum keys
+        self._asleep = False  # a fresh engine is awake; from then on, what our sleep / wake_up left
 
     @property
     def model_name(self) -> str:
@@ -182,6 +188,24 @@ class VllmEngine:
     async def is_paused(self) -> bool:
         async with _engine_errors("is_paused"):
             return bool(await self._llm.is_paused())
+
+    # -- sleep mode ---------------------------------------------------------------
+    async def sleep(self, level: int, mode: PauseMode) -> None:
+        async with _engine_errors(f"sleep(level={level})"):
+            await self._llm.sleep(level, mode)
+        self._asleep = self._asleep or level >= 1  # level 0 only pauses scheduling
+        self._pause_mode = mode
+
+    async def wake_up(self, tags: list[str] | None) -> bool:
+        async with _engine_errors("wake_up"):
+            fully_awake = bool(await self._llm.wake_up(tags))
+        if fully_awake:
+            self._asleep = False
+            self._pause_mode = None  # vLLM resumed scheduling
+        return fully_awake
+
+    async def is_sleeping(self) -> bool:
+        return self._asleep
 
     async def abort_requests(self, request_ids: list[str] | None) -> int:
         async with _engine_errors("abort"):

@@ -22,7 +22,8 @@ class Weights:
 
     async def checksums(self) -> dict[str, str]:
         """One sha256 per tensor (base weights, and the adapters the engine holds). A read:
-        no gate, but a deadline."""
+        no gate, but a deadline; refused while asleep (the tensors are offloaded or gone)."""
+        self._ctx.gate.check_awake("weight_checksums")
         return await self._ctx.call(self._engine.weight_checksums(), self._ctx.timeouts.weight_load_s,
                                     "weight_checksums")
 

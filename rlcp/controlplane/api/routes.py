@@ -21,7 +21,7 @@ from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import Conflict, InvalidInput, NotFound
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations import engine, lora, pause, weights
+from rlcp.controlplane.operations import engine, lora, pause, sleep, weights
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
 from rlcp.core.http import json_response, parse_body, validate
@@ -39,11 +39,13 @@ from rlcp.core.wire.controller import (
     PlacementView,
     ResumeRequest,
     SelectorQuery,
+    SleepRequest,
     StalenessRequest,
     TransferFinishRequest,
     TransferInitRequest,
     TransferUpdateRequest,
     UpdateWeightsRequest,
+    WakeUpRequest,
 )
 
 CONTROLLER = web.AppKey("controller", Controller)
@@ -147,6 +149,31 @@ async def post_pause(request: web.Request) -> web.Response:
 async def post_resume(request: web.Request) -> web.Response:
     body = await parse_body(request, ResumeRequest, allow_empty=True)
     return operation_response(await pause.resume(_ctl(request), body))
+
+
+@operation("POST", "/v1/rl/sleep", "Put members to sleep (vLLM's sleep mode; with `selector` or `worker_ids`, only "
+           "those): they leave the gateway's fence at once, pause (`mode`) and release memory (`level`), and are kept "
+           "asleep in the desired state -- left out of other operations, put back to sleep by the reconciler -- until "
+           "woken. 409 naming a member whose flavor has no sleep mode, or while a weight-transfer group is formed.",
+           body=SleepRequest, body_optional=True, errors=(404,))
+async def post_sleep(request: web.Request) -> web.Response:
+    body = await parse_body(request, SleepRequest, allow_empty=True)
+    ctl = _ctl(request)
+    if ctl.transfer.view() is not None:
+        # Its ranks span every member, and an engine asleep cannot take a broadcast.
+        raise Conflict("a weight-transfer group spans the fleet: POST /v1/rl/weight_transfer/shutdown before "
+                       "putting members to sleep")
+    return operation_response(await sleep.sleep(ctl, body))
+
+
+@operation("POST", "/v1/rl/wake_up", "Wake members asleep (with `selector` or `worker_ids`, only those): each is "
+           "woken, brought to the fleet's weights where it fell behind, verified (version, and its checksums against "
+           "those it slept with), and only then returns inside the fence and resumes. A member that fails stays "
+           "asleep, its result naming why. `tags` wakes part of the memory and leaves the members asleep.",
+           body=WakeUpRequest, body_optional=True, errors=(404,))
+async def post_wake_up(request: web.Request) -> web.Response:
+    body = await parse_body(request, WakeUpRequest, allow_empty=True)
+    return operation_response(await sleep.wake_up(_ctl(request), body))
 
 
 @operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume -- all "

@@ -20,8 +20,9 @@ from rlcp.core.openapi import RouteTable
 api = RouteTable()
 _FACADE = "vLLM-compatible facade"
 
-_SLEEP = ("sleep mode is not a fleet operation: a paused fleet already holds no rollouts (POST /pause), and "
-          "vLLM's CPU build ignores sleep")
+_SLEEP = ("the fleet sleeps and wakes through POST /v1/rl/sleep and POST /v1/rl/wake_up (selector or worker_ids), "
+          "which keep members asleep out of the gateway's fence and verify them as they wake; GET /v1/rl/state shows "
+          "each member's `sleeping`")
 _CACHES = ("the fleet drops its caches itself where they go stale: an agent resets its prefix cache on every weight "
            "update and adapter swap; to keep rollouts of different policies apart, send `cache_salt`")
 

@@ -26,6 +26,7 @@ from rlcp.core.wire.controller import (
     DesiredState,
     DiskSource,
     LoraSpec,
+    SleepRecord,
 )
 
 log = structlog.get_logger("rlcp.controlplane.fleet.desired")
@@ -37,6 +38,16 @@ def wanted_pause(desired: DesiredState, worker_id: str) -> PauseMode | None:
     if desired.paused:
         return desired.pause_mode
     return desired.held.get(worker_id)
+
+
+def load_source(desired: DesiredState) -> dict[str, str] | None:
+    """Where a worker behind gets weights: the desired disk source, else (after a
+    broadcast) the newest disk checkpoint known, which may be an older version."""
+    if desired.weight_source is not None and desired.weight_source.kind == "disk":
+        return {"path": desired.weight_source.path, "version": desired.weight_version or ""}
+    if desired.checkpoint is not None:
+        return {"path": desired.checkpoint.path, "version": desired.checkpoint.version}
+    return None
 
 
 class DesiredKeeper:
@@ -113,6 +124,22 @@ class DesiredKeeper:
         def change(d: DesiredState) -> None:
             for worker_id in worker_ids:
                 d.held.pop(worker_id, None)
+
+        await self._write(change)
+
+    async def put_to_sleep(self, records: dict[str, SleepRecord]) -> None:
+        """These members are kept asleep (out of the fence, left alone by the reconciler but
+        for putting them back to sleep) until `wake` releases them."""
+        def change(d: DesiredState) -> None:
+            d.asleep.update(records)
+
+        await self._write(change)
+
+    async def wake(self, worker_ids: list[str]) -> None:
+        """These members woke and passed verification: they follow the fleet again."""
+        def change(d: DesiredState) -> None:
+            for worker_id in worker_ids:
+                d.asleep.pop(worker_id, None)
 
         await self._write(change)
 

@@ -54,10 +54,16 @@ class FleetFacts:
 
 def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
     s = rec.status
+    # Asleep as the controller keeps it, or as the worker says (put to sleep by hand): either
+    # way out of the fence -- `cordoned`, which the gateway already honours -- until a wake
+    # through the API has verified it.
+    asleep = rec.id in desired.asleep or bool(s is not None and s.sleeping)
     at_desired = bool(s is not None and converged(desired, s))
-    ready = bool(rec.reachable and s is not None and s.ready is not False and at_desired)
+    ready = bool(rec.reachable and s is not None and s.ready is not False and at_desired and not asleep)
     reason = None
-    if not rec.reachable:
+    if asleep:
+        reason = "asleep: POST /v1/rl/wake_up wakes and verifies it"
+    elif not rec.reachable:
         reason = rec.last_error or "not reached yet"
     elif s is not None and s.ready is False:
         reason = s.not_ready_reason or "worker reports not ready"
@@ -68,7 +74,8 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
         flavor=rec.spec.flavor, world_size=rec.world_size, labels=dict(rec.spec.labels),
         reachable=rec.reachable, ready=ready,
         serving=ready and s is not None and s.paused is False and not rec.cordoned,
-        cordoned=rec.cordoned, paused=s.paused if s else None, held=rec.id in desired.held, requests=s.requests if s else None,
+        cordoned=rec.cordoned or asleep, paused=s.paused if s else None, held=rec.id in desired.held,
+        sleeping=asleep, requests=s.requests if s else None,
         weight_version=s.weight_version if s else None, loras=s.loras if s else {},
         engine_alive=s.engine_alive if s else None,
         not_ready_reason=None if ready else reason, last_result=rec.last_result, last_seen=rec.last_seen,
@@ -84,12 +91,17 @@ def build_state(facts: FleetFacts) -> FleetState:
     totals = RequestCounts(running=sum(c.running for c in counts), waiting=sum(c.waiting for c in counts),
                            frozen=sum(c.frozen for c in counts))
     quiesced = bool(views) and all(v.reachable and v.paused for v in views) and totals.running == 0
-    versions = {v.weight_version for v in views}
-    common = versions.pop() if len(versions) == 1 and views else None
-    all_converged = bool(views) and all(v.ready for v in views)
+    # Members asleep are out of service on purpose: the fleet's version, convergence and phase
+    # are those of the members awake.
+    awake = [v for v in views if not v.sleeping]
+    versions = {v.weight_version for v in awake}
+    common = versions.pop() if len(versions) == 1 and awake else None
+    all_converged = bool(awake) and all(v.ready for v in awake)
     if facts.phase is not None:
         phase: Phase = facts.phase
-    elif not views or not any(v.ready for v in views):
+    elif views and not awake:
+        phase = "sleeping"
+    elif not awake or not any(v.ready for v in awake):
         phase = "failed"
     elif not all_converged:
         phase = "degraded"
@@ -99,6 +111,7 @@ def build_state(facts: FleetFacts) -> FleetState:
         phase = "serving"
     return FleetState(
         fleet=facts.fleet, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
+        sleeping=len(views) - len(awake),
         desired=facts.desired,
         applied=AppliedState(weight_version=common, converged=all_converged,
                              verified=facts.verified and all_converged),

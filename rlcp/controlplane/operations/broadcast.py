@@ -144,6 +144,10 @@ class WeightTransfer:
         if not members:
             raise NoMembers("the fleet has no members")
         require_capability(members, "broadcast", "a broadcast weight transfer")
+        if asleep := sorted(ctx.desired.state.asleep):
+            # The group spans every member's ranks, and an engine asleep cannot take weights.
+            raise Conflict(f"members asleep cannot join a weight-transfer group: {', '.join(asleep)}; wake them "
+                           "(POST /v1/rl/wake_up) first")
         ranks = plan_ranks({r.id: r.world_size for r in members})
         expected = 1 + sum(size for _, _, size in ranks)
         got = req.init_info.get("world_size")

@@ -38,7 +38,15 @@ from rlcp.core.wire.controller import OperationKind, OperationResult, Phase, Wor
 
 T = TypeVar("T")
 P = TypeVar("P", bound=Driver)
-_PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False}  # steps whose success says the pause state
+# Steps whose success says the pause state (a sleep pauses first).
+_PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False, "sleep": True}
+# Operations that see members asleep. Every other one leaves them out, each named in its result
+# (skipped): an engine asleep has no memory to update, adapt or resume, and a wake converges
+# it to what the fleet became meanwhile. (A broadcast's init refuses them: its group spans
+# every member's ranks.)
+_SEES_ASLEEP: frozenset[OperationKind] = frozenset({"sleep", "wake_up", "engine", "weight_transfer_init",
+                                                     "weight_transfer_update", "weight_transfer_shutdown"})
+ASLEEP_SKIPPED = "asleep: left out until woken (POST /v1/rl/wake_up converges and verifies it)"
 
 
 class OperationContext(Protocol):
@@ -86,6 +94,12 @@ class Run:
         if not self.members:
             raise NoMembers("the fleet has no members")
         self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
+        asleep = ctx.desired.state.asleep
+        if asleep and kind not in _SEES_ASLEEP:
+            for r in self.members:
+                if r.id in asleep:
+                    self.tracker.skip(r.id, "gate", ASLEEP_SKIPPED)
+            self.members = [r for r in self.members if r.id not in asleep]
         # Workers whose last call in this run answered their status (an update's resume, for a
         # driver whose resume answers it): already fresh, so the final read skips them.
         self.reported: set[str] = set()

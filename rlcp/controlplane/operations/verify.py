@@ -73,7 +73,7 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
         for r in at_version:
             if r.id not in checksums and r.id not in failed:
                 fail(r.id, "gave no weight checksums to check against the manifest")
-    digests = {wid: _digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
+    digests = {wid: checksums_digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
                for wid, sums in checksums.items() if wid not in failed}
     if digests:
         if agreement is not None and agreement.digest is not None:
@@ -104,7 +104,7 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
     for o in outcomes:
         held = {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} if o.ok else {}
         if held:
-            digests[o.worker_id] = _digest(held)
+            digests[o.worker_id] = checksums_digest(held)
     if digests:
         majority, count = _majority(digests)
         for worker_id, digest in digests.items():
@@ -136,5 +136,5 @@ def _majority(digests: dict[str, str]) -> tuple[str, int]:
     return Tally(digests.values()).most_common(1)[0]
 
 
-def _digest(checksums: dict[str, str]) -> str:
+def checksums_digest(checksums: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()

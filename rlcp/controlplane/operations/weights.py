@@ -43,7 +43,8 @@ from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, Up
 
 async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> OperationResult:
     path = check_path(req.source.path, "source.path", ctx.allowed_roots)
-    members = ctx.registry.members()
+    asleep = ctx.desired.state.asleep
+    members = [r for r in ctx.registry.members() if r.id not in asleep]  # the asleep: skipped (`Run`)
     require_capability(members, "disk_weights", "a disk weight update")
     detail = {"version": req.version, "path": path, "pause_mode": req.pause_mode, "verify": req.verify,
               "strategy": req.strategy.model_dump()}

@@ -24,7 +24,7 @@ from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.reconcile.plan import Action, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.workers.capabilities import Control, DesiredVersion, DiskWeights, Driver, Lora
+from rlcp.controlplane.workers.capabilities import Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
 from rlcp.controlplane.workers.fanout import FanOut
 
 log = structlog.get_logger("rlcp.controlplane.reconcile")
@@ -106,6 +106,9 @@ class Reconciler:
                 await d.pause(a["mode"], self.deadlines.pause())
             case "resume", Control():
                 await d.resume()
+            case "sleep", Sleep():
+                # Back to sleep: what it runs is nobody's rollout (it is outside the fence).
+                await d.sleep(a["level"], "abort", self.deadlines.pause())
             case _:
                 raise TypeError(f"a {type(d).__name__} cannot {action.kind}: the plan asked for a capability "
                                 "it lacks")

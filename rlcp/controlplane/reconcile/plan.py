@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlcp.controlplane.fleet.convergence import weights_behind
-from rlcp.controlplane.fleet.desired import wanted_pause
+from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import DesiredState
 
-ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume"]
+ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume", "sleep"]
 
 
 @dataclass(frozen=True)
@@ -26,24 +26,22 @@ class Action:
     args: dict[str, Any] = field(default_factory=dict)
 
 
-def load_source(desired: DesiredState) -> dict[str, str] | None:
-    """Where a worker behind gets weights: the desired disk source, else (after a
-    broadcast) the newest disk checkpoint known, which may be an older version."""
-    if desired.weight_source is not None and desired.weight_source.kind == "disk":
-        return {"path": desired.weight_source.path, "version": desired.weight_version or ""}
-    if desired.checkpoint is not None:
-        return {"path": desired.checkpoint.path, "version": desired.checkpoint.version}
-    return None
-
-
 def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | None | object,
          tracks_desired: bool, worker_id: str = "") -> list[Action]:
     """Actions that bring one reachable worker to `desired`, in order; [] when it is there.
 
     `told_desired` is the version this worker was last told (a sentinel when never);
     `tracks_desired` says whether its flavor gates readiness on it (the agent does);
-    `worker_id` finds its hold, if a selector-scoped pause holds it (`desired.held`).
+    `worker_id` finds its hold, if a selector-scoped pause holds it (`desired.held`), and
+    whether it is kept asleep (`desired.asleep`).
     """
+    asleep = desired.asleep.get(worker_id)
+    if asleep is not None:
+        # Kept asleep: nothing else is done to it (a wake converges and verifies it). One that
+        # reports awake -- restarted, or woken behind the controller's back -- goes back to sleep.
+        return [Action("sleep", {"level": asleep.level})] if status.sleeping is False else []
+    if status.sleeping:
+        return []  # put to sleep by hand: not resumed onto released memory; a wake through the API verifies it
     actions: list[Action] = []
     if tracks_desired and told_desired != desired.weight_version:
         actions.append(Action("set_desired", {"version": desired.weight_version}))

@@ -9,6 +9,7 @@
     ├── StagedUpdate    checks a checkpoint where it will read it, before anything changes
     │                   (its update steps answer what would otherwise be reads)
     ├── Lora            load / hot-swap and unload adapters
+    ├── Sleep           vLLM's sleep mode: sleep (level, mode), wake_up (tags)
     └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
 
 A flavor implements the capabilities its engine has and no others: there is no method whose
@@ -40,7 +41,8 @@ from rlcp.core.wire.agent import PauseMode
 
 WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
 Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
-                     "broadcast"]
+                     "broadcast", "sleep"]
+SleepMode = Literal["abort", "wait"]  # vLLM's sleep takes keep too; a kept request's KV would be dropped
 
 
 @runtime_checkable
@@ -138,6 +140,19 @@ class BroadcastPeer(Driver, Protocol):
 
 
 @runtime_checkable
+class Sleep(Driver, Protocol):
+    """vLLM's sleep mode (`AsyncLLM.sleep` / `wake_up`): the engine stops scheduling (`mode`
+    says what happens to running requests) and releases its accelerator memory -- level 1
+    offloads the weights to host memory, level 2 discards them -- until woken. Whether it is
+    asleep comes back in `status().sleeping`."""
+
+    async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None: ...
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        """Wake every allocation (None) or only the tagged ones (`weights`, `kv_cache`)."""
+
+
+@runtime_checkable
 class EngineRoutes(Driver, Protocol):
     """Runs one of its engine's own routes as it is (the guarded passthrough,
     `operations/engine.py`); which routes may be run is the controller's allowlist, not the driver's."""
@@ -196,6 +211,10 @@ def _broadcast(d: Driver) -> TypeGuard[BroadcastPeer]:
     return isinstance(d, BroadcastPeer)
 
 
+def _sleep(d: Driver) -> TypeGuard[Sleep]:
+    return isinstance(d, Sleep)
+
+
 def _engine_routes(d: Driver) -> TypeGuard[EngineRoutes]:
     return isinstance(d, EngineRoutes)
 
@@ -209,10 +228,11 @@ DESIRED_VERSION = Can("desired_version", _desired_version)
 STAGED_UPDATE = Can("staged_update", _staged_update)
 LORA = Can("lora", _lora)
 BROADCAST = Can("broadcast", _broadcast)
+SLEEP = Can("sleep", _sleep)
 
 _ALL: dict[Capability, Can[Driver]] = {
     "control": CONTROL, "disk_weights": DISK_WEIGHTS, "checksums": CHECKSUMS, "desired_version": DESIRED_VERSION,
-    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST}
+    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST, "sleep": SLEEP}
 # isinstance against a runtime-checkable Protocol inspects every member each time (~5% of
 # an update's CPU at 1,024 workers); what a class implements does not change.
 _IMPLEMENTS: dict[tuple[type, str], bool] = {}

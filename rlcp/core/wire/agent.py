@@ -42,6 +42,7 @@ OperationKind = Literal[
     "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
     "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
+    "sleep", "wake_up",
 ]
 OperationStatus = Literal["ok", "error", "timeout", "cancelled"]
 
@@ -160,6 +161,8 @@ class AgentState(BaseModel):
     ready: bool
     not_ready_reason: str | None = None
     paused: bool
+    sleeping: bool = Field(False, description="The engine is asleep (`POST /sleep` at level 1 or 2, not yet fully "
+                           "woken): its memory is released, it serves nothing, and it reports not ready.")
     requests: RequestCounts
     weight_version: str | None
     desired_weight_version: str | None = None
@@ -180,6 +183,23 @@ class PauseQuery(_Query):
     clear_cache: bool = Field(True, description="Accepted for vLLM compatibility (deprecated there).")
 
 
+class SleepQuery(_Query):
+    """vLLM's `POST /sleep` query (its dev route), plus a deadline."""
+
+    level: int = Field(1, ge=0, le=2, description="0 pauses scheduling only; 1 offloads the weights and drops the "
+                       "KV cache; 2 discards both.")
+    mode: PauseMode = Field("abort", description="What happens to running requests as the engine pauses (vLLM's "
+                            "default is abort).")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the sleep, in seconds.")
+
+
+class WakeUpQuery(BaseModel):
+    """vLLM's `POST /wake_up` query: `tags` repeated (`?tags=weights&tags=kv_cache`), none for all."""
+
+    model_config = ConfigDict(extra="ignore")
+    tags: list[Literal["weights", "kv_cache", "scheduling"]] = Field(default_factory=list)
+
+
 class WorldSizeQuery(_Query):
     include_dp: bool = True
 
@@ -195,6 +215,21 @@ class MessageAnswer(BaseModel):
 
 class IsPausedAnswer(BaseModel):
     is_paused: bool
+
+
+class SleepAnswer(BaseModel):
+    status: Literal["sleeping"]
+    level: int
+
+
+class WakeUpAnswer(BaseModel):
+    status: Literal["awake", "sleeping"] = Field(description="sleeping: a partial wake, allocations remain asleep.")
+    tags: list[str] | None
+
+
+class IsSleepingAnswer(BaseModel):
+    is_sleeping: bool = Field(description="Memory released and not yet woken (unlike vLLM's own route, false "
+                              "while merely paused).")
 
 
 class AbortedAnswer(BaseModel):

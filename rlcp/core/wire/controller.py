@@ -16,11 +16,13 @@ from rlcp.core.labels import MAX_SELECTOR_CHARS
 from rlcp.core.wire.agent import PauseMode, RequestCounts
 from rlcp.core.wire.versions import VersionName
 
-Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed"]
+Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed", "sleeping",
+                "waking"]
 PauseState = Literal["running", "paused", "mixed"]
 ResultStatus = Literal["ok", "error", "timeout", "skipped"]
 OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile", "engine",
-                        "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"]
+                        "sleep", "wake_up", "weight_transfer_init", "weight_transfer_update",
+                        "weight_transfer_shutdown"]
 OperationStatus = Literal["running", "ok", "partial", "failed"]
 # The gateway's staleness bound admits at most this many versions before the desired one; the
 # desired state keeps one more applied version than that, so every bound has versions to count.
@@ -123,6 +125,41 @@ class EngineRouteRequest(_Body):
                                         "GET route).")
 
 
+SleepLevel = Literal[1, 2]
+WakeTag = Literal["weights", "kv_cache"]
+WORKER_IDS_FIELD = Field(None, min_length=1, max_length=1024, description="Members by id (every one must be a "
+                         "member: an unknown id is a 404 naming it); give this or `selector`, not both.")
+
+
+class SleepRequest(_Body):
+    """`POST /v1/rl/sleep`: the members named (by `selector` or `worker_ids`; neither: every
+    member) leave the gateway's fence, are put to sleep, and are kept asleep in the desired
+    state until `POST /v1/rl/wake_up` wakes and verifies them."""
+
+    level: SleepLevel = Field(1, description="vLLM's sleep level: 1 offloads the weights to host memory and drops "
+                              "the KV cache; 2 discards both (the weights are reloaded from the fleet's checkpoint "
+                              "on wake).")
+    mode: Literal["abort", "wait"] = Field("abort", description="What happens to requests still running on the "
+                                           "member as it falls asleep (vLLM's sleep `mode`): abort them, or wait "
+                                           "for them to finish (bounded by `timeout_s`).")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each member's sleep, in seconds.")
+    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
+                                 "matching members (none matching is a 422).")
+    worker_ids: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = WORKER_IDS_FIELD
+
+
+class WakeUpRequest(_Body):
+    """`POST /v1/rl/wake_up`: wake the members named (neither `selector` nor `worker_ids`:
+    every sleeping member), verify each, and return those that pass to service."""
+
+    tags: list[WakeTag] | None = Field(None, min_length=1, max_length=2, description="vLLM's wake_up `tags`: wake "
+                                       "only these allocations (`weights`, `kv_cache`). A partial wake leaves the "
+                                       "members asleep (out of the fence, not verified); null or both: a full wake.")
+    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
+                                 "matching sleeping members (none matching is a 422).")
+    worker_ids: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = WORKER_IDS_FIELD
+
+
 class OperationsQuery(BaseModel):
     limit: int = Field(64, ge=1, le=64, description="How many operations, newest first.")
 
@@ -166,6 +203,17 @@ class LoraSpec(BaseModel):
     version: VersionName | None = None
 
 
+class SleepRecord(BaseModel):
+    """A member kept asleep, and what its wake is checked against."""
+
+    level: SleepLevel
+    weight_version: str | None = Field(description="The version it held when it went to sleep.")
+    checksums_digest: str | None = Field(None, description="A digest of its weight checksums taken just before it "
+                                         "slept, where its flavor computes them: a wake at the same version must "
+                                         "give the same digest.")
+    since: datetime
+
+
 class DesiredState(BaseModel):
     """What the fleet should be; persisted, so a restarted controller converges to it."""
 
@@ -179,6 +227,10 @@ class DesiredState(BaseModel):
                                        "pause, by worker id, with its mode: kept paused (by the reconciler too, after "
                                        "a restart) while the rest follow `paused`, until a resume naming them, or a "
                                        "resume of the whole fleet, releases them.")
+    asleep: dict[str, SleepRecord] = Field(default_factory=dict, description="Members put to sleep (`POST "
+                                           "/v1/rl/sleep`), by worker id: outside the gateway's fence, left alone by "
+                                           "other operations and by the reconciler (which puts a restarted one back "
+                                           "to sleep), until `POST /v1/rl/wake_up` wakes and verifies them.")
     applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
                                         f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
                                         "the gateway's staleness bound counts back along this list.")
@@ -279,9 +331,12 @@ class WorkerView(BaseModel):
     ready: bool
     serving: bool = Field(description="Reachable, ready, at the desired state, not paused and not cordoned.")
     cordoned: bool = Field(False, description="Taken out of the gateway's serving set by the controller (a weight "
-                                              "update's wave) until it has been updated and verified.")
+                                              "update's wave, or a member asleep) until it has been updated or "
+                                              "woken, and verified.")
     paused: bool | None
     held: bool = Field(False, description="Held paused by a selector-scoped pause (`desired.held`).")
+    sleeping: bool = Field(False, description="Asleep: kept so by the controller (`desired.asleep`), or reported so "
+                           "by the worker. Out of the gateway's fence (`cordoned`) until woken and verified.")
     requests: RequestCounts | None
     weight_version: str | None
     loras: dict[str, str | None]
@@ -385,6 +440,8 @@ class FleetState(BaseModel):
     quiesced: bool = Field(description="Every member is paused and none has a request running.")
     pause_state: PauseState
     requests: RequestCounts
+    sleeping: int = Field(0, description="Members asleep (out of service on purpose: not counted against "
+                          "`applied.converged` or the phase).")
     desired: DesiredState
     applied: AppliedState
     membership_epoch: int

@@ -22,9 +22,11 @@ from rlcp.controlplane.workers.capabilities import (
     DiskWeights,
     LoadReport,
     Lora,
+    Sleep,
     StagedUpdate,
     WeightsKind,
 )
+from rlcp.controlplane.workers.flavors.base import VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -32,8 +34,8 @@ from rlcp.core.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
 
 
 @final
-class AgentDriver(VllmWeightTransferRoutes, Control, DiskWeights, StagedUpdate, DesiredVersion, Checksums, Lora,
-                  BroadcastPeer):
+class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, Control, DiskWeights, StagedUpdate, DesiredVersion,
+                  Checksums, Lora, BroadcastPeer, Sleep):
     """Speaks to one agent's admin port."""
 
     loads_with_checksums = True  # its load answers the new weights' checksums when asked
@@ -51,7 +53,7 @@ class AgentDriver(VllmWeightTransferRoutes, Control, DiskWeights, StagedUpdate, 
         return WorkerStatus(
             paused=state.paused, weight_version=state.weight_version, requests=state.requests,
             loras={lora.name: lora.version for lora in state.loras}, ready=state.ready,
-            not_ready_reason=state.not_ready_reason, engine_alive=state.engine_alive,
+            not_ready_reason=state.not_ready_reason, engine_alive=state.engine_alive, sleeping=state.sleeping,
             world_size=state.world_size, instance_id=state.instance_id, model=state.model,
         )
 

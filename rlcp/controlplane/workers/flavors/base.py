@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, implements
+from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, SleepMode, implements
 from rlcp.controlplane.workers.transport import WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
@@ -25,6 +25,23 @@ class DriverBase:
         """One engine route, as it is (`EngineRoutes`). Not retried: the controller does not know
         whether an allowlisted route is idempotent."""
         return await self.transport.request(method, f"{self.engine_prefix}/{route}", json_body=body, retry=False)
+
+
+class VllmSleepRoutes(DriverBase):
+    """vLLM's sleep mode over its dev routes (`vllm/entrypoints/serve/dev/sleep`), which the agent
+    serves in the same shapes: `POST /sleep?level=&mode=`, `POST /wake_up?tags=`. Neither is
+    retried: a sleep that timed out may still be taking hold (the status read says), and the
+    operation decides what follows."""
+
+    async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
+        # The agent bounds the engine's sleep itself with `timeout_s`; stock vLLM ignores it.
+        await self.transport.request("POST", "/sleep", params={"level": level, "mode": mode, "timeout_s": timeout_s},
+                                     timeout_s=timeout_s + self.deadlines.grace_s, retry=False)
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        # Waking moves the weights back into accelerator memory: a load's deadline, not a control call's.
+        await self.transport.request("POST", "/wake_up", params={"tags": tags} if tags else None,
+                                     timeout_s=self.deadlines.weight_load_s, retry=False)
 
 
 class _Reloads(Control, Protocol):

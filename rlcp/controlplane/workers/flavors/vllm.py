@@ -29,6 +29,10 @@ Limits of this flavor, all from stock vLLM:
   evict another adapter, so this flavor does not. The adapter stays in the workers' LRU
   cache (bounded by max_loras / max_cpu_loras) until LRU pressure or a restart frees it.
   Use the `agent` flavor where that matters.
+- sleep mode (`/sleep`, `/wake_up`, `/is_sleeping`, dev routes) is vLLM's own: `/is_sleeping` is
+  true for a merely paused server too, so a paused server's sleep is reported unknown (the
+  controller's desired state says which members it put to sleep); vLLM's CPU build accepts
+  sleep and wake_up and ignores them (a warning; the memory stays where it was);
 - `/weight_checker` hashes the base model's parameters only: the adapters a server holds are
   not in its checksums, so verification cannot tell two servers' adapter bytes apart (the
   `agent` flavor's checksums cover them).
@@ -39,8 +43,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, final
 
-from rlcp.controlplane.workers.capabilities import BroadcastPeer, Checksums, Control, DiskWeights, Lora
-from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls
+from rlcp.controlplane.workers.capabilities import BroadcastPeer, Checksums, Control, DiskWeights, Lora, Sleep
+from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -48,7 +52,8 @@ from rlcp.core.wire.agent import PauseMode
 
 
 @final
-class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, Control, DiskWeights, Checksums, Lora, BroadcastPeer):
+class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes, Control, DiskWeights, Checksums, Lora,
+                 BroadcastPeer, Sleep):
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, the composed reload below, resume."""
 
@@ -68,19 +73,25 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, Control, DiskWei
             self.transport.request("GET", "/weight_info"),
             self.transport.request("GET", "/v1/models"),
             self.transport.request("GET", "/get_world_size"),
+            self.transport.request("GET", "/is_sleeping"),
             return_exceptions=True,
         )
-        alive, paused, info, models, world = reads
+        alive, paused, info, models, world, sleeping = reads
         if isinstance(alive, BaseException):
             raise alive  # unreachable or timed out: the worker as a whole is not observable
         if alive is False:
             # A dead engine fails the other reads with 500s; report it as dead, not as an error.
             return WorkerStatus(engine_alive=False, ready=False, not_ready_reason="engine dead (/health answered 5xx)")
-        for result in (paused, info, models, world):
+        for result in (paused, info, models, world, sleeping):
             if isinstance(result, BaseException):
                 raise result
+        is_paused = bool(self._field(paused, "is_paused", "GET /is_paused"))
+        is_sleeping = bool(self._field(sleeping, "is_sleeping", "GET /is_sleeping"))
         return WorkerStatus(
-            paused=bool(self._field(paused, "is_paused", "GET /is_paused")),
+            paused=is_paused,
+            # vLLM's is_sleeping is also true for a plain pause (its scheduler is paused either
+            # way), so a paused server's sleep is unknown; a running one is certainly awake.
+            sleeping=None if is_paused and is_sleeping else is_sleeping,
             weight_version=_str_or_none(self._field(info, "weight_version", "GET /weight_info")),
             loras=self._loras(models),
             engine_alive=True,

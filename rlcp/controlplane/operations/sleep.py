@@ -1,0 +1,284 @@
+"""Sleep and wake_up as fleet operations (DESIGN §2.6; vLLM's sleep mode, `AsyncLLM.sleep` /
+`wake_up`): a member asleep has released its accelerator memory, serves nothing, and is kept
+out of the gateway's fence until a wake has verified it.
+
+Sleep (`POST /v1/rl/sleep`), for the members a selector or a list of ids names (all without):
+1. the members leave the fence at once (cordoned), before anything is asked of them;
+2. where the flavor computes them, their weight checksums are taken (what the wake is checked
+   against) -- a member that cannot give them is not put to sleep, and returns to service;
+3. the desired state records them asleep (`desired.asleep`: level, version, checksum digest),
+   persisted, so a restarted controller and the reconciler keep them so;
+4. each is put to sleep: the engine pauses (`mode`: abort or wait) and releases memory.
+A member whose sleep failed stays recorded asleep -- a sleep that timed out may have taken
+hold, and resuming an engine onto released memory is worse than keeping a member out -- and
+the reconciler puts it to sleep when it answers. Other operations leave members asleep out
+(`context.Run`), and a broadcast's init is refused while any is asleep.
+
+Wake (`POST /v1/rl/wake_up`), for the named members that are asleep:
+1. each is woken (`tags`: a partial wake leaves it asleep, not verified, out of the fence);
+2. it is brought to the fleet's weights where it fell behind -- the fleet was updated while
+   it slept, or it slept at level 2, which discards the weights (on an accelerator) -- from
+   the desired state's disk source, as the reconciler would;
+3. verified: it reports the desired version (or the one it slept with, when none is
+   desired), its engine is alive and awake, and where it slept with a checksum digest and
+   is at that version again, its checksums give the same digest;
+4. only then does it leave `desired.asleep` (back inside the fence), and it is resumed, or
+   paused as the fleet or its hold wants.
+A member that fails any step stays recorded asleep (out of the fence; the reconciler puts it
+back to sleep), and its result says which step failed and why.
+
+Refused before anything is touched: a malformed or unmatched selector (422), an unknown id
+(404), both given (422), a member whose flavor has no sleep mode (409 `capability_missing`,
+naming it: Dynamo's driver has none here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from rlcp.controlplane.errors import InvalidInput, NotFound
+from rlcp.controlplane.fleet.desired import load_source, wanted_pause
+from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.select import read_selector, selected
+from rlcp.controlplane.metrics import Step
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.verify import checksums_digest
+from rlcp.controlplane.operations.weights import report_status
+from rlcp.controlplane.workers.capabilities import (
+    CHECKSUMS,
+    CONTROL,
+    DISK_WEIGHTS,
+    DRIVER,
+    SLEEP,
+    Control,
+    Driver,
+    has,
+    implements,
+)
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workerspec import WorkerStatus
+from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.controller import OperationResult, Phase, SleepRecord, SleepRequest, WakeUpRequest
+
+FULL_WAKE = frozenset({"weights", "kv_cache"})
+KEPT_ASLEEP = "; kept asleep (out of the gateway's fence)"
+
+
+def _named(records: list[WorkerRecord], selector_text: str | None, worker_ids: list[str] | None) -> list[WorkerRecord]:
+    """The members a request names: by id (each must be a member), by selector (some must
+    match), or all of them."""
+    if selector_text is not None and worker_ids is not None:
+        raise InvalidInput("give selector or worker_ids, not both", field="worker_ids")
+    if worker_ids is not None:
+        known = {r.id for r in records}
+        if records and (unknown := sorted(set(worker_ids) - known)):
+            raise NotFound(f"no member {', '.join(map(repr, unknown))}", field="worker_ids")
+        return [r for r in records if r.id in set(worker_ids)]
+    selector = read_selector(selector_text)
+    chosen = selected(records, selector)
+    if records and not chosen:
+        raise InvalidInput(f"selector {selector_text!r} matches none of the {len(records)} members", field="selector")
+    return chosen
+
+
+def _detail(req: SleepRequest | WakeUpRequest) -> dict[str, Any]:
+    return ({"selector": req.selector} if req.selector is not None else {}) | \
+        ({"worker_ids": req.worker_ids} if req.worker_ids is not None else {})
+
+
+def is_asleep(ctx: OperationContext, rec: WorkerRecord) -> bool:
+    """Kept asleep by the controller, or reporting itself asleep (put to sleep by hand)."""
+    return rec.id in ctx.desired.state.asleep or bool(rec.status is not None and rec.status.sleeping)
+
+
+# -- sleep ------------------------------------------------------------------------------------
+async def sleep(ctx: OperationContext, req: SleepRequest) -> OperationResult:
+    require_capability(_named(ctx.registry.members(), req.selector, req.worker_ids), "sleep", "sleep")
+
+    async def body(run: Run) -> None:
+        run.members = _named(run.members, req.selector, req.worker_ids)
+        require_capability(run.members, "sleep", "sleep")  # membership may have moved since the check above
+        run.tracker.note(workers=[r.id for r in run.members])
+        going = []
+        for r in run.members:
+            if r.id in ctx.desired.state.asleep:
+                run.tracker.skip(r.id, "sleep", "already asleep")
+            else:
+                going.append(r)
+        if going:
+            await _put_to_sleep(run, going, req)
+
+    detail: dict[str, Any] = {"level": req.level, "mode": req.mode} | _detail(req)
+    return await run_operation(ctx, "sleep", detail, body)
+
+
+async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest) -> None:
+    ctx = run.ctx
+    ids = [r.id for r in records]
+    ctx.registry.cordon(ids)  # no new rollout is sent to a member about to stop
+    try:
+        hashing = [r for r in records if has(r.driver, "checksums")]
+        hashed = await run.step_values("sleeping", "checksums", hashing, CHECKSUMS, lambda w: w.weight_checksums(),
+                                       ctx.deadlines.checksums_s)
+        failed = {r.id for r in hashing} - {r.id for r in hashed.ok}
+        going = [r for r in records if r.id not in failed]
+        now = datetime.now(UTC)
+        await ctx.desired.put_to_sleep({r.id: SleepRecord(
+            level=req.level, weight_version=r.status.weight_version if r.status is not None else None,
+            checksums_digest=checksums_digest(sums) if (sums := hashed.answers.get(r.id)) else None, since=now)
+            for r in going})
+    finally:
+        # From here the desired state keeps them out; one that could not be hashed serves again.
+        ctx.registry.cordon(ids, False)
+    if not going:
+        return
+    deadline = ctx.deadlines.pause(req.timeout_s)
+    slept = await run.step("sleeping", "sleep", going, SLEEP, lambda w: w.sleep(req.level, req.mode, deadline),
+                           ctx.deadlines.call_over(deadline))
+    _note_kept_asleep(run, [r.id for r in going if r not in slept],
+                      "; kept asleep in the desired state (out of the fence): the reconciler puts it to sleep when "
+                      "it answers, and POST /v1/rl/wake_up brings it back")
+
+
+# -- wake_up ----------------------------------------------------------------------------------
+async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
+    named = _named(ctx.registry.members(), req.selector, req.worker_ids)
+    require_capability([r for r in named if is_asleep(ctx, r)], "sleep", "wake_up")
+    partial = req.tags is not None and set(req.tags) != FULL_WAKE
+
+    async def body(run: Run) -> None:
+        named = _named(run.members, req.selector, req.worker_ids)
+        sleepers = [r for r in named if is_asleep(ctx, r)]
+        require_capability(sleepers, "sleep", "wake_up")
+        run.tracker.note(workers=[r.id for r in sleepers])
+        # The operation is about the sleepers; a member named by id that is awake is said so.
+        run.members = sleepers if req.worker_ids is None else named
+        for r in run.members:
+            if r not in sleepers:
+                run.tracker.skip(r.id, "wake_up", "not asleep")
+        if not sleepers:
+            return
+        woke = await run.step("waking", "wake_up", sleepers, SLEEP, lambda w: w.wake_up(list(req.tags) if partial and req.tags else None),
+                              ctx.deadlines.call_over(ctx.deadlines.weight_load_s))
+        _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
+        if partial:
+            run.tracker.note(partial=True)  # still asleep: neither verified nor returned
+            return
+        await _return_to_service(run, await _verify_woken(run, woke))
+
+    return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body)
+
+
+async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
+    """The woken members that are at the fleet's weights (loaded again where they fell
+    behind) and verified; the others' results say why."""
+    ctx = run.ctx
+    desired = ctx.desired.state
+    slept = {r.id: desired.asleep.get(r.id) for r in records}
+    read = await run.step_values("verifying", "status", records, DRIVER, lambda w: w.status(), ctx.deadlines.control_s)
+    for worker_id, status in read.answers.items():
+        report_status(run, worker_id, status)
+    source = load_source(desired)
+
+    def behind(rec: WorkerRecord) -> bool:
+        status, record = read.answers.get(rec.id), slept[rec.id]
+        if source is None or not has(rec.driver, "disk_weights"):
+            return False
+        if record is not None and record.level == 2:
+            return True  # level 2 discards the weights: reload them, whatever the version says
+        return status is not None and status.weight_version != source["version"]
+
+    reloading = [r for r in read.ok if behind(r)]
+    if reloading and source is not None:
+        loaded = await run.step("updating", "update", reloading, DISK_WEIGHTS,
+                                lambda w: w.update_weights_from_disk(source["path"], source["version"]),
+                                ctx.deadlines.load_step(None, checksums=False))
+        _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
+        checked = [r for r in read.ok if r not in reloading or r in loaded]
+    else:
+        checked = read.ok
+
+    reloaded = {r.id for r in reloading}
+
+    async def check(driver: Driver) -> None:
+        worker_id = driver.spec.id
+        record = slept[worker_id]
+        status = await driver.status() if worker_id in reloaded else read.answers[worker_id]  # a reload moved it
+        if status is None:
+            raise WorkerRejected(worker_id, "answered no status", status=200)
+        _check_awake(worker_id, status, expected_version(desired.weight_version, record))
+        # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
+        # the same tensors), its weights must be the ones it slept with.
+        if record is None or record.checksums_digest is None or status.weight_version != record.weight_version \
+                or not (has(driver, "checksums") and implements(driver, CHECKSUMS)):
+            return
+        sums = await driver.weight_checksums()
+        if sums is not None and checksums_digest(sums) != record.checksums_digest:
+            raise WorkerRejected(worker_id, "weight checksums differ from those it had when it went to sleep "
+                                 f"(version {record.weight_version!r})", status=200)
+
+    verified = await run.step("verifying", "verify", checked, DRIVER, check, ctx.deadlines.checksums_s)
+    failed = [r.id for r in records if r not in verified]
+    for worker_id in failed:
+        result = run.tracker.results.get(worker_id)
+        if result is not None and result.phase == "verify" and result.status == "error":
+            run.tracker.set_result(result.model_copy(update={"code": "verify_failed"}))
+    _note_kept_asleep(run, [r.id for r in checked if r not in verified], KEPT_ASLEEP)
+    return verified
+
+
+def expected_version(desired: str | None, record: SleepRecord | None) -> str | None:
+    """What a woken member must report: the fleet's desired version, else (nothing desired
+    yet) the one it slept with; None: nothing to hold it to."""
+    if desired is not None:
+        return desired
+    return record.weight_version if record is not None else None
+
+
+def _check_awake(worker_id: str, status: WorkerStatus, version: str | None) -> None:
+    if status.engine_alive is False:
+        raise WorkerRejected(worker_id, "its engine is not alive after the wake", status=200)
+    if status.sleeping:
+        raise WorkerRejected(worker_id, "still reports itself asleep after a full wake", status=200)
+    if version is not None and status.weight_version != version:
+        raise WorkerRejected(worker_id, f"reports weight version {status.weight_version!r}, expected {version!r}",
+                             status=200)
+
+
+async def _return_to_service(run: Run, records: list[WorkerRecord]) -> None:
+    """Verified: out of `desired.asleep` (back inside the fence), then running -- or paused,
+    if the fleet is paused or a hold names it."""
+    if not records:
+        return
+    ctx = run.ctx
+    await ctx.desired.wake([r.id for r in records])
+    desired = ctx.desired.state
+    for mode in (None, "abort", "wait", "keep"):
+        group = [r for r in records if wanted_pause(desired, r.id) == mode]
+        if group:
+            await run.step(*_back(run, mode), group, CONTROL, _resume_or_pause(run, mode), _back_s(run, mode))
+
+
+def _back(run: Run, mode: PauseMode | None) -> tuple[Phase, Step]:
+    return ("resuming", "resume") if mode is None else ("pausing", "pause")
+
+
+def _back_s(run: Run, mode: PauseMode | None) -> float:
+    d = run.ctx.deadlines
+    return d.control_s if mode is None else d.call_over(d.pause())
+
+
+def _resume_or_pause(run: Run, mode: PauseMode | None) -> Callable[[Control], Awaitable[None]]:
+    if mode is None:
+        return lambda w: w.resume()
+    pause_s = run.ctx.deadlines.pause()
+    return lambda w: w.pause(mode, pause_s)
+
+
+def _note_kept_asleep(run: Run, worker_ids: list[str], note: str) -> None:
+    for worker_id in worker_ids:
+        result = run.tracker.results.get(worker_id)
+        if result is not None and result.status != "ok" and note not in (result.message or ""):
+            run.tracker.set_result(result.model_copy(update={"message": (result.message or "") + note}))
