@@ -31,4 +31,5 @@ async def start_local_gateway(ctl: Controller, settings: GatewaySettings, sessio
                       metrics=GatewayMetrics(), admin_token=admin_token)
     runner = await start_site(gateway)
     ctl.gateway_view = gateway.view
+    gateway.on_circuit_change = ctl.changes.bump  # an ejection shows in the state document at once
     return gateway, runner

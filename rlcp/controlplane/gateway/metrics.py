@@ -17,6 +17,11 @@ class GatewayMetrics:
         self.failed = Counter("rlcp_gateway_worker_failures", "Workers that failed a request, by stage "
                               "(before_first_byte: retried elsewhere; mid_stream: ended with an error event).",
                               ["worker", "stage"], registry=r)
+        self.ejected = Gauge("rlcp_gateway_worker_ejected", "1 while a worker is out of the rotation after failing "
+                             "requests in a row (from its ejection until a probe succeeds), per worker.", ["worker"],
+                             registry=r)
+        self.ejections = Counter("rlcp_gateway_worker_ejections", "Times a worker was ejected after failing requests "
+                                 "in a row (outlier detection), per worker.", ["worker"], registry=r)
         self.held = Gauge("rlcp_gateway_held", "Requests waiting for a worker to serve.", registry=r)
         self.rejected = Counter("rlcp_gateway_rejected", "Requests answered 503, by reason.", ["reason"], registry=r)
         self.overhead = Histogram("rlcp_gateway_added_seconds", "The gateway's own time before a request goes out "
