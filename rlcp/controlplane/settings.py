@@ -77,6 +77,11 @@ class GatewaySettings(Section):
                                  description="Header naming a session; its requests go to one worker while it "
                                              "serves (`X-Session-ID`, verifiers' header, and the body's `user` "
                                              "also count; `cache_salt` does not: it isolates caches).")
+    affinity_load_factor: float | None = Field(
+        1.25, ge=1.0, description="Session affinity that also balances (bounded-load consistent hashing): a session "
+                                  "stays on its worker unless that worker has more than this factor times the mean "
+                                  "of requests out (then its next worker in the session's own order takes it). "
+                                  "None: plain affinity, however skewed the sessions.")
     accept_admin_token: bool = Field(True, description="With `token` set, also accept the controller's admin token "
                                                        "for inference, so one API key serves both URLs (prime-rl "
                                                        "sends one key to both).")

@@ -220,7 +220,8 @@ class Gateway:
                     blocked = unavailable(table.routes, in_flight=self.in_flight,
                                           limit=self.settings.max_in_flight_per_worker, breakers=self.breakers)
                     candidates = order(sorted(table.routes), self.in_flight, session=policy.session,
-                                       exclude=tried | blocked, turn=self._turn)
+                                       exclude=tried | blocked, turn=self._turn,
+                                       load_factor=self.settings.affinity_load_factor)
                     if candidates:
                         return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
                 reason = ("the gateway has no fleet state yet" if table is None else table.why_empty or why_unavailable(
