@@ -18,6 +18,8 @@ In one run:
   threads) over the requests it served;
 - stale answers: one worker moved to older weights (the fleet state says so, and it answers
   so), then `--stale-requests` requests through each proxy: how many came from that worker;
+- with `--asyncio-too`, a second gateway on asyncio's own event loop (the first takes uvloop
+  when installed, `gateway.event_loop: auto`), in the same run;
 - skewed sessions (`--sessions`, gateway only): session keys drawn from a Zipf law, each
   request held `--session-delay-ms` by the worker, through a gateway with plain affinity
   (rendezvous hashing) and one with bounded-load hashing; how evenly the workers were loaded
@@ -331,9 +333,14 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         workers = [f"http://127.0.0.1:{p}" for p in ports]
         state = StateServer(fleet_state(ports).model_dump_json().encode())
         ctl_port = await state.start()
-        gw_proc, gw_url = start_gateway(procs, workdir, "gateway", ctl_port, env)
+        gw_proc, gw_url = start_gateway(procs, workdir, "gateway", ctl_port, env, event_loop="auto")
         pids = {"gateway": gw_proc.pid}
         urls = {"direct": workers[0], "gateway": gw_url}
+        if args.asyncio_too:  # the same gateway on asyncio's own loop: what uvloop is worth
+            proc, urls["gateway/asyncio"] = start_gateway(procs, workdir, "gateway-asyncio", ctl_port, env,
+                                                          event_loop="asyncio")
+            pids["gateway/asyncio"] = proc.pid
+            state.followers += 1
         if router is not None:
             r_port = free_port()
             r_proc = procs.start([*_pinned(0), router, "--host", "127.0.0.1", "--port", str(r_port), "--worker-urls",
@@ -449,6 +456,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stale-requests", type=int, default=200)
     parser.add_argument("--no-router", action="store_true", help="leave vllm-router out")
+    parser.add_argument("--asyncio-too", action="store_true",
+                        help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)")
     parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")
     parser.add_argument("--session-skew", type=float, default=1.2, help="Zipf exponent of the session keys")
     parser.add_argument("--session-requests", type=int, default=1000)

@@ -122,6 +122,7 @@ class Gateway:
         # The request id and trace go on as this call's (`rlcp.core.tracing`): a new span per try.
         self._drop_upstream = HOP_BY_HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
                                       TRACEPARENT_HEADER.lower()}
+        self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
         self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
 
     def accepted_admin_tokens(self) -> tuple[str, ...]:
@@ -253,11 +254,11 @@ class Gateway:
         worker = route.worker_id
         self.in_flight[worker] += 1
         self.routed[worker] += 1
-        self.metrics.routed.labels(worker).inc()
-        self.metrics.in_flight.labels(worker).inc()
+        series = self.metrics.worker(worker)
+        series.routed.inc()
+        series.in_flight.inc()
         try:
-            timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
-                                            sock_connect=self.settings.connect_timeout_s)
+            timeout = self._timeout
             pinned = pins(route.flavor)
             if pinned:
                 try:
@@ -293,7 +294,7 @@ class Gateway:
                 return web.Response(body=payload, status=upstream.status, headers=headers)
         finally:
             self.in_flight[worker] -= 1
-            self.metrics.in_flight.labels(worker).dec()
+            series.in_flight.dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
                       pinned: Route | None) -> web.StreamResponse:
