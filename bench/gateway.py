@@ -1,19 +1,31 @@
-"""`python -m bench.gateway`: what the inference gateway adds over calling a worker directly.
+"""`python -m bench.gateway`: what the inference gateway costs per request, against the Rust
+router users would otherwise put in front of a vLLM fleet (`vllm-router`, the `bench` extra),
+and against calling a worker directly -- all in one run, over the same workers and load.
 
-Three processes: two upstream workers (a minimal aiohttp app answering `/v1/completions`
-with a fixed OpenAI-shaped body, so the worker costs next to nothing and the gateway's
-own cost shows), the standalone gateway (`python -m rlcp.controlplane.gateway`, the same code
-as in the controller) following a fixed fleet state served by this process, and the load
-generator here. The gateway is pinned to CPU 0, everything else to CPU 1, so "on one core"
-is literal.
+Processes: four upstream workers in one process (a minimal aiohttp app answering
+`/v1/completions` with a fixed OpenAI-shaped body, or a short SSE stream, so a worker costs next
+to nothing and the proxies' cost shows; each says which weights it has in `X-Bench-Weights`),
+the standalone gateway (`python -m rlcp.controlplane.gateway`, the same code as in the
+controller) following a fleet state served by this process, `vllm-router` (round robin, its
+defaults otherwise: health checks, retries, circuit breaker), and the load generator here. The
+gateway and the router are pinned to CPU 0, everything else to CPU 1.
 
-In one run, against the same workers:
-- added latency: one request at a time, direct to a worker and through the gateway,
-  p50 and p99 of each and their difference;
-- throughput: `--concurrency` clients back to back for `--duration` seconds, direct and
-  through the gateway; the gateway's CPU seconds over that window (from /proc) give
-  requests per CPU-second of the gateway, i.e. what one core sustains, whatever the load
-  generator (which shares a core with the workers) could push.
+In one run:
+- added latency: one request at a time, direct to a worker, through the gateway and through
+  the router, interleaved; p50 and p99 of each, and each proxy's difference to direct;
+- CPU per proxied request: `--concurrency` clients back to back for `--duration-s` through each
+  proxy, JSON answers and streams; the proxy's CPU seconds over the window (/proc, all its
+  threads) over the requests it served;
+- stale answers: one worker moved to older weights (the fleet state says so, and it answers
+  so), then `--stale-requests` requests through each proxy: how many came from that worker;
+- with `--asyncio-too`, a second gateway on asyncio's own event loop (the first takes uvloop
+  when installed, `gateway.event_loop: auto`), in the same run;
+- skewed sessions (`--sessions`, gateway only): session keys drawn from a Zipf law, each
+  request held `--session-delay-ms` by the worker, through a gateway with plain affinity
+  (rendezvous hashing) and one with bounded-load hashing; how evenly the workers were loaded
+  and how often a session stayed on one worker.
+
+Without `vllm-router` installed the router's columns are left out, said so on stderr.
 """
 
 from __future__ import annotations
@@ -22,12 +34,15 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,27 +51,59 @@ from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.harness.http import free_port
 from rlcp.harness.processes import REPO, cpu_seconds
 
 BODY = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "tiny",
                    "choices": [{"index": 0, "text": " hello world", "logprobs": None, "finish_reason": "length"}],
                    "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}).encode()
 REQUEST = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 2}).encode()
+STREAM_REQUEST = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8,
+                             "stream": True}).encode()
+CHUNK = b'data: {"id":"cmpl-bench","object":"text_completion","choices":[{"index":0,"text":" tok"}]}\n\n'
+STREAM_CHUNKS = 8
+WEIGHTS_HEADER = "X-Bench-Weights"  # the upstream's own weights, as it answers
+DELAY_HEADER = "X-Bench-Delay-Ms"  # the upstream holds the answer this long (the session phase)
+WORKERS = 4
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 # -- the upstream workers (their own process) -----------------------------------------------------------
-async def _complete(request: web.Request) -> web.Response:
-    await request.read()
-    return web.Response(body=BODY, content_type="application/json")
+def _upstream_app(weights: dict[str, str]) -> web.Application:
+    async def complete(request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        delay = request.headers.get(DELAY_HEADER)
+        if delay:
+            await asyncio.sleep(float(delay) / 1e3)
+        headers = {WEIGHTS_HEADER: weights["v"]}
+        if b'"stream": true' not in raw:
+            return web.Response(body=BODY, content_type="application/json", headers=headers)
+        response = web.StreamResponse(headers=headers | {"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(STREAM_CHUNKS):
+            await response.write(CHUNK)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def set_weights(request: web.Request) -> web.Response:
+        weights["v"] = (await request.text()).strip()
+        return web.Response(text="ok")
+
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_post("/bench/weights", set_weights)
+    app.router.add_get("/health", health)
+    return app
 
 
 async def serve_upstreams(n: int, port_file: Path) -> None:
-    ports = []
-    runners = []
+    ports, runners = [], []
     for _ in range(n):
-        app = web.Application()
-        app.router.add_post("/v1/completions", _complete)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(_upstream_app({"v": "v1"}), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
         runners.append(runner)
@@ -66,16 +113,51 @@ async def serve_upstreams(n: int, port_file: Path) -> None:
 
 
 # -- the fleet state the gateway follows ----------------------------------------------------------------
-def fleet_state(ports: list[int]) -> FleetState:
+def fleet_state(ports: list[int], stale: int | None = None) -> FleetState:
+    """Every worker at v1; `stale` (an index) at v0, which the fence (staleness bound 0) leaves out."""
     workers = [WorkerView(id=f"bench-{i}", admin_url=f"http://127.0.0.1:1/{i}", inference_url=f"http://127.0.0.1:{p}",
-                          flavor="agent", world_size=1, reachable=True, ready=True, serving=True, paused=False,
-                          requests=None, weight_version="v1", loras={}, engine_alive=True)
+                          flavor="vllm", world_size=1, reachable=True, ready=i != stale, serving=i != stale,
+                          paused=False, requests=None, weight_version="v0" if i == stale else "v1", loras={},
+                          engine_alive=True)
                for i, p in enumerate(ports)]
-    return FleetState(phase="serving", quiesced=False, pause_state="running",
+    return FleetState(phase="serving" if stale is None else "degraded", quiesced=False, pause_state="running",
                       requests=RequestCounts(running=0, waiting=0, frozen=0),
-                      desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
-                      applied=AppliedState(weight_version="v1", converged=True, verified=True),
+                      desired=DesiredState(weight_version="v1", applied_versions=["v0", "v1"]),
+                      applied=AppliedState(weight_version="v1" if stale is None else None, converged=stale is None,
+                                           verified=stale is None),
                       membership_epoch=1, discovery_synced=True, last_operation=None, workers=workers)
+
+
+class StateServer:
+    """`GET /v1/rl/state` for the gateways: a body this process swaps, and how often it was read."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body, self.reads = body, 0
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> int:
+        async def state(_: web.Request) -> web.Response:
+            self.reads += 1
+            return web.Response(body=self.body, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_get("/v1/rl/state", state)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        return int(self.runner.addresses[0][1])
+
+    async def swap(self, body: bytes, timeout_s: float = 30.0) -> None:
+        """Serve `body`, and return once every follower read it and the next read began after that
+        (each follower reads in turn, so its second read after the swap follows the first's parse)."""
+        self.body, start = body, self.reads
+        end = time.monotonic() + timeout_s
+        while self.reads < start + 2 * self.followers:
+            if time.monotonic() > end:
+                raise TimeoutError("the gateways did not read the new fleet state")
+            await asyncio.sleep(0.02)
+
+    followers = 1
 
 
 def _wait_file(path: Path, proc: subprocess.Popen, what: str, timeout_s: float = 30.0) -> Any:
@@ -93,111 +175,276 @@ def _pinned(cpu: int) -> list[str]:
     return ["taskset", "-c", str(cpu)] if shutil.which("taskset") and (os.cpu_count() or 1) > 1 else []
 
 
+def router_binary() -> str | None:
+    """`vllm-router` next to this Python (the venv's), else on PATH."""
+    here = Path(sys.executable).parent / "vllm-router"
+    return str(here) if here.exists() else shutil.which("vllm-router")
+
+
 # -- the load -------------------------------------------------------------------------------------------
+async def call(session: aiohttp.ClientSession, url: str, body: bytes = REQUEST,
+               headers: dict[str, str] | None = None) -> Any:
+    async with session.post(url, data=body, headers=headers or JSON_HEADERS) as resp:
+        await resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{url} answered {resp.status}")
+        return resp.headers
+
+
 async def sequential(session: aiohttp.ClientSession, url: str, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t0 = time.perf_counter()
-        async with session.post(url, data=REQUEST, headers={"Content-Type": "application/json"}) as resp:
-            await resp.read()
-            assert resp.status == 200, resp.status
+        await call(session, url)
         out.append(time.perf_counter() - t0)
     return out
 
 
-async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float) -> int:
+async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float,
+                   body: bytes = REQUEST) -> int:
     done = 0
     end = time.perf_counter() + duration_s
 
     async def client() -> None:
         nonlocal done
         while time.perf_counter() < end:
-            async with session.post(url, data=REQUEST, headers={"Content-Type": "application/json"}) as resp:
-                await resp.read()
-                assert resp.status == 200, resp.status
+            await call(session, url, body)
             done += 1
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return done
 
 
-def _pct(values: list[float], q: float) -> float:
+async def cpu_per_request(session: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace,
+                          body: bytes) -> tuple[float, float]:
+    """(CPU microseconds per request of the process `pid`, requests per second reached)."""
+    cpu0 = cpu_seconds(pid) or 0.0
+    n = await saturate(session, url, args.concurrency, args.duration_s, body)
+    cpu = (cpu_seconds(pid) or 0.0) - cpu0
+    return cpu / max(n, 1) * 1e6, n / args.duration_s
+
+
+async def stale_answers(session: aiohttp.ClientSession, url: str, n: int) -> dict[str, int]:
+    """Of `n` requests (8 at a time), how many each weight version answered."""
+    seen: Counter[str] = Counter()
+    queue = iter(range(n))
+
+    async def client() -> None:
+        for _ in queue:
+            seen[str((await call(session, url)).get(WEIGHTS_HEADER))] += 1
+
+    await asyncio.gather(*(client() for _ in range(8)))
+    return dict(seen)
+
+
+def zipf_sessions(n: int, s: float, draws: int, seed: int = 7) -> list[str]:
+    weights = [1 / (k + 1) ** s for k in range(n)]
+    return random.Random(seed).choices([f"session-{k}" for k in range(n)], weights=weights, k=draws)
+
+
+async def skewed_sessions(session: aiohttp.ClientSession, url: str, keys: list[str], concurrency: int,
+                          delay_ms: float) -> dict[str, Any]:
+    """Send each key's request (`concurrency` at a time, each held `delay_ms` by its worker); how
+    the workers were loaded, and how often a session's requests stayed on its usual worker."""
+    per_worker: Counter[str] = Counter()
+    by_session: dict[str, Counter[str]] = {}
+    queue = iter(keys)
+    headers = JSON_HEADERS | {"X-Session-ID": "", DELAY_HEADER: str(delay_ms)}
+
+    async def client() -> None:
+        for key in queue:
+            answer = await call(session, url, headers=headers | {"X-Session-ID": key})
+            worker = str(answer.get("X-RL-Worker"))
+            per_worker[worker] += 1
+            by_session.setdefault(key, Counter())[worker] += 1
+
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    counts = [per_worker.get(f"bench-{i}", 0) for i in range(WORKERS)]
+    stayed = sum(c.most_common(1)[0][1] for c in by_session.values())
+    return {"per_worker": counts, "max_over_mean": max(counts) / (sum(counts) / WORKERS),
+            "affinity": stayed / len(keys), "sessions": len(by_session), "requests": len(keys)}
+
+
+def _pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
+# -- the processes --------------------------------------------------------------------------------------
+class Procs:
+    def __init__(self) -> None:
+        self.all: list[subprocess.Popen] = []
+
+    def start(self, cmd: list[str], **kw: Any) -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, **kw)
+        self.all.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.all:
+            proc.terminate()
+        for proc in self.all:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+def start_gateway(procs: Procs, workdir: Path, name: str, ctl_port: int, env: dict[str, str],
+                  **gateway: Any) -> tuple[subprocess.Popen, str]:
+    config, port_file = workdir / f"{name}.yaml", workdir / f"{name}.port.json"
+    config.write_text(json.dumps({"log_level": "error", "gateway": {
+        "host": "127.0.0.1", "port": 0, "follow_url": f"http://127.0.0.1:{ctl_port}", "follow_interval_s": 0.5,
+        **gateway}}))
+    proc = procs.start([*_pinned(0), sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config),
+                        "--port-file", str(port_file)], cwd=REPO, env=env)
+    return proc, f"http://127.0.0.1:{_wait_file(port_file, proc, name)['port']}"
+
+
+async def wait_serving(session: aiohttp.ClientSession, url: str, what: str, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < end:
+        try:
+            async with session.post(f"{url}/v1/completions", data=REQUEST, headers=JSON_HEADERS,
+                                    timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status == 200:
+                    return
+                last = f"status {resp.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        await asyncio.sleep(0.1)
+    raise TimeoutError(f"{what} did not serve within {timeout_s}s ({last})")
+
+
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    up_file, gw_file = workdir / "upstreams.json", workdir / "gateway.json"
+    up_file = workdir / "upstreams.json"
     env = os.environ | {"PYTHONPATH": str(REPO)}
-    upstream = subprocess.Popen([*_pinned(1), sys.executable, "-m", "bench.gateway", "--upstreams", "2",
-                                 "--port-file", str(up_file)], cwd=REPO, env=env)
-    gateway: subprocess.Popen | None = None
-    state_runner: web.AppRunner | None = None
+    procs = Procs()
+    state: StateServer | None = None
+    router = None if args.no_router else router_binary()
+    if router is None and not args.no_router:
+        print("bench.gateway: vllm-router is not installed (pip install -e '.[bench]'): no router column",
+              file=sys.stderr)
     try:
+        upstream = procs.start([*_pinned(1), sys.executable, "-m", "bench.gateway", "--upstreams", str(WORKERS),
+                                "--port-file", str(up_file)], cwd=REPO, env=env)
         ports = _wait_file(up_file, upstream, "upstream workers")
-        body = fleet_state(ports).model_dump_json().encode()
-
-        async def state(_: web.Request) -> web.Response:
-            return web.Response(body=body, content_type="application/json")
-
-        app = web.Application()
-        app.router.add_get("/v1/rl/state", state)
-        state_runner = web.AppRunner(app, access_log=None)
-        await state_runner.setup()
-        await web.TCPSite(state_runner, "127.0.0.1", 0).start()
-        ctl_port = state_runner.addresses[0][1]
-        config = workdir / "gateway.yaml"
-        config.write_text(json.dumps({"log_level": "error", "gateway": {
-            "host": "127.0.0.1", "port": 0, "follow_url": f"http://127.0.0.1:{ctl_port}", "follow_interval_s": 1.0}}))
-        gateway = subprocess.Popen([*_pinned(0), sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config),
-                                    "--port-file", str(gw_file)], cwd=REPO, env=env)
-        gw_port = _wait_file(gw_file, gateway, "gateway")["port"]
-        direct = f"http://127.0.0.1:{ports[0]}/v1/completions"
-        via = f"http://127.0.0.1:{gw_port}/v1/completions"
+        workers = [f"http://127.0.0.1:{p}" for p in ports]
+        state = StateServer(fleet_state(ports).model_dump_json().encode())
+        ctl_port = await state.start()
+        gw_proc, gw_url = start_gateway(procs, workdir, "gateway", ctl_port, env, event_loop="auto")
+        pids = {"gateway": gw_proc.pid}
+        urls = {"direct": workers[0], "gateway": gw_url}
+        if args.asyncio_too:  # the same gateway on asyncio's own loop: what uvloop is worth
+            proc, urls["gateway/asyncio"] = start_gateway(procs, workdir, "gateway-asyncio", ctl_port, env,
+                                                          event_loop="asyncio")
+            pids["gateway/asyncio"] = proc.pid
+            state.followers += 1
+        if router is not None:
+            r_port = free_port()
+            r_proc = procs.start([*_pinned(0), router, "--host", "127.0.0.1", "--port", str(r_port), "--worker-urls",
+                                  *workers, "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
+                                  "--prometheus-port", str(free_port()), "--log-level", "error"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            pids["vllm-router"] = r_proc.pid
+            urls["vllm-router"] = f"http://127.0.0.1:{r_port}"
+        proxies = [k for k in urls if k != "direct"]
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
-            end = time.monotonic() + 30
-            while time.monotonic() < end:  # until the gateway has read the state and admits the workers
-                async with session.get(f"http://127.0.0.1:{gw_port}/readyz") as resp:
-                    if resp.status == 200:
-                        break
-                await asyncio.sleep(0.1)
-            else:
-                raise TimeoutError("the gateway never became ready")
-            await sequential(session, direct, 200)  # warm both paths
-            await sequential(session, via, 200)
-            lat: dict[str, list[float]] = {"direct": [], "gateway": []}
-            for _ in range(args.repeats):  # interleaved, so drift on the shared machine hits both alike
-                lat["direct"] += await sequential(session, direct, args.requests)
-                lat["gateway"] += await sequential(session, via, args.requests)
-            rates: dict[str, list[float]] = {"direct": [], "gateway": []}
-            per_cpu: list[float] = []
+            for name, url in urls.items():
+                await wait_serving(session, url, name)
+            for url in urls.values():  # warm every path
+                await sequential(session, f"{url}/v1/completions", 200)
+            lat: dict[str, list[float]] = {k: [] for k in urls}
+            for _ in range(args.repeats):  # interleaved, so drift on the shared machine hits all alike
+                for name, url in urls.items():
+                    lat[name] += await sequential(session, f"{url}/v1/completions", args.requests)
+            cpu: dict[str, dict[str, list[float]]] = {k: {"json": [], "stream": []} for k in proxies}
+            rps: dict[str, list[float]] = {k: [] for k in proxies}
             for _ in range(args.repeats):
-                n = await saturate(session, direct, args.concurrency, args.duration_s)
-                rates["direct"].append(n / args.duration_s)
-                cpu0 = cpu_seconds(gateway.pid) or 0.0
-                n = await saturate(session, via, args.concurrency, args.duration_s)
-                cpu = (cpu_seconds(gateway.pid) or 0.0) - cpu0
-                rates["gateway"].append(n / args.duration_s)
-                per_cpu.append(n / cpu if cpu > 0 else float("nan"))
+                for name in proxies:
+                    us, rate = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args, REQUEST)
+                    cpu[name]["json"].append(us)
+                    rps[name].append(rate)
+                    us, _ = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args,
+                                                  STREAM_REQUEST)
+                    cpu[name]["stream"].append(us)
+            # One worker moves to older weights: the fleet state says so, and it answers so.
+            async with session.post(f"{workers[-1]}/bench/weights", data="v0") as resp:
+                assert resp.status == 200
+            await state.swap(fleet_state(ports, stale=WORKERS - 1).model_dump_json().encode())
+            stale = {name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
+                     for name in proxies}
+            async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
+                assert resp.status == 200
+            await state.swap(fleet_state(ports).model_dump_json().encode())
+            sessions = await measure_sessions(args, procs, workdir, ctl_port, env, session, state) \
+                if args.sessions else None
     finally:
-        for proc in (gateway, upstream):
-            if proc is not None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-        if state_runner is not None:
-            await state_runner.cleanup()
-    paths = {k: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3, "rps": statistics.median(rates[k])}
-             for k, v in lat.items()}
-    return {**paths, "direct_rps": paths["direct"]["rps"], "gateway_rps": paths["gateway"]["rps"],
-            "added_p50_ms": paths["gateway"]["p50_ms"] - paths["direct"]["p50_ms"],
-            "added_p99_ms": paths["gateway"]["p99_ms"] - paths["direct"]["p99_ms"],
-            "gateway_req_per_cpu_s": statistics.median(per_cpu),
-            "concurrency": args.concurrency, "duration_s": args.duration_s, "repeats": args.repeats,
-            "requests_per_latency_run": args.requests}
+        procs.stop()
+        if state is not None and state.runner is not None:
+            await state.runner.cleanup()
+    paths = {k: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3} for k, v in lat.items()}
+    per_proxy = {k: {"added_p50_ms": paths[k]["p50_ms"] - paths["direct"]["p50_ms"],
+                     "added_p99_ms": paths[k]["p99_ms"] - paths["direct"]["p99_ms"],
+                     "cpu_us_per_request": statistics.median(cpu[k]["json"]),
+                     "cpu_us_per_stream": statistics.median(cpu[k]["stream"]),
+                     "rps": statistics.median(rps[k]),
+                     "stale_answers": stale[k].get("v0", 0), "answers": sum(stale[k].values())}
+                 for k in proxies}
+    result: dict[str, Any] = {"paths": paths, "proxies": per_proxy, "sessions": sessions,
+                              "params": {"requests": args.requests, "concurrency": args.concurrency,
+                                         "duration_s": args.duration_s, "repeats": args.repeats,
+                                         "stale_requests": args.stale_requests, "workers": WORKERS}}
+    if "vllm-router" in per_proxy:
+        g, r = per_proxy["gateway"], per_proxy["vllm-router"]
+        result["vs_router"] = {"cpu_ratio": g["cpu_us_per_request"] / r["cpu_us_per_request"],
+                               "cpu_ratio_stream": g["cpu_us_per_stream"] / r["cpu_us_per_stream"],
+                               "added_p50_ms_over_router": g["added_p50_ms"] - r["added_p50_ms"],
+                               "added_p99_ms_over_router": g["added_p99_ms"] - r["added_p99_ms"]}
+    return result
+
+
+async def measure_sessions(args: argparse.Namespace, procs: Procs, workdir: Path, ctl_port: int, env: dict[str, str],
+                           session: aiohttp.ClientSession, state: StateServer) -> dict[str, Any]:
+    """Skewed sessions through a gateway with plain affinity and one with bounded-load hashing."""
+    keys = zipf_sessions(args.sessions, args.session_skew, args.session_requests)
+    out: dict[str, Any] = {"sessions": args.sessions, "skew": args.session_skew, "delay_ms": args.session_delay_ms,
+                           "concurrency": args.session_concurrency, "load_factor": args.load_factor}
+    for name, extra in (("rendezvous", {"affinity_load_factor": None}),
+                        ("bounded_load", {"affinity_load_factor": args.load_factor})):
+        _, url = start_gateway(procs, workdir, f"gateway-{name}", ctl_port, env, **extra)
+        state.followers += 1
+        await wait_serving(session, url, f"gateway ({name})")
+        out[name] = await skewed_sessions(session, f"{url}/v1/completions", keys, args.session_concurrency,
+                                          args.session_delay_ms)
+    return out
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def render(result: dict[str, Any]) -> tuple[str, list[str]]:
+    paths, proxies = result["paths"], result["proxies"]
+    rows = [["direct to a worker", paths["direct"]["p50_ms"], paths["direct"]["p99_ms"], None, None, None, None,
+             None]]
+    for name, p in proxies.items():
+        rows.append([f"through {name}", paths[name]["p50_ms"], paths[name]["p99_ms"], p["added_p50_ms"],
+                     p["added_p99_ms"], p["cpu_us_per_request"], p["cpu_us_per_stream"],
+                     f"{p['stale_answers']} of {p['answers']}"])
+    text = table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "CPU µs/request", "CPU µs/stream",
+                  "stale answers"], rows)
+    notes = []
+    if (vs := result.get("vs_router")) is not None:
+        notes.append(f"gateway vs vllm-router: CPU per request x{vs['cpu_ratio']:.2f} (streams "
+                     f"x{vs['cpu_ratio_stream']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} ms, "
+                     f"added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's")
+    if (s := result.get("sessions")) is not None:
+        notes.append(table(["session affinity", "requests per worker", "busiest / mean", "stayed on its worker"],
+                           [[name, " ".join(str(c) for c in s[name]["per_worker"]), s[name]["max_over_mean"],
+                             f"{s[name]['affinity']:.0%}"] for name in ("rendezvous", "bounded_load")]))
+        notes.append(f"{s['sessions']} sessions, Zipf s={s['skew']}, {s['concurrency']} clients, each request held "
+                     f"{s['delay_ms']:g} ms by its worker; bounded load at {s['load_factor']:g} x the mean")
+    return text, notes
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
@@ -205,8 +452,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=500, help="sequential requests per path per repeat")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--duration-s", type=float, default=5.0, help="seconds per throughput run")
+    parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per CPU run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--stale-requests", type=int, default=200)
+    parser.add_argument("--no-router", action="store_true", help="leave vllm-router out")
+    parser.add_argument("--asyncio-too", action="store_true",
+                        help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)")
+    parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")
+    parser.add_argument("--session-skew", type=float, default=1.2, help="Zipf exponent of the session keys")
+    parser.add_argument("--session-requests", type=int, default=1000)
+    parser.add_argument("--session-concurrency", type=int, default=32)
+    parser.add_argument("--session-delay-ms", type=float, default=20.0)
+    parser.add_argument("--load-factor", type=float, default=1.25, help="gateway.affinity_load_factor tried")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--upstreams", type=int, help=argparse.SUPPRESS)  # internal: serve the workers
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
@@ -223,23 +480,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             result = asyncio.run(measure(args, Path(tmp)))
     finally:
         os.sched_setaffinity(0, affinity)
-    d, g = result["direct"], result["gateway"]
-    text = table(["path", "p50 ms", "p99 ms", "req/s (load gen. bound)"], [
-        ["direct to a worker", d["p50_ms"], d["p99_ms"], d["rps"]],
-        ["through the gateway", g["p50_ms"], g["p99_ms"], g["rps"]],
-        ["added by the gateway", result["added_p50_ms"], result["added_p99_ms"], None]])
-    notes = [f"gateway: {result['gateway_req_per_cpu_s']:,.0f} proxied requests per CPU-second (one core); "
-             f"throughput ratio gateway/direct {g['rps'] / d['rps']:.2f}"]
+    text, notes = render(result)
     return report("gateway", result, args.out, text=text, notes_after=notes, draw=lambda out: draw(result, out))
 
 
 def draw(result: dict[str, Any], out: Path) -> Path:
+    proxies = result["proxies"]
+    measures: list[tuple[str, Callable[[dict[str, Any]], float]]] = [
+        ("CPU / request", lambda p: p["cpu_us_per_request"]), ("CPU / stream", lambda p: p["cpu_us_per_stream"]),
+        ("added p50", lambda p: p["added_p50_ms"] * 1e3)]
+
     def bars(ax: Any) -> None:
-        names = ["direct", "gateway"]
-        ax.bar([0, 1], [result[n]["p50_ms"] for n in names], width=0.35, label="p50")
-        ax.bar([0.35, 1.35], [result[n]["p99_ms"] for n in names], width=0.35, label="p99")
-        ax.set_xticks([0.175, 1.175], ["direct to a worker", "through the gateway"])
-        ax.set_ylabel("latency of one request, ms")
+        width = 0.8 / max(len(proxies), 1)
+        for i, (name, p) in enumerate(proxies.items()):
+            ax.bar([m + i * width for m in range(len(measures))], [f(p) for _, f in measures], width=width, label=name)
+        ax.set_xticks([m + width * (len(proxies) - 1) / 2 for m in range(len(measures))], [n for n, _ in measures])
+        ax.set_ylabel("microseconds")
         ax.legend()
 
     return plot("gateway", bars, out)

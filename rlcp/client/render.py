@@ -36,7 +36,7 @@ def _status(reachable: bool, ready: bool, serving: bool, paused: bool | None, fe
     else:
         word, style = ("ready" if ready else "not ready"), ("" if ready else "yellow")
     if fence is not None and fence.in_fence:
-        word += " +gw"
+        word += " +gw" if fence.circuit == "closed" else " +gw ejected"  # ejected: outlier detection
     return Text(word, style=style)
 
 

@@ -65,13 +65,31 @@ class GatewaySettings(Section):
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one proxied request, in seconds.")
     attempts: int = Field(3, ge=1, le=10, description="Tries of a request that fails before the first byte of an "
                                                       "answer: other members first, then again.")
+    max_in_flight_per_worker: int | None = Field(
+        None, ge=1, description="Admission limit: requests out to one worker at once from this gateway; a request "
+                                "finding every member inside the fence at it is held (as during a pause) until one "
+                                "frees up or its hold deadline passes, then 503. None: no limit.")
+    outlier_failures: int = Field(5, ge=0, description="Failures in a row (before the first byte, a 5xx answer, a "
+                                  "stream broken mid-way) that eject a worker from the rotation; 0: never eject.")
+    outlier_backoff_s: float = Field(1.0, gt=0, description="How long a worker's first ejection lasts, in seconds; "
+                                     "each ejection in a row doubles it. After it, one request probes the worker.")
+    outlier_max_backoff_s: float = Field(30.0, gt=0, description="Longest ejection, in seconds.")
     affinity_header: str = Field("X-RL-Session", min_length=1,
                                  description="Header naming a session; its requests go to one worker while it "
                                              "serves (`X-Session-ID`, verifiers' header, and the body's `user` "
                                              "also count; `cache_salt` does not: it isolates caches).")
+    affinity_load_factor: float | None = Field(
+        1.25, ge=1.0, description="Session affinity that also balances (bounded-load consistent hashing): a session "
+                                  "stays on its worker unless that worker has more than this factor times the mean "
+                                  "of requests out (then its next worker in the session's own order takes it). "
+                                  "None: plain affinity, however skewed the sessions.")
     accept_admin_token: bool = Field(True, description="With `token` set, also accept the controller's admin token "
                                                        "for inference, so one API key serves both URLs (prime-rl "
                                                        "sends one key to both).")
+    event_loop: Literal["auto", "uvloop", "asyncio"] = Field(
+        "auto", description="Standalone gateway only: its event loop. uvloop (the `gateway` extra) takes 5-15% less "
+                            "CPU per proxied request than asyncio's own (docs/performance.md section 7); auto: uvloop "
+                            "when installed.")
     follow_url: str | None = Field(None, description="Standalone gateway only: the controller whose "
                                                      "`GET /v1/rl/state` it follows.")
     follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")

@@ -53,9 +53,16 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
         # The call's request id and trace (`rlcp.core.tracing`): on every log line of the call, on
         # every call it causes to another process, and echoed on the answer.
         call = tracing.from_headers(request.headers)
-        with tracing.bound(call), structlog.contextvars.bound_contextvars(
-                request_id=call.request_id, trace_id=call.trace_id, route=request.path):
+        # Bound and reset by token rather than two context managers: this runs for every request
+        # of every process, the gateway's hot path included.
+        traced = tracing.bind(call)
+        logged = structlog.contextvars.bind_contextvars(request_id=call.request_id, trace_id=call.trace_id,
+                                                        route=request.path)
+        try:
             response = await _answer(request, handler)
+        finally:
+            structlog.contextvars.reset_contextvars(**logged)
+            tracing.unbind(traced)
         if not response.prepared:  # a stream's headers are gone already (and carried it, via the handler)
             response.headers[tracing.REQUEST_ID_HEADER] = call.request_id
         return response

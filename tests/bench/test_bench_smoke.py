@@ -92,10 +92,17 @@ def test_gateway_dynamo_report(tmp_path: Path) -> None:
 def test_gateway(tmp_path: Path) -> None:
     from bench import gateway
 
-    result = gateway.main(["--requests", "20", "--concurrency", "4", "--duration-s", "0.5", "--repeats", "1",
-                           "--out", str(tmp_path)])
-    assert result["direct_rps"] > 0 and result["gateway_rps"] > 0
-    assert _outputs(tmp_path, "gateway")["gateway"]["p50_ms"] == result["gateway"]["p50_ms"]
+    result = gateway.main(["--requests", "20", "--concurrency", "4", "--duration-s", "0.3", "--repeats", "1",
+                           "--stale-requests", "40", "--sessions", "8", "--session-requests", "40",
+                           "--session-concurrency", "4", "--session-delay-ms", "2", "--out", str(tmp_path)])
+    proxies = result["proxies"]
+    assert proxies["gateway"]["stale_answers"] == 0 and proxies["gateway"]["answers"] == 40
+    assert proxies["gateway"]["cpu_us_per_request"] > 0
+    # The router (the bench extra, which bootstrap installs) in the same run, fence-blind.
+    assert proxies["vllm-router"]["answers"] == 40 and proxies["vllm-router"]["stale_answers"] > 0
+    assert result["vs_router"]["cpu_ratio"] > 0
+    assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
+    assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 
 
 def test_bubble(tmp_path: Path) -> None:

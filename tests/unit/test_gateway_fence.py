@@ -4,6 +4,7 @@ balancer (least outstanding, rendezvous-hash affinity). No sockets: states are b
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter
 
 import pytest
@@ -211,3 +212,37 @@ def test_a_member_reporting_a_name_no_header_can_carry_is_never_inside_the_fence
     assert set(table.routes) == {"w2"}
     table = build_table(state(odd, None, []))
     assert not table.routes and "not a valid name" in table.why_empty and "w0" in table.why_empty
+
+
+def test_bounded_load_keeps_a_session_home_until_its_worker_is_over_the_bound() -> None:
+    members = ["w0", "w1", "w2", "w3"]
+    key = "hot-session"
+    home, second = rank_for_session(key, members)[:2]
+    # Within the bound: the session's own worker (cap ceil(1.25 x 5 / 4) = 2, it has 1).
+    assert order(members, dict.fromkeys(members, 1), session=key, load_factor=1.25)[0] == home
+    # Its worker over ceil(1.25 x (outstanding + 1) / 4): its next worker in its own order.
+    load = {home: 4, second: 0}
+    assert order(members, load, session=key, load_factor=1.25)[0] == second  # cap ceil(1.25 * 5 / 4) = 2
+    assert order(members, load, session=key, load_factor=1.25)[-1] == home  # still tried, last
+    assert order(members, load, session=key)[0] == home  # plain affinity ignores load
+    # Every worker at the bound: the session's own order, unchanged.
+    even = dict.fromkeys(members, 3)
+    assert order(members, even, session=key, load_factor=1.0) == rank_for_session(key, members)
+
+
+def test_bounded_load_spreads_skewed_sessions() -> None:
+    # Zipf-skewed keys, each request out while the next arrive: plain affinity piles the hot
+    # keys on their workers; bounded load keeps every worker within the bound.
+    import random
+
+    members = ["w0", "w1", "w2", "w3"]
+    keys = random.Random(3).choices([f"s{k}" for k in range(64)], weights=[1 / (k + 1) ** 1.2 for k in range(64)],
+                                    k=400)
+    for factor, bound in ((None, None), (1.25, 1.25)):
+        out: dict[str, int] = dict.fromkeys(members, 0)
+        for key in keys:
+            out[order(members, out, session=key, load_factor=factor)[0]] += 1
+        if bound is not None:
+            assert max(out.values()) <= math.ceil(bound * len(keys) / len(members))
+        else:
+            assert max(out.values()) > 1.25 * len(keys) / len(members)  # the skew this test is about

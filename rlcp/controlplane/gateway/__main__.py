@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -50,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
                               admin_token=g.follow_token.get_secret_value() if g.follow_token else None)
             runner = await start_site(gateway)
             frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
-            structlog.get_logger("rlcp.controlplane.gateway").info("gateway_serving", url=gateway.url,
-                                                               following=g.follow_url, heap_frozen=frozen)
+            structlog.get_logger("rlcp.controlplane.gateway").info(
+                "gateway_serving", url=gateway.url, following=g.follow_url, heap_frozen=frozen,
+                event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
             if args.port_file:
                 args.port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
             try:
@@ -61,8 +63,23 @@ def main(argv: list[str] | None = None) -> int:
                 await asyncio.gather(follower, return_exceptions=True)
                 await runner.cleanup()
 
-    asyncio.run(run())
+    with asyncio.Runner(loop_factory=loop_factory(g.event_loop)) as runner:
+        runner.run(run())
     return 0
+
+
+def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop `gateway.event_loop` names (None: asyncio's own)."""
+    if kind == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if kind == "uvloop":
+            raise SystemExit("rl-gateway: gateway.event_loop is uvloop but uvloop is not installed "
+                             "(pip install 'rl-controlplane[gateway]')") from None
+        return None
+    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":

@@ -38,4 +38,10 @@ async def start_local_gateway(fleets: Fleets, settings: GatewaySettings, session
     runner = await start_site(gateway)
     for ctl in fleets:
         ctl.gateway_view = partial(gateway.view, every[ctl.fleet].router)
+
+    def circuit_changed() -> None:  # an ejection shows in the state documents at once
+        for ctl in fleets:
+            ctl.changes.bump()
+
+    gateway.on_circuit_change = circuit_changed
     return gateway, runner

@@ -4,7 +4,10 @@
   converged), the request waits, bounded in count (`max_held`) and time (the hold
   deadline, from settings or `X-RL-Hold-Timeout`), and goes out as soon as a member serves
   again; past the deadline it is answered 503 with `Retry-After` and a JSON error saying why.
-- **Choose.** `balance.order`: least outstanding, or the session's worker.
+- **Choose.** `balance.order`: least outstanding, or the session's worker, among the members
+  inside the fence that are neither at their admission limit nor ejected by outlier detection
+  (`admission.py`, `breaker.py`); when every member is one or the other, the request is held
+  as above.
 - **Forward.** The worker's status, headers and body come back unchanged, plus `X-RL-Worker`
   and `X-RL-Weight-Version` (the version the fence saw it at) and, when the engine reports
   them, `X-RL-Weight-Versions`: which weights sampled which tokens, one list of spans per
@@ -35,6 +38,7 @@ import json
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +47,9 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDict
 
+from rlcp.controlplane.gateway.admission import unavailable, why_unavailable
 from rlcp.controlplane.gateway.balance import order
+from rlcp.controlplane.gateway.breaker import Breakers, CircuitState
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
@@ -110,12 +116,18 @@ class Gateway:
         self.held = 0
         self.rejected = 0
         self._turn = 0  # rotates ties between equally loaded workers
+        # Called when a worker is ejected or restored: the controller this gateway runs in shows it in
+        # its state document at once (its gateway section is otherwise refreshed with each status poll).
+        self.on_circuit_change: Callable[[], None] | None = None
+        self.breakers = Breakers(failures=settings.outlier_failures, backoff_s=settings.outlier_backoff_s,
+                                 max_backoff_s=settings.outlier_max_backoff_s, on_change=self._circuit_changed)
         # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
         # Authorization (a key a worker itself checks) passes. Resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
         # The request id and trace go on as this call's (`rlcp.core.tracing`): a new span per try.
         self._drop_upstream = HOP_BY_HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
                                       TRACEPARENT_HEADER.lower()}
+        self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
         self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
 
     def accepted_admin_tokens(self) -> tuple[str, ...]:
@@ -139,8 +151,27 @@ class Gateway:
             url=self.url, allowed_versions=table.admitted if table else [],
             staleness_bound=state.desired.staleness_bound if state else 0,
             held=self.held, routed=sum(self.routed.values()), rejected=self.rejected,
-            workers=[GatewayWorkerView(worker_id=w, in_fence=w in inside, in_flight=self.in_flight[w],
-                                       routed=self.routed[w], failed=self.failed[w]) for w in sorted(known)])
+            max_in_flight_per_worker=self.settings.max_in_flight_per_worker,
+            workers=[self._worker_view(w, w in inside) for w in sorted(known)])
+
+    def _worker_view(self, worker: str, in_fence: bool) -> GatewayWorkerView:
+        circuit = self.breakers.view(worker)
+        return GatewayWorkerView(worker_id=worker, in_fence=in_fence, in_flight=self.in_flight[worker],
+                                 routed=self.routed[worker], failed=self.failed[worker], circuit=circuit.state,
+                                 consecutive_failures=circuit.consecutive_failures, ejections=circuit.ejections,
+                                 back_in_s=None if circuit.back_in_s is None else round(circuit.back_in_s, 3))
+
+    def _circuit_changed(self, worker: str, state: CircuitState, backoff_s: float | None) -> None:
+        if state == "open":
+            self.metrics.ejected.labels(worker).set(1)
+            self.metrics.ejections.labels(worker).inc()
+            log.warning("gateway_worker_ejected", worker_id=worker, backoff_s=backoff_s,
+                        failures=self.breakers.view(worker).consecutive_failures)
+        else:
+            self.metrics.ejected.labels(worker).set(0)
+            log.info("gateway_worker_restored", worker_id=worker)
+        if self.on_circuit_change is not None:
+            self.on_circuit_change()
 
     # -- one request ----------------------------------------------------------------------------
     async def forward(self, request: web.Request, body: bytes, policy: RequestPolicy) -> web.StreamResponse:
@@ -153,8 +184,12 @@ class Gateway:
             route, held_s = await self._choose(router, policy, deadline, frozenset(tried))
             tried.add(route.worker_id)
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
+            probe = self.breakers.sent(route.worker_id)
+            verdict: bool | None = None  # the try's outcome for outlier detection; None: no verdict
             try:
-                return await self._send(request, body, route, router)
+                response = await self._send(request, body, route, router)
+                verdict = response.status < 500 and not response.get(_BROKEN, False)
+                return response
             except _AnswerAgain as exc:
                 # Not the member's failure: an update took it out of service meanwhile. The
                 # request goes again, to whatever is in service, within its hold deadline.
@@ -166,6 +201,7 @@ class Gateway:
                                      retry_after_s=1) from None
                 continue
             except _BeforeFirstByte as exc:
+                verdict = False
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
@@ -180,6 +216,13 @@ class Gateway:
                     # worker had just closed fails once; a refused one may have left the view by then.
                     tried.clear()
                     await asyncio.sleep(_RETRY_PAUSE_S)
+            finally:
+                if verdict is None:
+                    self.breakers.released(route.worker_id, probe=probe)
+                elif verdict:
+                    self.breakers.succeeded(route.worker_id, probe=probe)
+                else:
+                    self.breakers.failed(route.worker_id, probe=probe)
 
     async def _choose(self, router: Router, policy: RequestPolicy, deadline: float,
                       tried: frozenset[str]) -> tuple[Route, float]:
@@ -190,11 +233,16 @@ class Gateway:
                 table = router.table(policy.bound)
                 if table is not None:
                     self._turn += 1
-                    candidates = order(sorted(table.routes), self.in_flight, session=policy.session, exclude=tried,
-                                       turn=self._turn)
+                    blocked = unavailable(table.routes, in_flight=self.in_flight,
+                                          limit=self.settings.max_in_flight_per_worker, breakers=self.breakers)
+                    candidates = order(sorted(table.routes), self.in_flight, session=policy.session,
+                                       exclude=tried | blocked, turn=self._turn,
+                                       load_factor=self.settings.affinity_load_factor)
                     if candidates:
                         return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
-                reason = table.why_empty if table is not None else "the gateway has no fleet state yet"
+                reason = ("the gateway has no fleet state yet" if table is None else table.why_empty or why_unavailable(
+                    table.routes, in_flight=self.in_flight, limit=self.settings.max_in_flight_per_worker,
+                    breakers=self.breakers))
                 if time.monotonic() >= deadline:
                     self._reject("deadline")
                     raise NoCapacity(f"no worker could serve within {policy.hold_s:g}s: {reason}",
@@ -221,11 +269,11 @@ class Gateway:
         worker = route.worker_id
         self.in_flight[worker] += 1
         self.routed[worker] += 1
-        self.metrics.routed.labels(worker).inc()
-        self.metrics.in_flight.labels(worker).inc()
+        series = self.metrics.worker(worker)
+        series.routed.inc()
+        series.in_flight.inc()
         try:
-            timeout = aiohttp.ClientTimeout(total=self.settings.request_timeout_s,
-                                            sock_connect=self.settings.connect_timeout_s)
+            timeout = self._timeout
             pinned = pins(route.flavor)
             if pinned:
                 try:
@@ -261,7 +309,7 @@ class Gateway:
                 return web.Response(body=payload, status=upstream.status, headers=headers)
         finally:
             self.in_flight[worker] -= 1
-            self.metrics.in_flight.labels(worker).dec()
+            series.in_flight.dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
                       pinned: Route | None, router: Router) -> web.StreamResponse:
@@ -275,6 +323,7 @@ class Gateway:
             # The client has the headers and part of the stream: say what happened, never cut silently.
             self.failed[worker] += 1
             self.metrics.failed.labels(worker, "mid_stream").inc()
+            response[_BROKEN] = True
             log.warning("gateway_stream_broken", worker_id=worker, error=str(exc))
             event = {"error": {"code": "worker_failed", "worker": worker,
                                "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
@@ -315,6 +364,10 @@ class Gateway:
         headers["X-RL-Worker"] = route.worker_id
         headers["X-RL-Weight-Version"] = route.weight_version or ""
         return headers
+
+
+# Set on a stream's response when its worker broke it mid-way: a failure for outlier detection.
+_BROKEN = web.ResponseKey("rlcp_gateway_broken", bool)
 
 
 class _BeforeFirstByte(Exception):

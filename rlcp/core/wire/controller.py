@@ -370,6 +370,12 @@ class GatewayWorkerView(BaseModel):
     in_flight: int
     routed: int = Field(description="Requests sent to it since the gateway started.")
     failed: int = Field(description="Requests it failed before (retried elsewhere) or after the first byte.")
+    circuit: Literal["closed", "open", "half_open"] = Field(
+        "closed", description="Outlier detection: closed (in rotation), open (ejected after failing requests in a "
+                              "row, until `back_in_s`), half_open (its backoff is over: the next request probes it).")
+    consecutive_failures: int = Field(0, description="Requests it failed in a row.")
+    ejections: int = Field(0, description="Times it was ejected since the gateway started.")
+    back_in_s: float | None = Field(None, description="Open: seconds until a request may probe it again.")
 
 
 class GatewayView(BaseModel):
@@ -381,6 +387,7 @@ class GatewayView(BaseModel):
     held: int = Field(description="Requests waiting for a member to serve.")
     routed: int
     rejected: int = Field(description="Answered 503 after their hold deadline (or a full queue).")
+    max_in_flight_per_worker: int | None = Field(None, description="The admission limit per worker (None: none).")
     workers: list[GatewayWorkerView]
 
 
