@@ -357,6 +357,7 @@ class SyncControlPlaneClient:
     workers = _Blocking(ControlPlaneClient.workers)
     operations = _Blocking(ControlPlaneClient.operations)
     placement = _Blocking(ControlPlaneClient.placement)
+    fleets = _Blocking(ControlPlaneClient.fleets)
     scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
     sleep = _Blocking(ControlPlaneClient.sleep)
