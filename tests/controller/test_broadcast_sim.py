@@ -18,6 +18,7 @@ from rlcp.harness.controller import start_controller, update_body
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.controller.fleets import Labelled
 
 pytestmark = pytest.mark.timeout(120)
 CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}
@@ -259,3 +260,34 @@ async def test_a_new_leadership_term_forgets_the_group_and_the_open_update(broad
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK})
     assert status == 409 and "start_weight_update first" in body["error"]["message"]
     assert (await ctl.call("POST", "/v1/rl/resume", {}))[0] == 200  # the gate is free again
+
+
+async def test_a_broadcast_updates_a_held_member_and_leaves_it_held(tmp_path):
+    """A member held paused by a selector-scoped pause takes the broadcast (it is in the group,
+    its ranks are the trainer's to fill) but stays paused after the finish, as after a disk
+    update; releasing the hold brings it back at the new version."""
+    agents = [await SimAgent(f"w{i}", [tmp_path]).start() for i in range(2)]
+    ctl = await start_controller(tmp_path, [Labelled(a, {"role": role}) for a, role in zip(agents, ("policy", "ref"))],
+                                 weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2})
+    try:
+        await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
+        status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep", "selector": "role=ref"})
+        assert status == 200, result
+        status, result = await _init(ctl, world_size=3)
+        assert status == 200, result
+        for path, body in (("start", None), ("update", {"update_info": CHUNK}), ("finish", {"weight_version": "b1"})):
+            status, result = await ctl.call("POST", f"/v1/rl/weight_transfer/{path}", body)
+            assert status == 200, (path, result)
+        assert [a.engine.weight_update_chunks for a in agents] == [1, 1]
+        assert [(a.service.weight_version, a.service.paused) for a in agents] == [("b1", False), ("b1", True)]
+        st = await ctl.state()
+        assert st["pause_state"] == "mixed" and st["desired"]["held"] == {"w1": "keep"}
+        assert [(w["id"], w["held"], w["serving"]) for w in st["workers"]] == [("w0", False, True), ("w1", True, False)]
+
+        status, result = await ctl.call("POST", "/v1/rl/resume", {"selector": "role=ref"})
+        assert status == 200, result
+        assert [(a.service.weight_version, a.service.paused) for a in agents] == [("b1", False), ("b1", False)]
+    finally:
+        await ctl.client.close()
+        for a in agents:
+            await a.stop()
