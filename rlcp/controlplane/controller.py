@@ -144,7 +144,7 @@ class Controller:
         membership = self.registry.membership
         desired, members = self.desired.state, self.registry.members()
         operation = self.log.running_or_last()
-        return FleetFacts(fleet=self.fleet, desired=desired, members=members, views=self._views.views(desired, members),
+        return FleetFacts(fleet=self.fleet, models=sorted(self.served_names()), desired=desired, members=members, views=self._views.views(desired, members),
                           membership_epoch=membership.epoch, discovery_synced=membership.synced,
                           phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
                           verified=self.log.verified,

@@ -361,6 +361,11 @@ FLEET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a DNS label: it 
 DEFAULT_FLEET = "default"
 
 
+def fleet_path(name: str) -> str:
+    """Where a fleet's API is served: the root for the default fleet, `/fleets/<name>` for a named one."""
+    return "" if name == DEFAULT_FLEET else f"/fleets/{name}"
+
+
 class FleetSettings(Section):
     """A named fleet: the members its selector matches, with a desired state of its own."""
 

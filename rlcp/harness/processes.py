@@ -263,6 +263,24 @@ class ControllerProcess(ChildProcess):
         return f"http://127.0.0.1:{self.port}"
 
 
+class GatewayProcess(ChildProcess):
+    """`python -m rlcp.controlplane.gateway` (a standalone gateway); its ready file holds `{"port": N}`."""
+
+    module = "rlcp.controlplane.gateway"
+    ready_flag = "--port-file"
+
+    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+        super().__init__(config, workdir, name="gateway", start_timeout_s=60.0, stop_timeout_s=10.0)
+        self.port = 0
+
+    def _on_ready(self, text: str) -> None:
+        self.port = json.loads(text)["port"]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 def cpu_seconds(pid: int) -> float | None:
     """CPU seconds a process's live threads have run so far (Linux /proc); None once it is gone.
 

@@ -7,6 +7,7 @@ URL takes the whole API, the vLLM-shaped facade included. A member relabelled ch
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,9 +25,18 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import parse_selector
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, Ctl, controller_config, rlctl, start_controller, update_body, wait_reachable
+from rlcp.harness.controller import (
+    AUTH,
+    CTL_TOKEN,
+    Ctl,
+    controller_config,
+    rlctl,
+    start_controller,
+    update_body,
+    wait_reachable,
+)
 from rlcp.harness.memory import MemoryFleet
-from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.processes import ControllerProcess, GatewayProcess
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.controller.fleets import Labelled
@@ -167,6 +177,46 @@ async def test_the_gateway_routes_by_model_inside_each_fleets_fence(fleet, tmp_p
 async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any, Any]:
     async with http.get(url) as resp:
         return resp.status, resp.headers, await resp.json()
+
+
+async def test_a_standalone_gateway_follows_every_fleet_and_routes_by_model(fleet, tmp_path: Path) -> None:
+    """What the chart runs as N replicas: given the controller's `fleets`, a standalone gateway
+    follows each fleet's state at its path and routes by model inside each fence."""
+    ctl, _ = fleet
+    gateway = GatewayProcess({"log_level": "warning", "fleets": {"teacher": {"selector": "role=teacher"}},
+                              "gateway": {"host": "127.0.0.1", "port": 0, "follow_url": ctl.url,
+                                          "follow_token": CTL_TOKEN, "follow_interval_s": 0.1,
+                                          "hold_timeout_s": 5}}, tmp_path)
+    await gateway.spawn().wait_ready_async()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def routes_both() -> bool:
+                answers = [await complete(http, gateway.url, m) for m in ("policy-m", "teacher-m")]
+                return [a[0] for a in answers] == [200, 200]
+            await wait_for(routes_both, 15, "the standalone gateway serving both fleets")
+            for model, members in (("policy-m", {"p0", "p1"}), ("teacher-m", {"t0", "t1"})):
+                for _ in range(4):
+                    status, headers, body = await complete(http, gateway.url, model)
+                    assert status == 200 and headers["X-RL-Worker"] in members, (model, body)
+            status, result = await ctl.call("POST", f"{TEACHER}/v1/rl/pause", {"mode": "keep"})
+            assert status == 200, result
+
+            async def teacher_held() -> bool:
+                # A request the gateway forwarded before it read the pause waits in the paused member
+                # (mode keep) until resume, as it should: the probe gives up on it and asks again.
+                try:
+                    async with asyncio.timeout(2):
+                        status, _, _ = await complete(http, gateway.url, "teacher-m", **{"X-RL-Hold-Timeout": "0.2"})
+                except TimeoutError:
+                    return False
+                return status == 503
+            await wait_for(teacher_held, 10, "the teacher's requests held by the standalone gateway")
+            status, headers, _ = await complete(http, gateway.url, "policy-m")
+            assert status == 200 and headers["X-RL-Worker"] in {"p0", "p1"}
+            status, result = await ctl.call("POST", f"{TEACHER}/v1/rl/resume", {})
+            assert status == 200, result
+    finally:
+        gateway.stop()
 
 
 async def test_a_fleets_base_url_takes_the_vllm_shaped_facade(fleet, tmp_path: Path) -> None:

@@ -11,35 +11,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import CTL_TOKEN, start_controller, update_body
-from rlcp.harness.processes import REPO, ChildProcess, child_env
+from rlcp.harness.processes import REPO, GatewayProcess, child_env
 from rlcp.harness.simfleet import SimAgent
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class GatewayProcess(ChildProcess):
-    """`python -m rlcp.controlplane.gateway`; its ready file holds `{"port": N}`."""
-
-    module = "rlcp.controlplane.gateway"
-    ready_flag = "--port-file"
-
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
-        super().__init__(config, workdir, name="gateway", start_timeout_s=60.0, stop_timeout_s=10.0)
-        self.port = 0
-
-    def _on_ready(self, text: str) -> None:
-        self.port = json.loads(text)["port"]
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from aiohttp.typedefs import Handler, Middleware
 
 from rlcp.controlplane.api import facade, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
-from rlcp.controlplane.api.fleets import FLEETS, fleet_path
+from rlcp.controlplane.api.fleets import FLEETS
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
 from rlcp.controlplane.api.routes import CONTROLLER, SESSION
 from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
@@ -43,7 +43,7 @@ from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.persistence.factory import make_store
-from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
+from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings, fleet_path
 from rlcp.controlplane.supervisor import start_loops
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.http import make_auth_middleware, make_error_middleware

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.fleets import Fleets
+from rlcp.controlplane.settings import fleet_path
 from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import FleetsListing, FleetSummary
@@ -15,16 +16,11 @@ FLEETS = web.AppKey("fleets", Fleets)
 api = RouteTable()
 
 
-def fleet_path(name: str) -> str:
-    """Where a named fleet's API is served."""
-    return f"/fleets/{name}"
-
-
 def summary(ctl: Controller) -> FleetSummary:
     state = ctl.state()
     selector = ctl.fleet_settings.selector if ctl.fleet_settings is not None else None
-    return FleetSummary(name=ctl.fleet, path="" if selector is None else fleet_path(ctl.fleet), selector=selector,
-                        models=sorted(ctl.served_names()), members=len(state.workers),
+    return FleetSummary(name=ctl.fleet, path=fleet_path(ctl.fleet), selector=selector,
+                        models=state.models, members=len(state.workers),
                         serving=sum(w.serving for w in state.workers), phase=state.phase,
                         pause_state=state.pause_state, desired_version=state.desired.weight_version,
                         applied=state.applied)

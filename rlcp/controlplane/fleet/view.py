@@ -15,7 +15,7 @@ the document is spliced from those pieces.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.convergence import converged
@@ -40,6 +40,7 @@ class FleetFacts:
     """Everything the state document is built from."""
 
     fleet: str = "default"
+    models: list[str] = field(default_factory=list)  # what the gateway routes to this fleet
     desired: DesiredState
     members: list[WorkerRecord]
     membership_epoch: int
@@ -110,7 +111,7 @@ def build_state(facts: FleetFacts) -> FleetState:
     else:
         phase = "serving"
     return FleetState(
-        fleet=facts.fleet, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
+        fleet=facts.fleet, models=facts.models, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
         sleeping=len(views) - len(awake),
         desired=facts.desired,
         applied=AppliedState(weight_version=common, converged=all_converged,

@@ -29,38 +29,49 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("gateway.follow_url (RLCP_GATEWAY__FOLLOW_URL) must name the controller to follow")
         settings.gateway.resolved_token()
 
-    g = settings_or_exit(parser, lambda: load_settings(args.config), check=check).gateway
+    settings = settings_or_exit(parser, lambda: load_settings(args.config), check=check)
+    g = settings.gateway
 
     import structlog
 
     from rlcp.controlplane.gateway.app import new_session, start_site
+    from rlcp.controlplane.gateway.fleets import FleetRoute, ModelRoutes
     from rlcp.controlplane.gateway.follow import FollowedState
     from rlcp.controlplane.gateway.metrics import GatewayMetrics
     from rlcp.controlplane.gateway.proxy import Gateway
     from rlcp.controlplane.gateway.routing import Router
+    from rlcp.controlplane.settings import DEFAULT_FLEET, fleet_path
     from rlcp.core.heap import settle
 
     async def run() -> None:
         stop = stop_on_signals()
+        token = g.follow_token.get_secret_value() if g.follow_token else None
         async with new_session() as session:
-            followed = FollowedState(session=session, url=g.follow_url or "", interval_s=g.follow_interval_s,
-                                     token=g.follow_token.get_secret_value() if g.follow_token else None)
-            follower = asyncio.create_task(followed.run(), name="follow-controller-state")
+            # One followed state document per fleet (the settings' `fleets`, as the controller
+            # has them: the chart hands both processes one config), each at its fleet's path.
+            followed = {name: FollowedState(session=session, url=(g.follow_url or "").rstrip("/") + fleet_path(name),
+                                            interval_s=g.follow_interval_s, token=token)
+                        for name in (DEFAULT_FLEET, *settings.fleets)}
+            followers = [asyncio.create_task(f.run(), name=f"follow-controller-state:{name}")
+                         for name, f in followed.items()]
+            routes = {name: FleetRoute(name, Router(f), f.models) for name, f in followed.items()}
+            default, named = routes.pop(DEFAULT_FLEET), list(routes.values())
             # The token it follows the controller with is the controller's: inference takes it too.
-            gateway = Gateway(router=Router(followed), session=session, settings=g, metrics=GatewayMetrics(),
-                              admin_token=g.follow_token.get_secret_value() if g.follow_token else None)
+            gateway = Gateway(router=default.router, session=session, settings=g, metrics=GatewayMetrics(),
+                              admin_token=token, fleets=ModelRoutes(default, named) if named else None)
             runner = await start_site(gateway)
             frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
             structlog.get_logger("rlcp.controlplane.gateway").info(
-                "gateway_serving", url=gateway.url, following=g.follow_url, heap_frozen=frozen,
+                "gateway_serving", url=gateway.url, following=g.follow_url, fleets=list(followed), heap_frozen=frozen,
                 event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
             if args.port_file:
                 args.port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
             try:
                 await stop.wait()
             finally:
-                follower.cancel()
-                await asyncio.gather(follower, return_exceptions=True)
+                for follower in followers:
+                    follower.cancel()
+                await asyncio.gather(*followers, return_exceptions=True)
                 await runner.cleanup()
 
     with asyncio.Runner(loop_factory=loop_factory(g.event_loop)) as runner:

@@ -443,6 +443,8 @@ class FleetsListing(BaseModel):
 class FleetState(BaseModel):
     fleet: str = Field("default", description="Which fleet this is: `default`, or a name from settings `fleets` "
                                                "(served under `/fleets/<name>/`).")
+    models: list[str] = Field(default_factory=list, description="The model names the gateway routes to this fleet: "
+                              "its settings' `models`, its members' base models, the adapters it keeps or they have.")
     phase: Phase
     quiesced: bool = Field(description="Every member is paused and none has a request running.")
     pause_state: PauseState
