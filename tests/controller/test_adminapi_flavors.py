@@ -475,19 +475,21 @@ def dynamo_with_routes(session, routes):
 
 
 async def test_dynamo_capabilities_follow_the_published_routes(session, wire):
-    assert capabilities(make("dynamo", session)) == {"control", "disk_weights", "lora"}  # nothing published
+    assert capabilities(make("dynamo", session)) == {"control", "disk_weights", "lora", "sleep"}  # none published
     without_lora = ("get_weight_version", "liveness_probe", "pause_generation", "resume_generation",
                     "update_weights_from_disk", "flush_cache")
-    assert capabilities(dynamo_with_routes(session, without_lora)) == {"control", "disk_weights"}
-    assert capabilities(dynamo_with_routes(session, ("pause_generation", "load_lora", "unload_lora"))) == {"lora"}
-    assert capabilities(dynamo_with_routes(session, ())) == frozenset()
+    # Sleep is never in the published list (Dynamo's worker factory registers control/sleep itself).
+    assert capabilities(dynamo_with_routes(session, without_lora)) == {"control", "disk_weights", "sleep"}
+    assert capabilities(dynamo_with_routes(session, ("pause_generation", "load_lora", "unload_lora"))) == {
+        "lora", "sleep"}
+    assert capabilities(dynamo_with_routes(session, ())) == {"sleep"}
     assert sent(wire) == []
 
 
 async def test_dynamo_has_no_broadcast_to_call(session, wire):
     api = dynamo_with_routes(session, ("init_weights_update_group", "update_weights_from_distributed",
                                        "destroy_weights_update_group", "pause_generation", "resume_generation"))
-    assert capabilities(api) == {"control"}  # Dynamo's group routes call engine RPCs vLLM lacks
+    assert capabilities(api) == {"control", "sleep"}  # Dynamo's group routes call engine RPCs vLLM lacks
     for name in ("init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"):
         assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/controller/test_operations_memory.py)
     assert sent(wire) == []

@@ -17,11 +17,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, rlctl, start_controller, update_body
+from rlcp.harness.controller import Ctl, rlctl, start_controller, update_body
 from rlcp.harness.simfleet import TOKEN, SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.controller.fleets import FleetShape, GatewayFleet
@@ -215,37 +213,6 @@ async def test_bad_input_is_refused_naming_the_field_before_any_worker(sim_fleet
     assert answer["error"]["field"] == field, answer
     assert [calls(a, n) for a, n in zip(agents, before, strict=True)] == [[], [], []]
     assert (await ctl.call("GET", "/v1/rl/operations", headers={}))[1] == ops_before
-
-
-async def test_a_dynamo_member_is_refused_409_before_any_worker_is_touched(tmp_path: Path) -> None:
-    agents = [await SimAgent(w, [tmp_path]).start() for w in ("w0", "d0")]
-
-    class AsDynamo:  # the second agent's port, spoken to as a Dynamo worker (its status reads fail: unreachable)
-        def spec(self) -> dict:
-            return agents[1].spec() | {"flavor": "dynamo"}
-
-    app = build_app(controller_settings(tmp_path, [agents[0].spec(), AsDynamo().spec()]), token=CTL_TOKEN)
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    ctl = Ctl(client)
-    try:
-        async def w0_read() -> bool:
-            st = await ctl.state()
-            return bool(st["discovery_synced"]) and ctl.worker(st, "w0")["reachable"]
-        await wait_for(w0_read, what="discovery synced and w0 reachable")
-        before = [len(a.traced) for a in agents]
-        status, answer = await ctl.call("POST", "/v1/rl/sleep", {})
-        assert status == 409, answer
-        assert answer["error"]["code"] == "capability_missing" and "d0 (dynamo)" in answer["error"]["message"]
-        assert "'sleep'" in answer["error"]["message"]
-        assert [calls(a, n) for a, n in zip(agents, before, strict=True)] == [[], []]
-        assert (await ctl.call("GET", "/v1/rl/operations", headers={}))[1]["operations"] == []
-        status, result = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["w0"]})  # the agent alone can
-        assert status == 200, result
-    finally:
-        await client.close()
-        for a in agents:
-            await a.stop()
 
 
 async def test_a_broadcast_init_is_refused_while_members_are_asleep(sim_fleet: Any) -> None:

@@ -148,7 +148,8 @@ async def ctl(http, dynamo, tiny_models, tmp_path, references):
         yield c
     finally:
         await client.close()
-        # Leave the worker resumed on the base weights, whatever the test did.
+        # Leave the worker awake and resumed on the base weights, whatever the test did.
+        await engine(http, worker, "control/wake_up")
         await engine(http, worker, "pause_generation", {"mode": "abort"})
         await engine(http, worker, "update_weights_from_disk", {"model_path": str(tiny_models["base"])})
         await engine(http, worker, "resume_generation")
@@ -299,3 +300,34 @@ async def test_dynamos_refusal_inside_a_200_and_the_drivers_reload_of_a_running_
     assert await engine(http, worker, "get_weight_version") == {"status": "ok", "version": "x",
                                                                  "version_declared": True}
     assert (await generate(http, dynamo))["ids"] != references["base"]  # resumed, on the new weights
+
+
+async def test_sleep_takes_the_worker_out_of_dynamos_routing_and_a_verified_wake_brings_it_back(http, dynamo, ctl):
+    """Dynamo's own `control/sleep` and `control/wake_up` (its worker factory registers them, not
+    the RL route list). Its sleep also leaves the frontend's routing, while its RL listing keeps
+    the worker, so the controller still sees and wakes it. On the CPU, vLLM ignores the memory
+    part (docs/controller.md), so this proves the sequencing: out of service while asleep, a
+    partial wake refused up front (Dynamo wakes everything at once), and back in service only
+    after the wake, with the same greedy tokens."""
+    before = await generate(http, dynamo)
+    status, result = await ctl.call("POST", "/v1/rl/sleep", {"level": 1, "mode": "wait"})
+    assert status == 200, result
+    assert [(r["status"], r["phase"]) for r in result["results"]] == [("ok", "sleep")]
+    asleep = only_worker(await ctl.state())
+    assert (asleep["sleeping"], asleep["cordoned"], asleep["serving"]) == (True, True, False)
+    # Out of Dynamo's own routing: its frontend refuses a request pinned to the sleeper.
+    status, body = await call(http, "POST", dynamo.frontend.url + "/v1/chat/completions",
+                              body=request(dynamo, 4), timeout_s=60)
+    assert status == 503, (status, body)
+
+    status, answer = await ctl.call("POST", "/v1/rl/wake_up", {"tags": ["weights"]})
+    assert status == 409 and answer["error"]["code"] == "capability_missing", answer
+    assert f"{asleep['id']} (dynamo)" in answer["error"]["message"]
+    assert only_worker(await ctl.state())["sleeping"] is True  # refused before the worker was touched
+
+    status, result = await ctl.call("POST", "/v1/rl/wake_up", {})
+    assert status == 200, result
+    assert [(r["status"], r["phase"]) for r in result["results"]] == [("ok", "resume")]
+    woken = only_worker(await ctl.state())
+    assert (woken["sleeping"], woken["serving"], woken["paused"]) == (False, True, False)
+    assert await generate(http, dynamo) == before

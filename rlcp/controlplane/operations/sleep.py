@@ -28,8 +28,8 @@ A member that fails any step stays recorded asleep (out of the fence; the reconc
 back to sleep), and its result says which step failed and why.
 
 Refused before anything is touched: a malformed or unmatched selector (422), an unknown id
-(404), both given (422), a member whose flavor has no sleep mode (409 `capability_missing`,
-naming it: Dynamo's driver has none here).
+(404), both given (422), a member whose flavor has no sleep mode, or a partial wake (`tags`)
+naming one whose flavor wakes everything at once (Dynamo): 409 `capability_missing`, naming it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from rlcp.controlplane.errors import InvalidInput, NotFound
+from rlcp.controlplane.errors import InvalidInput, MissingCapability, NotFound
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
@@ -145,13 +145,13 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
 # -- wake_up ----------------------------------------------------------------------------------
 async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
     named = _named(ctx.registry.members(), req.selector, req.worker_ids)
-    require_capability([r for r in named if is_asleep(ctx, r)], "sleep", "wake_up")
     partial = req.tags is not None and set(req.tags) != FULL_WAKE
+    _require_wake([r for r in named if is_asleep(ctx, r)], partial)
 
     async def body(run: Run) -> None:
         named = _named(run.members, req.selector, req.worker_ids)
         sleepers = [r for r in named if is_asleep(ctx, r)]
-        require_capability(sleepers, "sleep", "wake_up")
+        _require_wake(sleepers, partial)
         run.tracker.note(workers=[r.id for r in sleepers])
         # The operation is about the sleepers; a member named by id that is awake is said so.
         run.members = sleepers if req.worker_ids is None else named
@@ -169,6 +169,17 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
         await _return_to_service(run, await _verify_woken(run, woke))
 
     return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body)
+
+
+def _require_wake(sleepers: list[WorkerRecord], partial: bool) -> None:
+    """Refuse, before any worker is touched, a wake some sleeper cannot do: any wake without
+    the sleep capability, a partial one (tags) where its flavor wakes everything at once."""
+    require_capability(sleepers, "sleep", "wake_up")
+    whole = [r for r in sleepers if implements(r.driver, SLEEP) and not r.driver.partial_wake] if partial else []
+    if whole:
+        names = ", ".join(f"{r.id} ({r.spec.flavor})" for r in whole)
+        raise MissingCapability(f"a partial wake (tags) needs a flavor that can finish it later; these members "
+                                f"wake everything at once: {names}", workers={r.id: "partial_wake" for r in whole})
 
 
 async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:

@@ -146,6 +146,10 @@ class Sleep(Driver, Protocol):
     offloads the weights to host memory, level 2 discards them -- until woken. Whether it is
     asleep comes back in `status().sleeping`."""
 
+    # Whether a wake may name some allocations (`weights`, `kv_cache`) and a later one the
+    # rest; Dynamo's wakes everything at once.
+    partial_wake: bool
+
     async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None: ...
 
     async def wake_up(self, tags: list[str] | None) -> None:

@@ -33,6 +33,8 @@ class VllmSleepRoutes(DriverBase):
     retried: a sleep that timed out may still be taking hold (the status read says), and the
     operation decides what follows."""
 
+    partial_wake = True
+
     async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
         # The agent bounds the engine's sleep itself with `timeout_s`; stock vLLM ignores it.
         await self.transport.request("POST", "/sleep", params={"level": level, "mode": mode, "timeout_s": timeout_s},

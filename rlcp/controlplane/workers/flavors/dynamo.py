@@ -18,6 +18,11 @@ by `dynamo.vllm.worker_factory.register_engine_routes` through
   keep is refused while LoRA requests are in flight;
 - `liveness_probe` checks the engine (`{"alive": true}`); `GET /health` is the runtime's
   readiness (503 until its endpoints serve);
+- `control/sleep` `{level}` unregisters the worker's `generate` endpoint (its frontend answers
+  a request pinned to it 503), aborts what runs and sleeps; the RL listing keeps the worker.
+  `control/wake_up` wakes it, resumes generation and registers it again at once. Both are
+  registered by Dynamo's worker factory, not the RL route registry, so the published list never
+  names them;
 - `load_lora` / `unload_lora` exist only on workers started with LoRA on; the worker's
   published route list (the frontend's `GET /v1/rl/workers` `routes`, kept in
   `WorkerSpec.routes`) says which routes it serves, and `published_capabilities` narrows
@@ -44,7 +49,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any, final
 
-from rlcp.controlplane.workers.capabilities import Capability, Control, DiskWeights, Lora, PublishesRoutes
+from rlcp.controlplane.workers.capabilities import (
+    Capability,
+    Control,
+    DiskWeights,
+    Lora,
+    PublishesRoutes,
+    Sleep,
+    SleepMode,
+)
 from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -59,18 +72,28 @@ DYNAMO_ROUTES: dict[Capability, tuple[str, ...]] = {
 STATUS_ROUTES = ("get_weight_version", "liveness_probe")
 
 
+# What every Dynamo vLLM worker serves whatever it publishes: its worker factory registers
+# `control/sleep` and `control/wake_up` itself (`register_engine_routes`), outside the RL route
+# registry that the published list is made from.
+UNPUBLISHED: frozenset[Capability] = frozenset({"sleep"})
+
+
 def capabilities_from_routes(routes: tuple[str, ...]) -> frozenset[Capability]:
     published = set(routes)
-    return frozenset(cap for cap, needed in DYNAMO_ROUTES.items() if published.issuperset(needed))
+    return UNPUBLISHED | frozenset(cap for cap, needed in DYNAMO_ROUTES.items() if published.issuperset(needed))
 
 
 @final
-class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, PublishesRoutes):
+class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, Sleep, PublishesRoutes):
     """Speaks to one Dynamo worker's system port. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 
     engine_prefix = "/engine"
     _paused = False  # what this driver's own calls left the worker in (see the module docstring)
+    _asleep = False  # likewise: Dynamo has no route that reads it
+    # Dynamo 1.6.1's wake_up resumes generation and marks the worker awake after any wake, tags
+    # or not: a second wake for the rest would be "already awake" and leave them asleep.
+    partial_wake = False
 
     def published_capabilities(self) -> frozenset[Capability] | None:
         return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)
@@ -79,6 +102,7 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         body, alive, ready = await asyncio.gather(self._engine("get_weight_version", {}), self._engine_alive(),
                                                   self._ready())
         return WorkerStatus(weight_version=_weight_version(body), engine_alive=alive, paused=self._paused,
+                            sleeping=self._asleep,
                             ready=ready if alive is not False else False,
                             not_ready_reason=None if ready is not False else "Dynamo /health: not ready")
 
@@ -93,6 +117,24 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     async def resume(self) -> None:
         await self._engine("resume_generation", {})
         self._paused = False
+
+    async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
+        # Dynamo's own sleep leaves its frontend's routing, aborts what runs (vLLM's default
+        # pause) and sleeps. The RL pause first gives `wait` its meaning -- drain, bounded by
+        # our deadline -- and leaves the RL routes' own pause flag set, which a reload after
+        # the wake needs. Asleep from the moment it is asked, as a pause is.
+        await self.pause(mode, timeout_s)
+        self._asleep = True
+        await self._engine("control/sleep", {"level": level}, timeout_s=timeout_s + self.deadlines.grace_s)
+
+    async def wake_up(self, tags: list[str] | None) -> None:
+        # `partial_wake` is False, so the operation never sends tags here (a 409 before any call).
+        await self._engine("control/wake_up", {}, timeout_s=self.deadlines.weight_load_s)
+        self._asleep = False
+        # Its wake resumes generation and rejoins the frontend's routing at once; the controller
+        # returns a woken member to service only once it is verified (and reloaded if it fell
+        # behind), so it is paused again until then. What ran in between is aborted.
+        await self.pause("abort", self.deadlines.weight_load_s)
 
     async def update_weights_from_disk(self, path: str, version: str) -> None:
         if self._paused:  # the update transaction paused it first (its own step)
