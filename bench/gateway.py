@@ -1,14 +1,15 @@
 """`python -m bench.gateway`: what the inference gateway costs per request, against the Rust
-router users would otherwise put in front of a vLLM fleet (`vllm-router`, the `bench` extra),
-and against calling a worker directly -- all in one run, over the same workers and load.
+routers users would otherwise put in front of a fleet (`vllm-router` and `sglang-router`, the
+`bench` extra), and against calling a worker directly -- all in one run, over the same workers
+and load.
 
 Processes: four upstream workers in one process (a minimal aiohttp app answering
 `/v1/completions` with a fixed OpenAI-shaped body, or a short SSE stream, so a worker costs next
 to nothing and the proxies' cost shows; each says which weights it has in `X-Bench-Weights`),
 the standalone gateway (`python -m rlcp.controlplane.gateway`, the same code as in the
-controller) following a fleet state served by this process, `vllm-router` (round robin, its
-defaults otherwise: health checks, retries, circuit breaker), and the load generator here. The
-gateway and the router are pinned to CPU 0, everything else to CPU 1.
+controller) following a fleet state served by this process, `vllm-router` and `sglang-router`
+(round robin, their defaults otherwise: health checks, retries, circuit breakers), and the load
+generator here. The gateway and the routers are pinned to CPU 0, everything else to CPU 1.
 
 In one run:
 - added latency: one request at a time, direct to a worker, through the gateway and through
@@ -25,14 +26,16 @@ In one run:
   (rendezvous hashing) and one with bounded-load hashing; how evenly the workers were loaded
   and how often a session stayed on one worker.
 
-Without `vllm-router` installed the router's columns are left out, said so on stderr.
+A router that is not installed is left out, said so on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import logging
 import os
 import random
 import shutil
@@ -101,6 +104,9 @@ def _upstream_app(weights: dict[str, str]) -> web.Application:
 
 
 async def serve_upstreams(n: int, port_file: Path) -> None:
+    # sglang-router opens its connections to workers with an HTTP/2 preface first; aiohttp
+    # answers it 400 and logs a traceback per connection. The request that follows is HTTP/1.1.
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
     ports, runners = [], []
     for _ in range(n):
         runner = web.AppRunner(_upstream_app({"v": "v1"}), access_log=None)
@@ -179,6 +185,27 @@ def router_binary() -> str | None:
     """`vllm-router` next to this Python (the venv's), else on PATH."""
     here = Path(sys.executable).parent / "vllm-router"
     return str(here) if here.exists() else shutil.which("vllm-router")
+
+
+def installed_routers() -> dict[str, list[str]]:
+    """The command that starts each installed router (both take the same flags)."""
+    commands = {}
+    if (binary := router_binary()) is not None:
+        commands["vllm-router"] = [binary]
+    if importlib.util.find_spec("sglang_router") is not None:
+        commands["sglang-router"] = [sys.executable, "-m", "sglang_router.launch_router"]
+    return commands
+
+
+def router_command(command: list[str], workers: list[str], port: int) -> list[str]:
+    """A router on `port` in front of `workers`: round robin, Prometheus on a port of its own,
+    errors only in its log."""
+    return [*_pinned(0), *command, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+            "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--log-level", "error"]
+
+
+ROUTERS = ("vllm-router", "sglang-router")
 
 
 # -- the load -------------------------------------------------------------------------------------------
@@ -322,10 +349,6 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     env = os.environ | {"PYTHONPATH": str(REPO)}
     procs = Procs()
     state: StateServer | None = None
-    router = None if args.no_router else router_binary()
-    if router is None and not args.no_router:
-        print("bench.gateway: vllm-router is not installed (pip install -e '.[bench]'): no router column",
-              file=sys.stderr)
     try:
         upstream = procs.start([*_pinned(1), sys.executable, "-m", "bench.gateway", "--upstreams", str(WORKERS),
                                 "--port-file", str(up_file)], cwd=REPO, env=env)
@@ -341,14 +364,17 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                                           event_loop="asyncio")
             pids["gateway/asyncio"] = proc.pid
             state.followers += 1
-        if router is not None:
+        commands = {} if args.no_router else installed_routers()
+        for name in ROUTERS:
+            if name not in commands and not args.no_router:
+                print(f"bench.gateway: {name} is not installed (pip install -e '.[bench]'): no column for it",
+                      file=sys.stderr)
+        for name, command in commands.items():
             r_port = free_port()
-            r_proc = procs.start([*_pinned(0), router, "--host", "127.0.0.1", "--port", str(r_port), "--worker-urls",
-                                  *workers, "--policy", "round_robin", "--prometheus-host", "127.0.0.1",
-                                  "--prometheus-port", str(free_port()), "--log-level", "error"],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            pids["vllm-router"] = r_proc.pid
-            urls["vllm-router"] = f"http://127.0.0.1:{r_port}"
+            r_proc = procs.start(router_command(command, workers, r_port), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            pids[name] = r_proc.pid
+            urls[name] = f"http://127.0.0.1:{r_port}"
         proxies = [k for k in urls if k != "direct"]
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -397,12 +423,12 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                               "params": {"requests": args.requests, "concurrency": args.concurrency,
                                          "duration_s": args.duration_s, "repeats": args.repeats,
                                          "stale_requests": args.stale_requests, "workers": WORKERS}}
-    if "vllm-router" in per_proxy:
-        g, r = per_proxy["gateway"], per_proxy["vllm-router"]
-        result["vs_router"] = {"cpu_ratio": g["cpu_us_per_request"] / r["cpu_us_per_request"],
-                               "cpu_ratio_stream": g["cpu_us_per_stream"] / r["cpu_us_per_stream"],
-                               "added_p50_ms_over_router": g["added_p50_ms"] - r["added_p50_ms"],
-                               "added_p99_ms_over_router": g["added_p99_ms"] - r["added_p99_ms"]}
+    g = per_proxy["gateway"]
+    result["vs_routers"] = {name: {"cpu_ratio": g["cpu_us_per_request"] / r["cpu_us_per_request"],
+                                   "cpu_ratio_stream": g["cpu_us_per_stream"] / r["cpu_us_per_stream"],
+                                   "added_p50_ms_over_router": g["added_p50_ms"] - r["added_p50_ms"],
+                                   "added_p99_ms_over_router": g["added_p99_ms"] - r["added_p99_ms"]}
+                            for name, r in per_proxy.items() if name in ROUTERS}
     return result
 
 
@@ -434,8 +460,8 @@ def render(result: dict[str, Any]) -> tuple[str, list[str]]:
     text = table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "CPU µs/request", "CPU µs/stream",
                   "stale answers"], rows)
     notes = []
-    if (vs := result.get("vs_router")) is not None:
-        notes.append(f"gateway vs vllm-router: CPU per request x{vs['cpu_ratio']:.2f} (streams "
+    for name, vs in result["vs_routers"].items():
+        notes.append(f"gateway vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
                      f"x{vs['cpu_ratio_stream']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} ms, "
                      f"added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's")
     if (s := result.get("sessions")) is not None:
@@ -455,7 +481,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per CPU run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stale-requests", type=int, default=200)
-    parser.add_argument("--no-router", action="store_true", help="leave vllm-router out")
+    parser.add_argument("--no-router", action="store_true", help="leave the routers out")
     parser.add_argument("--asyncio-too", action="store_true",
                         help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)")
     parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")

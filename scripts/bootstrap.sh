@@ -20,8 +20,9 @@ echo "bootstrap: installing into .venv (first run takes a few minutes)" >&2
 # not exist") next to the CPU torch; vLLM does not need them for text models.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import vllm, transformers, aiohttp, structlog" >/dev/null
-# bench/gateway.py's baseline, run by tests/bench (the `bench` extra, through `dev`).
+# bench/gateway.py's baselines, run by tests/bench (the `bench` extra, through `dev`).
 .venv/bin/vllm-router --help >/dev/null
+.venv/bin/python -m sglang_router.launch_router --help >/dev/null
 rm -f .venv/.installed-*
 touch "$stamp"
 echo "bootstrap: done" >&2

@@ -98,9 +98,10 @@ def test_gateway(tmp_path: Path) -> None:
     proxies = result["proxies"]
     assert proxies["gateway"]["stale_answers"] == 0 and proxies["gateway"]["answers"] == 40
     assert proxies["gateway"]["cpu_us_per_request"] > 0
-    # The router (the bench extra, which bootstrap installs) in the same run, fence-blind.
-    assert proxies["vllm-router"]["answers"] == 40 and proxies["vllm-router"]["stale_answers"] > 0
-    assert result["vs_router"]["cpu_ratio"] > 0
+    # The routers (the bench extra, which bootstrap installs) in the same run, fence-blind.
+    for router in ("vllm-router", "sglang-router"):
+        assert proxies[router]["answers"] == 40 and proxies[router]["stale_answers"] > 0, router
+        assert result["vs_routers"][router]["cpu_ratio"] > 0
     assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
     assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 
