@@ -201,7 +201,7 @@ class Gateway:
                                      retry_after_s=1) from None
                 continue
             except _BeforeFirstByte as exc:
-                verdict = False
+                verdict = False if exc.against_worker else None
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
@@ -290,7 +290,7 @@ class Gateway:
                 if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
                     # An agent whose weights are no longer the ones the fence saw (it restarted,
                     # or changed them since the controller last read it): another worker serves.
-                    raise _BeforeFirstByte(refusal)
+                    raise _VersionRefused(refusal)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, headers, route if pinned else None, router)
@@ -372,6 +372,16 @@ _BROKEN = web.ResponseKey("rlcp_gateway_broken", bool)
 
 class _BeforeFirstByte(Exception):
     """The worker failed before any byte went to the client: another worker may take it."""
+
+    against_worker = True  # counts toward ejecting it (breaker.py)
+
+
+class _VersionRefused(_BeforeFirstByte):
+    """An agent refused a request meant for other weights: it is healthy and said so, the fence
+    was behind. Another worker takes the request; the refusal does not count toward ejection,
+    or a rolling update would eject the members it has just moved."""
+
+    against_worker = False
 
 
 class _AnswerAgain(_BeforeFirstByte):
