@@ -97,7 +97,6 @@ class Controller:
         # the document is rebuilt (every status poll at least), not on each request.
         self.gateway_view: Callable[[], GatewayView] | None = None
         self._base: tuple[int, FleetState] | None = None
-        self._served: tuple[int, frozenset[str]] | None = None
         # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
         # The default fleet's: the agents it places join whichever fleet their labels select.
         ray_placement = settings.placement.ray if settings.placement.kind == "ray" and fleet == DEFAULT_FLEET else None
@@ -144,7 +143,8 @@ class Controller:
         membership = self.registry.membership
         desired, members = self.desired.state, self.registry.members()
         operation = self.log.running_or_last()
-        return FleetFacts(fleet=self.fleet, models=sorted(self.served_names()), desired=desired, members=members, views=self._views.views(desired, members),
+        return FleetFacts(fleet=self.fleet, models=self.served_names(), desired=desired, members=members,
+                          views=self._views.views(desired, members),
                           membership_epoch=membership.epoch, discovery_synced=membership.synced,
                           phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
                           verified=self.log.verified,
@@ -158,19 +158,16 @@ class Controller:
             self._base = (generation, build_state(self.facts()))
         return self._base[1]
 
-    def served_names(self) -> frozenset[str]:
+    def served_names(self) -> list[str]:
         """The model names the gateway routes to this fleet: its settings' `models`, the base
         models its members serve (as discovery named them, or as they report) and the adapters
-        it keeps or they have loaded. Built once per change."""
-        generation = self.changes.generation
-        if self._served is None or self._served[0] != generation:
-            names = set(self.fleet_settings.models if self.fleet_settings else ())
-            names.update(self.desired.state.loras)
-            for rec in self.registry.members():
-                names.update(n for n in (rec.spec.model, rec.status.model if rec.status else None) if n)
-                names.update(rec.status.loras if rec.status else ())
-            self._served = (generation, frozenset(names))
-        return self._served[1]
+        it keeps or they have loaded. Part of the state's facts, so built once per change."""
+        names = set(self.fleet_settings.models if self.fleet_settings else ())
+        names.update(self.desired.state.loras)
+        for rec in self.registry.members():
+            names.update(n for n in (rec.spec.model, rec.status.model if rec.status else None) if n)
+            names.update(rec.status.loras if rec.status else ())
+        return sorted(names)
 
     def state(self) -> FleetState:
         base = self.base_state()

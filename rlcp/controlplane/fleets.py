@@ -48,9 +48,6 @@ class Fleets:
         yield self.default
         yield from self.named.values()
 
-    def get(self, name: str) -> Controller | None:
-        return self.default if name == DEFAULT_FLEET else self.named.get(name)
-
     def apply_membership(self, specs: list[WorkerSpec]) -> None:
         if not self.named:
             self.default.apply_membership(specs)

@@ -16,17 +16,19 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 PROMPT = "Weights move from the trainer to every engine in the fleet."
 
 
+async def greedy_ids(http: aiohttp.ClientSession, max_tokens: int, agent) -> list[int]:
+    """The agent's greedy completion of PROMPT, as token ids."""
+    status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
+        "model": "tiny", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "return_token_ids": True})
+    assert status == 200, body
+    return body["choices"][0]["token_ids"]
+
+
 async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agent, vllm_agent_b, tiny_models,
                                                                        tmp_path):
     agents = [vllm_agent, vllm_agent_b]
     async with aiohttp.ClientSession() as http:
-        async def output(agent) -> list[int]:
-            status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
-                "model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
-                "return_token_ids": True})
-            assert status == 200, body
-            return body["choices"][0]["token_ids"]
-
         async def load_direct(agent, seed: int, version: str) -> None:
             for path, body in (("/resume", None), ("/v1/agent/desired", {"weight_version": None}),
                                ("/v1/agent/weights/disk", {"path": str(tiny_models[f"weights-{seed}"]),
@@ -37,10 +39,10 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
 
         # Reference outputs of each weight set, loaded straight into one engine.
         await load_direct(vllm_agent, 2, "ref-2")
-        want = await output(vllm_agent)
+        want = await greedy_ids(http, 24, vllm_agent)
         for agent in agents:
             await load_direct(agent, 1, "base")
-        before = [await output(a) for a in agents]
+        before = [await greedy_ids(http, 24, a) for a in agents]
         assert before[0] == before[1] != want
 
         specs = [a.spec(f"vllm-{i}") for i, a in enumerate(agents)]
@@ -56,7 +58,7 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
             assert resp.status == 200, result
             assert {r["worker_id"]: (r["status"], r["phase"]) for r in result["results"]} == {
                 "vllm-0": ("ok", "resume"), "vllm-1": ("ok", "resume")}
-            assert [await output(a) for a in agents] == [want, want]
+            assert [await greedy_ids(http, 24, a) for a in agents] == [want, want]
             st = await (await client.get("/v1/rl/state")).json()
             assert st["applied"] == {"weight_version": "step-7", "converged": True, "verified": True}
             assert st["phase"] == "serving"
@@ -76,17 +78,10 @@ async def test_sleep_leaves_the_fence_and_a_verified_wake_serves_the_same_tokens
     after -- not a memory release."""
     agents = {"vllm-0": vllm_agent, "vllm-1": vllm_agent_b}
     async with aiohttp.ClientSession() as http:
-        async def output(agent) -> list[int]:
-            status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
-                "model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-                "return_token_ids": True})
-            assert status == 200, body
-            return body["choices"][0]["token_ids"]
-
         for agent in agents.values():  # as the shared agents may have been left by another test
             status, resp = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
             assert status == 200, resp
-        before = await output(vllm_agent_b)
+        before = await greedy_ids(http, 16, vllm_agent_b)
         specs = [a.spec(worker_id) for worker_id, a in agents.items()]
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
@@ -126,4 +121,4 @@ async def test_sleep_leaves_the_fence_and_a_verified_wake_serves_the_same_tokens
             w1 = next(w for w in st["workers"] if w["id"] == "vllm-1")
             assert (w1["sleeping"], w1["serving"], w1["paused"]) == (False, True, False)
             assert fence() == set(agents)
-        assert await output(vllm_agent_b) == before
+        assert await greedy_ids(http, 16, vllm_agent_b) == before

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                         for name in (DEFAULT_FLEET, *settings.fleets)}
             followers = [asyncio.create_task(f.run(), name=f"follow-controller-state:{name}")
                          for name, f in followed.items()]
-            routes = {name: FleetRoute(name, Router(f), f.models) for name, f in followed.items()}
+            routes = {name: FleetRoute(name, Router(f)) for name, f in followed.items()}
             default, named = routes.pop(DEFAULT_FLEET), list(routes.values())
             # The token it follows the controller with is the controller's: inference takes it too.
             gateway = Gateway(router=default.router, session=session, settings=g, metrics=GatewayMetrics(),

@@ -26,16 +26,10 @@ class FollowedState:
                                           interval_s=interval_s, timeout_s=timeout_s, accept=self._parse)
         self._state: FleetState | None = None
         self._generation = 0
-        self._models: frozenset[str] = frozenset()
 
     def _parse(self, body: CachedBody) -> None:
         self._state = FleetState.model_validate_json(body.data)
-        self._models = frozenset(self._state.models)
         self._generation += 1
-
-    def models(self) -> frozenset[str]:
-        """The model names the controller routes to this fleet, as of the last state read."""
-        return self._models
 
     @property
     def last_error(self) -> str | None:

@@ -31,7 +31,7 @@ class ControllerState:
 
 async def start_local_gateway(fleets: Fleets, settings: GatewaySettings, session: aiohttp.ClientSession, *,
                               admin_token: str | None = None) -> tuple[Gateway, web.AppRunner]:
-    every = {ctl.fleet: FleetRoute(ctl.fleet, Router(ControllerState(ctl)), ctl.served_names) for ctl in fleets}
+    every = {ctl.fleet: FleetRoute(ctl.fleet, Router(ControllerState(ctl))) for ctl in fleets}
     default, named = every[fleets.default.fleet], [every[name] for name in fleets.named]
     gateway = Gateway(router=default.router, session=session, settings=settings, metrics=GatewayMetrics(),
                       admin_token=admin_token, fleets=ModelRoutes(default, named) if named else None)

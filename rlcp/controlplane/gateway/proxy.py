@@ -53,7 +53,7 @@ from rlcp.controlplane.gateway.breaker import Breakers, CircuitState
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
-from rlcp.controlplane.gateway.routing import Route, Router
+from rlcp.controlplane.gateway.routing import Route, Router, RoutingTable
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
@@ -240,17 +240,15 @@ class Gateway:
                                        load_factor=self.settings.affinity_load_factor)
                     if candidates:
                         return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
-                reason = ("the gateway has no fleet state yet" if table is None else table.why_empty or why_unavailable(
-                    table.routes, in_flight=self.in_flight, limit=self.settings.max_in_flight_per_worker,
-                    breakers=self.breakers))
                 if time.monotonic() >= deadline:
                     self._reject("deadline")
-                    raise NoCapacity(f"no worker could serve within {policy.hold_s:g}s: {reason}",
+                    raise NoCapacity(f"no worker could serve within {policy.hold_s:g}s: {self._why_none(table)}",
                                      retry_after_s=max(1, math.ceil(min(policy.hold_s, 30.0))))
                 if held_since is None:
                     if self.held >= self.settings.max_held:
                         self._reject("queue_full")
-                        raise NoCapacity(f"{self.held} requests are already waiting (gateway.max_held): {reason}",
+                        raise NoCapacity(f"{self.held} requests are already waiting (gateway.max_held): "
+                                         f"{self._why_none(table)}",
                                          retry_after_s=1)
                     held_since = time.monotonic()
                     self.held += 1
@@ -260,6 +258,13 @@ class Gateway:
             if held_since is not None:
                 self.held -= 1
                 self.metrics.held.dec()
+
+    def _why_none(self, table: RoutingTable | None) -> str:
+        """Why no member may take a request: said only when it is refused, not on each look of a held one."""
+        if table is None:
+            return "the gateway has no fleet state yet"
+        return table.why_empty or why_unavailable(table.routes, in_flight=self.in_flight,
+                                                  limit=self.settings.max_in_flight_per_worker, breakers=self.breakers)
 
     def _reject(self, reason: str) -> None:
         self.rejected += 1

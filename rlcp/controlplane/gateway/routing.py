@@ -67,6 +67,7 @@ class Router:
         self.source = source
         self._cache: dict[int | None, tuple[int, RoutingTable]] = {}
         self._members: tuple[int, dict[str, tuple[bool, str | None]]] | None = None
+        self._served: tuple[int, frozenset[str]] | None = None
 
     def table(self, bound: int | None = None) -> RoutingTable | None:
         current = self.source.current()
@@ -92,6 +93,16 @@ class Router:
             self._members = (generation, {w.id: (w.reachable and w.paused is False and not w.cordoned,
                                                  w.weight_version) for w in state.workers})
         return self._members[1].get(worker_id, (False, None))
+
+    def served(self) -> frozenset[str]:
+        """The model names the state says this fleet serves (its `models`); empty before any state."""
+        current = self.source.current()
+        if current is None:
+            return frozenset()
+        generation, state = current
+        if self._served is None or self._served[0] != generation:
+            self._served = (generation, frozenset(state.models))
+        return self._served[1]
 
     def state(self) -> FleetState | None:
         current = self.source.current()

@@ -269,10 +269,10 @@ async def _return_to_service(run: Run, records: list[WorkerRecord]) -> None:
     for mode in (None, "abort", "wait", "keep"):
         group = [r for r in records if wanted_pause(desired, r.id) == mode]
         if group:
-            await run.step(*_back(run, mode), group, CONTROL, _resume_or_pause(run, mode), _back_s(run, mode))
+            await run.step(*_back(mode), group, CONTROL, _resume_or_pause(run, mode), _back_s(run, mode))
 
 
-def _back(run: Run, mode: PauseMode | None) -> tuple[Phase, Step]:
+def _back(mode: PauseMode | None) -> tuple[Phase, Step]:
     return ("resuming", "resume") if mode is None else ("pausing", "pause")
 
 
