@@ -170,6 +170,10 @@ class ControlPlaneClient:
         settings. Returns once the count is stored; the agents join as they start."""
         return PlacementView.model_validate(await self._request("PUT", "/v1/rl/placement", {"replicas": replicas}))
 
+    async def set_staleness(self, bound: int) -> dict[str, Any]:
+        """The gateway's staleness bound: how many versions behind the desired one it may still serve."""
+        return _object(await self._request("POST", "/v1/rl/gateway/staleness", {"bound": bound}), "staleness")
+
     async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None, *,
                     selector: str | None = None) -> OperationResult:
         """Pause the fleet; with `selector`, only the matching members, held paused until resumed."""

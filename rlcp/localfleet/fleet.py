@@ -1,14 +1,18 @@
 """`python -m rlcp.localfleet`: the whole system on one machine, in one command.
 
 A new user with no cluster, GPU or downloadable model should still see what the project
-does: a trainer pushing a new weight version to a fleet every step while rollouts keep
-flowing. Every part is the real program: N agents (`python -m rlcp.agent`, vLLM CPU engines
-on a tiny model made on the spot, or SimEngines with `--sim`) and the controller
-(`python -m rlcp.controlplane`) run as subprocesses; a small trainer loop drives the
-controller's HTTP API as a real trainer would; everything stops on exit, Ctrl-C included.
+does: a policy that learns while its rollouts come through the fleet and its weights reach
+every engine each step. Every part is the real program: N agents (`python -m rlcp.agent`,
+vLLM CPU engines on a tiny model made on the spot, or SimEngines with `--sim`) and the
+controller (`python -m rlcp.controlplane`) run as subprocesses; everything stops on exit,
+Ctrl-C included. With vLLM engines the trainer is `rlcp.rl`'s GRPO run (rollouts through the
+gateway, weights by broadcast or disk, the engines' logprobs checked against its own);
+`--trainer noise` (and `--sim`, which has no model to learn with) keeps the load loop: noise
+weights pushed every step while rollouts keep flowing.
 
+    python -m rlcp.localfleet                       # the RL run on two real vLLM CPU engines
+    python -m rlcp.localfleet --mode async --sync disk   # rolling updates under staleness bound 1
     python -m rlcp.localfleet --sim                 # seconds; no torch, no vLLM
-    python -m rlcp.localfleet --agents 2 --steps 5  # real vLLM CPU engines
     python -m rlcp.localfleet --sim --ray           # on a local Ray head: agents placed by the controller
 
 With `--ray` the agents are not started here: a local Ray head is (loopback only,
@@ -72,6 +76,12 @@ class Processes:
         """Every child stopped (SIGTERM, then SIGKILL after `grace_s`)."""
         for c in stop_all(self.children, grace_s):
             say(f"  {c.name} did not stop within {grace_s:g}s: killed it")
+
+
+def vllm_engine(base: Path) -> dict[str, Any]:
+    """The agents' engine: the tiny model, with this project's CPU weight-transfer backend
+    (gloo) so the trainer can broadcast to it. No adapters: the run trains the base weights."""
+    return agent_engine(base, enable_lora=False, extra_engine_args={"weight_transfer_config": {"backend": "gloo"}})
 
 
 def write_step_weights(workdir: Path, step: int, base: Path | None) -> Path:
@@ -213,6 +223,29 @@ class Trainer:
         return n_ok == self.args.steps
 
 
+async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, base: Path | None) -> bool:
+    """The RL run (`rlcp.rl`) over the fleet; True when every push landed and the engines'
+    logprobs matched the trainer's within tolerance at every step."""
+    assert base is not None  # parse_args: --sim has no model to learn with
+    from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
+    from rlcp.rl.run import Fleet, train_through_fleet
+
+    settings = RunSettings(steps=args.steps, lr=args.lr, seed=args.seed, mode=args.mode, push=not args.no_push)
+    out = await train_through_fleet(Fleet(url, gateway, token), base, args.workdir / "rl", settings,
+                                    sync=args.sync, label=f"rlcp-{args.mode}-{args.sync}", say=say)
+    rs = out.records
+    head, tail = rs[:3], rs[-3:]
+    worst = max((r.mismatch_max for r in rs if r.mismatch_max is not None), default=None)
+    failed = [r.step for r in rs if r.sync_error]
+    say(f"\nsummary: reward {sum(r.reward for r in head) / len(head):.3f} (first {len(head)} steps) -> "
+        f"{sum(r.reward for r in tail) / len(tail):.3f} (last {len(tail)}) in {rs[-1].wall_s:.0f}s; "
+        f"largest |Δlogprob| {'-' if worst is None else f'{worst:.1e}'} (tolerance {MISMATCH_TOLERANCE:g}); "
+        f"pushes failed: {failed or 'none'}")
+    say(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else "  (no plot: matplotlib is not installed)"))
+    matched = worst is not None and worst <= MISMATCH_TOLERANCE
+    return not failed and (matched or not settings.push)
+
+
 async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path | None,
                           head: Any) -> tuple[list[dict], str, str]:
     """A controller that places `args.agents` agents on the Ray head `head` (a started
@@ -220,7 +253,7 @@ async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
     engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
-               "sim_token_interval_s": args.sim_token_s} if base is None else agent_engine(base))
+               "sim_token_interval_s": args.sim_token_s} if base is None else vllm_engine(base))
     agent = {"admin": {"token": admin_token}, "engine": engine, "allowed_roots": [str(args.workdir)],
              "log_format": "json"}
     say(f"Ray head up: GCS {head.gcs_address}, dashboard {head.dashboard_url}, files {head.temp_dir}; "
@@ -257,7 +290,7 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
     engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
                "sim_token_interval_s": args.sim_token_s} if base is None else
-              agent_engine(base))
+              vllm_engine(base))
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 
@@ -343,8 +376,11 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
             version = state["applied"]["weight_version"]
             say(f"fleet ready after {time.monotonic() - t0:.1f}s, at version {version}")
             print_workers(state)
-            rollouts = Rollouts(session, gateway, args.agents, model, version)
-            all_ok = await trainer.run_steps(procs, rollouts)
+            if args.trainer == "grpo":
+                all_ok = await learn(args, url, gateway, token, base)
+            else:
+                rollouts = Rollouts(session, gateway, args.agents, model, version)
+                all_ok = await trainer.run_steps(procs, rollouts)
             if args.keep_running:
                 say(f"the fleet keeps running at {url}; Ctrl-C stops it")
                 await asyncio.Event().wait()
@@ -372,7 +408,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ray", action="store_true",
                    help="on a local Ray head (the `ray` extra): the controller places the agents as actors")
     p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
-    p.add_argument("--steps", type=int, default=5, help="trainer steps, one weight update each (default 5)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="trainer steps, one weight update each (default 20 for the RL run, 5 for noise)")
+    p.add_argument("--trainer", choices=("grpo", "noise"), default=None,
+                   help="grpo: the RL run that learns (vLLM engines, the default); "
+                        "noise: noise weights every step under rollout load (the default with --sim)")
+    p.add_argument("--sync", choices=("broadcast", "disk"), default="broadcast",
+                   help="grpo: weights to the engines by broadcast through the controller, or from disk")
+    p.add_argument("--mode", choices=("sync", "async"), default="sync",
+                   help="grpo: sample then train (sync), or sample the next step while training (async, "
+                        "staleness bound 1)")
+    p.add_argument("--lr", type=float, default=5e-3, help="grpo: Adam's learning rate")
+    p.add_argument("--seed", type=int, default=0, help="grpo: the seed of sampling and training")
+    p.add_argument("--no-push", action="store_true",
+                   help="grpo: never push weights (the negative control: the engines keep the first ones)")
     p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
     p.add_argument("--workdir", type=Path, default=Path(".local-fleet"), help="models, weights, logs, state")
     p.add_argument("--port", type=int, default=8080, help="controller API port (0 = a free one)")
@@ -386,6 +435,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
+    args.trainer = args.trainer or ("noise" if args.sim else "grpo")
+    if args.trainer == "grpo" and args.sim:
+        p.error("--sim engines have no model to learn with: use --trainer noise (the default with --sim)")
+    if args.steps is None:
+        args.steps = 20 if args.trainer == "grpo" else 5
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     args.workdir = args.workdir.resolve()

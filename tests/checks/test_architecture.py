@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")
+PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness",
+            "rlcp.rl")
 
 # Lowest first; a module may import its own layer and those below it. Each entry is a whole
 # folder or a module directly under rlcp/controlplane: a folder split across layers hides an
