@@ -3,8 +3,9 @@
 The trainer holds the same Llama the engines serve (transformers' `LlamaForCausalLM`, float32)
 and scores the tokens the engines sampled. The engine's logprob of each sampled token is the
 behaviour policy (the weights that actually produced it, whichever version that was); the
-loss is PPO/GRPO's clipped importance-weighted policy gradient over every completion token,
-so tokens sampled by older weights (an asynchronous run) are corrected, not thrown away.
+loss is GRPO's clipped policy gradient over every completion token with the behaviour policy
+decoupled from the proximal one, so tokens sampled by older weights (an asynchronous run)
+are importance-weighted, not thrown away and not clipped to a zero gradient.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-CLIP = 0.2  # PPO's clip range on the importance ratio
+CLIP = 0.2  # PPO's clip range on the ratio to the proximal policy
+IS_CAP = 2.0  # truncated importance sampling: the largest weight a behaviour -> proximal ratio gives a token
 
 
 def load_policy(model_dir: str, device: str = "cpu") -> Any:
@@ -61,20 +63,27 @@ def group_advantages(rewards: Sequence[float], group: int, eps: float = 1e-6) ->
 
 
 def clipped_pg_loss(new: Sequence[Any], behaviour: Sequence[Sequence[float]], advantages: Sequence[float],
-                    keep: Sequence[Sequence[bool]] | None = None, clip: float = CLIP) -> Any:
-    """The clipped importance-weighted policy-gradient loss, a mean over the kept tokens.
+                    keep: Sequence[Sequence[bool]] | None = None, clip: float = CLIP,
+                    is_cap: float = IS_CAP) -> Any:
+    """The clipped policy-gradient loss with the behaviour policy decoupled (AReaL's decoupled
+    PPO objective), a mean over the kept tokens.
 
-    `new`: the trainer's token logprobs (with grad); `behaviour`: the engine's logprobs of the
-    same tokens; `keep`: which tokens count (a token from weights past the staleness bound does
-    not)."""
+    `new`: the trainer's token logprobs (with grad) under its current weights, which are also
+    the proximal policy the ratio is clipped against; `behaviour`: the engine's logprobs of the
+    same tokens (the weights that sampled them). Each token is weighted by the truncated
+    importance ratio behaviour -> proximal (`is_cap`), which corrects tokens an older version
+    sampled without letting PPO's clip zero their gradient: on-policy it is 1 and this is plain
+    GRPO. `keep`: which tokens count (a token from weights past the staleness bound does not)."""
     import torch
 
     total, count = None, 0
     for i, lp in enumerate(new):
         old = torch.tensor(behaviour[i], dtype=lp.dtype, device=lp.device)
-        ratio = torch.exp(lp - old)
+        proximal = lp.detach()
+        weight = torch.clamp(torch.exp(proximal - old), max=is_cap)
+        ratio = torch.exp(lp - proximal)  # 1 here; its gradient is lp's
         adv = advantages[i]
-        term = -torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
+        term = -weight * torch.minimum(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
         if keep is not None:
             term = term[torch.tensor(keep[i], dtype=torch.bool, device=lp.device)]
         total = term.sum() if total is None else total + term.sum()
