@@ -418,7 +418,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("sync", "async"), default="sync",
                    help="grpo: sample then train (sync), or sample the next step while training (async, "
                         "staleness bound 1)")
-    p.add_argument("--lr", type=float, default=5e-3, help="grpo: Adam's learning rate")
+    p.add_argument("--lr", type=float, default=1e-2, help="grpo: Adam's learning rate")
     p.add_argument("--seed", type=int, default=0, help="grpo: the seed of sampling and training")
     p.add_argument("--no-push", action="store_true",
                    help="grpo: never push weights (the negative control: the engines keep the first ones)")

@@ -41,7 +41,7 @@ class RunSettings:
     prompts_per_step: int = 4
     group: int = 8  # completions per prompt (GRPO's group)
     max_tokens: int = 16
-    lr: float = 5e-3  # Adam
+    lr: float = 1e-2  # Adam
     seed: int = 0
     mode: Mode = "sync"
     staleness: int = 1  # async: tokens this many versions behind the trainer still count

@@ -21,7 +21,9 @@ def load_policy(model_dir: str, device: str = "cpu") -> Any:
     """The Llama at `model_dir` (safetensors, as the engines load it), float32, on `device`."""
     import torch
     from transformers import LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a loading bar would sit between the run's own lines
     model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     model.train()  # the tiny config has no dropout: train mode changes nothing it computes
     return model

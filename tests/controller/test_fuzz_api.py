@@ -59,7 +59,9 @@ from rlcp.harness.live import LiveLoop, serve
 from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
 from rlcp.harness.waiting import wait_for
 
-pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300)]
+# One xdist group: the full run's parallel part (`--dist loadgroup`) sends every case of this module
+# to one process, so `test_the_fuzzing_reached_past_validation` sees every operation fuzzed.
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300), pytest.mark.xdist_group("fuzz_api")]
 
 SEED = int(os.environ.get("RLCP_FUZZ_SEED", "20260101"))
 MAX_EXAMPLES = int(os.environ.get("RLCP_FUZZ_EXAMPLES", "80"))
