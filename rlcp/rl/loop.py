@@ -194,7 +194,7 @@ class Trainer:
         rewards = [self.task.reward(c.tokens) for c in batch]
         current = token_logprobs(self.model, [c.prompt for c in batch], [c.tokens for c in batch])
         diffs, older, _ = compare(self.model, batch, current, self.snapshots)
-        keep = [[self._counts(v) for v in c.versions] for c in batch]
+        keep = [[self.counts_in_loss(v) for v in c.versions] for c in batch]
         loss = clipped_pg_loss(current, [c.logprobs for c in batch], group_advantages(rewards, self.settings.group),
                                keep)
         self.optimizer.zero_grad()
@@ -207,7 +207,7 @@ class Trainer:
                 "off_policy": older, "dropped": sum(not k for ks in keep for k in ks),
                 "workers": dict(Counter(str(c.worker) for c in batch))}
 
-    def _counts(self, version: str | None) -> bool:
+    def counts_in_loss(self, version: str | None) -> bool:
         """Whether a token of `version` is within the staleness bound (unknown versions count:
         a fleet that names none is trusted as a hand-rolled trainer trusts it)."""
         behind = self.snapshots.behind(version)

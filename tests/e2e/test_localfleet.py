@@ -89,3 +89,13 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_rl_run_is_the_default_with_engines_and_sim_keeps_the_noise_trainer() -> None:
+    from rlcp.localfleet.fleet import parse_args
+
+    assert (parse_args([]).trainer, parse_args([]).steps, parse_args([]).sync) == ("grpo", 20, "broadcast")
+    assert (parse_args(["--sim"]).trainer, parse_args(["--sim"]).steps) == ("noise", 5)
+    assert parse_args(["--mode", "async", "--sync", "disk", "--steps", "3"]).mode == "async"
+    with pytest.raises(SystemExit):  # a simulated engine has no model to learn with
+        parse_args(["--sim", "--trainer", "grpo"])
