@@ -109,7 +109,8 @@ def compare(model: Any, batch: Sequence[Completion], current: Sequence[Any], sna
             scored = [lp.detach() for lp in current]
         elif version in snapshots.weights:
             with torch.no_grad():
-                scored = token_logprobs_with(model, snapshots.weights[version], batch)
+                scored = token_logprobs(model, [c.prompt for c in batch], [c.tokens for c in batch],
+                                        weights=snapshots.weights[version])
         else:
             unknown += by_version[version]
             continue
@@ -118,20 +119,6 @@ def compare(model: Any, batch: Sequence[Completion], current: Sequence[Any], sna
         for c, lp in zip(batch, scored, strict=True):
             diffs += [abs(float(lp[i]) - c.logprobs[i]) for i, v in enumerate(c.versions) if v == version]
     return diffs, older, unknown
-
-
-def token_logprobs_with(model: Any, weights: dict[str, Any], batch: Sequence[Completion]) -> list[Any]:
-    """Token logprobs under `weights` instead of the model's own (torch.func: no copy of the model)."""
-    from torch.func import functional_call
-
-    class Scorer:  # token_logprobs calls the model; this calls it with other weights
-        def __init__(self) -> None:
-            self.parameters = model.parameters
-
-        def __call__(self, **kwargs: Any) -> Any:
-            return functional_call(model, weights, args=(), kwargs=kwargs, strict=False)
-
-    return token_logprobs(Scorer(), [c.prompt for c in batch], [c.tokens for c in batch])
 
 
 @dataclass

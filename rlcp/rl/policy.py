@@ -29,10 +29,13 @@ def load_policy(model_dir: str, device: str = "cpu") -> Any:
     return model
 
 
-def token_logprobs(model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]]) -> list[Any]:
+def token_logprobs(model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   weights: dict[str, Any] | None = None) -> list[Any]:
     """Per completion, the model's logprob of each of its tokens after its prompt (a 1-d
-    tensor each, with the graph kept for a backward pass). One padded forward pass."""
+    tensor each, with the graph kept for a backward pass). One padded forward pass; with
+    `weights` (parameter name -> tensor), under those instead of the model's own."""
     import torch
+    from torch.func import functional_call
 
     device = next(model.parameters()).device
     seqs = [list(p) + list(c) for p, c in zip(prompts, completions, strict=True)]
@@ -43,7 +46,10 @@ def token_logprobs(model: Any, prompts: Sequence[Sequence[int]], completions: Se
         ids[i, :len(s)] = torch.tensor(s, device=device)
         mask[i, :len(s)] = 1
     # Right padding: a real token never attends to a pad (causal), so its logits are exact.
-    logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    output = model(**inputs) if weights is None else functional_call(model, weights, args=(), kwargs=inputs,
+                                                                      strict=False)
+    logp = torch.log_softmax(output.logits.float(), dim=-1)
     out = []
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
         # The logits at position t predict token t + 1.

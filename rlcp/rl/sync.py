@@ -19,6 +19,7 @@ which worker failed, and why).
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,13 @@ class WeightSync(Protocol):
     async def push(self, model: Any, version: str) -> Pushed: ...
 
     async def close(self) -> None: ...
+
+
+def free_port(host: str) -> int:
+    """A port free on `host` now: the group's rendezvous, which the trainer (rank 0) hosts."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 def save_weights(model: Any, out: Path) -> Path:
@@ -116,11 +124,9 @@ class BroadcastSync:
         """Join a new group with the fleet (the controller assigns the engines' ranks)."""
         from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
 
-        from rlcp.harness.http import free_port
-
         self._client = ControllerWeightSyncClient(self.url, token=self.token, timeout_s=self.timeout_s)
         world_size = self._client.trainer_world_size()
-        port = free_port()
+        port = free_port(self.master_address)
         if self.backend == "gloo":
             from rlcp.agent.weight_transfer.cpu_gloo import GlooTrainerInitInfo, register
 
