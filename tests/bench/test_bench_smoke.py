@@ -2,9 +2,10 @@
 
 These are not performance tests: nothing here asserts a timing. Each benchmark runs
 end to end (its fleet or processes, the table, the JSON and the plot) at a size that
-takes seconds. The two that need a real vLLM engine (`disk_update`, `pause_latency`,
-~30 s of engine start-up each) run their reporting path here on a result of the shape
-they produce; their measuring path runs whenever the benchmark itself is run.
+takes seconds. Those that need a real vLLM engine (`disk_update`, `pause_latency`,
+~30 s of engine start-up each; `rl_run`, two engines and six training runs) run their
+reporting path here on a result of the shape they produce; their measuring path runs
+whenever the benchmark itself is run.
 """
 
 from __future__ import annotations
@@ -72,6 +73,51 @@ def test_vllm_benchmarks_report(tmp_path: Path) -> None:
     write_json("pause_latency", pause, tmp_path)
     pause_latency.draw(pause, tmp_path)
     _outputs(tmp_path, "pause_latency")
+
+
+def test_rl_run_report(tmp_path: Path) -> None:
+    # Its measuring path needs two vLLM engines and six training runs (minutes).
+    from bench import rl_run
+    from bench.common import write_json
+    from rlcp.rl.loop import StepRecord
+    from rlcp.rl.sampling import Completion
+
+    def record(step: int, reward: float, sync_s: float) -> StepRecord:
+        return StepRecord(step=step, reward=reward, pushed=f"step-{step}", sync_error=None, mismatch_mean=1e-6,
+                          mismatch_max=2e-6, compared=512, versions={f"step-{step - 1}": 512}, off_policy=0,
+                          dropped=0, workers={"a": 32}, sample_s=0.5, train_s=0.3, sync_s=sync_s, wall_s=step * 1.0)
+
+    # Step 2 of a sync run: one completion from weights it never pushed ("base"), one that
+    # straddled into a version outside the window; async admits the one before and later ones.
+    def completion(*versions: str | None) -> Completion:
+        return Completion((1,), [5] * len(versions), [-1.0] * len(versions), list(versions), "a")
+
+    pushed = ["base-x", "step-1", "step-2"]
+    batches = [rl_run.Batch(1, [completion("base-x", "base-x")], ["base-x"]),
+               rl_run.Batch(2, [completion("step-1"), completion("base"), completion("step-1", "base-x")], ["step-1"])]
+    wrong = rl_run.wrong_weights(batches, pushed)
+    assert (wrong["rollouts"], wrong["wrong_rollouts"], wrong["wrong_tokens"], wrong["never_pushed_tokens"]) == (4, 2, 2, 1)
+    assert wrong["wrong_by_step"] == {2: 2}
+
+    def run(rewards: list[float], sync_s: float) -> dict:
+        records = [record(k, r, sync_s) for k, r in enumerate(rewards, start=1)]
+        return {"figures": rl_run.figures(records, 0.5), "wrong": wrong, "sampler_retries": 0, "restart_s": 30.0,
+                "records": [r.as_json() for r in records]}
+
+    runs = {"hand-rolled": run([0.0, 0.2, 0.6], 0.4), "rlcp sync": run([0.0, 0.5, 0.7], 0.3),
+            "rlcp async": run([0.0, 0.1, 0.3], 0.2)}
+    rl_run.with_ratios(runs)
+    assert runs["rlcp sync"]["figures"]["threshold_step"] == 2 and runs["rlcp async"]["figures"]["threshold_s"] is None
+    assert runs["rlcp sync"]["figures"]["threshold_ratio"] == 2 / 3
+    result = {"steps": 3, "seed": 0, "lr": 1e-2, "threshold": 0.5, "kill_step": 2, "transport": "disk",
+              "cases": {"no_kill": runs, "kill": runs}}
+    text = rl_run.render(result)
+    assert "Kill case" in text and "not reached" in text and "2 / 4" in text
+    write_json("rl_run", result, tmp_path)
+    rl_run.draw(result, tmp_path)
+    _outputs(tmp_path, "rl_run")
+    assert (tmp_path / "rl_run_kill.png").stat().st_size > 1000
+    assert rl_run.parse([]).kill_step == 4
 
 
 def test_gateway_dynamo_report(tmp_path: Path) -> None:

@@ -153,6 +153,9 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     assert offenders("rlcp.controlplane", ("rlcp.agent", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
     assert offenders("rlcp.agent", ("rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
     assert offenders("rlcp.client", ("rlcp.agent", "rlcp.controlplane", "rlcp.localfleet", "rlcp.harness")) == []
+    # The RL run is a trainer as users write one: it reaches the fleet through the client and the
+    # gateway only (the agent's gloo backend is imported for its trainer half).
+    assert offenders("rlcp.rl", ("rlcp.controlplane", "rlcp.localfleet", "rlcp.harness")) == []
     # The product's packages; the harness may drive engines itself (a Dynamo worker over vLLM).
     product = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client")
     vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
