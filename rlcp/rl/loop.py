@@ -68,6 +68,7 @@ class StepRecord:
     train_s: float
     sync_s: float
     wall_s: float  # since the run started
+    foreign: int = 0  # tokens from weights the trainer never pushed (left out of the loss unless drop_stale=False)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,7 +160,9 @@ class Trainer:
                 stats = await asyncio.to_thread(self._train, batch)
                 train_s = time.monotonic() - t
                 pushed = await self.sync.push(self.model, f"step-{k}") if s.push else None
-                if pushed is not None and pushed.error is None:
+                if pushed is not None:
+                    # Even a failed push names these weights: a member that took them before the
+                    # failure serves them under this version, and its tokens are checked against them.
                     self.snapshots.add(pushed.version, self.model)
                 record = StepRecord(step=k, **stats, pushed=pushed.version if pushed else None,
                                     sync_error=pushed.error if pushed else None, sample_s=sample_s, train_s=train_s,
@@ -180,7 +183,7 @@ class Trainer:
         """One optimizer step on `batch`; the step's figures."""
         rewards = [self.task.reward(c.tokens) for c in batch]
         current = token_logprobs(self.model, [c.prompt for c in batch], [c.tokens for c in batch])
-        diffs, older, _ = compare(self.model, batch, current, self.snapshots)
+        diffs, older, foreign = compare(self.model, batch, current, self.snapshots)
         keep = [[self.counts_in_loss(v) for v in c.versions] for c in batch]
         loss = clipped_pg_loss(current, [c.logprobs for c in batch], group_advantages(rewards, self.settings.group),
                                keep)
@@ -191,11 +194,15 @@ class Trainer:
                 "mismatch_mean": sum(diffs) / len(diffs) if diffs else None,
                 "mismatch_max": max(diffs) if diffs else None, "compared": len(diffs),
                 "versions": dict(Counter(str(v) for c in batch for v in c.versions)),
-                "off_policy": older, "dropped": sum(not k for ks in keep for k in ks),
+                "off_policy": older, "foreign": foreign, "dropped": sum(not k for ks in keep for k in ks),
                 "workers": dict(Counter(str(c.worker) for c in batch))}
 
     def counts_in_loss(self, version: str | None) -> bool:
-        """Whether a token of `version` is within the staleness bound (unknown versions count:
-        a fleet that names none is trusted as a hand-rolled trainer trusts it)."""
+        """Whether a token of `version` goes into the loss: within the staleness bound of the
+        trainer's newest push. A version the trainer never pushed (an engine restarted on other
+        weights) does not; a token no answer names a version for does (a fleet that names none is
+        trusted, as a hand-rolled trainer trusts it)."""
+        if not self.settings.drop_stale or version is None:
+            return True
         behind = self.snapshots.behind(version)
-        return not self.settings.drop_stale or behind is None or behind <= (self.settings.staleness if self.settings.mode == "async" else 0)
+        return behind is not None and behind <= (self.settings.staleness if self.settings.mode == "async" else 0)

@@ -20,6 +20,8 @@ def step_line(r: StepRecord, steps: int) -> str:
     pushed = ("" if r.pushed is None else f"  pushed {r.pushed}" if r.sync_error is None
               else f"  push of {r.pushed} FAILED: {r.sync_error[:300]}")
     stale = f"  off-policy {r.off_policy} dropped {r.dropped}" if r.off_policy or r.dropped else ""
+    if r.foreign:
+        stale += f"  FOREIGN {r.foreign} (weights never pushed)"
     return (f"step {r.step}/{steps}  reward {r.reward:.3f}  {mismatch}  versions {versions}{stale}  "
             f"sample {r.sample_s:.2f}s train {r.train_s:.2f}s sync {r.sync_s:.2f}s{pushed}")
 
