@@ -361,6 +361,7 @@ class SyncControlPlaneClient:
     workers = _Blocking(ControlPlaneClient.workers)
     operations = _Blocking(ControlPlaneClient.operations)
     placement = _Blocking(ControlPlaneClient.placement)
+    set_staleness = _Blocking(ControlPlaneClient.set_staleness)
     fleets = _Blocking(ControlPlaneClient.fleets)
     scale = _Blocking(ControlPlaneClient.scale)
     pause = _Blocking(ControlPlaneClient.pause)
