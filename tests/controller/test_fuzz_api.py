@@ -59,9 +59,7 @@ from rlcp.harness.live import LiveLoop, serve
 from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
 from rlcp.harness.waiting import wait_for
 
-# One xdist group: the full run's parallel part (`--dist loadgroup`) sends every case of this module
-# to one process, so `test_the_fuzzing_reached_past_validation` sees every operation fuzzed.
-pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300), pytest.mark.xdist_group("fuzz_api")]
+pytestmark = [pytest.mark.fuzz, pytest.mark.timeout(300)]
 
 SEED = int(os.environ.get("RLCP_FUZZ_SEED", "20260101"))
 MAX_EXAMPLES = int(os.environ.get("RLCP_FUZZ_EXAMPLES", "80"))
