@@ -64,6 +64,25 @@ class CheckpointUnavailableApiError(ValidationFailedError):
         return body
 
 
+class EngineRefusedApiError(ApiError):
+    """The 4xx the engines answered a passthrough with, `engine_rejected`; the body names each
+    worker and what it answered, and carries the operation (every worker's result)."""
+
+    code = "engine_rejected"
+
+    def __init__(self, message: str, *, status: int, workers: dict[str, str], operation: dict[str, object]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.workers = workers
+        self.operation = operation
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        body["error"]["operation"] = self.operation
+        return body
+
+
 def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
     return type(f"{code.title().replace('_', '')}Error", (base,), {"status": status, "code": code})
 
@@ -90,6 +109,9 @@ def to_api_error(exc: Exception) -> ApiError | None:
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
     if isinstance(exc, domain.CheckpointUnavailable):
         return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
+    if isinstance(exc, domain.EngineRefused):
+        return EngineRefusedApiError(exc.message, status=exc.status, workers=exc.workers,
+                                     operation=exc.operation.model_dump(mode="json"))
     if not isinstance(exc, domain.ControlPlaneError):
         return None
     for cls in type(exc).__mro__:
