@@ -16,6 +16,7 @@ from rlcp.core.errors import (
     NotFoundError,
     ValidationFailedError,
 )
+from rlcp.core.wire.controller import OperationResult
 
 
 class NotLeaderApiError(ConflictError):
@@ -75,6 +76,29 @@ class EngineRefusedApiError(ApiError):
         self.status = status
         self.workers = workers
         self.operation = operation
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        body["error"]["operation"] = self.operation
+        return body
+
+
+class FleetCallFailedApiError(ApiError):
+    """A call on the vLLM-shaped facade that did not succeed on every member: 502
+    `workers_failed`, or 503 `workers_unreachable` when no member could be reached. Never a
+    2xx (a 207 there reads as success to vLLM-shaped clients: httpx's `raise_for_status`,
+    requests); the body names each failed worker and carries the operation."""
+
+    def __init__(self, result: OperationResult) -> None:
+        failed = [r for r in result.results if r.status in ("error", "timeout")]
+        unreachable = result.status == "failed" and bool(failed) and all(r.code == "unreachable" for r in failed)
+        self.status, self.code = (503, "workers_unreachable") if unreachable else (502, "workers_failed")
+        named = "; ".join(f"{r.worker_id} ({r.phase}: {r.message or r.code or r.status})" for r in failed)
+        super().__init__(f"{result.kind} did not succeed on every member: {len(failed)} of {len(result.results)} "
+                         f"failed: {named or 'none named'}")
+        self.workers = {r.worker_id: r.message or r.code or r.status for r in failed}
+        self.operation = result.model_dump(mode="json")
 
     def body(self) -> ErrorJson:
         body = super().body()
