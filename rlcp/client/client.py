@@ -209,7 +209,9 @@ class ControlPlaneClient:
     async def engine(self, route: str, *, worker: str | None = None, selector: str | None = None,
                      body: dict[str, Any] | None = None) -> OperationResult:
         """One allowlisted engine route (`POST /v1/rl/engine/{route}`) on a worker, a selector's
-        members or the fleet. Raises OperationFailed on 207/502, RequestRejected (403) off the list."""
+        members or the fleet. Raises OperationFailed on 207/502, RequestRejected (403) off the list,
+        and RequestRejected with the engines' own 4xx (code `engine_rejected`) when every member it
+        reached refused the request."""
         request = {k: v for k, v in (("worker", worker), ("selector", selector), ("body", body)) if v is not None}
         return OperationResult.model_validate(
             await self._request("POST", f"/v1/rl/engine/{quote(route, safe='')}", request))

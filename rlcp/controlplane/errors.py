@@ -12,6 +12,8 @@ table, at the edge.
     │                               weights); names each worker's reason
     ├── PathOutsideRoots            a weight or adapter path outside the allowed roots
     ├── RouteNotAllowed             an engine route outside the passthrough's allowlist
+    ├── EngineRefused               every member an engine route reached refused it as a client
+    │                               error (4xx): the request is wrong; carries the operation
     ├── NotFound                    no such LoRA, ...
     ├── Conflict                    another operation (or session) is running
     │   ├── NotLeader               this replica does not lead; names the leader
@@ -26,6 +28,8 @@ A partial failure is not an error: it is an operation result (207/502 at the API
 """
 
 from __future__ import annotations
+
+from rlcp.core.wire.controller import OperationResult
 
 
 class ControlPlaneError(Exception):
@@ -59,6 +63,17 @@ class PathOutsideRoots(ControlPlaneError):
 
 class RouteNotAllowed(ControlPlaneError):
     pass
+
+
+class EngineRefused(ControlPlaneError):
+    """The engines' own refusal, passed back as they answered it (`status`, a 4xx): the
+    operation ran (`operation`, recorded as failed) and no member took the request."""
+
+    def __init__(self, message: str, *, status: int, workers: dict[str, str], operation: OperationResult) -> None:
+        super().__init__(message)
+        self.status = status
+        self.workers = workers  # worker id -> what it answered
+        self.operation = operation
 
 
 class NotFound(ControlPlaneError):

@@ -9,6 +9,7 @@ shows up as a failure, not as silence.
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 from unittest.mock import Mock
 
@@ -27,6 +28,7 @@ from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import (
     CallPolicy,
     HttpTransport,
+    WorkerRefused,
     WorkerRejected,
     WorkerTimeout,
     WorkerUnreachable,
@@ -211,6 +213,47 @@ async def test_agent_connection_error_is_unreachable_after_retries(session, wire
     with pytest.raises(WorkerUnreachable):
         await make("agent", session).resume()
     assert len(sent(wire)) == 3
+
+
+class CountingTransport(HttpTransport):
+    """The real transport, counting the attempts it sends."""
+
+    attempts = 0
+
+    async def exchange(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None):
+        self.attempts += 1
+        return await super().exchange(method, path, json_body, params)
+
+
+def counting(session: aiohttp.ClientSession, port: int) -> CountingTransport:
+    # The default schedule (attempts, backoff): three attempts with waits of 0.1-2 s between them.
+    return CountingTransport(session=session, worker_id="w0", base_url=f"http://127.0.0.1:{port}", token=None,
+                             policy=CallPolicy())
+
+
+async def test_a_refused_connection_fails_at_once_without_retries(session):
+    # A real port nothing listens on: retrying it held every healthy member of an operation
+    # paused for the backoff (~1.8 s) for a worker that was not coming back within it.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    transport = counting(session, port)
+    with pytest.raises(WorkerRefused) as err:
+        await transport.request("POST", "/resume")
+    assert transport.attempts == 1 and err.value.code == "unreachable", err.value
+
+
+async def test_a_reset_connection_is_still_retried(session):
+    # A real listener that accepts and closes at once: the connection is lost before any answer.
+    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    async with server:
+        transport = counting(session, server.sockets[0].getsockname()[1])
+        with pytest.raises(WorkerUnreachable) as err:
+            await transport.request("POST", "/resume")
+    assert transport.attempts == 3 and not isinstance(err.value, WorkerRefused), err.value
 
 
 async def test_agent_status_read_is_not_retried(session, wire):

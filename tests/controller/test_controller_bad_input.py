@@ -33,6 +33,9 @@ def cases(root: str, ckpt: str) -> list[tuple[str, str, str, object, int, str]]:
         ("oversized", "POST", uw, b"{" + b" " * (2 << 20) + b"}", 413, "body"),
         ("pause mode", "POST", "/v1/rl/pause", {"mode": "sleep"}, 422, "mode"),
         ("pause zero timeout", "POST", "/v1/rl/pause", {"mode": "abort", "timeout_s": 0}, 422, "timeout_s"),
+        # A literal of ints (vLLM's levels 1 and 2) matched `true` and `1.0`: they put members to sleep.
+        *((f"sleep level {level!r}", "POST", "/v1/rl/sleep", {"level": level}, 422, "level")
+          for level in (True, 1.0, "1", 0, 3)),
         ("resume extra", "POST", "/v1/rl/resume", {"force": True}, 422, "force"),
         ("lora bad name", "POST", "/v1/rl/loras", {"name": "a b", "path": ckpt}, 422, "name"),
         ("lora no path", "POST", "/v1/rl/loras", {"name": "a"}, 422, "path"),

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rlcp.harness.controller import start_controller
+from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import SimAgent
 from tests.controller.fleets import ROLES, Labelled
 
@@ -69,9 +70,44 @@ async def test_a_post_route_passes_its_body_and_the_touched_workers_are_read_aga
     assert result["detail"]["answers"]["w0"] == {"status": "aborted", "aborted": 0}
     assert agents["w0"].touched[-1] == "POST /abort_requests"
     assert ctl.worker(await ctl.state(), "w0")["paused"] is True
-    # A body the engine refuses is that worker's failed result: 502, named.
-    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"worker": "w0", "body": {"x": 1}})
-    assert status == 502 and result["results"][0]["status"] == "error", result
+
+
+async def test_an_engine_refusal_comes_back_as_its_4xx_and_a_fleet_failure_as_502(fleet: Any) -> None:
+    ctl, agents = fleet
+    # A body the engine refuses (its 422) is the client's error, not the fleet's: that 4xx, naming
+    # the worker and what it answered, with the operation and every worker's result.
+    status, answer = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"worker": "w0", "body": {"x": 1}})
+    assert status == 422, answer
+    error = answer["error"]
+    assert error["code"] == "engine_rejected" and "w0" in error["message"] and "422" in error["message"], error
+    assert list(error["workers"]) == ["w0"] and "answered 422" in error["workers"]["w0"]
+    assert [(r["worker_id"], r["status"]) for r in error["operation"]["results"]] == [("w0", "error")]
+    assert error["operation"]["kind"] == "engine" and error["operation"]["status"] == "failed"
+    status, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
+    assert error["operation"]["id"] in [o["id"] for o in ops["operations"]]  # recorded, as every operation
+    # Every member refusing: the same 4xx, each named.
+    status, answer = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"body": {"x": 1}})
+    assert status == 422 and sorted(answer["error"]["workers"]) == ["w0", "w1", "w2"], answer
+    # A 5xx, a broken connection, or a status about the controller's own link (401) is the fleet's
+    # failure: 502 with the operation's result, whatever the others answered.
+    agents["w0"].faults["/abort_requests"] = Fault("status", 500)
+    agents["w1"].faults["/abort_requests"] = Fault("reset")
+    agents["w2"].faults["/abort_requests"] = Fault("status", 401)
+    for target in ({"worker": "w0"}, {"worker": "w1"}, {"worker": "w2"}, {}):
+        status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests", target | {"body": {}})
+        assert status == 502 and result["status"] == "failed", (target, result)
+    agents["w1"].faults.clear()
+    # One refusing (422), another failing (500): still the fleet's failure.
+    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests",
+                                    {"selector": "role=policy", "body": {"x": 1}})
+    assert status == 502 and {r["worker_id"]: r["status"] for r in result["results"]} == {"w0": "error",
+                                                                                           "w1": "error"}, result
+    agents["w2"].faults.clear()
+    # One took it, one refused: a partial result, 207, as every operation.
+    agents["w0"].faults["/abort_requests"] = Fault("status", 422)
+    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"selector": "role=policy", "body": {}})
+    assert status == 207 and {r["worker_id"]: r["status"] for r in result["results"]} == {"w0": "error",
+                                                                                           "w1": "ok"}, result
 
 
 @pytest.mark.parametrize("route,body,code,field,why", [

@@ -7,6 +7,7 @@ import pytest
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import AUTH
 from rlcp.harness.faults import Fault
+from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,8 +50,13 @@ async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
     ctl, agents = sim_fleet
     ckpt = write_checkpoint(tmp_path / "c", 4)
     agents[0].faults["/v1/agent/weights/disk"] = Fault("status", 500)
+    # Failed on one member: not a 207 (vLLM-shaped clients read any 2xx as success) but a 502
+    # naming it, with every worker's result.
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)})
-    assert status == 207 and {r["worker_id"]: r["status"] for r in body["results"]} == {"w0": "error", "w1": "ok"}
+    assert status == 502 and body["error"]["code"] == "workers_failed", body
+    assert "w0" in body["error"]["message"] and list(body["error"]["workers"]) == ["w0"]
+    results = body["error"]["operation"]["results"]
+    assert {r["worker_id"]: r["status"] for r in results} == {"w0": "error", "w1": "ok"}
     before = [list(a.touched) for a in agents]
     for payload, want, field in (({}, 422, "weight_dir"), ({"weight_dir": "/etc"}, 403, "weight_dir"),
                                  ({"weight_dir": str(ckpt), "x": 1}, 422, "x")):
@@ -61,6 +67,30 @@ async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
     assert status == 401
     resp = await ctl.client.post("/init_weight_transfer_engine", json={}, headers=AUTH)
     assert resp.status == 422 and (await resp.json())["error"]["field"] == "init_info"
+
+
+async def test_a_member_down_is_never_success_on_the_facade(sim_fleet):
+    ctl, agents = sim_fleet
+    await agents[1].stop()
+    await wait_for(lambda: not ctl.ctl.registry.get("w1").reachable, 10, "w1 to be seen unreachable")
+    # w0 pauses, w1 cannot be reached: 502 naming w1, with both results.
+    status, body = await ctl.call("POST", "/pause?mode=keep")
+    assert status == 502 and body["error"]["code"] == "workers_failed", body
+    assert list(body["error"]["workers"]) == ["w1"] and "w1" in body["error"]["message"]
+    assert {r["worker_id"]: r["status"] for r in body["error"]["operation"]["results"]} == {"w0": "ok", "w1": "error"}
+    assert agents[0].service.paused
+    # Every reachable member is paused, but w1 is not known to be: not paused.
+    assert await ctl.call("GET", "/is_paused", headers={}) == (200, {"is_paused": False})
+    # No member reached at all: 503.
+    await agents[0].stop()
+    await wait_for(lambda: not ctl.ctl.registry.get("w0").reachable, 10, "w0 to be seen unreachable")
+    status, body = await ctl.call("POST", "/resume")
+    assert status == 503 and body["error"]["code"] == "workers_unreachable", body
+    assert sorted(body["error"]["workers"]) == ["w0", "w1"]
+    assert await ctl.call("GET", "/is_paused", headers={}) == (200, {"is_paused": False})
+    # The native API keeps its 207/502 with the operation as the body.
+    status, body = await ctl.call("POST", "/v1/rl/resume", {})
+    assert status == 502 and body["status"] == "failed", body
 
 
 def vllm_admin_routes() -> set[tuple[str, str]]:

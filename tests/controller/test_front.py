@@ -65,6 +65,29 @@ async def test_a_write_is_in_the_state_read_right_after_it(daemon_fleet) -> None
     assert status == 200 and op["id"] == result["id"]
 
 
+# Selectors the core refuses (422 naming `selector`): the front once answered each from its
+# replica, 200 with the whole document.
+BAD_SELECTORS = ("role in", "role in policy", "role in (policy", "bad key=x", "role=policy,", "=x", "a===b",
+                 "!", "a!=!b", "(", "x in (a b)", "x notin", "a=b=c", "a,,b", "a b", "x" * 254, "role=" + "v" * 64,
+                 "!a=b", "in (a)", "s" * 600)
+
+
+async def test_a_state_read_with_a_selector_is_answered_as_the_core_answers_it(daemon_fleet) -> None:
+    _, ctl, http = daemon_fleet
+    status, whole, _ = await get(http, ctl.url + "/v1/rl/state")
+    assert status == 200 and len(whole["workers"]) == 2
+    for selector in BAD_SELECTORS:
+        status, body, _ = await get(http, ctl.url + "/v1/rl/state", params={"selector": selector})
+        assert status == 422 and body["error"]["field"] == "selector", (selector, body)
+    # A good selector filters the members, as the core does; the plain read is still the whole fleet.
+    status, none, headers = await get(http, ctl.url + "/v1/rl/state", params={"selector": "role=policy"})
+    assert status == 200 and none["workers"] == [] and "ETag" not in headers, none
+    status, every, _ = await get(http, ctl.url + "/v1/rl/state", params={"selector": "!role"})
+    assert status == 200 and [w["id"] for w in every["workers"]] == [w["id"] for w in whole["workers"]]
+    status, again, _ = await get(http, ctl.url + "/v1/rl/state")
+    assert status == 200 and len(again["workers"]) == 2
+
+
 async def test_reads_are_answered_while_the_core_is_stopped(daemon_fleet) -> None:
     _, ctl, http = daemon_fleet
     status, before, headers = await get(http, ctl.url + "/v1/rl/state")

@@ -16,6 +16,7 @@ from rlcp.core.errors import (
     NotFoundError,
     ValidationFailedError,
 )
+from rlcp.core.wire.controller import OperationResult
 
 
 class NotLeaderApiError(ConflictError):
@@ -64,6 +65,48 @@ class CheckpointUnavailableApiError(ValidationFailedError):
         return body
 
 
+class EngineRefusedApiError(ApiError):
+    """The 4xx the engines answered a passthrough with, `engine_rejected`; the body names each
+    worker and what it answered, and carries the operation (every worker's result)."""
+
+    code = "engine_rejected"
+
+    def __init__(self, message: str, *, status: int, workers: dict[str, str], operation: dict[str, object]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.workers = workers
+        self.operation = operation
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        body["error"]["operation"] = self.operation
+        return body
+
+
+class FleetCallFailedApiError(ApiError):
+    """A call on the vLLM-shaped facade that did not succeed on every member: 502
+    `workers_failed`, or 503 `workers_unreachable` when no member could be reached. Never a
+    2xx (a 207 there reads as success to vLLM-shaped clients: httpx's `raise_for_status`,
+    requests); the body names each failed worker and carries the operation."""
+
+    def __init__(self, result: OperationResult) -> None:
+        failed = [r for r in result.results if r.status in ("error", "timeout")]
+        unreachable = result.status == "failed" and bool(failed) and all(r.code == "unreachable" for r in failed)
+        self.status, self.code = (503, "workers_unreachable") if unreachable else (502, "workers_failed")
+        named = "; ".join(f"{r.worker_id} ({r.phase}: {r.message or r.code or r.status})" for r in failed)
+        super().__init__(f"{result.kind} did not succeed on every member: {len(failed)} of {len(result.results)} "
+                         f"failed: {named or 'none named'}")
+        self.workers = {r.worker_id: r.message or r.code or r.status for r in failed}
+        self.operation = result.model_dump(mode="json")
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"]["workers"] = self.workers
+        body["error"]["operation"] = self.operation
+        return body
+
+
 def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
     return type(f"{code.title().replace('_', '')}Error", (base,), {"status": status, "code": code})
 
@@ -90,6 +133,9 @@ def to_api_error(exc: Exception) -> ApiError | None:
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
     if isinstance(exc, domain.CheckpointUnavailable):
         return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
+    if isinstance(exc, domain.EngineRefused):
+        return EngineRefusedApiError(exc.message, status=exc.status, workers=exc.workers,
+                                     operation=exc.operation.model_dump(mode="json"))
     if not isinstance(exc, domain.ControlPlaneError):
         return None
     for cls in type(exc).__mro__:

@@ -3,20 +3,25 @@
 Existing RL code that drives a single vLLM server (its RL routes, or the disk and LoRA
 routes frameworks call on their inference servers) can point at the controller and drive
 the whole fleet unchanged. Each route maps onto a native operation, so the rules hold:
-one operation at a time (409), a 4xx naming the field before any worker is touched,
-and a partial failure is a 207/502 with every worker's result -- never 200.
+one operation at a time (409), a 4xx naming the field before any worker is touched.
+
+A call that did not succeed on every member is never a 2xx here, unlike the native API's
+207: these clients (httpx's `raise_for_status`, requests, vLLM's own HTTP weight-sync
+client) read any 2xx as success. It is a 502 `workers_failed` (503 `workers_unreachable`
+when no member could be reached), naming the failed workers, with the operation and every
+worker's result in `error.operation`. `GET /is_paused` is true only when every member is
+reachable, its engine alive, and paused: a dead member is not known to be paused.
 
 `POST /update_weights` is both vLLM's broadcast chunk (`{"update_info": ...}`) and the
-disk update frameworks send (`{"weight_dir": ...}`); the body's keys say which. A
-broadcast step that fails on any worker answers 502, so vLLM's own HTTP weight-sync
-client (which raises on a non-2xx) stops at once.
+disk update frameworks send (`{"weight_dir": ...}`); the body's keys say which.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import PurePosixPath
+from typing import Any
 
 from aiohttp import web
 
@@ -28,14 +33,15 @@ from rlcp.controlplane.api.answers import (
     SuccessAnswer,
     UnloadLoraAdapterRequest,
 )
-from rlcp.controlplane.api.routes import CONTROLLER, SESSION, STEP, operation, operation_response
+from rlcp.controlplane.api.errors import FleetCallFailedApiError
+from rlcp.controlplane.api.routes import CONTROLLER, SESSION, operation
 from rlcp.controlplane.errors import ControlPlaneError
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.operations import lora, weights
 from rlcp.controlplane.operations import pause as pausing
 from rlcp.core.errors import ApiError
 from rlcp.core.http import json_response, parse_body, read_object, validate
-from rlcp.core.openapi import RouteTable
+from rlcp.core.openapi import Handler, RouteTable
 from rlcp.core.wire.agent import (
     IsPausedAnswer,
     MessageAnswer,
@@ -63,6 +69,13 @@ _FACADE = "vLLM-compatible facade"
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
 
+def fleet_call(method: str, path: str, summary: str, *, errors: tuple[int, ...] = (),
+               **kw: Any) -> Callable[[Handler], Handler]:
+    """The declaration of a facade route that runs a fleet operation: a call that failed on
+    some member is a 502 (503 when none was reached) in the error shape, never a 207."""
+    return operation(method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, table=api, **kw)
+
+
 @contextmanager
 def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
     """Errors of the native request a facade route builds name the field the client sent
@@ -77,72 +90,78 @@ def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
-@operation("POST", "/pause", "Pause the fleet (vLLM's `/pause?mode=`).", query=PauseQuery, ok=StatusAnswer,
-           tag=_FACADE, table=api)
+def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Response:
+    """vLLM's answer when every member did its part (or, a broadcast step, is doing it); else
+    502/503 naming the workers that failed."""
+    if result.status not in ("ok", "running"):
+        raise FleetCallFailedApiError(result)
+    return json_response(answer)
+
+
+@fleet_call("POST", "/pause", "Pause the fleet (vLLM's `/pause?mode=`).", query=PauseQuery, ok=StatusAnswer)
 async def pause(request: web.Request) -> web.Response:
     query = validate(PauseQuery, dict(request.query))
     result = await pausing.pause(request.config_dict[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
-    return operation_response(result) if result.status != "ok" else json_response({"status": "paused"})
+    return _vllm_answer(result, {"status": "paused"})
 
 
-@operation("POST", "/resume", "Resume the fleet.", ok=StatusAnswer, tag=_FACADE, table=api)
+@fleet_call("POST", "/resume", "Resume the fleet.", ok=StatusAnswer)
 async def resume(request: web.Request) -> web.Response:
     result = await pausing.resume(request.config_dict[CONTROLLER])
-    return operation_response(result) if result.status != "ok" else json_response({"status": "resumed"})
+    return _vllm_answer(result, {"status": "resumed"})
 
 
-@api.get("/is_paused", "True when every member is paused.", ok=IsPausedAnswer, tag=_FACADE)
+@api.get("/is_paused", "True when every member is reachable, its engine alive, and paused (a member that cannot "
+         "be reached is not known to be paused); false otherwise, and with no members.", ok=IsPausedAnswer,
+         tag=_FACADE)
 async def is_paused(request: web.Request) -> web.Response:
-    return json_response({"is_paused": request.config_dict[CONTROLLER].state().pause_state == "paused"})
+    workers = request.config_dict[CONTROLLER].state().workers
+    paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
+    return json_response({"is_paused": paused})
 
 
-def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Response:
-    return operation_response(result) if result.status not in ("ok", "running") else json_response(answer)
-
-
-@operation("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
-           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+@fleet_call("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
+            ok=MessageAnswer)
 async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferInitRequest)
     result = await request.config_dict[CONTROLLER].transfer.init(body)
     return _vllm_answer(result, {"message": "Weight transfer initialized"})
 
 
-@operation("POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True,
-           ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+@fleet_call("POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True,
+            ok=MessageAnswer)
 async def start_weight_update(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.start()
     return _vllm_answer(result, {"message": "Weight update started"})
 
 
-@operation("POST", "/finish_weight_update", "The broadcast finish.", body=TransferFinishRequest, body_optional=True,
-           ok=MessageAnswer, partial=STEP, errors=(403,), tag=_FACADE, table=api)
+@fleet_call("POST", "/finish_weight_update", "The broadcast finish.", body=TransferFinishRequest, body_optional=True,
+            ok=MessageAnswer, errors=(403,))
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferFinishRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.finish(body)
     return _vllm_answer(result, {"message": "Weight update finished"})
 
 
-@operation("POST", "/shutdown_weight_transfer_engine", "Every worker leaves the group.", body=EmptyRequest,
-           body_optional=True, ok=MessageAnswer, partial=STEP, tag=_FACADE, table=api)
+@fleet_call("POST", "/shutdown_weight_transfer_engine", "Every worker leaves the group.", body=EmptyRequest,
+            body_optional=True, ok=MessageAnswer)
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.shutdown()
     return _vllm_answer(result, {"message": "Weight transfer shut down"})
 
 
-@operation("POST", "/update_weight_version", "Name the weights on every member.", body=UpdateWeightVersionRequest,
-           ok=VersionSetAnswer, partial=STEP, tag=_FACADE, table=api)
+@fleet_call("POST", "/update_weight_version", "Name the weights on every member.", body=UpdateWeightVersionRequest,
+            ok=VersionSetAnswer)
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)
     result = await request.config_dict[CONTROLLER].transfer.update_weight_version(body.new_version)
     return _vllm_answer(result, {"success": True, "new_version": body.new_version})
 
 
-@operation("POST", "/update_weights", "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
-           body=TransferUpdateRequest | DiskWeightsRequest, ok=MessageAnswer | DiskWeightsAnswer, errors=(403,),
-           tag=_FACADE, table=api)
+@fleet_call("POST", "/update_weights", "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
+            body=TransferUpdateRequest | DiskWeightsRequest, ok=MessageAnswer | DiskWeightsAnswer, errors=(403,))
 async def update_weights(request: web.Request) -> web.Response:
     data = await read_object(request)
     if "update_info" in data:  # vLLM's broadcast chunk
@@ -156,37 +175,31 @@ async def update_weights(request: web.Request) -> web.Response:
                          "source.path": "weight_dir"}):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
         result = await weights.update_weights(request.config_dict[CONTROLLER], req)
-    if result.status != "ok":
-        return operation_response(result)
-    return json_response({"success": True, "message": "Weights updated", "weight_version": version})
+    return _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
 
 
-@operation("POST", "/v1/load_lora_adapter", "The same, at vLLM's OpenAI-server path.", body=LoadLoraAdapterRequest,
-           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
-@operation("POST", "/load_lora_adapter", "Load a LoRA adapter fleet-wide (vLLM's shape).", body=LoadLoraAdapterRequest,
-           ok=SuccessAnswer, errors=(403,), tag=_FACADE, table=api)
+@fleet_call("POST", "/v1/load_lora_adapter", "The same, at vLLM's OpenAI-server path.", body=LoadLoraAdapterRequest,
+            ok=SuccessAnswer, errors=(403,))
+@fleet_call("POST", "/load_lora_adapter", "Load a LoRA adapter fleet-wide (vLLM's shape).", body=LoadLoraAdapterRequest,
+            ok=SuccessAnswer, errors=(403,))
 async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
     with _client_fields({"name": "lora_name", "path": "lora_path"}):
         req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
         result = await lora.load_lora(request.config_dict[CONTROLLER], req)
-    if result.status != "ok":
-        return operation_response(result)
-    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
+    return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
 
 
-@operation("POST", "/v1/unload_lora_adapter", "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
-           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
-@operation("POST", "/unload_lora_adapter", "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
-           "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
-           body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,), tag=_FACADE, table=api)
+@fleet_call("POST", "/v1/unload_lora_adapter", "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
+            body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,))
+@fleet_call("POST", "/unload_lora_adapter", "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
+            "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
+            body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,))
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, UnloadLoraAdapterRequest)
     with _client_fields({"name": "lora_name"}):
         result = await lora.unload_lora(request.config_dict[CONTROLLER], body.lora_name)
-    if result.status != "ok":
-        return operation_response(result)
-    return json_response({"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
+    return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
 
 
 @api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,

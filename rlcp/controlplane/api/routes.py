@@ -204,7 +204,10 @@ async def delete_lora(request: web.Request) -> web.Response:
 
 @operation("POST", "/v1/rl/engine/{route}", "Run one engine route from the allowlist (settings "
            "`engine_routes.allow`, per flavor) on one `worker`, the members a `selector` names, or the whole fleet; "
-           "403 naming a route not allowed. Recorded as an operation; the touched workers are read again after it.",
+           "403 naming a route not allowed. Recorded as an operation; the touched workers are read again after it. "
+           "When every member it reached refused it with a 4xx (a body the engine cannot read), that 4xx "
+           "(`engine_rejected`, naming each worker, with the operation in `error.operation`); a 5xx or a lost "
+           "connection is the fleet's failure (502).",
            body=EngineRouteRequest, body_optional=True, errors=(403, 404),
            path_params={"route": {"type": "string", "minLength": 1}})
 async def post_engine_route(request: web.Request) -> web.Response:

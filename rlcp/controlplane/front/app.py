@@ -1,7 +1,9 @@
 """The front's routes: the state from the replica, its own liveness, the rest proxied.
 
 - `GET /v1/rl/state`: the replica's bytes, with the core's tag, 304 and gzip as the core
-  answers them (`rlcp.core.cached`); proxied to the core until the first read arrived.
+  answers them (`rlcp.core.cached`); proxied to the core until the first read arrived. A read
+  with a query (`?selector=`) is proxied too: the replica holds the whole document, and the
+  selector's parsing (a 422 naming it) and filter are the core's, in one place.
 - `GET /healthz`: 200 while the core answered a state read within `stale_s` (a hung core is
   a dead controller, and the probe must not queue behind it to find out).
 - everything else: proxied to the core as it came (method, path, query, headers, body) and
@@ -73,7 +75,7 @@ def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
 
     async def state(request: web.Request) -> web.StreamResponse:
         body = replica.body
-        if body is None:
+        if body is None or request.query_string:
             return await forward(request)
         return cached_response(request, etag=body.etag, body=lambda: body)
 

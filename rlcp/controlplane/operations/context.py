@@ -79,10 +79,12 @@ def records_flavor(records: list[WorkerRecord], worker_id: str) -> str:
 
 @dataclass(frozen=True)
 class StepDone(Generic[T]):
-    """The records a step succeeded on, and what each of their calls answered, by worker id."""
+    """The records a step succeeded on, and what each of their calls answered, by worker id;
+    and the HTTP status each worker that refused its call answered, by worker id."""
 
     ok: list[WorkerRecord]
     answers: dict[str, T | None]
+    refused: dict[str, int]
 
 
 class Run:
@@ -133,7 +135,8 @@ class Run:
                 # at once, also for a worker a later step fails and no final read refreshes.
                 self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[step])
         answers = {o.worker_id: o.value for o in outcomes if o.ok}
-        return StepDone([r for r in records if r.id in answers], answers)
+        refused = {o.worker_id: o.refused_with for o in outcomes if o.refused_with is not None}
+        return StepDone([r for r in records if r.id in answers], answers, refused)
 
     def report(self, results: Iterable[WorkerResult]) -> None:
         """Results found before any step ran (a checkpoint a worker cannot load): recorded as

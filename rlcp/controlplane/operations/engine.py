@@ -6,6 +6,9 @@ allowlist (`engine_routes.allow` in the settings, per flavor) names it for the f
 member it would reach; otherwise 403 naming the route, before any worker is touched. It runs as
 an operation: under the gate (409 while another runs), recorded in the operations log with a
 result per worker (200 / 207 / 502), each worker's answer kept in `detail.answers` (bounded).
+When no member took the call and every one refused it as a client error (the engine's 4xx: a
+body it cannot read, say), the request was wrong, not the fleet: the answer is that 4xx
+(`EngineRefused`, naming each worker and carrying the operation), not a 502.
 Afterwards the touched workers' statuses are read again (`run_operation`'s final refresh), so
 what the controller tracks (pause state, versions, adapters) reflects whatever the route did.
 """
@@ -16,7 +19,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rlcp.controlplane.errors import InvalidInput, NoMembers, NotFound, RouteNotAllowed
+from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, NotFound, RouteNotAllowed
 from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
@@ -27,6 +30,9 @@ from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import EngineRouteRequest, OperationResult
 
 ANSWER_KEPT_BYTES = 4096  # an engine's answer kept in the operations log, per worker (server_info is large)
+# 4xx answers that speak of the controller's own link to the worker (its token, a proxy, the
+# worker's read timeout), not of the request: a failure of the fleet (502), not the client's.
+_LINK_STATUSES = frozenset({401, 407, 408})
 Allowlist = Mapping[Flavor, Mapping[str, EngineMethod]]  # flavor -> route -> HTTP method
 
 
@@ -58,6 +64,22 @@ def method_for(route: str, records: list[WorkerRecord], allow: Allowlist) -> Eng
     return method if method is not None else "POST"  # unreachable: refused above
 
 
+def refusal_status(result: OperationResult, refused: Mapping[str, int]) -> int | None:
+    """The 4xx to answer when no member took the call and each one that failed refused it as a
+    client error: the status they answered (400 where they differ); else None (a timeout, a
+    lost connection, a 5xx or a link status is the fleet's failure: 207/502)."""
+    failed = [r.worker_id for r in result.results if r.status in ("error", "timeout")]
+    if result.status != "failed" or not failed:
+        return None
+    statuses: set[int] = set()
+    for worker_id in failed:
+        status = refused.get(worker_id)
+        if status is None or not 400 <= status < 500 or status in _LINK_STATUSES:
+            return None
+        statuses.add(status)
+    return statuses.pop() if len(statuses) == 1 else 400
+
+
 def _kept(answer: Any) -> Any:
     text = json.dumps(answer, default=str)
     return answer if len(text) <= ANSWER_KEPT_BYTES else f"<{len(text)} bytes, not kept>"
@@ -79,6 +101,7 @@ async def run_engine_route(ctx: OperationContext, route: str, req: EngineRouteRe
         return targets, method
 
     check(ctx.registry.members())  # every refusal before the gate, the log and any worker
+    refused: dict[str, int] = {}
 
     async def body(run: Run) -> None:
         run.members, method = check(run.members)
@@ -88,8 +111,16 @@ async def run_engine_route(ctx: OperationContext, route: str, req: EngineRouteRe
         done = await run.step_values(None, "engine", run.members, ENGINE_ROUTES,
                                      lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
                                      ctx.deadlines.control_s, shown_as=f"engine:{route}")
+        refused.update(done.refused)
         run.tracker.note(answers={worker_id: _kept(answer) for worker_id, answer in done.answers.items()})
 
     detail: dict[str, Any] = {"route": route} | ({"selector": req.selector} if req.selector is not None else {}) \
         | ({"worker": req.worker} if req.worker is not None else {})
-    return await run_operation(ctx, "engine", detail, body)
+    result = await run_operation(ctx, "engine", detail, body)
+    status = refusal_status(result, refused)
+    if status is not None:
+        workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}
+        named = "; ".join(f"{worker_id}: {why}" for worker_id, why in sorted(workers.items()))
+        raise EngineRefused(f"engine route {route!r} was refused by every member it reached ({named})",
+                            status=status, workers=workers, operation=result)
+    return result

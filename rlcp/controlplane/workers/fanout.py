@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 import structlog
 
 from rlcp.controlplane.workers.capabilities import Can, Driver, implements
-from rlcp.controlplane.workers.transport import WorkerCallError, WorkerTimeout
+from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected, WorkerTimeout
 from rlcp.core.wire.controller import ResultStatus, WorkerResult
 
 log = structlog.get_logger("rlcp.controlplane.workers.fanout")
@@ -30,6 +30,7 @@ class Outcome(Generic[T]):
     worker_id: str
     result: WorkerResult
     value: T | None = None
+    refused_with: int | None = None  # the HTTP status the worker refused the call with, if it did
 
     @property
     def ok(self) -> bool:
@@ -51,6 +52,7 @@ class FanOut:
             status: ResultStatus = "ok"
             message: str | None = None
             code: str | None = None
+            refused_with: int | None = None
             try:
                 async with asyncio.timeout(deadline_s):
                     value = await fn(driver)
@@ -60,6 +62,8 @@ class FanOut:
                 status, message, code = "timeout", exc.reason, exc.code
             except WorkerCallError as exc:
                 status, message, code = "error", exc.reason, exc.code
+                if isinstance(exc, WorkerRejected):
+                    refused_with = exc.status
             except Exception as exc:  # a flavor bug must not sink the other workers' results
                 log.exception("fanout_call_crashed", worker_id=worker_id, phase=phase)
                 status, message, code = "error", f"{type(exc).__name__}: {exc}", "internal"
@@ -68,7 +72,8 @@ class FanOut:
             log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, code=code,
                         error=message)
         return Outcome(worker_id, WorkerResult(worker_id=worker_id, status=status, phase=phase,
-                                               duration_s=duration, message=message, code=code), value)
+                                               duration_s=duration, message=message, code=code), value,
+                       refused_with)
 
     async def run(self, drivers: Sequence[D], fn: Callable[[D], Awaitable[T]], *, phase: str,
                   deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:

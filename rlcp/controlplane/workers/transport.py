@@ -7,12 +7,16 @@ idempotent calls only: a collective call (joining a weight-transfer group, a bro
 chunk) is never blindly retried, since the other side may already be in it. A connection
 lost after the worker began to answer is not retried either: the worker has done the work
 (a weight load of minutes), and doing it again would not make the answer arrive; the
-reconciler reads the worker's state instead.
+reconciler reads the worker's state instead. Nor is a refused connection: nothing listens
+at the worker's address (a dead process, a pod gone), it will not within a backoff's
+second or two, and meanwhile the operation holds every healthy member paused; the worker
+fails its call at once, and the reconciler converges it when it is back.
 
 Errors leave as `WorkerCallError` subclasses naming the worker and the reason:
 
     WorkerCallError
-    ├── WorkerUnreachable     connect refused / reset / DNS, before any answer
+    ├── WorkerUnreachable     connect reset / DNS / a connect error, before any answer
+    │   └── WorkerRefused     the connection was refused: nothing listens (never retried)
     ├── WorkerConnectionLost  the connection broke after the status line arrived
     ├── WorkerTimeout         the deadline passed
     └── WorkerRejected        the worker answered an error (status and its message)
@@ -25,6 +29,7 @@ and reconcile logic can be tested without sockets (httpx's `MockTransport` is th
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import random
 import time
@@ -60,6 +65,10 @@ class WorkerUnreachable(WorkerCallError):
     code = "unreachable"
 
 
+class WorkerRefused(WorkerUnreachable):
+    """Nothing listens at the worker's address: the connection was refused (code `unreachable`)."""
+
+
 class WorkerConnectionLost(WorkerCallError):
     """The worker received the request and began to answer (`status`), then the connection broke."""
 
@@ -77,7 +86,7 @@ class WorkerRejected(WorkerCallError):
 
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, WorkerUnreachable):
-        return True
+        return not isinstance(exc, WorkerRefused)
     return isinstance(exc, WorkerRejected) and exc.status in _RETRY_STATUSES
 
 
@@ -177,8 +186,14 @@ class HttpTransport(WorkerTransport):
                 raise WorkerConnectionLost(
                     self.worker_id, f"{method} {path}: the connection broke after the worker answered {answered} "
                                     f"(the request reached it): {type(exc).__name__}: {exc}", status=answered) from exc
-            raise WorkerUnreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            unreachable = WorkerRefused if _refused(exc) else WorkerUnreachable
+            raise unreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         return answered, _parse(text), text
+
+
+def _refused(exc: aiohttp.ClientError) -> bool:
+    """The connection was refused (at every address the name resolved to, alike)."""
+    return isinstance(exc, aiohttp.ClientConnectorError) and exc.os_error.errno == errno.ECONNREFUSED
 
 
 MemoryHandler = Callable[[str, str, dict[str, Any], Any], Awaitable[tuple[int, Any]]]
@@ -186,8 +201,9 @@ MemoryHandler = Callable[[str, str, dict[str, Any], Any], Awaitable[tuple[int, A
 
 class MemoryTransport(WorkerTransport):
     """Hands each call to `handler(method, path, params, json_body) -> (status, body)` in this
-    process. A handler raising `ConnectionError` is an unreachable worker; one that never
-    returns runs into the call's deadline, as a hung worker does."""
+    process. A handler raising `ConnectionError` is an unreachable worker (`ConnectionRefusedError`:
+    a refused one, not retried); one that never returns runs into the call's deadline, as a
+    hung worker does."""
 
     def __init__(self, *, worker_id: str, handler: MemoryHandler, policy: CallPolicy) -> None:
         super().__init__(worker_id=worker_id, policy=policy)
@@ -198,7 +214,8 @@ class MemoryTransport(WorkerTransport):
             status, body = await self.handler(method, path, {k: str(v) for k, v in (params or {}).items()},
                                               json_body)
         except ConnectionError as exc:
-            raise WorkerUnreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+            unreachable = WorkerRefused if isinstance(exc, ConnectionRefusedError) else WorkerUnreachable
+            raise unreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         text = "" if body is None else body if isinstance(body, str) else json.dumps(body)
         return status, body, text
 

@@ -125,7 +125,9 @@ class EngineRouteRequest(_Body):
                                         "GET route).")
 
 
-SleepLevel = Literal[1, 2]
+# A strict int, not `Literal[1, 2]`: a literal of ints matches `true` and `1.0` (they compare
+# and hash equal to 1), so `{"level": true}` would put members to sleep.
+SleepLevel = Annotated[int, Field(strict=True, ge=1, le=2, json_schema_extra={"enum": [1, 2]})]
 WakeTag = Literal["weights", "kv_cache"]
 WORKER_IDS_FIELD = Field(None, min_length=1, max_length=1024, description="Members by id (every one must be a "
                          "member: an unknown id is a 404 naming it); give this or `selector`, not both.")
