@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error("--steps must be >= 1")
+    if not (args.model_dir / "config.json").is_file():
+        p.error(f"--model-dir {args.model_dir} holds no config.json: give the checkpoint the engines serve")
     return args
 
 
@@ -52,8 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(train_through_fleet(fleet, args.model_dir.resolve(), args.out.resolve(), settings,
                                               sync=args.sync, backend=args.backend, device=args.device,
                                               label=f"rlcp-{args.mode}-{args.sync}"))
-    except (ControlPlaneError, SamplingError) as exc:
-        print(f"rlcp.rl: {exc}", file=sys.stderr)
+    except (ControlPlaneError, SamplingError, OSError) as exc:  # OSError: a model directory that is not one
+        print(f"rlcp.rl: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else ""))
     worst = max((r.mismatch_max for r in out.records if r.mismatch_max is not None), default=None)
