@@ -6,6 +6,7 @@ benchmarks and the local demo use too."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import aiohttp
@@ -34,10 +35,19 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
     }
 
 
+def one_core(index: int) -> dict[str, str]:
+    """The engine's CPU threads bound to one core of its own. vLLM's default ("auto") binds every
+    engine's threads to the same cores: two engines on two cores then spin against each other, and
+    one was seen to take no step for 36 to 95 s while the other decoded (a keep-mode pause never
+    taken). The local fleet binds its agents the same way."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+
+
 @pytest.fixture(scope="session")
 def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """One real vLLM CPU agent shared by the session (engine start-up costs ~30 s)."""
-    agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent")).start()
+    agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent"),
+                         env=one_core(0)).start()
     yield agent
     agent.stop()
 
@@ -46,7 +56,7 @@ def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
 def vllm_agent_b(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     """A second real vLLM CPU agent, for fleet tests through the controller."""
     config = vllm_agent_config(tiny_models) | {"agent_id": "vllm-1"}
-    agent = AgentProcess(config, tmp_path_factory.mktemp("vllm-agent-b")).start()
+    agent = AgentProcess(config, tmp_path_factory.mktemp("vllm-agent-b"), env=one_core(1)).start()
     yield agent
     agent.stop()
 
