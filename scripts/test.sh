@@ -20,20 +20,14 @@ if [ $# -eq 0 ]; then
   #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
   # 2. The tests that start real engines or build images, in one process: they share the
   #    session's engines (tests/conftest.py), and two cores run two engines at a time at most.
-  # 3. The rest in three processes (they mostly wait on sockets and child processes), and
-  # 4. beside them the API fuzzing in a fourth: its closing check needs every case it ran in one
-  #    process. Its output is printed when both are done.
+  # 3. The rest in four processes (they mostly wait on sockets and child processes), but for
+  # 4. the API fuzzing, in one process: its closing check needs to see every case it ran.
   rc=0
   fuzz=tests/controller/test_fuzz_api.py
-  fuzz_log=$(mktemp)
   "${pytest[@]}" -m alone || rc=$?
   "${pytest[@]}" -m "not alone and (vllm or images)" || rc=$?
-  "${pytest[@]}" -m "not alone and not vllm and not images" "$fuzz" >"$fuzz_log" 2>&1 &
-  fuzzing=$!
-  "${pytest[@]}" -n 3 -m "not alone and not vllm and not images" --ignore "$fuzz" || rc=$?
-  wait "$fuzzing" || rc=$?
-  cat "$fuzz_log"
-  rm -f "$fuzz_log"
+  "${pytest[@]}" -n 4 -m "not alone and not vllm and not images" --ignore "$fuzz" || rc=$?
+  "${pytest[@]}" -m "not alone and not vllm and not images" "$fuzz" || rc=$?
   exit $rc
 fi
 exec "${pytest[@]}" "$@"
