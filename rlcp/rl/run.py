@@ -64,7 +64,8 @@ async def train_through_fleet(fleet: Fleet, model_dir: Path, out_dir: Path, sett
             say(f"training: {settings.steps} steps of {settings.prompts_per_step} prompts x {settings.group} "
                 f"completions x {settings.max_tokens} tokens, {settings.mode}, weights by {sync}"
                 + ("" if settings.push else " (push DISABLED: the negative control)")
-                + f"; the fleet serves {initial}")
+                + f"; the fleet serves {initial}; the gateway's staleness bound is set to "
+                + f"{settings.staleness if settings.mode == 'async' else 0}")
             try:
                 records = await trainer.run()
             finally:
