@@ -21,11 +21,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from rlcp.agent.runner import run_agent
 
-    async def _run() -> None:
-        await run_agent(settings, stop_on_signals(), ports_file=args.ports_file)
+    async def _run() -> int:
+        return await run_agent(settings, stop_on_signals(), ports_file=args.ports_file)
 
-    asyncio.run(_run())
-    return 0
+    return asyncio.run(_run())
 
 
 if __name__ == "__main__":  # vLLM spawns engine processes: keep this guard

@@ -86,6 +86,11 @@ class AgentSettings(BaseSettings):
     require_desired_version: bool = Field(
         False, description="Report not ready until a controller has told the desired version (set this in "
                            "controller-managed fleets, so a restarted pod serves no rollouts before it is checked).")
+    exit_on_engine_death: bool = Field(
+        True, description="End the process (exit status 3) once its engine has died, so whatever supervises it "
+                          "(the kubelet, Ray's actor restart, the local fleet) starts a fresh engine; the controller "
+                          "converges it before the gateway's fence takes it back. vLLM's own server ends the same "
+                          "way; false keeps a dead agent up, answering 503 `engine_dead`.")
     log_format: Literal["json", "console"] = Field("json", description="structlog renderer.")
     log_level: str = Field("info")
 

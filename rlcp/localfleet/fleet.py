@@ -41,8 +41,9 @@ from typing import Any
 import aiohttp
 
 from rlcp.client.cli import count_or_percent
+from rlcp.core.wire.agent import EXIT_ENGINE_DIED
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
-from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, stop_all
+from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, Supervisor, stop_all
 from rlcp.harness.tiny_model import agent_engine
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
@@ -61,6 +62,7 @@ class Processes:
 
     workdir: Path
     children: list[ChildProcess] = field(default_factory=list)
+    supervisor: Supervisor | None = None  # restarts the agents that exit (`supervise`)
 
     def spawn(self, child: ChildProcess) -> ChildProcess:
         """Start `child` (its config, which holds tokens, readable by this user only)."""
@@ -68,9 +70,25 @@ class Processes:
         (self.workdir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
         return child
 
+    def supervise(self) -> Supervisor:
+        """The agents restarted when they exit (an agent exits when its engine dies), as a
+        kubelet would; run its `run()` as a task."""
+        def restarted(child: ChildProcess, status: int | None, n: int) -> None:
+            why = " (its engine died)" if status == EXIT_ENGINE_DIED else ""
+            say(f"  {child.name} exited with {status}{why}: restarted ({n}/{supervisor.max_restarts}); the "
+                "controller converges it before the gateway takes it back")
+
+        supervisor = Supervisor([c for c in self.children if isinstance(c, AgentProcess)], on_restart=restarted)
+        self.supervisor = supervisor
+        return supervisor
+
     def check_alive(self) -> None:
-        if dead := [c for c in self.children if not c.running()]:
-            raise dead[0].failure(f"exited with {dead[0].proc.returncode}")
+        kept_up = [] if self.supervisor is None else self.supervisor.children
+        given_up = [] if self.supervisor is None else self.supervisor.gave_up
+        if dead := [c for c in self.children if not c.running() and (c not in kept_up or c in given_up)]:
+            status = None if dead[0].proc is None else dead[0].proc.returncode
+            why = " (restarted as often as the supervisor does)" if dead[0] in given_up else ""
+            raise dead[0].failure(f"exited with {status}{why}")
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Every child stopped (SIGTERM, then SIGKILL after `grace_s`)."""
@@ -331,7 +349,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
     """Bring the fleet up, run the steps, and stop every process it started, whatever happens."""
     procs, task, got, t0 = Processes(args.workdir), asyncio.current_task(), [], time.monotonic()
     model = "sim" if base is None else "tiny"
-    head = None
+    head, supervision = None, None
 
     def on_signal(sig: signal.Signals) -> None:
         if not got:  # later signals: the stop is already on its way
@@ -351,6 +369,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             specs, url, token = await start_ray_fleet(args, procs, base, head)
         else:
             specs, url, token = await start_fleet(args, procs, base)
+            supervision = asyncio.create_task(procs.supervise().run(), name="supervisor")
         async with aiohttp.ClientSession() as session:
             trainer = Trainer(session, url, token, args, base)
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
@@ -393,6 +412,8 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
         say(f"localfleet: {exc}")
         return 1
     finally:
+        if supervision is not None:
+            supervision.cancel()  # nothing is restarted while the fleet stops
         t_stop = time.monotonic()
         procs.stop()  # the controller first: with teardown it removes the actors it placed
         if head is not None:

@@ -200,3 +200,37 @@ async def test_tcp_nodelay_on_both_sides_of_the_gateway(gateway_fleet: GatewayFl
                 assert _nodelay(resp.connection.transport) == 1
         finally:
             await runner.cleanup()
+
+
+async def test_a_dead_engine_is_ejected_at_once_and_what_it_refused_served_by_another(
+        gateway_fleet: GatewayFleet, clock: ManualClock) -> None:
+    agents, ctl, gateway, http = gateway_fleet
+    agents[0].engine.kill()  # the agent stays up and refuses at arrival: 503 `engine_dead`
+    answers = [await post(http, gateway.url) for _ in range(4)]
+    # Never reached an engine: answered by w1, the client sees no failure; and one refusal is
+    # enough to eject w0 (outlier_failures is 2 here).
+    assert [(s, h["X-RL-Worker"]) for s, h, _ in answers] == [(200, "w1")] * 4
+    workers = await gateway_section(gateway_fleet)
+    assert workers["w0"]["circuit"] == "open" and workers["w0"]["ejections"] == 1 and workers["w0"]["failed"] == 1
+
+
+async def test_a_request_during_which_the_engine_died_is_not_sent_again(gateway_fleet: GatewayFleet,
+                                                                         clock: ManualClock) -> None:
+    agents, ctl, gateway, http = gateway_fleet
+    # Long enough to be in flight when its engine dies (the sim engine makes a token each 5 ms).
+    slow = asyncio.create_task(http.post(f"{gateway.url}{PATH}", json=BODY | {"max_tokens": 2000}))
+    busy = await wait_for(lambda: next((w for w, n in gateway.in_flight.items() if n), None), what="a request in flight")
+    victim, other = (agents[0], agents[1]) if busy == "w0" else (agents[1], agents[0])
+    routed_to_other = gateway.routed[other.agent_id]
+    victim.engine.kill()
+    async with await slow as resp:
+        status, answer = resp.status, await resp.json()
+    # A clear 502 naming the worker; the request may be what killed the engine, so no other
+    # worker gets it; and the worker is out of the rotation at once.
+    assert status == 502 and answer["error"]["code"] == "engine_died", answer
+    assert f"worker {victim.agent_id}'s engine died while serving this request" in answer["error"]["message"]
+    assert gateway.routed[other.agent_id] == routed_to_other
+    workers = await gateway_section(gateway_fleet)
+    assert workers[victim.agent_id]["circuit"] == "open" and workers[victim.agent_id]["ejections"] == 1
+    answers = [await post(http, gateway.url) for _ in range(3)]
+    assert [(s, h["X-RL-Worker"]) for s, h, _ in answers] == [(200, other.agent_id)] * 3

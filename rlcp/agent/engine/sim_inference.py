@@ -23,8 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from rlcp.agent.engine.base import EngineError
 from rlcp.agent.engine.sim import SimEngine, SimOutput
 from rlcp.core.wire.agent import (
+    ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,
+    engine_dead_body,
     version_mismatch_body,
     weight_versions_header,
 )
@@ -51,6 +53,9 @@ class _HttpError(Exception):
 @web.middleware
 async def _error_middleware(request: web.Request,
                             handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    engine = request.app[ENGINE_KEY]
+    if not engine.is_alive():  # as the vLLM agent answers (`VersionedAnswers`)
+        return web.json_response(engine_dead_body(), status=503)
     try:
         return await handler(request)
     except _HttpError as exc:
@@ -59,6 +64,9 @@ async def _error_middleware(request: web.Request,
             detail["field"] = exc.field
         return web.json_response({"error": detail}, status=exc.status)
     except EngineError as exc:
+        if not engine.is_alive():  # it died during this request
+            return web.json_response({"error": {"code": "engine_error", "message": str(exc)}}, status=500,
+                                     headers={ENGINE_DIED_HEADER: "1"})
         return web.json_response({"error": {"code": "engine_error", "message": str(exc)}}, status=503)
 
 

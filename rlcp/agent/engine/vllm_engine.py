@@ -163,7 +163,8 @@ class VllmEngine:
             stat_loggers=[_stat_logger_factory(self._queue_depth)],
             enable_log_requests=engine_args.enable_log_requests, disable_log_stats=False,
         )
-        self._inference = InferenceServer(self._llm, args, served_version=lambda: self.served_version)
+        self._inference = InferenceServer(self._llm, args, served_version=lambda: self.served_version,
+                                          alive=self.is_alive)
         await self._inference.start(self._inference_settings.host, self._inference_settings.port)
         log.info("vllm_engine_started", model=self.model_name, inference_port=self._inference.port)
 

@@ -38,8 +38,10 @@ from vllm.entrypoints.launchers.app import build_app
 
 from rlcp.agent.engine.answer_fields import Span, amend_events, amend_json
 from rlcp.core.wire.agent import (
+    ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,
+    engine_dead_body,
     version_mismatch_body,
     weight_versions_header,
 )
@@ -67,6 +69,7 @@ class CallSpans:
 _SPANS: contextvars.ContextVar[list[CallSpans] | None] = contextvars.ContextVar("rl_weight_version_spans",
                                                                                default=None)
 _SPANS_HEADER = WEIGHT_VERSIONS_HEADER.lower().encode()
+_DIED_HEADER = ENGINE_DIED_HEADER.lower().encode()
 _EXPECT = EXPECT_VERSION_HEADER.lower().encode()
 _TOKENS_ROUTE = "/inference/v1/generate"  # vLLM's tokens-in/tokens-out: its logprob entries get names
 
@@ -111,31 +114,41 @@ def _spans_of(calls: list[CallSpans]) -> Callable[[int], list[Span] | None]:
 
 
 class VersionedAnswers:
-    """ASGI middleware: refuses a request expecting other weights than these; adds the
-    recorded spans to the answer (`_AmendedAnswer`)."""
+    """ASGI middleware: refuses a request expecting other weights than these, or arriving
+    after the engine died (503 `engine_dead`: it never reached an engine, another worker may
+    take it); marks the 5xx of a request during which the engine died (`X-RL-Engine-Died`);
+    adds the recorded spans to the answer (`_AmendedAnswer`)."""
 
-    def __init__(self, app: Any, served_version: Callable[[], str | None]) -> None:
+    def __init__(self, app: Any, served_version: Callable[[], str | None], alive: Callable[[], bool]) -> None:
         self.app = app
         self.served_version = served_version
+        self.alive = alive
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if not self.alive():
+            await _answer_json(send, 503, engine_dead_body())
+            return
         expected = next((v.decode() for k, v in scope["headers"] if k == _EXPECT), None)
         if expected is not None and expected != (served := self.served_version()):
-            body = json.dumps(version_mismatch_body(expected, served)).encode()
-            await send({"type": "http.response.start", "status": 409,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await _answer_json(send, 409, version_mismatch_body(expected, served))
             return
         calls: list[CallSpans] = []
         token = _SPANS.set(calls)
-        answer = _AmendedAnswer(send, calls, tokens_route=scope["path"] == _TOKENS_ROUTE)
+        answer = _AmendedAnswer(send, calls, tokens_route=scope["path"] == _TOKENS_ROUTE, alive=self.alive)
         try:
             await self.app(scope, receive, answer.send)
         finally:
             _SPANS.reset(token)
+
+
+async def _answer_json(send: Any, status: int, payload: object) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 class _AmendedAnswer:
@@ -145,10 +158,11 @@ class _AmendedAnswer:
     - in a stream, `weight_versions` on the chunk that finishes each choice (vLLM's
       tokens-in/tokens-out stream sets it there itself);
     - on the tokens-in/tokens-out route, logprob entries named `"token_id:<id>"`: a JSON
-      answer is held whole (it is sent in one piece anyway) and its length set again."""
+      answer is held whole (it is sent in one piece anyway) and its length set again;
+    - on a 5xx sent once the engine is dead, `X-RL-Engine-Died`."""
 
-    def __init__(self, send: Any, calls: list[CallSpans], *, tokens_route: bool) -> None:
-        self._send, self._calls, self._tokens_route = send, calls, tokens_route
+    def __init__(self, send: Any, calls: list[CallSpans], *, tokens_route: bool, alive: Callable[[], bool]) -> None:
+        self._send, self._calls, self._tokens_route, self._alive = send, calls, tokens_route, alive
         self._held_start: dict[str, Any] | None = None
         self._held_body: list[bytes] = []
         self._stream = False
@@ -172,6 +186,8 @@ class _AmendedAnswer:
         choices = [call.by_index[i] for call in self._calls for i in sorted(call.by_index)]
         if choices:
             headers.append((_SPANS_HEADER, weight_versions_header(choices).encode()))
+        if message["status"] >= 500 and not self._alive():
+            headers.append((_DIED_HEADER, b"1"))
         message = {**message, "headers": headers}
         content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
         self._stream = content_type.startswith(b"text/event-stream")
@@ -195,9 +211,10 @@ class _AmendedAnswer:
 
 class InferenceServer:
     def __init__(self, engine_client: EngineClient, args: Namespace, *,
-                 served_version: Callable[[], str | None]) -> None:
+                 served_version: Callable[[], str | None], alive: Callable[[], bool]) -> None:
         self._engine_client = engine_client
         self._served_version = served_version
+        self._alive = alive
         self._args = args
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -213,7 +230,7 @@ class InferenceServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(VersionedAnswers(app, self._served_version), log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn.Config(VersionedAnswers(app, self._served_version, self._alive), log_level="warning", access_log=False, lifespan="on")
         self._server = _Server(config)
         # vLLM's engine-error handler reads it (as `vllm serve`'s launcher sets it): without
         # it a request that meets a dead engine gets an AttributeError 500, not the engine's error.

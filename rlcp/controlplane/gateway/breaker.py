@@ -94,6 +94,15 @@ class Breakers:
             self.ejected += 1
             self._eject(worker, circuit)
 
+    def eject(self, worker: str) -> None:
+        """Out at once, whatever the count (its engine died): it comes back as any ejected
+        worker does, through a probe once the backoff is up."""
+        circuit = self._circuits.setdefault(worker, _Circuit())
+        if circuit.open_until is None:
+            self.ejected += 1
+        circuit.probing = False
+        self._eject(worker, circuit)
+
     def released(self, worker: str, *, probe: bool) -> None:
         """The request ended without a verdict: the next one may probe."""
         circuit = self._circuits.get(worker)

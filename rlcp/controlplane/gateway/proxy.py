@@ -26,7 +26,13 @@
   instead, its bytes gone out). The cost: answers a member finishes while an update takes it
   out of service are computed twice.
   A worker that fails before the first byte reaches the client is skipped and the request
-  tried on the next; one that fails mid-stream ends the stream with an SSE error event. A
+  tried on the next; one that fails mid-stream ends the stream with an SSE error event.
+  An engine's death ejects its worker at once (not after `outlier_failures`): a request that
+  arrives at a dead engine (an agent's 503 `engine_dead`) never reached it and goes to the
+  next worker; a request **during which** the engine died (a 5xx with `X-RL-Engine-Died`, or
+  vLLM's own dead-engine message from a stock server) is not sent again, since it may be what
+  killed the engine and would kill the next: its client gets a 502 `engine_died` naming the
+  worker. A
   client that goes away cancels the handler (the site runs with handler cancellation), which
   closes the upstream request.
 """
@@ -58,7 +64,13 @@ from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, VERSION_MISMATCH, WEIGHT_VERSIONS_HEADER
+from rlcp.core.wire.agent import (
+    ENGINE_DEAD,
+    ENGINE_DIED_HEADER,
+    EXPECT_VERSION_HEADER,
+    VERSION_MISMATCH,
+    WEIGHT_VERSIONS_HEADER,
+)
 from rlcp.core.wire.controller import GatewayView, GatewayWorkerView
 
 log = structlog.get_logger("rlcp.controlplane.gateway")
@@ -87,6 +99,13 @@ class UpstreamFailed(ApiError):
 
     status = 502
     code = "upstream_failed"
+
+
+class EngineDied(ApiError):
+    """502: the worker's engine died while serving this request (not resent: see the module doc)."""
+
+    status = 502
+    code = "engine_died"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -190,6 +209,14 @@ class Gateway:
                 response = await self._send(request, body, route, router)
                 verdict = response.status < 500 and not response.get(_BROKEN, False)
                 return response
+            except _EngineDied as exc:
+                self.breakers.eject(route.worker_id)  # the verdict, given at once (None: not counted again)
+                self.failed[route.worker_id] += 1
+                self.metrics.failed.labels(route.worker_id, "engine_died").inc()
+                log.error("gateway_engine_died", worker_id=route.worker_id, status=exc.status, error=str(exc))
+                raise EngineDied(f"worker {route.worker_id}'s engine died while serving this request (HTTP "
+                                 f"{exc.status}: {exc}); it was not sent to another worker, since it may be what "
+                                 "killed the engine") from None
             except _AnswerAgain as exc:
                 # Not the member's failure: an update took it out of service meanwhile. The
                 # request goes again, to whatever is in service, within its hold deadline.
@@ -202,6 +229,9 @@ class Gateway:
                 continue
             except _BeforeFirstByte as exc:
                 verdict = False if exc.against_worker else None
+                if isinstance(exc, _EngineDead):
+                    self.breakers.eject(route.worker_id)
+                    verdict = None
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
@@ -303,6 +333,8 @@ class Gateway:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                     raise _BeforeFirstByte(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+                if upstream.status >= 500 and (death := _engine_death(upstream, payload)) is not None:
+                    raise death
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 if pinned and (changed := self._weights_changed(route, router)) is not None:
@@ -392,6 +424,49 @@ class _VersionRefused(_BeforeFirstByte):
 class _AnswerAgain(_BeforeFirstByte):
     """A pinned member answered, but left service or changed weights while it held the
     request: the answer is dropped and the request sent again (not counted as a failure)."""
+
+
+class _EngineDead(_BeforeFirstByte):
+    """The worker's engine was dead when the request arrived (an agent's 503 `engine_dead`):
+    the request never reached it; another worker takes it, and this one is ejected at once."""
+
+
+class _EngineDied(Exception):
+    """The worker's engine died while it served the request: not resent (it may be the cause)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# What vLLM answers (HTTP 500) for a request that meets a dead EngineCore
+# (`vllm.v1.engine.exceptions.EngineDeadError`); a stock server has no way to say whether the
+# engine was dead before the request arrived, so it counts as died during it.
+_VLLM_ENGINE_DEAD = b"EngineCore encountered an issue"
+
+
+def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _EngineDead | _EngineDied | None:
+    """The worker's engine is dead, by its 5xx answer: before (`_EngineDead`) or during
+    (`_EngineDied`) this request; None for any other 5xx (which goes to the client unchanged)."""
+    if ENGINE_DIED_HEADER in upstream.headers or _VLLM_ENGINE_DEAD in payload:
+        return _EngineDied(_error_message(payload), upstream.status)
+    if upstream.status == 503 and b'"engine_dead"' in payload:
+        try:
+            error = json.loads(payload)["error"]
+            if error.get("code") == ENGINE_DEAD:
+                return _EngineDead(f"engine dead: {error.get('message')}")
+        except (ValueError, TypeError, KeyError, AttributeError):
+            pass
+    return None
+
+
+def _error_message(payload: bytes) -> str:
+    """The error message in an engine's JSON error answer (vLLM's, an agent's), or its first bytes."""
+    try:
+        error = json.loads(payload)["error"]
+        return str(error["message"]) if isinstance(error, dict) else str(error)
+    except (ValueError, TypeError, KeyError):
+        return payload[:200].decode(errors="replace")
 
 
 async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:

@@ -27,6 +27,13 @@ EXPECT_VERSION_HEADER = "X-RL-Expect-Weight-Version"
 # them; JSON, one list of `{"version", "start", "end"}` spans per choice (end exclusive).
 WEIGHT_VERSIONS_HEADER = "X-RL-Weight-Versions"
 VERSION_MISMATCH = "weight_version_mismatch"
+# An agent's inference answers when its engine is dead: on arrival, a 503 with this error code
+# (the request never reached an engine, another worker may take it); the 5xx of a request during
+# which the engine died carries the header (the request may be what killed it: not resent).
+ENGINE_DEAD = "engine_dead"
+ENGINE_DIED_HEADER = "X-RL-Engine-Died"
+# The agent's exit status once its engine has died (`exit_on_engine_death`): its supervisor restarts it.
+EXIT_ENGINE_DIED = 3
 
 
 def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
@@ -38,6 +45,12 @@ def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
 def version_mismatch_body(expected: str, served: str | None) -> dict[str, dict[str, str]]:
     return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
                       "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
+
+
+def engine_dead_body() -> dict[str, dict[str, str]]:
+    return {"error": {"code": ENGINE_DEAD, "message": "this worker's engine has died (it is being restarted); the "
+                                                      "request did not reach it"}}
+
 OperationKind = Literal[
     "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
