@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from rlcp.controlplane.workerspec import Flavor, WorkerSpec
-from rlcp.core.labels import SelectorError, parse_selector
+from rlcp.core.labels import Labels, Selector, SelectorError, parse_selector
 from rlcp.core.settings import Section, load_settings_with_yaml, read_token
 from rlcp.core.wire.agent import PauseMode
 
@@ -366,6 +367,12 @@ def fleet_path(name: str) -> str:
     return "" if name == DEFAULT_FLEET else f"/fleets/{name}"
 
 
+def fleet_of(labels: Labels, selectors: Mapping[str, Selector]) -> str:
+    """The fleet of a member with these labels: the first named one (in `selectors`' order, the
+    settings' order) whose selector matches them, else the default fleet."""
+    return next((name for name, sel in selectors.items() if sel.matches(labels)), DEFAULT_FLEET)
+
+
 class FleetSettings(Section):
     """A named fleet: the members its selector matches, with a desired state of its own."""
 
@@ -442,7 +449,25 @@ class ControllerSettings(BaseSettings):
             if name == DEFAULT_FLEET or not re.match(FLEET_NAME_PATTERN, name):
                 raise ValueError(f"fleets: {name!r} is not a fleet name (a DNS label: lowercase letters, digits and "
                                  f"'-', at most 63 characters; {DEFAULT_FLEET!r} is the default fleet's)")
+        if self.fleets:
+            self._check_model_names()
         return self
+
+    def _check_model_names(self) -> None:
+        """A model name is served by exactly one fleet (DESIGN §4): the names settings give the
+        fleets -- a fleet's `models`, a static member's `model` in the fleet its labels select --
+        clash at start, naming both fleets, not on the first rollout the wrong fleet serves."""
+        selectors = {name: parse_selector(f.selector) for name, f in self.fleets.items()}
+        given = [(model, name, f"fleets.{name}.models") for name, f in self.fleets.items() for model in f.models]
+        if self.discovery.kind == "static":
+            given += [(spec.model, fleet_of(spec.labels, selectors), f"discovery.static member {spec.id!r}'s model")
+                      for spec in self.discovery.static if spec.model]
+        first: dict[str, tuple[str, str]] = {}  # model -> (fleet, where the settings give it)
+        for model, fleet, where in given:
+            owner, owner_where = first.setdefault(model, (fleet, where))
+            if owner != fleet:
+                raise ValueError(f"model name {model!r} is given to fleet {owner!r} ({owner_where}) and to fleet "
+                                 f"{fleet!r} ({where}): a model name is served by exactly one fleet")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -28,6 +28,7 @@ import structlog
 from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import MissingCapability, NoMembers
 from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
@@ -50,6 +51,8 @@ ASLEEP_SKIPPED = "asleep: left out until woken (POST /v1/rl/wake_up converges an
 
 
 class OperationContext(Protocol):
+    fleet: str
+    names: ModelNames  # every fleet's model names: a name is served by one fleet
     registry: FleetRegistry
     fanout: FanOut
     gate: OperationGate
