@@ -273,6 +273,9 @@ class DiscoverySettings(Section):
 
 EngineMethod = Literal["GET", "POST"]
 ENGINE_ROUTE_PATTERN = r"^[A-Za-z0-9_]{1,64}$"  # one path segment: no '/', no '..'
+# Engine routes that give a worker a served model name (an adapter): never passed through, since
+# the name would skip the check that no other fleet serves it (`POST /v1/rl/loras` makes it).
+NAMING_ENGINE_ROUTES = frozenset({"load_lora_adapter", "load_lora"})
 # The passthrough's defaults (`POST /v1/rl/engine/{route}`, docs/controller.md): routes each engine
 # serves whose effects the controller either does not track or re-reads after the call. Left out on
 # purpose: sleep / wake_up / release_kv_cache_memory (a slept engine is one the controller would
@@ -301,6 +304,10 @@ class EngineRouteSettings(Section):
                 if not re.match(ENGINE_ROUTE_PATTERN, route):
                     raise ValueError(f"engine_routes.allow.{flavor}: route {route!r} is not one path segment of "
                                      "letters, digits and '_'")
+                if route in NAMING_ENGINE_ROUTES:
+                    raise ValueError(f"engine_routes.allow.{flavor}: route {route!r} loads an adapter, whose name "
+                                     "the gateway routes by: load it with POST /v1/rl/loras, which refuses a name "
+                                     "another fleet serves")
         self.allow = {**{f: dict(r) for f, r in DEFAULT_ENGINE_ROUTES.items()}, **self.allow}
         return self
 

@@ -160,3 +160,10 @@ def test_settings_may_give_a_name_to_one_fleet_and_its_members() -> None:
                        discovery={"kind": "static", "static": [
                            {"id": "t0", "admin_url": "http://t0", "model": "t", "labels": {"role": "teacher"}},
                            {"id": "t1", "admin_url": "http://t1", "model": "t", "labels": {"role": "teacher"}}]})
+
+
+@pytest.mark.parametrize("flavor, route", [("vllm", "load_lora_adapter"), ("dynamo", "load_lora")])
+def test_the_engine_passthrough_may_not_be_allowed_a_route_that_loads_an_adapter(flavor: str, route: str) -> None:
+    """The passthrough would give a fleet an adapter's name without the check above."""
+    with pytest.raises(ValidationError, match=f"route '{route}' loads an adapter"):
+        ControllerSettings(engine_routes={"allow": {flavor: {route: "POST"}}})
