@@ -131,6 +131,16 @@ class Controller:
     # -- leadership ---------------------------------------------------------------------------
     async def load_desired(self) -> None:
         await self.desired.load(term=self.leadership.term)
+        if self.leadership.is_leader:
+            await self.recover_operations()
+
+    async def recover_operations(self) -> None:
+        """The operations the desired state kept, into the log; one kept as running was
+        interrupted (whoever ran it stopped, or stopped leading), and is kept so from now on."""
+        kept = await self.desired.interrupt_operations(f"still running when controller {self.settings.controller_id!r} "
+                                                       f"(replica {self.leadership.identity!r}) began to lead the "
+                                                       "fleet: the replica that ran it stopped or stopped leading")
+        self.log.restore(kept)
 
     async def ensure_leading(self) -> None:
         """Refuse (409 `not_leader`, naming the leader) unless this replica leads. The first
@@ -139,6 +149,7 @@ class Controller:
         self.leadership.require()
         if await self.desired.reload_for_term(self.leadership.term):
             self.transfer.forget("a new leadership term began")
+            await self.recover_operations()
         self.leadership.require()  # leadership may have gone while the store answered
 
     # -- state ------------------------------------------------------------------------------------
