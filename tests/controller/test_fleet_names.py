@@ -37,10 +37,17 @@ async def fleets(tmp_path: Path) -> AsyncIterator[tuple[Ctl, list[SimAgent], str
     ctl, agents = await start(tmp_path, {"teacher": {"selector": "role=teacher"}})
     await wait_for(lambda: serving(ctl, ""), 10, "the policy fleet serving")
     await wait_for(lambda: serving(ctl, TEACHER), 10, "the teacher fleet serving")
+    # The reconciler's first pass tells each agent the desired version: done before a test counts
+    # the requests that reach the agents, so any it sees are the refused load's.
+    await wait_for(lambda: _told(agents), 10, "every agent told the desired version")
     yield ctl, agents, ctl.client.server.app[GATEWAY].url
     await ctl.client.close()
     for a in agents:
         await a.stop()
+
+
+async def _told(agents: list[SimAgent]) -> bool:
+    return all("PUT /v1/agent/desired" in a.touched for a in agents)
 
 
 def load(route: str, name: str, path: Path) -> tuple[str, dict[str, Any]]:
