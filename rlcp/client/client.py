@@ -250,7 +250,7 @@ class ControlPlaneClient:
             if on_update is not None:
                 on_update(op)
             if op.status != "running":
-                if op.status in ("partial", "failed"):
+                if op.status in ("partial", "failed", "interrupted"):
                     raise OperationFailed(op)
                 return op
             if deadline is not None and time.monotonic() > deadline:

@@ -12,7 +12,7 @@ from rich.text import Text
 from rlcp.core.wire.controller import FleetsListing, FleetState, GatewayWorkerView, OperationResult, PlacementView
 
 _STATUS_STYLE = {"ok": "green", "skipped": "dim", "error": "red", "timeout": "red", "partial": "yellow",
-                 "failed": "red", "running": "cyan"}
+                 "failed": "red", "running": "cyan", "interrupted": "magenta"}
 _PHASE_STYLE = {"serving": "green", "paused": "yellow", "degraded": "yellow", "failed": "red", "sleeping": "blue"}
 
 
@@ -129,7 +129,8 @@ def bubble_line(op: OperationResult) -> str | None:
 
 def operation_table(op: OperationResult) -> Table:
     title = f"{op.kind} {op.id}: {op.status}" + (f" in {op.duration_s:.2f}s" if op.duration_s is not None else "")
-    captions = [line for line in (bubble_line(op), op.progress and op.progress.halted) if line]
+    interrupted = f"interrupted: {op.detail.get('interrupted')}" if op.status == "interrupted" else None
+    captions = [line for line in (bubble_line(op), op.progress and op.progress.halted, interrupted) if line]
     table = Table(title=Text(title, style=_STATUS_STYLE.get(op.status, "")), title_justify="left",
                   caption="\n".join(captions) or None, caption_justify="left")
     for col in ("worker", "status", "phase", "duration", "message"):
@@ -144,11 +145,17 @@ def operations_table(ops: list[OperationResult]) -> Table:
     table = Table(title="recent operations", title_justify="left")
     for col in ("id", "kind", "status", "started", "duration", "failed workers"):
         table.add_column(col)
+    notes = []
     for op in ops:
         failed = [r.worker_id for r in op.results if r.status in ("error", "timeout")]
         table.add_row(op.id, op.kind, Text(op.status, style=_STATUS_STYLE.get(op.status, "")),
                       op.started_at.strftime("%H:%M:%S"),
                       f"{op.duration_s:.2f}s" if op.duration_s is not None else "-", ", ".join(failed) or "-")
+        if op.status == "interrupted":  # what it was doing, and why it has no end
+            doing = ", ".join(f"{k} {v}" for k, v in op.detail.items() if k != "interrupted" and v is not None)
+            notes.append(f"{op.id} {op.kind}{f' ({doing})' if doing else ''}: {op.detail.get('interrupted', '')}")
+    table.caption = "\n".join(notes) or None
+    table.caption_justify = "left"
     return table
 
 

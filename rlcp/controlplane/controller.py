@@ -1,6 +1,7 @@
 """The composition root: builds the controller's parts and holds them together.
 
     registry     members and their observed state          fleet/registry.py
+    names        every fleet's model names (shared)         fleet/names.py
     desired      the only writer of the desired state      fleet/desired.py
     log          the running operation, its phase, history operations/record.py
     gate         one mutating operation at a time          operations/gate.py
@@ -25,6 +26,7 @@ from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.observer import poll_statuses
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
@@ -60,9 +62,11 @@ def http_transports(session: aiohttp.ClientSession, token: str | None) -> Transp
 
 class Controller:
     def __init__(self, settings: ControllerSettings, *, transports: TransportFactory, store: DesiredStore,
-                 leadership: Leadership | None = None, fleet: str = DEFAULT_FLEET) -> None:
+                 leadership: Leadership | None = None, fleet: str = DEFAULT_FLEET,
+                 names: ModelNames | None = None) -> None:
         """`fleet`: which of the settings' fleets this controller keeps (`fleets.py`); the
-        default one is every member no named fleet's selector matches."""
+        default one is every member no named fleet's selector matches. `names`: the model names
+        of every fleet of this process, shared by their controllers (this fleet joins it)."""
         self.settings = settings
         self.fleet = fleet
         self.fleet_settings: FleetSettings | None = settings.fleets.get(fleet)
@@ -76,6 +80,8 @@ class Controller:
         self._policy = CallPolicy(timeout_s=w.timeout_s, attempts=w.attempts, retry_budget_s=w.retry_budget_s)
         self._transports = transports
         self.registry = FleetRegistry(make_driver=self._make_driver, changes=self.changes)
+        self.names = names or ModelNames()
+        self.names.add_fleet(fleet, self.served_names)
         self.desired = DesiredKeeper(store=store, changes=self.changes, on_saved=lambda d: self.metrics.desired_version
                                      .info({"version": d.weight_version or ""}))
         self.gate = OperationGate(wait_for_reconciler_s=settings.reconcile.yield_timeout_s)
@@ -125,6 +131,16 @@ class Controller:
     # -- leadership ---------------------------------------------------------------------------
     async def load_desired(self) -> None:
         await self.desired.load(term=self.leadership.term)
+        if self.leadership.is_leader:
+            await self.recover_operations()
+
+    async def recover_operations(self) -> None:
+        """The operations the desired state kept, into the log; one kept as running was
+        interrupted (whoever ran it stopped, or stopped leading), and is kept so from now on."""
+        kept = await self.desired.interrupt_operations(f"still running when controller {self.settings.controller_id!r} "
+                                                       f"(replica {self.leadership.identity!r}) began to lead the "
+                                                       "fleet: the replica that ran it stopped or stopped leading")
+        self.log.restore(kept)
 
     async def ensure_leading(self) -> None:
         """Refuse (409 `not_leader`, naming the leader) unless this replica leads. The first
@@ -133,6 +149,7 @@ class Controller:
         self.leadership.require()
         if await self.desired.reload_for_term(self.leadership.term):
             self.transfer.forget("a new leadership term began")
+            await self.recover_operations()
         self.leadership.require()  # leadership may have gone while the store answered
 
     # -- state ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ table, at the edge.
     │   ├── NotLeader               this replica does not lead; names the leader
     │   ├── MembershipChanged       the fleet changed under a broadcast group
     │   ├── MissingCapability       a member cannot do what was asked; names worker and capability
+    │   ├── ModelNameTaken          another fleet serves that model name; names both fleets
     │   └── StoreConflict           the desired-state store kept answering conflicts
     ├── NoMembers                   discovery knows no worker
     ├── StoreUnavailable            the desired-state store could not be reached
@@ -98,6 +99,13 @@ class MissingCapability(Conflict):
     def __init__(self, message: str, *, workers: dict[str, str]) -> None:
         super().__init__(message)
         self.workers = workers  # worker id -> the capability it lacks
+
+
+class ModelNameTaken(Conflict):
+    def __init__(self, message: str, *, model: str, serving: str, asking: str) -> None:
+        super().__init__(message, field="name")
+        self.model = model
+        self.serving, self.asking = serving, asking  # the fleet that serves the name, the one refused it
 
 
 class StoreConflict(Conflict):

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.base import DiscoverySource
-from rlcp.controlplane.settings import DEFAULT_FLEET
+from rlcp.controlplane.settings import DEFAULT_FLEET, fleet_of
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import Selector, parse_selector
 
@@ -30,8 +30,7 @@ def partition(specs: list[WorkerSpec], selectors: Mapping[str, Selector]) -> dic
     labels, else in the default fleet. Every fleet named has a list, empty or not."""
     shares: dict[str, list[WorkerSpec]] = {name: [] for name in (*selectors, DEFAULT_FLEET)}
     for spec in specs:
-        fleet = next((name for name, sel in selectors.items() if sel.matches(spec.labels)), DEFAULT_FLEET)
-        shares[fleet].append(spec)
+        shares[fleet_of(spec.labels, selectors)].append(spec)
     return shares
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from rlcp.controlplane.workerspec import Flavor, WorkerSpec
-from rlcp.core.labels import SelectorError, parse_selector
+from rlcp.core.labels import Labels, Selector, SelectorError, parse_selector
 from rlcp.core.settings import Section, load_settings_with_yaml, read_token
 from rlcp.core.wire.agent import PauseMode
 
@@ -272,6 +273,9 @@ class DiscoverySettings(Section):
 
 EngineMethod = Literal["GET", "POST"]
 ENGINE_ROUTE_PATTERN = r"^[A-Za-z0-9_]{1,64}$"  # one path segment: no '/', no '..'
+# Engine routes that give a worker a served model name (an adapter): never passed through, since
+# the name would skip the check that no other fleet serves it (`POST /v1/rl/loras` makes it).
+NAMING_ENGINE_ROUTES = frozenset({"load_lora_adapter", "load_lora"})
 # The passthrough's defaults (`POST /v1/rl/engine/{route}`, docs/controller.md): routes each engine
 # serves whose effects the controller either does not track or re-reads after the call. Left out on
 # purpose: sleep / wake_up / release_kv_cache_memory (a slept engine is one the controller would
@@ -300,6 +304,10 @@ class EngineRouteSettings(Section):
                 if not re.match(ENGINE_ROUTE_PATTERN, route):
                     raise ValueError(f"engine_routes.allow.{flavor}: route {route!r} is not one path segment of "
                                      "letters, digits and '_'")
+                if route in NAMING_ENGINE_ROUTES:
+                    raise ValueError(f"engine_routes.allow.{flavor}: route {route!r} loads an adapter, whose name "
+                                     "the gateway routes by: load it with POST /v1/rl/loras, which refuses a name "
+                                     "another fleet serves")
         self.allow = {**{f: dict(r) for f, r in DEFAULT_ENGINE_ROUTES.items()}, **self.allow}
         return self
 
@@ -364,6 +372,12 @@ DEFAULT_FLEET = "default"
 def fleet_path(name: str) -> str:
     """Where a fleet's API is served: the root for the default fleet, `/fleets/<name>` for a named one."""
     return "" if name == DEFAULT_FLEET else f"/fleets/{name}"
+
+
+def fleet_of(labels: Labels, selectors: Mapping[str, Selector]) -> str:
+    """The fleet of a member with these labels: the first named one (in `selectors`' order, the
+    settings' order) whose selector matches them, else the default fleet."""
+    return next((name for name, sel in selectors.items() if sel.matches(labels)), DEFAULT_FLEET)
 
 
 class FleetSettings(Section):
@@ -442,7 +456,25 @@ class ControllerSettings(BaseSettings):
             if name == DEFAULT_FLEET or not re.match(FLEET_NAME_PATTERN, name):
                 raise ValueError(f"fleets: {name!r} is not a fleet name (a DNS label: lowercase letters, digits and "
                                  f"'-', at most 63 characters; {DEFAULT_FLEET!r} is the default fleet's)")
+        if self.fleets:
+            self._check_model_names()
         return self
+
+    def _check_model_names(self) -> None:
+        """A model name is served by exactly one fleet (DESIGN §4): the names settings give the
+        fleets -- a fleet's `models`, a static member's `model` in the fleet its labels select --
+        clash at start, naming both fleets, not on the first rollout the wrong fleet serves."""
+        selectors = {name: parse_selector(f.selector) for name, f in self.fleets.items()}
+        given = [(model, name, f"fleets.{name}.models") for name, f in self.fleets.items() for model in f.models]
+        if self.discovery.kind == "static":
+            given += [(spec.model, fleet_of(spec.labels, selectors), f"discovery.static member {spec.id!r}'s model")
+                      for spec in self.discovery.static if spec.model]
+        first: dict[str, tuple[str, str]] = {}  # model -> (fleet, where the settings give it)
+        for model, fleet, where in given:
+            owner, owner_where = first.setdefault(model, (fleet, where))
+            if owner != fleet:
+                raise ValueError(f"model name {model!r} is given to fleet {owner!r} ({owner_where}) and to fleet "
+                                 f"{fleet!r} ({where}): a model name is served by exactly one fleet")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

@@ -6,6 +6,7 @@ outside, as production breaks them:
 - an agent frozen (SIGSTOP) past the update's deadline, then thawed;
 - an agent answering 500 (a proxy in front of it), then recovering;
 - the controller SIGKILLed in the middle of a transaction, twice, and restarted;
+- the controller SIGKILLed while an operation hangs: restarted, it lists that one as interrupted;
 - connections reset mid-response (after the headers, in the middle of the body) by a proxy.
 
 Every test ends with the fleet converged by the reconciler, and checks from the agents' own
@@ -30,7 +31,7 @@ import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH as CTL_AUTH
-from rlcp.harness.controller import controller_config
+from rlcp.harness.controller import controller_config, rlctl
 from rlcp.harness.faults import FaultProxy
 from rlcp.harness.figures import record_figures
 from rlcp.harness.http import CONNECTION_ERRORS, call
@@ -390,6 +391,54 @@ async def test_controller_sigkilled_mid_transaction_recovers_and_loads_nothing_t
                                              "kill_to_converged_s": round(time.monotonic() - t_kill, 2)}
     fleet.assert_each_version_loaded_once(["v1", "v2", "v3"])
     record_figures("faults", "controller_sigkill_mid_transaction", figures)
+
+
+async def test_an_operation_the_controllers_death_interrupted_is_listed_interrupted_after_its_restart(make_fleet):
+    """The operations log lived in the process: an update cut by a SIGKILL was recorded nowhere.
+    Its record is kept with the desired state when it begins and when it ends, so the next
+    start lists it as interrupted, with what it was doing; one that ended stays as it ended."""
+    fleet = await make_fleet(proxied="a1")
+    assert fleet.proxy is not None
+    status, done = await fleet.update("v1", 1)
+    assert status == 200 and done["status"] == "ok", done
+    fleet.proxy.fault("POST", "/v1/agent/prepare", "hang")  # a1 never answers the update's pause
+    update = asyncio.create_task(fleet.update("v2", 2))
+    await wait_until(lambda: _phase_is(fleet, "pausing"), timeout_s=10, what="the update pausing")
+    await wait_until(lambda: bool(fleet.proxy and fleet.proxy.fired("POST", "/v1/agent/prepare")), timeout_s=10,
+                     what="a1's pause hanging")
+    running = (await fleet.state())["last_operation"]
+    assert (running["kind"], running["status"], running["detail"]["version"]) == ("update_weights", "running", "v2")
+    fleet.controller.kill()
+    with pytest.raises(aiohttp.ClientError):
+        await asyncio.wait_for(update, 30)
+    fleet.proxy.clear()
+
+    await asyncio.to_thread(fleet.controller.start)
+    st = await fleet.state()
+    last = st["last_operation"]
+    assert (last["id"], last["kind"], last["status"]) == (running["id"], "update_weights", "interrupted"), last
+    assert last["started_at"] == running["started_at"] and last["finished_at"] is None
+    assert last["detail"]["version"] == "v2" and last["detail"]["path"] == str(fleet.ckpt[2])
+    assert "began to lead" in last["detail"]["interrupted"], last["detail"]
+    assert "operations" not in st["desired"] or st["desired"]["operations"] == []
+    status, listing = await fleet.call("GET", "/v1/rl/operations")
+    assert status == 200
+    assert [(op["id"], op["status"]) for op in listing["operations"]] == [
+        (running["id"], "interrupted"), (done["id"], "ok")], listing
+    status, one = await fleet.call("GET", f"/v1/rl/operations/{running['id']}")
+    assert status == 200 and one["status"] == "interrupted", one
+    rc, out, err = await rlctl(fleet.controller.url, "ops")
+    assert rc == 0, err
+    assert running["id"] in out and "interrupted" in out and done["id"] in out, out
+    assert "update_weights (version v2" in out, out  # what it was doing, under the table
+    # The reconciler converges the fleet to v2 (desired before the pause began), as before.
+    await fleet.wait_converged("v2", timeout_s=60)
+    # A second restart finds it as the first left it.
+    fleet.controller.stop()
+    await asyncio.to_thread(fleet.controller.start)
+    status, listing = await fleet.call("GET", "/v1/rl/operations")
+    assert [(op["id"], op["status"]) for op in listing["operations"]][:2] == [
+        (running["id"], "interrupted"), (done["id"], "ok")], listing
 
 
 async def _phase_is(fleet: Fleet, phase: str) -> bool:

@@ -35,6 +35,7 @@ from rlcp.controlplane.controller import Controller, TransportFactory, http_tran
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.discovery.factory import make_source
 from rlcp.controlplane.errors import NotFound
+from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.app import new_session
@@ -120,12 +121,14 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
         leadership = Leadership(le.identity) if le.enabled else Leadership.always(le.identity)
         app[LEADERSHIP] = leadership
         make_transport = transports or http_transports(session, settings.workers.resolved_token())
+        names = ModelNames()  # one model name, one fleet: every fleet's controller checks a new name here
 
         def make_controller(fleet: str) -> Controller:
             # `store` (tests) is the default fleet's; a named fleet's comes from the settings.
             own = store if store is not None and fleet == DEFAULT_FLEET else make_store(
                 settings, kube_api=kube_api, leadership=leadership, fleet=fleet)
-            return Controller(settings, transports=make_transport, store=own, leadership=leadership, fleet=fleet)
+            return Controller(settings, transports=make_transport, store=own, leadership=leadership, fleet=fleet,
+                              names=names)
 
         every = Fleets(make_controller(DEFAULT_FLEET), {name: make_controller(name) for name in settings.fleets})
         for each in every:

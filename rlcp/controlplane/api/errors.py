@@ -49,6 +49,22 @@ class MissingCapabilityApiError(ConflictError):
         return body
 
 
+class ModelNameTakenApiError(ConflictError):
+    """409 `model_name_taken`; the body names the model, the fleet that serves it and the fleet
+    that asked for it (nothing was sent to any worker)."""
+
+    code = "model_name_taken"
+
+    def __init__(self, message: str, *, field: str | None, model: str, serving: str, asking: str) -> None:
+        super().__init__(message, field=field)
+        self.model, self.serving, self.asking = model, serving, asking
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"].update(model=self.model, served_by=self.serving, fleet=self.asking)
+        return body
+
+
 class CheckpointUnavailableApiError(ValidationFailedError):
     """422 `checkpoint_unavailable`: no worker could load the checkpoint, and none was
     touched; the body names each worker's reason (missing, unreadable, not weights)."""
@@ -131,6 +147,9 @@ def to_api_error(exc: Exception) -> ApiError | None:
         return NotLeaderApiError(exc.message, leader=exc.leader)
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
+    if isinstance(exc, domain.ModelNameTaken):
+        return ModelNameTakenApiError(exc.message, field=exc.field, model=exc.model, serving=exc.serving,
+                                      asking=exc.asking)
     if isinstance(exc, domain.CheckpointUnavailable):
         return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
     if isinstance(exc, domain.EngineRefused):

@@ -21,15 +21,18 @@ from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.core.wire.agent import PauseMode
 from rlcp.core.wire.controller import (
     APPLIED_VERSIONS_KEPT,
+    OPERATIONS_KEPT,
     BroadcastSource,
     Checkpoint,
     DesiredState,
     DiskSource,
     LoraSpec,
+    OperationResult,
     SleepRecord,
 )
 
 log = structlog.get_logger("rlcp.controlplane.fleet.desired")
+_RESULTS_KEPT = 32  # per operation kept: the workers that were not ok (a fleet of hundreds stays a small document)
 
 
 def wanted_pause(desired: DesiredState, worker_id: str) -> PauseMode | None:
@@ -154,6 +157,31 @@ class DesiredKeeper:
             d.loras.pop(name, None)
 
         await self._write(change)
+
+    # -- the operations kept beside it --------------------------------------------------------
+    async def note_operation(self, op: OperationResult) -> None:
+        """An operation begun (status running) or ended: its record replaces the one of the same id."""
+        kept = op.model_copy(update={"results": [r for r in op.results if r.status != "ok"][:_RESULTS_KEPT],
+                                     "bubble": None})
+
+        def change(d: DesiredState) -> None:
+            d.operations = [kept, *(o for o in d.operations if o.id != op.id)][:OPERATIONS_KEPT]
+
+        await self._write(change)
+
+    async def interrupt_operations(self, why: str) -> list[OperationResult]:
+        """The operations kept as running, now `interrupted` (a controller that starts, or
+        begins to lead, finds them: whoever ran them stopped); written only if there were any.
+        Returns every kept operation, newest first."""
+        if not any(o.status == "running" for o in self._state.operations):
+            return list(self._state.operations)
+
+        def change(d: DesiredState) -> None:
+            d.operations = [o.model_copy(update={"status": "interrupted", "detail": o.detail | {"interrupted": why}})
+                            if o.status == "running" else o for o in d.operations]
+
+        await self._write(change)
+        return list(self._state.operations)
 
     async def _write(self, change: Callable[[DesiredState], None]) -> None:
         new = self._state.model_copy(deep=True)

@@ -113,7 +113,7 @@ def build_state(facts: FleetFacts) -> FleetState:
     return FleetState(
         fleet=facts.fleet, models=facts.models, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
         sleeping=len(views) - len(awake),
-        desired=facts.desired,
+        desired=facts.desired.model_copy(update={"operations": []}),  # shown as last_operation, and listed apart
         applied=AppliedState(weight_version=common, converged=all_converged,
                              verified=facts.verified and all_converged),
         membership_epoch=facts.membership_epoch, discovery_synced=facts.discovery_synced,

@@ -37,7 +37,7 @@ from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, 
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.fleet.registry import WorkerRecord
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings import WeightTransferSettings
 from rlcp.controlplane.workers.capabilities import BROADCAST, CONTROL, DESIRED_VERSION, has
@@ -197,6 +197,11 @@ class WeightTransfer:
         async with ctx.gate.api_operation(SESSION):
             group = self._require_group()
             run = Run(ctx, SESSION, {"world_size": group.world_size})
+            try:
+                await run.begin()
+            except BaseException:
+                run.close(interrupted=NOT_BEGUN)
+                raise
             records = [r for r in (ctx.registry.get(m.worker_id) for m in group.members) if r is not None]
             update = self.update = _Update(run=run, records=records, paused_by_us=not ctx.desired.state.paused)
             ctx.gate.begin_session(SESSION)
@@ -289,7 +294,7 @@ class WeightTransfer:
             if update.watchdog is not None:
                 update.watchdog.cancel()
             update.run.tracker.note(aborted=reason)
-            update.run.close()
+            update.run.close(interrupted=reason)
 
     # -- internals ----------------------------------------------------------------------------
     async def _in_session(self, phase: str,
@@ -359,7 +364,7 @@ class WeightTransfer:
         self.ctx.gate.end_session()
         if update.watchdog is not None and update.watchdog is not asyncio.current_task():
             update.watchdog.cancel()
-        result = update.run.close()
+        result = await update.run.end()
         await self.ctx.refresh(update.run.answering(update.records))
         return result
 

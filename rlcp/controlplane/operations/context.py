@@ -26,8 +26,9 @@ from typing import Any, Generic, Protocol, TypeVar
 import structlog
 
 from rlcp.controlplane.deadlines import Deadlines
-from rlcp.controlplane.errors import MissingCapability, NoMembers
+from rlcp.controlplane.errors import ControlPlaneError, MissingCapability, NoMembers
 from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
@@ -47,9 +48,13 @@ _PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False, "sleep": True}
 _SEES_ASLEEP: frozenset[OperationKind] = frozenset({"sleep", "wake_up", "engine", "weight_transfer_init",
                                                      "weight_transfer_update", "weight_transfer_shutdown"})
 ASLEEP_SKIPPED = "asleep: left out until woken (POST /v1/rl/wake_up converges and verifies it)"
+CANCELLED = "cancelled before its end (the controller stopped, or lost leadership)"
+NOT_BEGUN = "not begun: its record could not be kept in the desired state's store"
 
 
 class OperationContext(Protocol):
+    fleet: str
+    names: ModelNames  # every fleet's model names: a name is served by one fleet
     registry: FleetRegistry
     fanout: FanOut
     gate: OperationGate
@@ -158,8 +163,24 @@ class Run:
             else:
                 self.tracker.set_result(o.result)
 
-    def close(self) -> OperationResult:
-        return self.ctx.log.close(self.tracker)
+    async def begin(self) -> None:
+        """Keep the record, as running, in the desired state's store: a controller that stops
+        before `end` finds it there at its next start and lists it as interrupted."""
+        await self.ctx.desired.note_operation(self.tracker.snapshot())
+
+    def close(self, *, interrupted: str | None = None) -> OperationResult:
+        return self.ctx.log.close(self.tracker, interrupted=interrupted)
+
+    async def end(self, *, interrupted: str | None = None) -> OperationResult:
+        """`close`, and the ended record kept in the store. A store that refuses the write
+        changes nothing the operation did: the next start lists it as interrupted."""
+        result = self.close(interrupted=interrupted)
+        try:
+            await self.ctx.desired.note_operation(result)
+        except (ControlPlaneError, OSError) as exc:
+            structlog.get_logger("rlcp.controlplane.operations").warning(
+                "operation_end_not_kept", error=getattr(exc, "message", None) or repr(exc))
+        return result
 
     def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
         """The records worth a fresh status read before answering: not one whose status came
@@ -210,13 +231,19 @@ async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict
     async def whole() -> OperationResult:
         async with ctx.gate.api_operation(kind):
             run = Run(ctx, kind, detail)
-            if not begun.done():
-                begun.set_result(run.tracker)
             with run.bound():
+                interrupted: str | None = NOT_BEGUN
                 try:
+                    await run.begin()
+                    interrupted = None
+                    if not begun.done():
+                        begun.set_result(run.tracker)
                     await body(run)
+                except asyncio.CancelledError:
+                    interrupted = CANCELLED
+                    raise
                 finally:
-                    result = run.close()
+                    result = await run.end(interrupted=interrupted)
             # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
             await ctx.refresh(run.answering(run.members))
             return result

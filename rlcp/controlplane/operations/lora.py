@@ -2,12 +2,17 @@
 
 A load is verified (unless `verify: false`): the adapter's tensors, as each worker holds them,
 agree across the fleet (`verify.verify_adapter`); a worker that read other bytes under the
-same path (a stale node-local copy) is named. It keeps the adapter; the operation says which."""
+same path (a stale node-local copy) is named. It keeps the adapter; the operation says which.
+
+An adapter's name is a model name the gateway routes by: a load under a name another fleet
+serves is refused (409 naming both fleets) before any worker is touched, and the name stays
+claimed until the load has ended (`fleet/names.py`)."""
 
 from __future__ import annotations
 
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.paths import check_path
+from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify_adapter
@@ -19,6 +24,11 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     path = check_path(req.path, "path", ctx.allowed_roots)
     members = ctx.registry.members()
     require_capability(members, "lora", "a LoRA load")
+    with ctx.names.claim(ctx.fleet, req.name, "a LoRA adapter"):
+        return await _load_lora(ctx, req, path, members)
+
+
+async def _load_lora(ctx: OperationContext, req: LoraRequest, path: str, members: list[WorkerRecord]) -> OperationResult:
     # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
     # it is desired; workers that cannot load it are left out, reported.
     refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused

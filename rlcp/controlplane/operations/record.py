@@ -94,9 +94,13 @@ class OperationTracker:
                                results=sorted(self._results.values(), key=lambda r: r.worker_id),
                                progress=self.progress, bubble=self.bubble.report() if self.bubble else None)
 
-    def finish(self) -> OperationResult:
+    def finish(self, *, interrupted: str | None = None) -> OperationResult:
+        """`interrupted`: why it did not run to its end (it was cancelled); its status says so."""
         oks = [r.status in ("ok", "skipped") for r in self._results.values()]
         status: OperationStatus = "ok" if all(oks) else ("partial" if any(oks) else "failed")
+        if interrupted is not None:
+            status = "interrupted"
+            self._detail["interrupted"] = interrupted
         self.finished = OperationResult(
             id=self.id, kind=self.kind, status=status, started_at=self.started_at,
             finished_at=datetime.now(UTC), duration_s=round(time.perf_counter() - self._t0, 6),
@@ -134,9 +138,23 @@ class OperationLog:
         self.verified = verified
         self._changes.bump()
 
-    def close(self, tracker: OperationTracker) -> OperationResult:
+    def restore(self, kept: list[OperationResult]) -> None:
+        """Operations a previous run of the controller kept in the desired state (newest first),
+        into the history behind any this process has (those it knows already are skipped)."""
+        known = {op.id for op in self.history}
+        older = [op for op in reversed(kept) if op.id not in known]
+        if not older:
+            return
+        self.history = deque([*older, *self.history], maxlen=self.history.maxlen)
+        if self.last is None:
+            self.last = self.history[-1]
+        if self.last_update is None:
+            self.last_update = next((op for op in reversed(self.history) if op.kind == "update_weights"), None)
+        self._changes.bump()
+
+    def close(self, tracker: OperationTracker, *, interrupted: str | None = None) -> OperationResult:
         """Finish the record: the result joins the history, the phase clears."""
-        result = tracker.finish()
+        result = tracker.finish(interrupted=interrupted)
         if self.current is tracker:
             self.current = None
         self.last = result

@@ -23,10 +23,13 @@ ResultStatus = Literal["ok", "error", "timeout", "skipped"]
 OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile", "engine",
                         "sleep", "wake_up", "weight_transfer_init", "weight_transfer_update",
                         "weight_transfer_shutdown"]
-OperationStatus = Literal["running", "ok", "partial", "failed"]
+# `interrupted`: the operation did not end (the controller stopped, or lost leadership, while it
+# ran); its steps' effects are whatever the workers were left with, which the reconciler converges.
+OperationStatus = Literal["running", "ok", "partial", "failed", "interrupted"]
 # The gateway's staleness bound admits at most this many versions before the desired one; the
 # desired state keeps one more applied version than that, so every bound has versions to count.
 STALENESS_BOUND_MAX = 31
+OPERATIONS_KEPT = 8  # operations the desired state keeps, so a restart still lists them (`DesiredState.operations`)
 APPLIED_VERSIONS_KEPT = STALENESS_BOUND_MAX + 1
 
 
@@ -241,6 +244,13 @@ class DesiredState(BaseModel):
                                  "only).")
     placement_replicas: int | None = Field(None, ge=0, description="Agents placement keeps running, as last set "
                                            "through the API; null: placement.ray.replicas from the settings.")
+    operations: list[OperationResult] = Field(default_factory=list, description="The operation running when this "
+                                              "was written (status `running`) and the last ones to end, newest "
+                                              f"first (at most {OPERATIONS_KEPT}; per-worker results only of the "
+                                              "workers that were not ok): written when an operation begins and "
+                                              "when it ends, so a restarted controller lists one it finds running "
+                                              "as `interrupted`. Empty in the state document (see "
+                                              "`last_operation` and `GET /v1/rl/operations`).")
     updated_at: datetime | None = None
 
 
@@ -462,3 +472,6 @@ class FleetState(BaseModel):
     weight_transfer: TransferGroupView | None = None
     gateway: GatewayView | None = Field(None, description="The inference gateway in this process, if it runs.")
     workers: list[WorkerView]
+
+
+DesiredState.model_rebuild()  # `operations` names OperationResult, defined after it
