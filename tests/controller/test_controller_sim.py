@@ -41,7 +41,9 @@ async def test_update_transaction_converges_and_verifies(sim_fleet, checkpoints)
     for a in agents:
         assert a.service.weight_version == "v1" and not a.service.paused
         assert a.service.desired_weight_version == "v1"
-        assert a.touched[:3] == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
+        # The reconciler's first pass may tell a worker the desired version before the update reaches it.
+        calls = [c for c in a.touched if c != "PUT /v1/agent/desired"]
+        assert calls[:3] == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
     st = await ctl.state()
     assert st["phase"] == "serving" and st["pause_state"] == "running"
     assert st["applied"] == {"weight_version": "v1", "converged": True, "verified": True}
