@@ -17,11 +17,13 @@ import shutil
 
 import aiohttp
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from rlcp.agent.engine.vllm_engine import build_vllm_args
 from rlcp.agent.engine.vllm_worker import AdapterChecksumsExtension
 from rlcp.agent.settings import EngineSettings, InferenceSettings
+from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.harness.http import call
 from rlcp.harness.processes import AgentProcess
 
@@ -329,6 +331,44 @@ async def checksums(http, agent) -> dict[str, str]:
                               body={"action": "checksum"})
     assert status == 200, body
     return body["checksums"]
+
+
+def checkpoint_digests(directory) -> dict[str, str]:
+    """sha256 of each weight as vLLM holds it, from the checkpoint on disk: its merged layers are
+    the concatenation of the checkpoint's tensors along the output dimension, and the vocabulary
+    (embeddings, LM head) is padded with zero rows to a multiple of 64."""
+    tensors = load_file(str(directory / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = tensors[name].shape[0]
+        tensors[name] = torch.nn.functional.pad(tensors[name], (0, 0, 0, -rows % 64))
+    merged = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    for name in list(tensors):
+        for fused, parts in merged.items():
+            if name.endswith(f".{parts[0]}.weight"):
+                stem = name[:-len(f"{parts[0]}.weight")]
+                tensors[f"{stem}{fused}.weight"] = torch.cat([tensors[f"{stem}{p}.weight"] for p in parts])
+    return {name: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest() for name, t in tensors.items()}
+
+
+async def test_every_base_checksum_is_of_the_weights_the_engine_computes_with(http, agent, tiny_models):
+    """On the CPU engine vLLM moves each linear layer's weight into its kernel and leaves the
+    parameter empty; the agent reads those weights back through the kernels. So every base
+    tensor's checksum is the sha256 of that weight's bytes as in the checkpoint (LoRA on: the
+    layers vLLM wraps are named `...base_layer.weight`), and a disk update changes every matrix."""
+    rank = "dp0:pp0:pcp0:tp0:"
+    for seed, version in ((2, "B"), (1, "A")):  # ends on the fixture's weights, as the other tests expect
+        status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
+                               body={"path": str(tiny_models[f"weights-{seed}"]), "version": version})
+        assert status == 200
+        held = {k.removeprefix(rank).replace(".base_layer", ""): v
+                for k, v in (await checksums(http, agent)).items() if not k.startswith("lora:")}
+        expected = checkpoint_digests(tiny_models[f"weights-{seed}"])
+        assert len(held) == 15 and EMPTY_TENSOR_SHA256 not in held.values()
+        assert held == {name: expected[name] for name in held}, f"seed {seed}"
+    # Every matrix differs between the seeds (the norms are ones in both): all the attention and MLP weights.
+    other = checkpoint_digests(tiny_models["weights-2"])
+    assert {k for k in held if held[k] != other[k]} == {k for k in held if "norm" not in k}
+    assert "weight_checksums_of_empty_tensors" not in agent.log_path.read_text(errors="replace")
 
 
 async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_agent_b, tiny_models, tmp_path):

@@ -23,6 +23,7 @@ from rlcp.controlplane.reconcile.plan import ActionKind
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import CHECKSUMS
 from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.core.wire.controller import (
     LoraRequest,
     PauseRequest,
@@ -80,6 +81,34 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
     assert list(failed) == ["w2"] and failed["w2"].phase == "verify", result.results
     assert "checksums differ from 2 other worker(s)" in (failed["w2"].message or "")
     assert memory_fleet["w2"].service.paused and not memory_fleet["w0"].service.paused
+
+
+async def test_a_checksum_of_no_bytes_is_not_compared_and_a_differing_tensor_is_named(
+        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    """A tensor hashed as no bytes (a stock vLLM CPU server's repacked linear layers) is left out of
+    the comparison for every worker and reported, not counted as agreement; a worker whose other
+    tensors differ is told which."""
+    ctl = memory_fleet.controller(tmp_path)
+    await ctl.refresh()
+    held: dict[str, dict[str, str]] = {"w0": {"layer.weight": EMPTY_TENSOR_SHA256},
+                                       "w1": {"layer.weight": EMPTY_TENSOR_SHA256},
+                                       "w2": {"layer.weight": "a" * 64}}  # its kernel's weight, read back
+    for worker_id, extra in held.items():
+        engine = memory_fleet[worker_id].engine
+
+        async def sums(real=engine.weight_checksums, extra=extra) -> dict[str, str]:
+            return await real() | extra
+        engine.weight_checksums = sums  # type: ignore[method-assign]
+    result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
+    assert result.status == "ok", result.results
+    assert result.detail["checksums_not_compared"]["tensors"] == ["layer.weight"]
+
+    held["w1"]["other.weight"] = "b" * 64  # w1 alone holds a tensor the others do not
+    result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
+    failed = {r.worker_id: r for r in result.results if r.status != "ok"}
+    assert list(failed) == ["w1"], result.results
+    assert (failed["w1"].message or "").endswith("differ from 2 other worker(s) at version 'v2': "
+                                                 "1 tensor(s) differ (other.weight)")
 
 
 async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_converges_it(

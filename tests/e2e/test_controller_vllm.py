@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import aiohttp
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from safetensors.torch import load_file, save_file
 
 from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.routes import CONTROLLER
@@ -66,6 +72,68 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
                 ("step-7", True, False)] * 2
         for agent in agents:  # leave the shared agents as other tests expect them
             await load_direct(agent, 1, "base")
+
+
+def rewriting_proxy(upstream: str, rewrites: dict[str, str]) -> web.Application:
+    """An agent's admin API as seen through a proxy that swaps checkpoint paths in the weight
+    routes' bodies: the node-local copy of a checkpoint at the same path holding other bytes."""
+    async def relay(request: web.Request) -> web.Response:
+        body = await request.read()
+        if request.path.startswith("/v1/agent/weights/") and body:
+            doc = json.loads(body)
+            doc["path"] = rewrites.get(doc.get("path"), doc.get("path"))
+            body = json.dumps(doc).encode()
+        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        async with aiohttp.ClientSession() as http, http.request(request.method, upstream + request.path_qs,
+                                                                  data=body, headers=headers) as resp:
+            return web.Response(status=resp.status, body=await resp.read(), content_type=resp.content_type)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", relay)
+    return app
+
+
+async def test_one_corrupted_mlp_weight_on_one_worker_fails_verification(vllm_agent, vllm_agent_b, tiny_models,
+                                                                        tmp_path):
+    """vLLM's CPU engine keeps its linear layers' weights inside its kernels, where its own
+    checksums do not reach; the agent reads them back, so one MLP weight off by one element on one
+    worker fails that worker's verification, naming the tensor."""
+    good = tiny_models["weights-2"]
+    corrupt = Path(good.parent / f"weights-2-corrupt-{tmp_path.name}")
+    shutil.copytree(good, corrupt)
+    tensors = load_file(str(corrupt / "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight"][0, 0] += 1.0
+    save_file(tensors, str(corrupt / "model.safetensors"), metadata={"format": "pt"})
+    proxy = TestServer(rewriting_proxy(vllm_agent_b.admin_url, {str(good): str(corrupt)}))
+    await proxy.start_server()
+    try:
+        proxied = {"admin_url": f"http://{proxy.host}:{proxy.port}"}
+        specs = [vllm_agent.spec("vllm-0"), vllm_agent_b.spec("vllm-1") | proxied]
+        settings = controller_settings(tmp_path, specs, allowed_roots=[str(good.parent)],
+                                       workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
+                                                "weight_load_timeout_s": 120})
+        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+            await wait_for(lambda: client.server.app[CONTROLLER].registry.membership.synced)
+            resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
+                "version": "step-corrupt", "source": {"kind": "disk", "path": str(good)},
+                "pause_mode": "keep", "verify": True})
+            result = await resp.json()
+        outcome = {r["worker_id"]: r for r in result["results"]}
+        assert outcome["vllm-0"]["status"] == "ok", result
+        failed = outcome["vllm-1"]
+        assert (failed["status"], failed["phase"], failed["code"]) == ("error", "verify", "verify_failed"), result
+        assert "1 tensor(s) differ" in failed["message"] and "model.layers.1.mlp.down_proj." in failed["message"]
+        assert "checksums_not_compared" not in result["detail"]  # every tensor was compared
+    finally:
+        await proxy.close()
+        shutil.rmtree(corrupt)
+        async with aiohttp.ClientSession() as http:  # leave the shared agents as other tests expect them
+            for agent in (vllm_agent, vllm_agent_b):
+                for path, body in (("/resume", None), ("/v1/agent/desired", {"weight_version": None}),
+                                   ("/v1/agent/weights/disk", {"path": str(tiny_models["weights-1"]),
+                                                               "version": "base"})):
+                    await call(http, "PUT" if "desired" in path else "POST", agent.admin_url + path, body=body,
+                               headers=agent.auth)
 
 
 async def test_sleep_leaves_the_fence_and_a_verified_wake_serves_the_same_tokens(vllm_agent, vllm_agent_b,

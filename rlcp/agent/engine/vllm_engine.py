@@ -16,7 +16,11 @@ Notes from vLLM 0.32's behaviour that shape this adapter:
   it"): the scheduler is paused and resumed, the weights never leave memory.
 - `compute_weight_checksums` covers the base weights only; the adapters the engine holds are
   hashed in its workers by `vllm_worker.AdapterChecksumsExtension`, installed as vLLM's
-  `worker_extension_cls` when LoRA is on.
+  `worker_extension_cls`.
+- On the CPU, `compute_weight_checksums` hashes empty tensors for every linear layer (their
+  weights were moved into the CPU kernels); the same extension reads those weights back through
+  the kernels and its digests replace the empty ones under the same keys
+  (`vllm_kernel_weights`). A key still of no bytes afterwards is warned about once.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from typing import Any, Final, cast
 import structlog
 
 from rlcp.agent.engine.base import EngineError, EngineKind, TransferInfo
-from rlcp.agent.engine.vllm_worker import ADAPTER_CHECKSUMS_RPC, AdapterChecksumsExtension
+from rlcp.agent.engine.vllm_worker import (
+    ADAPTER_CHECKSUMS_RPC,
+    KERNEL_WEIGHT_CHECKSUMS_RPC,
+    AdapterChecksumsExtension,
+)
 from rlcp.agent.settings import EngineSettings, InferenceSettings
-from rlcp.core.wire.agent import PauseMode, RequestCounts, lora_checksum_key
+from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, PauseMode, RequestCounts, lora_checksum_key
 
 log = structlog.get_logger("rlcp.agent.engine.vllm")
-_EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256(b"")
 _WORKER_EXTENSION = f"{AdapterChecksumsExtension.__module__}.{AdapterChecksumsExtension.__qualname__}"
 
 
@@ -98,14 +105,13 @@ def build_vllm_args(engine: EngineSettings, inference: InferenceSettings) -> Any
         if not hasattr(args, key):
             raise ValueError(f"engine.extra_engine_args: vLLM has no engine argument {key!r}")
         setattr(args, key, value)
-    if engine.enable_lora:
-        _install_worker_extension(args)
+    _install_worker_extension(args)
     return args
 
 
 def _install_worker_extension(args: Any) -> None:
-    """The workers must answer the adapter checksums: add our extension, or check that one
-    given in extra_engine_args carries it (vLLM takes a single extension class)."""
+    """The workers must answer the adapter and kernel-weight checksums: add our extension, or
+    check that one given in extra_engine_args carries it (vLLM takes a single extension class)."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
     given = getattr(args, "worker_extension_cls", "")
@@ -253,15 +259,30 @@ class VllmEngine:
                 if duplicates := merged.keys() & worker.keys():
                     raise EngineError(f"duplicate weight checksum keys: {sorted(duplicates)[:5]}")
                 merged.update(worker)
-        if not self._warned_empty_checksums and (empty := [k for k, v in merged.items() if v == _EMPTY_SHA256]):
-            # vLLM's CPU backend moves linear weights into oneDNN and leaves the parameters
-            # empty: those checksums are of no bytes and cannot tell two weight versions apart.
+        merged |= await self._kernel_weight_checksums(merged)
+        if not self._warned_empty_checksums and (empty := [k for k, v in merged.items() if v == EMPTY_TENSOR_SHA256]):
+            # Parameters of no bytes that no kernel probe covered: those checksums cannot tell two
+            # weight versions apart.
             self._warned_empty_checksums = True
             log.warning("weight_checksums_of_empty_tensors", empty=len(empty), tensors=len(merged),
                         example=empty[0])
         if self._settings.enable_lora:
             merged |= await self._adapter_checksums()  # no base key starts with "lora:"
         return merged
+
+    async def _kernel_weight_checksums(self, base: dict[str, str]) -> dict[str, str]:
+        """The weights vLLM's CPU kernels hold, under the keys `base` gives empty digests (vllm_worker)."""
+        async with _engine_errors("kernel_weight_checksums"):
+            per_worker = await self._llm.collective_rpc(KERNEL_WEIGHT_CHECKSUMS_RPC)
+        probed: dict[str, str] = {}
+        for worker in per_worker:
+            for key, digest in worker.items():
+                if base.get(key) != EMPTY_TENSOR_SHA256 or key in probed:
+                    # Each probe replaces one empty parameter: anything else means our names and
+                    # vLLM's no longer match, and a silent extra key would mislead verification.
+                    raise EngineError(f"kernel weight {key!r} is not an empty parameter of vLLM's checksums")
+                probed[key] = digest
+        return probed
 
     async def _adapter_checksums(self) -> dict[str, str]:
         """`lora:<name>:<rank prefix><tensor>` for every adapter the engine holds (vllm_worker)."""

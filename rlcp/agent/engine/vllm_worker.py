@@ -1,9 +1,12 @@
-"""Adapter checksums computed inside vLLM's worker processes, where the adapters live.
+"""Checksums computed inside vLLM's worker processes, where the adapters and the kernels live.
 
 vLLM's `compute_weight_checksums` covers the base model's parameters only; the LoRA
-adapters an engine holds sit beside them in the worker's LoRA manager. `VllmEngine` adds
-`AdapterChecksumsExtension` to the worker class through vLLM's `worker_extension_cls`, and
-calls its method by name with `collective_rpc`. (A callable would also do, but vLLM sends
+adapters an engine holds sit beside them in the worker's LoRA manager, and on the CPU the
+linear layers' weights sit inside their kernels (the parameters are left empty:
+`vllm_kernel_weights`). `VllmEngine` adds `AdapterChecksumsExtension` to the worker class
+through vLLM's `worker_extension_cls`, and calls its methods by name with `collective_rpc`:
+`rlcp_adapter_checksums` for the adapters, `rlcp_kernel_weight_checksums` for the weights a
+CPU kernel holds (keyed as vLLM keys the empty parameters, which they replace). (A callable would also do, but vLLM sends
 one only with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which turns on pickle for every
 message between the front end and the engine core; a method name needs nothing of the sort.)
 
@@ -34,11 +37,14 @@ import hashlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from rlcp.agent.engine.vllm_kernel_weights import kernel_weight, repacked_layers
+
 if TYPE_CHECKING:  # torch is imported where it runs: importing this module stays cheap for the agent
     import torch
 
 # The collective RPC's method name; unique, since vLLM refuses an extension whose names clash.
 ADAPTER_CHECKSUMS_RPC = "rlcp_adapter_checksums"
+KERNEL_WEIGHT_CHECKSUMS_RPC = "rlcp_kernel_weight_checksums"
 
 
 def tensor_digest(tensor: torch.Tensor) -> str:
@@ -139,3 +145,11 @@ class AdapterChecksumsExtension:
                             for key, slot in _slot_audit(manager, lora_model, slots[adapter_id])}
             answer[str(adapter_id)] = digests
         return answer
+
+    def rlcp_kernel_weight_checksums(self) -> dict[str, str]:
+        """{rank prefix + parameter name: sha256} of every weight vLLM moved into a CPU kernel,
+        read back through the kernel (`vllm_kernel_weights`; costs one K-token forward per layer).
+        Empty where no layer was repacked (GPU workers keep their parameters)."""
+        prefix = self._weight_checksum_prefix()
+        return {prefix + name: tensor_digest(kernel_weight(module))
+                for name, module in repacked_layers(self.model_runner.get_model())}

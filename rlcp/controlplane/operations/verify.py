@@ -10,6 +10,12 @@ Agreement among workers cannot catch a majority that loaded the same wrong files
 - a rolling update's later waves are held to what the earlier ones agreed on (`Agreement`),
   not only to each other: a wave of one would otherwise agree with itself.
 
+A tensor whose checksum is of no bytes on any worker (`EMPTY_TENSOR_SHA256`: a stock `vllm
+serve` on the CPU empties its linear layers' parameters when it repacks them for its kernels)
+tells nothing: it is left out of every comparison, for every worker, and the operation's detail
+says so (`checksums_not_compared`) instead of counting it as agreement. A worker whose checksums
+differ is told which tensors differ from the ones it was held to.
+
 An adapter loaded fleet-wide is verified the same way (`verify_adapter`): its tensors, as the
 workers hold them, agree across the workers whose checksums cover adapters (the agent's keys
 `lora:<name>:...`; stock vLLM's checksums leave adapters out, so those are not judged).
@@ -26,16 +32,17 @@ from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.context import Run
 from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, has
 from rlcp.controlplane.workers.transport import WorkerRejected
-from rlcp.core.wire.agent import lora_checksum_key
+from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, lora_checksum_key
 
-_NAMED = 3  # tensors named in a manifest mismatch message
+_NAMED = 3  # tensors named in a mismatch message
 
 
 @dataclass
 class Agreement:
-    """The digest earlier waves of one update agreed on (None before the first)."""
+    """The checksums earlier waves of one update agreed on, as one of their workers gave them
+    (None before the first)."""
 
-    digest: str | None = None
+    checksums: dict[str, str] | None = None
 
 
 async def verify(run: Run, records: list[WorkerRecord], version: str, reports: dict[str, LoadReport] | None = None,
@@ -73,21 +80,46 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
         for r in at_version:
             if r.id not in checksums and r.id not in failed:
                 fail(r.id, "gave no weight checksums to check against the manifest")
-    digests = {wid: checksums_digest({k: v for k, v in sums.items() if not manifest or k not in manifest})
-               for wid, sums in checksums.items() if wid not in failed}
+    pool = {wid: sums for wid, sums in checksums.items() if wid not in failed}
+    reference = agreement.checksums if agreement is not None else None
+    uncovered = _not_compared(run, [*pool.values(), *([reference] if reference else []), *([manifest] if manifest else [])])
+
+    def compared(sums: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in sums.items() if k not in uncovered and not (manifest and k in manifest)}
+
+    digests = {wid: checksums_digest(compared(sums)) for wid, sums in pool.items()}
     if digests:
-        if agreement is not None and agreement.digest is not None:
-            agreed = agreement.digest
+        if reference is not None:
+            agreed_sums = reference
             why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
         else:
-            agreed, count = _majority(digests)
+            majority, count = _majority(digests)
+            agreed_sums = next(pool[wid] for wid, digest in digests.items() if digest == majority)
             why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
+        agreed = checksums_digest(compared(agreed_sums))
         for worker_id, digest in digests.items():
             if digest != agreed:
-                fail(worker_id, why)
-        if agreement is not None:
-            agreement.digest = agreed
+                fail(worker_id, f"{why}: {_differing(compared(pool[worker_id]), compared(agreed_sums))}")
+        if agreement is not None and agreement.checksums is None:
+            agreement.checksums = agreed_sums
     return [r for r in at_version if r.id not in failed]
+
+
+def _not_compared(run: Run, sums: list[dict[str, str]]) -> set[str]:
+    """The tensors some worker hashed as no bytes: noted in the operation's detail, and compared nowhere."""
+    empty = {k for one in sums for k, v in one.items() if v == EMPTY_TENSOR_SHA256}
+    if empty:
+        noted = set(run.tracker.detail.get("checksums_not_compared", {}).get("tensors", []))  # earlier waves'
+        run.tracker.note(checksums_not_compared={
+            "tensors": sorted(noted | empty),
+            "why": "a checksum of no bytes (sha256 of b''), such as a stock vLLM server's on the CPU for the "
+                   "linear layers it repacks into its kernels"})
+    return empty
+
+
+def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
+    differ = sorted(k for k in sums.keys() | agreed.keys() if sums.get(k) != agreed.get(k))
+    return f"{len(differ)} tensor(s) differ ({', '.join(differ[:_NAMED])}{', ...' if len(differ) > _NAMED else ''})"
 
 
 async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> list[WorkerRecord]:
@@ -118,7 +150,8 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
 
 def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | None:
     missing = sorted(k for k in manifest if k not in sums)
-    differ = sorted(k for k in manifest if k in sums and sums[k] != manifest[k])
+    differ = sorted(k for k in manifest if k in sums and sums[k] != manifest[k]
+                    and EMPTY_TENSOR_SHA256 not in (sums[k], manifest[k]))  # no bytes: not compared
     if not missing and not differ:
         return None
     parts = []

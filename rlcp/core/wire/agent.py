@@ -270,9 +270,14 @@ class WorldSizeAnswer(BaseModel):
 # no base key starts with `lora:` (parameter names have no ':'). Adapter names may contain ':';
 # tensor names never do.
 LORA_CHECKSUM_PREFIX = "lora:"
-CHECKSUMS_DESCRIPTION = ("Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys) and every LoRA "
-                         "adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
+CHECKSUMS_DESCRIPTION = ("Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys; on vLLM's CPU engine "
+                         "a linear layer's weight is read back from its kernel, laid out as vLLM loads it) and every "
+                         "LoRA adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
                          "copy in memory.")
+# sha256(b""): the checksum of a tensor of no bytes, such as the parameters vLLM's CPU engine empties
+# when it moves a linear layer's weight into its kernel. It tells no two weight versions apart, so
+# verification counts such a tensor as not compared rather than as agreeing.
+EMPTY_TENSOR_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 
 def lora_checksum_key(adapter: str, tensor: str) -> str:

@@ -35,7 +35,9 @@ Limits of this flavor, all from stock vLLM:
   sleep and wake_up and ignores them (a warning; the memory stays where it was);
 - `/weight_checker` hashes the base model's parameters only: the adapters a server holds are
   not in its checksums, so verification cannot tell two servers' adapter bytes apart (the
-  `agent` flavor's checksums cover them).
+  `agent` flavor's checksums cover them). On the CPU it hashes no bytes for the linear layers
+  (vLLM moved their weights into its kernels): verification leaves those tensors out and says
+  so (`operations/verify.py`); the `agent` flavor reads them back and compares them.
 """
 
 from __future__ import annotations
