@@ -67,14 +67,18 @@ class Processes:
     def spawn(self, child: ChildProcess) -> ChildProcess:
         """Start `child` (its config, which holds tokens, readable by this user only)."""
         self.children.append(child.spawn())
-        (self.workdir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
+        self._write_pids()
         return child
+
+    def _write_pids(self) -> None:
+        (self.workdir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
 
     def supervise(self) -> Supervisor:
         """The agents restarted when they exit (an agent exits when its engine dies), as a
         kubelet would; run its `run()` as a task."""
         def restarted(child: ChildProcess, status: int | None, n: int) -> None:
             why = " (its engine died)" if status == EXIT_ENGINE_DIED else ""
+            self._write_pids()
             say(f"  {child.name} exited with {status}{why}: restarted ({n}/{supervisor.max_restarts}); the "
                 "controller converges it before the gateway takes it back")
 

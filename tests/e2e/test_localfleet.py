@@ -99,3 +99,48 @@ def test_the_rl_run_is_the_default_with_engines_and_sim_keeps_the_noise_trainer(
     assert parse_args(["--mode", "async", "--sync", "disk", "--steps", "3"]).mode == "async"
     with pytest.raises(SystemExit):  # a simulated engine has no model to learn with
         parse_args(["--sim", "--trainer", "grpo"])
+
+
+def test_an_agent_that_dies_is_restarted_and_converged(tmp_path: Path) -> None:
+    """As a kubelet would: the local fleet starts an agent that exited again, on its ports, and
+    the controller converges it to the fleet's version; nobody steps in."""
+    import urllib.request
+
+    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "2", "--keep-running"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read_until(pattern: str) -> re.Match[str]:
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if found := re.search(pattern, line):
+                return found
+            assert time.monotonic() < deadline, "".join(lines)
+        raise AssertionError(f"no {pattern!r} before the run ended:\n{''.join(lines)}")
+
+    try:
+        url = read_until(r"^Controller: +(http://127\.0\.0\.1:\d+)")[1]
+        read_until(r"the fleet keeps running")
+        killed = json.loads((tmp_path / "pids.json").read_text())["agent-1"]
+        os.kill(killed, signal.SIGKILL)
+        read_until(r"agent-1 exited with -9: restarted \(1/5\)")
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        assert pids["agent-1"] != killed and _alive(pids["agent-1"])
+
+        def agent_1() -> dict:
+            with urllib.request.urlopen(url + "/v1/rl/state", timeout=5) as resp:
+                state = json.load(resp)
+            return next(w for w in state["workers"] if w["id"] == "agent-1") | {"desired": state["desired"]}
+
+        deadline = time.monotonic() + 30
+        while not ((w := agent_1())["ready"] and w["weight_version"] == w["desired"]["weight_version"] == "step-2"):
+            assert time.monotonic() < deadline, (w, "".join(lines))
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert not _alive(pids["agent-1"])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
