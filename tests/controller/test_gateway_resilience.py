@@ -202,6 +202,14 @@ async def test_tcp_nodelay_on_both_sides_of_the_gateway(gateway_fleet: GatewayFl
             await runner.cleanup()
 
 
+# The controller reads its workers once at start and then not for a minute: the fence still
+# holds w0 when its engine dies, so the gateway's own verdict is what keeps requests off it.
+SLOW_READS = FleetShape(settings={"gateway": {"port": 0, "outlier_failures": 2, "outlier_backoff_s": 10},
+                                  "reconcile": {"poll_interval_s": 60, "interval_s": 60, "backoff_initial_s": 1,
+                                                "backoff_max_s": 1}})
+
+
+@pytest.mark.parametrize("fleet_shape", [SLOW_READS])
 async def test_a_dead_engine_is_ejected_at_once_and_what_it_refused_served_by_another(
         gateway_fleet: GatewayFleet, clock: ManualClock) -> None:
     agents, ctl, gateway, http = gateway_fleet

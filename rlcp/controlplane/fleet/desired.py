@@ -167,7 +167,7 @@ class DesiredKeeper:
         def change(d: DesiredState) -> None:
             d.operations = [kept, *(o for o in d.operations if o.id != op.id)][:OPERATIONS_KEPT]
 
-        await self._write(change)
+        await self._write(change, desired=False)
 
     async def interrupt_operations(self, why: str) -> list[OperationResult]:
         """The operations kept as running, now `interrupted` (a controller that starts, or
@@ -180,13 +180,16 @@ class DesiredKeeper:
             d.operations = [o.model_copy(update={"status": "interrupted", "detail": o.detail | {"interrupted": why}})
                             if o.status == "running" else o for o in d.operations]
 
-        await self._write(change)
+        await self._write(change, desired=False)
         return list(self._state.operations)
 
-    async def _write(self, change: Callable[[DesiredState], None]) -> None:
+    async def _write(self, change: Callable[[DesiredState], None], *, desired: bool = True) -> None:
+        """`desired`: the change is one of the desired state (its `updated_at` moves: clients read
+        it as when the fleet's target changed); False for the operations kept beside it."""
         new = self._state.model_copy(deep=True)
         change(new)
-        new.updated_at = datetime.now(UTC)
+        if desired:
+            new.updated_at = datetime.now(UTC)
         await self._store.save(new)
         self._state = new
         self._changes.bump()
