@@ -38,6 +38,16 @@ REFUSED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/reset_mm_cache", _CACHES),
     ("POST", "/reset_encoder_cache", _CACHES),
     ("GET", "/server_info", "one server's configuration is not the fleet's: GET /v1/rl/state and GET /v1/rl/workers"),
+    ("POST", "/scale_elastic_ep", "the fleet scales by membership, not by one engine's expert parallelism: add or "
+                                  "remove workers (discovery), or PUT /v1/rl/placement"),
+    ("POST", "/is_scaling_elastic_ep", "the fleet scales by membership: GET /v1/rl/state shows its members"),
+    ("GET", "/fault_tolerance/status", "the fleet's health is GET /v1/rl/state (each member's reachability, engine "
+                                       "and last result); one engine's fault tolerance: that worker's own server"),
+    ("POST", "/fault_tolerance/apply", "the controller restores failed members itself (the reconciler); one engine's "
+                                       "fault tolerance: that worker's own server"),
+    ("GET", "/load", "the fleet's load is GET /v1/rl/state (request counts per member)"),
+    ("GET", "/version", "members may run different vLLM versions: GET /v1/rl/workers, or a worker's own /version"),
+    ("GET", "/kv_event_sources", "KV events are published by each worker; ask a worker's own server"),
     ("POST", "/start_profile", "profile one worker through its own server"),
     ("POST", "/stop_profile", "profile one worker through its own server"),
     ("POST", "/init_broadcaster", "prime-rl's own NCCL/NIXL broadcaster is served by prime-rl's inference server, not "
