@@ -15,6 +15,7 @@ from rlcp.agent.context import OperationContext
 from rlcp.agent.engine.base import Engine
 from rlcp.agent.gate import OperationGate
 from rlcp.agent.metrics import AgentMetrics
+from rlcp.agent.operations.caches import Caches
 from rlcp.agent.operations.control import Control
 from rlcp.agent.operations.disk import DiskLoads
 from rlcp.agent.operations.lora import Loras
@@ -45,6 +46,7 @@ class AgentService:
         self.weights = Weights(ctx, engine, self.weight_state)
         self.transfer = Transfer(ctx, engine, self.weight_state)
         self.lora = Loras(ctx, engine)
+        self.caches = Caches(ctx, engine)
 
     async def start(self) -> None:
         """Read the engine's initial state once; from here on this agent tracks it."""

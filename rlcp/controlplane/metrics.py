@@ -28,6 +28,7 @@ Step = Literal[
     "update_weight_version", "shutdown_weight_transfer",
     "engine",  # the guarded passthrough (operations/engine.py): one allowlisted engine route
     "checksums", "sleep", "wake_up",  # sleep mode (operations/sleep.py)
+    "reset_prefix_cache",  # operations/caches.py
 ]
 # The reconciler's actions on one worker (`reconcile.plan.ActionKind`, as `reconcile:<kind>`).
 ReconcileStep = Literal["reconcile:set_desired", "reconcile:update_weights", "reconcile:load_lora",

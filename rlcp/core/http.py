@@ -88,8 +88,9 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
             # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
             allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return web.json_response({"error": {"code": code, "message": exc.reason}}, status=exc.status,
-                                     headers=allow)
+            # Naming the path: a trainer's base URL off by a segment shows in the answer itself.
+            said = f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.reason
+            return web.json_response({"error": {"code": code, "message": said}}, status=exc.status, headers=allow)
         except Exception as exc:
             log.exception("unhandled_error")
             return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},

@@ -142,3 +142,107 @@ async def test_an_adapter_unloaded_through_the_facade_leaves_every_engine(sim_fl
     assert status == 404 and body["error"]["field"] == "lora_name", body
     status, body = await ctl.call("POST", "/unload_lora_adapter", {"lora_name": ""})
     assert status == 422 and body["error"]["field"] == "lora_name", body
+
+
+async def test_sleep_and_wake_through_the_facade_are_the_fleet_sleep(sim_fleet):
+    ctl, agents = sim_fleet
+    assert await ctl.call("GET", "/is_sleeping", headers={}) == (200, {"is_sleeping": False})
+    assert await ctl.call("POST", "/sleep?level=1") == (200, {"status": "sleeping", "level": 1})
+    assert all(a.service.control.sleeping for a in agents)
+    st = await ctl.state()
+    assert sorted(st["desired"]["asleep"]) == ["w0", "w1"] and not any(w["serving"] for w in st["workers"])
+    assert await ctl.call("GET", "/is_sleeping", headers={}) == (200, {"is_sleeping": True})
+    # A colocated trainer's wake: the weights first, then the KV cache; the second completes it.
+    assert await ctl.call("POST", "/wake_up?tags=weights") == (200, {"status": "sleeping", "tags": ["weights"]})
+    assert all(a.service.control.sleeping for a in agents)
+    assert not any(w["serving"] for w in (await ctl.state())["workers"])
+    assert await ctl.call("POST", "/wake_up?tags=kv_cache") == (200, {"status": "awake", "tags": ["kv_cache"]})
+    st = await ctl.state()
+    assert st["desired"]["asleep"] == {} and all(w["serving"] for w in st["workers"]), st["workers"]
+    assert await ctl.call("GET", "/is_sleeping", headers={}) == (200, {"is_sleeping": False})
+    # A whole wake of a fleet asleep, in one call.
+    assert (await ctl.call("POST", "/sleep?level=1&mode=wait"))[0] == 200
+    assert await ctl.call("POST", "/wake_up") == (200, {"status": "awake", "tags": None})
+    assert all(w["serving"] for w in (await ctl.state())["workers"])
+
+
+@pytest.mark.parametrize("path,field", [
+    ("/sleep?level=0", "level"), ("/sleep?level=3", "level"), ("/sleep?mode=keep", "mode"),
+    ("/sleep?mode=nap", "mode"), ("/wake_up?tags=gpu", "tags.0"), ("/wake_up?tags=scheduling", "tags.0"),
+    ("/reset_prefix_cache?reset_running_requests=maybe", "reset_running_requests"),
+])
+async def test_bad_sleep_wake_and_reset_queries_touch_no_worker(sim_fleet, path, field):
+    ctl, agents = sim_fleet
+    before = [list(a.touched) for a in agents]
+    status, body = await ctl.call("POST", path)
+    assert status == 422 and body["error"]["field"] == field, body
+    assert [a.touched for a in agents] == before
+
+
+async def test_reset_prefix_cache_resets_every_member_and_a_failure_is_a_failure(sim_fleet):
+    ctl, agents = sim_fleet
+    before = [a.engine.prefix_cache_resets for a in agents]
+    assert await ctl.call("POST", "/reset_prefix_cache") == (200, {"success": True})
+    assert [a.engine.prefix_cache_resets for a in agents] == [n + 1 for n in before]
+    status, result = await ctl.call("POST", "/v1/rl/reset_prefix_cache", {"reset_running_requests": True})
+    assert status == 200 and result["kind"] == "reset_prefix_cache", result
+
+
+    async def held(*, include_running: bool, external: bool = False) -> bool:
+        return False  # vLLM's answer while running requests hold blocks
+
+    agents[1].engine.reset_prefix_cache = held  # type: ignore[method-assign]
+    status, body = await ctl.call("POST", "/reset_prefix_cache")
+    assert status == 502 and list(body["error"]["workers"]) == ["w1"], body
+    assert "success=false" in body["error"]["workers"]["w1"], body
+    agents[0].faults["/reset_prefix_cache"] = Fault("status", 500)
+    status, body = await ctl.call("POST", "/reset_prefix_cache")
+    assert status == 502 and sorted(body["error"]["workers"]) == ["w0", "w1"], body
+
+
+async def test_collective_rpc_reload_weights_is_the_verified_disk_update(sim_fleet, tmp_path):
+    ctl, agents = sim_fleet
+    ckpt = write_checkpoint(tmp_path / "step-7", 7)
+    status, body = await ctl.call("POST", "/collective_rpc",
+                                  {"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}})
+    assert (status, body) == (200, {"results": [None, None]}), body
+    assert all(a.service.weight_version == "step-7" for a in agents)
+    st = await ctl.state()
+    assert st["applied"]["weight_version"] == "step-7" and st["applied"]["verified"] is True
+    before = [list(a.touched) for a in agents]
+    for payload, want, field in (
+            ({"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}, 403, "kwargs.weights_path"),
+            ({"method": "reload_weights"}, 422, "kwargs.weights_path"),
+            ({"method": "reload_weights", "kwargs": {"path": str(ckpt)}}, 422, "kwargs.path"),
+            ({"method": "reload_weights", "args": [str(ckpt)]}, 422, "kwargs.weights_iterator"),
+            ({"method": "start_weight_update", "args": [1]}, 422, "args"),
+            ({"method": "init_weight_transfer_engine", "kwargs": {"init_info": 3}}, 422, "kwargs.init_info"),
+            ({"method": "reload_weights", "timeout": "soon", "kwargs": {"weights_path": str(ckpt)}}, 422, "timeout"),
+            ({"args": []}, 422, "method"),
+            ({"method": "execute_model"}, 501, "method"),
+            ({"method": "start_draft_weight_update"}, 501, "method")):
+        status, body = await ctl.call("POST", "/collective_rpc", payload)
+        assert (status, body["error"]["field"]) == (want, field), (payload, body)
+        if want == 501:
+            assert repr(payload["method"]) in body["error"]["message"], body
+    assert [a.touched for a in agents] == before
+
+
+async def test_collective_rpc_weight_protocol_is_the_fleet_broadcast(sim_fleet):
+    ctl, agents = sim_fleet
+    chunk = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}
+    await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
+    for method, kwargs in (("init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1",
+                                                                          "master_port": 29999, "rank_offset": 1,
+                                                                          "world_size": 3}}),
+                           ("start_weight_update", {}), ("update_weights", {"update_info": chunk}),
+                           ("finish_weight_update", {})):
+        status, body = await ctl.call("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
+        assert (status, body) == (200, {"results": [None, None]}), (method, body)
+    assert all(a.engine.weight_update_chunks == 1 for a in agents)
+    assert not any(a.service.paused for a in agents)  # finish resumed what start paused
+    assert await ctl.call("POST", "/update_weight_version", {"new_version": "b1"}) == (
+        200, {"success": True, "new_version": "b1"})
+    assert all(a.service.weight_version == "b1" for a in agents)
+    status, body = await ctl.call("POST", "/collective_rpc", {"method": "shutdown_weight_transfer_engine"})
+    assert status == 200 and (await ctl.state())["weight_transfer"] is None, body

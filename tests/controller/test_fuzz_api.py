@@ -69,7 +69,9 @@ _PATH_KEYS = frozenset({"path", "weight_dir", "lora_path", "checkpoint_path", "w
 _DECLARED = {r.key: r for r in (*AGENT_ROUTES, *CONTROLLER_ROUTES)}
 _GATEWAY_DECLARED = {r.key: r for r in GATEWAY_ROUTES}
 
-REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
+# The vLLM routes with no fleet meaning, and `/collective_rpc`, whose methods outside vLLM's
+# weight protocol have none.
+REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED} | {("POST", "/collective_rpc")}
 
 
 # Directories under the allowed root, the same for both stacks (`roots`): a checkpoint, an

@@ -39,6 +39,8 @@ from rlcp.core.wire.agent import (
     PauseQuery,
     PrepareRequest,
     ProbeAnswer,
+    ResetPrefixCacheAnswer,
+    ResetPrefixCacheQuery,
     SleepAnswer,
     SleepQuery,
     StatusAnswer,
@@ -112,6 +114,16 @@ async def wake_up(request: web.Request) -> web.Response:
          ok=IsSleepingAnswer, tag=_VLLM)
 async def is_sleeping(request: web.Request) -> web.Response:
     return json_response({"is_sleeping": _service(request).control.sleeping})
+
+
+@api.post("/reset_prefix_cache", "Drop the prefix cache (vLLM's dev route): `success` false while requests hold "
+          "blocks and `reset_running_requests` was not given. Refused while asleep (409).",
+          query=ResetPrefixCacheQuery, ok=ResetPrefixCacheAnswer, errors=_ENGINE, tag=_VLLM)
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    query = validate(ResetPrefixCacheQuery, dict(request.query))
+    done = await _service(request).caches.reset_prefix_cache(running=query.reset_running_requests,
+                                                             external=query.reset_external)
+    return json_response({"success": done})
 
 
 @api.post("/abort_requests", "Abort the named requests, or all of them.", body=AbortRequestsRequest,

@@ -83,9 +83,10 @@ class GenerationControl(Protocol):
 
 @runtime_checkable
 class PrefixCache(Protocol):
-    async def reset_prefix_cache(self, *, include_running: bool) -> bool:
-        """Drop cached KV blocks; with include_running, running and frozen requests are
-        preempted and recomputed on resume, so their next tokens use the new weights.
+    async def reset_prefix_cache(self, *, include_running: bool, external: bool = False) -> bool:
+        """Drop cached KV blocks (with external, a KV connector's too); with include_running,
+        running and frozen requests are preempted and recomputed on resume, so their next
+        tokens use the new weights.
         False: requests hold blocks and include_running was not given, nothing dropped."""
 
 

@@ -385,7 +385,7 @@ class SimEngine:
         self._check_alive()
         self._set_weights(_digest("disk", key))
 
-    async def reset_prefix_cache(self, *, include_running: bool) -> bool:
+    async def reset_prefix_cache(self, *, include_running: bool, external: bool = False) -> bool:
         await self._enter("reset_prefix_cache")
         # Running and frozen requests hold KV blocks; vLLM resets only if it may preempt them.
         # Their next tokens use the current weights anyway: each step hashes them afresh.

@@ -240,9 +240,10 @@ class VllmEngine:
         async with _engine_errors("reload_weights"):
             await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(path)})
 
-    async def reset_prefix_cache(self, *, include_running: bool) -> bool:
+    async def reset_prefix_cache(self, *, include_running: bool, external: bool = False) -> bool:
         async with _engine_errors("reset_prefix_cache"):
-            return bool(await self._llm.reset_prefix_cache(reset_running_requests=include_running))
+            return bool(await self._llm.reset_prefix_cache(reset_running_requests=include_running,
+                                                           reset_connector=external))  # the route's reset_external
 
     async def set_weight_version(self, version: str) -> None:
         async with _engine_errors("update_weight_version"):

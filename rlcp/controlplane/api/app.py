@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from rlcp.controlplane.api import facade, fleets, routes, unsupported
+from rlcp.controlplane.api import facade, facade_rpc, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
 from rlcp.controlplane.api.fleets import FLEETS
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
@@ -167,6 +167,7 @@ def serve_fleet_routes(app: web.Application) -> None:
     """The routes of one fleet: the native API, the vLLM-shaped facade, and its 501s."""
     routes.api.register(app)
     facade.api.register(app)
+    facade_rpc.api.register(app)
     unsupported.api.register(app)
     app[facade.SERVED_MODELS] = ServedModels()
 

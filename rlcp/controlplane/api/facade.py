@@ -14,6 +14,13 @@ reachable, its engine alive, and paused: a dead member is not known to be paused
 
 `POST /update_weights` is both vLLM's broadcast chunk (`{"update_info": ...}`) and the
 disk update frameworks send (`{"weight_dir": ...}`); the body's keys say which.
+
+vLLM's sleep-mode dev routes are the native fleet sleep and wake (`operations/sleep.py`): a
+member asleep is out of the gateway's fence and kept asleep in the desired state; a wake
+verifies it before it serves. Wakes add up as vLLM's do: `?tags=weights`, then
+`?tags=kv_cache`, is a full wake. `/reset_prefix_cache` resets every member's cache, and a
+member that could not is a failure. `/collective_rpc` is in `facade_rpc.py`; the table of
+every route of vLLM's and its fleet meaning is in docs/controller.md.
 """
 
 from __future__ import annotations
@@ -34,21 +41,29 @@ from rlcp.controlplane.api.answers import (
     UnloadLoraAdapterRequest,
 )
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.routes import CONTROLLER, SESSION, operation
+from rlcp.controlplane.api.routes import CONTROLLER, SESSION, operation, sleep_members
 from rlcp.controlplane.errors import ControlPlaneError
 from rlcp.controlplane.fleet.served import ServedModels
-from rlcp.controlplane.operations import lora, weights
+from rlcp.controlplane.operations import caches, lora, weights
 from rlcp.controlplane.operations import pause as pausing
-from rlcp.core.errors import ApiError
+from rlcp.controlplane.operations import sleep as sleeping
+from rlcp.core.errors import ApiError, ValidationFailedError
 from rlcp.core.http import json_response, parse_body, read_object, validate
 from rlcp.core.openapi import Handler, RouteTable
 from rlcp.core.wire.agent import (
     IsPausedAnswer,
+    IsSleepingAnswer,
     MessageAnswer,
     PauseQuery,
+    ResetPrefixCacheAnswer,
+    ResetPrefixCacheQuery,
+    SleepAnswer,
+    SleepQuery,
     StatusAnswer,
     UpdateWeightVersionRequest,
     VersionSetAnswer,
+    WakeUpAnswer,
+    WakeUpQuery,
     WeightInfoAnswer,
     WorldSizeAnswer,
     WorldSizeQuery,
@@ -58,10 +73,13 @@ from rlcp.core.wire.controller import (
     LoraRequest,
     OperationResult,
     PauseRequest,
+    ResetPrefixCacheRequest,
+    SleepRequest,
     TransferFinishRequest,
     TransferInitRequest,
     TransferUpdateRequest,
     UpdateWeightsRequest,
+    WakeUpRequest,
 )
 
 api = RouteTable()
@@ -69,15 +87,15 @@ _FACADE = "vLLM-compatible facade"
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
 
-def fleet_call(method: str, path: str, summary: str, *, errors: tuple[int, ...] = (),
+def fleet_call(method: str, path: str, summary: str, *, errors: tuple[int, ...] = (), table: RouteTable = api,
                **kw: Any) -> Callable[[Handler], Handler]:
     """The declaration of a facade route that runs a fleet operation: a call that failed on
     some member is a 502 (503 when none was reached) in the error shape, never a 207."""
-    return operation(method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, table=api, **kw)
+    return operation(method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, table=table, **kw)
 
 
 @contextmanager
-def _client_fields(names: Mapping[str, str]) -> Iterator[None]:
+def client_fields(names: Mapping[str, str]) -> Iterator[None]:
     """Errors of the native request a facade route builds name the field the client sent
     (`lora_name`, not `name`), so a 4xx points at the client's own input."""
     try:
@@ -118,6 +136,55 @@ async def is_paused(request: web.Request) -> web.Response:
     workers = request.config_dict[CONTROLLER].state().workers
     paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
     return json_response({"is_paused": paused})
+
+
+@fleet_call("POST", "/sleep", "Put the fleet to sleep (vLLM's `/sleep?level=&mode=`): every member leaves the "
+            "gateway's fence, pauses (`mode`: abort or wait) and releases memory (`level` 1 or 2), kept asleep until "
+            "`/wake_up`. Level 0 (a pause only) is `/pause`; 409 while a weight-transfer group is formed.",
+            query=SleepQuery, ok=SleepAnswer, errors=(404,))
+async def sleep(request: web.Request) -> web.Response:
+    query = validate(SleepQuery, dict(request.query))
+    if query.level == 0:
+        raise ValidationFailedError("level 0 only pauses scheduling, which on a fleet is POST "
+                          "/pause?mode=... (and POST /resume); level 1 or 2 puts the members to sleep", field="level")
+    req = validate(SleepRequest, {"level": query.level, "mode": query.mode, "timeout_s": query.timeout_s})
+    result = await sleep_members(request.config_dict[CONTROLLER], req)
+    return _vllm_answer(result, {"status": "sleeping", "level": query.level})
+
+
+@fleet_call("POST", "/wake_up", "Wake the fleet (vLLM's `/wake_up?tags=`): every member asleep is woken; once "
+            "fully awake (no tags, both, or the last one still asleep) each is brought to the fleet's weights, "
+            "verified, and only then serves again. `status` is `sleeping` while some member has memory asleep.",
+            query=WakeUpQuery, ok=WakeUpAnswer, errors=(404,))
+async def wake_up(request: web.Request) -> web.Response:
+    tags = request.query.getall("tags", [])
+    with client_fields({"tags": "tags"}):
+        req = validate(WakeUpRequest, {"tags": tags or None})
+    result = await sleeping.wake_up(request.config_dict[CONTROLLER], req)
+    return _vllm_answer(result, {"status": "sleeping" if _asleep(request) else "awake", "tags": tags or None})
+
+
+def _asleep(request: web.Request) -> list[str]:
+    """The members asleep: kept so by the controller, or reporting themselves so."""
+    return [w.id for w in request.config_dict[CONTROLLER].state().workers if w.sleeping]
+
+
+@api.get("/is_sleeping", "True while some member is asleep (kept asleep by the controller, or reporting itself "
+         "so): what `/wake_up` would wake. False with no members.", ok=IsSleepingAnswer, tag=_FACADE)
+async def is_sleeping(request: web.Request) -> web.Response:
+    return json_response({"is_sleeping": bool(_asleep(request))})
+
+
+@fleet_call("POST", "/reset_prefix_cache", "Every member in service drops its prefix cache (vLLM's "
+            "`/reset_prefix_cache?reset_running_requests=&reset_external=`); a member that could not (blocks held "
+            "by running requests) is a failure, 502 naming it.", query=ResetPrefixCacheQuery,
+            ok=ResetPrefixCacheAnswer)
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    query = validate(ResetPrefixCacheQuery, dict(request.query))
+    req = ResetPrefixCacheRequest(reset_running_requests=query.reset_running_requests,
+                                  reset_external=query.reset_external)
+    result = await caches.reset_prefix_cache(request.config_dict[CONTROLLER], req)
+    return _vllm_answer(result, {"success": True})
 
 
 @fleet_call("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
@@ -171,7 +238,7 @@ async def update_weights(request: web.Request) -> web.Response:
     body = validate(DiskWeightsRequest, data, strict=True)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
     # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
-    with _client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
+    with client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
                          "source.path": "weight_dir"}):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
         result = await weights.update_weights(request.config_dict[CONTROLLER], req)
@@ -184,7 +251,7 @@ async def update_weights(request: web.Request) -> web.Response:
             ok=SuccessAnswer, errors=(403,))
 async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
-    with _client_fields({"name": "lora_name", "path": "lora_path"}):
+    with client_fields({"name": "lora_name", "path": "lora_path"}):
         req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
         result = await lora.load_lora(request.config_dict[CONTROLLER], req)
     return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
@@ -197,7 +264,7 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
             body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,))
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, UnloadLoraAdapterRequest)
-    with _client_fields({"name": "lora_name"}):
+    with client_fields({"name": "lora_name"}):
         result = await lora.unload_lora(request.config_dict[CONTROLLER], body.lora_name)
     return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcp.controlplane.api import facade, fleets, routes, unsupported
+from rlcp.controlplane.api import facade, facade_rpc, fleets, routes, unsupported
 from rlcp.core.openapi import Route, build_document, openapi_route
 
 # What each fleet serves (the default one at the root, a named one under /fleets/<name>/), and
 # the root's whole set: those plus the list of fleets.
 FLEET_ROUTES: tuple[Route, ...] = (*routes.api.declared, openapi_route(), *facade.api.declared,
-                                   *unsupported.api.declared)
+                                   *facade_rpc.api.declared, *unsupported.api.declared)
 ROUTES: tuple[Route, ...] = (*FLEET_ROUTES, *fleets.api.declared)
 
 DESCRIPTION = ("The fleet controller. `/v1/rl/*` is the native API; the root is shaped like one vLLM server "

@@ -21,7 +21,7 @@ from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import Conflict, InvalidInput, NotFound
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations import engine, lora, pause, sleep, weights
+from rlcp.controlplane.operations import caches, engine, lora, pause, sleep, weights
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
 from rlcp.core.http import json_response, parse_body, validate
@@ -37,6 +37,7 @@ from rlcp.core.wire.controller import (
     PauseRequest,
     PlacementRequest,
     PlacementView,
+    ResetPrefixCacheRequest,
     ResumeRequest,
     SelectorQuery,
     SleepRequest,
@@ -158,12 +159,16 @@ async def post_resume(request: web.Request) -> web.Response:
            body=SleepRequest, body_optional=True, errors=(404,))
 async def post_sleep(request: web.Request) -> web.Response:
     body = await parse_body(request, SleepRequest, allow_empty=True)
-    ctl = _ctl(request)
+    return operation_response(await sleep_members(_ctl(request), body))
+
+
+async def sleep_members(ctl: Controller, body: SleepRequest) -> OperationResult:
+    """The fleet's sleep, here and on the facade: refused (409) while a weight-transfer group
+    is formed -- its ranks span every member, and an engine asleep cannot take a broadcast."""
     if ctl.transfer.view() is not None:
-        # Its ranks span every member, and an engine asleep cannot take a broadcast.
-        raise Conflict("a weight-transfer group spans the fleet: POST /v1/rl/weight_transfer/shutdown before "
-                       "putting members to sleep")
-    return operation_response(await sleep.sleep(ctl, body))
+        raise Conflict("a weight-transfer group spans the fleet: POST /v1/rl/weight_transfer/shutdown (or "
+                       "/shutdown_weight_transfer_engine) before putting members to sleep")
+    return await sleep.sleep(ctl, body)
 
 
 @operation("POST", "/v1/rl/wake_up", "Wake members asleep (with `selector` or `worker_ids`, only those): each is "
@@ -174,6 +179,15 @@ async def post_sleep(request: web.Request) -> web.Response:
 async def post_wake_up(request: web.Request) -> web.Response:
     body = await parse_body(request, WakeUpRequest, allow_empty=True)
     return operation_response(await sleep.wake_up(_ctl(request), body))
+
+
+@operation("POST", "/v1/rl/reset_prefix_cache", "Every member in service (with `selector`, the matching ones) drops "
+           "its prefix cache; a member whose engine could not (blocks held by running requests, without "
+           "`reset_running_requests`) failed. The fleet resets them itself on every weight update and adapter swap. "
+           "409 naming a member whose flavor has no reset.", body=ResetPrefixCacheRequest, body_optional=True)
+async def post_reset_prefix_cache(request: web.Request) -> web.Response:
+    body = await parse_body(request, ResetPrefixCacheRequest, allow_empty=True)
+    return operation_response(await caches.reset_prefix_cache(_ctl(request), body))
 
 
 @operation("POST", "/v1/rl/update_weights", "The update transaction: pause, load from disk, verify, resume -- all "

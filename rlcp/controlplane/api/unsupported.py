@@ -1,11 +1,11 @@
 """The admin routes of one vLLM server (vLLM 0.32's `entrypoints/rl/online/` and
 `entrypoints/serve/dev/` routers, and prime-rl's own `/init_broadcaster`) that have no fleet
-meaning here yet. Each answers 501 `not_supported`, naming the route, why, and what to call
-instead, so code written for one vLLM server stops with a reason rather than a bare 404.
+meaning. Each answers 501 `not_supported`, naming the route, why, and what to call instead,
+so code written for one vLLM server stops with a reason rather than a bare 404.
 
-The routes that do have a fleet meaning are in `facade.py`; together the two cover every
-admin route of vLLM's (`tests/controller/test_facade.py` checks the list against vLLM's own
-routers when vLLM is installed).
+The routes that do have a fleet meaning are in `facade.py` and `facade_rpc.py`; together they
+cover every admin route of vLLM's (`tests/controller/test_facade.py` checks the list against
+vLLM's own routers when vLLM is installed; docs/controller.md has the table, route by route).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from rlcp.core.openapi import RouteTable
 api = RouteTable()
 _FACADE = "vLLM-compatible facade"
 
-_SLEEP = ("the fleet sleeps and wakes through POST /v1/rl/sleep and POST /v1/rl/wake_up (selector or worker_ids), "
-          "which keep members asleep out of the gateway's fence and verify them as they wake; GET /v1/rl/state shows "
-          "each member's `sleeping`")
-_CACHES = ("the fleet drops its caches itself where they go stale: an agent resets its prefix cache on every weight "
-           "update and adapter swap; to keep rollouts of different policies apart, send `cache_salt`")
-
+_RELEASE = ("a member whose KV cache is released serves nothing yet would still count as serving: the fleet releases "
+            "memory only as a whole sleep, which keeps members out of the gateway's fence until a verified wake. "
+            "Call POST /sleep?level=1 (then POST /wake_up, or /wake_up?tags=kv_cache last)")
+_CACHES = ("the fleet has no verified reset of this cache on its members (no flavor's driver can do it, and none "
+           "reports it); the cache RL steps make stale, the prefix cache, is POST /reset_prefix_cache, and is reset "
+           "on every weight update and adapter swap. Reset this one on a worker through its own server")
 # (method, path, why and what instead)
 REFUSED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/abort_requests", "request ids belong to one worker and the fleet does not track them; abort everything "
@@ -34,16 +34,20 @@ REFUSED: tuple[tuple[str, str, str], ...] = (
                                 "(GET /v1/rl/state: `applied.verified`; a manifest: `expected_checksums` in POST "
                                 "/v1/rl/update_weights); one worker's checksums: its agent's own /weight_checker"),
     ("POST", "/start_draft_weight_update", "draft-model (speculative decoding) weight updates are not supported"),
-    ("POST", "/sleep", _SLEEP),
-    ("POST", "/wake_up", _SLEEP),
-    ("GET", "/is_sleeping", _SLEEP),
-    ("POST", "/release_kv_cache_memory", _SLEEP),
-    ("POST", "/reset_prefix_cache", _CACHES),
+    ("POST", "/release_kv_cache_memory", _RELEASE),
     ("POST", "/reset_mm_cache", _CACHES),
     ("POST", "/reset_encoder_cache", _CACHES),
-    ("POST", "/collective_rpc", "arbitrary engine RPCs are not sent to the fleet: every operation the controller runs "
-                                "is one it can verify and undo"),
     ("GET", "/server_info", "one server's configuration is not the fleet's: GET /v1/rl/state and GET /v1/rl/workers"),
+    ("POST", "/scale_elastic_ep", "the fleet scales by membership, not by one engine's expert parallelism: add or "
+                                  "remove workers (discovery), or PUT /v1/rl/placement"),
+    ("POST", "/is_scaling_elastic_ep", "the fleet scales by membership: GET /v1/rl/state shows its members"),
+    ("GET", "/fault_tolerance/status", "the fleet's health is GET /v1/rl/state (each member's reachability, engine "
+                                       "and last result); one engine's fault tolerance: that worker's own server"),
+    ("POST", "/fault_tolerance/apply", "the controller restores failed members itself (the reconciler); one engine's "
+                                       "fault tolerance: that worker's own server"),
+    ("GET", "/load", "the fleet's load is GET /v1/rl/state (request counts per member)"),
+    ("GET", "/version", "members may run different vLLM versions: GET /v1/rl/workers, or a worker's own /version"),
+    ("GET", "/kv_event_sources", "KV events are published by each worker; ask a worker's own server"),
     ("POST", "/start_profile", "profile one worker through its own server"),
     ("POST", "/stop_profile", "profile one worker through its own server"),
     ("POST", "/init_broadcaster", "prime-rl's own NCCL/NIXL broadcaster is served by prime-rl's inference server, not "

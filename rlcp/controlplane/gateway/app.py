@@ -1,7 +1,8 @@
 """The gateway's HTTP face: its routes (declared once, documented at `/openapi.json`), its
 own site with handler cancellation, and the per-request policy headers.
 
-Inference routes pass through to a worker unchanged (`proxy.py`); the gateway itself only
+Inference routes -- every one the workers' vLLM serves, listed in `vllm_routes.py` -- pass
+through to a worker unchanged (`proxy.py`); the gateway itself only
 checks what it reads before any worker is called: the body is a JSON object, the fields it
 uses (`stream`, `user`, `nvext`: an object, its `backend_instance_id` left to the fence) have
 their types, and the policy headers (`X-RL-Max-Staleness`,
@@ -25,10 +26,11 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from rlcp.controlplane.fleet.served import ServedModels, merge_cards
+from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
-from rlcp.core.errors import BadRequestError, ValidationFailedError
+from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
 from rlcp.core.wire.agent import ProbeAnswer
@@ -118,15 +120,27 @@ def _inference_route(path: str, summary: str) -> Callable[[Handler], Handler]:
     return api.post(path, summary, body=InferenceBody, ok=dict[str, Any], errors=(502, 503), tag=_INFERENCE)
 
 
-@_inference_route("/inference/v1/generate", "vLLM's tokens-in/tokens-out generate, on a worker inside the fence.")
-@_inference_route("/detokenize", "Detokenize, on a worker inside the fence.")
-@_inference_route("/tokenize", "Tokenize, on a worker inside the fence.")
-@_inference_route("/v1/chat/completions", "OpenAI chat completions (streaming or not), on a worker inside the fence.")
-@_inference_route("/v1/completions", "OpenAI completions (streaming or not), on a worker inside the fence.")
 async def proxy_inference(request: web.Request) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     raw, body = await _read_body(request)
     return await gateway.forward(request, raw, _policy(request, body, gateway))
+
+
+for _path, _what in vllm_routes.FORWARDED:
+    _inference_route(_path, f"{_what[0].upper()}{_what[1:]}, on a worker inside the fence.")(proxy_inference)
+
+
+def _refusal(method: str, path: str, why: str) -> Handler:
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        raise NotSupportedError(f"{method} {path} is not forwarded by the gateway: {why}", field=path)
+    refuse.__name__ = f"refuse_{path.strip('/').replace('/', '_')}"
+    return refuse
+
+
+for _method, _path, _why in vllm_routes.REFUSED:
+    api.route(_method, _path, f"Not forwarded: {_why}.", errors=(501,), tag=_INFERENCE,
+              **({"path_params": {"response_id": {"type": "string", "minLength": 1}}} if "{" in _path else {}))(
+        _refusal(_method, _path, _why))
 
 
 @api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,

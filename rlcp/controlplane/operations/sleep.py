@@ -15,7 +15,9 @@ the reconciler puts it to sleep when it answers. Other operations leave members 
 (`context.Run`), and a broadcast's init is refused while any is asleep.
 
 Wake (`POST /v1/rl/wake_up`), for the named members that are asleep:
-1. each is woken (`tags`: a partial wake leaves it asleep, not verified, out of the fence);
+1. each is woken (`tags`: a partial wake leaves it asleep, not verified, out of the fence --
+   unless it woke the last allocation still asleep, as `weights` then `kv_cache` do: a
+   member that reports itself fully awake after it goes on as after a full wake);
 2. it is brought to the fleet's weights where it fell behind -- the fleet was updated while
    it slept, or it slept at level 2, which discards the weights (on an accelerator) -- from
    the desired state's disk source, as the reconciler would;
@@ -164,11 +166,24 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
                               ctx.deadlines.call_over(ctx.deadlines.weight_load_s))
         _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
         if partial:
-            run.tracker.note(partial=True)  # still asleep: neither verified nor returned
-            return
+            woke = await _fully_awake(run, woke)
+            if not woke:
+                return
         await _return_to_service(run, await _verify_woken(run, woke))
 
     return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body)
+
+
+async def _fully_awake(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
+    """After a partial wake, the members it left fully awake: vLLM's wakes add up (`weights`,
+    then `kv_cache`, as a colocated trainer wakes), so the one that wakes the last allocation
+    is a full wake, verified and returned like any. The others stay asleep, not verified."""
+    read = await run.step_values("waking", "status", records, DRIVER, lambda w: w.status(),
+                                 run.ctx.deadlines.control_s)
+    awake = [r for r in read.ok if (status := read.answers.get(r.id)) is not None and status.sleeping is False]
+    if len(awake) < len(records):
+        run.tracker.note(partial=True)  # some still asleep: neither verified nor returned
+    return awake
 
 
 def _require_wake(sleepers: list[WorkerRecord], partial: bool) -> None:

@@ -10,6 +10,7 @@
     │                   (its update steps answer what would otherwise be reads)
     ├── Lora            load / hot-swap and unload adapters
     ├── Sleep           vLLM's sleep mode: sleep (level, mode), wake_up (tags)
+    ├── PrefixCache     drop the engine's prefix cache (vLLM's `/reset_prefix_cache`)
     └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
 
 A flavor implements the capabilities its engine has and no others: there is no method whose
@@ -41,7 +42,7 @@ from rlcp.core.wire.agent import PauseMode
 
 WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
 Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
-                     "broadcast", "sleep"]
+                     "broadcast", "sleep", "prefix_cache"]
 SleepMode = Literal["abort", "wait"]  # vLLM's sleep takes keep too; a kept request's KV would be dropped
 
 
@@ -157,6 +158,15 @@ class Sleep(Driver, Protocol):
 
 
 @runtime_checkable
+class PrefixCache(Driver, Protocol):
+    """vLLM's prefix-cache reset (`EngineClient.reset_prefix_cache`). A reset the engine could
+    not do (blocks still held by running requests, without `running`) is an error: the caller
+    asked for an empty cache and did not get one."""
+
+    async def reset_prefix_cache(self, *, running: bool, external: bool) -> None: ...
+
+
+@runtime_checkable
 class EngineRoutes(Driver, Protocol):
     """Runs one of its engine's own routes as it is (the guarded passthrough,
     `operations/engine.py`); which routes may be run is the controller's allowlist, not the driver's."""
@@ -219,6 +229,10 @@ def _sleep(d: Driver) -> TypeGuard[Sleep]:
     return isinstance(d, Sleep)
 
 
+def _prefix_cache(d: Driver) -> TypeGuard[PrefixCache]:
+    return isinstance(d, PrefixCache)
+
+
 def _engine_routes(d: Driver) -> TypeGuard[EngineRoutes]:
     return isinstance(d, EngineRoutes)
 
@@ -233,10 +247,12 @@ STAGED_UPDATE = Can("staged_update", _staged_update)
 LORA = Can("lora", _lora)
 BROADCAST = Can("broadcast", _broadcast)
 SLEEP = Can("sleep", _sleep)
+PREFIX_CACHE = Can("prefix_cache", _prefix_cache)
 
 _ALL: dict[Capability, Can[Driver]] = {
     "control": CONTROL, "disk_weights": DISK_WEIGHTS, "checksums": CHECKSUMS, "desired_version": DESIRED_VERSION,
-    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST, "sleep": SLEEP}
+    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST, "sleep": SLEEP,
+    "prefix_cache": PREFIX_CACHE}
 # isinstance against a runtime-checkable Protocol inspects every member each time (~5% of
 # an update's CPU at 1,024 workers); what a class implements does not change.
 _IMPLEMENTS: dict[tuple[type, str], bool] = {}

@@ -55,7 +55,7 @@ OperationKind = Literal[
     "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
     "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
     "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
-    "sleep", "wake_up",
+    "sleep", "wake_up", "reset_prefix_cache",
 ]
 OperationStatus = Literal["ok", "error", "timeout", "cancelled"]
 
@@ -211,6 +211,19 @@ class WakeUpQuery(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     tags: list[Literal["weights", "kv_cache", "scheduling"]] = Field(default_factory=list)
+
+
+class ResetPrefixCacheQuery(_Query):
+    """vLLM's `POST /reset_prefix_cache` query (its dev route)."""
+
+    reset_running_requests: bool = Field(False, description="Preempt running requests so their blocks can be "
+                                         "dropped too (they are recomputed); without it the reset fails while any "
+                                         "request holds blocks.")
+    reset_external: bool = Field(False, description="Also reset an external (KV-connector) prefix cache.")
+
+
+class ResetPrefixCacheAnswer(BaseModel):
+    success: bool = Field(description="False: blocks were still held, nothing was dropped (vLLM's answer).")
 
 
 class WorldSizeQuery(_Query):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationInfo, field_validator
 
 from rlcp.core.labels import MAX_SELECTOR_CHARS
 from rlcp.core.wire.agent import PauseMode, RequestCounts
@@ -22,7 +22,7 @@ PauseState = Literal["running", "paused", "mixed"]
 ResultStatus = Literal["ok", "error", "timeout", "skipped"]
 OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile", "engine",
                         "sleep", "wake_up", "weight_transfer_init", "weight_transfer_update",
-                        "weight_transfer_shutdown"]
+                        "weight_transfer_shutdown", "reset_prefix_cache"]
 # `interrupted`: the operation did not end (the controller stopped, or lost leadership, while it
 # ran); its steps' effects are whatever the workers were left with, which the reconciler converges.
 OperationStatus = Literal["running", "ok", "partial", "failed", "interrupted"]
@@ -163,6 +163,18 @@ class WakeUpRequest(_Body):
     selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
                                  "matching sleeping members (none matching is a 422).")
     worker_ids: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = WORKER_IDS_FIELD
+
+
+class ResetPrefixCacheRequest(_Body):
+    """`POST /v1/rl/reset_prefix_cache`: every member in service (with `selector`, the matching
+    ones) drops its prefix cache."""
+
+    reset_running_requests: StrictBool = Field(False, description="Preempt running requests so their blocks are "
+                                               "dropped too (vLLM recomputes them); without it a member whose "
+                                               "requests hold blocks fails the reset.")
+    reset_external: StrictBool = Field(False, description="Also reset an external (KV-connector) prefix cache.")
+    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
+                                 "matching members (none matching is a 422).")
 
 
 class OperationsQuery(BaseModel):

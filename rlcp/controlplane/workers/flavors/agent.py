@@ -22,11 +22,12 @@ from rlcp.controlplane.workers.capabilities import (
     DiskWeights,
     LoadReport,
     Lora,
+    PrefixCache,
     Sleep,
     StagedUpdate,
     WeightsKind,
 )
-from rlcp.controlplane.workers.flavors.base import VllmSleepRoutes
+from rlcp.controlplane.workers.flavors.base import VllmCacheRoutes, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -34,8 +35,8 @@ from rlcp.core.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
 
 
 @final
-class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, Control, DiskWeights, StagedUpdate, DesiredVersion,
-                  Checksums, Lora, BroadcastPeer, Sleep):
+class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, DiskWeights, StagedUpdate,
+                  DesiredVersion, Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
     """Speaks to one agent's admin port."""
 
     loads_with_checksums = True  # its load answers the new weights' checksums when asked

@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, SleepMode, implements
-from rlcp.controlplane.workers.transport import WorkerTransport
+from rlcp.controlplane.workers.transport import WorkerRejected, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
@@ -44,6 +44,20 @@ class VllmSleepRoutes(DriverBase):
         # Waking moves the weights back into accelerator memory: a load's deadline, not a control call's.
         await self.transport.request("POST", "/wake_up", params={"tags": tags} if tags else None,
                                      timeout_s=self.deadlines.weight_load_s, retry=False)
+
+
+class VllmCacheRoutes(DriverBase):
+    """vLLM's prefix-cache reset over its dev route (`vllm/entrypoints/serve/dev/cache`), which the
+    agent serves in the same shape: `POST /reset_prefix_cache?reset_running_requests=&reset_external=`
+    answering `{"success": bool}`. Idempotent, so retried."""
+
+    async def reset_prefix_cache(self, *, running: bool, external: bool) -> None:
+        params = {"reset_running_requests": str(running).lower()} | ({"reset_external": "true"} if external else {})
+        body = await self.transport.request("POST", "/reset_prefix_cache", params=params)
+        if isinstance(body, dict) and body.get("success") is False:
+            held = "" if running else "; reset_running_requests=true preempts them"
+            raise WorkerRejected(self.spec.id, "POST /reset_prefix_cache answered success=false (blocks still held "
+                                 f"by running requests){held}", status=200)
 
 
 class _Reloads(Control, Protocol):

@@ -45,8 +45,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any, final
 
-from rlcp.controlplane.workers.capabilities import BroadcastPeer, Checksums, Control, DiskWeights, Lora, Sleep
-from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls, VllmSleepRoutes
+from rlcp.controlplane.workers.capabilities import (
+    BroadcastPeer,
+    Checksums,
+    Control,
+    DiskWeights,
+    Lora,
+    PrefixCache,
+    Sleep,
+)
+from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls, VllmCacheRoutes, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -54,8 +62,8 @@ from rlcp.core.wire.agent import PauseMode
 
 
 @final
-class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes, Control, DiskWeights, Checksums, Lora,
-                 BroadcastPeer, Sleep):
+class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, DiskWeights,
+                 Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, the composed reload below, resume."""
 
@@ -169,10 +177,7 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
     async def _reset_prefix_cache(self) -> None:
         # reset_running_requests preempts running requests so their KV is recomputed with the
         # new weights and the reset cannot fail on blocks they hold.
-        body = await self.transport.request("POST", "/reset_prefix_cache", params={"reset_running_requests": "true"})
-        if isinstance(body, dict) and body.get("success") is False:
-            raise WorkerRejected(self.spec.id, "POST /reset_prefix_cache answered success=false "
-                                 "(blocks still held); stale prefix-cache blocks may be served", status=200)
+        await self.reset_prefix_cache(running=True, external=False)
 
     def _field(self, body: Any, key: str, what: str) -> Any:
         if not isinstance(body, dict) or key not in body:
