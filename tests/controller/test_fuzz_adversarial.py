@@ -158,6 +158,7 @@ def _body_routes(routes: Any) -> list[tuple[str, str]]:
 _DOCUMENTS = {"controller": controller_document(auth_reads=False), "agent": agent_document(auth_reads=False),
               "gateway": gateway_document(secured=False)}
 _SCHEMAS = {name: schemathesis.openapi.from_dict(doc) for name, doc in _DOCUMENTS.items()}
+_REFUSED_BY_BODY = {("controller", "POST", "/collective_rpc")}
 CASES = ([("controller", *r) for r in _body_routes(CONTROLLER_ROUTES)]
          + [("agent", *r) for r in _body_routes(AGENT_ROUTES)]
          + [("gateway", *r) for r in _body_routes(GATEWAY_ROUTES)])
@@ -247,12 +248,15 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(adversari
                                     headers={"Content-Type": "application/json", **auth, **headers})
         figures["tried"] += 1
         label = f"{server} {method} {path} {kind}"
-        if response.status_code >= 500:
+        # `/collective_rpc` names an engine method in its body: one outside vLLM's weight protocol
+        # has no fleet meaning, a 501 by design (saying what to call instead), touching no worker.
+        documented = response.status_code == 501 and (server, method, path) in _REFUSED_BY_BODY
+        if response.status_code >= 500 and not documented:
             figures["5xx"].append([label, response.status_code, response.text[:300]])
         if response.status_code == 202:
             _wait_ended(adversarial_fleet.urls[server], response.headers["Location"], auth)
         touched = False
-        if 400 <= response.status_code < 500:
+        if 400 <= response.status_code < 500 or documented:
             after = adversarial_fleet.snapshot()
             if after != before:
                 touched = True
@@ -261,9 +265,10 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(adversari
             figures["accepted"] += 1
         if COUNT_ONLY:
             return
-        assert response.status_code < 500, (label, response.status_code, response.text[:500])
+        assert response.status_code < 500 or documented, (label, response.status_code, response.text[:500])
         if must_refuse:
-            assert 400 <= response.status_code < 500, (label, response.status_code, response.text[:300])
+            assert 400 <= response.status_code < 500 or documented, (label, response.status_code,
+                                                                     response.text[:300])
         assert not touched, (label, response.status_code, response.text[:300], before, adversarial_fleet.snapshot())
 
     one()

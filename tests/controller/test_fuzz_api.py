@@ -51,6 +51,7 @@ from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.api.unsupported import REFUSED
+from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.gateway.app import gateway_document
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
@@ -72,6 +73,8 @@ _GATEWAY_DECLARED = {r.key: r for r in GATEWAY_ROUTES}
 # The vLLM routes with no fleet meaning, and `/collective_rpc`, whose methods outside vLLM's
 # weight protocol have none.
 REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED} | {("POST", "/collective_rpc")}
+# The vLLM inference routes the gateway does not forward (tied to one worker, or not JSON), 501 saying why.
+GATEWAY_REFUSED = {(method, path) for method, path, _ in vllm_routes.REFUSED}
 
 
 # Directories under the allowed root, the same for both stacks (`roots`): a checkpoint, an
@@ -415,7 +418,8 @@ def test_fuzz_gateway(case, gateway):
         assert response.status_code < 500, (case.operation.label, response.status_code, response.text[:300])
         return
     route = _GATEWAY_DECLARED.get((case.operation.method.upper(), case.operation.path))
-    if route is not None and route.probe and response.status_code == 503:
+    refused = response.status_code == 501 and (case.operation.method.upper(), case.operation.path) in GATEWAY_REFUSED
+    if (route is not None and route.probe and response.status_code == 503) or refused:
         case.validate_response(response, excluded_checks=[not_a_server_error])
     else:
         case.validate_response(response)

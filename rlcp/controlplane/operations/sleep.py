@@ -207,6 +207,8 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
     for worker_id, status in read.answers.items():
         report_status(run, worker_id, status)
     source = load_source(desired)
+    if source is not None and desired.weight_version is not None and source["version"] != desired.weight_version:
+        source = None  # an older disk copy (the desired version came by broadcast): loading it cannot help
 
     def behind(rec: WorkerRecord) -> bool:
         status, record = read.answers.get(rec.id), slept[rec.id]
