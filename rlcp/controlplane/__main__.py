@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
 
     async def core() -> int:
         stop = stop_on_signals()
-        if args.core:
-            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone
+        if args.core:  # stdin closed: the front is gone, or asks the core to stop
+            loop, stdin = asyncio.get_running_loop(), sys.stdin.fileno()
+
+            def front_gone() -> None:
+                loop.remove_reader(stdin)  # a closed pipe stays readable: once is enough
+                stop.set()
+
+            loop.add_reader(stdin, front_gone)
         runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.api.host, settings.api.port)
