@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from rlcp.controlplane.settings import load_settings
-    from rlcp.core.entry import settings_or_exit, stop_on_signals
+    from rlcp.core.entry import ignore_signals_from_now, settings_or_exit, stop_on_signals
 
     settings = settings_or_exit(parser, lambda: load_settings(args.config),
                                 check=lambda s: (s.api.resolved_token(), s.workers.resolved_token()))
@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
 
     async def core() -> int:
         stop = stop_on_signals()
-        if args.core:
-            asyncio.get_running_loop().add_reader(sys.stdin.fileno(), stop.set)  # EOF: the front is gone
+        if args.core:  # stdin closed: the front is gone, or asks the core to stop
+            loop, stdin = asyncio.get_running_loop(), sys.stdin.fileno()
+
+            def front_gone() -> None:
+                loop.remove_reader(stdin)  # a closed pipe stays readable: once is enough
+                stop.set()
+
+            loop.add_reader(stdin, front_gone)
         runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.api.host, settings.api.port)
@@ -50,12 +56,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             await stop.wait()
         finally:
-            await runner.cleanup()
+            await runner.cleanup()  # the placement teardown included
+            ignore_signals_from_now()
         return 0
 
     async def front() -> int:
-        return await serve(settings, token=token, config=args.config, port_file=args.port_file,
-                           stop=stop_on_signals())
+        try:
+            return await serve(settings, token=token, config=args.config, port_file=args.port_file,
+                               stop=stop_on_signals())
+        finally:
+            ignore_signals_from_now()
 
     try:
         return asyncio.run(front() if settings.api.front and not args.core else core())

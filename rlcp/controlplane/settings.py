@@ -41,7 +41,7 @@ class ApiSettings(Section):
     core_start_timeout_s: float = Field(120.0, gt=0, description="How long the front waits for the controller "
                                         "behind it to serve before giving up, in seconds.")
     core_stop_timeout_s: float = Field(30.0, gt=0, description="How long the front waits for the controller behind "
-                                       "it to stop after SIGTERM before killing it, in seconds.")
+                                       "it to stop (once asked: its stdin closed) before killing it, in seconds.")
 
     def resolved_token(self) -> str:
         token = read_token(self.token, self.token_file)
@@ -183,6 +183,9 @@ class RayPlacementSettings(Section):
                                   "create, wait for a group), in seconds.")
     teardown: bool = Field(False, description="On controller stop, kill the actors and remove the groups. Off: "
                            "they are detached and outlive the controller, which finds them again on start.")
+    teardown_timeout_s: float = Field(20.0, gt=0, description="Deadline of the teardown on stop, in seconds, a "
+                                      "pass still under way included (it is interrupted at its next wait); below "
+                                      "api.core_stop_timeout_s, after which the front kills the core.")
 
     @model_validator(mode="after")
     def _check(self) -> RayPlacementSettings:
@@ -452,6 +455,12 @@ class ControllerSettings(BaseSettings):
         # Placed actors become members only through discovery of the same actors.
         if self.placement.kind == "ray" and self.discovery.kind != "ray":
             raise ValueError("placement.kind=ray needs discovery.kind=ray (the placed actors' dashboard)")
+        ray = self.placement.ray
+        if (self.placement.kind == "ray" and ray is not None and ray.teardown and self.api.front
+                and ray.teardown_timeout_s >= self.api.core_stop_timeout_s):
+            raise ValueError(f"placement.ray.teardown_timeout_s ({ray.teardown_timeout_s:g}) must be below "
+                             f"api.core_stop_timeout_s ({self.api.core_stop_timeout_s:g}): the front kills the core "
+                             "then, teardown or not")
         for name in self.fleets:
             if name == DEFAULT_FLEET or not re.match(FLEET_NAME_PATTERN, name):
                 raise ValueError(f"fleets: {name!r} is not a fleet name (a DNS label: lowercase letters, digits and "

@@ -7,6 +7,8 @@ SIGINT or SIGTERM.
                                 check=lambda s: s.admin.resolved_token())
     ...
     stop = stop_on_signals()  # inside the event loop
+    ...
+    ignore_signals_from_now()  # stopped: the process only exits now
 """
 
 from __future__ import annotations
@@ -55,3 +57,14 @@ def stop_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def ignore_signals_from_now() -> None:
+    """From here on SIGINT and SIGTERM change nothing; call it inside the running loop, once the
+    process has stopped its work and only exits. Otherwise closing the loop puts the default
+    action back, and a second signal (a process group's, arriving after the process's own stop)
+    ends the exiting process by SIGTERM, which reads as a crash to whoever waits for it."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)

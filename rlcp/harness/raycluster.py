@@ -158,6 +158,28 @@ class RayHead:
         return sorted(r["name"] for r in self._state_rows("placement_groups")
                       if r.get("name", "").startswith(prefix) and r["state"] != "REMOVED")
 
+    def remove_named(self, namespace: str, prefix: str, *, timeout_s: float = 60.0) -> None:
+        """Kill the named actors of `namespace` and remove the placement groups whose names start
+        with `prefix`, from a Ray driver of its own (a child process: this module never imports
+        `ray`). For a test that found leftovers and must start the next case clean."""
+        script = (
+            "import sys, ray\n"
+            "address, namespace, prefix = sys.argv[1:4]\n"
+            "ray.init(address=address, namespace=namespace, logging_level='error', log_to_driver=False)\n"
+            "for entry in ray.util.list_named_actors(all_namespaces=True):\n"
+            "    if entry['namespace'] == namespace and entry['name'].startswith(prefix):\n"
+            "        ray.kill(ray.get_actor(entry['name'], namespace=namespace), no_restart=True)\n"
+            "for info in ray.util.placement_group_table().values():\n"
+            "    if info.get('state') != 'REMOVED' and (info.get('name') or '').startswith(prefix):\n"
+            "        try:\n"
+            "            ray.util.remove_placement_group(ray.util.get_placement_group(info['name']))\n"
+            "        except ValueError:\n"
+            "            pass\n"
+            "ray.shutdown()\n")
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        subprocess.run([sys.executable, "-c", script, self.gcs_address, namespace, prefix], env=env, check=True,
+                       timeout=timeout_s, stdin=subprocess.DEVNULL, capture_output=True)
+
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""
         pids = {str(p) for p in self.pids()}

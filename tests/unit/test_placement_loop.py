@@ -1,17 +1,21 @@
 """Placement's loop (rlcp/controlplane/placement/loop.py) with a fake placer, and the start-up
 error without Ray: a follower places nothing, a failed pass is retried (and shown), teardown only
 when configured and leading, the count comes from the desired state when set and a change wakes
-the loop, and a missing `ray` names the extra."""
+the loop, and a missing `ray` names the extra. On stop: a pass under way is interrupted so the
+teardown does not wait behind it, a teardown that hangs is given up at its deadline (logged), and
+Ray's failure-signal handler is switched off before `ray` is imported (issue 33)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from rlcp.controlplane.errors import PlacementUnavailable
 from rlcp.controlplane.placement.loop import run_placement
@@ -27,6 +31,7 @@ class FakePlacer:
         self.threads: set[str] = set()
         self.fail_first = fail_first
         self.asked: list[int] = []
+        self.interrupted = threading.Event()
 
     def _record(self, what: str) -> None:
         self.calls.append(what)
@@ -39,6 +44,9 @@ class FakePlacer:
             raise RuntimeError("GCS unreachable")
         groups = {Group(0, replicas)} if replicas else set()
         return Placed(plan=plan_placement(replicas, set(), set()), actors=set(range(replicas)), groups=groups)
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
 
     def teardown(self) -> None:
         self._record("teardown")
@@ -110,6 +118,70 @@ async def test_teardown_only_when_configured() -> None:
     placer = FakePlacer()
     await run_placement(settings=settings(), is_leader=lambda: True, placer=placer, passes=1)
     assert placer.calls == ["reconcile", "close"]
+
+
+class StuckPlacer(FakePlacer):
+    """A pass that waits (as for a group that cannot be reserved) until interrupted; a teardown
+    that hangs when `hang_teardown`."""
+
+    def __init__(self, *, hang_teardown: bool = False) -> None:
+        super().__init__()
+        self.hang_teardown = hang_teardown
+        self.in_pass = threading.Event()
+
+    def reconcile(self, replicas: int) -> Placed:
+        self._record("reconcile")
+        self.in_pass.set()
+        if not self.interrupted.wait(60):
+            raise AssertionError("never interrupted")
+        raise RuntimeError("interrupted")
+
+    def teardown(self) -> None:
+        self._record("teardown")
+        if self.hang_teardown:
+            threading.Event().wait(60)
+
+
+async def _stop_during_a_pass(placer: StuckPlacer, **kw: Any) -> float:
+    loop = asyncio.create_task(run_placement(settings=settings(teardown=True, call_timeout_s=60, **kw),
+                                             is_leader=lambda: True, placer=placer))
+    while not placer.in_pass.is_set():
+        await asyncio.sleep(0.01)
+    t0 = time.monotonic()
+    loop.cancel()
+    await asyncio.gather(loop, return_exceptions=True)
+    return time.monotonic() - t0
+
+
+async def test_a_stop_interrupts_the_pass_under_way_and_tears_down_at_once() -> None:
+    placer = StuckPlacer()
+    took = await _stop_during_a_pass(placer)
+    assert placer.calls == ["reconcile", "teardown", "close"]
+    assert took < 5  # not the pass's 60 s deadline
+
+
+async def test_a_teardown_that_hangs_is_given_up_at_its_deadline_and_logged() -> None:
+    placer = StuckPlacer(hang_teardown=True)
+    with capture_logs() as logs:
+        took = await _stop_during_a_pass(placer, teardown_timeout_s=0.3)
+    assert took < 3  # the teardown's deadline; no close queued behind the stuck call
+    assert placer.calls == ["reconcile", "teardown"]
+    failed = [e for e in logs if e["event"] == "placement_teardown_failed"]
+    assert len(failed) == 1 and failed[0]["error"] == "TimeoutError" and failed[0]["timeout_s"] == 0.3
+    assert failed[0]["left"] == "actors and groups named rlcp-agent-*"
+    # The stuck call holds a daemon thread: it does not keep the process from exiting.
+    assert all(t.daemon for t in threading.enumerate() if t.name == "ray-placement")
+
+
+def test_ray_failure_signal_handler_is_off_before_ray_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    monkeypatch.delenv("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", raising=False)
+    import ray._private.ray_constants as ray_constants
+
+    monkeypatch.setattr(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", False)  # `ray` imported first
+    RayPlacer(settings())
+    assert os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] == "1"
+    assert ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER is True
 
 
 def test_without_ray_the_start_fails_naming_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

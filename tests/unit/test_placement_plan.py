@@ -66,3 +66,18 @@ def test_settings_refuse_placement_without_ray_discovery_and_empty_bundles() -> 
         RayPlacementSettings(address="a:1", strategy="ANYWHERE")
     with pytest.raises(ValidationError, match=r"replicas \(9\) is above max_replicas \(8\)"):
         RayPlacementSettings(address="a:1", replicas=9, max_replicas=8)
+
+
+def test_settings_refuse_a_teardown_deadline_the_front_would_cut_short() -> None:
+    def settings(teardown_timeout_s: float, *, front: bool = True, teardown: bool = True) -> ControllerSettings:
+        return ControllerSettings(
+            api={"front": front, "core_stop_timeout_s": 30},
+            discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:8265"}},
+            placement={"kind": "ray", "ray": {"address": "127.0.0.1:6379", "teardown": teardown,
+                                              "teardown_timeout_s": teardown_timeout_s}})
+
+    assert settings(20).placement.ray is not None  # the defaults (20 s under 30 s) hold
+    with pytest.raises(ValidationError, match=r"teardown_timeout_s \(30\) must be below api.core_stop_timeout_s"):
+        settings(30)
+    settings(30, front=False)  # no front to kill the core
+    settings(30, teardown=False)

@@ -4,7 +4,8 @@ The core is `python -m rlcp.controlplane --core` with the same settings (file an
 except its API, which listens on a loopback port it picks and writes to a file. Its stdin is
 a pipe from this process: when the front goes, however it goes (a SIGKILL included), the
 pipe closes and the core stops cleanly (hands its Lease back), so no orphaned core keeps
-driving the fleet. When the core exits, the front exits with it, and the pod restarts.
+driving the fleet. Closing that pipe is also how the front stops the core (it sends no signal
+of its own). When the core exits, the front exits with it, and the pod restarts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -65,9 +65,14 @@ class CoreProcess:
         return await self.proc.wait()
 
     async def stop(self) -> None:
+        """Ask the core to stop by closing its stdin, then kill it after `stop_timeout_s`. Not a
+        SIGTERM: a signal to the process group may have reached the core already, and a second
+        one while it stops is one more thing its stop must survive (a Ray driver's did not,
+        issue 33); a closed pipe is the same request however often it is made."""
         proc = self.proc
         if proc is not None and proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
+            if proc.stdin is not None:
+                proc.stdin.close()
             try:
                 await asyncio.wait_for(proc.wait(), self._stop_timeout_s)
             except TimeoutError:

@@ -5,7 +5,10 @@ at once).
 
 A pass that fails is logged, shown in the status, and retried at the next interval; a follower
 does nothing (its leader places). Teardown runs on stop only when configured: the actors are
-detached.
+detached. On stop, a pass under way is interrupted at its next wait, then the teardown runs
+under `teardown_timeout_s` (a failure or a timeout is logged as an error naming what may be
+left), then the driver is closed. The thread is a daemon: a Ray call stuck past its deadline
+must not keep the process from exiting (a ThreadPoolExecutor's threads are joined at exit).
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, TypeVar
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -33,19 +38,53 @@ class Placer(Protocol):
     """What the loop drives (`RayPlacer`); blocking calls, each run on the loop's thread."""
 
     def reconcile(self, replicas: int) -> Placed: ...
+    def interrupt(self) -> None: ...  # from the event loop's thread; the others run on the placement thread
     def teardown(self) -> None: ...
     def close(self) -> None: ...
 
 
-async def _call(executor: ThreadPoolExecutor, fn: Callable[[], T], timeout_s: float) -> T:
-    return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(executor, fn), timeout_s)
+CLOSE_TIMEOUT_S = 5.0  # disconnecting the driver on stop
+
+
+class PlacementThread:
+    """One daemon thread running blocking calls in the order they come."""
+
+    def __init__(self, name: str = "ray-placement") -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # handed to the caller, whatever it is
+                    future.set_exception(exc)
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put((future, fn))
+        return future
+
+    def shutdown(self) -> None:
+        """The thread ends after what it was given (a call stuck in Ray ends with the process)."""
+        self._queue.put(None)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _call(thread: PlacementThread, fn: Callable[[], T], timeout_s: float) -> T:
+    return await asyncio.wait_for(asyncio.wrap_future(thread.submit(fn)), timeout_s)
 
 
 async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[], bool],
                         placer: Placer | None = None, status: PlacementStatus | None = None,
                         passes: int | None = None) -> None:
     """Forever (or `passes` times, a test seam): keep `status.replicas()` agents placed."""
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ray-placement")
+    thread = PlacementThread()
     if placer is None:
         placer = RayPlacer(settings)
     if status is None:
@@ -56,12 +95,12 @@ async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[
             if is_leader():
                 replicas, t0 = status.replicas(), time.monotonic()
                 try:
-                    placed = await _call(executor, functools.partial(placer.reconcile, replicas),
+                    placed = await _call(thread, functools.partial(placer.reconcile, replicas),
                                          settings.call_timeout_s)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # Ray's errors are many and untyped for us: log, retry
-                    error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                    error = _describe(exc)
                     status.failed(error, time.monotonic() - t0)
                     log.warning("placement_pass_failed", error=error, replicas=replicas,
                                 retry_in_s=settings.interval_s)
@@ -70,9 +109,24 @@ async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[
             done += 1
             await status.wait(settings.interval_s)
     finally:
-        if settings.teardown and is_leader():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(_call(executor, placer.teardown, settings.call_timeout_s))
+        await _stop(thread, placer, settings, teardown=settings.teardown and is_leader())
+
+
+async def _stop(thread: PlacementThread, placer: Placer, settings: RayPlacementSettings, *, teardown: bool) -> None:
+    """Interrupt a pass under way, tear down (when asked) within its deadline, close the driver.
+    Shielded: a second cancellation (the process's shutdown) does not cut the teardown short."""
+    placer.interrupt()
+    stuck = False
+    if teardown:
+        t0 = time.monotonic()
+        try:
+            await asyncio.shield(_call(thread, placer.teardown, settings.teardown_timeout_s))
+        except Exception as exc:  # Ray's errors are many and untyped for us; a timeout is one of them here
+            stuck = isinstance(exc, TimeoutError)
+            log.error("placement_teardown_failed", error=_describe(exc),
+                      duration_s=round(time.monotonic() - t0, 3), timeout_s=settings.teardown_timeout_s,
+                      namespace=settings.namespace, left=f"actors and groups named {settings.name_prefix}*")
+    if not stuck:  # a close queued behind a stuck call would only wait out its own deadline
         with contextlib.suppress(Exception):
-            await asyncio.shield(_call(executor, placer.close, settings.call_timeout_s))
-        executor.shutdown(wait=False)
+            await asyncio.shield(_call(thread, placer.close, CLOSE_TIMEOUT_S))
+    thread.shutdown()

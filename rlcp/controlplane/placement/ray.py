@@ -8,10 +8,20 @@ scheduled into its bundle). Ray restarts a dead actor on its own; the controller
 through discovery (`num_restarts` is the member's incarnation) and converges it before it serves.
 
 The only module of the controller that imports `ray`, and only when placement.kind is ray.
+
+The controller as a Ray driver keeps its own signal handling (`import_ray`): by default `ray.init`
+puts abseil's failure-signal handler over the process's SIGTERM handler, and that handler ends
+the process 3 s after the first SIGTERM (an `alarm(3)` it arms and never disarms, whose SIGALRM
+aborts; or a second SIGTERM that lands on another thread meanwhile, which it re-raises to the
+default action after 3 s). A stop that tears the actors down takes longer than that on a busy
+machine, and the actors and groups were left behind (issue 33).
 """
 
 from __future__ import annotations
 
+import os
+import threading
+import time
 from typing import Any
 
 import structlog
@@ -33,14 +43,26 @@ from rlcp.controlplane.settings import RayPlacementSettings
 
 log = structlog.get_logger("rlcp.controlplane.placement")
 AGENT_START_TIMEOUT_S = 120.0  # an actor's __init__ waits this long for its agent's ports
+GROUP_POLL_S = 0.5  # how often a wait for a group's reservation looks whether placement is stopping
+# Ray's switch for the failure-signal handler its driver would install (module docstring).
+NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+
+
+class PassInterrupted(RuntimeError):
+    """A pass stopped waiting because placement is stopping (the teardown, if any, comes next)."""
 
 
 def import_ray() -> Any:
+    # Set before Ray reads its constants (at import), and on the constant too in case something in
+    # this process imported `ray` first: the driver reads it when `ray.init` starts it.
+    os.environ[NO_FAILURE_SIGNAL_HANDLER] = "1"
     try:
         import ray
+        import ray._private.ray_constants as ray_constants
     except ImportError as exc:
         raise PlacementUnavailable("placement.kind=ray needs the `ray` package: install the `ray` extra "
                                    "(pip install 'rl-controlplane[ray]')") from exc
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     return ray  # untyped for us (pyproject: follow_imports skip)
 
 
@@ -60,6 +82,13 @@ class RayPlacer:
         self.settings = settings
         self.ray = import_ray()
         self._connected_here = False
+        self._stopping = threading.Event()
+
+    def interrupt(self) -> None:
+        """From any thread: a pass under way stops at its next wait (`PassInterrupted`), so the
+        teardown queued behind it on the placement thread starts at once, not after the pass's
+        deadline. Calls after it still run (the teardown is one)."""
+        self._stopping.set()
 
     def connect(self) -> None:
         if self.ray.is_initialized():
@@ -136,8 +165,15 @@ class RayPlacer:
         bundle = {k: v for k, v in (("CPU", b.CPU), ("GPU", b.GPU)) if v > 0}
         pg = self.ray.util.placement_group([dict(bundle) for _ in range(group.count)], strategy=self.settings.strategy,
                                            name=group_name(self.settings.name_prefix, group), lifetime="detached")
-        # Reserved, or this pass fails (and the next one finds the group and waits again).
-        self.ray.get(pg.ready(), timeout=self.settings.call_timeout_s)
+        # Reserved, or this pass fails (and the next one finds the group and waits again); in
+        # slices, so a stop does not wait behind a group that cannot be reserved.
+        ready, deadline = pg.ready(), time.monotonic() + self.settings.call_timeout_s
+        while not self.ray.wait([ready], timeout=GROUP_POLL_S)[0]:
+            if self._stopping.is_set():
+                raise PassInterrupted(f"stopping while waiting for group {group_name(self.settings.name_prefix, group)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"group {group_name(self.settings.name_prefix, group)} not reserved within "
+                                   f"{self.settings.call_timeout_s:g}s")
 
     def _start(self, index: int, group: Group) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
