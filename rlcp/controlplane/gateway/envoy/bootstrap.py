@@ -99,7 +99,8 @@ def _route(fleet: str, settings: ControllerSettings, header: bool) -> dict[str, 
                 "retriable_status_codes": [409], "num_retries": g.attempts - 1,
                 "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
                     "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
-                "host_selection_retry_max_attempts": 5,
+                # Least-request favours the refusing worker (its 409s are quick): choose again, often.
+                "host_selection_retry_max_attempts": 50,
                 "retry_back_off": {"base_interval": _seconds(g.envoy.retry_back_off_s),
                                    "max_interval": _seconds(g.envoy.retry_back_off_s * 10)},
             },
