@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -25,9 +27,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from rich.console import Console
 
+from rlcp.client.render import state_view
 from rlcp.controlplane.api.app import ENVOY_XDS_PORT
 from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+from rlcp.core.wire.controller import FleetState
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import Ctl, controller_settings, start_controller, update_body
 from rlcp.harness.envoy import EnvoyProcess, free_port
@@ -143,6 +148,9 @@ async def test_answers_name_their_worker_and_version_and_envoy_acked_the_fence(e
     envoy = state["envoy"]
     assert [e["node"] for e in envoy["envoys"]] == ["envoy-0"]
     assert envoy["envoys"][0]["acked_version"] == envoy["fence_version"] and envoy["envoys"][0]["connected"]
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(state_view(FleetState.model_validate(state)))  # what `rlctl state` prints
+    assert re.search(r"envoy envoy-0\s+current", console.export_text())
     published = state["last_operation"]["detail"]["fence_published"]
     assert published and all(p["acked"] == ["envoy-0"] and "unacked" not in p for p in published)
     assert all(p["waited_s"] < ACK_TIMEOUT_S for p in published)
