@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -94,12 +93,6 @@ class EnvoyProcess:
             self.proc.wait(timeout_s)
         self.proc = None
 
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
     def stats(self, text: str) -> dict[str, int]:
         """`/stats` text as {name: value} (counters and gauges)."""
         out = {}
@@ -109,11 +102,3 @@ class EnvoyProcess:
                 out[name] = int(value)
         return out
 
-
-def wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> int | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return proc.returncode
-        time.sleep(0.05)
-    return None

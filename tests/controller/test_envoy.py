@@ -154,6 +154,7 @@ async def test_answers_name_their_worker_and_version_and_envoy_acked_the_fence(e
     published = state["last_operation"]["detail"]["fence_published"]
     assert published and all(p["acked"] == ["envoy-0"] and "unacked" not in p for p in published)
     assert all(p["waited_s"] < ACK_TIMEOUT_S for p in published)
+    print("ACK waits (s):", [p["waited_s"] for p in published])
 
 
 async def test_a_rolling_update_under_load_gives_no_stale_answer_and_no_error(envoy_fleet: EnvoyFleet) -> None:
