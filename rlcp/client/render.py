@@ -60,6 +60,13 @@ def state_view(st: FleetState) -> Group:
         summary.add_row("gateway", gw.url or "-", "admits", ", ".join(gw.allowed_versions) or "any ready")
         summary.add_row("rollouts", f"routed {gw.routed} held {gw.held} rejected {gw.rejected}",
                         "staleness", str(gw.staleness_bound))
+    ev = st.envoy
+    if ev is not None:  # Envoy as the data plane: each Envoy's last ACKed fence version
+        summary.add_row("envoy fence", ev.fence_version, "xds", ev.xds_url or "-")
+        for e in ev.envoys:
+            acked = "current" if e.acked_version == ev.fence_version else f"behind ({e.acked_version or 'none'})"
+            summary.add_row(f"envoy {e.node}", acked + ("" if e.connected else ", disconnected")
+                            + (", refused last" if e.nacked else ""), "", "")
     u = st.update
     if u is not None:
         p, b = u.progress, u.bubble

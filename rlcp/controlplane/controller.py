@@ -28,6 +28,7 @@ from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.desired import DesiredKeeper
 from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.observer import poll_statuses
+from rlcp.controlplane.fleet.publish import FenceSync
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
 from rlcp.controlplane.leadership.guard import Leadership
@@ -47,7 +48,7 @@ from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.cached import CachedBody
-from rlcp.core.wire.controller import FleetState, GatewayView, WorkerView
+from rlcp.core.wire.controller import EnvoyPlaneView, FleetState, GatewayView, WorkerView
 
 TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
 
@@ -102,6 +103,10 @@ class Controller:
         # section of the state document. Its counters move per request, so they are read when
         # the document is rebuilt (every status poll at least), not on each request.
         self.gateway_view: Callable[[], GatewayView] | None = None
+        # Envoy as the data plane (`gateway/envoy/`): operations wait for its ACK of a narrowed
+        # fence before pausing (`fleet/publish.py`); its section of the state document.
+        self.fence_sync: FenceSync | None = None
+        self.envoy_view: Callable[[], EnvoyPlaneView] | None = None
         self._base: tuple[int, FleetState] | None = None
         # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
         # The default fleet's: the agents it places join whichever fleet their labels select.
@@ -188,7 +193,12 @@ class Controller:
 
     def state(self) -> FleetState:
         base = self.base_state()
-        return base if self.gateway_view is None else base.model_copy(update={"gateway": self.gateway_view()})
+        sections: dict[str, object] = {}
+        if self.gateway_view is not None:
+            sections["gateway"] = self.gateway_view()
+        if self.envoy_view is not None:
+            sections["envoy"] = self.envoy_view()
+        return base.model_copy(update=sections) if sections else base
 
     def state_json(self) -> bytes:
         """`state()` serialized, rebuilt only when something it shows has changed."""

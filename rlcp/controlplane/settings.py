@@ -50,6 +50,26 @@ class ApiSettings(Section):
         return token
 
 
+class EnvoySettings(Section):
+    """Envoy as the gateway's data plane (`gateway.data_plane: envoy`, docs/gateway.md): the
+    controller serves it the fence over xDS (ADS, gRPC) and waits for its ACK before pausing."""
+
+    xds_host: str = Field("127.0.0.1", description="Bind address of the controller's xDS (ADS) gRPC server.")
+    xds_port: int = Field(18000, ge=0, le=65535, description="xDS port (0 = pick a free one).")
+    ack_timeout_s: float = Field(5.0, gt=0, le=600, description="How long an update waits, after narrowing the "
+                                 "fence and before pausing anyone, for every connected Envoy to ACK it, in "
+                                 "seconds. Past it the update goes on and its record names each Envoy that had "
+                                 "not (agents still refuse a request meant for other weights, and Envoy retries "
+                                 "it on another member).")
+    listen_port: int = Field(10000, ge=0, le=65535, description="Envoy's listener port, in the bootstrap the "
+                                                               "controller writes (`rlcp.controlplane.gateway.envoy`).")
+    admin_port: int = Field(9901, ge=0, le=65535, description="Envoy's admin port (loopback only), in the bootstrap.")
+    retry_back_off_s: float = Field(0.002, gt=0, le=1, description="Base back-off between Envoy's retries, in s "
+                                    "(Envoy's own default, 25 ms, adds that much to the tail).")
+    max_retries: int = Field(1024, ge=1, description="Retries Envoy may have outstanding to one cluster at once "
+                                                     "(its default, 3, overflows under load and passes 409s on).")
+
+
 class GatewaySettings(Section):
     """The inference gateway: one endpoint for the fleet's rollouts, fenced by weight version."""
 
@@ -95,6 +115,11 @@ class GatewaySettings(Section):
                                                      "`GET /v1/rl/state` it follows.")
     follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")
     follow_interval_s: float = Field(0.2, gt=0, description="How often a standalone gateway reads the state.")
+    data_plane: Literal["python", "envoy"] = Field(
+        "python", description="What carries rollouts: `python`, this process's gateway (the default), or `envoy`, "
+                              "an Envoy fed the fence by the controller over xDS (`envoy` settings; the Python "
+                              "gateway then does not run).")
+    envoy: EnvoySettings = EnvoySettings()
 
     def resolved_token(self) -> str | None:
         return read_token(self.token, self.token_file)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 KUBE_API: web.AppKey[ApiClient | None] = web.AppKey("kube_api")
 LEADERSHIP = web.AppKey("leadership", Leadership)
 GATEWAY = web.AppKey("gateway", Gateway)  # set when the inference gateway runs in this process
+ENVOY_XDS_PORT = web.AppKey("envoy_xds_port", int)  # set when the controller serves Envoy the fence over xDS
 # Probes (and the API document) answer without the token even when reads are protected.
 _OPEN_PATHS = open_paths(ROUTES)
 _READS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -147,7 +148,14 @@ def build_app(settings: ControllerSettings, *, token: str, store: DesiredStore |
         supervisor = start_loops(every, source=source or make_source(settings, session, kube_api=kube_api),
                                  elector=elector, background=background)
         async with contextlib.AsyncExitStack() as stack:
-            if run_gateway:
+            if run_gateway and settings.gateway.data_plane == "envoy":
+                # The `envoy` extra: grpc and the generated Envoy API, imported only here.
+                from rlcp.controlplane.gateway.envoy.local import start_envoy_plane
+
+                plane = await start_envoy_plane(every, settings.gateway.envoy)
+                app[ENVOY_XDS_PORT] = plane.port
+                stack.push_async_callback(plane.close)
+            elif run_gateway:
                 # Its own session: rollouts are many long requests per worker, admin calls few.
                 gateway_session = await stack.enter_async_context(new_session())
                 gateway_obj, runner = await start_local_gateway(every, settings.gateway, gateway_session,

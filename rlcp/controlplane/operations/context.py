@@ -29,6 +29,7 @@ from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import ControlPlaneError, MissingCapability, NoMembers
 from rlcp.controlplane.fleet.desired import DesiredKeeper
 from rlcp.controlplane.fleet.names import ModelNames
+from rlcp.controlplane.fleet.publish import FenceSync
 from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
@@ -64,6 +65,7 @@ class OperationContext(Protocol):
     metrics: ControllerMetrics
     allowed_roots: list[Path]
     detached: Detached
+    fence_sync: FenceSync | None  # a data plane with its own copy of the fence (Envoy), if one is fed
 
     async def refresh(self, records: list[WorkerRecord]) -> None:
         """Read these workers' statuses now (the state document and the reconciler see them)."""
@@ -110,6 +112,7 @@ class Run:
         # Workers whose last call in this run answered their status (an update's resume, for a
         # driver whose resume answers it): already fresh, so the final read skips them.
         self.reported: set[str] = set()
+        self.fence_records: list[dict[str, object]] = []  # `publish_fence`'s, in order
 
     async def step(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
                    call: Callable[[P], Awaitable[object]], deadline_s: float, *,
@@ -193,6 +196,21 @@ class Run:
         leaves it paused, and the state says so)."""
         failed = {r.worker_id for r in self.tracker.results.values() if r.status in ("error", "timeout")}
         return [r for r in records if r.id not in failed and r.id not in self.reported]
+
+    async def publish_fence(self) -> None:
+        """After narrowing the fence, before pausing anyone it left: every data plane holding its
+        own copy of the fence (`fleet/publish.py`) has it, or its deadline passed, and the record
+        says which (`fence_published`, one entry per wave)."""
+        sync = self.ctx.fence_sync
+        if sync is None:
+            return
+        published = await sync.publish()
+        self.fence_records.append(published.record())
+        self.tracker.note(fence_published=self.fence_records)
+        if published.unacked:
+            structlog.get_logger("rlcp.controlplane.operations").warning(
+                "fence_not_acknowledged", version=published.version, waited_s=round(published.waited_s, 3),
+                unacked=published.unacked)
 
     def bound(self) -> AbstractContextManager[None]:
         """Log context of this operation (operation id and kind on every line)."""

@@ -49,6 +49,9 @@ async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
             await ctx.desired.hold([r.id for r in run.members], req.mode)
         await run.step("pausing", "pause", run.members, CONTROL, lambda w: w.pause(req.mode, deadline),
                        ctx.deadlines.call_over(deadline))
+        # A data plane with its own copy of the fence (Envoy) stops routing to them before the
+        # caller hears "paused" (what it routed meanwhile is held, or aborted, by the pause).
+        await run.publish_fence()
 
     detail: dict[str, object] = {"mode": req.mode} | ({"selector": req.selector} if selector else {})
     return await run_operation(ctx, "pause", detail, body)
@@ -70,6 +73,7 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
             run.tracker.note(workers=[r.id for r in run.members])
             await ctx.desired.release([r.id for r in run.members])
         await run.step("resuming", "resume", run.members, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
+        await run.publish_fence()  # and routes to them again before the caller hears "resumed"
 
     return await run_operation(ctx, "resume", {"selector": req.selector} if req is not None and selector else {},
                                body)

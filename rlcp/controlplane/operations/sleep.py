@@ -121,6 +121,7 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
     ids = [r.id for r in records]
     ctx.registry.cordon(ids)  # no new rollout is sent to a member about to stop
     try:
+        await run.publish_fence()  # nor by a data plane holding its own copy of the fence
         hashing = [r for r in records if has(r.driver, "checksums")]
         hashed = await run.step_values("sleeping", "checksums", hashing, CHECKSUMS, lambda w: w.weight_checksums(),
                                        ctx.deadlines.checksums_s)

@@ -133,9 +133,14 @@ class Roll:
             ctx.registry.cordon(wave_ids)
             bubble.out(wave_ids)
             try:
+                # A data plane with its own copy of the fence (Envoy) has this one before any pause.
+                await run.publish_fence()
                 verified, resumed = await self.wave([by_id[w] for w in wave_ids], agreement)
             finally:
                 ctx.registry.cordon(wave_ids, False)
+            # And has it widened before the next wave narrows it (or the trainer hears "done"): a
+            # wave cordoned while Envoy has not yet taken back the last one would leave nobody serving.
+            await run.publish_fence()
             bubble.back(r.id for r in resumed)
             done = {r.id for r in verified}
             failed = [w for w in wave_ids if w not in done]

@@ -415,6 +415,26 @@ class GatewayView(BaseModel):
     workers: list[GatewayWorkerView]
 
 
+class EnvoyView(BaseModel):
+    """One Envoy connected to the controller's xDS server (or that was: kept until it reconnects)."""
+
+    node: str = Field(description="The Envoy's node id (its `--service-node` or bootstrap `node.id`).")
+    connected: bool
+    acked_version: str | None = Field(description="The last fence version it acknowledged (applied).")
+    sent_version: str | None = Field(description="The last fence version it was sent.")
+    nacked: str | None = Field(None, description="Why it refused the last version sent, if it did.")
+    acked_at: datetime | None = None
+
+
+class EnvoyPlaneView(BaseModel):
+    """Envoy as the gateway's data plane: the fence the controller serves it over xDS."""
+
+    xds_url: str | None = Field(description="Where the controller's xDS (ADS, gRPC) server listens.")
+    fence_version: str = Field(description="The fence's current version, as sent to every Envoy.")
+    ack_timeout_s: float = Field(description="How long an update waits for every Envoy's ACK before pausing.")
+    envoys: list[EnvoyView]
+
+
 class StalenessRequest(_Body):
     bound: int = Field(ge=0, le=STALENESS_BOUND_MAX,
                        description="How many versions before the desired one the gateway may serve.")
@@ -483,6 +503,8 @@ class FleetState(BaseModel):
     update: UpdateView | None = Field(None, description="The running weight update, else the last one.")
     weight_transfer: TransferGroupView | None = None
     gateway: GatewayView | None = Field(None, description="The inference gateway in this process, if it runs.")
+    envoy: EnvoyPlaneView | None = Field(None, description="Envoy as the data plane (`gateway.data_plane: envoy`): "
+                                         "the fence version and each Envoy's last acknowledged one.")
     workers: list[WorkerView]
 
 
