@@ -2,4 +2,3 @@
 
 from __future__ import annotations
 
-import pytest
