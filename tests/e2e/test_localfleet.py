@@ -55,6 +55,29 @@ def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
     assert not [name for name, pid in pids.items() if _alive(pid)]
 
 
+def test_two_steps_through_envoy(tmp_path: Path) -> None:
+    """`--envoy`: the controller serves the fence over xDS, and the rollouts go through a real
+    Envoy's listener (the tally's versions come from Envoy's EDS metadata); Envoy stops with the rest."""
+    pytest.importorskip("grpc", reason="the envoy extra")
+    run = subprocess.run(_localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    for k in (1, 2):
+        assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
+    assert "summary: 2/2 steps ok" in out
+    envoy_url = re.search(r"^Envoy up: (http://127\.0\.0\.1:\d+)", out, re.M)
+    assert envoy_url, out
+    assert re.search(rf"^Gateway: +{re.escape(envoy_url[1])} +\(Envoy", out, re.M), out
+    tally = re.search(r"by the version that served them \(X-RL-Weight-Version\): (.*)$", out, re.M)
+    assert tally and re.search(r"\bstep-1=\d+", tally.group(1)), out
+    routed = re.search(r"^Envoy routed (\d+) requests", out, re.M)
+    assert routed and int(routed[1]) >= 16, out  # two steps of 8 rollouts, at least, through Envoy
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert sorted(pids) == ["agent-0", "agent-1", "controller", "envoy"]
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
 def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
     run = subprocess.run(_localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1",
                                      "--sim-load-s", "0.3"), cwd=REPO, capture_output=True, text=True, timeout=120)
