@@ -90,8 +90,11 @@ def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
     assert "summary: 2/2 steps ok" in out
 
 
-def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
-    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running"), cwd=REPO,
+@pytest.mark.parametrize("data_plane", [[], ["--envoy"]], ids=["gateway", "envoy"])
+def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, data_plane: list[str]) -> None:
+    if data_plane:
+        pytest.importorskip("grpc", reason="the envoy extra")
+    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running", *data_plane), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:
@@ -103,7 +106,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "".join(lines)
         assert lines and lines[-1].startswith("step 1/"), "".join(lines)
         pids = json.loads((tmp_path / "pids.json").read_text())
-        assert len(pids) == 3 and all(_alive(pid) for pid in pids.values())
+        assert len(pids) == 3 + len(data_plane) and all(_alive(pid) for pid in pids.values())
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
         assert proc.returncode == 130, "".join(lines) + rest
