@@ -60,12 +60,13 @@ class EnvoyProcess:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def start(self, log_level: str = "warning") -> EnvoyProcess:
+    def start(self, log_level: str = "warning", *, prefix: list[str] | None = None) -> EnvoyProcess:
+        """Start it; `prefix` goes before the command (the benchmarks pin it with `taskset`)."""
         # Its own session, as the harness's other children: a Ctrl-C in the terminal reaches the
         # parent only, which stops Envoy after the processes that depend on it.
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(envoy_binary()), "-c", str(self.config), "--concurrency", "1", "--disable-hot-restart",
+                [*(prefix or []), str(envoy_binary()), "-c", str(self.config), "--concurrency", "1", "--disable-hot-restart",
                  "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         return self
