@@ -138,7 +138,7 @@ def write_step_weights(workdir: Path, step: int, base: Path | None) -> Path:
 
 @dataclass
 class Rollouts:
-    """Rollout traffic through the fleet's one inference endpoint (the controller's gateway),
+    """Rollout traffic through the fleet's one inference endpoint (the controller's gateway, or Envoy),
     one request in flight per agent, so every weight update happens under load as in a real
     RL run. Each answer names the weights that produced it (`X-RL-Weight-Version`): the tally."""
 
