@@ -315,7 +315,7 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -
     envoy = procs.add_envoy(EnvoyProcess(boot, args.workdir / "run", log_path=args.workdir / "logs" / "envoy.log"))
     try:
         await envoy.wait_serving()
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, AssertionError) as exc:  # it exited; it did not serve in time (`wait_for`)
         hint = f" (is port {args.gateway_port} taken? --gateway-port 0 picks a free one)" if args.gateway_port else ""
         raise FleetError(f"envoy did not serve{hint}: {exc}") from None
     say(f"Envoy up: {envoy.url} (admin {envoy.admin_url}), fed the fence by {xds_url}; log {envoy.log}")
