@@ -20,6 +20,7 @@ from rlcp.harness.http import call
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.tiny_model import agent_engine
 from rlcp.harness.waiting import wait_for
+from tests.conftest import one_core
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -36,7 +37,10 @@ def teacher_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPat
         shutil.copy(weights, model / weights.name)
     config = {"agent_id": "vllm-teacher", "allowed_roots": [str(tiny_models["base"].parent)], "log_format": "json",
               "engine": agent_engine(model, served_model_name="tiny-teacher")}
-    agent = AgentProcess(config, tmp_path_factory.mktemp("teacher-agent"), name="teacher-agent").start()
+    # Core 1, beside the session's first agent (core 0) it serves with, as every other engine of the
+    # suite is bound: with vLLM's default binding both engines' threads share the cores.
+    agent = AgentProcess(config, tmp_path_factory.mktemp("teacher-agent"), name="teacher-agent",
+                         env=one_core(1)).start()
     yield agent
     agent.stop()
 
