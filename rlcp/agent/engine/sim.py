@@ -354,6 +354,11 @@ class SimEngine:
         await self._enter("is_paused", slow=False)
         return self._scheduling != "run"
 
+    @property
+    def pausing(self) -> bool:
+        """Paused, or pausing (a wait-mode pause still draining): a new request would queue."""
+        return self._scheduling != "run"
+
     async def abort_requests(self, request_ids: list[str] | None) -> int:
         await self._enter("abort_requests")
         # Empty or None means all, as vLLM's /abort_requests does; the count is of requests found.

@@ -27,6 +27,7 @@ from rlcp.core.wire.agent import (
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,
     engine_dead_body,
+    paused_refusal_body,
     version_mismatch_body,
     weight_versions_header,
 )
@@ -105,6 +106,8 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
     expected = request.headers.get(EXPECT_VERSION_HEADER)
     if expected is not None and expected != engine.served_version:
         return web.json_response(version_mismatch_body(expected, engine.served_version), status=409)
+    if expected is not None and engine.pausing:  # as the vLLM agent refuses (`VersionedAnswers`)
+        return web.json_response(paused_refusal_body(expected), status=409)
     body = await _parse(request)
     if body.model != engine.model_name and body.model not in engine.served_lora_names():
         raise _HttpError(404, "model_not_found", f"the model {body.model!r} does not exist", "model")

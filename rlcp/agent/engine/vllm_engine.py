@@ -134,6 +134,7 @@ class VllmEngine:
         self._queue_depth: dict[str, int] = {"running": 0, "waiting": 0}
         self._pause_mode: PauseMode | None = None
         self._warned_empty_checksums = False
+        self._pausing = False  # between a pause (or sleep) call and the resume (or full wake)
         self._adapter_names: dict[int, str] = {}  # adapter id -> name, for the checksum keys
         self._asleep = False  # a fresh engine is awake; from then on, what our sleep / wake_up left
 
@@ -170,7 +171,7 @@ class VllmEngine:
             enable_log_requests=engine_args.enable_log_requests, disable_log_stats=False,
         )
         self._inference = InferenceServer(self._llm, args, served_version=lambda: self.served_version,
-                                          alive=self.is_alive)
+                                          alive=self.is_alive, pausing=lambda: self._pausing)
         await self._inference.start(self._inference_settings.host, self._inference_settings.port)
         log.info("vllm_engine_started", model=self.model_name, inference_port=self._inference.port)
 
@@ -183,6 +184,7 @@ class VllmEngine:
 
     # -- generation control -----------------------------------------------------
     async def pause(self, mode: PauseMode) -> None:
+        self._pausing = True  # from the call on: a wait-mode pause queues new requests while it drains
         async with _engine_errors("pause"):
             await self._llm.pause_generation(mode=mode)
         self._pause_mode = mode
@@ -191,6 +193,7 @@ class VllmEngine:
         async with _engine_errors("resume"):
             await self._llm.resume_generation()
         self._pause_mode = None
+        self._pausing = False
 
     async def is_paused(self) -> bool:
         async with _engine_errors("is_paused"):
@@ -198,6 +201,7 @@ class VllmEngine:
 
     # -- sleep mode ---------------------------------------------------------------
     async def sleep(self, level: int, mode: PauseMode) -> None:
+        self._pausing = True
         async with _engine_errors(f"sleep(level={level})"):
             await self._llm.sleep(level, mode)
         self._asleep = self._asleep or level >= 1  # level 0 only pauses scheduling
@@ -209,6 +213,7 @@ class VllmEngine:
         if fully_awake:
             self._asleep = False
             self._pause_mode = None  # vLLM resumed scheduling
+            self._pausing = False
         return fully_awake
 
     async def is_sleeping(self) -> bool:

@@ -42,6 +42,7 @@ from rlcp.core.wire.agent import (
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,
     engine_dead_body,
+    paused_refusal_body,
     version_mismatch_body,
     weight_versions_header,
 )
@@ -119,10 +120,12 @@ class VersionedAnswers:
     take it); marks the 5xx of a request during which the engine died (`X-RL-Engine-Died`);
     adds the recorded spans to the answer (`_AmendedAnswer`)."""
 
-    def __init__(self, app: Any, served_version: Callable[[], str | None], alive: Callable[[], bool]) -> None:
+    def __init__(self, app: Any, served_version: Callable[[], str | None], alive: Callable[[], bool],
+                 pausing: Callable[[], bool]) -> None:
         self.app = app
         self.served_version = served_version
         self.alive = alive
+        self.pausing = pausing
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -134,6 +137,10 @@ class VersionedAnswers:
         expected = next((v.decode() for k, v in scope["headers"] if k == _EXPECT), None)
         if expected is not None and expected != (served := self.served_version()):
             await _answer_json(send, 409, version_mismatch_body(expected, served))
+            return
+        if expected is not None and self.pausing():
+            # It would queue behind the pause and may run after an update, on other weights.
+            await _answer_json(send, 409, paused_refusal_body(expected))
             return
         calls: list[CallSpans] = []
         token = _SPANS.set(calls)
@@ -211,10 +218,12 @@ class _AmendedAnswer:
 
 class InferenceServer:
     def __init__(self, engine_client: EngineClient, args: Namespace, *,
-                 served_version: Callable[[], str | None], alive: Callable[[], bool]) -> None:
+                 served_version: Callable[[], str | None], alive: Callable[[], bool],
+                 pausing: Callable[[], bool]) -> None:
         self._engine_client = engine_client
         self._served_version = served_version
         self._alive = alive
+        self._pausing = pausing
         self._args = args
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
@@ -230,7 +239,7 @@ class InferenceServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(VersionedAnswers(app, self._served_version, self._alive), log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn.Config(VersionedAnswers(app, self._served_version, self._alive, self._pausing), log_level="warning", access_log=False, lifespan="on")
         self._server = _Server(config)
         # vLLM's engine-error handler reads it (as `vllm serve`'s launcher sets it): without
         # it a request that meets a dead engine gets an AttributeError 500, not the engine's error.

@@ -47,6 +47,15 @@ def version_mismatch_body(expected: str, served: str | None) -> dict[str, dict[s
                       "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
 
 
+def paused_refusal_body(expected: str) -> dict[str, dict[str, str]]:
+    """A request for named weights arriving while the worker is paused: it would wait in the
+    queue and may run after an update, on other weights; refused as a mismatch, so the gateway
+    (or Envoy's retry) sends it to a worker in service."""
+    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
+                      "message": f"this worker is paused (an update may change its weights before the request "
+                                 f"runs): not taken for weights {expected!r}"}}
+
+
 def engine_dead_body() -> dict[str, dict[str, str]]:
     return {"error": {"code": ENGINE_DEAD, "message": "this worker's engine has died (it is being restarted); the "
                                                       "request did not reach it"}}
