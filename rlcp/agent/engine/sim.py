@@ -352,7 +352,7 @@ class SimEngine:
 
     async def is_paused(self) -> bool:
         await self._enter("is_paused", slow=False)
-        return self._scheduling != "run"
+        return self.pausing
 
     @property
     def pausing(self) -> bool:

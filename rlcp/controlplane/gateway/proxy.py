@@ -449,24 +449,21 @@ def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _EngineDe
     """The worker's engine is dead, by its 5xx answer: before (`_EngineDead`) or during
     (`_EngineDied`) this request; None for any other 5xx (which goes to the client unchanged)."""
     if ENGINE_DIED_HEADER in upstream.headers or _VLLM_ENGINE_DEAD in payload:
-        return _EngineDied(_error_message(payload), upstream.status)
-    if upstream.status == 503 and b'"engine_dead"' in payload:
-        try:
-            error = json.loads(payload)["error"]
-            if error.get("code") == ENGINE_DEAD:
-                return _EngineDead(f"engine dead: {error.get('message')}")
-        except (ValueError, TypeError, KeyError, AttributeError):
-            pass
+        error = _error_of(payload)
+        message = str(error.get("message")) if error is not None else payload[:200].decode(errors="replace")
+        return _EngineDied(message, upstream.status)
+    if upstream.status == 503 and (error := _error_of(payload)) is not None and error.get("code") == ENGINE_DEAD:
+        return _EngineDead(f"engine dead: {error.get('message')}")
     return None
 
 
-def _error_message(payload: bytes) -> str:
-    """The error message in an engine's JSON error answer (vLLM's, an agent's), or its first bytes."""
+def _error_of(payload: bytes) -> dict[str, Any] | None:
+    """The `error` object of a JSON error answer (vLLM's, an agent's), or None."""
     try:
-        error = json.loads(payload)["error"]
-        return str(error["message"]) if isinstance(error, dict) else str(error)
-    except (ValueError, TypeError, KeyError):
-        return payload[:200].decode(errors="replace")
+        error = json.loads(payload).get("error")
+    except (ValueError, AttributeError):
+        return None
+    return error if isinstance(error, dict) else None
 
 
 async def _version_refusal(upstream: aiohttp.ClientResponse) -> str | None:
