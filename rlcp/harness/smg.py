@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -127,7 +128,7 @@ async def fanout(http: aiohttp.ClientSession, smg_url: str, route: str, body: An
     """`{method} /v1/rl/engine/{route}?selector=...` through SMG: each worker's answer body by
     worker id. Raises `FanoutFailed` unless all `expect` workers answered 2xx: SMG answers 207 with
     a `failed` list for a partial fan-out, which must not pass as done."""
-    query = "&".join(f"{k}={v}" for k, v in {"selector": selector, **(params or {})}.items())
+    query = urllib.parse.urlencode({"selector": selector, **(params or {})})
     status, payload = await call(http, method, f"{smg_url}/v1/rl/engine/{route}?{query}", body=body,
                                  timeout_s=timeout_s)
     if status != 200 or not isinstance(payload, dict):
