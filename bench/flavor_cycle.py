@@ -98,8 +98,8 @@ def _start(procs: list[Any]) -> list[Any]:
 
 async def cycle(client: TestClient, models: dict[str, Path], n: int) -> float:
     """One update transaction; returns its wall time in seconds."""
-    t0 = time.perf_counter()
     path, version = _weights(models, n)
+    t0 = time.perf_counter()
     resp = await client.post("/v1/rl/update_weights", headers=AUTH, json=update_body(
         version, path, pause_mode="keep", verify=True))
     body = await resp.json()
