@@ -24,7 +24,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -107,15 +106,7 @@ class SmgProcess(ChildProcess):
                 listed = {w.get("url") for w in json.loads(resp.read()).get("workers", [])}
         except (OSError, urllib.error.URLError, ValueError):
             return None
-        return "up" if listed >= set(self.worker_urls) else None
-
-    def wait_ready(self) -> SmgProcess:
-        deadline = time.monotonic() + self.start_timeout_s
-        while self._ready_text() is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(0.2)
-        return self
+        return "up" if listed >= set(self.worker_urls) else None  # `ChildProcess.wait_ready` polls this
 
 
 class FanoutFailed(RuntimeError):
