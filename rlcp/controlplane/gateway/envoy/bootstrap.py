@@ -30,6 +30,7 @@ The gateway's contract, as far as Envoy holds it (docs/gateway.md, "Envoy"):
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from rlcp.controlplane.gateway.envoy.fence import METADATA_NAMESPACE, cluster_name
@@ -45,6 +46,16 @@ _T = "type.googleapis.com/"
 
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _address_type(host: str) -> str:
+    """STATIC for an IP address; a name (the controller's Service, in a cluster) is resolved by
+    Envoy, again when its address changes (LOGICAL_DNS: one connection to whatever it resolves to)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "LOGICAL_DNS"
+    return "STATIC"
 
 
 def _seconds(s: float) -> str:
@@ -173,7 +184,10 @@ def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: in
     fleets = [DEFAULT_FLEET, *settings.fleets]
     routes = [route for name in settings.fleets for route in _routes(name, settings, header=True)]
     routes += _routes(DEFAULT_FLEET, settings, header=False)
-    tokens = [t for t in (g.resolved_token(), admin_token if g.accept_admin_token else None) if t]
+    # As the Python gateway: inference is open unless the gateway has a token; then the admin
+    # token is accepted too (`accept_admin_token`).
+    own = g.resolved_token()
+    tokens = [t for t in (own, admin_token if g.accept_admin_token else None) if t] if own else []
     http_filters = ([_rbac(tokens)] if tokens else []) + [
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}]
@@ -210,7 +224,7 @@ def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: in
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                 "typed_config": manager}]}]}],
             "clusters": [
-                {"name": XDS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                {"name": XDS_CLUSTER, "type": _address_type(xds_host), "connect_timeout": "1s",
                  "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                      "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                      "explicit_http_config": {"http2_protocol_options": {}}}},
