@@ -205,9 +205,10 @@ class _AmendedAnswer:
     - on a 5xx sent once the engine is dead, `X-RL-Engine-Died`;
     - for a request refused at its first output (`Answering.check_first_output`), a 409 in
       place of whatever the handler makes of it; a stream admitted for named weights holds its
-      headers until its first chunk, so that it can still be refused so (the first chunk of a
-      completion stream follows the first token; a chat stream's role chunk comes before it,
-      and such a stream ends with vLLM's error event instead, no token of other weights in it)."""
+      headers until its first chunk, so that it can still be refused so (vLLM 0.32 sends the
+      first chunk of a completion or chat stream, the role chunk too, with the first output; a
+      stream whose first chunk came earlier would end with vLLM's error event instead, no token
+      of other weights in it)."""
 
     def __init__(self, send: Any, answering: Answering, *, tokens_route: bool, alive: Callable[[], bool]) -> None:
         self._send, self._answering, self._tokens_route, self._alive = send, answering, tokens_route, alive
