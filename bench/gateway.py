@@ -21,6 +21,12 @@ In one run:
   threads) over the requests it served;
 - stale answers: one worker moved to older weights (the fleet state says so, and it answers
   so), then `--stale-requests` requests through each proxy: how many came from that worker;
+- a stale member the fence does not know of (a worker restarted on older weights that the
+  controller has not read yet): the fleet state says v1, the worker answers from v0 and, as an
+  agent does, refuses 409 a request stamped for other weights (`X-RL-Expect-Weight-Version`);
+  CPU per request through each proxy then (the gateway and Envoy retry each refusal elsewhere),
+  and of `--stale-requests` requests how many came from that worker and how many refusals
+  reached the client;
 - with `--asyncio-too`, a second gateway on asyncio's own event loop (the first takes uvloop
   when installed, `gateway.event_loop: auto`), in the same run;
 - skewed sessions (`--sessions`, gateway only): session keys drawn from a Zipf law, each
@@ -56,6 +62,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
+from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 from rlcp.harness.http import free_port
 from rlcp.harness.processes import REPO, cpu_seconds
@@ -81,6 +88,9 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 def _upstream_app(weights: dict[str, str]) -> web.Application:
     async def complete(request: web.Request) -> web.StreamResponse:
         raw = await request.read()
+        expected = request.headers.get(EXPECT_VERSION_HEADER)
+        if expected is not None and expected != weights["v"]:  # as an agent refuses it
+            return web.json_response(version_mismatch_body(expected, weights["v"]), status=409)
         delay = request.headers.get(DELAY_HEADER)
         if delay:
             await asyncio.sleep(float(delay) / 1e3)
@@ -285,14 +295,18 @@ async def sequential(session: aiohttp.ClientSession, url: str, n: int) -> list[f
 
 
 async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float,
-                   body: bytes = REQUEST) -> int:
+                   body: bytes = REQUEST, *, strict: bool = True) -> int:
     done = 0
     end = time.perf_counter() + duration_s
 
     async def client() -> None:
         nonlocal done
         while time.perf_counter() < end:
-            await call(session, url, body)
+            if strict:
+                await call(session, url, body)
+            else:
+                async with session.post(url, data=body, headers=JSON_HEADERS) as resp:
+                    await resp.read()
             done += 1
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -300,22 +314,26 @@ async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, d
 
 
 async def cpu_per_request(session: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace,
-                          body: bytes) -> tuple[float, float]:
-    """(CPU microseconds per request of the process `pid`, requests per second reached)."""
+                          body: bytes, *, strict: bool = True) -> tuple[float, float]:
+    """(CPU microseconds per request of the process `pid`, requests per second reached).
+    `strict`: any answer but a 200 stops the run; else every answer counts (a stale member)."""
     cpu0 = cpu_seconds(pid) or 0.0
-    n = await saturate(session, url, args.concurrency, args.duration_s, body)
+    n = await saturate(session, url, args.concurrency, args.duration_s, body, strict=strict)
     cpu = (cpu_seconds(pid) or 0.0) - cpu0
     return cpu / max(n, 1) * 1e6, n / args.duration_s
 
 
 async def stale_answers(session: aiohttp.ClientSession, url: str, n: int) -> dict[str, int]:
-    """Of `n` requests (8 at a time), how many each weight version answered."""
+    """Of `n` requests (8 at a time), how many each weight version answered (`status <code>`:
+    how many got no answer but that status)."""
     seen: Counter[str] = Counter()
     queue = iter(range(n))
 
     async def client() -> None:
         for _ in queue:
-            seen[str((await call(session, url)).get(WEIGHTS_HEADER))] += 1
+            async with session.post(url, data=REQUEST, headers=JSON_HEADERS) as resp:
+                await resp.read()
+                seen[str(resp.headers.get(WEIGHTS_HEADER)) if resp.status == 200 else f"status {resp.status}"] += 1
 
     await asyncio.gather(*(client() for _ in range(8)))
     return dict(seen)
@@ -476,6 +494,19 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await state.swap(fleet_state(ports).model_dump_json().encode())
             if envoy is not None:
                 await envoy.swap(fleet_state(ports))
+            # The same worker on older weights again, the fence not knowing (the state says v1).
+            async with session.post(f"{workers[-1]}/bench/weights", data="v0") as resp:
+                assert resp.status == 200
+            unfenced_cpu: dict[str, list[float]] = {k: [] for k in proxies}
+            for _ in range(args.repeats):
+                for name in proxies:
+                    us, _ = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args, REQUEST,
+                                                  strict=False)
+                    unfenced_cpu[name].append(us)
+            unfenced = {name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
+                        for name in proxies}
+            async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
+                assert resp.status == 200
             sessions = await measure_sessions(args, procs, workdir, ctl_port, env, session, state) \
                 if args.sessions else None
     finally:
@@ -490,19 +521,31 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                      "cpu_us_per_request": statistics.median(cpu[k]["json"]),
                      "cpu_us_per_stream": statistics.median(cpu[k]["stream"]),
                      "rps": statistics.median(rps[k]),
-                     "stale_answers": stale[k].get("v0", 0), "answers": sum(stale[k].values())}
+                     "stale_answers": stale[k].get("v0", 0), "answers": sum(stale[k].values()),
+                     "unfenced": {"cpu_us_per_request": statistics.median(unfenced_cpu[k]),
+                                  "stale_answers": unfenced[k].get("v0", 0),
+                                  "refused": sum(n for v, n in unfenced[k].items() if v.startswith("status ")),
+                                  "answers": sum(unfenced[k].values())}}
                  for k in proxies}
     result: dict[str, Any] = {"paths": paths, "proxies": per_proxy, "sessions": sessions,
                               "params": {"requests": args.requests, "concurrency": args.concurrency,
                                          "duration_s": args.duration_s, "repeats": args.repeats,
                                          "stale_requests": args.stale_requests, "workers": WORKERS}}
-    g = per_proxy["gateway"]
-    result["vs_routers"] = {name: {"cpu_ratio": g["cpu_us_per_request"] / r["cpu_us_per_request"],
-                                   "cpu_ratio_stream": g["cpu_us_per_stream"] / r["cpu_us_per_stream"],
-                                   "added_p50_ms_over_router": g["added_p50_ms"] - r["added_p50_ms"],
-                                   "added_p99_ms_over_router": g["added_p99_ms"] - r["added_p99_ms"]}
-                            for name, r in per_proxy.items() if name in ROUTERS}
+    result["vs_routers"] = {name: _versus(per_proxy["gateway"], r) for name, r in per_proxy.items() if name in ROUTERS}
+    if "envoy" in per_proxy:
+        result["envoy_vs_routers"] = {name: _versus(per_proxy["envoy"], r) for name, r in per_proxy.items()
+                                      if name in ROUTERS}
     return result
+
+
+def _versus(p: dict[str, Any], router: dict[str, Any]) -> dict[str, float]:
+    """A proxy against a router of the same run (with a stale member the fence does not know of,
+    against the router's own cost then: it neither checks nor retries)."""
+    return {"cpu_ratio": p["cpu_us_per_request"] / router["cpu_us_per_request"],
+            "cpu_ratio_stream": p["cpu_us_per_stream"] / router["cpu_us_per_stream"],
+            "cpu_ratio_unfenced_stale": p["unfenced"]["cpu_us_per_request"] / router["unfenced"]["cpu_us_per_request"],
+            "added_p50_ms_over_router": p["added_p50_ms"] - router["added_p50_ms"],
+            "added_p99_ms_over_router": p["added_p99_ms"] - router["added_p99_ms"]}
 
 
 async def measure_sessions(args: argparse.Namespace, procs: Procs, workdir: Path, ctl_port: int, env: dict[str, str],
@@ -532,11 +575,17 @@ def render(result: dict[str, Any]) -> tuple[str, list[str]]:
                      f"{p['stale_answers']} of {p['answers']}"])
     text = table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "CPU µs/request", "CPU µs/stream",
                   "stale answers"], rows)
-    notes = []
-    for name, vs in result["vs_routers"].items():
-        notes.append(f"gateway vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
-                     f"x{vs['cpu_ratio_stream']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} ms, "
-                     f"added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's")
+    notes = [table(["a stale member the fence does not know of", "CPU µs/request", "stale answers",
+                    "refusals reaching the client"],
+                   [[f"through {name}", p["unfenced"]["cpu_us_per_request"],
+                     f"{p['unfenced']['stale_answers']} of {p['unfenced']['answers']}", p["unfenced"]["refused"]]
+                    for name, p in proxies.items()])]
+    for who, versus in (("gateway", result["vs_routers"]), ("envoy", result.get("envoy_vs_routers", {}))):
+        for name, vs in versus.items():
+            notes.append(f"{who} vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
+                         f"x{vs['cpu_ratio_stream']:.2f}; with a stale member the fence does not know of "
+                         f"x{vs['cpu_ratio_unfenced_stale']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} "
+                         f"ms, added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's")
     if (s := result.get("sessions")) is not None:
         notes.append(table(["session affinity", "requests per worker", "busiest / mean", "stayed on its worker"],
                            [[name, " ".join(str(c) for c in s[name]["per_worker"]), s[name]["max_over_mean"],
@@ -588,6 +637,7 @@ def draw(result: dict[str, Any], out: Path) -> Path:
     proxies = result["proxies"]
     measures: list[tuple[str, Callable[[dict[str, Any]], float]]] = [
         ("CPU / request", lambda p: p["cpu_us_per_request"]), ("CPU / stream", lambda p: p["cpu_us_per_stream"]),
+        ("CPU / request,\nunfenced stale member", lambda p: p["unfenced"]["cpu_us_per_request"]),
         ("added p50", lambda p: p["added_p50_ms"] * 1e3)]
 
     def bars(ax: Any) -> None:

@@ -125,5 +125,8 @@ must_fail "api.port: Must be less than or equal to 65535" --set api.port=70000
 must_fail "Invalid type. Expected: boolean, given: string" --set-string leaderElection.enabled=yes
 must_fail "replicas > 1 needs leaderElection.enabled=true" --set replicas=2
 must_fail "agents.enabled needs agents.weights.claimName" --set agents.enabled=true
+must_fail "gateway.dataPlane must be one of the following" --set gateway.dataPlane=nginx
+must_fail "gateway.dataPlane=envoy needs replicas: 1" --set gateway.dataPlane=envoy --set replicas=2 \
+  --set leaderElection.enabled=true
 log "bad values refused: ok"
 log "all chart checks passed"

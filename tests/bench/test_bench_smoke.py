@@ -151,6 +151,13 @@ def test_gateway(tmp_path: Path) -> None:
     # Envoy (the envoy extra, in dev too), fed the same fence over xDS: no stale answer either.
     assert proxies["envoy"]["stale_answers"] == 0 and proxies["envoy"]["answers"] == 40
     assert proxies["envoy"]["cpu_us_per_request"] > 0
+    # A stale member the fence does not know of: the gateway and Envoy retry its refusals
+    # elsewhere (none reaches a client, no stale answer); the routers answer from it.
+    for proxy in ("gateway", "envoy"):
+        unfenced = proxies[proxy]["unfenced"]
+        assert (unfenced["stale_answers"], unfenced["refused"], unfenced["answers"]) == (0, 0, 40), proxy
+    assert proxies["vllm-router"]["unfenced"]["stale_answers"] > 0
+    assert result["envoy_vs_routers"]["vllm-router"]["cpu_ratio_unfenced_stale"] > 0
     assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
     assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 

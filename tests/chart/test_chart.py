@@ -278,6 +278,11 @@ def test_servicemonitor_is_off_by_default_and_scrapes_the_api_port(helm: str) ->
     (["--set", "replicas=3"], "replicas > 1 needs leaderElection.enabled=true"),
     (["--set", "agents.enabled=true"], "agents.enabled needs agents.weights.claimName"),
     (["--set", "discovery.kind=static"], "discovery.kind=static needs discovery.static"),
+    (["--set", "gateway.dataPlane=nginx"], "gateway.dataPlane must be one of the following"),
+    (["--set", "gateway.dataPlane=envoy", "--set", "replicas=2", "--set", "leaderElection.enabled=true"],
+     "gateway.dataPlane=envoy needs replicas: 1"),
+    (["--set", "gateway.dataPlane=envoy", "--set", "gateway.replicas=2"], "set gateway.replicas: 0"),
+    (["--set", "gateway.envoy.xdsPort=0"], "xdsPort: Must be greater than or equal to 1"),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(v))
 def test_bad_values_are_refused(helm: str, args: list[str], reason: str) -> None:
     done = _template(helm, *args)
@@ -397,3 +402,54 @@ def test_the_gateway_runs_in_the_controller_pod_or_as_its_own_replicas(helm: str
         monkeypatch.setenv(name, value)
     g = load_controller_settings(config_file).gateway
     assert g.enabled and g.port == 8090 and g.hold_timeout_s == 60 and g.follow_url == f"http://{FULLNAME}:8080"
+
+
+def test_envoy_pods_are_bootstrapped_at_the_controllers_xds_port(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, "-f", str(CHART / "ci" / "envoy-values.yaml"))
+    controller = one(docs, "Deployment", FULLNAME)
+    ports = {p["name"]: p["containerPort"] for p in pod_spec(controller)["containers"][0]["ports"]}
+    assert ports == {"http": 8080, "xds": 18000}  # no Python gateway in the controller pod
+    service = one(docs, "Service", FULLNAME)
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
+        "http": (8080, "http"), "xds": (18000, "xds")}
+    envoy = one(docs, "Deployment", f"{FULLNAME}-envoy")
+    assert envoy["spec"]["replicas"] == 3
+    spec = pod_spec(envoy)
+    (container,) = spec["containers"]
+    assert container["image"] == "docker.io/envoyproxy/envoy:v1.40.0"  # Envoy's official image
+    assert container["ports"] == [{"name": "gateway", "containerPort": 10000, "protocol": "TCP"}]
+    gateway_service = one(docs, "Service", f"{FULLNAME}-gateway")
+    assert gateway_service["spec"]["selector"]["app.kubernetes.io/component"] == "envoy"
+    assert gateway_service["spec"]["ports"][0]["targetPort"] == "gateway"
+    policy = one(docs, "NetworkPolicy", FULLNAME)
+    xds_rule = next(r for r in policy["spec"]["ingress"] if r["ports"][0]["port"] == "xds")
+    assert xds_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "envoy"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["bootstrap"]["emptyDir"]["medium"] == "Memory"
+
+    # The init container's own command, run here on the config the chart mounts: the bootstrap
+    # it writes points at the controller's Service and is one the real Envoy accepts.
+    (init,) = spec["initContainers"]
+    command = [sys.executable if init["command"][0] == "python" else init["command"][0], *init["command"][1:]]
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(_mounted_config(docs, controller))
+    command[command.index("--config") + 1] = str(config_file)
+    out = tmp_path / "bootstrap.yaml"
+    command[command.index("--out") + 1] = str(out)
+    command[command.index("--node-id") + 1] = "rlcp-rl-controlplane-envoy-0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCP_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    boot = yaml.safe_load(out.read_text())
+    assert boot["node"]["id"] == "rlcp-rl-controlplane-envoy-0"
+    xds = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "rlcp-xds")
+    assert xds["type"] == "LOGICAL_DNS"
+    assert xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] == {
+        "address": f"{FULLNAME}.{NAMESPACE}.svc", "port_value": 18000}
+    listener = boot["static_resources"]["listeners"][0]["address"]["socket_address"]
+    assert listener == {"address": "0.0.0.0", "port_value": 10000}
+    from rlcp.harness.envoy import envoy_binary
+
+    checked = subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(out), "--disable-hot-restart"],
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]

@@ -34,14 +34,24 @@ def test_members_envoy_can_reach_become_endpoints_and_the_others_say_why() -> No
 
 
 def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
-    settings = ControllerSettings(api={"token": "a"}, gateway={"token": "gw"},
+    settings = ControllerSettings(api={"token": "a"}, gateway={"token": "gw", "max_in_flight_per_worker": 4},
                                   fleets={"teacher": {"selector": "role=teacher"}})
     boot = envoy_bootstrap(settings, xds_host="127.0.0.1", xds_port=18000, admin_token="a")
     routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
         "route_config"]["virtual_hosts"][0]["routes"]
-    assert [r["route"]["cluster"] for r in routes] == ["rl-teacher", "rl-default"]
+    assert [r["route"]["cluster"] for r in routes] == ["rl-teacher-sessions"] * 2 + ["rl-teacher"] + [
+        "rl-default-sessions"] * 2 + ["rl-default"]
     assert routes[0]["match"]["headers"][0]["name"] == FLEET_HEADER
-    assert routes[1]["route"]["retry_policy"]["retriable_status_codes"] == [409]
+    assert [r["route"]["hash_policy"][0]["header"]["header_name"] for r in routes[3:5]] == ["x-rl-session",
+                                                                                           "x-session-id"]
+    assert routes[5]["route"]["retry_policy"]["retriable_status_codes"] == [409]
+    clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
+    # A fleet's two clusters read one EDS resource: one assignment, one ACK.
+    assert clusters["rl-default-sessions"]["eds_cluster_config"]["service_name"] == "rl-default"
+    assert clusters["rl-default"]["eds_cluster_config"]["service_name"] == "rl-default"
+    ring = clusters["rl-default-sessions"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert ring["typed_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 125
+    assert clusters["rl-default"]["circuit_breakers"]["per_host_thresholds"] == [{"max_connections": 4}]
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(boot))
     done = subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],

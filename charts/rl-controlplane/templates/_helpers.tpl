@@ -170,6 +170,12 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- if $v.fleets }}
 {{- $_ := set $cfg "fleets" $v.fleets }}
 {{- end }}
+{{- if eq $v.gateway.dataPlane "envoy" }}
+{{- /* The controller serves the Envoy pods the fence over xDS, in place of its own gateway. */}}
+{{- $_ := set $cfg.gateway "data_plane" "envoy" }}
+{{- $_ := set $cfg.gateway "envoy" (dict "xds_host" "0.0.0.0" "xds_port" (int $v.gateway.envoy.xdsPort)
+                                         "listen_port" (int $v.gateway.envoy.listenPort)) }}
+{{- end }}
 {{- $d := $v.discovery }}
 {{- if eq $d.kind "kubernetes" }}
 {{- $k := dict "label_selector" (include "rlcp.discoveryLabelSelector" .)
@@ -255,6 +261,15 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- end }}
 {{- if and (eq .Values.placement.kind "ray") (not .Values.placement.ray.address) }}
 {{- fail "placement.kind=ray needs placement.ray.address (the Ray head service's GCS, <head-svc>:6379)" }}
+{{- end }}
+{{- if and (eq .Values.gateway.dataPlane "envoy") (gt (int .Values.replicas) 1) }}
+{{- fail "gateway.dataPlane=envoy needs replicas: 1: every controller replica would serve xDS, and Envoy must follow the one that drives the fleet" }}
+{{- end }}
+{{- if and (eq .Values.gateway.dataPlane "envoy") (gt (int .Values.gateway.replicas) 0) }}
+{{- fail "gateway.dataPlane=envoy runs Envoy pods (gateway.envoy.replicas) in place of the Python gateway: set gateway.replicas: 0" }}
+{{- end }}
+{{- if and (eq .Values.gateway.dataPlane "envoy") (not .Values.gateway.enabled) }}
+{{- fail "gateway.dataPlane=envoy needs gateway.enabled=true" }}
 {{- end }}
 {{- if and (eq .Values.discovery.kind "http_listing") (not .Values.discovery.httpListing.url) }}
 {{- fail "discovery.kind=http_listing needs discovery.httpListing.url" }}

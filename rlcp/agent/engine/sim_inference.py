@@ -5,7 +5,8 @@ no vLLM, so this tiny aiohttp app stands in for it: `GET /v1/models` and
 `POST /v1/completions` (streaming or not), with `token_ids` in each choice as vLLM's
 `return_token_ids` gives them. Text is a byte encoding in and " t<id>" per token out.
 A non-streamed answer carries `X-RL-Weight-Versions`, and a request expecting other weights
-(`X-RL-Expect-Weight-Version`) is refused 409, as the real agent's are.
+(`X-RL-Expect-Weight-Version`) is refused 409, as the real agent's are: on arrival, while
+paused, and at its first output when the weights changed while it waited in the queue.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from rlcp.agent.engine.base import EngineError
-from rlcp.agent.engine.sim import SimEngine, SimOutput
+from rlcp.agent.engine.sim import SimEngine
 from rlcp.core.wire.agent import (
     ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
@@ -30,6 +31,7 @@ from rlcp.core.wire.agent import (
     paused_refusal_body,
     version_mismatch_body,
     weight_versions_header,
+    weights_changed_body,
 )
 
 ENGINE_KEY = web.AppKey("sim_engine", SimEngine)
@@ -116,13 +118,19 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
     lora = None if body.model == engine.model_name else body.model
     head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": body.model}
     outputs = engine.generate(prompt, max_tokens=body.max_tokens, request_id=request_id, lora_name=lora)
-    # aclosing: a client that hangs up closes the generator, which aborts the engine request.
+    # aclosing: a client that hangs up, or a refusal at the first output, closes the
+    # generator, which aborts the engine request.
     async with aclosing(outputs):
+        # The first output is awaited before anything goes out, so an engine that refuses the
+        # request still gets a JSON error status, and a request that waited in the queue while
+        # the weights changed is refused as the vLLM agent refuses it (`Answering`).
+        out = await anext(outputs)
+        if expected is not None and expected != engine.served_version:
+            return web.json_response(weights_changed_body(expected, engine.served_version), status=409)
         if not body.stream:
-            last: SimOutput | None = None
+            last = out
             async for last in outputs:
                 pass
-            assert last is not None
             choice = {"index": 0, "text": _text(last.token_ids), "finish_reason": last.finish_reason,
                       "logprobs": None, "token_ids": last.token_ids, "prompt_token_ids": prompt}
             usage = {"prompt_tokens": len(prompt), "completion_tokens": len(last.token_ids),
@@ -131,9 +139,7 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
                        if last.weight_versions else None)
             return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
 
-        # The first output is awaited before the headers go out, so an engine that refuses
-        # the request still gets a JSON error status; later failures become an error event.
-        out = await anext(outputs)
+        # Later failures become an error event.
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
         sent = 0

@@ -12,7 +12,11 @@ finishes each choice; and tokens-in/tokens-out logprob entries are named `"token
 for the clients that read them so (`answer_fields.py`). A request frozen by a keep-mode
 pause and resumed after an update says so there, rather than passing as the version it
 started on. And one check on the way in: a request that names the weights it expects
-(`X-RL-Expect-Weight-Version`, as the gateway sends) is refused 409 when these are others.
+(`X-RL-Expect-Weight-Version`, as the gateway sends) is refused 409 when these are others, or
+while the engine is paused; and again at each of its engine calls' first output: one that
+waited in the engine's queue (admitted before a pause, not yet scheduled) while the weights
+changed is refused 409 rather than answered by the new weights under the label it was admitted
+with (a stream's headers wait for its first chunk, so that refusal is still a 409).
 
 vLLM's tokens-in/tokens-out route (`POST /inference/v1/generate`) is served too: the agent
 starts vLLM's app with its scale-out routes on (`build_vllm_args`), as `vllm serve
@@ -45,6 +49,7 @@ from rlcp.core.wire.agent import (
     paused_refusal_body,
     version_mismatch_body,
     weight_versions_header,
+    weights_changed_body,
 )
 
 
@@ -64,11 +69,37 @@ class CallSpans:
     by_index: dict[int, list[Span]] = field(default_factory=dict)
 
 
-# The spans of the request being answered. Set by `VersionedAnswers` for each HTTP request,
-# filled by `SpanRecordingClient.generate`, which vLLM's handlers call in the request's
-# context, so both see the same list.
-_SPANS: contextvars.ContextVar[list[CallSpans] | None] = contextvars.ContextVar("rl_weight_version_spans",
-                                                                               default=None)
+class WeightsChanged(Exception):
+    """Raised into vLLM's handler at an engine call's first output when the weights changed
+    since the request was admitted for others: closing the engine's generator aborts the
+    request there, and `VersionedAnswers` answers 409 in place of what the handler sends."""
+
+
+@dataclass
+class Answering:
+    """One HTTP request being answered: each engine call's spans, and the weights it was
+    admitted for (`X-RL-Expect-Weight-Version`; None: it named none)."""
+
+    expected: str | None
+    served_version: Callable[[], str | None]
+    calls: list[CallSpans] = field(default_factory=list)
+    refusal: dict[str, dict[str, str]] | None = None  # set when an engine call was refused
+
+    def check_first_output(self) -> None:
+        """At an engine call's first output (its first token is computed): the weights must
+        still be those it was admitted for. The served version changes only while the engine
+        is paused (`rlcp/agent/weight_state.py`), so a first token computed before the pause
+        reached its handler long before; one that differs was computed by the new weights."""
+        if self.expected is None or (served := self.served_version()) == self.expected:
+            return
+        self.refusal = weights_changed_body(self.expected, served)
+        raise WeightsChanged(self.refusal["error"]["message"])
+
+
+# The request being answered. Set by `VersionedAnswers` for each HTTP request, filled and
+# checked by `SpanRecordingClient.generate`, which vLLM's handlers call in the request's
+# context, so both see the same record.
+_ANSWERING: contextvars.ContextVar[Answering | None] = contextvars.ContextVar("rl_answering", default=None)
 _SPANS_HEADER = WEIGHT_VERSIONS_HEADER.lower().encode()
 _DIED_HEADER = ENGINE_DIED_HEADER.lower().encode()
 _EXPECT = EXPECT_VERSION_HEADER.lower().encode()
@@ -86,15 +117,20 @@ class SpanRecordingClient:
         return getattr(self._inner, name)
 
     async def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
-        request_spans = _SPANS.get()
+        answering = _ANSWERING.get()
         params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
         mine = CallSpans(n=getattr(params, "n", None) or 1)
-        if request_spans is not None:
-            request_spans.append(mine)
-        # aclosing: when vLLM closes this generator (the client went away), the engine's own
-        # is closed at once, which aborts the request there.
+        if answering is not None:
+            answering.calls.append(mine)
+        first = True
+        # aclosing: when vLLM closes this generator (the client went away), or the first
+        # output finds other weights, the engine's own is closed at once, which aborts the
+        # request there.
         async with contextlib.aclosing(self._inner.generate(*args, **kwargs)) as outputs:
             async for out in outputs:
+                if first and answering is not None:
+                    answering.check_first_output()
+                first = False
                 if out.finished:
                     for choice in out.outputs:
                         if choice.weight_versions:
@@ -142,13 +178,13 @@ class VersionedAnswers:
             # It would queue behind the pause and may run after an update, on other weights.
             await _answer_json(send, 409, paused_refusal_body(expected))
             return
-        calls: list[CallSpans] = []
-        token = _SPANS.set(calls)
-        answer = _AmendedAnswer(send, calls, tokens_route=scope["path"] == _TOKENS_ROUTE, alive=self.alive)
+        answering = Answering(expected, self.served_version)
+        token = _ANSWERING.set(answering)
+        answer = _AmendedAnswer(send, answering, tokens_route=scope["path"] == _TOKENS_ROUTE, alive=self.alive)
         try:
             await self.app(scope, receive, answer.send)
         finally:
-            _SPANS.reset(token)
+            _ANSWERING.reset(token)
 
 
 async def _answer_json(send: Any, status: int, payload: object) -> None:
@@ -166,17 +202,35 @@ class _AmendedAnswer:
       tokens-in/tokens-out stream sets it there itself);
     - on the tokens-in/tokens-out route, logprob entries named `"token_id:<id>"`: a JSON
       answer is held whole (it is sent in one piece anyway) and its length set again;
-    - on a 5xx sent once the engine is dead, `X-RL-Engine-Died`."""
+    - on a 5xx sent once the engine is dead, `X-RL-Engine-Died`;
+    - for a request refused at its first output (`Answering.check_first_output`), a 409 in
+      place of whatever the handler makes of it; a stream admitted for named weights holds its
+      headers until its first chunk, so that it can still be refused so (vLLM 0.32 sends the
+      first chunk of a completion or chat stream, the role chunk too, with the first output; a
+      stream whose first chunk came earlier would end with vLLM's error event instead, no token
+      of other weights in it)."""
 
-    def __init__(self, send: Any, calls: list[CallSpans], *, tokens_route: bool, alive: Callable[[], bool]) -> None:
-        self._send, self._calls, self._tokens_route, self._alive = send, calls, tokens_route, alive
+    def __init__(self, send: Any, answering: Answering, *, tokens_route: bool, alive: Callable[[], bool]) -> None:
+        self._send, self._answering, self._tokens_route, self._alive = send, answering, tokens_route, alive
+        self._calls = answering.calls
         self._held_start: dict[str, Any] | None = None
         self._held_body: list[bytes] = []
         self._stream = False
+        self._stream_start: dict[str, Any] | None = None  # a stream's headers, until its first chunk
+        self._refused = False  # the 409 went out: the handler's own answer is dropped
 
     async def send(self, message: dict[str, Any]) -> None:
+        if self._refused:
+            return
         if message["type"] == "http.response.start":
             await self._start(message)
+        elif message["type"] == "http.response.body" and self._stream_start is not None:
+            start, self._stream_start = self._stream_start, None
+            if self._answering.refusal is not None:
+                await self._refuse()
+                return
+            await self._send(start)
+            await self.send(message)
         elif message["type"] == "http.response.body" and self._held_start is not None:
             self._held_body.append(message.get("body", b""))
             if not message.get("more_body", False):
@@ -188,7 +242,15 @@ class _AmendedAnswer:
         else:
             await self._send(message)
 
+    async def _refuse(self) -> None:
+        assert self._answering.refusal is not None
+        self._refused = True
+        await _answer_json(self._send, 409, self._answering.refusal)
+
     async def _start(self, message: dict[str, Any]) -> None:
+        if self._answering.refusal is not None:
+            await self._refuse()
+            return
         headers = list(message.get("headers", []))
         choices = [call.by_index[i] for call in self._calls for i in sorted(call.by_index)]
         if choices:
@@ -198,6 +260,9 @@ class _AmendedAnswer:
         message = {**message, "headers": headers}
         content_type = next((v for k, v in headers if k.lower() == b"content-type"), b"")
         self._stream = content_type.startswith(b"text/event-stream")
+        if self._stream and self._answering.expected is not None:
+            self._stream_start = message
+            return
         if self._tokens_route and content_type.startswith(b"application/json"):
             self._held_start = message
             return

@@ -56,6 +56,16 @@ def paused_refusal_body(expected: str) -> dict[str, dict[str, str]]:
                                  f"runs): not taken for weights {expected!r}"}}
 
 
+def weights_changed_body(expected: str, served: str | None) -> dict[str, dict[str, str]]:
+    """A request for named weights that waited in the engine's queue (admitted before a pause)
+    while the weights changed: it would be computed by the new ones under the old label, so it
+    is refused before its first token goes out, as a mismatch (the gateway, or Envoy's retry,
+    sends it to a worker with the weights it was admitted for)."""
+    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
+                      "message": f"this worker's weights changed to {served!r} before the request's first token: "
+                                 f"not computed for weights {expected!r}"}}
+
+
 def engine_dead_body() -> dict[str, dict[str, str]]:
     return {"error": {"code": ENGINE_DEAD, "message": "this worker's engine has died (it is being restarted); the "
                                                       "request did not reach it"}}

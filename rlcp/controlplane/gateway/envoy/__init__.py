@@ -8,6 +8,8 @@
                   fleet fed over ADS, the upstream filter that stamps each request with the
                   chosen endpoint's version, retries on a 409 elsewhere, outlier ejection
     local.py      started in the controller's process in place of the Python gateway
+    __main__.py   `python -m rlcp.controlplane.gateway.envoy`: one Envoy's bootstrap from the
+                  controller's settings (the Helm chart's Envoy pods make theirs with it)
 
 Only `local.py` and `xds.py` import grpc and the generated Envoy API (the `envoy` extra).
 """

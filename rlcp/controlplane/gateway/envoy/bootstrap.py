@@ -13,6 +13,13 @@ The gateway's contract, as far as Envoy holds it (docs/gateway.md, "Envoy"):
   and a retry budget that does not overflow (Envoy's defaults: 25 ms, and 3 at once);
 - `X-RL-Worker` / `X-RL-Weight-Version` on every answer, from the endpoint's metadata;
 - outlier ejection after `outlier_failures` 5xx or connect failures in a row;
+- session affinity: a request naming a session (`affinity_header`, else `X-Session-ID`) goes to
+  a second cluster over the same EDS resource (`service_name`: one assignment, one ACK),
+  balanced by a consistent-hash ring on that header with bounded load (`hash_balance_factor` =
+  `affinity_load_factor` x 100); other requests to least-request;
+- the admission limit per worker (`max_in_flight_per_worker`): at most that many connections to
+  one endpoint per cluster (`per_host_thresholds`), and upstream HTTP/1.1 carries one request
+  per connection, so as many requests; more wait in Envoy's queue for that endpoint;
 - no member in the fence: 503 at once with `Retry-After: 1` and the JSON error shape
   (Envoy cannot hold a request until an endpoint appears);
 - the gateway token (and the admin token, with `accept_admin_token`) by RBAC: 401 otherwise,
@@ -23,6 +30,7 @@ The gateway's contract, as far as Envoy holds it (docs/gateway.md, "Envoy"):
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from rlcp.controlplane.gateway.envoy.fence import METADATA_NAMESPACE, cluster_name
@@ -31,11 +39,23 @@ from rlcp.core.wire.agent import EXPECT_VERSION_HEADER
 
 XDS_CLUSTER = "rlcp-xds"
 FLEET_HEADER = "x-rl-fleet"
+SESSION_HEADERS_AFTER = ("x-session-id",)  # after `affinity_header`, as the Python gateway reads them
+SESSIONS_SUFFIX = "-sessions"  # the cluster taking requests that name a session
 _T = "type.googleapis.com/"
 
 
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _address_type(host: str) -> str:
+    """STATIC for an IP address; a name (the controller's Service, in a cluster) is resolved by
+    Envoy, again when its address changes (LOGICAL_DNS: one connection to whatever it resolves to)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "LOGICAL_DNS"
+    return "STATIC"
 
 
 def _seconds(s: float) -> str:
@@ -63,19 +83,38 @@ def _upstream_filters() -> dict[str, Any]:
         ]}}
 
 
-def _fleet_cluster(fleet: str, settings: ControllerSettings) -> dict[str, Any]:
+def _ring_hash(settings: ControllerSettings) -> dict[str, Any]:
+    """Consistent hashing on the session header, bounded load when `affinity_load_factor` is set:
+    a host past factor x the mean of requests out takes no more; the ring's next host does."""
+    factor = settings.gateway.affinity_load_factor
+    config: dict[str, Any] = {"@type": _T + "envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash"}
+    if factor is not None:
+        config["consistent_hashing_lb_config"] = {"hash_balance_factor": round(factor * 100)}
+    return {"policies": [{"typed_extension_config": {"name": "envoy.load_balancing_policies.ring_hash",
+                                                     "typed_config": config}}]}
+
+
+def _fleet_cluster(fleet: str, settings: ControllerSettings, *, sessions: bool = False) -> dict[str, Any]:
     g = settings.gateway
+    breakers: dict[str, Any] = {"thresholds": [{"max_retries": g.envoy.max_retries, "max_requests": 1 << 20,
+                                                "max_pending_requests": 1 << 20, "max_connections": 1 << 20}]}
+    if g.max_in_flight_per_worker is not None:
+        breakers["per_host_thresholds"] = [{"max_connections": g.max_in_flight_per_worker}]
     cluster: dict[str, Any] = {
-        "name": cluster_name(fleet), "type": "EDS", "lb_policy": "LEAST_REQUEST",
+        "name": cluster_name(fleet) + (SESSIONS_SUFFIX if sessions else ""), "type": "EDS",
         "connect_timeout": _seconds(g.connect_timeout_s),
+        # One assignment for both of a fleet's clusters (`service_name`), so one ACK covers both.
         # initial_fetch_timeout 0: Envoy waits for the controller's fence before it serves at
         # all (its default, 15 s, would then serve an empty cluster).
-        "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3",
-                                              "initial_fetch_timeout": "0s"}},
-        "circuit_breakers": {"thresholds": [{"max_retries": g.envoy.max_retries, "max_requests": 1 << 20,
-                                             "max_pending_requests": 1 << 20, "max_connections": 1 << 20}]},
+        "eds_cluster_config": {"service_name": cluster_name(fleet),
+                               "eds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"}},
+        "circuit_breakers": breakers,
         "typed_extension_protocol_options": _upstream_filters(),
     }
+    if sessions:
+        cluster["load_balancing_policy"] = _ring_hash(settings)
+    else:
+        cluster["lb_policy"] = "LEAST_REQUEST"
     if g.outlier_failures:
         cluster["outlier_detection"] = {
             "consecutive_5xx": g.outlier_failures, "consecutive_gateway_failure": g.outlier_failures,
@@ -84,16 +123,30 @@ def _fleet_cluster(fleet: str, settings: ControllerSettings) -> dict[str, Any]:
     return cluster
 
 
-def _route(fleet: str, settings: ControllerSettings, header: bool) -> dict[str, Any]:
+def _routes(fleet: str, settings: ControllerSettings, header: bool) -> list[dict[str, Any]]:
+    """The fleet's routes: one per session header (to the ring-hash cluster, hashed on it), in
+    the Python gateway's order, then the rest (least-request)."""
+    fleet_match = [{"name": FLEET_HEADER, "string_match": {"exact": fleet}}] if header else []
+    routes = []
+    for session in (settings.gateway.affinity_header.lower(), *SESSION_HEADERS_AFTER):
+        route = _route(cluster_name(fleet) + SESSIONS_SUFFIX, settings,
+                       [*fleet_match, {"name": session, "present_match": True}])
+        route["route"]["hash_policy"] = [{"header": {"header_name": session}}]
+        routes.append(route)
+    routes.append(_route(cluster_name(fleet), settings, fleet_match))
+    return routes
+
+
+def _route(cluster: str, settings: ControllerSettings, headers: list[dict[str, Any]]) -> dict[str, Any]:
     g = settings.gateway
     match: dict[str, Any] = {"prefix": "/"}
-    if header:
-        match["headers"] = [{"name": FLEET_HEADER, "string_match": {"exact": fleet}}]
+    if headers:
+        match["headers"] = headers
     meta = f"%UPSTREAM_METADATA({METADATA_NAMESPACE}:{{}})%"
     return {
         "match": match,
         "route": {
-            "cluster": cluster_name(fleet), "timeout": _seconds(g.request_timeout_s),
+            "cluster": cluster, "timeout": _seconds(g.request_timeout_s),
             "retry_policy": {
                 "retry_on": "connect-failure,refused-stream,reset-before-request,retriable-status-codes",
                 "retriable_status_codes": [409], "num_retries": g.attempts - 1,
@@ -129,9 +182,12 @@ def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: in
     xDS server at `xds_host:xds_port`. Ports default to the `gateway.envoy` settings."""
     g, e = settings.gateway, settings.gateway.envoy
     fleets = [DEFAULT_FLEET, *settings.fleets]
-    routes = [_route(name, settings, header=True) for name in settings.fleets]
-    routes.append(_route(DEFAULT_FLEET, settings, header=False))
-    tokens = [t for t in (g.resolved_token(), admin_token if g.accept_admin_token else None) if t]
+    routes = [route for name in settings.fleets for route in _routes(name, settings, header=True)]
+    routes += _routes(DEFAULT_FLEET, settings, header=False)
+    # As the Python gateway: inference is open unless the gateway has a token; then the admin
+    # token is accepted too (`accept_admin_token`).
+    own = g.resolved_token()
+    tokens = [t for t in (own, admin_token if g.accept_admin_token else None) if t] if own else []
     http_filters = ([_rbac(tokens)] if tokens else []) + [
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}]
@@ -168,13 +224,13 @@ def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: in
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                                 "typed_config": manager}]}]}],
             "clusters": [
-                {"name": XDS_CLUSTER, "type": "STATIC", "connect_timeout": "1s",
+                {"name": XDS_CLUSTER, "type": _address_type(xds_host), "connect_timeout": "1s",
                  "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                      "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                      "explicit_http_config": {"http2_protocol_options": {}}}},
                  "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
                      {"endpoint": {"address": _address(xds_host, xds_port)}}]}]}},
-                *(_fleet_cluster(name, settings) for name in fleets),
+                *(_fleet_cluster(name, settings, sessions=sessions) for name in fleets for sessions in (False, True)),
             ],
         },
     }
