@@ -1,4 +1,4 @@
-"""The composition root: builds the controller's parts and holds them together.
+"""One fleet's parts, built and held together (the process is assembled in `assembly.py`).
 
     registry     members and their observed state          fleet/registry.py
     names        every fleet's model names (shared)         fleet/names.py

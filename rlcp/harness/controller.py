@@ -17,7 +17,8 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import CONTROLLER, build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.controller import UpdateWeightsRequest
 from rlcp.harness.checkpoints import write_checkpoint
@@ -122,7 +123,7 @@ class Ctl:
 
 async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) -> Ctl:
     """A controller over `agents` (anything with `.spec()`), once every one is reachable."""
-    app = build_app(controller_settings(tmp_path, [a.spec() for a in agents], **overrides), token=CTL_TOKEN)
+    app = assemble(controller_settings(tmp_path, [a.spec() for a in agents], **overrides), token=CTL_TOKEN)
     client = TestClient(TestServer(app))
     await client.start_server()
     ctl = Ctl(client)

@@ -23,7 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import controller_config, start_controller, wait_reachable
 from rlcp.harness.memory import MemoryFleet

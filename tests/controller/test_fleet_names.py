@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.harness.checkpoints import write_adapter
 from rlcp.harness.controller import Ctl
