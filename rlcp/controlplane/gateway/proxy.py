@@ -59,7 +59,7 @@ from rlcp.controlplane.gateway.breaker import Breakers, CircuitState
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
-from rlcp.controlplane.gateway.routing import Route, Router, RoutingTable
+from rlcp.controlplane.gateway.routing import Router, RoutingTable, Target
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
@@ -255,7 +255,7 @@ class Gateway:
                     self.breakers.failed(route.worker_id, probe=probe)
 
     async def _choose(self, router: Router, policy: RequestPolicy, deadline: float,
-                      tried: frozenset[str]) -> tuple[Route, float]:
+                      tried: frozenset[str]) -> tuple[Target, float]:
         """A route inside the fence and not yet tried, holding the request while there is none."""
         held_since: float | None = None
         try:
@@ -300,7 +300,7 @@ class Gateway:
         self.rejected += 1
         self.metrics.rejected.labels(reason).inc()
 
-    async def _send(self, request: web.Request, body: bytes, route: Route, router: Router) -> web.StreamResponse:
+    async def _send(self, request: web.Request, body: bytes, route: Target, router: Router) -> web.StreamResponse:
         worker = route.worker_id
         self.in_flight[worker] += 1
         self.routed[worker] += 1
@@ -349,7 +349,7 @@ class Gateway:
             series.in_flight.dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      pinned: Route | None, router: Router) -> web.StreamResponse:
+                      pinned: Target | None, router: Router) -> web.StreamResponse:
         worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
@@ -375,7 +375,7 @@ class Gateway:
         await response.write_eof()
         return response
 
-    def _weights_changed(self, route: Route, router: Router) -> str | None:
+    def _weights_changed(self, route: Target, router: Router) -> str | None:
         """Why a pinned member's answer cannot be vouched for: it left service (an update
         cordoned or paused it) or its weights changed while it held the request."""
         in_service, now = router.member_now(route.worker_id)
@@ -387,7 +387,7 @@ class Gateway:
         return (f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
                 "come from the next weights")
 
-    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+    def _upstream_headers(self, request: web.Request, route: Target) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
                    and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
         headers.update(outgoing_headers())
@@ -396,7 +396,7 @@ class Gateway:
         return headers
 
     @staticmethod
-    def _client_headers(upstream: Any, route: Route) -> CIMultiDict[str]:
+    def _client_headers(upstream: Any, route: Target) -> CIMultiDict[str]:
         headers = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in HOP_BY_HOP)
         headers["X-RL-Worker"] = route.worker_id
         headers["X-RL-Weight-Version"] = route.weight_version or ""

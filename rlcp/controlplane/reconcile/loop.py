@@ -18,7 +18,7 @@ import structlog
 from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.fleet.desired import DesiredKeeper
-from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.gate import OperationGate
