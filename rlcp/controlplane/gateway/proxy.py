@@ -46,6 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import aiohttp
@@ -217,21 +218,20 @@ class Gateway:
                 raise EngineDied(f"worker {route.worker_id}'s engine died while serving this request (HTTP "
                                  f"{exc.status}: {exc}); it was not sent to another worker, since it may be what "
                                  "killed the engine") from None
-            except _AnswerAgain as exc:
-                # Not the member's failure: an update took it out of service meanwhile. The
-                # request goes again, to whatever is in service, within its hold deadline.
-                log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
-                tried.discard(route.worker_id)
-                if time.monotonic() >= deadline:
-                    self._reject("deadline")
-                    raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: {exc}",
-                                     retry_after_s=1) from None
-                continue
             except _BeforeFirstByte as exc:
-                verdict = False if exc.against_worker else None
-                if isinstance(exc, _EngineDead):
-                    self.breakers.eject(route.worker_id)
-                    verdict = None
+                if exc.reason is RetryReason.ANSWER_AGAIN:
+                    # Not the member's failure: an update took it out of service meanwhile. The
+                    # request goes again, to whatever is in service, within its hold deadline.
+                    log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
+                    tried.discard(route.worker_id)
+                    if time.monotonic() >= deadline:
+                        self._reject("deadline")
+                        raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: "
+                                         f"{exc}", retry_after_s=1) from None
+                    continue
+                if exc.reason is RetryReason.ENGINE_DEAD:
+                    self.breakers.eject(route.worker_id)  # the verdict, given at once
+                verdict = False if exc.reason is RetryReason.FAILED else None
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
@@ -325,7 +325,7 @@ class Gateway:
                 if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
                     # An agent whose weights are no longer the ones the fence saw (it restarted,
                     # or changed them since the controller last read it): another worker serves.
-                    raise _VersionRefused(refusal)
+                    raise _BeforeFirstByte(refusal, RetryReason.VERSION_REFUSED)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, headers, route if pinned else None, router)
@@ -338,7 +338,7 @@ class Gateway:
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 if pinned and (changed := self._weights_changed(route, router)) is not None:
-                    raise _AnswerAgain(changed)
+                    raise _BeforeFirstByte(changed, RetryReason.ANSWER_AGAIN)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -407,28 +407,28 @@ class Gateway:
 _BROKEN = web.ResponseKey("rlcp_gateway_broken", bool)
 
 
+class RetryReason(Enum):
+    """Why a try ended before any byte went to the client, so that another worker may take
+    the request: one reason a try, and what it says of the worker."""
+
+    FAILED = "failed"  # the worker failed (connect, reset, a refused pin): counts toward ejecting it
+    # An agent refused a request meant for other weights: it is healthy and said so, the fence was
+    # behind. Not counted toward ejection, or a rolling update would eject the members it has just moved.
+    VERSION_REFUSED = "version_refused"
+    # The worker's engine was dead when the request arrived (an agent's 503 `engine_dead`): the
+    # request never reached it; it is ejected at once.
+    ENGINE_DEAD = "engine_dead"
+    # A pinned member answered, but left service or changed weights while it held the request:
+    # the answer is dropped and the request sent again, not counted as a failure nor as a try.
+    ANSWER_AGAIN = "answer_again"
+
+
 class _BeforeFirstByte(Exception):
-    """The worker failed before any byte went to the client: another worker may take it."""
+    """The try ended before any byte went to the client, for `reason`."""
 
-    against_worker = True  # counts toward ejecting it (breaker.py)
-
-
-class _VersionRefused(_BeforeFirstByte):
-    """An agent refused a request meant for other weights: it is healthy and said so, the fence
-    was behind. Another worker takes the request; the refusal does not count toward ejection,
-    or a rolling update would eject the members it has just moved."""
-
-    against_worker = False
-
-
-class _AnswerAgain(_BeforeFirstByte):
-    """A pinned member answered, but left service or changed weights while it held the
-    request: the answer is dropped and the request sent again (not counted as a failure)."""
-
-
-class _EngineDead(_BeforeFirstByte):
-    """The worker's engine was dead when the request arrived (an agent's 503 `engine_dead`):
-    the request never reached it; another worker takes it, and this one is ejected at once."""
+    def __init__(self, message: str, reason: RetryReason = RetryReason.FAILED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class _EngineDied(Exception):
@@ -445,15 +445,15 @@ class _EngineDied(Exception):
 _VLLM_ENGINE_DEAD = b"EngineCore encountered an issue"
 
 
-def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _EngineDead | _EngineDied | None:
-    """The worker's engine is dead, by its 5xx answer: before (`_EngineDead`) or during
+def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _BeforeFirstByte | _EngineDied | None:
+    """The worker's engine is dead, by its 5xx answer: before (`RetryReason.ENGINE_DEAD`) or during
     (`_EngineDied`) this request; None for any other 5xx (which goes to the client unchanged)."""
     if ENGINE_DIED_HEADER in upstream.headers or _VLLM_ENGINE_DEAD in payload:
         error = _error_of(payload)
         message = str(error.get("message")) if error is not None else payload[:200].decode(errors="replace")
         return _EngineDied(message, upstream.status)
     if upstream.status == 503 and (error := _error_of(payload)) is not None and error.get("code") == ENGINE_DEAD:
-        return _EngineDead(f"engine dead: {error.get('message')}")
+        return _BeforeFirstByte(f"engine dead: {error.get('message')}", RetryReason.ENGINE_DEAD)
     return None
 
 
