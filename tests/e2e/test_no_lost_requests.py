@@ -1,4 +1,4 @@
-"""No lost requests across a pause, on a real vLLM CPU engine (DESIGN §4):
+"""No lost requests across a pause, on a real vLLM CPU engine (docs/reliability.md, "No lost requests"):
 
 - keep mode: 64 streaming completions in flight are frozen by the pause and, after the
   resume, every one completes with its full requested length (`ignore_eos`), none errors;
