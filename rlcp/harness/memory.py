@@ -112,8 +112,9 @@ class MemoryAgent:
         if match.http_exception is not None:
             return match.http_exception.status, {"error": {"code": "not_found", "message": match.http_exception.reason}}
         data = b"" if body is None else json.dumps(body).encode()
+        payload: Any = _Body(data)  # typed a StreamReader; aiohttp only calls its readany()
         request = make_mocked_request(method, target, app=self.app, match_info=dict(match),
-                                      headers={"Content-Type": "application/json"}, payload=_Body(data))  # type: ignore[arg-type]  # read like a StreamReader
+                                      headers={"Content-Type": "application/json"}, payload=payload)
         try:
             response = await match.handler(request)
         except ApiError as exc:
