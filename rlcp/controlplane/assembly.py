@@ -9,16 +9,17 @@ them down in the reverse one):
     kubernetes    one Kubernetes API client, only when a setting needs one (discovery,
                   Lease, ConfigMap store)
     fleets        the leadership guard and a `Controller` per fleet over one `ModelNames`,
-                  desired states loaded; on shutdown, operations still running detached
-                  are cancelled
+                  desired states loaded
     loops         the background loops (`supervisor.py`: discovery, status observers,
                   reconcilers, the Lease elector with leader election)
+    operations    updates that run on without a waiting caller (`wait: false`), cancelled
+                  on shutdown
     gateway       the inference gateway on its own port (its own session and site), or
                   Envoy as its data plane fed over xDS; only when enabled
 
 so the gateway goes first on shutdown (no rollout is routed by a fleet that stopped), then
-the loops (the elector last among them), then the fleets, the Kubernetes client and the
-session.
+the detached operations, then the loops, the elector last among them: the Lease is handed
+back only once nothing mutates the fleet any more.
 """
 
 from __future__ import annotations
@@ -118,8 +119,6 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
         for name, sub in app[FLEET_APPS].items():
             sub[CONTROLLER] = every.named[name]
         yield
-        for each in every:
-            await each.detached.close()
 
     async def loops_ctx(app: web.Application) -> AsyncIterator[None]:
         kube_api, le = app[KUBE_API], settings.leader_election
@@ -136,6 +135,13 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
             yield
         finally:
             await supervisor.stop()
+
+    async def operations_ctx(app: web.Application) -> AsyncIterator[None]:
+        # Each controller starts its detached operations itself; what is left of them at
+        # shutdown is cancelled here, before the loops (and the elector's Lease) stop.
+        yield
+        for each in app[FLEETS]:
+            await each.detached.close()
 
     async def local_gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         # Its own session: rollouts are many long requests per worker, admin calls few.
@@ -159,7 +165,7 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
         finally:
             await plane.close()
 
-    app.cleanup_ctx.extend([session_ctx, kube_ctx, fleets_ctx, loops_ctx])
+    app.cleanup_ctx.extend([session_ctx, kube_ctx, fleets_ctx, loops_ctx, operations_ctx])
     if settings.gateway.enabled if gateway is None else gateway:
         app.cleanup_ctx.append(envoy_ctx if settings.gateway.data_plane == "envoy" else local_gateway_ctx)
     return app
