@@ -40,8 +40,8 @@ import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.common import median, quiet_logs, table, write_json
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
 from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
@@ -175,7 +175,7 @@ async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]
                 log_level="error",
                 workers={"token": token, "timeout_s": 30, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
                 reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.5, "backoff_max_s": 5})
-            clients[flavor] = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+            clients[flavor] = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
             await clients[flavor].start_server()
         servers = [spec["admin_url"] for spec in fleets["vllm"][0]] if with_smg and "vllm" in fleets else []
         if servers:

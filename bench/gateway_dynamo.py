@@ -28,7 +28,8 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.processes import stop_all
@@ -80,7 +81,7 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                                                 "inference_url": frontend.url}},
             workers={"token": "unused", "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
             gateway={"port": 0})
-        runner = web.AppRunner(build_app(settings, token=CTL_TOKEN), access_log=None)
+        runner = web.AppRunner(assemble(settings, token=CTL_TOKEN), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -1,4 +1,4 @@
-"""`OperationContext`: what every operation of the agent runs on, and nothing more.
+"""`AgentContext`: what every operation of the agent runs on, and nothing more.
 
 The settings (deadlines, allowed roots), the gate (one mutating operation at a time, a
 deadline on every engine call) and the records. Each operation (`rlcp/agent/operations/`)
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
-from rlcp.agent.gate import OperationGate
+from rlcp.agent.gate import EngineGate
 from rlcp.agent.records import OperationRecords
 from rlcp.agent.settings import AgentSettings, TimeoutSettings
 from rlcp.core.wire.agent import OperationKind
@@ -20,8 +20,8 @@ from rlcp.core.wire.agent import OperationKind
 T = TypeVar("T")
 
 
-class OperationContext:
-    def __init__(self, settings: AgentSettings, gate: OperationGate, records: OperationRecords) -> None:
+class AgentContext:
+    def __init__(self, settings: AgentSettings, gate: EngineGate, records: OperationRecords) -> None:
         self.settings = settings
         self.gate = gate
         self.records = records
@@ -37,5 +37,5 @@ class OperationContext:
             yield
 
     async def call(self, awaitable: Awaitable[T], deadline_s: float, what: str) -> T:
-        """One engine call under its deadline (`OperationGate.call`)."""
+        """One engine call under its deadline (`EngineGate.call`)."""
         return await self.gate.call(awaitable, deadline_s, what)

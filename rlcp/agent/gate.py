@@ -32,7 +32,7 @@ T = TypeVar("T")
 WHILE_ASLEEP: frozenset[OperationKind] = frozenset({"sleep", "wake_up", "pause", "abort_requests", "set_desired"})
 
 
-class OperationGate:
+class EngineGate:
     def __init__(self, alive: Callable[[], bool], asleep: Callable[[], bool] = lambda: False) -> None:
         self._alive = alive
         self._asleep = asleep

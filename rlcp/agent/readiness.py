@@ -1,8 +1,9 @@
 """Readiness: whether this agent should get rollouts now, and if not, why.
 
-Not ready while the engine is dead, while it is asleep (its memory released), while a weight change that failed part-way left the
-weights unknown, while (with `require_desired_version`) no controller has told the desired
-version yet, and while the applied version differs from the desired one. The desired
+Not ready while the engine is dead, while it is asleep (its memory released), while a weight
+change that failed part-way left the weights unknown, while (with `require_desired_version`) no
+controller has told the desired version yet, and while the applied version differs from the
+desired one. The desired
 version is the controller's word (`PUT /v1/agent/desired`, or the first of an update's
 calls); the applied one is the weights' (`rlcp/agent/weight_state.py`).
 """

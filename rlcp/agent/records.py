@@ -5,7 +5,8 @@ The last `KEPT` records are shown in `GET /v1/agent/state` (newest first); the m
 operations by kind and outcome (`rlcp/agent/metrics.py`). An outcome is `timeout` for a
 deadline the engine missed, `cancelled` when the task running it was cancelled before it ended
 (the caller went away, the agent is stopping: the engine may be half way), `error` for any
-other failure (the error's message recorded), else `ok`. The log line carries the operation's id and kind, bound for every line logged meanwhile.
+other failure (the error's message recorded), else `ok`. The log line carries the operation's
+id and kind, bound for every line logged meanwhile.
 """
 
 from __future__ import annotations

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import uuid
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import Engine
-from rlcp.agent.gate import OperationGate
+from rlcp.agent.gate import EngineGate
 from rlcp.agent.metrics import AgentMetrics
 from rlcp.agent.operations.caches import Caches
-from rlcp.agent.operations.control import Control
+from rlcp.agent.operations.control import EngineControl
 from rlcp.agent.operations.disk import DiskLoads
 from rlcp.agent.operations.lora import Loras
 from rlcp.agent.operations.transfer import Transfer
@@ -36,12 +36,12 @@ class AgentService:
         self.inference_url = inference_url
         self.instance_id = uuid.uuid4().hex[:12]
         self.metrics = AgentMetrics()
-        self.gate = OperationGate(alive=lambda: engine.is_alive(), asleep=lambda: self.control.sleeping)
+        self.gate = EngineGate(alive=lambda: engine.is_alive(), asleep=lambda: self.control.sleeping)
         self.records = OperationRecords(self.metrics)
-        ctx = OperationContext(settings, self.gate, self.records)
+        ctx = AgentContext(settings, self.gate, self.records)
         self.weight_state = WeightState(ctx, engine)
         self.readiness = Readiness(settings, engine, self.weight_state, asleep=lambda: self.control.sleeping)
-        self.control = Control(ctx, engine)
+        self.control = EngineControl(ctx, engine)
         self.disk = DiskLoads(ctx, engine, self.weight_state)
         self.weights = Weights(ctx, engine, self.weight_state)
         self.transfer = Transfer(ctx, engine, self.weight_state)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import InferenceServing, VersionedWeights
 from rlcp.core.errors import ApiError
 
@@ -24,7 +24,7 @@ class VersionedEngine(InferenceServing, VersionedWeights, Protocol):
 
 
 class WeightState:
-    def __init__(self, ctx: OperationContext, engine: VersionedEngine) -> None:
+    def __init__(self, ctx: AgentContext, engine: VersionedEngine) -> None:
         self._ctx = ctx
         self._engine = engine
         self.broken: str | None = None  # why the weights are unknown, after a change failed part-way

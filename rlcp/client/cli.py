@@ -32,7 +32,7 @@ import yaml
 from rich.console import Console
 from rich.live import Live
 
-from rlcp.client.client import ControlPlaneClient, ControlPlaneError, OperationFailed
+from rlcp.client.client import ControlPlaneClient, ControlPlaneClientError, OperationFailed
 from rlcp.client.render import (
     fleets_table,
     operation_table,
@@ -156,11 +156,11 @@ def read_manifest(path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ControlPlaneError(f"cannot read the manifest {path}: {exc}") from exc
+        raise ControlPlaneClientError(f"cannot read the manifest {path}: {exc}") from exc
     if isinstance(data, dict) and isinstance(data.get("checksums"), dict):
         data = data["checksums"]  # the shape `POST /weight_checker` answers
     if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-        raise ControlPlaneError(f"the manifest {path} is not a JSON object of tensor name -> checksum")
+        raise ControlPlaneClientError(f"the manifest {path} is not a JSON object of tensor name -> checksum")
     return data
 
 
@@ -171,7 +171,7 @@ def connection(args: argparse.Namespace) -> tuple[str, str | None]:
         try:
             config = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
-            raise ControlPlaneError(f"cannot read config {path}: {exc}") from exc
+            raise ControlPlaneClientError(f"cannot read config {path}: {exc}") from exc
     url = (args.url or os.environ.get("RLCTL_URL") or config.get("url") or DEFAULT_URL).rstrip("/")
     token = args.token or os.environ.get("RLCTL_TOKEN") or config.get("token")
     fleet = args.fleet or os.environ.get("RLCTL_FLEET") or config.get("fleet")
@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return asyncio.run(run(args))
-    except ControlPlaneError as exc:
+    except ControlPlaneClientError as exc:
         print(f"rlctl: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,6 +1,6 @@
 """Python client of the controller API, for trainers (one call per step) and for rlctl.
 
-    ControlPlaneError
+    ControlPlaneClientError     the root (`ControlPlaneError` still names it: its earlier name)
     ├── ControllerUnreachable   connect error or deadline (names the URL)
     ├── AuthError               401: missing or wrong token
     ├── RequestRejected         4xx: carries status, code, field, message
@@ -34,26 +34,31 @@ P = ParamSpec("P")
 _LONG_S = 1800.0  # an update transaction: a weight load per worker plus pause and verify
 
 
-class ControlPlaneError(Exception):
+class ControlPlaneClientError(Exception):
+    """Whatever went wrong in a call to the controller, as this client sees it (the daemon's own
+    root error, `rlcp.controlplane.errors.ControlPlaneError`, is another thing)."""
+
+
+# The name this root had before; trainers written against it catch it still.
+ControlPlaneError = ControlPlaneClientError
+
+
+class ControllerUnreachable(ControlPlaneClientError):
     pass
 
 
-class ControllerUnreachable(ControlPlaneError):
+class AuthError(ControlPlaneClientError):
     pass
 
 
-class AuthError(ControlPlaneError):
-    pass
-
-
-class RequestRejected(ControlPlaneError):
+class RequestRejected(ControlPlaneClientError):
     def __init__(self, status: int, code: str, message: str, field: str | None) -> None:
         where = f" field {field!r}" if field else ""
         super().__init__(f"rejected ({status}){where}: {message}")
         self.status, self.code, self.message, self.field = status, code, message, field
 
 
-class OperationFailed(ControlPlaneError):
+class OperationFailed(ControlPlaneClientError):
     def __init__(self, result: OperationResult) -> None:
         failed = [f"{r.worker_id} ({r.phase}: {r.message})" for r in result.results
                   if r.status in ("error", "timeout")]
@@ -61,7 +66,7 @@ class OperationFailed(ControlPlaneError):
         self.result = result
 
 
-class ConvergeTimeout(ControlPlaneError):
+class ConvergeTimeout(ControlPlaneClientError):
     pass
 
 
@@ -72,7 +77,7 @@ def _with_selector(path: str, selector: str | None) -> str:
 def _object(data: object, what: str) -> dict[str, Any]:
     """A JSON answer that must be an object (every read of the controller's API answers one)."""
     if not isinstance(data, dict):
-        raise ControlPlaneError(f"{what}: the controller answered a {type(data).__name__}, not an object")
+        raise ControlPlaneClientError(f"{what}: the controller answered a {type(data).__name__}, not an object")
     return data
 
 
@@ -121,7 +126,7 @@ class ControlPlaneClient:
         except aiohttp.ClientError as exc:
             raise ControllerUnreachable(f"cannot reach the controller at {self.base_url}: {exc}") from exc
         except ValueError as exc:
-            raise ControlPlaneError(f"{method} {path}: the controller answered {status} without JSON") from exc
+            raise ControlPlaneClientError(f"{method} {path}: the controller answered {status} without JSON") from exc
         if status == 401:
             raise AuthError("unauthorized: missing or wrong token")
         if status in (207, 502) and isinstance(data, dict) and "results" in data:

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     import structlog
     from aiohttp import web
 
-    from rlcp.controlplane.api.app import build_app
+    from rlcp.controlplane.assembly import assemble
     from rlcp.controlplane.front.daemon import CoreStartFailed, serve, write_port_file
     from rlcp.core.heap import settle
 
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                 stop.set()
 
             loop.add_reader(stdin, front_gone)
-        runner = web.AppRunner(build_app(settings, token=token), access_log=None, handle_signals=False)
+        runner = web.AppRunner(assemble(settings, token=token), access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, settings.api.host, settings.api.port)
         await site.start()

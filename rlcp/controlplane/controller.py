@@ -1,6 +1,6 @@
-"""The composition root: builds the controller's parts and holds them together.
+"""One fleet's parts, built and held together (the process is assembled in `assembly.py`).
 
-    registry     members and their observed state          fleet/registry.py
+    registry     members and their observed state          fleet/members.py
     names        every fleet's model names (shared)         fleet/names.py
     desired      the only writer of the desired state      fleet/desired.py
     log          the running operation, its phase, history operations/record.py
@@ -26,10 +26,10 @@ from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.observer import poll_statuses
 from rlcp.controlplane.fleet.publish import FenceSync
-from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics

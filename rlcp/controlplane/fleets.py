@@ -1,4 +1,4 @@
-"""Several fleets in one controller (DESIGN §2.6): a `Controller` per fleet, one membership.
+"""Several fleets in one controller (docs/controller.md, "Fleets"): a `Controller` per fleet, one membership.
 
 A named fleet is the members its selector matches (settings `fleets`, in the order written);
 the members no named fleet matches form the default fleet, which is the whole fleet when none

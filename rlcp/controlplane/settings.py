@@ -468,8 +468,8 @@ class ControllerSettings(BaseSettings):
     leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
     kubernetes: KubernetesApiSettings = Field(default_factory=KubernetesApiSettings)
     fleets: dict[str, FleetSettings] = Field(default_factory=dict, description="Named fleets beside the default "
-                                             "one, each served under `/fleets/<name>/` with the whole API (DESIGN "
-                                             "§2.6); names are DNS labels, `default` is taken.")
+                                             "one, each served under `/fleets/<name>/` with the whole API "
+                                             "(docs/controller.md, 'Fleets'); names are DNS labels, `default` is taken.")
     allowed_roots: list[Path] = Field(default_factory=list,
                                       description="Weight and adapter paths must lie under one of these.")
     log_format: Literal["json", "console"] = "json"
@@ -495,7 +495,7 @@ class ControllerSettings(BaseSettings):
         return self
 
     def _check_model_names(self) -> None:
-        """A model name is served by exactly one fleet (DESIGN §4): the names settings give the
+        """A model name is served by exactly one fleet (docs/controller.md, "Fleets"): the names settings give the
         fleets -- a fleet's `models`, a static member's `model` in the fleet its labels select --
         clash at start, naming both fleets, not on the first rollout the wrong fleet serves."""
         selectors = {name: parse_selector(f.selector) for name, f in self.fleets.items()}

@@ -3,14 +3,13 @@ every flavor reads into one shape. Every layer above the drivers consumes these.
 
 from __future__ import annotations
 
-from typing import Literal, NewType
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rlcp.core.labels import Labels
 from rlcp.core.wire.agent import RequestCounts
 
-WorkerId = NewType("WorkerId", str)
 Flavor = Literal["agent", "vllm", "dynamo"]
 
 

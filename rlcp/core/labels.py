@@ -1,4 +1,4 @@
-"""Worker labels and label selectors, in Kubernetes' syntax (DESIGN §2.6).
+"""Worker labels and label selectors, in Kubernetes' syntax (docs/controller.md, "Labels and selectors").
 
 Members carry labels from their source (static config, the HTTP listing, pod labels, a Ray
 actor's description); reads and operations take a selector. Both follow Kubernetes exactly,

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import CONTROLLER, build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.controller import UpdateWeightsRequest
 from rlcp.harness.checkpoints import write_checkpoint
@@ -29,10 +31,10 @@ CTL_TOKEN = "ctl-token"
 AUTH = bearer(CTL_TOKEN)
 
 
-def controller_settings(tmp_path: Path, specs: list[dict], **overrides: Any) -> ControllerSettings:
+def controller_settings(tmp_path: Path, specs: list[dict[str, Any]], **overrides: Any) -> ControllerSettings:
     """Short deadlines and a fast reconciler for an in-process controller over `specs`; each
     keyword replaces a whole section."""
-    base = dict(
+    base: dict[str, Any] = dict(
         api={"token": CTL_TOKEN}, gateway={"port": 0}, discovery={"kind": "static", "static": specs},
         workers={"token": AGENT_TOKEN, "timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
                  "weight_load_timeout_s": 10, "checkpoint_wait_s": 1, "deadline_grace_s": 1},
@@ -42,7 +44,7 @@ def controller_settings(tmp_path: Path, specs: list[dict], **overrides: Any) -> 
     return ControllerSettings(**(base | overrides))
 
 
-def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[Path], **overrides: Any) -> dict:
+def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[Path], **overrides: Any) -> dict[str, Any]:
     """The YAML config of a controller process (`rlcp.harness.processes.ControllerProcess`): short
     deadlines and a fast reconciler, so faults resolve in seconds; the desired state in a file
     under `workdir`, which survives a restart. A dict keyword is merged into its section."""
@@ -69,7 +71,7 @@ def merge_sections(config: dict[str, Any], overrides: dict[str, Any]) -> dict[st
     return config
 
 
-def fleet_reachable(state: dict, workers: int | None = None) -> bool:
+def fleet_reachable(state: dict[str, Any], workers: int | None = None) -> bool:
     """Discovery has synced and every member (all `workers` of them, if given) answered a poll."""
     members = state.get("workers", [])
     return (bool(state.get("discovery_synced")) and all(w["reachable"] for w in members)
@@ -77,52 +79,54 @@ def fleet_reachable(state: dict, workers: int | None = None) -> bool:
 
 
 async def wait_reachable(session: aiohttp.ClientSession, url: str, *, workers: int | None = None,
-                         timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> dict:
+                         timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Until the controller at `url` sees its whole fleet reachable; returns its state."""
 
-    async def probe() -> dict | None:
+    async def probe() -> dict[str, Any] | None:
         async with session.get(url + "/v1/rl/state", headers=headers,
                                timeout=aiohttp.ClientTimeout(total=30)) as resp:
-            state = await resp.json() if resp.status == 200 else {}
+            state: dict[str, Any] = await resp.json() if resp.status == 200 else {}
         return state if fleet_reachable(state, workers) else None
 
-    return await wait_for(probe, timeout_s, f"{workers or 'all'} workers reachable at {url}",
-                          interval_s=0.05, tolerate=(aiohttp.ClientError, TimeoutError))
+    state: dict[str, Any] = await wait_for(probe, timeout_s, f"{workers or 'all'} workers reachable at {url}",
+                                           interval_s=0.05, tolerate=(aiohttp.ClientError, TimeoutError))
+    return state
 
 
 class Ctl:
     """An in-process controller behind aiohttp's test client. `ctl` is the controller object
     itself, for the tests that inspect its internals."""
 
-    def __init__(self, client: TestClient) -> None:
+    def __init__(self, client: TestClient[web.Request, web.Application]) -> None:
         self.client = client
+        assert isinstance(client.server, TestServer)
         self.ctl = client.server.app[CONTROLLER]
 
     @property
     def url(self) -> str:
         return str(self.client.make_url("")).rstrip("/")
 
-    async def call(self, method: str, path: str, body: Any = None, headers: dict | None = AUTH,
+    async def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTH,
                    data: bytes | None = None) -> tuple[int, Any]:
         resp = await self.client.request(method, path, json=body if data is None else None, data=data,
                                          headers=headers)
         return resp.status, await resp.json()
 
-    async def state(self) -> dict:
+    async def state(self) -> dict[str, Any]:
         status, body = await self.call("GET", "/v1/rl/state", headers={})
-        assert status == 200
+        assert status == 200 and isinstance(body, dict)
         return body
 
-    def worker(self, state: dict, worker_id: str) -> dict:
+    def worker(self, state: dict[str, Any], worker_id: str) -> dict[str, Any]:
         return next(w for w in state["workers"] if w["id"] == worker_id)
 
-    async def wait_reachable(self, timeout_s: float = 10.0) -> dict:
+    async def wait_reachable(self, timeout_s: float = 10.0) -> dict[str, Any]:
         return await wait_reachable(self.client.session, self.url, timeout_s=timeout_s, headers=AUTH)
 
 
 async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) -> Ctl:
     """A controller over `agents` (anything with `.spec()`), once every one is reachable."""
-    app = build_app(controller_settings(tmp_path, [a.spec() for a in agents], **overrides), token=CTL_TOKEN)
+    app = assemble(controller_settings(tmp_path, [a.spec() for a in agents], **overrides), token=CTL_TOKEN)
     client = TestClient(TestServer(app))
     await client.start_server()
     ctl = Ctl(client)
@@ -134,7 +138,7 @@ async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) 
     return ctl
 
 
-def update_body(version: str, path: Path, **extra: Any) -> dict:
+def update_body(version: str, path: Path, **extra: Any) -> dict[str, Any]:
     """The body of `POST /v1/rl/update_weights` from a directory on disk."""
     return {"version": version, "source": {"kind": "disk", "path": str(path)}, **extra}
 

@@ -61,16 +61,16 @@ def dynamo_env(target: Path, kv_dir: Path, **extra: str) -> dict[str, str]:
                      DYN_TCP_RPC_HOST="127.0.0.1", **extra)
 
 
-class _HttpReady:
+class _HttpReady(ChildProcess):
     """Ready when GET `ready_path` answers 200 (these processes write no ready file)."""
 
     port: int
     ready_path: str
 
     def _ready_text(self) -> str | None:
-        assert self.proc is not None, f"{self.name} was never spawned"  # type: ignore[attr-defined]
-        if self.proc.poll() is not None:  # type: ignore[attr-defined]
-            raise self.failure(f"exited with {self.proc.returncode} while starting")  # type: ignore[attr-defined]
+        assert self.proc is not None, f"{self.name} was never spawned"
+        if self.proc.poll() is not None:
+            raise self.failure(f"exited with {self.proc.returncode} while starting")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2) as resp:
                 return "up" if resp.status == 200 else None
@@ -78,15 +78,15 @@ class _HttpReady:
             return None
 
     def wait_ready(self) -> Any:
-        deadline = time.monotonic() + self.start_timeout_s  # type: ignore[attr-defined]
+        deadline = time.monotonic() + self.start_timeout_s
         while self._ready_text() is None:
             if time.monotonic() > deadline:
-                raise self._timed_out()  # type: ignore[attr-defined]
+                raise self._timed_out()
             time.sleep(0.5)
         return self
 
 
-class DynamoVllmProcess(_HttpReady, ChildProcess):
+class DynamoVllmProcess(_HttpReady):
     """Dynamo's own `python -m dynamo.vllm` over the tiny model on a vLLM CPU engine, served
     as `SERVED_NAME`; ready when its system port's `/health` says its endpoints serve."""
 
@@ -118,7 +118,7 @@ class DynamoVllmProcess(_HttpReady, ChildProcess):
         return self
 
 
-class DynamoFrontendProcess(_HttpReady, ChildProcess):
+class DynamoFrontendProcess(_HttpReady):
     """`python -m dynamo.frontend` with RL on: `GET /v1/rl/workers` on `rl_port`."""
 
     ready_path = "/v1/rl/workers"
@@ -163,7 +163,7 @@ def _keep_torchvision_out() -> None:
     def smart_resize(*_: Any, **__: Any) -> Any:
         raise RuntimeError("smart_resize is not available in this CPU test worker")
 
-    stand_in.smart_resize = smart_resize  # type: ignore[attr-defined]
+    stand_in.smart_resize = smart_resize  # type: ignore[attr-defined]  # a module made here declares no names
     sys.modules.setdefault(name, stand_in)
 
 
@@ -177,7 +177,7 @@ def _vllm_031_names() -> None:
         def get_engine_zmq_addresses(*_: Any, **__: Any) -> Any:
             raise RuntimeError("Dynamo's embedding workers need vLLM 0.31's get_engine_zmq_addresses")
 
-        engine_utils.get_engine_zmq_addresses = get_engine_zmq_addresses  # type: ignore[attr-defined]
+        engine_utils.get_engine_zmq_addresses = get_engine_zmq_addresses
 
 
 def _run_dynamo_vllm(args: list[str]) -> None:

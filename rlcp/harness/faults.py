@@ -108,7 +108,8 @@ def fault_middleware(rules: FaultRules, on_served: Callable[[web.Request], None]
                 raise ValueError(f"fault {fault.kind!r} needs a FaultProxy")
         if on_served is not None:
             on_served(request)
-        return await handler(request)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     return faults
 

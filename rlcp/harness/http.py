@@ -15,7 +15,7 @@ def bearer(token: str) -> dict[str, str]:
 
 
 async def call(session: aiohttp.ClientSession, method: str, url: str, *, body: Any = None,
-               headers: dict | None = None, data: bytes | None = None, timeout_s: float = 120.0) -> tuple[int, Any]:
+               headers: dict[str, str] | None = None, data: bytes | None = None, timeout_s: float = 120.0) -> tuple[int, Any]:
     """One HTTP call with a deadline; returns (status, parsed JSON body or text)."""
     async with session.request(method, url, json=body, data=data, headers=headers,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -30,7 +30,8 @@ def free_port() -> int:
     """A port free on 127.0.0.1 right now (for a process that must come back on the same address)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 # What a call to a process that is restarting (or frozen past the call's deadline) may raise.
@@ -54,7 +55,7 @@ class CompletionStream:
             payload["stream_interval"] = stream_interval
         self.task = asyncio.create_task(self._run(http, base_url + "/v1/completions", payload, timeout_s), name=name)
 
-    async def _run(self, http: aiohttp.ClientSession, url: str, payload: dict, timeout_s: float) -> None:
+    async def _run(self, http: aiohttp.ClientSession, url: str, payload: dict[str, Any], timeout_s: float) -> None:
         try:
             async with http.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 if resp.status != 200:

@@ -73,8 +73,9 @@ class MemoryAgent:
     async def start(self) -> MemoryAgent:
         self.engine = SimEngine(model_name="sim", **self.engine_kwargs)
         await self.engine.start()
-        settings = AgentSettings(agent_id=self.agent_id, engine={"kind": "sim", "model": "sim"},
-                                 allowed_roots=self.roots, admin={"token": TOKEN}, timeouts=TEST_TIMEOUTS)
+        sections: dict[str, Any] = {"engine": {"kind": "sim", "model": "sim"}, "admin": {"token": TOKEN},
+                                    "timeouts": TEST_TIMEOUTS}  # validated as a config file's are
+        settings = AgentSettings(agent_id=self.agent_id, allowed_roots=self.roots, **sections)
         self.service = AgentService(self.engine, settings)
         await self.service.start()
         self.app = build_admin_app(self.service, token=TOKEN)
@@ -111,8 +112,9 @@ class MemoryAgent:
         if match.http_exception is not None:
             return match.http_exception.status, {"error": {"code": "not_found", "message": match.http_exception.reason}}
         data = b"" if body is None else json.dumps(body).encode()
+        payload: Any = _Body(data)  # typed a StreamReader; aiohttp only calls its readany()
         request = make_mocked_request(method, target, app=self.app, match_info=dict(match),
-                                      headers={"Content-Type": "application/json"}, payload=_Body(data))  # type: ignore[arg-type]
+                                      headers={"Content-Type": "application/json"}, payload=payload)
         try:
             response = await match.handler(request)
         except ApiError as exc:

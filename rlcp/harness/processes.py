@@ -64,7 +64,7 @@ class ChildProcess:
         self.config_path = workdir / f"{name}.yaml"
         self.ready_file = workdir / f"{name}.ready"
         self.log_path = log_path or workdir / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     def settings(self) -> dict[str, Any]:
         """What goes into the config file (subclasses add their defaults)."""

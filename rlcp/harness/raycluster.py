@@ -39,7 +39,7 @@ WORKER_PORTS = 40  # the range workers (actors) listen in; one port each
 def _dashboard_up(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/api/v0/actors?limit=1", timeout=2) as resp:
-            return resp.status == 200
+            return bool(resp.status == 200)
     except OSError:
         return False
 
@@ -70,7 +70,7 @@ class RayHead:
     num_gpus: int = 0  # logical GPUs: Ray schedules them and sets CUDA_VISIBLE_DEVICES, no device needed
     temp_dir: Path | None = None  # default: a short dir under /tmp (Ray's socket paths are length-bound)
     ports: dict[str, int] = field(default_factory=dict)
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
 
     @property
@@ -105,10 +105,10 @@ class RayHead:
                *(f"--{name}={self.ports[name]}" for name in names)]
         self.log_path = self.temp_dir / "ray-start.log"
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                      stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            wait_for_sync(lambda: self.process.poll() is not None or _dashboard_up(self.dashboard_url),
+            wait_for_sync(lambda: process.poll() is not None or _dashboard_up(self.dashboard_url),
                           timeout_s=timeout_s, what="the Ray dashboard's state API", interval_s=0.2)
             if self.process.poll() is not None:
                 raise RuntimeError(f"ray start exited {self.process.returncode}: {self.log_path.read_text()[-2000:]}")

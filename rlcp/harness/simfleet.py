@@ -66,7 +66,7 @@ class SimAgent:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         spec = {"id": self.agent_id, "admin_url": self.url, "flavor": "agent"}
         if self.serve_inference:
             spec["inference_url"] = f"http://127.0.0.1:{self.inference_port}"
@@ -162,7 +162,7 @@ class HostedAgent:
     id: str
     url: str
 
-    def spec(self) -> dict:
+    def spec(self) -> dict[str, Any]:
         return {"id": self.id, "admin_url": self.url, "flavor": "agent"}
 
 
@@ -177,7 +177,7 @@ class HostedFleet:
         self.hosts = max(1, min(hosts, count))
         self.require_desired_version = require_desired_version
         self.start_timeout_s = start_timeout_s
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.agents: list[HostedAgent] = []
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="sim-fleet-"))
 
@@ -198,7 +198,7 @@ class HostedFleet:
         per_host: list[list[HostedAgent]] = []
         try:
             for (path, log), proc in zip(ready, self.procs):
-                def up(path: Path = path, log: Path = log, proc: subprocess.Popen = proc) -> bool:
+                def up(path: Path = path, log: Path = log, proc: subprocess.Popen[bytes] = proc) -> bool:
                     if proc.poll() is not None:
                         raise RuntimeError(f"agent host exited with {proc.returncode} while starting:\n"
                                            + log.read_text(errors="replace")[-3000:])

@@ -77,7 +77,7 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
 
 
 def make_weights(out_dir: Path, seed: int, *, vocab_size: int, max_positions: int = MAX_POSITIONS,
-                 shape: dict | None = None) -> None:
+                 shape: dict[str, Any] | None = None) -> None:
     """Save a randomly initialised Llama (config + safetensors) made with `seed`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from rlcp.harness.processes import REPO
 
@@ -51,7 +52,7 @@ def main() -> None:
     print("trainer: sent", spec["version"], "to a group of", world_size, flush=True)
 
 
-async def run_trainer(spec: dict, log: Path, env: dict[str, str] | None = None) -> None:
+async def run_trainer(spec: dict[str, Any], log: Path, env: dict[str, str] | None = None) -> None:
     """Run the trainer to its end (at most `TRAINER_S`); assert it exited 0."""
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "rlcp.harness.trainer", json.dumps(spec)], cwd=REPO, stdout=out,

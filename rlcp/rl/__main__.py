@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from rlcp.client.client import ControlPlaneError
+from rlcp.client.client import ControlPlaneClientError
 from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
 from rlcp.rl.run import Fleet, train_through_fleet
 from rlcp.rl.sampling import SamplingError
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         out = asyncio.run(train_through_fleet(fleet, args.model_dir.resolve(), args.out.resolve(), settings,
                                               sync=args.sync, backend=args.backend, device=args.device,
                                               label=f"rlcp-{args.mode}-{args.sync}"))
-    except (ControlPlaneError, SamplingError, OSError) as exc:  # OSError: a model directory that is not one
+    except (ControlPlaneClientError, SamplingError, OSError) as exc:  # OSError: a model directory that is not one
         print(f"rlcp.rl: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else ""))

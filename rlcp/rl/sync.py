@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
-from rlcp.client.client import ControllerWeightSyncClient, ControlPlaneClient, ControlPlaneError
+from rlcp.client.client import ControllerWeightSyncClient, ControlPlaneClient, ControlPlaneClientError
 
 log = structlog.get_logger("rlcp.rl.sync")
 SyncKind = Literal["broadcast", "disk"]
@@ -80,7 +80,7 @@ class DiskSync:
         try:
             await self.client.update_weights(version, str(path), pause_mode="keep", timeout_s=self.timeout_s,
                                              max_unavailable=self.max_unavailable)
-        except ControlPlaneError as exc:
+        except ControlPlaneClientError as exc:
             return Pushed(version, time.monotonic() - t0, str(exc))
         return Pushed(version, time.monotonic() - t0)
 
@@ -108,7 +108,7 @@ class BroadcastSync:
         try:
             # vLLM's trainer engine is blocking (it waits on the broadcast and on the client's calls).
             await asyncio.to_thread(self._send, model, version, None if self.steps_dir is None else str(path))
-        except (ControlPlaneError, RuntimeError, OSError) as exc:
+        except (ControlPlaneClientError, RuntimeError, OSError) as exc:
             await asyncio.to_thread(self._drop)  # the group is gone on both sides: the next push joins a new one
             return Pushed(version, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
         return Pushed(version, time.monotonic() - t0)

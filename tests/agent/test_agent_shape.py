@@ -98,7 +98,7 @@ def test_the_engine_kind_is_one_closed_type() -> None:
 
 
 @pytest.mark.parametrize("capability", [base.InferenceServing, base.GenerationControl, base.PrefixCache,
-                                        base.VersionedWeights, base.DiskWeights, base.WeightTransfer,
+                                        base.VersionedWeights, base.EngineDiskWeights, base.EngineWeightTransfer,
                                         base.Adapters, base.Engine])
 def test_every_engine_has_every_capability(capability: type) -> None:
     # Built, not started: VllmEngine imports vLLM only when it starts.

@@ -38,6 +38,7 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlcp.controlplane.controller", "rlcp.controlplane.fleets"),
     ("rlcp.controlplane.supervisor", "rlcp.controlplane.gateway"),
     ("rlcp.controlplane.api",),
+    ("rlcp.controlplane.assembly",),
     ("rlcp.controlplane.front",),
     ("rlcp.controlplane.__main__",),
 )

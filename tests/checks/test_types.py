@@ -1,5 +1,5 @@
 """The type checker finds nothing: mypy, strict, over the packages `[tool.mypy]` in pyproject.toml
-names (rlcp.core, rlcp.controlplane, rlcp.agent, rlcp.client), and every `# type: ignore` in them
+names (rlcp.core, rlcp.controlplane, rlcp.agent, rlcp.client, rlcp.harness), and every `# type: ignore` in them
 says which error it silences and why.
 
 mypy keeps its incremental cache in the repository's `.mypy_cache/` (which mypy itself keeps out of

@@ -1,13 +1,18 @@
 """The fleets the controller tests run against: one fixture a shape, each named for what it is.
 
-| fixture | what | gives |
-|---|---|---|
-| `memory_fleet` | `memory_fleet_size` agents in this process, no sockets (`rlcp.harness.memory`); a test builds its controller with `memory_fleet.controller(tmp_path)` | `MemoryFleet` |
-| `sim_fleet` | SimEngine agents on loopback and an in-process controller over them (aiohttp's test client), every worker reachable | `SimFleet(ctl, agents)` |
-| `gateway_fleet` | the same with each agent's OpenAI port too, once every worker is inside the gateway's fence, and a client session | `GatewayFleet(agents, ctl, gateway, http)` |
-| `daemon_fleet` | SimEngine agents on loopback and the controller daemon as a process (front and core), every worker reachable, and a session opening a connection per request | `DaemonFleet(agents, ctl, http)` |
-| `fresh_http` | a client session opening a connection per request (processes restart, or close a connection after refusing a body) | `aiohttp.ClientSession` |
-| `checkpoints` | the weights of seeds 1, 2 and 3 on disk under the test's `tmp_path` | `{seed: path}` |
+- `memory_fleet` -> `MemoryFleet`: `memory_fleet_size` agents in this process, no sockets
+  (`rlcp.harness.memory`); a test builds its controller with `memory_fleet.controller(tmp_path)`.
+- `sim_fleet` -> `SimFleet(ctl, agents)`: SimEngine agents on loopback and an in-process
+  controller over them (aiohttp's test client), every worker reachable.
+- `gateway_fleet` -> `GatewayFleet(agents, ctl, gateway, http)`: the same with each agent's
+  OpenAI port too, once every worker is inside the gateway's fence, and a client session.
+- `daemon_fleet` -> `DaemonFleet(agents, ctl, http)`: SimEngine agents on loopback and the
+  controller daemon as a process (front and core), every worker reachable, and a session
+  opening a connection per request.
+- `fresh_http` -> `aiohttp.ClientSession`: a client session opening a connection per request
+  (processes restart, or close a connection after refusing a body).
+- `checkpoints` -> `{seed: path}`: the weights of seeds 1, 2 and 3 on disk under the test's
+  `tmp_path`.
 
 A module that needs another size overrides `memory_fleet_size`; another shape of the socket
 fleets, `fleet_shape` (a `FleetShape`). Shapes used by one module alone stay there, named for
@@ -23,7 +28,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import controller_config, start_controller, wait_reachable
 from rlcp.harness.memory import MemoryFleet

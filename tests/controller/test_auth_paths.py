@@ -31,9 +31,9 @@ from rlcp.agent.engine.sim import SimEngine
 from rlcp.agent.service import AgentService
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.settings import load_settings as load_agent_settings
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.openapi import controller_document
 from rlcp.controlplane.api.unsupported import REFUSED
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import load_settings as load_controller_settings
 from rlcp.core.openapi import MUTATING, OPENAPI_PATH
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
@@ -259,7 +259,7 @@ async def test_controller_token_sources(tmp_path, monkeypatch, source):
         reconcile={"poll_interval_s": 0.1, "interval_s": 0.1}, gateway={"port": 0})
     token = settings.api.resolved_token()
     assert token == value  # a file's trailing newline is not part of the token
-    client = TestClient(TestServer(build_app(settings, token=token)))
+    client = TestClient(TestServer(assemble(settings, token=token)))
     await client.start_server()
     try:
         ctl = Ctl(client)

@@ -15,7 +15,7 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.assembly import assemble
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, start_controller, update_body
 from rlcp.harness.faults import Fault
@@ -198,7 +198,7 @@ async def test_pause_and_resume_the_fleet(sim_fleet):
 
 
 async def test_no_members_is_503(tmp_path):
-    app = build_app(controller_settings(tmp_path, []), token=CTL_TOKEN)
+    app = assemble(controller_settings(tmp_path, []), token=CTL_TOKEN)
     async with TestClient(TestServer(app)) as client:
         resp = await client.post("/v1/rl/pause", json={"mode": "abort"}, headers=AUTH)
         assert resp.status == 503 and (await resp.json())["error"]["code"] == "no_members"
@@ -219,7 +219,7 @@ async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tm
     proc = await asyncio.to_thread(AgentProcess(config, tmp_path / "proc", token=TOKEN).start)
     agents = await start_fleet(2, [tmp_path])
     specs = [a.spec() for a in agents] + [{"id": "proc", "admin_url": f"http://127.0.0.1:{port}"}]
-    app = build_app(controller_settings(tmp_path, specs), token=CTL_TOKEN)
+    app = assemble(controller_settings(tmp_path, specs), token=CTL_TOKEN)
     client = TestClient(TestServer(app))
     await client.start_server()
     ctl = Ctl(client)
@@ -277,7 +277,7 @@ async def test_listing_discovery_adds_and_removes_workers(tmp_path):
     settings = controller_settings(tmp_path, [], discovery={
         "kind": "http_listing", "http_listing": {"url": str(listing_server.make_url("/v1/rl/workers")),
                                                  "interval_s": 0.05, "default_flavor": "agent"}})
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     ctl = Ctl(client)
     try:

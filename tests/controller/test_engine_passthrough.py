@@ -147,10 +147,10 @@ async def test_the_admin_token_is_required(fleet: Any) -> None:
 async def test_an_empty_fleet_is_503_for_every_target_form(tmp_path: Path) -> None:
     from aiohttp.test_utils import TestClient, TestServer
 
-    from rlcp.controlplane.api.app import build_app
+    from rlcp.controlplane.assembly import assemble
     from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 
-    app = build_app(controller_settings(tmp_path, []), token=CTL_TOKEN)
+    app = assemble(controller_settings(tmp_path, []), token=CTL_TOKEN)
     async with TestClient(TestServer(app)) as client:
         for body in ({}, {"selector": "role=policy"}, {"worker": "w0"}):
             resp = await client.post("/v1/rl/engine/is_paused", json=body, headers=AUTH)

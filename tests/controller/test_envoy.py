@@ -30,7 +30,7 @@ import pytest
 from rich.console import Console
 
 from rlcp.client.render import state_view
-from rlcp.controlplane.api.app import ENVOY_XDS_PORT
+from rlcp.controlplane.assembly import ENVOY_XDS_PORT
 from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.checkpoints import write_checkpoint

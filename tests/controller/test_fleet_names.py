@@ -1,4 +1,4 @@
-"""A model name is served by exactly one fleet (DESIGN §4), over two sim fleets (test_fleets.py's:
+"""A model name is served by exactly one fleet (docs/controller.md, "Fleets"), over two sim fleets (test_fleets.py's:
 the default one serving `policy-m`, the teacher fleet `teacher-m`).
 
 The gateway routes a request by its `model` to the fleet serving that name, so a name given to
@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.harness.checkpoints import write_adapter
 from rlcp.harness.controller import Ctl

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 from pydantic import ValidationError
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.fleets import Fleets, partition
 from rlcp.controlplane.persistence.memory import MemoryStore

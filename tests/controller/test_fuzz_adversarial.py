@@ -45,9 +45,10 @@ from schemathesis.generation import GenerationMode
 
 from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
 from rlcp.agent.admin.openapi import agent_document
-from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.gateway.app import gateway_document
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
@@ -98,7 +99,7 @@ class Fleet:
                                        gateway={"port": 0, "hold_timeout_s": 1},
                                        weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2,
                                                         "idle_timeout_s": 3600})
-        self.app = build_app(settings, token=CTL_TOKEN)
+        self.app = assemble(settings, token=CTL_TOKEN)
         self.runner, self.controller_url = self.live.run(serve(self.app))
         self.live.run(self._settle())
         self.gateway_url = self.app[GATEWAY].url

@@ -46,11 +46,11 @@ from schemathesis.checks import not_a_server_error
 
 from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
 from rlcp.agent.admin.openapi import agent_document
-from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.api.unsupported import REFUSED
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.gateway.app import gateway_document
@@ -242,7 +242,7 @@ class ControllerStack(_FleetStack):
             base, [a.spec() for a in self.agents], allowed_roots=[str(self.paths["root"])],
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.1},
             weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600})
-        app = build_app(settings, token=CTL_TOKEN)
+        app = assemble(settings, token=CTL_TOKEN)
         self.runner, self.url = self.live.run(serve(app))
         self.live.run(self._settle(app[CONTROLLER]))
 
@@ -306,7 +306,7 @@ class GatewayStack(_FleetStack):
                                        for i in range(2)]
         settings = controller_settings(base, [a.spec() for a in self.agents], allowed_roots=[str(paths["root"])],
                                        gateway={"port": 0, "hold_timeout_s": 2})
-        app = build_app(settings, token=CTL_TOKEN)
+        app = assemble(settings, token=CTL_TOKEN)
         self.runner, _ = self.live.run(serve(app))
         self.gateway = app[GATEWAY]
         self.live.run(wait_for(lambda: bool(self.gateway.router.table() and len(self.gateway.router.table().routes) == 2),

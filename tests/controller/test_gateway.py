@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rlcp.controlplane.api.app import GATEWAY
+from rlcp.controlplane.assembly import GATEWAY
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH, start_controller, update_body

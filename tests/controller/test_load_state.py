@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workerspec import WorkerSpec
@@ -59,7 +59,7 @@ async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp
         api={"token": CTL_TOKEN}, gateway={"port": 0}, discovery={"kind": "static", "static": [a.spec() for a in agents]},
         workers={"token": TOKEN, "timeout_s": 5}, store={"kind": "memory"}, allowed_roots=[str(tmp_path)],
         log_format="console", log_level="warning")
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN, background=False)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN, background=False)))
     await client.start_server()
     try:
         ctl: Controller = client.server.app[CONTROLLER]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.assembly import assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, rlctl
 
 RAY = dict(discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:9", "namespace": "rlcp"}},
@@ -22,7 +22,7 @@ RAY = dict(discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:
 
 async def client(tmp_path: Path, **overrides: Any) -> TestClient:
     # No background loops: nothing connects to Ray; the API and the desired state are what is tested.
-    app = build_app(controller_settings(tmp_path, [], **overrides), token=CTL_TOKEN, background=False)
+    app = assemble(controller_settings(tmp_path, [], **overrides), token=CTL_TOKEN, background=False)
     c = TestClient(TestServer(app))
     await c.start_server()
     return c

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call, free_port
 from rlcp.harness.trainer import run_trainer
@@ -62,7 +62,7 @@ async def fleet(http, vllm_agent, vllm_agent_b, tiny_models, references, tmp_pat
                                    workers={"token": vllm_agent.token, "timeout_s": 30, "pause_timeout_s": 30,
                                             "weight_load_timeout_s": 120},
                                    weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150})
-    async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+    async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
         ctl = client.server.app[CONTROLLER]
         await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.members()), timeout_s=30,
                        what="both agents polled")

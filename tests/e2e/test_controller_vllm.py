@@ -12,8 +12,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from safetensors.torch import load_file, save_file
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
 from rlcp.harness.waiting import wait_for
@@ -55,7 +55,7 @@ async def test_disk_update_through_the_controller_reaches_both_engines(vllm_agen
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                                 "weight_load_timeout_s": 120})
-        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             await wait_for(lambda: client.server.app[CONTROLLER].registry.membership.synced)
             resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
                 "version": "step-7", "source": {"kind": "disk", "path": str(tiny_models["weights-2"])},
@@ -112,7 +112,7 @@ async def test_one_corrupted_mlp_weight_on_one_worker_fails_verification(vllm_ag
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(good.parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                                 "weight_load_timeout_s": 120})
-        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             await wait_for(lambda: client.server.app[CONTROLLER].registry.membership.synced)
             resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
                 "version": "step-corrupt", "source": {"kind": "disk", "path": str(good)},
@@ -154,7 +154,7 @@ async def test_sleep_leaves_the_fence_and_a_verified_wake_serves_the_same_tokens
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                                 "weight_load_timeout_s": 120})
-        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             gateway = client.server.app[GATEWAY]
 
             def fence() -> set[str]:

@@ -27,7 +27,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.assembly import assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.http import call
@@ -140,7 +140,7 @@ async def ctl(http, dynamo, tiny_models, tmp_path, references):
         workers={"token": "unused-by-dynamo", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
                  "pause_timeout_s": 60, "weight_load_timeout_s": 120},
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4})
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
         c = Ctl(client)

@@ -33,7 +33,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.http import call
@@ -122,7 +123,7 @@ async def ctl(fleet, tiny_models, tmp_path):
                  "pause_timeout_s": 90, "weight_load_timeout_s": 120},
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         gateway={"port": 0, "hold_timeout_s": 90})
-    async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+    async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
         controller = client.server.app[CONTROLLER]
 
         def both_reachable() -> bool:

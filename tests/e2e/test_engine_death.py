@@ -31,7 +31,7 @@ import psutil
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.core.wire.agent import EXIT_ENGINE_DIED
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
@@ -67,7 +67,7 @@ async def test_an_engine_that_dies_comes_back_converged(tiny_models: dict[str, P
                                             "weight_load_timeout_s": 120},
                                    gateway={"port": 0, "hold_timeout_s": 30})
     try:
-        async with aiohttp.ClientSession() as http, TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as ctl:
+        async with aiohttp.ClientSession() as http, TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
             gateway = ctl.server.app[GATEWAY]
             resp = await ctl.post("/v1/rl/update_weights", headers=AUTH, json={
                 "version": "v1", "source": {"kind": "disk", "path": str(tiny_models["weights-1"])}})

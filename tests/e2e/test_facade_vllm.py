@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
 from rlcp.harness.waiting import wait_for
@@ -35,7 +35,7 @@ async def test_a_colocated_trainer_step_through_the_facade(vllm_agent, vllm_agen
         settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
                                        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                                 "weight_load_timeout_s": 120})
-        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             ctl = client.server.app[CONTROLLER]
             gateway = client.server.app[GATEWAY]
 

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
 from rlcp.harness.processes import AgentProcess
@@ -75,7 +75,7 @@ async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
             workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
             fleets={"teacher": {"selector": "role=teacher"}})
         try:
-            async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+            async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
                 gateway = client.server.app[GATEWAY].url
                 assert gateway is not None
 

@@ -30,7 +30,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import CONTROLLER, GATEWAY, build_app
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
 from rlcp.harness.waiting import wait_for
@@ -99,7 +100,7 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
                                    workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 90,
                                             "weight_load_timeout_s": 120},
                                    gateway={"port": 0, "hold_timeout_s": 60})
-    async with aiohttp.ClientSession() as http, TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as ctl:
+    async with aiohttp.ClientSession() as http, TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
         gateway = ctl.server.app[GATEWAY]
 
         async def update(version: str, mode: str = "keep", strategy: dict | None = None) -> dict:

@@ -1,4 +1,4 @@
-"""No lost requests across a pause, on a real vLLM CPU engine (DESIGN §4):
+"""No lost requests across a pause, on a real vLLM CPU engine (docs/reliability.md, "No lost requests"):
 
 - keep mode: 64 streaming completions in flight are frozen by the pause and, after the
   resume, every one completes with its full requested length (`ignore_eos`), none errors;
@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.harness.figures import record_figures
 from rlcp.harness.http import CompletionStream, call
@@ -65,7 +65,7 @@ async def controller(agent: AgentProcess, tmp_path):
         workers={"token": agent.token, "timeout_s": 10, "pause_timeout_s": 60},
         reconcile={"poll_interval_s": 0.5, "interval_s": 0.5}, store={"kind": "memory"},
         allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
         yield client

@@ -24,8 +24,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.client.client import ControlPlaneClient
-from rlcp.controlplane.api.app import GATEWAY, build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.waiting import wait_for
 from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings, StepRecord
@@ -52,7 +52,7 @@ async def fleet(http, vllm_agent, vllm_agent_b, tiny_models, tmp_path):
                                             "weight_load_timeout_s": 120},
                                    weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150},
                                    gateway={"port": 0, "hold_timeout_s": 60})
-    async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+    async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
         ctl = client.server.app[CONTROLLER]
         await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.members()), timeout_s=30,
                        what="both agents polled")

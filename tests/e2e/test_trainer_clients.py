@@ -36,7 +36,7 @@ import httpx
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -76,7 +76,7 @@ async def fleet(vllm_agent, vllm_agent_b, tiny_models, tmp_path, monkeypatch) ->
                                    workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
                                             "weight_load_timeout_s": 120},
                                    gateway={"port": 0, "hold_timeout_s": 60, "token": GATEWAY_TOKEN})
-    async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as ctl:
+    async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
         gateway = ctl.server.app[GATEWAY]
         fleet = Fleet(ctl=ctl, admin_url=str(ctl.make_url("")).rstrip("/"), inference_url=f"{gateway.url}/v1",
                       models=tiny_models, root=root)

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
+from rlcp.controlplane.assembly import assemble
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
 from rlcp.harness.http import CompletionStream, call, free_port
@@ -140,7 +140,7 @@ async def ctl(http, servers, tiny_models, refs, tmp_path):
                  "pause_timeout_s": 60, "weight_load_timeout_s": 120},
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150})
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
         ctl = Ctl(client)

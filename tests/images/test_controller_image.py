@@ -89,7 +89,8 @@ def test_image_is_small_non_root_and_has_no_engine(controller_image: BuiltImage,
             "import importlib.util as u, os; "
             "print('uid', os.getuid(), os.getgid()); "
             "print('engine', [m for m in ('torch', 'vllm', 'transformers') if u.find_spec(m)]); "
-            "print('missing', [m for m in ('rlcp.controlplane', 'rlcp.client', 'rlcp.core') if not u.find_spec(m)])"],
+            "print('missing', [m for m in ('rlcp.controlplane', 'rlcp.client', 'rlcp.core') "
+            "if not u.find_spec(m)])"],
             binds=[Bind(emptydir(tmp_path / "tmp", (UID, GID)), "/tmp", read_only=False)],
             log_path=tmp_path / "probe.log")
     assert code == 0, out

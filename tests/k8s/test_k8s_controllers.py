@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller, http_transports
 from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.leadership.guard import Leadership
@@ -87,7 +87,7 @@ async def cluster(fake: FakeKubeApi, tmp_path: Path) -> AsyncIterator[Any]:
     replicas: list[Replica] = []
 
     async def start(identity: str) -> Replica:
-        client = TestClient(TestServer(build_app(settings(fake, identity, tmp_path), token=CTL_TOKEN)))
+        client = TestClient(TestServer(assemble(settings(fake, identity, tmp_path), token=CTL_TOKEN)))
         await client.start_server()
         replicas.append(Replica(client))
         return replicas[-1]

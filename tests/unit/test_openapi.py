@@ -17,9 +17,9 @@ from rlcp.agent.admin.openapi import agent_document
 from rlcp.agent.engine.sim import SimEngine
 from rlcp.agent.service import AgentService
 from rlcp.agent.settings import AgentSettings
-from rlcp.controlplane.api.app import build_app
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.errors import ErrorBody
 from rlcp.core.openapi import MUTATING, OPENAPI_PATH, Route, build_document, route_drift
@@ -38,7 +38,7 @@ def agent_app(auth_reads: bool = False):
 def controller_app(tmp_path: Path, auth_reads: bool = False):
     settings = ControllerSettings(api={"token": "t", "auth_reads": auth_reads}, workers={"token": "w"}, gateway={"port": 0},
                                   store={"kind": "memory"}, discovery={"kind": "static", "static": []})
-    return build_app(settings, token="t", background=False)
+    return assemble(settings, token="t", background=False)
 
 
 DOCUMENTS = {"agent": (agent_document, AGENT_ROUTES), "controller": (controller_document, CONTROLLER_ROUTES)}

@@ -21,7 +21,7 @@ from rlcp.controlplane.discovery.base import Membership
 from rlcp.controlplane.discovery.factory import make_source
 from rlcp.controlplane.discovery.ray import RayActorSource, RayStateError, parse_actors, query
 from rlcp.controlplane.fleet.changes import ChangeCounter
-from rlcp.controlplane.fleet.registry import NEVER_TOLD, FleetRegistry
+from rlcp.controlplane.fleet.members import NEVER_TOLD, FleetRegistry
 from rlcp.controlplane.settings import ControllerSettings
 
 ANSWERS = json.loads((Path(__file__).parent / "data" / "ray_actors.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 
 from rlcp.controlplane.fleet import view as view_module
 from rlcp.controlplane.fleet.changes import ChangeCounter
-from rlcp.controlplane.fleet.registry import FleetRegistry
+from rlcp.controlplane.fleet.members import FleetRegistry
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus

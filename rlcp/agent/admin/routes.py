@@ -45,7 +45,6 @@ from rlcp.core.wire.agent import (
     SleepQuery,
     StatusAnswer,
     UnloadedAnswer,
-    UpdateWeightsRequest,
     UpdateWeightVersionRequest,
     VersionSetAnswer,
     WakeUpAnswer,
@@ -54,6 +53,7 @@ from rlcp.core.wire.agent import (
     WeightInfoAnswer,
     WeightsCheckAnswer,
     WeightsCheckRequest,
+    WeightTransferUpdateRequest,
     WorldSizeAnswer,
     WorldSizeQuery,
 )
@@ -149,9 +149,9 @@ async def start_weight_update(request: web.Request) -> web.Response:
 
 
 @api.post("/update_weights", "Receive one update chunk (or a list) over the group.",
-          body=UpdateWeightsRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
+          body=WeightTransferUpdateRequest, ok=MessageAnswer, errors=_ENGINE, tag=_VLLM)
 async def update_weights(request: web.Request) -> web.Response:
-    body = await parse_body(request, UpdateWeightsRequest)
+    body = await parse_body(request, WeightTransferUpdateRequest)
     await _service(request).transfer.update(body.update_info)
     return json_response({"message": "Weights updated"})
 

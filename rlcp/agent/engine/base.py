@@ -5,8 +5,8 @@
     GenerationControl   pause (abort | wait | keep), resume, is_paused, abort requests
     PrefixCache         drop cached KV blocks
     VersionedWeights    name the weights, checksum them, reset the checker (a PrefixCache)
-    ├── DiskWeights     reload every weight from a safetensors directory
-    └── WeightTransfer  vLLM's weight-transfer protocol (init, start, chunks, finish, shutdown)
+    ├── EngineDiskWeights    reload every weight from a safetensors directory
+    └── EngineWeightTransfer vLLM's weight-transfer protocol (init, start, chunks, finish, shutdown)
     Adapters            load / hot-swap / remove LoRA adapters (a PrefixCache)
     └── SleepMode       vLLM's sleep mode: sleep (level, mode), wake_up (tags), is_sleeping
 
@@ -103,7 +103,7 @@ class VersionedWeights(PrefixCache, Protocol):
 
 
 @runtime_checkable
-class DiskWeights(VersionedWeights, Protocol):
+class EngineDiskWeights(VersionedWeights, Protocol):
     @property
     def model_dir(self) -> Path | None:
         """Where the serving model's own checkpoint may be: a disk load must then cover its
@@ -114,7 +114,7 @@ class DiskWeights(VersionedWeights, Protocol):
 
 
 @runtime_checkable
-class WeightTransfer(VersionedWeights, Protocol):
+class EngineWeightTransfer(VersionedWeights, Protocol):
     """vLLM's weight-transfer protocol, passed through."""
 
     async def init_weight_transfer(self, init_info: TransferInfo) -> None: ...
@@ -160,5 +160,5 @@ class SleepMode(GenerationControl, Protocol):
 
 
 @runtime_checkable
-class Engine(InferenceServing, SleepMode, DiskWeights, WeightTransfer, Adapters, Protocol):
+class Engine(InferenceServing, SleepMode, EngineDiskWeights, EngineWeightTransfer, Adapters, Protocol):
     """Every capability: the engine the agent runs."""

@@ -6,7 +6,8 @@ linear layers' weights sit inside their kernels (the parameters are left empty:
 `vllm_kernel_weights`). `VllmEngine` adds `AdapterChecksumsExtension` to the worker class
 through vLLM's `worker_extension_cls`, and calls its methods by name with `collective_rpc`:
 `rlcp_adapter_checksums` for the adapters, `rlcp_kernel_weight_checksums` for the weights a
-CPU kernel holds (keyed as vLLM keys the empty parameters, which they replace). (A callable would also do, but vLLM sends
+CPU kernel holds (keyed as vLLM keys the empty parameters, which they replace). (A callable
+would also do, but vLLM sends
 one only with `VLLM_ALLOW_INSECURE_SERIALIZATION=1`, which turns on pickle for every
 message between the front end and the engine core; a method name needs nothing of the sort.)
 

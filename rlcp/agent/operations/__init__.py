@@ -1,4 +1,4 @@
-"""The agent's operations, one module per family, each over an `OperationContext`
+"""The agent's operations, one module per family, each over an `AgentContext`
 (`rlcp/agent/context.py`) and the engine as the one capability it uses:
 
     control.py   pause / resume / abort, and prepare (told the desired version, then paused)

@@ -5,12 +5,12 @@ explicit one, refused while asleep (nothing is cached then)."""
 
 from __future__ import annotations
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import PrefixCache
 
 
 class Caches:
-    def __init__(self, ctx: OperationContext, engine: PrefixCache) -> None:
+    def __init__(self, ctx: AgentContext, engine: PrefixCache) -> None:
         self._ctx = ctx
         self._engine = engine
 

@@ -9,7 +9,7 @@ of those: only a wake_up brings an engine back (vLLM resumes scheduling once ful
 
 from __future__ import annotations
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import SleepMode
 from rlcp.agent.operations.disk import DiskLoads
 from rlcp.agent.readiness import Readiness
@@ -17,8 +17,8 @@ from rlcp.core.errors import ApiError
 from rlcp.core.wire.agent import PauseMode
 
 
-class Control:
-    def __init__(self, ctx: OperationContext, engine: SleepMode) -> None:
+class EngineControl:
+    def __init__(self, ctx: AgentContext, engine: SleepMode) -> None:
         self._ctx = ctx
         self._engine = engine
         self._paused = False
@@ -90,7 +90,7 @@ class Control:
                                         "abort_requests")
 
 
-async def prepare(control: Control, disk: DiskLoads, readiness: Readiness, desired: str | None, mode: PauseMode,
+async def prepare(control: EngineControl, disk: DiskLoads, readiness: Readiness, desired: str | None, mode: PauseMode,
                   timeout_s: float | None = None, *, weights_path: str | None = None) -> None:
     """Told the desired version, then paused: the first of an update's three calls. With
     `weights_path`, only once the checkpoint there is known loadable (`DiskLoads.check`):

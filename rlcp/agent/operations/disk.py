@@ -18,8 +18,8 @@ from rlcp.agent.checkpoint import (
     inspect_checkpoint,
     read_tensor_names,
 )
-from rlcp.agent.context import OperationContext
-from rlcp.agent.engine.base import DiskWeights
+from rlcp.agent.context import AgentContext
+from rlcp.agent.engine.base import EngineDiskWeights
 from rlcp.agent.paths import allowed_dir
 from rlcp.agent.weight_state import WeightState
 from rlcp.core.errors import UnavailablePathError
@@ -27,7 +27,7 @@ from rlcp.core.wire.agent import DiskUpdateRequest
 
 
 class DiskLoads:
-    def __init__(self, ctx: OperationContext, engine: DiskWeights, weights: WeightState) -> None:
+    def __init__(self, ctx: AgentContext, engine: EngineDiskWeights, weights: WeightState) -> None:
         self._ctx = ctx
         self._engine = engine
         self._weights = weights

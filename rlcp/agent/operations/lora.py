@@ -12,7 +12,7 @@ import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import Adapters
 from rlcp.agent.errors import EngineCallError
 from rlcp.agent.paths import allowed_dir
@@ -46,7 +46,7 @@ class LoraRegistry:
 
 
 class Loras:
-    def __init__(self, ctx: OperationContext, engine: Adapters) -> None:
+    def __init__(self, ctx: AgentContext, engine: Adapters) -> None:
         self._ctx = ctx
         self._engine = engine
         self.registry = LoraRegistry()

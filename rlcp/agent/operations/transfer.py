@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rlcp.agent.context import OperationContext
-from rlcp.agent.engine.base import TransferInfo, WeightTransfer
+from rlcp.agent.context import AgentContext
+from rlcp.agent.engine.base import EngineWeightTransfer, TransferInfo
 from rlcp.agent.errors import EngineCallError
 from rlcp.agent.weight_state import WeightState
 from rlcp.core.errors import ConflictError
@@ -50,7 +50,7 @@ class TransferState:
 
 
 class Transfer:
-    def __init__(self, ctx: OperationContext, engine: WeightTransfer, weights: WeightState) -> None:
+    def __init__(self, ctx: AgentContext, engine: EngineWeightTransfer, weights: WeightState) -> None:
         self._ctx = ctx
         self._engine = engine
         self._weights = weights

@@ -3,13 +3,13 @@ reset vLLM's weight checker (`POST /weight_checker`)."""
 
 from __future__ import annotations
 
-from rlcp.agent.context import OperationContext
+from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import VersionedWeights
 from rlcp.agent.weight_state import WeightState
 
 
 class Weights:
-    def __init__(self, ctx: OperationContext, engine: VersionedWeights, state: WeightState) -> None:
+    def __init__(self, ctx: AgentContext, engine: VersionedWeights, state: WeightState) -> None:
         self._ctx = ctx
         self._engine = engine
         self._state = state

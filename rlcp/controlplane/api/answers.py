@@ -61,21 +61,6 @@ class SuccessAnswer(BaseModel):
     message: str
 
 
-class ModelCard(BaseModel):
-    """vLLM's model card (members' own cards pass through: `root`, `max_model_len`, ...)."""
-
-    model_config = ConfigDict(extra="allow")
-    id: str
-    object: Literal["model"]
-    owned_by: str
-    parent: str | None = None
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
-
-
 # -- the facade -----------------------------------------------------------------------
 class DiskWeightsRequest(BaseModel):
     """The shape RL frameworks send their inference servers for a disk update."""

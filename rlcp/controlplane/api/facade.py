@@ -36,7 +36,6 @@ from rlcp.controlplane.api.answers import (
     DiskWeightsAnswer,
     DiskWeightsRequest,
     LoadLoraAdapterRequest,
-    ModelList,
     SuccessAnswer,
     UnloadLoraAdapterRequest,
 )
@@ -71,6 +70,7 @@ from rlcp.core.wire.agent import (
 from rlcp.core.wire.controller import (
     EmptyRequest,
     LoraRequest,
+    ModelList,
     OperationResult,
     PauseRequest,
     ResetPrefixCacheRequest,

@@ -1,4 +1,4 @@
-"""The controller's native HTTP API (DESIGN §3.1) and its probes, each route declared once
+"""The controller's native HTTP API (docs/controller.md, "API") and its probes, each route declared once
 on its handler (the OpenAPI document is built from the same declarations).
 
 Handlers parse, call an operation, and shape the answer; errors leave through the shared

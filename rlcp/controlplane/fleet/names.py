@@ -1,5 +1,5 @@
 """Which fleet serves each model name, across one controller's fleets: a model name is served
-by exactly one fleet (DESIGN §4), since the gateway routes a request by its `model` to the
+by exactly one fleet (docs/controller.md, "Fleets"), since the gateway routes a request by its `model` to the
 one fleet serving it (`gateway/fleets.py`).
 
 A fleet comes to serve a name four ways (`Controller.served_names`): its settings' `models`,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.workers.fanout import FanOut, Outcome
 from rlcp.controlplane.workerspec import WorkerStatus
 

@@ -5,7 +5,7 @@ any worker is touched."""
 from __future__ import annotations
 
 from rlcp.controlplane.errors import InvalidInput
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.core.labels import Selector, SelectorError, parse_selector
 
 

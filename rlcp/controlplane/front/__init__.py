@@ -8,7 +8,7 @@ while a process doing nothing else, on the same machine under the same load, ans
 
     front (this package)   the public port: `GET /v1/rl/state` from a replica of the core's
                            document, `/healthz`, and every other request proxied to the core
-    core                   the controller (`rlcp.controlplane.api.app`), on a loopback port
+    core                   the controller (`rlcp.controlplane.assembly`), on a loopback port
 
     app.py       the front's routes: the state from its replica (`rlcp.core.follow`: ETag polls,
                  and a fresh read after each write), liveness, the proxy

@@ -34,7 +34,7 @@ from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFaile
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
 from rlcp.core.wire.agent import ProbeAnswer
-from rlcp.core.wire.controller import STALENESS_BOUND_MAX
+from rlcp.core.wire.controller import STALENESS_BOUND_MAX, ModelList
 
 GATEWAY = web.AppKey("gateway", Gateway)
 STALENESS_HEADER = "X-RL-Max-Staleness"
@@ -51,16 +51,6 @@ class InferenceBody(BaseModel):
     model: StrictStr | None = Field(None, description="The model or adapter name, checked by the worker.")
     stream: StrictBool | None = Field(None, description="Stream the answer as server-sent events.")
     user: StrictStr | None = Field(None, description="A session key for affinity (after the session headers).")
-
-
-class ModelCard(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    id: str
-
-
-class ModelList(BaseModel):
-    object: str
-    data: list[ModelCard]
 
 
 def _policy(request: web.Request, body: dict[str, Any], gateway: Gateway) -> RequestPolicy:

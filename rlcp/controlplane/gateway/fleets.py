@@ -1,4 +1,4 @@
-"""Which fleet serves a request: the gateway routes by the body's `model` (DESIGN §2.6).
+"""Which fleet serves a request: the gateway routes by the body's `model` (docs/gateway.md, "Several fleets").
 
 Each fleet has its own `Router` (its own fence). A request goes to the first named fleet that
 serves its model (the `models` its state names: its settings' list, its members' base models,

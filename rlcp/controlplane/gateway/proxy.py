@@ -46,6 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import aiohttp
@@ -59,7 +60,7 @@ from rlcp.controlplane.gateway.breaker import Breakers, CircuitState
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
-from rlcp.controlplane.gateway.routing import Route, Router, RoutingTable
+from rlcp.controlplane.gateway.routing import Router, RoutingTable, Target
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
@@ -217,21 +218,20 @@ class Gateway:
                 raise EngineDied(f"worker {route.worker_id}'s engine died while serving this request (HTTP "
                                  f"{exc.status}: {exc}); it was not sent to another worker, since it may be what "
                                  "killed the engine") from None
-            except _AnswerAgain as exc:
-                # Not the member's failure: an update took it out of service meanwhile. The
-                # request goes again, to whatever is in service, within its hold deadline.
-                log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
-                tried.discard(route.worker_id)
-                if time.monotonic() >= deadline:
-                    self._reject("deadline")
-                    raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: {exc}",
-                                     retry_after_s=1) from None
-                continue
             except _BeforeFirstByte as exc:
-                verdict = False if exc.against_worker else None
-                if isinstance(exc, _EngineDead):
-                    self.breakers.eject(route.worker_id)
-                    verdict = None
+                if exc.reason is RetryReason.ANSWER_AGAIN:
+                    # Not the member's failure: an update took it out of service meanwhile. The
+                    # request goes again, to whatever is in service, within its hold deadline.
+                    log.info("gateway_answer_dropped", worker_id=route.worker_id, reason=str(exc))
+                    tried.discard(route.worker_id)
+                    if time.monotonic() >= deadline:
+                        self._reject("deadline")
+                        raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: "
+                                         f"{exc}", retry_after_s=1) from None
+                    continue
+                if exc.reason is RetryReason.ENGINE_DEAD:
+                    self.breakers.eject(route.worker_id)  # the verdict, given at once
+                verdict = False if exc.reason is RetryReason.FAILED else None
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "before_first_byte").inc()
                 failures.append(f"{route.worker_id}: {exc}")
@@ -255,7 +255,7 @@ class Gateway:
                     self.breakers.failed(route.worker_id, probe=probe)
 
     async def _choose(self, router: Router, policy: RequestPolicy, deadline: float,
-                      tried: frozenset[str]) -> tuple[Route, float]:
+                      tried: frozenset[str]) -> tuple[Target, float]:
         """A route inside the fence and not yet tried, holding the request while there is none."""
         held_since: float | None = None
         try:
@@ -300,7 +300,7 @@ class Gateway:
         self.rejected += 1
         self.metrics.rejected.labels(reason).inc()
 
-    async def _send(self, request: web.Request, body: bytes, route: Route, router: Router) -> web.StreamResponse:
+    async def _send(self, request: web.Request, body: bytes, route: Target, router: Router) -> web.StreamResponse:
         worker = route.worker_id
         self.in_flight[worker] += 1
         self.routed[worker] += 1
@@ -325,7 +325,7 @@ class Gateway:
                 if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
                     # An agent whose weights are no longer the ones the fence saw (it restarted,
                     # or changed them since the controller last read it): another worker serves.
-                    raise _VersionRefused(refusal)
+                    raise _BeforeFirstByte(refusal, RetryReason.VERSION_REFUSED)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, headers, route if pinned else None, router)
@@ -338,7 +338,7 @@ class Gateway:
                 if pinned and (refusal := pin_refused(upstream.status, payload)) is not None:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 if pinned and (changed := self._weights_changed(route, router)) is not None:
-                    raise _AnswerAgain(changed)
+                    raise _BeforeFirstByte(changed, RetryReason.ANSWER_AGAIN)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -349,7 +349,7 @@ class Gateway:
             series.in_flight.dec()
 
     async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      pinned: Route | None, router: Router) -> web.StreamResponse:
+                      pinned: Target | None, router: Router) -> web.StreamResponse:
         worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
@@ -375,7 +375,7 @@ class Gateway:
         await response.write_eof()
         return response
 
-    def _weights_changed(self, route: Route, router: Router) -> str | None:
+    def _weights_changed(self, route: Target, router: Router) -> str | None:
         """Why a pinned member's answer cannot be vouched for: it left service (an update
         cordoned or paused it) or its weights changed while it held the request."""
         in_service, now = router.member_now(route.worker_id)
@@ -387,7 +387,7 @@ class Gateway:
         return (f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
                 "come from the next weights")
 
-    def _upstream_headers(self, request: web.Request, route: Route) -> dict[str, str]:
+    def _upstream_headers(self, request: web.Request, route: Target) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
                    and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
         headers.update(outgoing_headers())
@@ -396,7 +396,7 @@ class Gateway:
         return headers
 
     @staticmethod
-    def _client_headers(upstream: Any, route: Route) -> CIMultiDict[str]:
+    def _client_headers(upstream: Any, route: Target) -> CIMultiDict[str]:
         headers = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in HOP_BY_HOP)
         headers["X-RL-Worker"] = route.worker_id
         headers["X-RL-Weight-Version"] = route.weight_version or ""
@@ -407,28 +407,28 @@ class Gateway:
 _BROKEN = web.ResponseKey("rlcp_gateway_broken", bool)
 
 
+class RetryReason(Enum):
+    """Why a try ended before any byte went to the client, so that another worker may take
+    the request: one reason a try, and what it says of the worker."""
+
+    FAILED = "failed"  # the worker failed (connect, reset, a refused pin): counts toward ejecting it
+    # An agent refused a request meant for other weights: it is healthy and said so, the fence was
+    # behind. Not counted toward ejection, or a rolling update would eject the members it has just moved.
+    VERSION_REFUSED = "version_refused"
+    # The worker's engine was dead when the request arrived (an agent's 503 `engine_dead`): the
+    # request never reached it; it is ejected at once.
+    ENGINE_DEAD = "engine_dead"
+    # A pinned member answered, but left service or changed weights while it held the request:
+    # the answer is dropped and the request sent again, not counted as a failure nor as a try.
+    ANSWER_AGAIN = "answer_again"
+
+
 class _BeforeFirstByte(Exception):
-    """The worker failed before any byte went to the client: another worker may take it."""
+    """The try ended before any byte went to the client, for `reason`."""
 
-    against_worker = True  # counts toward ejecting it (breaker.py)
-
-
-class _VersionRefused(_BeforeFirstByte):
-    """An agent refused a request meant for other weights: it is healthy and said so, the fence
-    was behind. Another worker takes the request; the refusal does not count toward ejection,
-    or a rolling update would eject the members it has just moved."""
-
-    against_worker = False
-
-
-class _AnswerAgain(_BeforeFirstByte):
-    """A pinned member answered, but left service or changed weights while it held the
-    request: the answer is dropped and the request sent again (not counted as a failure)."""
-
-
-class _EngineDead(_BeforeFirstByte):
-    """The worker's engine was dead when the request arrived (an agent's 503 `engine_dead`):
-    the request never reached it; another worker takes it, and this one is ejected at once."""
+    def __init__(self, message: str, reason: RetryReason = RetryReason.FAILED) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class _EngineDied(Exception):
@@ -445,15 +445,15 @@ class _EngineDied(Exception):
 _VLLM_ENGINE_DEAD = b"EngineCore encountered an issue"
 
 
-def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _EngineDead | _EngineDied | None:
-    """The worker's engine is dead, by its 5xx answer: before (`_EngineDead`) or during
+def _engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> _BeforeFirstByte | _EngineDied | None:
+    """The worker's engine is dead, by its 5xx answer: before (`RetryReason.ENGINE_DEAD`) or during
     (`_EngineDied`) this request; None for any other 5xx (which goes to the client unchanged)."""
     if ENGINE_DIED_HEADER in upstream.headers or _VLLM_ENGINE_DEAD in payload:
         error = _error_of(payload)
         message = str(error.get("message")) if error is not None else payload[:200].decode(errors="replace")
         return _EngineDied(message, upstream.status)
     if upstream.status == 503 and (error := _error_of(payload)) is not None and error.get("code") == ENGINE_DEAD:
-        return _EngineDead(f"engine dead: {error.get('message')}")
+        return _BeforeFirstByte(f"engine dead: {error.get('message')}", RetryReason.ENGINE_DEAD)
     return None
 
 

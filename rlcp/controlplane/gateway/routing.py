@@ -17,7 +17,9 @@ from rlcp.core.wire.versions import is_version_name
 
 
 @dataclass(frozen=True)
-class Route:
+class Target:
+    """A member inside the fence, as a request reaches it."""
+
     worker_id: str
     url: str
     weight_version: str | None
@@ -27,7 +29,7 @@ class Route:
 @dataclass(frozen=True)
 class RoutingTable:
     admitted: list[str]
-    routes: dict[str, Route]  # worker id -> route, members inside the fence only
+    routes: dict[str, Target]  # worker id -> where to reach it, members inside the fence only
     why_empty: str  # said in a 503 when nothing serves
 
     @property
@@ -37,7 +39,7 @@ class RoutingTable:
 
 def build_table(state: FleetState, bound: int | None = None) -> RoutingTable:
     admitted, inside = fence(state, bound)
-    routes = {w.id: Route(w.id, (w.inference_url or "").rstrip("/"), w.weight_version, w.flavor) for w in inside}
+    routes = {w.id: Target(w.id, (w.inference_url or "").rstrip("/"), w.weight_version, w.flavor) for w in inside}
     return RoutingTable(admitted=admitted, routes=routes, why_empty="" if routes else _why(state, admitted))
 
 

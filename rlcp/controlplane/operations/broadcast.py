@@ -35,8 +35,8 @@ import structlog
 
 from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, MembershipChanged, NoMembers
 from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
-from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings import WeightTransferSettings

@@ -13,7 +13,7 @@ flavor has no reset (409 `capability_missing`, naming it).
 from __future__ import annotations
 
 from rlcp.controlplane.errors import InvalidInput
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.workers.capabilities import PREFIX_CACHE

@@ -29,7 +29,7 @@ import asyncio
 from dataclasses import dataclass
 
 from rlcp.controlplane.errors import CheckpointUnavailable
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
 from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, WeightsKind, has
 from rlcp.core.wire.controller import WorkerResult

@@ -28,9 +28,9 @@ import structlog
 from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import ControlPlaneError, MissingCapability, NoMembers
 from rlcp.controlplane.fleet.desired import DesiredKeeper
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.publish import FenceSync
-from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker

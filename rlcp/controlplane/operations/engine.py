@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, NotFound, RouteNotAllowed
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
 from rlcp.controlplane.settings import EngineMethod

@@ -11,8 +11,8 @@ claimed until the load has ended (`fleet/names.py`)."""
 from __future__ import annotations
 
 from rlcp.controlplane.errors import NotFound
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
-from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify_adapter

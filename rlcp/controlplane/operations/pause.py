@@ -17,7 +17,7 @@ touched or anything is written.
 from __future__ import annotations
 
 from rlcp.controlplane.errors import Conflict, InvalidInput
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
 from rlcp.controlplane.workers.capabilities import CONTROL

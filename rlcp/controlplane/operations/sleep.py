@@ -42,7 +42,7 @@ from typing import Any
 
 from rlcp.controlplane.errors import InvalidInput, MissingCapability, NotFound
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.metrics import Step
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation

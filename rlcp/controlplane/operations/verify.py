@@ -28,7 +28,7 @@ import json
 from collections import Counter as Tally
 from dataclasses import dataclass
 
-from rlcp.controlplane.fleet.registry import WorkerRecord
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
 from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, has
 from rlcp.controlplane.workers.transport import WorkerRejected

@@ -29,8 +29,8 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from rlcp.controlplane.fleet.desired import admitted_versions
+from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
-from rlcp.controlplane.fleet.registry import WorkerRecord
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation

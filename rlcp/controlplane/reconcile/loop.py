@@ -18,10 +18,11 @@ import structlog
 from rlcp.controlplane.deadlines import Deadlines
 from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.fleet.desired import DesiredKeeper
-from rlcp.controlplane.fleet.registry import FleetRegistry, WorkerRecord
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.gate import OperationGate
+from rlcp.controlplane.reconcile import plan as actions
 from rlcp.controlplane.reconcile.plan import Action, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
@@ -83,8 +84,8 @@ class Reconciler:
                     self.limiter.when(rec.id)
                     self.metrics.worker_failures.labels(rec.id, outcome.result.phase).inc()
                     return
-                if action.kind == "set_desired":
-                    self.registry.told(rec.id, action.args["version"])
+                if isinstance(action, actions.SetDesired):
+                    self.registry.told(rec.id, action.version)
             self.limiter.forget(rec.id)
             log.info("worker_reconciled", version=self.desired.state.weight_version)
             await self._refresh([rec])
@@ -92,23 +93,22 @@ class Reconciler:
     async def _act(self, d: Driver, action: Action) -> None:
         """The plan only asks a driver for what its capabilities allow; one that lacks the
         capability an action needs fails that action (naming both) instead of being called."""
-        a = action.args
-        match action.kind, d:
-            case "set_desired", DesiredVersion():
-                await d.set_desired_version(a["version"])
-            case "update_weights", DiskWeights():
-                await d.update_weights_from_disk(a["path"], a["version"])
-            case "load_lora", Lora():
-                await d.load_lora(a["name"], a["path"], a["version"])
-            case "unload_lora", Lora():
-                await d.unload_lora(a["name"])
-            case "pause", Control():
-                await d.pause(a["mode"], self.deadlines.pause())
-            case "resume", Control():
+        match action, d:
+            case actions.SetDesired(version=version), DesiredVersion():
+                await d.set_desired_version(version)
+            case actions.UpdateWeights(path=path, version=version), DiskWeights():
+                await d.update_weights_from_disk(path, version)
+            case actions.LoadLora(name=name, path=path, version=version), Lora():
+                await d.load_lora(name, path, version)
+            case actions.UnloadLora(name=name), Lora():
+                await d.unload_lora(name)
+            case actions.Pause(mode=mode), Control():
+                await d.pause(mode, self.deadlines.pause())
+            case actions.Resume(), Control():
                 await d.resume()
-            case "sleep", Sleep():
+            case actions.Sleep(level=level), Sleep():
                 # Back to sleep: what it runs is nobody's rollout (it is outside the fence).
-                await d.sleep(a["level"], "abort", self.deadlines.pause())
+                await d.sleep(level, "abort", self.deadlines.pause())
             case _:
                 raise TypeError(f"a {type(d).__name__} cannot {action.kind}: the plan asked for a capability "
                                 "it lacks")

@@ -141,7 +141,7 @@ class InitWeightTransferRequest(_Body):
     init_info: dict[str, Any] = Field(description="Backend-specific init info (vLLM's WeightTransferInitRequest).")
 
 
-class UpdateWeightsRequest(_Body):
+class WeightTransferUpdateRequest(_Body):
     update_info: dict[str, Any] | list[dict[str, Any]] = Field(
         description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
 

@@ -1,7 +1,7 @@
 """Wire models of the controller's native API: requests, results, and `/v1/rl/state`.
 
 `FleetState` is the one document a trainer reads to decide its next step and an
-operator reads to see what is wrong (DESIGN §3.2). Request bodies forbid unknown
+operator reads to see what is wrong (docs/controller.md, "`/v1/rl/state`"). Request bodies forbid unknown
 fields, so a typo is a 422 naming the field before any worker is touched.
 """
 
@@ -464,7 +464,7 @@ class PlacementView(BaseModel):
 
 
 class FleetSummary(BaseModel):
-    """One fleet of a controller, as `GET /v1/rl/fleets` lists it (DESIGN §2.6)."""
+    """One fleet of a controller, as `GET /v1/rl/fleets` lists it (docs/controller.md, "Fleets")."""
 
     name: str = Field(description="`default`, or a name from settings `fleets`.")
     path: str = Field(description="Where its API is served: `` for the default fleet (the root), else "
@@ -509,3 +509,19 @@ class FleetState(BaseModel):
 
 
 DesiredState.model_rebuild()  # `operations` names OperationResult, defined after it
+
+
+# -- GET /v1/models, as the gateway and the facade answer it ------------------------------
+class ModelCard(BaseModel):
+    """vLLM's model card (members' own cards pass through: `root`, `max_model_len`, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"]
+    owned_by: str
+    parent: str | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]

@@ -23,7 +23,7 @@ from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.controller import WorkerResult
 
-log = structlog.get_logger("rlcp.controlplane.fleet.registry")
+log = structlog.get_logger("rlcp.controlplane.fleet.members")
 NEVER_TOLD = object()  # "never told a desired version", distinct from None
 
 
