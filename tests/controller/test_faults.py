@@ -401,11 +401,11 @@ async def test_an_operation_the_controllers_death_interrupted_is_listed_interrup
     assert fleet.proxy is not None
     status, done = await fleet.update("v1", 1)
     assert status == 200 and done["status"] == "ok", done
-    fleet.proxy.fault("POST", "/v1/agent/prepare", "hang")  # a1 never answers the update's pause
+    fleet.proxy.fault("POST", "/v1/agent/weights/update", "hang")  # a1 never answers the update's call
     update = asyncio.create_task(fleet.update("v2", 2))
-    await wait_until(lambda: _phase_is(fleet, "pausing"), timeout_s=10, what="the update pausing")
-    await wait_until(lambda: bool(fleet.proxy and fleet.proxy.fired("POST", "/v1/agent/prepare")), timeout_s=10,
-                     what="a1's pause hanging")
+    await wait_until(lambda: _phase_is(fleet, "updating"), timeout_s=10, what="the update under way")
+    await wait_until(lambda: bool(fleet.proxy and fleet.proxy.fired("POST", "/v1/agent/weights/update")),
+                     timeout_s=10, what="a1's update hanging")
     running = (await fleet.state())["last_operation"]
     assert (running["kind"], running["status"], running["detail"]["version"]) == ("update_weights", "running", "v2")
     fleet.controller.kill()
@@ -461,8 +461,8 @@ async def test_connection_reset_mid_response_is_reported_and_converged(make_flee
     figures: dict[str, Any] = {}
     # The agent does the work; the controller gets the status line and headers (or half the body)
     # and then a reset. The answer must name the worker and the cut, promptly.
-    for version, seed, route, cut, phase in (("v1", 1, "/v1/agent/weights/disk", "cut_after_headers", "update"),
-                                             ("v2", 2, "/v1/agent/prepare", "cut_mid_body", "pause")):
+    for version, seed, route, cut, phase in (("v1", 1, "/v1/agent/weights/update", "cut_after_headers", "update"),
+                                             ("v2", 2, "/v1/agent/weights/update", "cut_mid_body", "update")):
         proxy.fault("POST", route, cut)
         t0 = time.monotonic()
         status, result = await fleet.update(version, seed, timeout_s=10)
