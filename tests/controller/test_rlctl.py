@@ -70,7 +70,7 @@ async def test_pause_resume_update_lora_and_ops(sim_fleet, checkpoints, tmp_path
 async def test_partial_failure_exits_1_and_names_the_worker(sim_fleet, checkpoints):
     ctl, agents = sim_fleet
     url, ckpt = ctl.url, checkpoints[1]
-    agents[1].faults["/v1/agent/weights/disk"] = Fault("status", 500)
+    agents[1].faults["/v1/agent/weights/update"] = Fault("status", 500)
     rc, out, err = await rlctl(url, "update-weights", "--version", "v2", "--path", str(ckpt))
     assert rc == 1, (out, err)
     assert "partial" in out and "w1" in out and "update" in out and "500" in out

@@ -57,7 +57,7 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest, WorkerResult
+from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest
 
 
 async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> OperationResult:
@@ -260,26 +260,31 @@ class Roll:
 
     async def _after_one_call_failures(self, records: list[WorkerRecord], one: StepDone[UpdateReport]) -> None:
         """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
-        change (the checkpoint, the gate). A 5xx: the agent learnt the version and paused (or
-        reports paused after a pause it could not finish) before what failed, and stays paused,
-        as a failed step always left a worker; it answered, so its status is read now (one
-        round trip, on the failure path only). No answer at all (timeout, unreachable): it may
-        have paused; counted as paused and not ready until the status poll reads it, so nothing
-        routes to it on a guess -- a read now would make the trainer wait a status deadline
-        for a worker that did not answer the call either."""
+        change (the checkpoint, the gate). A 5xx: the agent may have learnt the version and paused
+        before what failed (and then stays paused, as a failed step always left a worker); it
+        answered, so its status is read now (one round trip, on the failure path only). No
+        answer at all: unreachable (its connection failed) is recorded as a status read would find
+        it; otherwise (a timeout) it may have paused, and counts as paused until the status poll
+        reads it, so nothing routes to it on a guess -- a read now would make the trainer wait a
+        status deadline for a worker that did not answer the call either."""
         ctx, version = self.run.ctx, self.req.version
         answered_error: list[WorkerRecord] = []
         for r in records:
             refused = one.refused.get(r.id)
-            if r.id in one.answers or refused is not None and refused >= 500:
+            if r.id in one.answers:
                 if r.tracks_desired:
                     ctx.registry.told(r.id, version)
-                if r.id not in one.answers:
-                    answered_error.append(r)
-            elif refused is None and r.status is not None:
-                guess = r.status.model_copy(update={"paused": True, "ready": False,
-                                                    "not_ready_reason": f"its update to {version!r} failed"})
-                ctx.registry.observe(Outcome(r.id, WorkerResult(worker_id=r.id, status="ok", phase="status"), guess))
+            elif refused is not None and refused >= 500:
+                # Not counted as told: a 5xx may come from a proxy the call never got past (the
+                # reconciler tells it again, which costs nothing).
+                answered_error.append(r)
+            elif refused is None:
+                result = self.run.tracker.results.get(r.id)
+                if result is not None and result.code == "unreachable":
+                    # Its connection failed (killed, say): what a status read would find now.
+                    ctx.registry.observe(Outcome(r.id, result))
+                else:
+                    ctx.registry.note_paused(r.id, True)
         if answered_error:
             await ctx.refresh(answered_error)
 
