@@ -83,3 +83,33 @@ async def test_concurrent_mutations_get_409_reads_still_answer(tmp_path):
             assert (await pause)[0] == 200
     finally:
         await a.stop()
+
+
+async def test_an_update_in_one_call_pauses_loads_hashes_and_resumes_only_as_told(sim_agent, tmp_path):
+    """`POST /v1/agent/weights/update`: the controller's whole update after its check. Told to
+    resume on agreement with checksums its weights do not have, the agent stays paused and says
+    why; a load that fails leaves it paused; told to resume, it is back in one call."""
+    agent = sim_agent
+    v1, v2 = write_checkpoint(tmp_path / "v1", 1), write_checkpoint(tmp_path / "v2", 2)
+    async with aiohttp.ClientSession() as http:
+        async def update(**body) -> tuple[int, dict]:
+            return await call(http, "POST", agent.url + "/v1/agent/weights/update", headers=AUTH, body=body)
+
+        status, body = await update(path=str(v1), version="v1", checksums=True, resume=True)
+        assert status == 200 and body["resumed"] and body["held_back"] is None, body
+        assert body["weight_version"] == "v1" and body["checksums"] and not agent.service.paused
+        assert (body["state"]["paused"], body["state"]["desired_weight_version"]) == (False, "v1")
+        agreed = body["checksums"]
+        status, body = await update(path=str(v2), version="v2", resume=True, expected_checksums=agreed)
+        assert status == 200 and not body["resumed"] and "tensors differ" in body["held_back"], body
+        assert body["checksums"] is None and agent.service.paused and body["state"]["weight_version"] == "v2"
+        # Already paused: not paused again, and a failed load leaves it so.
+        agent.engine.fail_next("load_weights_from_disk")
+        status, body = await update(path=str(v1), version="v1b", resume=True)
+        assert status == 502 and agent.service.paused, body
+        status, body = await update(path=str(v1), version="v1c", resume=True, expected_checksums=agreed)
+        assert status == 200 and body["resumed"] and not agent.service.paused, body
+        # A path that is not there changes nothing, running or not.
+        status, body = await update(path=str(tmp_path / "nope"), version="v9", resume=True)
+        assert status == 400 and body["error"]["field"] == "path" and not agent.service.paused
+        assert agent.service.desired_weight_version == "v1c"

@@ -20,7 +20,7 @@ from yarl import URL
 
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.settings import WorkerCallSettings
-from rlcp.controlplane.workers.capabilities import LoadReport, capabilities
+from rlcp.controlplane.workers.capabilities import LoadReport, UpdatePlan, capabilities
 from rlcp.controlplane.workers.flavors.agent import AgentDriver
 from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver
 from rlcp.controlplane.workers.flavors.vllm import VllmDriver
@@ -175,6 +175,39 @@ async def test_agent_takes_each_disk_update_step_in_one_call_that_answers_a_read
         ("POST", f"{BASE}/v1/agent/weights/disk", {"path": "/w", "version": "v2", "checksums": True}),
         ("POST", f"{BASE}/v1/agent/resume", None),
     ]
+
+
+async def test_agent_takes_the_disk_update_in_one_call(session, wire):
+    answer = {"status": "updated", "weight_version": "v2", "checksums": {"model.w": "ab"}, "resumed": True,
+              "held_back": None, "state": AGENT_STATE | {"paused": False, "weight_version": "v2"}}
+    wire.post(f"{BASE}/v1/agent/weights/update", payload=answer)
+    api = make("agent", session)
+    plan = UpdatePlan(path="/w", version="v2", mode="keep", pause_timeout_s=1.0, checksums=True, resume=True,
+                      expected_checksums={"model.w": "ab"})
+    report = await api.update_in_one_call(plan)
+    assert report.load == LoadReport("v2", {"model.w": "ab"}) and report.resumed and report.held_back is None
+    assert (report.status.paused, report.status.weight_version) == (False, "v2")
+    assert sent(wire) == [("POST", f"{BASE}/v1/agent/weights/update", {
+        "path": "/w", "version": "v2", "mode": "keep", "timeout_s": 1.0, "checksums": True, "resume": True,
+        "expected_checksums": {"model.w": "ab"}})]
+
+
+async def test_an_agent_older_than_the_one_call_update_gets_the_three_calls(session, wire):
+    """A rolling upgrade of the agents: the three calls an older agent takes, the expected
+    checksums then held to here -- they disagree, so it is not resumed."""
+    plan = UpdatePlan(path="/w", version="v2", mode="keep", pause_timeout_s=1.0, checksums=True, resume=True,
+                      expected_checksums={"model.w": "ab"})
+    api = make("agent", session)
+    wire.post(f"{BASE}/v1/agent/weights/update", status=404, payload={"error": {"code": "not_found", "message": "x"}})
+    wire.post(f"{BASE}/v1/agent/prepare", payload=AGENT_STATE)
+    wire.post(f"{BASE}/v1/agent/weights/disk", payload={"status": "updated", "weight_version": "v2",
+                                                         "checksums": {"model.w": "cd"}})
+    wire.get(f"{BASE}/v1/agent/state", payload=AGENT_STATE | {"weight_version": "v2"})
+    report = await api.update_in_one_call(plan)
+    assert not report.resumed and "1 of 1 tensors differ (model.w)" in (report.held_back or "")
+    assert [(m, u) for m, u, _ in sent(wire)] == [
+        ("POST", f"{BASE}/v1/agent/weights/update"), ("POST", f"{BASE}/v1/agent/prepare"),
+        ("POST", f"{BASE}/v1/agent/weights/disk"), ("GET", f"{BASE}/v1/agent/state")]
 
 
 async def test_agent_disk_update_uses_the_weight_load_deadline(session, wire):
@@ -394,24 +427,36 @@ async def test_vllm_takes_no_desired_version(session):
     assert "desired_version" not in capabilities(make("vllm", session))  # stock vLLM cannot gate readiness
 
 
-async def test_vllm_takes_the_disk_update_steps_as_separate_calls_that_answer_nothing(session, wire):
+async def test_vllm_takes_the_disk_update_in_four_rounds_its_load_answering_version_and_checksums(session, wire):
     wire.post(f"{BASE}/pause?mode=keep", payload={"status": "paused"})
     wire.post(f"{BASE}/collective_rpc", payload={})
-    wire.post(f"{BASE}/update_weight_version", payload={"success": True})
+    wire.post(f"{BASE}/update_weight_version", payload={"success": True, "new_version": "v8"})
     wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": True})
+    wire.post(f"{BASE}/weight_checker", payload={"checksums": {"model.w": "ab"}})
     wire.post(f"{BASE}/resume", payload={"status": "resumed"})
     api = make("vllm", session)
-    assert api.loads_with_checksums is False
+    assert api.loads_with_checksums is True
     assert await api.pause_for_update("v8", "keep", 1.0, weights_path="/w") is None  # cannot check it again
-    assert await api.load_from_disk("/w", "v8", checksums=True) is None  # read afterwards
+    # The reload, then the version, the cache reset and the checksums at once (one round).
+    assert await api.load_from_disk("/w", "v8", checksums=True) == LoadReport("v8", {"model.w": "ab"})
     assert await api.resume_after_update() is None
-    assert sent(wire) == [
+    calls = sent(wire)
+    assert calls[:2] == [
         ("POST", f"{BASE}/pause?mode=keep", None),
-        ("POST", f"{BASE}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/w"}}),
-        ("POST", f"{BASE}/update_weight_version", {"new_version": "v8"}),
+        ("POST", f"{BASE}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/w"}})]
+    assert sorted(calls[2:5]) == [
         ("POST", f"{BASE}/reset_prefix_cache?reset_running_requests=true", None),
-        ("POST", f"{BASE}/resume", None),
-    ]
+        ("POST", f"{BASE}/update_weight_version", {"new_version": "v8"}),
+        ("POST", f"{BASE}/weight_checker", {"action": "checksum"})]
+    assert calls[5:] == [("POST", f"{BASE}/resume", None)]
+
+
+async def test_vllm_load_without_checksums_does_not_hash(session, wire):
+    wire.post(f"{BASE}/collective_rpc", payload={})
+    wire.post(f"{BASE}/update_weight_version", payload={"success": True, "new_version": "v8"})
+    wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": True})
+    assert await make("vllm", session).load_from_disk("/w", "v8", checksums=False) == LoadReport("v8", None)
+    assert len(sent(wire)) == 3
 
 
 # -- dynamo --------------------------------------------------------------------------------

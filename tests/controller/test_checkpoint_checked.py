@@ -22,7 +22,8 @@ from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-MUTATING_AGENT_CALLS = ("POST /v1/agent/prepare", "POST /pause", "POST /v1/agent/weights/disk", "PUT /v1/agent/desired")
+MUTATING_AGENT_CALLS = ("POST /v1/agent/prepare", "POST /pause", "POST /v1/agent/weights/disk", "PUT /v1/agent/desired",
+                        "POST /v1/agent/weights/update")
 
 
 async def settled(ctl) -> None:
@@ -152,6 +153,7 @@ async def test_a_file_symlinked_out_of_the_roots_is_refused_like_a_directory(tmp
     try:
         async with aiohttp.ClientSession() as http:
             for path, body in [("/v1/agent/weights/disk", {"path": str(linked), "version": "x"}),
+                               ("/v1/agent/weights/update", {"path": str(linked), "version": "x"}),
                                ("/v1/agent/weights/check", {"path": str(linked)}),
                                ("/v1/agent/loras", {"name": "a", "path": str(adapter)})]:
                 status, resp = await call(http, "POST", agent.url + path, body=body, headers=bearer(TOKEN))
@@ -162,6 +164,12 @@ async def test_a_file_symlinked_out_of_the_roots_is_refused_like_a_directory(tmp
                                       body={"desired_weight_version": "v9", "weights_path": str(root / "nope")})
             assert status == 400 and resp["error"]["code"] == "path_unavailable", resp
             assert resp["error"]["field"] == "weights_path"
+            assert not agent.service.paused and agent.service.desired_weight_version is None
+            # ... and neither does the update in one call.
+            status, resp = await call(http, "POST", agent.url + "/v1/agent/weights/update", headers=bearer(TOKEN),
+                                      body={"version": "v9", "path": str(root / "nope"), "resume": True})
+            assert status == 400 and resp["error"]["code"] == "path_unavailable", resp
+            assert resp["error"]["field"] == "path"
             assert not agent.service.paused and agent.service.desired_weight_version is None
             assert agent.engine.served_version == "default"
             # A symlink that stays inside the roots is fine.

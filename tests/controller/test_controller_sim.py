@@ -43,7 +43,7 @@ async def test_update_transaction_converges_and_verifies(sim_fleet, checkpoints)
         assert a.service.desired_weight_version == "v1"
         # The reconciler's first pass may tell a worker the desired version before the update reaches it.
         calls = [c for c in a.touched if c != "PUT /v1/agent/desired"]
-        assert calls[:3] == ["POST /v1/agent/prepare", "POST /v1/agent/weights/disk", "POST /v1/agent/resume"]
+        assert calls[:1] == ["POST /v1/agent/weights/update"]  # the whole update in one call
     st = await ctl.state()
     assert st["phase"] == "serving" and st["pause_state"] == "running"
     assert st["applied"] == {"weight_version": "v1", "converged": True, "verified": True}
@@ -69,12 +69,13 @@ async def test_update_transaction_converges_and_verifies(sim_fleet, checkpoints)
 async def test_worker_answering_500_stays_out_of_service_then_is_reconciled(sim_fleet, checkpoints):
     ctl, agents = sim_fleet
     bad = agents[1]
-    bad.faults["/v1/agent/weights/disk"] = Fault("status", 500)
+    bad.engine.fail_next("load_weights_from_disk")  # the update's load: the agent answers 502
+    bad.faults["/v1/agent/weights/disk"] = Fault("status", 500)  # and the reconciler's, until cleared
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", checkpoints[2]))
     assert status == 207 and result["status"] == "partial"
     by_id = {r["worker_id"]: r for r in result["results"]}
     assert by_id["w1"]["status"] == "error" and by_id["w1"]["phase"] == "update"
-    assert "500" in by_id["w1"]["message"]
+    assert "502" in by_id["w1"]["message"]
     assert by_id["w0"]["status"] == by_id["w2"]["status"] == "ok"
     # The failed worker stays paused and not ready; the rest serve the new version.
     assert bad.service.paused and bad.service.not_ready_reason() is not None
@@ -82,7 +83,8 @@ async def test_worker_answering_500_stays_out_of_service_then_is_reconciled(sim_
     assert st["phase"] == "degraded" and st["applied"]["converged"] is False
     assert st["applied"]["weight_version"] is None  # the fleet disagrees
     w1 = ctl.worker(st, "w1")
-    assert not w1["ready"] and not w1["serving"] and "desired" in w1["not_ready_reason"]
+    # Read once after its call failed (it answered): the agent's own reason.
+    assert not w1["ready"] and not w1["serving"] and "weight change failed" in w1["not_ready_reason"]
     status, listing = await ctl.call("GET", "/v1/rl/workers", headers={})
     assert {w["instance_id"]: w["serving"] for w in listing["workers"]} == {"w0": True, "w1": False, "w2": True}
 
@@ -99,15 +101,15 @@ async def _converged(ctl: Ctl):
 
 async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(sim_fleet, checkpoints):
     ctl, agents = sim_fleet
-    agents[0].faults["/v1/agent/prepare"] = Fault("hang")  # an update's pause (with the desired version)
-    agents[2].faults["/v1/agent/weights/disk"] = Fault("reset")
+    agents[0].faults["/v1/agent/weights/update"] = Fault("hang")  # an update's one call
+    agents[2].faults["/v1/agent/weights/update"] = Fault("reset")
     t0 = time.monotonic()
     status, result = await ctl.call("POST", "/v1/rl/update_weights",
                                     update_body("v3", checkpoints[3], timeout_s=0.5, pause_mode="abort"))
     elapsed = time.monotonic() - t0
     assert status == 207
     by_id = {r["worker_id"]: r for r in result["results"]}
-    assert (by_id["w0"]["status"], by_id["w0"]["phase"]) == ("timeout", "pause")
+    assert (by_id["w0"]["status"], by_id["w0"]["phase"]) == ("timeout", "update")
     assert (by_id["w2"]["status"], by_id["w2"]["phase"]) == ("error", "update")
     assert (by_id["w1"]["status"], by_id["w1"]["phase"]) == ("ok", "resume")
     assert elapsed < 15, "a hung worker must cost its deadline, not forever"
@@ -158,7 +160,7 @@ async def test_controller_restart_recovers_desired_state(sim_fleet, checkpoints,
         st = await wait_for(lambda: _converged(ctl2), what="converged")
         # No version applied twice: the workers that had v2 got no second load.
         for a in agents[1:]:
-            assert a.touched.count("POST /v1/agent/weights/disk") == 1
+            assert a.touched.count("POST /v1/agent/weights/update") + a.touched.count("POST /v1/agent/weights/disk") == 1
     finally:
         await ctl2.client.close()
         ctl.client = ctl2.client  # the fixture closes it again harmlessly
@@ -321,7 +323,7 @@ async def test_metrics_and_probes(sim_fleet, checkpoints):
 async def test_tokens_never_reach_the_controller_log(sim_fleet, checkpoints, capfd):
     ctl, agents = sim_fleet
     await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"}, headers={"Authorization": "Bearer wrong-guess"})
-    agents[0].faults["/v1/agent/resume"] = Fault("status", 401)  # an update's resume
+    agents[0].faults["/v1/agent/weights/update"] = Fault("status", 401)  # an update's call
     assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v7", checkpoints[1])))[0] == 207
     out, err = capfd.readouterr()
     assert "worker_call_failed" in out + err  # the failure was logged...

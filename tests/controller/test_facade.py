@@ -49,7 +49,7 @@ async def test_disk_and_lora_routes_frameworks_call(sim_fleet, tmp_path):
 async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
     ctl, agents = sim_fleet
     ckpt = write_checkpoint(tmp_path / "c", 4)
-    agents[0].faults["/v1/agent/weights/disk"] = Fault("status", 500)
+    agents[0].faults["/v1/agent/weights/update"] = Fault("status", 500)
     # Failed on one member: not a 207 (vLLM-shaped clients read any 2xx as success) but a 502
     # naming it, with every worker's result.
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)})

@@ -67,7 +67,8 @@ async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_sta
     write_checkpoint(tmp_path / "v2", 2)
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", tmp_path / "v1"))
     assert status == 200, result
-    agents[1].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    agents[1].faults.add("POST", "/v1/agent/weights/update", Fault("status", 500))  # the update's call
+    agents[1].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))  # the reconciler's load
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", tmp_path / "v2"))
     assert status == 207, result
     await wait_for(lambda: gateway.router.table().desired == "v2", what="the fence at v2")

@@ -52,7 +52,7 @@ async def test_an_update_reaches_every_worker_and_is_verified(memory_fleet: Memo
     assert again.status == "ok" and again.detail.get("noop") is True
 
 
-async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wrong_load_still_fails_verification(
+async def test_an_agent_takes_a_check_and_one_call_per_update_and_a_wrong_load_still_fails_verification(
         memory_fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
@@ -60,11 +60,10 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
         a.calls.clear()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
-    # The checkpoint checked before anyone pauses (headers only), then prepare (desired + pause),
-    # load (answering version and checksums), resume (answering the status, so no final read):
-    # every read the controller needs rode on these three.
-    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/prepare", "POST /v1/agent/weights/disk",
-                           "POST /v1/agent/resume"]
+    # The checkpoint checked before anyone pauses (headers only), then one call that does the
+    # rest (desired version, pause, load, checksums, resume) and answers the state, so no final
+    # read: the floor of two round trips (issue 35), as the agents saw them.
+    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update"]
                for a in memory_fleet.agents.values()), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
     view = {w.id: w for w in ctl.state().workers}
     assert all(w.ready and w.serving and w.weight_version == "v1" for w in view.values())
@@ -80,7 +79,12 @@ async def test_an_agent_takes_a_check_and_three_round_trips_per_update_and_a_wro
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w2"] and failed["w2"].phase == "verify", result.results
     assert "checksums differ from 2 other worker(s)" in (failed["w2"].message or "")
+    # It resumed in its call (nothing to hold it to yet in a first wave), was cordoned all along,
+    # and is paused again: out of the fence.
     assert memory_fleet["w2"].service.paused and not memory_fleet["w0"].service.paused
+    assert not {w.id: w for w in ctl.state().workers}["w2"].serving
+    assert memory_fleet["w2"].calls[-3:] == ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update",
+                                             "POST /pause"]
 
 
 async def test_a_checksum_of_no_bytes_is_not_compared_and_a_differing_tensor_is_named(
@@ -115,11 +119,12 @@ async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_conver
         memory_fleet: MemoryFleet, tmp_path: Path) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
+    memory_fleet["w1"].engine.fail_next("load_weights_from_disk")  # once; the reconciler's retry fails at the wire
     memory_fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
-    assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "500" in (failed["w1"].message or "")
+    assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "injected" in (failed["w1"].message or "")
     assert memory_fleet["w1"].service.paused and not memory_fleet["w0"].service.paused and not memory_fleet["w2"].service.paused
     view = {w.id: w for w in ctl.state().workers}
     assert not view["w1"].ready and not view["w1"].serving and view["w0"].serving
@@ -242,14 +247,25 @@ async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(memory_flee
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"] and failed["w1"].phase == "verify"
     assert "adapter 'ad' checksums differ from 2 other worker(s)" in (failed["w1"].message or "")
-    assert all("POST /weight_checker" in a.calls for a in memory_fleet.agents.values())
+    # The adapter checked before it is desired, then one call answering its checksums and the
+    # state: two round trips per worker, as the agents saw them (issue 35).
+    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/loras"]
+               for a in memory_fleet.agents.values()), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
+    assert all(r.status.loras == {"ad": None} for r in ctl.members() if r.id != "w1")
     # Same bytes everywhere: verified; `verify: false` skips the checksums.
     memory_fleet["w1"].engine.add_lora = real_add  # type: ignore[method-assign]
     assert (await load_lora(ctl, LoraRequest(name="ad", path=str(adapter)))).status == "ok"
     for a in memory_fleet.agents.values():
         a.calls.clear()
+    hashed = [a.engine.weight_checksums for a in memory_fleet.agents.values()]
+    for a in memory_fleet.agents.values():
+        async def refuse() -> dict[str, str]:
+            raise AssertionError("hashed although verify is false")
+        a.engine.weight_checksums = refuse  # type: ignore[method-assign]
     assert (await load_lora(ctl, LoraRequest(name="ad2", path=str(adapter), verify=False))).status == "ok"
-    assert not any("POST /weight_checker" in a.calls for a in memory_fleet.agents.values())
+    assert all(a.calls[-1] == "POST /v1/agent/loras" for a in memory_fleet.agents.values())
+    for a, real in zip(memory_fleet.agents.values(), hashed, strict=True):
+        a.engine.weight_checksums = real  # type: ignore[method-assign]
 
 
 async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
@@ -282,7 +298,7 @@ async def test_the_status_poll_skips_workers_an_update_just_heard_from(memory_fl
     await ctl.refresh()
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok"
-    # prepare and resume answered each agent's status: the state shows them, recorded as reads
+    # the update's one call answered each agent's status: the state shows it, recorded as a read
     assert all(r.reported_at is not None and r.status.weight_version == "v1" for r in ctl.members())
     for a in memory_fleet.agents.values():
         a.calls.clear()

@@ -27,7 +27,7 @@ async def test_a_worker_dying_mid_update_costs_the_answer_nothing_after_its_resu
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     w2 = memory_fleet["w2"]
-    w2.faults.add("POST", "/v1/agent/weights/disk", Fault("reset"))  # gone during its load...
+    w2.faults.add("POST", "/v1/agent/weights/update", Fault("reset"))  # gone during its update...
     w2.faults.add("GET", "/v1/agent/state", Fault("hang"))  # ...and answering nothing since
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     lag = lag_s(result)
@@ -46,14 +46,14 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
     await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     for a in memory_fleet.agents.values():
         a.faults.add("GET", "/v1/agent/state", Fault("hang"))
-    memory_fleet["w0"].faults.add("POST", "/v1/agent/prepare", Fault("status", 409))
-    memory_fleet["w1"].faults.add("POST", "/v1/agent/prepare", Fault("hang"))
-    memory_fleet["w2"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    memory_fleet["w0"].faults.add("POST", "/v1/agent/weights/update", Fault("status", 409))
+    memory_fleet["w1"].faults.add("POST", "/v1/agent/weights/update", Fault("hang"))
+    memory_fleet["w2"].faults.add("POST", "/v1/agent/weights/update", Fault("status", 500))
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2).model_copy(update={"timeout_s": 0.5}))
     lag = lag_s(result)
     assert result.status == "failed" and lag < 0.1, (result.status, lag)
     codes = {r.worker_id: (r.phase, r.status, r.code) for r in result.results}
-    assert codes == {"w0": ("pause", "error", "injected"), "w1": ("pause", "timeout", "timeout"),
+    assert codes == {"w0": ("update", "error", "injected"), "w1": ("update", "timeout", "timeout"),
                      "w2": ("update", "error", "injected")}, codes
     # A pause whose members all hang answers at its deadline, not a status deadline later.
     for a in memory_fleet.agents.values():
@@ -66,13 +66,14 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
 
 
 async def test_an_agent_too_old_for_the_checkpoint_check_is_updated_as_before(memory_fleet, tmp_path):
-    """A rolling upgrade meets agents without `POST /v1/agent/weights/check` (404): no evidence
-    against the checkpoint, and their prepare is sent without the field they would refuse."""
+    """A rolling upgrade meets agents without `POST /v1/agent/weights/check` and
+    `POST /v1/agent/weights/update` (404): no evidence against the checkpoint, and the update
+    goes in the three calls such an agent takes, its prepare without the field it would refuse."""
     old, prepares = memory_fleet["w0"], []
     answer = old.handle
 
     async def handle(method: str, path: str, params: dict, body: object) -> tuple[int, object]:
-        if path == "/v1/agent/weights/check":
+        if path in ("/v1/agent/weights/check", "/v1/agent/weights/update"):
             return 404, {"error": {"code": "not_found", "message": "Not Found"}}
         if path == "/v1/agent/prepare":
             prepares.append(body)

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.timeout(120)
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN = "00f067aa0ba902b7"
-UPDATE_CALLS = ["POST /v1/agent/weights/check", "POST /v1/agent/prepare", "POST /v1/agent/weights/disk",
-                "POST /v1/agent/resume"]
+# A verified disk update at the floor of its round trips (issue 35): the checkpoint checked before
+# anyone pauses, then one call that does the rest and answers the state.
+UPDATE_CALLS = ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update"]
 
 
 def core_log_lines(ctl: ControllerProcess) -> list[dict]:
@@ -45,6 +46,9 @@ async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update
         assert resp.headers["X-Request-ID"] == "trainer-step-7"
     spans = set()
     for a in agents:
+        # Every request the update caused carries its id: counted as each agent saw them, these
+        # are all of them (the status poll's reads carry none of it).
+        assert [c for c, rid, _ in a.traced if rid == "trainer-step-7"] == UPDATE_CALLS, (a.agent_id, a.traced)
         calls = [(c, rid, tp) for c, rid, tp in a.traced if c in UPDATE_CALLS]
         assert [c for c, _, _ in calls] == UPDATE_CALLS, (a.agent_id, a.traced)
         for call, rid, tp in calls:
@@ -59,7 +63,7 @@ async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update
     assert ops and all(op.get("request_id") == "trainer-step-7" and op.get("trace_id") == TRACE for op in ops), ops
     # ...and so do the agents' (in this process: structlog's console lines).
     out = capfd.readouterr()
-    agent_lines = [line for line in (out.out + out.err).splitlines() if "route=/v1/agent/prepare" in line]
+    agent_lines = [line for line in (out.out + out.err).splitlines() if "route=/v1/agent/weights/update" in line]
     assert len(agent_lines) >= 2, agent_lines
     assert all("request_id=trainer-step-7" in line and f"trace_id={TRACE}" in line for line in agent_lines)
 

@@ -70,7 +70,7 @@ async def test_pause_resume_update_lora_and_ops(sim_fleet, checkpoints, tmp_path
 async def test_partial_failure_exits_1_and_names_the_worker(sim_fleet, checkpoints):
     ctl, agents = sim_fleet
     url, ckpt = ctl.url, checkpoints[1]
-    agents[1].faults["/v1/agent/weights/disk"] = Fault("status", 500)
+    agents[1].faults["/v1/agent/weights/update"] = Fault("status", 500)
     rc, out, err = await rlctl(url, "update-weights", "--version", "v2", "--path", str(ckpt))
     assert rc == 1, (out, err)
     assert "partial" in out and "w1" in out and "update" in out and "500" in out
@@ -93,11 +93,11 @@ async def test_client_error_taxonomy(sim_fleet, checkpoints):
         with pytest.raises(RequestRejected) as rejected:
             await client.update_weights("v", "relative/path")
         assert rejected.value.status == 403 and rejected.value.field == "source.path"
-        agents[0].faults["/v1/agent/prepare"] = Fault("status", 500)  # an update pauses with it
+        agents[0].faults["/v1/agent/weights/update"] = Fault("status", 500)  # an update's one call
         with pytest.raises(OperationFailed) as failed:
             await client.update_weights("v9", str(ckpt))
         assert {r.worker_id: r.status for r in failed.value.result.results} == {"w0": "error", "w1": "ok"}
-        assert "w0 (pause" in str(failed.value)
+        assert "w0 (update" in str(failed.value)
         agents[0].faults.clear()
         st = await client.wait_converged("v9", timeout_s=30)
         assert st.applied.weight_version == "v9"

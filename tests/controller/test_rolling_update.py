@@ -22,7 +22,6 @@ from rlcp.controlplane.operations.weights import update_weights
 from rlcp.core.wire.controller import UpdateWeightsRequest
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import disk_update
-from rlcp.harness.faults import Fault
 from rlcp.harness.memory import MemoryFleet
 
 pytestmark = pytest.mark.timeout(60)
@@ -120,7 +119,7 @@ async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(memory_f
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
     await ctl.desired.set_staleness_bound(1)
-    memory_fleet["w1"].faults.add("POST", "/v1/agent/weights/disk", Fault("status", 500))
+    memory_fleet["w1"].engine.fail_next("load_weights_from_disk")
     for a in memory_fleet.agents.values():
         a.touched.clear()
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(2)))

@@ -20,8 +20,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.assembly import assemble
+from rlcp.harness import access_log
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.harness.figures import record_figures
 from rlcp.harness.http import CompletionStream, call, free_port
 from rlcp.harness.processes import VllmServeProcess, stop_all
 from rlcp.harness.trainer import run_trainer
@@ -66,7 +68,9 @@ def servers(tiny_models, tmp_path_factory):
     gc.freeze()
     workdir = tmp_path_factory.mktemp("vllm-serve")
     procs = [VllmServeProcess(tiny_models["base"], workdir / f"s{i}", name=f"vllm-serve-{i}", core=i, nice=10,
-                              extra_args=["--weight-transfer-config", '{"backend": "gloo"}']) for i in range(2)]
+                              # The request log the round-trip test reads (`--middleware`: vLLM's own hook).
+                              extra_args=["--weight-transfer-config", '{"backend": "gloo"}',
+                                          "--middleware", access_log.MIDDLEWARE]) for i in range(2)]
     try:
         for p in procs:
             p.spawn()
@@ -133,12 +137,25 @@ async def restore(http, servers, tiny_models) -> None:
 @pytest.fixture
 async def ctl(http, servers, tiny_models, refs, tmp_path):
     """A controller with flavor `vllm` over both servers, once both are polled."""
+    async for c in _controller(http, servers, tiny_models, tmp_path, poll_s=0.2):
+        yield c
+
+
+@pytest.fixture
+async def quiet_ctl(http, servers, tiny_models, refs, tmp_path):
+    """As `ctl`, its background status reads and reconcile passes a minute apart: whatever a server
+    logs during an operation is the operation's."""
+    async for c in _controller(http, servers, tiny_models, tmp_path, poll_s=60):
+        yield c
+
+
+async def _controller(http, servers, tiny_models, tmp_path, *, poll_s: float):
     specs = [s.spec(f"vllm-{i}") for i, s in enumerate(servers)]
     settings = controller_settings(
         tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
         workers={"token": "unused-by-stock-vllm", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
                  "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
+        reconcile={"poll_interval_s": poll_s, "interval_s": poll_s, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150})
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
@@ -179,6 +196,42 @@ async def test_a_disk_update_changes_every_servers_output_and_going_back_restore
     for s in servers:  # vLLM's own read agrees with the controller's view
         status, body = await call(http, "GET", s.url + "/weight_info")
         assert (status, body) == (200, {"weight_version": "step-1"})
+
+
+async def test_an_update_and_an_adapter_load_take_few_round_trips_as_the_servers_log_them(
+        http, servers, quiet_ctl, refs, tiny_models):
+    """Counted from the servers' side (the request log vLLM's `--middleware` hook writes), not from
+    the controller's: a verified disk update is at most 6 requests in 4 sequential rounds per
+    server; an adapter load at most 6 in 4 (issue 35)."""
+    figures = {}
+
+    async def counted(what: str, method: str, path: str, body: dict) -> None:
+        request_id = f"{access_log.HOLD_PREFIX}{what.replace(' ', '-')}"  # carried to every call it causes
+        status, result = await quiet_ctl.call(method, path, body, headers={**AUTH, "X-Request-ID": request_id})
+        assert status == 200, result
+        for s in servers:
+            seen = access_log.read(s.log_path, request_id=request_id)
+            routes = [e.route for e in sorted(seen, key=lambda e: e.start)]
+            figures[f"{what} {s.name}"] = {"requests": len(seen), "rounds": access_log.rounds(seen), "routes": routes}
+        for s in servers:
+            assert len(seen := access_log.read(s.log_path, request_id=request_id)) <= 6, figures
+            assert access_log.rounds(seen) <= 4, figures
+
+    await counted("disk update", "POST", "/v1/rl/update_weights",
+                  update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True))
+    assert [await complete(http, s) for s in servers] == [refs[2], refs[2]]
+    state = await quiet_ctl.state()
+    assert state["applied"] == {"weight_version": "step-2", "converged": True, "verified": True}
+    assert [(w["weight_version"], w["paused"], w["serving"]) for w in state["workers"]] == [("step-2", False, True)] * 2
+    record_figures("round_trips", "vllm", figures)
+    await counted("adapter load", "POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"]),
+                                                           "version": "a1"})
+    state = await quiet_ctl.state()
+    assert [w["loras"] for w in state["workers"]] == [{"ad": "a1"}] * 2
+    assert await complete(http, servers[1], model="ad") != refs[2]
+    status, result = await quiet_ctl.call("DELETE", "/v1/rl/loras/ad")
+    assert status == 200, result
+    record_figures("round_trips", "vllm", figures)
 
 
 # -- sleep mode ---------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from rlcp.agent.operations.control import prepare as prepare_update
+from rlcp.agent.operations.update import update_from_disk
 from rlcp.agent.service import AgentService
 from rlcp.core.errors import ValidationFailedError
 from rlcp.core.http import json_response, parse_body, validate
@@ -33,7 +34,7 @@ from rlcp.core.wire.agent import (
     InitWeightTransferRequest,
     IsPausedAnswer,
     IsSleepingAnswer,
-    LoraInfo,
+    LoraLoadedAnswer,
     LoraLoadRequest,
     MessageAnswer,
     PauseQuery,
@@ -53,9 +54,12 @@ from rlcp.core.wire.agent import (
     WeightInfoAnswer,
     WeightsCheckAnswer,
     WeightsCheckRequest,
+    WeightsUpdatedAnswer,
+    WeightsUpdateRequest,
     WeightTransferUpdateRequest,
     WorldSizeAnswer,
     WorldSizeQuery,
+    lora_checksum_key,
 )
 
 SERVICE = web.AppKey("service", AgentService)
@@ -239,8 +243,22 @@ async def check_weights(request: web.Request) -> web.Response:
     return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
 
 
-# An update in three calls (prepare, the disk load with its checksums, resume): each answers
-# what the controller would otherwise read in a call of its own.
+@api.post("/v1/agent/weights/update", "A whole disk update in one call: check the checkpoint, learn the desired "
+          "version, pause (unless paused), reload and name the weights, answer their checksums, and resume if told "
+          "(only on agreement with `expected_checksums`, when given); answers the state.",
+          body=WeightsUpdateRequest, ok=WeightsUpdatedAnswer, errors=(403, *_ENGINE), tag=_EXTRA)
+async def update_weights_in_one_call(request: web.Request) -> web.Response:
+    body = await parse_body(request, WeightsUpdateRequest)
+    service = _service(request)
+    done = await update_from_disk(service.control, service.disk, service.weights, service.readiness, body)
+    return json_response(WeightsUpdatedAnswer(status="updated", weight_version=service.weight_version,
+                                              checksums=done.checksums, resumed=done.resumed,
+                                              held_back=done.held_back, state=service.state()))
+
+
+# The same update in three calls (prepare, the disk load with its checksums, resume), each
+# answering what the controller would otherwise read in a call of its own: kept for clients
+# that drive the steps themselves.
 @api.post("/v1/agent/prepare", "Learn the desired weight version, then pause; answers the state.",
           body=PrepareRequest, ok=AgentState, errors=(403, *_ENGINE), tag=_EXTRA)
 async def prepare(request: web.Request) -> web.Response:
@@ -258,12 +276,18 @@ async def resume_reporting(request: web.Request) -> web.Response:
     return json_response(service.state())
 
 
-@api.post("/v1/agent/loras", "Load an adapter, or hot-swap the one under its name.", body=LoraLoadRequest,
-          ok=LoraInfo, errors=(403, *_ENGINE), tag=_EXTRA)
+@api.post("/v1/agent/loras", "Load an adapter, or hot-swap the one under its name; with `checksums`, answers its "
+          "checksums and the state too.", body=LoraLoadRequest, ok=LoraLoadedAnswer, errors=(403, *_ENGINE),
+          tag=_EXTRA)
 async def load_lora(request: web.Request) -> web.Response:
     body = await parse_body(request, LoraLoadRequest)
-    info = await _service(request).lora.load(body)
-    return json_response(info)
+    service = _service(request)
+    info = await service.lora.load(body)
+    if not body.checksums:
+        return json_response(info)
+    prefix = lora_checksum_key(body.name, "")
+    held = {k: v for k, v in (await service.weights.checksums()).items() if k.startswith(prefix)}
+    return json_response(LoraLoadedAnswer(**info.model_dump(), checksums=held, state=service.state()))
 
 
 @api.delete("/v1/agent/loras/{name}", "Remove an adapter from the engine (404 if none is loaded).",

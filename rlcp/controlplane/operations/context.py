@@ -35,7 +35,8 @@ from rlcp.controlplane.metrics import ControllerMetrics, Step
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker
 from rlcp.controlplane.workers.capabilities import Can, Capability, Driver, has
-from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.controlplane.workers.fanout import FanOut, Outcome
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import OperationKind, OperationResult, Phase, WorkerResult
 
 T = TypeVar("T")
@@ -122,18 +123,23 @@ class Run:
 
     async def step_values(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
                           call: Callable[[P], Awaitable[T]], deadline_s: float, *,
-                          shown_as: str | None = None) -> StepDone[T]:
+                          shown_as: str | None = None, after_failure: bool = False) -> StepDone[T]:
         """`step`, also keeping what each call that succeeded answered.
 
         `call` is typed over the Protocol of `can`, the capability the operation checked its
         members for (`require_capability`). `step` is the step's name, one of a closed set (the
         metrics' label); `shown_as` the result's phase text where it says more (a broadcast
-        chunk's number)."""
+        chunk's number). `after_failure`: a step that makes good a worker's failure (a pause
+        after a failed verification): its result stays that failure, with this step's own
+        failure added to the message."""
         if phase is not None:
             self.ctx.log.set_phase(phase)
         outcomes = await self.ctx.fanout.each([r.driver for r in records], can, call, phase=shown_as or step,
                                               deadline_s=deadline_s)
-        self.tracker.record(outcomes)
+        if after_failure:
+            self._note_after_failure(outcomes, shown_as or step)
+        else:
+            self.tracker.record(outcomes)
         for o in outcomes:
             self.ctx.registry.record_result(o.result)
             if not o.ok:
@@ -145,6 +151,35 @@ class Run:
         answers = {o.worker_id: o.value for o in outcomes if o.ok}
         refused = {o.worker_id: o.refused_with for o in outcomes if o.refused_with is not None}
         return StepDone([r for r in records if r.id in answers], answers, refused)
+
+    def _note_after_failure(self, outcomes: Iterable[Outcome[Any]], what: str) -> None:
+        for o in outcomes:
+            first = self.tracker.results.get(o.worker_id)
+            if first is None or first.status == "ok":
+                self.tracker.set_result(o.result)
+            elif not o.ok:
+                note = f"; then {what} failed: {o.result.message}"
+                self.tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
+
+    def passed(self, worker_id: str, phase: str) -> None:
+        """A worker's result moves on to `phase`, done in a call an earlier step made (an update
+        taken in one call resumes in it): still ok, the same call's duration."""
+        result = self.tracker.results.get(worker_id)
+        if result is not None and result.status == "ok":
+            result = result.model_copy(update={"phase": phase})
+            self.tracker.set_result(result)
+            self.ctx.registry.record_result(result)
+
+    def observe_status(self, worker_id: str, status: WorkerStatus | None, *, final: bool = False) -> None:
+        """A worker's answer that is its status: recorded as a fresh read (the status poll skips
+        it this interval). `final`: nothing later in the operation changes it, so the read
+        before the operation answers skips it too."""
+        if status is None:
+            return
+        self.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
+                                          status), reported=True)
+        if final:
+            self.reported.add(worker_id)
 
     def report(self, results: Iterable[WorkerResult]) -> None:
         """Results found before any step ran (a checkpoint a worker cannot load): recorded as

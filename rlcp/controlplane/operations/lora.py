@@ -37,10 +37,24 @@ async def _load_lora(ctx: OperationContext, req: LoraRequest, path: str, members
         run.report(refused.values())
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
         targets = [r for r in run.members if r.id not in refused]
-        loaded = await run.step(None, "load_lora", targets, LORA, lambda w: w.load_lora(req.name, path, req.version),
-                                ctx.deadlines.lora_s)
-        if req.verify:
-            await verify_adapter(run, loaded, req.name)
+        # Verifying, a worker whose checksums cover adapters answers the adapter's in the load (the
+        # agent): hashing time on top of the load's.
+        deadline_s = ctx.deadlines.lora_s + (ctx.deadlines.checksums_s if req.verify else 0.0)
+        loaded = await run.step_values(None, "load_lora", targets, LORA,
+                                       lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
+                                       deadline_s)
+        held = {worker_id: a.checksums for worker_id, a in loaded.answers.items()
+                if a is not None and a.checksums is not None}
+        verified = await verify_adapter(run, loaded.ok, req.name, held) if req.verify else loaded.ok
+        for r in verified:
+            answer = loaded.answers.get(r.id)
+            if answer is not None and answer.status is not None:
+                run.observe_status(r.id, answer.status, final=True)
+            elif r.status is not None:
+                # Known without a read (a stock server answers a load with nothing): its last
+                # status, holding the adapter at this version.
+                run.observe_status(r.id, r.status.model_copy(update={"loras": {**r.status.loras,
+                                                                                req.name: req.version}}), final=True)
 
     return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path,
                                                   "verify": req.verify}, body)

@@ -47,7 +47,6 @@ from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.metrics import Step
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import checksums_digest
-from rlcp.controlplane.operations.weights import report_status
 from rlcp.controlplane.workers.capabilities import (
     CHECKSUMS,
     CONTROL,
@@ -206,7 +205,7 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
     slept = {r.id: desired.asleep.get(r.id) for r in records}
     read = await run.step_values("verifying", "status", records, DRIVER, lambda w: w.status(), ctx.deadlines.control_s)
     for worker_id, status in read.answers.items():
-        report_status(run, worker_id, status)
+        run.observe_status(worker_id, status)
     source = load_source(desired)
     if source is not None and desired.weight_version is not None and source["version"] != desired.weight_version:
         source = None  # an older disk copy (the desired version came by broadcast): loading it cannot help

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, has
+from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, capable, has
 from rlcp.controlplane.workers.transport import WorkerRejected
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, lora_checksum_key
+from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
 
 _NAMED = 3  # tensors named in a mismatch message
 
@@ -75,7 +75,7 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
 
     if manifest:
         for worker_id, sums in checksums.items():
-            if problem := _against_manifest(sums, manifest):
+            if problem := checksums_disagree(sums, manifest, named=_NAMED):
                 fail(worker_id, f"weight checksums differ from the manifest of version {version!r}: {problem}")
         for r in at_version:
             if r.id not in checksums and r.id not in failed:
@@ -122,21 +122,24 @@ def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
     return f"{len(differ)} tensor(s) differ ({', '.join(differ[:_NAMED])}{', ...' if len(differ) > _NAMED else ''})"
 
 
-async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> list[WorkerRecord]:
+async def verify_adapter(run: Run, records: list[WorkerRecord], name: str,
+                         held: dict[str, dict[str, str]] | None = None) -> list[WorkerRecord]:
     """The records whose copy of adapter `name` agrees with the majority's (or that cannot
-    say: no checksums, or none covering adapters); failures are recorded in the run."""
+    say: no checksums, or none covering adapters); failures are recorded in the run. `held`:
+    the adapter's checksums some loads answered, by worker id; the others whose checksums cover
+    adapters are asked."""
     prefix = lora_checksum_key(name, "")
+    held = dict(held or {})
     run.ctx.log.set_phase("verifying")
-    hashing = [r for r in records if has(r.driver, "checksums")]
+    hashing = [r for r in records if r.id not in held and has(r.driver, "checksums")
+               and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))]
     outcomes = await run.ctx.fanout.each([r.driver for r in hashing], CHECKSUMS, lambda w: w.weight_checksums(),
                                          phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
-    digests = {}
-    for o in outcomes:
-        held = {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} if o.ok else {}
-        if held:
-            digests[o.worker_id] = checksums_digest(held)
+    held |= {o.worker_id: {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)}
+             for o in outcomes if o.ok}
+    digests = {worker_id: checksums_digest(sums) for worker_id, sums in held.items() if sums}
     if digests:
         majority, count = _majority(digests)
         for worker_id, digest in digests.items():
@@ -146,22 +149,6 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str) -> li
                     "status": "error", "phase": "verify", "code": "verify_failed",
                     "message": f"adapter {name!r} checksums differ from {count} other worker(s)"}))
     return [r for r in records if r.id not in failed]
-
-
-def _against_manifest(sums: dict[str, str], manifest: dict[str, str]) -> str | None:
-    missing = sorted(k for k in manifest if k not in sums)
-    differ = sorted(k for k in manifest if k in sums and sums[k] != manifest[k]
-                    and EMPTY_TENSOR_SHA256 not in (sums[k], manifest[k]))  # no bytes: not compared
-    if not missing and not differ:
-        return None
-    parts = []
-    if differ:
-        parts.append(f"{len(differ)} of {len(manifest)} tensors differ ({', '.join(differ[:_NAMED])}"
-                     f"{', ...' if len(differ) > _NAMED else ''})")
-    if missing:
-        parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:_NAMED])}"
-                     f"{', ...' if len(missing) > _NAMED else ''})")
-    return "; ".join(parts)
 
 
 def _majority(digests: dict[str, str]) -> tuple[str, int]:

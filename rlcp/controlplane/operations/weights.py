@@ -12,12 +12,20 @@
   after a wave in which any worker failed: the members not reached yet are left as they
   were, serving (a bad checkpoint costs one wave, not the fleet).
 - Verify: see `verify.py`. Later waves are held to what the earlier ones agreed on.
-- Steps: one call per worker each, the driver's (`DiskWeights`): `pause_for_update` (told the
-  desired version where the worker gates readiness on it, then paused), `load_from_disk`,
-  `resume_after_update`. How a flavor composes them is its own: the agent answers each with
-  what would otherwise be a read (its status; its version and checksums), so verification
-  uses the load's answer and the final read skips it; stock vLLM and Dynamo send separate
-  calls that answer nothing, and are read afterwards (version, checksums, final status).
+- Round trips per worker (issue 35), verify on: a worker that takes the update in one call
+  (`StagedUpdate`, the agent) is asked before anyone pauses whether it can load the checkpoint
+  (`checkpoint.py`), then sent `update_in_one_call` -- told the version, paused, loaded, hashed,
+  and resumed in the same call unless the fleet stays paused or an operator holds it; held to
+  the checksums already agreed on (a manifest, or the earlier waves') where there are any: 2.
+  The others take `DiskWeights`' steps: `pause_for_update`, `load_from_disk` (stock vLLM: the
+  reload, then the version named, the prefix cache dropped and the checksums taken at once,
+  answering version and checksums), `resume_after_update`: at most 6 requests in 4 rounds.
+  No status is read afterwards: every answer that says what a worker became is recorded as a
+  fresh read, and a worker whose resume answers nothing is known from its load's answer.
+- A worker that resumed in its call and then fails verification (a first wave without a
+  manifest: nothing to hold it to in the call) is paused again before the wave is uncordoned,
+  so it never entered the fence; requests its pause froze (keep mode) ran on those weights in
+  between. One whose second pause fails stays cordoned.
 - The bubble (`bubble.py`): each member's time out of service and the fleet's serving
   capacity, in the operation's record and the state document.
 Re-sending a version the fleet already has is a no-op success.
@@ -25,6 +33,7 @@ Re-sending a version the fleet already has is a no-op success.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -33,12 +42,22 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run, StepDone, require_capability, run_operation
 from rlcp.controlplane.operations.verify import Agreement, verify
-from rlcp.controlplane.workers.capabilities import DISK_WEIGHTS, DiskWeights, capable
+from rlcp.controlplane.workers.capabilities import (
+    CONTROL,
+    DISK_WEIGHTS,
+    STAGED_UPDATE,
+    DiskWeights,
+    LoadReport,
+    UpdatePlan,
+    UpdateReport,
+    capable,
+    implements,
+)
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest, WorkerResult
+from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest
 
 
 async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> OperationResult:
@@ -84,7 +103,8 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         size = len(members)
         if isinstance(req.strategy, Rolling):
             size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(run, req, path, size, serving_before, members, check.loadable).execute()
+        await Roll(run=run, req=req, path=path, size=size, serving_before=serving_before, members=members,
+                   bubble=bubble).execute()
 
     return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
 
@@ -95,7 +115,7 @@ def serving(rec: WorkerRecord) -> bool:
     return rec.reachable and not rec.cordoned and s is not None and s.paused is False and s.engine_alive is not False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Roll:
     """The waves of one update (a single wave of every member, all at once).
 
@@ -109,7 +129,7 @@ class Roll:
     size: int
     serving_before: set[str]
     members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
-    checked: frozenset[str]  # said they can load it: their pause for the update checks it again
+    bubble: BubbleRecorder  # the record's too (`tracker.bubble`), which reports it
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
@@ -122,8 +142,7 @@ class Roll:
         ctx = run.ctx
         by_id = {r.id: r for r in self.members}
         plan = self.plan(list(by_id))
-        bubble = run.tracker.bubble
-        assert bubble is not None
+        bubble = self.bubble
         agreement = Agreement()
         progress = RollProgress(strategy=req.strategy.type, max_unavailable=self.size, waves=len(plan), waves_done=0,
                                 wave=[], updated=0, failed=0)
@@ -132,12 +151,14 @@ class Roll:
             run.tracker.set_progress(progress)
             ctx.registry.cordon(wave_ids)
             bubble.out(wave_ids)
+            still_out: set[str] = set()
             try:
                 # A data plane with its own copy of the fence (Envoy) has this one before any pause.
                 await run.publish_fence()
-                verified, resumed = await self.wave([by_id[w] for w in wave_ids], agreement)
+                done_wave = await self.wave([by_id[w] for w in wave_ids], agreement)
+                verified, resumed, still_out = done_wave.verified, done_wave.resumed, done_wave.still_out
             finally:
-                ctx.registry.cordon(wave_ids, False)
+                ctx.registry.cordon([w for w in wave_ids if w not in still_out], False)
             # And has it widened before the next wave narrows it (or the trainer hears "done"): a
             # wave cordoned while Envoy has not yet taken back the last one would leave nobody serving.
             await run.publish_fence()
@@ -158,55 +179,136 @@ class Roll:
         run.tracker.set_progress(progress)
         ctx.log.set_verified(req.verify and progress.updated == len(run.members))  # the refused too
 
-    async def wave(self, records: list[WorkerRecord], agreement: Agreement) -> tuple[list[WorkerRecord],
-                                                                                    list[WorkerRecord]]:
-        """Take one wave through the steps: (verified, resumed)."""
+    async def wave(self, records: list[WorkerRecord], agreement: Agreement) -> Wave:
+        """Take one wave through the steps. A worker that takes the update in one call
+        (`StagedUpdate`: the agent) is paused, loaded, hashed and -- unless the fleet stays
+        paused or an operator holds it -- resumed in that call, held to the checksums already
+        agreed on (a manifest, the earlier waves') where there are any; the others go through
+        `DiskWeights`' three steps. Both are verified together; a worker that resumed in its
+        call and then fails verification is paused again, and the wave stays cordoned (out of
+        the fence) until that is done, so no rollout reaches it through the fence meanwhile."""
         run, req = self.run, self.req
         ctx, d = run.ctx, run.ctx.deadlines
         pause_s = d.pause(req.timeout_s)
+        leave_paused = ctx.desired.state.paused  # an operator paused the fleet: the update leaves it paused
+        held = ctx.desired.state.held  # paused by a selector-scoped pause: updated, not resumed
+        in_one = [r for r in records if implements(r.driver, STAGED_UPDATE)]
+        in_steps = [r for r in records if not implements(r.driver, STAGED_UPDATE)]
+        reference = (agreement.checksums or req.expected_checksums) if req.verify else None
+
+        def plan(worker_id: str) -> UpdatePlan:
+            return UpdatePlan(path=self.path, version=req.version, mode=req.pause_mode, pause_timeout_s=pause_s,
+                              checksums=req.verify, resume=not leave_paused and worker_id not in held,
+                              expected_checksums=reference)
+
+        one, stepped = await asyncio.gather(
+            run.step_values("updating", "update", in_one, STAGED_UPDATE, lambda w: w.update_in_one_call(plan(w.spec.id)),
+                            d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify)),
+            self._in_steps(in_steps, pause_s))
+        reports: dict[str, LoadReport] = {}
+        for worker_id, answer in one.answers.items():
+            assert answer is not None
+            run.observe_status(worker_id, answer.status)
+            reports[worker_id] = answer.load
+        await self._after_one_call_failures(in_one, one)
+        reports |= {worker_id: report for worker_id, report in stepped.answers.items() if report is not None}
+        verified = [*one.ok, *stepped.ok]
+        if req.verify:
+            verified = await verify(run, verified, req.version, reports, manifest=req.expected_checksums,
+                                    agreement=agreement)
+        passed = {r.id for r in verified}
+        resumed_in_call = {worker_id for worker_id, a in one.answers.items() if a is not None and a.resumed}
+        relapsed = [r for r in one.ok if r.id in resumed_in_call and r.id not in passed]
+        still_out: set[str] = set()
+        if relapsed:
+            again = await run.step_values("pausing", "pause", relapsed, CONTROL,
+                                          lambda w: w.pause(req.pause_mode, pause_s), d.call_over(pause_s),
+                                          after_failure=True)
+            still_out = {r.id for r in relapsed} - {r.id for r in again.ok}
+        for r in verified:
+            answer = one.answers.get(r.id)
+            if answer is not None and answer.resumed:
+                # Back in service in its own call: what a resume step would have recorded.
+                run.observe_status(r.id, answer.status, final=True)
+                run.passed(r.id, "resume")
+        if leave_paused:
+            return Wave(verified, [], still_out)
+        resumed = await resume(run, [r for r in verified if r.id not in held and r.id not in resumed_in_call], reports)
+        return Wave(verified, [*resumed, *(r for r in verified if r.id in resumed_in_call)], still_out)
+
+    async def _in_steps(self, records: list[WorkerRecord], pause_s: float) -> StepDone[LoadReport | None]:
+        """`DiskWeights`' steps up to the load: pause (told the version first where the worker
+        gates readiness on it), then load; answers the loads' reports."""
+        run, req, d = self.run, self.req, self.run.ctx.deadlines
+        if not records:
+            return StepDone([], {}, {})
 
         def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
-            # A worker that said it can load the checkpoint checks it again as it pauses.
-            return w.pause_for_update(req.version, req.pause_mode, pause_s,
-                                      weights_path=self.path if w.spec.id in self.checked else None)
+            return w.pause_for_update(req.version, req.pause_mode, pause_s, weights_path=None)
 
         paused = await run.step_values("pausing", "pause", records, DISK_WEIGHTS, pause, d.call_over(pause_s))
         for r in paused.ok:
             if r.tracks_desired:
-                ctx.registry.told(r.id, req.version)
-            report_status(run, r.id, paused.answers.get(r.id))
-
+                run.ctx.registry.told(r.id, req.version)
+            run.observe_status(r.id, paused.answers.get(r.id))
         # Hashing time is allowed only in a wave where a load answers checksums.
         hashing = req.verify and any(w.loads_with_checksums for w in capable((r.driver for r in records), DISK_WEIGHTS))
-        loaded = await run.step_values(
+        return await run.step_values(
             "updating", "update", paused.ok, DISK_WEIGHTS,
             lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
             d.load_step(req.timeout_s, checksums=hashing))
-        reports = {worker_id: report for worker_id, report in loaded.answers.items() if report is not None}
-        updated = verified = loaded.ok
-        if req.verify:
-            verified = await verify(run, updated, req.version, reports, manifest=req.expected_checksums,
-                                    agreement=agreement)
-        if ctx.desired.state.paused:  # an operator paused the fleet: the update leaves it paused
-            return verified, []
-        # A member an operator holds paused (a selector-scoped pause) is updated but stays paused.
-        return verified, await resume(run, [r for r in verified if r.id not in ctx.desired.state.held])
+
+    async def _after_one_call_failures(self, records: list[WorkerRecord], one: StepDone[UpdateReport]) -> None:
+        """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
+        change (the checkpoint, the gate). A 5xx: the agent may have learnt the version and paused
+        before what failed (and then stays paused, as a failed step always left a worker); it
+        answered, so its status is read now (one round trip, on the failure path only). No
+        answer at all: unreachable (its connection failed) is recorded as a status read would find
+        it; otherwise (a timeout) it may have paused, and counts as paused until the status poll
+        reads it, so nothing routes to it on a guess -- a read now would make the trainer wait a
+        status deadline for a worker that did not answer the call either."""
+        ctx, version = self.run.ctx, self.req.version
+        answered_error: list[WorkerRecord] = []
+        for r in records:
+            refused = one.refused.get(r.id)
+            if r.id in one.answers:
+                if r.tracks_desired:
+                    ctx.registry.told(r.id, version)
+            elif refused is not None and refused >= 500:
+                # Not counted as told: a 5xx may come from a proxy the call never got past (the
+                # reconciler tells it again, which costs nothing).
+                answered_error.append(r)
+            elif refused is None:
+                result = self.run.tracker.results.get(r.id)
+                if result is not None and result.code == "unreachable":
+                    # Its connection failed (killed, say): what a status read would find now.
+                    ctx.registry.observe(Outcome(r.id, result))
+                else:
+                    ctx.registry.note_paused(r.id, True)
+        if answered_error:
+            await ctx.refresh(answered_error)
 
 
-async def resume(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
-    """Resume `records`; a status a worker answers with is recorded as a fresh read."""
+@dataclass(frozen=True)
+class Wave:
+    verified: list[WorkerRecord]
+    resumed: list[WorkerRecord]
+    still_out: set[str]  # resumed in its call, failed verification, and could not be paused again: kept cordoned
+
+
+async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadReport]) -> list[WorkerRecord]:
+    """Resume `records`; a status a worker answers with is recorded as a fresh read. A worker
+    whose resume answers nothing (stock vLLM) but whose load answered its version is known
+    without a read: its last status, at that version and running -- what the calls it answered
+    ok made of it -- so the read before the operation answers skips it too; the status poll
+    reads it again within its interval."""
     resumed = await run.step_values("resuming", "resume", records, DISK_WEIGHTS,
                                     lambda w: w.resume_after_update(), run.ctx.deadlines.control_s)
-    for worker_id, status in resumed.answers.items():
-        if status is not None:
-            report_status(run, worker_id, status)
-            run.reported.add(worker_id)
+    for r in resumed.ok:
+        status = resumed.answers.get(r.id)
+        report = loaded.get(r.id)
+        if status is None and r.status is not None and report is not None and report.weight_version is not None:
+            status = r.status.model_copy(update={"weight_version": report.weight_version,
+                                                 "paused": False if r.status.paused is not None else None})
+        run.observe_status(r.id, status, final=True)
     return resumed.ok
-
-
-def report_status(run: Run, worker_id: str, status: WorkerStatus | None) -> None:
-    """A worker's answer that is its status: recorded as a fresh read (so the status poll
-    skips it this interval)."""
-    if status is not None:
-        run.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
-                                         status), reported=True)

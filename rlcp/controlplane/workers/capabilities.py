@@ -6,8 +6,9 @@
     │                   update's three steps (pause for it, load, resume), as the flavor composes them
     ├── Checksums       per-parameter weight checksums (verification beyond versions)
     ├── DesiredVersion  told the fleet's desired version, gates its own readiness on it
-    ├── StagedUpdate    checks a checkpoint where it will read it, before anything changes
-    │                   (its update steps answer what would otherwise be reads)
+    ├── StagedUpdate    checks a checkpoint where it will read it, before anything changes,
+    │                   then takes the whole update in one call (pause, load, checksums,
+    │                   resume when told), answering what would otherwise be reads
     ├── Lora            load / hot-swap and unload adapters
     ├── Sleep           vLLM's sleep mode: sleep (level, mode), wake_up (tags)
     ├── PrefixCache     drop the engine's prefix cache (vLLM's `/reset_prefix_cache`)
@@ -99,6 +100,10 @@ class DiskWeights(Driver, Protocol):
 
 @runtime_checkable
 class Checksums(Driver, Protocol):
+    covers_adapters: bool
+    """Whether the checksums include the adapters' tensors (the agent's `lora:<name>:` keys);
+    stock vLLM's cover the base model only, so they tell nothing about an adapter."""
+
     async def weight_checksums(self) -> dict[str, str] | None:
         """Per-parameter checksums; None: this worker cannot compute them (verify by version)."""
 
@@ -109,17 +114,58 @@ class DesiredVersion(Driver, Protocol):
         """Tell the worker the fleet's desired version: it reports not ready while behind."""
 
 
+@dataclass(frozen=True)
+class UpdatePlan:
+    """One worker's part of a disk update, for a worker that takes it in one call."""
+
+    path: str
+    version: str  # loaded as, and desired
+    mode: PauseMode
+    pause_timeout_s: float
+    checksums: bool  # answer the new weights' checksums
+    resume: bool  # resume in the same call once loaded ...
+    expected_checksums: dict[str, str] | None  # ... and, when given, only if they agree with these
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What a one-call update answered: the version and checksums, the worker's state after it,
+    and whether it resumed (`held_back`: why not, although told to)."""
+
+    load: LoadReport
+    status: WorkerStatus
+    resumed: bool
+    held_back: str | None
+
+
 @runtime_checkable
-class StagedUpdate(Driver, Protocol):
-    """A checked disk update: a check (is the checkpoint loadable there? nothing changes)
-    before the update, whose steps (`DiskWeights`) then answer what would be reads."""
+class StagedUpdate(DiskWeights, Protocol):
+    """A checked disk update at the floor of its round trips: a check (is the checkpoint
+    loadable there? nothing changes) before anyone pauses, then the whole update in one call
+    (`update_in_one_call`) instead of `DiskWeights`' three steps."""
 
     async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None: ...
+
+    async def update_in_one_call(self, plan: UpdatePlan) -> UpdateReport:
+        """Checked again, told the version, paused (unless paused), loaded, hashed, and resumed
+        if the plan says so; a failure after the pause leaves the worker paused."""
+
+
+@dataclass(frozen=True)
+class LoraLoaded:
+    """What an adapter load answers where the call carries it: the adapter's checksums as the
+    worker holds it (when asked), and the worker's status after the load."""
+
+    checksums: dict[str, str] | None
+    status: WorkerStatus | None
 
 
 @runtime_checkable
 class Lora(Driver, Protocol):
-    async def load_lora(self, name: str, path: str, version: str | None) -> None: ...
+    async def load_lora(self, name: str, path: str, version: str | None, *,
+                        checksums: bool = False) -> LoraLoaded | None:
+        """Load or hot-swap `name`. With `checksums`, answers the adapter's checksums where the
+        worker's checksums cover adapters and its call can carry them; None: nothing answered."""
 
     async def unload_lora(self, name: str) -> None: ...
 

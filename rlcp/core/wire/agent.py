@@ -114,6 +114,9 @@ class LoraLoadRequest(_Body):
                       description="Adapter name; inference requests select it as `model`.")
     path: str = Field(min_length=1, description="PEFT adapter directory, under an allowed root.")
     version: VersionName | None = Field(None, description="Version label carried in state.")
+    checksums: bool = Field(False, description="Also answer the adapter's checksums as the engine holds it (the "
+                                               "`lora:<name>:` keys of `ChecksumsAnswer`) and the agent's state: "
+                                               "a controller verifying the load needs no other call.")
 
 
 class DesiredVersionRequest(_Body):
@@ -131,6 +134,24 @@ class PrepareRequest(_Body):
                                      "version, no pause) unless it is loadable.")
     mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
+
+
+class WeightsUpdateRequest(_Body):
+    """A controller's whole disk update in one call: the checkpoint checked (as
+    `POST /v1/agent/weights/check`: nothing changes unless it is loadable), the desired version
+    learnt, generation paused (unless it already is), the weights reloaded and named, their
+    checksums taken, and generation resumed when `resume` says so."""
+
+    path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk`.")
+    version: VersionName = Field(description="The version to load the weights as; also the desired version.")
+    mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
+    timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
+    checksums: bool = Field(False, description="Answer the new weights' checksums.")
+    resume: bool = Field(False, description="Resume once loaded (false: stay paused until told).")
+    expected_checksums: dict[str, str] | None = Field(
+        None, description="With `resume`: resume only if the new weights agree with these, tensor by tensor "
+                          "(each one named here present and equal; a checksum of no bytes on either side is not "
+                          "compared). Otherwise stay paused and say why (`held_back`).")
 
 
 class UpdateWeightVersionRequest(_Body):
@@ -171,6 +192,11 @@ class LoraInfo(BaseModel):
     path: str
     adapter_id: int
     loaded_at: datetime
+
+
+class LoraLoadedAnswer(LoraInfo):
+    checksums: dict[str, str] | None = Field(None, description="With `checksums`: the adapter's tensors' checksums.")
+    state: AgentState | None = Field(None, description="With `checksums`: the agent's state after the load.")
 
 
 class OperationRecord(BaseModel):
@@ -316,6 +342,26 @@ def lora_checksum_key(adapter: str, tensor: str) -> str:
     return f"{LORA_CHECKSUM_PREFIX}{adapter}:{tensor}"
 
 
+def checksums_disagree(sums: dict[str, str], expected: dict[str, str], *, named: int = 3) -> str | None:
+    """How `sums` fails `expected` (each tensor `expected` names present and equal; a checksum of
+    no bytes on either side tells nothing and is not compared), or None when it does not. The one
+    rule for a manifest: the controller's verification holds every worker to it, and an agent told
+    to resume only on agreement holds itself to it."""
+    missing = sorted(k for k in expected if k not in sums)
+    differ = sorted(k for k in expected if k in sums and sums[k] != expected[k]
+                    and EMPTY_TENSOR_SHA256 not in (sums[k], expected[k]))
+    if not missing and not differ:
+        return None
+    parts = []
+    if differ:
+        parts.append(f"{len(differ)} of {len(expected)} tensors differ ({', '.join(differ[:named])}"
+                     f"{', ...' if len(differ) > named else ''})")
+    if missing:
+        parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:named])}"
+                     f"{', ...' if len(missing) > named else ''})")
+    return "; ".join(parts)
+
+
 class ChecksumsAnswer(BaseModel):
     checksums: dict[str, str] = Field(description=CHECKSUMS_DESCRIPTION)
 
@@ -331,6 +377,16 @@ class DiskUpdatedAnswer(BaseModel):
     checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for ("
                                                                "the keys of `ChecksumsAnswer`; a weight reload "
                                                                "evicts adapters, so none are held here).")
+
+
+class WeightsUpdatedAnswer(BaseModel):
+    status: Literal["updated"]
+    weight_version: str | None
+    checksums: dict[str, str] | None = Field(None, description="As in `DiskUpdatedAnswer`, when asked for.")
+    resumed: bool = Field(description="Whether generation was resumed in this call.")
+    held_back: str | None = Field(None, description="Why it was not resumed although asked to: the checksums "
+                                                    "that disagree with `expected_checksums`.")
+    state: AgentState = Field(description="The agent's state after the call, as `GET /v1/agent/state`.")
 
 
 class UnloadedAnswer(BaseModel):

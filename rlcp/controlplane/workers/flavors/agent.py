@@ -22,24 +22,35 @@ from rlcp.controlplane.workers.capabilities import (
     DiskWeights,
     LoadReport,
     Lora,
+    LoraLoaded,
     PrefixCache,
     Sleep,
     StagedUpdate,
+    UpdatePlan,
+    UpdateReport,
     WeightsKind,
 )
 from rlcp.controlplane.workers.flavors.base import VllmCacheRoutes, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import AgentState, DiskUpdatedAnswer, PauseMode
+from rlcp.core.wire.agent import (
+    AgentState,
+    DiskUpdatedAnswer,
+    LoraLoadedAnswer,
+    PauseMode,
+    WeightsUpdatedAnswer,
+    checksums_disagree,
+)
 
 
 @final
-class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, DiskWeights, StagedUpdate,
+class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, StagedUpdate, DiskWeights,
                   DesiredVersion, Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
     """Speaks to one agent's admin port."""
 
     loads_with_checksums = True  # its load answers the new weights' checksums when asked
+    covers_adapters = True  # its checksums hold each adapter's tensors (`lora:<name>:...`)
 
     async def status(self) -> WorkerStatus:
         return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state",
@@ -78,6 +89,48 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
         await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
                                      retry=False)
 
+    async def update_in_one_call(self, plan: UpdatePlan) -> UpdateReport:
+        """`POST /v1/agent/weights/update`: the update after the check, in one round trip. Not
+        retried: a retry after a lost answer could resume a worker the first attempt held back."""
+        body: dict[str, Any] = {"path": plan.path, "version": plan.version, "mode": plan.mode,
+                                "timeout_s": plan.pause_timeout_s, "checksums": plan.checksums, "resume": plan.resume,
+                                "expected_checksums": plan.expected_checksums}
+        hashing = plan.checksums or plan.expected_checksums is not None
+        try:
+            answer = await self.transport.request(
+                "POST", "/v1/agent/weights/update", json_body=body, retry=False,
+                timeout_s=plan.pause_timeout_s + self.deadlines.grace_s
+                + (self.deadlines.load_and_hash_s if hashing else self.deadlines.weight_load_s))
+        except WorkerRejected as exc:
+            if exc.status != 404:
+                raise
+            return await self._update_in_three_calls(plan)  # an agent older than the route (a rolling upgrade)
+        try:
+            done = WeightsUpdatedAnswer.model_validate(answer)
+        except ValidationError as exc:
+            raise WorkerRejected(self.spec.id, f"POST /v1/agent/weights/update answered malformed: {exc}",
+                                 status=200) from exc
+        if plan.checksums and done.checksums is None:
+            raise WorkerRejected(self.spec.id, "POST /v1/agent/weights/update answered without the checksums asked "
+                                 "for", status=200)
+        status = self._status("POST /v1/agent/weights/update", done.state.model_dump(mode="json"))
+        return UpdateReport(LoadReport(done.weight_version, done.checksums), status, done.resumed, done.held_back)
+
+    async def _update_in_three_calls(self, plan: UpdatePlan) -> UpdateReport:
+        """The same update as an older agent takes it: prepare, load, and resume if told. The
+        prepare does not name the checkpoint: the oldest agents refuse the field (the check before
+        the update asked those that can answer)."""
+        await self.pause_for_update(plan.version, plan.mode, plan.pause_timeout_s)
+        load = await self.load_from_disk(plan.path, plan.version,
+                                         checksums=plan.checksums or plan.expected_checksums is not None)
+        held_back = None
+        if plan.resume and plan.expected_checksums is not None and load.checksums is not None:
+            if problem := checksums_disagree(load.checksums, plan.expected_checksums):
+                held_back = f"checksums disagree with those expected: {problem}"
+        if plan.resume and held_back is None:
+            return UpdateReport(load, await self.resume_after_update(), True, None)
+        return UpdateReport(load, await self.status(), False, held_back)
+
     async def pause_for_update(self, version: str, mode: PauseMode, timeout_s: float, *,
                                weights_path: str | None = None) -> WorkerStatus:
         """One call: told the desired version, then paused (refused, nothing changed, when the
@@ -115,10 +168,24 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
                                        timeout_s=self.deadlines.weight_load_s)
         return _checksums(self.spec.id, body)
 
-    async def load_lora(self, name: str, path: str, version: str | None) -> None:
-        # Reads the adapter from disk, so it gets the weight-load deadline.
-        await self.transport.request("POST", "/v1/agent/loras", json_body={"name": name, "path": path, "version": version},
-                                timeout_s=self.deadlines.weight_load_s)
+    async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> LoraLoaded | None:
+        # Reads the adapter from disk, so it gets the weight-load deadline (and hashing time when asked).
+        body: dict[str, Any] = {"name": name, "path": path, "version": version}
+        if checksums:
+            body["checksums"] = True  # only when asked: an agent older than the field refuses it
+        answer = await self.transport.request("POST", "/v1/agent/loras", json_body=body,
+                                              timeout_s=self.deadlines.load_and_hash_s if checksums
+                                              else self.deadlines.weight_load_s)
+        if not checksums:
+            return None
+        try:
+            loaded = LoraLoadedAnswer.model_validate(answer)
+        except ValidationError as exc:
+            raise WorkerRejected(self.spec.id, f"POST /v1/agent/loras answered malformed: {exc}", status=200) from exc
+        if loaded.checksums is None or loaded.state is None:
+            raise WorkerRejected(self.spec.id, "POST /v1/agent/loras answered without the checksums and state asked "
+                                 "for", status=200)
+        return LoraLoaded(loaded.checksums, self._status("POST /v1/agent/loras", loaded.state.model_dump(mode="json")))
 
     async def unload_lora(self, name: str) -> None:
         # Names may hold '/' (the agent allows it), so the whole name is one escaped segment.

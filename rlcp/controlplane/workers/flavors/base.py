@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, SleepMode, implements
+from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, LoadReport, SleepMode, implements
 from rlcp.controlplane.workers.transport import WorkerRejected, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
@@ -79,9 +79,10 @@ class SeparateUpdateCalls:
             await self.set_desired_version(version)
         await self.pause(mode, timeout_s)
 
-    async def load_from_disk(self: _Reloads, path: str, version: str, *, checksums: bool) -> None:
+    async def load_from_disk(self: _Reloads, path: str, version: str, *, checksums: bool) -> LoadReport | None:
         # No checksums in the answer: `loads_with_checksums` is False, so they are read afterwards.
         await self.update_weights_from_disk(path, version)
+        return None
 
     async def resume_after_update(self: _Reloads) -> WorkerStatus | None:
         # None: the operation reads statuses afterwards (a flavor may answer one here).

@@ -164,7 +164,8 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         await self.resume()
         return await self.status()
 
-    async def load_lora(self, name: str, path: str, version: str | None) -> None:
+    async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
+        # No checksums: not a capability of this flavor (the module docstring).
         await self._engine("load_lora", {"lora_name": name, "source": {"uri": path}},
                            timeout_s=self.deadlines.weight_load_s)
 

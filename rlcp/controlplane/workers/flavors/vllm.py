@@ -43,6 +43,7 @@ Limits of this flavor, all from stock vLLM:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any, final
 
 from rlcp.controlplane.workers.capabilities import (
@@ -50,6 +51,7 @@ from rlcp.controlplane.workers.capabilities import (
     Checksums,
     Control,
     DiskWeights,
+    LoadReport,
     Lora,
     PrefixCache,
     Sleep,
@@ -65,8 +67,10 @@ from rlcp.core.wire.agent import PauseMode
 class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, DiskWeights,
                  Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
-    (`SeparateUpdateCalls`): pause, the composed reload below, resume."""
+    (`SeparateUpdateCalls`): pause, the composed reload below (answering the version and
+    checksums), resume."""
 
+    loads_with_checksums = True  # its load hashes the new weights in the same step
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         # vLLM keeps no adapter versions; `/v1/models` shows each adapter's path as `root`.
@@ -116,16 +120,26 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         await self.transport.request("POST", "/resume")
 
     async def update_weights_from_disk(self, path: str, version: str) -> None:
+        await self.load_from_disk(path, version, checksums=False)
+
+    async def load_from_disk(self, path: str, version: str, *, checksums: bool) -> LoadReport:
+        """Two rounds: the reload, then at once the version named, the prefix cache dropped and
+        (if asked) the new weights hashed -- none of the three depends on another, each only on
+        the reload. Answers the version the server took and the checksums, so nothing is read
+        again to verify."""
         # No engine-side "timeout" in the body on purpose: vLLM's multiproc executor raises on
         # it without draining the late reply, which the next collective_rpc would then read.
         # Not retried: a 500 here is the worker's own exception (a path without this model's
         # tensors, say), the same on every try; the reconciler's backoff is the retry.
         await self.transport.request("POST", "/collective_rpc",
-                                json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
-                                timeout_s=self.deadlines.weight_load_s, retry=False)
-        await self.transport.request("POST", "/update_weight_version", json_body={"new_version": version})
+                                     json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+                                     timeout_s=self.deadlines.weight_load_s, retry=False)
         # vLLM's reload keeps the prefix cache: blocks computed with the old weights would be served.
-        await self._reset_prefix_cache()
+        named, _, sums = await _all(
+            self.transport.request("POST", "/update_weight_version", json_body={"new_version": version}),
+            self._reset_prefix_cache(), self.weight_checksums() if checksums else _nothing())
+        return LoadReport(weight_version=_str_or_none(self._field(named, "new_version", "POST /update_weight_version")),
+                          checksums=sums)
 
     async def weight_checksums(self) -> dict[str, str] | None:
         try:
@@ -140,7 +154,10 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
             raise WorkerRejected(self.spec.id, "POST /weight_checker: 'checksums' is not an object", status=200)
         return {str(k): str(v) for k, v in checksums.items()}
 
-    async def load_lora(self, name: str, path: str, version: str | None) -> None:
+    covers_adapters = False  # `/weight_checker` hashes the base model's parameters only
+
+    async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
+        # No checksums answered: this flavor's do not cover adapters (`covers_adapters`).
         # load_inplace makes a second load under the same name a hot swap instead of a 400.
         await self.transport.request("POST", "/v1/load_lora_adapter",
                                 json_body={"lora_name": name, "lora_path": path, "load_inplace": True},
@@ -193,6 +210,19 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
     def _lora_version(self, name: str, root: Any) -> str | None:
         path, version = self._lora_loads.get(name, (None, None))
         return version if path is not None and path == root else None
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _all(*calls: Awaitable[Any]) -> list[Any]:
+    """Every call to its end (none left running unobserved), then the first failure raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results
 
 
 def _str_or_none(value: Any) -> str | None:
