@@ -67,6 +67,8 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, the composed reload below, resume."""
 
+    flavor = "vllm"
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         # vLLM keeps no adapter versions; `/v1/models` shows each adapter's path as `root`.
