@@ -20,6 +20,7 @@ FLAVOR_DRIVERS: dict[str, str] = {
     "agent": "rlcp.controlplane.workers.flavors.agent:AgentDriver",
     "vllm": "rlcp.controlplane.workers.flavors.vllm:VllmDriver",
     "dynamo": "rlcp.controlplane.workers.flavors.dynamo:DynamoDriver",
+    "sglang": "rlcp.controlplane.workers.flavors.sglang:SglangDriver",
 }
 FLAVORS: frozenset[str] = frozenset(FLAVOR_DRIVERS)
 
