@@ -29,9 +29,9 @@ SGLang's RL surface, and what this driver does about each of its traps (none may
 - `/update_weight_version` aborts everything in flight unless told `abort_all_requests: false`:
   this driver never calls it (the version travels with the load).
 - After a disk update SGLang serves the model under the new path's name (`/model_info`
-  `served_model_name` and `/v1/models` become the directory): the status reports the name the
-  server started with (the spec's `model` where discovery named one), since clients keep asking for
-  that name and SGLang still answers it.
+  `served_model_name` and `/v1/models` become the directory), yet still answers the old name: the
+  status reports the spec's `model` where discovery named one, else the name this driver saw before
+  the rename, else none (never a directory: clients would be routed by it).
 - sleep / wake: `/release_memory_occupation` / `/resume_memory_occupation` (tags `weights`,
   `kv_cache`), after a pause; on the CPU both are accepted and free nothing. SGLang has no read of
   it: the driver reports what its own calls left the server in.
@@ -82,12 +82,13 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
             self.transport.request("GET", "/v1/models"))
         version = self._field(info, "weight_version", "GET /model_info")
         served = self._field(info, "served_model_name", "GET /model_info")
-        if self._served_name is None and served != self._field(info, "model_path", "GET /model_info"):
+        renamed = served == self._field(info, "model_path", "GET /model_info")  # a directory, not a name
+        if self._served_name is None and not renamed:
             self._served_name = str(served)
         return WorkerStatus(
             paused=self._paused, sleeping=self._asleep, weight_version=None if version is None else str(version),
             requests=_counts(loads, self.spec.id), loras=self._loras(models), engine_alive=True, ready=True,
-            model=self.spec.model or self._served_name or str(served))
+            model=self.spec.model or self._served_name or (None if renamed else str(served)))
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
         self._paused = True  # paused from the moment it is asked: a pause that timed out may still take hold
