@@ -5,23 +5,19 @@ built once per machine), with that script's `extra` dir on PYTHONPATH for SGLang
 vllm package SGLang's CPU rotary embedding imports, an import-only torchvision stand-in, and a
 sitecustomize dropping `pin_memory` for LoRA). Facts: ../shared/TESTING.md, "SGLang 0.5.23".
 
-`SglangServerProcess(model, workdir).start()` serves the model as `SERVED_NAME` at `.url`; ready when
-`/health_generate` answers 200 (the scheduler has produced a token, not only the HTTP server is up).
-The port is picked once, so `kill` then `start` brings the same server back on the same address, as a
-restarted pod behind the same Service would be.
+`SglangServerProcess(model, workdir, venv=sglang_venv()).start()` serves the model as `SERVED_NAME` at
+`.url`. The port is picked once, so `kill` then `start` brings the same server back on the same address,
+as a restarted pod behind the same Service would be.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from rlcp.harness.processes import REPO, ChildProcess, ProcessError, child_env
+from rlcp.harness.processes import REPO, HttpServerProcess, ProcessError, child_env
 from rlcp.harness.tiny_model import MAX_POSITIONS, SERVED_NAME
 
 SGLANG_VERSION = "0.5.23"
@@ -45,9 +41,14 @@ def sglang_venv() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-class SglangServerProcess(ChildProcess):
+class SglangServerProcess(HttpServerProcess):
     """One SGLang server over `model`; `lora`: adapters on. `core` pins its threads to one core
-    (`taskset`) so it and a vLLM engine on this 2-core machine do not share one."""
+    (`taskset`) so it and a vLLM engine on this 2-core machine do not share one. Ready when
+    `/health_generate` answers 200: its scheduler has run a generation, not only its HTTP server is up
+    (a probe that generates: a longer deadline on a loaded machine)."""
+
+    ready_path = "/health_generate"
+    ready_timeout_s = 10.0
 
     def __init__(self, model: Path, workdir: Path, *, venv: Path, name: str = "sglang", lora: bool = True,
                  core: int | None = None, port: int | None = None, start_timeout_s: float = 240.0,
@@ -57,10 +58,6 @@ class SglangServerProcess(ChildProcess):
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.model, self.venv, self.lora, self.core = model, venv, lora, core
         self.port = port or free_port()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
         pinned = ["taskset", "-c", str(self.core)] if self.core is not None else []
@@ -78,22 +75,4 @@ class SglangServerProcess(ChildProcess):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        return self
-
-    def _ready_text(self) -> str | None:
-        assert self.proc is not None, f"{self.name} was never spawned"
-        if self.proc.poll() is not None:
-            raise self.failure(f"exited with {self.proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(self.url + "/health_generate", timeout=10) as resp:
-                return "up" if resp.status == 200 else None
-        except (OSError, urllib.error.URLError):
-            return None  # not listening yet, or the scheduler is still loading
-
-    def wait_ready(self) -> SglangServerProcess:
-        deadline = time.monotonic() + self.start_timeout_s
-        while self._ready_text() is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(0.5)
         return self

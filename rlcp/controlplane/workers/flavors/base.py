@@ -59,6 +59,12 @@ class DriverBase:
         self.transport = transport
         self.deadlines = deadlines
 
+    def answer_field(self, body: Any, key: str, what: str) -> Any:
+        """`body[key]` of an engine's JSON answer to `what`; a rejection naming both if it is missing."""
+        if not isinstance(body, dict) or key not in body:
+            raise WorkerRejected(self.spec.id, f"{what} answered without {key!r}", status=200)
+        return body[key]
+
     async def engine_call(self, method: Literal["GET", "POST"], route: str, body: Any) -> Any:
         """One engine route, as it is (`EngineRoutes`). Not retried: the controller does not know
         whether an allowlisted route is idempotent."""

@@ -80,9 +80,9 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         info, loads, models = await asyncio.gather(
             self.transport.request("GET", "/model_info"), self.transport.request("GET", "/v1/loads"),
             self.transport.request("GET", "/v1/models"))
-        version = self._field(info, "weight_version", "GET /model_info")
-        served = self._field(info, "served_model_name", "GET /model_info")
-        renamed = served == self._field(info, "model_path", "GET /model_info")  # a directory, not a name
+        version = self.answer_field(info, "weight_version", "GET /model_info")
+        served = self.answer_field(info, "served_model_name", "GET /model_info")
+        renamed = served == self.answer_field(info, "model_path", "GET /model_info")  # a directory, not a name
         if self._served_name is None and not renamed:
             self._served_name = str(served)
         return WorkerStatus(
@@ -110,7 +110,7 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     async def load_from_disk(self, path: str, version: str, *, checksums: bool) -> LoadReport:
         await self._load(path, version)
         info = await self.transport.request("GET", "/model_info")
-        held = self._field(info, "weight_version", "GET /model_info")
+        held = self.answer_field(info, "weight_version", "GET /model_info")
         return LoadReport(weight_version=None if held is None else str(held), checksums=None)
 
     async def _load(self, path: str, version: str) -> None:
@@ -171,14 +171,10 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
             raise WorkerRejected(self.spec.id, f"POST {path}: {answer.get('message') or 'success=false'}", status=200)
         return answer
 
-    def _field(self, body: Any, key: str, what: str) -> Any:
-        if not isinstance(body, dict) or key not in body:
-            raise WorkerRejected(self.spec.id, f"{what} answered without {key!r}", status=200)
-        return body[key]
 
     def _loras(self, body: Any) -> dict[str, str | None]:
         # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions.
-        cards = self._field(body, "data", "GET /v1/models")
+        cards = self.answer_field(body, "data", "GET /v1/models")
         return {str(card["id"]): None for card in cards if isinstance(card, dict) and card.get("parent")}
 
 
