@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.api.app import GATEWAY, build_app
-from rlcp.harness.controller import AGENT_TOKEN, CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
 from rlcp.harness.http import call
 from rlcp.harness.processes import VllmServeProcess
 from rlcp.harness.sglang import SglangServerProcess, sglang_venv
@@ -98,7 +98,7 @@ async def ctl(http, server, tiny_models, refs, tmp_path):
     await client.start_server()
     try:
         ctl = Ctl(client)
-        await ctl.wait_reachable(timeout_s=60)
+        await ctl.wait_reachable(timeout_s=180)
         yield ctl
     finally:
         await client.close()
@@ -270,7 +270,7 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
                  {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"}]
         settings = controller_settings(
             tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
-            workers={"token": AGENT_TOKEN, "timeout_s": 30, "attempts": 2, "retry_budget_s": 40,
+            workers={"token": vllm_agent.token, "timeout_s": 30, "attempts": 2, "retry_budget_s": 40,
                      "pause_timeout_s": 120, "weight_load_timeout_s": 300},
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4})
         async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
