@@ -249,6 +249,30 @@ async def test_a_lora_load_serves_the_adapter_and_an_unload_removes_it(http, ser
     assert "sql" not in [c["id"] for c in models["data"]]
 
 
+# -- sleep / wake (memory occupation) and the cache flush ------------------------------------------
+async def test_sleep_keeps_the_server_out_and_a_wake_returns_it_unchanged(http, server, ctl, refs):
+    """SGLang's `/release_memory_occupation` / `/resume_memory_occupation` on its CPU build free
+    nothing (the weights stay where they are), so this proves the sequencing and the controller's
+    view -- paused and out of service while asleep, the same greedy tokens after the wake -- not
+    a memory release."""
+    status, result = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["sglang-0"], "level": 1})
+    assert status == 200, result
+    asleep = ctl.worker(await ctl.state(), "sglang-0")
+    assert (asleep["sleeping"], asleep["serving"], asleep["paused"]) == (True, False, True)
+    status, result = await ctl.call("POST", "/v1/rl/wake_up", {})
+    assert status == 200, result
+    woken = ctl.worker(await ctl.state(), "sglang-0")
+    assert (woken["sleeping"], woken["serving"], woken["paused"]) == (False, True, False)
+    assert (await generate(http, server))[0] == refs[1]
+    # The flush, through the guarded passthrough's driver call: with requests running it waits for
+    # them (SGLang answers 400 without `timeout`), and the next answers are unchanged.
+    stream = Stream(http, server.url, f"flush: {PROMPT}", 64)
+    await ctl.ctl.registry.get("sglang-0").driver.reset_prefix_cache(running=True, external=False)
+    await asyncio.wait_for(stream.task, 120)
+    assert (stream.status, stream.finish) == (200, "length")
+    assert (await generate(http, server))[0] == refs[1]
+
+
 # -- a mixed fleet ------------------------------------------------------------------------------
 async def complete(http, url: str) -> list[int]:
     status, body = await call(http, "POST", url + "/v1/completions", timeout_s=120, body={
