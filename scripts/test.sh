@@ -3,14 +3,14 @@
 # Arguments go to pytest as they are (bash scripts/test.sh tests/controller runs one folder).
 # --fast first: the fast lane, no real vLLM engine and no image build, four test processes
 # (most of the lane waits on sockets and child processes, not the CPU):
-#   bash scripts/test.sh --fast            == -n 4 -m "not vllm and not images"
+#   bash scripts/test.sh --fast            == -n 4 -m "not vllm and not sglang and not images"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
 if [ "${1:-}" = "--fast" ]; then
   shift
-  set -- -n 4 -m "not vllm and not images" "$@"
+  set -- -n 4 -m "not vllm and not sglang and not images" "$@"
 fi
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -eq 0 ]; then
@@ -18,8 +18,8 @@ if [ $# -eq 0 ]; then
   # 1. Modules marked `alone`, in a pytest process of their own: their premise is timing (the
   #    test process reads two engines' streams fast enough to pause them mid-way), and in one
   #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
-  # 2. The tests that start real engines or build images, in one process: they share the
-  #    session's engines (tests/conftest.py), and two cores run two engines at a time at most.
+  # 2. The tests that start real engines (vLLM, SGLang) or build images, in one process: they share
+  #    the session's engines (tests/conftest.py), and two cores run two engines at a time at most.
   # 3. The rest in four processes (they mostly wait on sockets and child processes), but for
   # 4. the API fuzzing, alone (beside part 3 it failed), in two processes side by side: the
   #    controller's cases with its closing check, and the rest (the agent's with its check, the
@@ -29,8 +29,8 @@ if [ $# -eq 0 ]; then
   fuzz=tests/controller/test_fuzz_api.py
   fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
   "${pytest[@]}" -m alone || rc=$?
-  "${pytest[@]}" -m "not alone and (vllm or images)" || rc=$?
-  "${pytest[@]}" -n 4 -m "not alone and not vllm and not images" --ignore "$fuzz" || rc=$?
+  "${pytest[@]}" -m "not alone and (vllm or sglang or images)" || rc=$?
+  "${pytest[@]}" -n 4 -m "not alone and not vllm and not sglang and not images" --ignore "$fuzz" || rc=$?
   fuzz_log=$(mktemp)
   "${pytest[@]}" -m "not alone and not vllm and not images" "$fuzz" -k "not ($fuzz_controller)" >"$fuzz_log" 2>&1 &
   fuzz_rest=$!

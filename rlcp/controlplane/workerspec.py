@@ -3,14 +3,36 @@ every flavor reads into one shape. Every layer above the drivers consumes these.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from rlcp.core.labels import Labels
 from rlcp.core.wire.agent import RequestCounts
 
-Flavor = Literal["agent", "vllm", "dynamo"]
+# The one registration of a flavor: its name -> the driver class that holds all its facts
+# (`rlcp/controlplane/workers/flavors/<flavor>.py`: what it can do, the routes it lists, how the
+# gateway reaches it). Strings here, imported on first use (workers/registry.py), so this bottom
+# layer names the flavors without importing any driver.
+FLAVOR_DRIVERS: dict[str, str] = {
+    "agent": "rlcp.controlplane.workers.flavors.agent:AgentDriver",
+    "vllm": "rlcp.controlplane.workers.flavors.vllm:VllmDriver",
+    "dynamo": "rlcp.controlplane.workers.flavors.dynamo:DynamoDriver",
+    "sglang": "rlcp.controlplane.workers.flavors.sglang:SglangDriver",
+}
+FLAVORS: frozenset[str] = frozenset(FLAVOR_DRIVERS)
+
+
+def known_flavor(name: str) -> str:
+    if name not in FLAVOR_DRIVERS:
+        raise ValueError(f"unknown worker flavor {name!r}; available: {sorted(FLAVOR_DRIVERS)}")
+    return name
+
+
+# A flavor's name wherever one is read (settings, discovery, the API): a registered one, said so in
+# the schema as an enum.
+Flavor = Annotated[str, AfterValidator(known_flavor),
+                   WithJsonSchema({"type": "string", "enum": sorted(FLAVOR_DRIVERS)})]
 
 
 class WorkerSpec(BaseModel):

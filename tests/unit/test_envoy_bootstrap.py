@@ -28,7 +28,7 @@ def view(**kw: object) -> WorkerView:
 def test_members_envoy_can_reach_become_endpoints_and_the_others_say_why() -> None:
     assert endpoint(view()) == Endpoint("w0", "127.0.0.1", 8000, "v1")
     assert endpoint(view(inference_url="http://localhost:9")) == Endpoint("w0", "127.0.0.1", 9, "v1")
-    assert "Dynamo" in str(endpoint(view(flavor="dynamo")))
+    assert "a dynamo member is reached through its frontend" in str(endpoint(view(flavor="dynamo")))
     assert "EDS takes addresses" in str(endpoint(view(inference_url="http://pod.svc:8000")))
     assert address("http://127.0.0.1:8000/v1") is None  # a path: not an endpoint
 

@@ -110,7 +110,7 @@ def test_bad_actors_are_skipped_with_a_reason_and_the_rest_kept() -> None:
                bad(actor_id="a3", repr_name=json.dumps({"rlcp": 2, "admin_url": "http://x"})),
                bad(actor_id="a4", repr_name=json.dumps({"rlcp": True, "admin_url": "http://x"})),
                bad(actor_id="a5", repr_name=json.dumps({"rlcp": 1})),
-               bad(actor_id="a6", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "flavor": "sglang"})),
+               bad(actor_id="a6", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "flavor": "tgi"})),
                bad(actor_id="a7", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "world_size": 0})),
                bad(actor_id="a8", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "routes": [1]})),
                bad(name=NAMED, actor_id="dup")]  # a second live actor under one name
@@ -122,7 +122,7 @@ def test_bad_actors_are_skipped_with_a_reason_and_the_rest_kept() -> None:
     assert "not a JSON object" in reasons["a2"]
     assert '"rlcp": 1' in reasons["a3"] and '"rlcp": 1' in reasons["a4"]
     assert "no admin_url" in reasons["a5"]
-    assert "unknown flavor 'sglang'" in reasons["a6"]
+    assert "unknown flavor 'tgi'" in reasons["a6"]
     assert "world_size" in reasons["a7"]
     assert "routes" in reasons["a8"]
     assert "duplicate member id" in reasons["dup"]

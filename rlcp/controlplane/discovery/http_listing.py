@@ -17,43 +17,32 @@ listing must never empty the fleet.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, get_args
+from typing import Any
 
 import aiohttp
 import structlog
 from pydantic import ValidationError
 
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
-from rlcp.controlplane.workers.capabilities import Capability
-from rlcp.controlplane.workers.flavors.dynamo import DYNAMO_ROUTES, STATUS_ROUTES
-from rlcp.controlplane.workerspec import Flavor, WorkerSpec
+from rlcp.controlplane.workers.registry import driver_class
+from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
 
 log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 
 PROTOCOL_VERSION = 1
-FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
 
-# What a member can do, advertised as `routes`, per capability. A dynamo member is listed
-# with Dynamo's own engine route names, so a controller reading this listing with flavor
-# dynamo narrows its capabilities exactly as it does reading Dynamo's frontend.
-_OUR_ROUTES: dict[Capability, tuple[str, ...]] = {
-    "control": ("pause", "resume"), "disk_weights": ("update_weights",),
-    "lora": ("load_lora", "unload_lora"), "checksums": ("weight_checksums",),
-    "desired_version": ("set_desired_version",), "staged_update": ("prepare_update",),
-    "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
-}
-CAPABILITY_ROUTES: dict[str, dict[Capability, tuple[str, ...]]] = {
-    "agent": _OUR_ROUTES, "vllm": _OUR_ROUTES, "dynamo": DYNAMO_ROUTES}
-_ALWAYS: dict[str, tuple[str, ...]] = {"agent": (), "vllm": (), "dynamo": STATUS_ROUTES}
 
 
 def routes_for(flavor: str, capabilities: frozenset[str] | None = None) -> list[str]:
     """The routes of a member of `flavor` that can do `capabilities` (all of the flavor's
-    when unknown)."""
-    table = CAPABILITY_ROUTES[flavor]
+    when unknown). The flavor's class says which (`listing_routes`): a dynamo member is listed with
+    Dynamo's own engine route names, so a controller reading this listing with flavor dynamo narrows
+    its capabilities exactly as it does reading Dynamo's frontend."""
+    facts = driver_class(flavor)
+    table = facts.listing_routes
     caps = table.keys() if capabilities is None else [c for c in table if c in capabilities]
-    return sorted({*_ALWAYS[flavor], *(route for cap in caps for route in table[cap])})
+    return sorted({*facts.status_routes, *(route for cap in caps for route in table[cap])})
 
 
 class ListingError(PollFailed):

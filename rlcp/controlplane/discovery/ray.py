@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any
 
 import aiohttp
 import structlog
@@ -34,13 +34,12 @@ from pydantic import ValidationError
 
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
 from rlcp.controlplane.settings import DeadActors
-from rlcp.controlplane.workerspec import Flavor, WorkerSpec
+from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
 
 log = structlog.get_logger("rlcp.controlplane.discovery.ray")
 
 CONVENTION_VERSION = 1  # the `rlcp` key of an actor's description
-FLAVORS: frozenset[str] = frozenset(get_args(Flavor))
 # Ray's actor states (`ray.util.state.common.ActorState`). Only these two say the process behind
 # the URL is gone; a member in either is kept and reads as unreachable.
 DOWN_STATES = frozenset({"RESTARTING", "DEAD"})

@@ -116,7 +116,7 @@ async def proxy_inference(request: web.Request) -> web.StreamResponse:
     return await gateway.forward(request, raw, _policy(request, body, gateway))
 
 
-for _path, _what in vllm_routes.FORWARDED:
+for _path, _what in (*vllm_routes.FORWARDED, *vllm_routes.OTHER_ENGINES_FORWARDED):
     _inference_route(_path, f"{_what[0].upper()}{_what[1:]}, on a worker inside the fence.")(proxy_inference)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rlcp.controlplane.workers.registry import driver_class
 from rlcp.core.errors import BadRequestError
 
 PIN_FIELD = "backend_instance_id"
@@ -35,8 +36,15 @@ _U64_MAX = 2**64 - 1
 
 
 def pins(flavor: str) -> bool:
-    """Whether requests to members of `flavor` go through a shared frontend, pinned."""
-    return flavor == "dynamo"
+    """Whether requests to members of `flavor` go through a shared frontend, pinned (the flavor's
+    driver class says: `reach`)."""
+    return driver_class(flavor).reach == "frontend_pinned"
+
+
+def names_version(flavor: str) -> bool:
+    """Whether a member of `flavor` names, in each answer, the weight version that made it
+    (SGLang's `meta_info.weight_version`), so the gateway holds the answer to the fence's version."""
+    return driver_class(flavor).answers_name_version
 
 
 def check_client_nvext(body: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ from rlcp.controlplane.gateway.balance import order
 from rlcp.controlplane.gateway.breaker import Breakers, CircuitState
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
-from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body, pins
+from rlcp.controlplane.gateway.pinning import names_version, pin_refused, pinned_body, pins
 from rlcp.controlplane.gateway.routing import Router, RoutingTable, Target
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.errors import ApiError
@@ -310,6 +310,9 @@ class Gateway:
         try:
             timeout = self._timeout
             pinned = pins(route.flavor)
+            # A member whose answers name the weights that made them (SGLang) is held to the
+            # fence's version by its answer; a pinned one by the state after it answered.
+            named = names_version(route.flavor)
             if pinned:
                 try:
                     body = pinned_body(body, worker)
@@ -328,7 +331,8 @@ class Gateway:
                     raise _BeforeFirstByte(refusal, RetryReason.VERSION_REFUSED)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
-                    return await self._stream(request, upstream, headers, route if pinned else None, router)
+                    return await self._stream(request, upstream, headers, route if pinned or named else None,
+                                              router)
                 try:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -339,6 +343,9 @@ class Gateway:
                     raise _BeforeFirstByte(f"Dynamo instance {worker} via {route.url}: {refusal}")
                 if pinned and (changed := self._weights_changed(route, router)) is not None:
                     raise _BeforeFirstByte(changed, RetryReason.ANSWER_AGAIN)
+                if named and upstream.status == 200 and (other := _other_version(payload, route)) is not None:
+                    # It restarted on other weights (or moved) since the fence last saw it.
+                    raise _BeforeFirstByte(other, RetryReason.ANSWER_AGAIN)
                 # An agent puts the spans in a header itself; other engines, at most in the body.
                 spans = None if WEIGHT_VERSIONS_HEADER in headers else _weight_versions(payload, upstream.content_type)
                 if spans is not None:
@@ -490,5 +497,31 @@ def _weight_versions(payload: bytes, content_type: str) -> str | None:
         return None
     choices = [c.get("weight_versions") for c in body.get("choices") or [] if isinstance(c, dict)]
     if not any(choices):
-        return None
+        # SGLang: one request's spans in `meta_info` (native /generate, a list for a batch) or
+        # `metadata` (its OpenAI routes).
+        metas = body.get("meta_info"), body.get("metadata")
+        choices = [m.get("weight_versions") for m in metas if isinstance(m, dict)]
+        if not any(choices):
+            return None
     return json.dumps([c or [] for c in choices], separators=(",", ":"))
+
+
+def _other_version(payload: bytes, route: Target) -> str | None:
+    """Why an answer that names its weights' version (SGLang's `meta_info` / `metadata`
+    `weight_version`) cannot be vouched for: it names another version than the fence chose the
+    member at. None when it names that one or none."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    answers = body if isinstance(body, list) else [body]  # /generate answers a list for a batch
+    for answer in answers:
+        if not isinstance(answer, dict):
+            continue
+        for key in ("meta_info", "metadata"):
+            meta = answer.get(key)
+            said = meta.get("weight_version") if isinstance(meta, dict) else None
+            if said is not None and str(said) != route.weight_version:
+                return (f"worker {route.worker_id} answered from weights {said!r}, not {route.weight_version!r} "
+                        "the fence chose it at (it restarted or moved since)")
+    return None

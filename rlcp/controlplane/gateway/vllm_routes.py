@@ -44,6 +44,13 @@ FORWARDED: tuple[tuple[str, str], ...] = (
     ("/invocations", "SageMaker's invocation route (dispatched by the body's shape)"),
 )
 
+# Other engines' own inference routes the gateway forwards the same way (a member whose engine
+# does not serve one answers its own 404, passed through).
+OTHER_ENGINES_FORWARDED: tuple[tuple[str, str], ...] = (
+    ("/generate", "SGLang's native generate (text or input_ids in; output ids and meta_info with the weight "
+                  "version spans out)"),
+)
+
 _ONE_WORKER = ("request ids and stored responses live on the one worker that served them, and the gateway keeps no "
                "map of them")
 # (method, path, why and what instead): served by vLLM, answered 501 by the gateway.

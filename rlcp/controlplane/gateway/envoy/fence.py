@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from rlcp.controlplane.gateway.fence import fence
+from rlcp.controlplane.gateway.pinning import pins
 from rlcp.core.wire.controller import FleetState, WorkerView
 
 METADATA_NAMESPACE = "rl"  # %UPSTREAM_METADATA(rl:version)% in bootstrap.py
@@ -60,8 +61,9 @@ def address(url: str) -> tuple[str, int] | None:
 
 def endpoint(view: WorkerView) -> Endpoint | str:
     """The member as an endpoint, or why it cannot be one."""
-    if view.flavor == "dynamo":
-        return "a Dynamo member is reached through its frontend, pinned by a body field Envoy cannot set"
+    if pins(view.flavor):
+        return (f"a {view.flavor} member is reached through its frontend, pinned by a body field Envoy cannot "
+                "set")
     where = address(view.inference_url or "")
     if where is None:
         return f"inference URL {view.inference_url!r} is not http://<IP>:<port> (EDS takes addresses)"

@@ -49,6 +49,8 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
                   DesiredVersion, Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
     """Speaks to one agent's admin port."""
 
+    flavor = "agent"
+
     loads_with_checksums = True  # its load answers the new weights' checksums when asked
     covers_adapters = True  # its checksums hold each adapter's tensors (`lora:<name>:...`)
 

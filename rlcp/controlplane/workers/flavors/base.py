@@ -1,25 +1,69 @@
-"""What every driver holds (its worker's spec, the transport that reaches it, its deadlines),
-and the disk update's steps composed from separate calls, for a flavor whose engine has no
-staged update (stock vLLM, Dynamo)."""
+"""What every driver holds (its worker's spec, the transport that reaches it, its deadlines) and
+what every flavor's class says about itself (`DriverBase`'s class attributes: its name, the routes a
+listing advertises for it, how the gateway reaches it), and the disk update's steps composed from
+separate calls, for a flavor whose engine has no staged update (stock vLLM, Dynamo, SGLang).
+
+Adding a flavor: one module here that subclasses `DriverBase` with its facts and the capabilities'
+Protocols it implements, and one line in `workerspec.FLAVOR_DRIVERS`."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from collections.abc import Mapping
+from typing import Any, ClassVar, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.workers.capabilities import DESIRED_VERSION, Control, LoadReport, SleepMode, implements
+from rlcp.controlplane.workers.capabilities import (
+    DESIRED_VERSION,
+    Capability,
+    Control,
+    LoadReport,
+    SleepMode,
+    implements,
+)
 from rlcp.controlplane.workers.transport import WorkerRejected, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
+# What a member can do, advertised as `routes` per capability in this controller's listing
+# (`discovery/http_listing.py`), for the flavors that publish no route list of their own.
+OUR_ROUTES: Mapping[Capability, tuple[str, ...]] = {
+    "control": ("pause", "resume"), "disk_weights": ("update_weights",),
+    "lora": ("load_lora", "unload_lora"), "checksums": ("weight_checksums",),
+    "desired_version": ("set_desired_version",), "staged_update": ("prepare_update",),
+    "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
+}
+# How the gateway reaches a member of a flavor (`gateway/proxy.py`):
+#   direct            its `inference_url`, the body as it came (the agent, stock vLLM, SGLang);
+#   frontend_pinned   a shared frontend at `inference_url`, the body pinned to the member (Dynamo:
+#                     `gateway/pinning.py`); Envoy cannot set the pin, so such members stay out of its EDS.
+Reach = Literal["direct", "frontend_pinned"]
+
 
 class DriverBase:
-    engine_prefix = ""  # where the engine's own routes sit under the admin URL (Dynamo: /engine)
+    """A driver's state, and its flavor's facts as class attributes (each flavor sets its own)."""
+
+    flavor: ClassVar[str]  # its name in `workerspec.FLAVOR_DRIVERS`
+    engine_prefix: ClassVar[str] = ""  # where the engine's own routes sit under the admin URL (Dynamo: /engine)
+    # Discovery: the routes this controller's listing advertises per capability, and those it
+    # always lists (Dynamo's status reads), so a controller reading the listing narrows capabilities
+    # as it does reading the flavor's own listing.
+    listing_routes: ClassVar[Mapping[Capability, tuple[str, ...]]] = OUR_ROUTES
+    status_routes: ClassVar[tuple[str, ...]] = ()
+    # The gateway: how a request reaches the member, and whether the engine's answer names the
+    # weight version that made it (the gateway then holds the answer to the fence's version).
+    reach: ClassVar[Reach] = "direct"
+    answers_name_version: ClassVar[bool] = False
 
     def __init__(self, *, spec: WorkerSpec, transport: WorkerTransport, deadlines: DriverDeadlines) -> None:
         self.spec = spec
         self.transport = transport
         self.deadlines = deadlines
+
+    def answer_field(self, body: Any, key: str, what: str) -> Any:
+        """`body[key]` of an engine's JSON answer to `what`; a rejection naming both if it is missing."""
+        if not isinstance(body, dict) or key not in body:
+            raise WorkerRejected(self.spec.id, f"{what} answered without {key!r}", status=200)
+        return body[key]
 
     async def engine_call(self, method: Literal["GET", "POST"], route: str, body: Any) -> Any:
         """One engine route, as it is (`EngineRoutes`). Not retried: the controller does not know

@@ -88,7 +88,11 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     """Speaks to one Dynamo worker's system port. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 
+    flavor = "dynamo"
     engine_prefix = "/engine"
+    listing_routes = DYNAMO_ROUTES
+    status_routes = STATUS_ROUTES
+    reach = "frontend_pinned"  # no inference port: its frontend, pinned (gateway/pinning.py)
     _paused = False  # what this driver's own calls left the worker in (see the module docstring)
     _asleep = False  # likewise: Dynamo has no route that reads it
     # Dynamo 1.6.1's wake_up resumes generation and marks the worker awake after any wake, tags

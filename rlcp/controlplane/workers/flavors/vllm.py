@@ -70,7 +70,9 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
     (`SeparateUpdateCalls`): pause, the composed reload below (answering the version and
     checksums), resume."""
 
+    flavor = "vllm"
     loads_with_checksums = True  # its load hashes the new weights in the same step
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         # vLLM keeps no adapter versions; `/v1/models` shows each adapter's path as `root`.
@@ -99,18 +101,18 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         for result in (paused, info, models, world, sleeping):
             if isinstance(result, BaseException):
                 raise result
-        is_paused = bool(self._field(paused, "is_paused", "GET /is_paused"))
-        is_sleeping = bool(self._field(sleeping, "is_sleeping", "GET /is_sleeping"))
+        is_paused = bool(self.answer_field(paused, "is_paused", "GET /is_paused"))
+        is_sleeping = bool(self.answer_field(sleeping, "is_sleeping", "GET /is_sleeping"))
         return WorkerStatus(
             paused=is_paused,
             # vLLM's is_sleeping is also true for a plain pause (its scheduler is paused either
             # way), so a paused server's sleep is unknown; a running one is certainly awake.
             sleeping=None if is_paused and is_sleeping else is_sleeping,
-            weight_version=_str_or_none(self._field(info, "weight_version", "GET /weight_info")),
+            weight_version=_str_or_none(self.answer_field(info, "weight_version", "GET /weight_info")),
             loras=self._loras(models),
             engine_alive=True,
             ready=True,  # stock vLLM has no desired-version gating
-            world_size=int(self._field(world, "world_size", "GET /get_world_size")),
+            world_size=int(self.answer_field(world, "world_size", "GET /get_world_size")),
         )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
@@ -138,7 +140,7 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         named, _, sums = await _all(
             self.transport.request("POST", "/update_weight_version", json_body={"new_version": version}),
             self._reset_prefix_cache(), self.weight_checksums() if checksums else _nothing())
-        return LoadReport(weight_version=_str_or_none(self._field(named, "new_version", "POST /update_weight_version")),
+        return LoadReport(weight_version=_str_or_none(self.answer_field(named, "new_version", "POST /update_weight_version")),
                           checksums=sums)
 
     async def weight_checksums(self) -> dict[str, str] | None:
@@ -149,7 +151,7 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
             if exc.status == 404:
                 return None  # a vLLM without the weight checker: verify by version only
             raise
-        checksums = self._field(body, "checksums", "POST /weight_checker")
+        checksums = self.answer_field(body, "checksums", "POST /weight_checker")
         if not isinstance(checksums, dict):
             raise WorkerRejected(self.spec.id, "POST /weight_checker: 'checksums' is not an object", status=200)
         return {str(k): str(v) for k, v in checksums.items()}
@@ -196,13 +198,9 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         # new weights and the reset cannot fail on blocks they hold.
         await self.reset_prefix_cache(running=True, external=False)
 
-    def _field(self, body: Any, key: str, what: str) -> Any:
-        if not isinstance(body, dict) or key not in body:
-            raise WorkerRejected(self.spec.id, f"{what} answered without {key!r}", status=200)
-        return body[key]
 
     def _loras(self, body: Any) -> dict[str, str | None]:
-        cards = self._field(body, "data", "GET /v1/models")
+        cards = self.answer_field(body, "data", "GET /v1/models")
         # The base model's card has no parent; each adapter's parent is its base model.
         return {card["id"]: self._lora_version(card["id"], card.get("root"))
                 for card in cards if isinstance(card, dict) and card.get("parent")}
