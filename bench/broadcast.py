@@ -33,12 +33,17 @@ def payloads(large_count: int, large_mb: float, small_count: int, small_kb: floa
     large = int(large_mb * 1e6 / 4)
     # Small tensors vary in size, as a model's do: 1/4x .. 2x of small_kb, mean ~ small_kb.
     sizes = [max(1, int(small_kb * 1e3 / 4 * f)) for f in (0.25, 0.5, 1.0, 2.0, 1.25)]
-    return {"large": [(large,)] * large_count,
-            "small": [(sizes[i % len(sizes)],) for i in range(small_count)]}
+    return {"large": [(large,)] * large_count, "small": [(sizes[i % len(sizes)],) for i in range(small_count)]}
 
 
-def _rank_main(rank: int, ports: tuple[int, int], shapes: dict[str, list[tuple[int, ...]]], repeats: int,
-               buffer_bytes: int, results: Any) -> None:
+def _rank_main(
+    rank: int,
+    ports: tuple[int, int],
+    shapes: dict[str, list[tuple[int, ...]]],
+    repeats: int,
+    buffer_bytes: int,
+    results: Any,
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
     import torch.distributed as dist
@@ -47,8 +52,9 @@ def _rank_main(rank: int, ports: tuple[int, int], shapes: dict[str, list[tuple[i
     from rlcp.agent.weight_transfer.cpu_gloo import GlooGroup, receive_tensors, send_tensors
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{ports[0]}", rank=rank, world_size=2, timeout=timedelta(seconds=120)
+    )
     ours = GlooGroup(master_address="127.0.0.1", master_port=ports[1], rank=rank, world_size=2, timeout_s=120)
     out: dict[str, Any] = {}
     for name, shape_list in shapes.items():
@@ -87,8 +93,10 @@ def run(shapes: dict[str, list[tuple[int, ...]]], repeats: int, buffer_bytes: in
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     ports = (free_port(), free_port())
-    procs = [ctx.Process(target=_rank_main, args=(r, ports, shapes, repeats, buffer_bytes, results), daemon=True)
-             for r in (0, 1)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, ports, shapes, repeats, buffer_bytes, results), daemon=True)
+        for r in (0, 1)
+    ]
     for p in procs:
         p.start()
     got = {}
@@ -115,16 +123,28 @@ def run(shapes: dict[str, list[tuple[int, ...]]], repeats: int, buffer_bytes: in
             if abs(s - sent) > 1e-3 * max(1.0, abs(sent)):
                 raise RuntimeError(f"{name}/{method}: received sum {s} != sent {sent}")
         plain, ours = median(r["times_s"]["plain"]), median(r["times_s"]["ours"])
-        rows.append({"payload": name, "tensors": r["tensors"], "bytes": r["bytes"], "times_s": r["times_s"],
-                     "plain_mb_s": r["bytes"] / plain / 1e6, "ours_mb_s": r["bytes"] / ours / 1e6,
-                     "ratio_ours_vs_plain": plain / ours})
+        rows.append(
+            {
+                "payload": name,
+                "tensors": r["tensors"],
+                "bytes": r["bytes"],
+                "times_s": r["times_s"],
+                "plain_mb_s": r["bytes"] / plain / 1e6,
+                "ours_mb_s": r["bytes"] / ours / 1e6,
+                "ratio_ours_vs_plain": plain / ours,
+            }
+        )
     return {"rows": rows}
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    return table(["payload", "tensors", "MB", "plain gloo MB/s", "cpu_gloo MB/s", "cpu_gloo / plain"],
-                 [[r["payload"], r["tensors"], r["bytes"] / 1e6, r["plain_mb_s"], r["ours_mb_s"],
-                   r["ratio_ours_vs_plain"]] for r in rows])
+    return table(
+        ["payload", "tensors", "MB", "plain gloo MB/s", "cpu_gloo MB/s", "cpu_gloo / plain"],
+        [
+            [r["payload"], r["tensors"], r["bytes"] / 1e6, r["plain_mb_s"], r["ours_mb_s"], r["ratio_ours_vs_plain"]]
+            for r in rows
+        ],
+    )
 
 
 def draw(rows: list[dict[str, Any]], out_dir: Path) -> Path:
@@ -157,8 +177,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shapes = payloads(a.large_count, a.large_mb, a.small_count, a.small_kb)
     result = run(shapes, a.repeats, int(a.buffer_mb * 1e6))
     result["params"] = {k: v for k, v in vars(a).items() if k != "out"}
-    return report("broadcast", result, a.out, text=render(result["rows"]),
-                  draw=lambda out: draw(result["rows"], out))
+    return report("broadcast", result, a.out, text=render(result["rows"]), draw=lambda out: draw(result["rows"], out))
 
 
 if __name__ == "__main__":

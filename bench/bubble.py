@@ -89,8 +89,9 @@ class Load:
             body = {"model": self.model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": self.max_tokens}
             sent = time.time()
             try:
-                async with self.session.post(f"{self.gateway}/v1/completions", json=body,
-                                             timeout=aiohttp.ClientTimeout(total=120)) as resp:
+                async with self.session.post(
+                    f"{self.gateway}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=120)
+                ) as resp:
                     await resp.read()
                     ok, version = resp.status == 200, resp.headers.get("X-RL-Weight-Version")
             except (aiohttp.ClientError, TimeoutError):
@@ -108,8 +109,13 @@ class Controller:
     token: str
 
     async def call(self, method: str, path: str, body: Any = None, timeout_s: float = 30.0) -> Any:
-        async with self.session.request(method, self.url + path, json=body, headers={
-                "Authorization": f"Bearer {self.token}"}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with self.session.request(
+            method,
+            self.url + path,
+            json=body,
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             data = await resp.json(content_type=None)
             if resp.status >= 300:
                 raise FleetError(f"{method} {path}: {resp.status} {str(data)[:500]}")
@@ -131,7 +137,7 @@ class Fence:
     def admits(self, answer: Answer) -> bool:
         first = bisect.bisect(self.times, answer.sent) - 1
         last = bisect.bisect(self.times, answer.done) - 1
-        return any(s is None or answer.version in s for s in self.sets[max(first, 0):last + 1])
+        return any(s is None or answer.version in s for s in self.sets[max(first, 0) : last + 1])
 
 
 def rate(answers: list[Answer], start: float, end: float) -> float:
@@ -159,9 +165,16 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         base = workdir / "models" / "base"
     for sub in ("logs", "run", "state", "steps"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
-    fleet_args = argparse.Namespace(agents=args.agents, workdir=workdir, port=0, gateway_port=0,
-                                    start_timeout=args.start_timeout, sim_load_s=args.load_s,
-                                    sim_token_s=args.token_s, envoy=False)  # the Python gateway
+    fleet_args = argparse.Namespace(
+        agents=args.agents,
+        workdir=workdir,
+        port=0,
+        gateway_port=0,
+        start_timeout=args.start_timeout,
+        sim_load_s=args.load_s,
+        sim_token_s=args.token_s,
+        envoy=False,
+    )  # the Python gateway
     procs = Processes(workdir)
     try:
         specs, url, token = await start_fleet(fleet_args, procs, base)
@@ -171,8 +184,14 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         procs.stop()
 
 
-async def run_cases(args: argparse.Namespace, cases: list[Case], ctl: Controller, session: aiohttp.ClientSession,
-                    base: Path | None, workdir: Path) -> dict[str, Any]:
+async def run_cases(
+    args: argparse.Namespace,
+    cases: list[Case],
+    ctl: Controller,
+    session: aiohttp.ClientSession,
+    base: Path | None,
+    workdir: Path,
+) -> dict[str, Any]:
     deadline = time.monotonic() + args.start_timeout
     while True:
         state = await ctl.call("GET", "/v1/rl/state")
@@ -183,9 +202,12 @@ async def run_cases(args: argparse.Namespace, cases: list[Case], ctl: Controller
         await asyncio.sleep(0.25)
     # A first update puts the fleet at a version the controller applied (the engines' own
     # start-up version is one the staleness bound can never admit).
-    await ctl.call("POST", "/v1/rl/update_weights", {
-        "version": "v0", "source": {"kind": "disk", "path": str(write_step_weights(workdir, 0, base))}},
-                   timeout_s=600)
+    await ctl.call(
+        "POST",
+        "/v1/rl/update_weights",
+        {"version": "v0", "source": {"kind": "disk", "path": str(write_step_weights(workdir, 0, base))}},
+        timeout_s=600,
+    )
     fence = Fence(["v0"])
     load = Load(session, state["gateway"]["url"], "sim" if base is None else "tiny", args.max_tokens)
     streams = [asyncio.create_task(load.stream(i)) for i in range(args.streams)]
@@ -200,17 +222,36 @@ async def run_cases(args: argparse.Namespace, cases: list[Case], ctl: Controller
             await asyncio.sleep(args.steady_s)
             version, path = f"v{k}", write_step_weights(workdir, k, base)
             t0 = time.time()
-            result = await ctl.call("POST", "/v1/rl/update_weights", {
-                "version": version, "source": {"kind": "disk", "path": str(path)}, "strategy": case.strategy,
-                "pause_mode": args.pause_mode}, timeout_s=1200)
+            result = await ctl.call(
+                "POST",
+                "/v1/rl/update_weights",
+                {
+                    "version": version,
+                    "source": {"kind": "disk", "path": str(path)},
+                    "strategy": case.strategy,
+                    "pause_mode": args.pause_mode,
+                },
+                timeout_s=1200,
+            )
             t1 = time.time()
             state = await ctl.call("GET", "/v1/rl/state")
             desired, applied = version, state["desired"]["applied_versions"]
             switched = datetime.fromisoformat(state["desired"]["updated_at"]).timestamp()
             fence.change(switched, desired, applied, case.staleness)
-            rows.append({"case": case.name, "strategy": case.strategy, "staleness": case.staleness,
-                         "status": result["status"], "t0": t0, "t1": t1, "steady_from": steady_from,
-                         "switched": switched, "bubble": result["bubble"], "progress": result["progress"]})
+            rows.append(
+                {
+                    "case": case.name,
+                    "strategy": case.strategy,
+                    "staleness": case.staleness,
+                    "status": result["status"],
+                    "t0": t0,
+                    "t1": t1,
+                    "steady_from": steady_from,
+                    "switched": switched,
+                    "bubble": result["bubble"],
+                    "progress": result["progress"],
+                }
+            )
         await asyncio.sleep(args.steady_s)
     finally:
         for s in streams:
@@ -219,8 +260,9 @@ async def run_cases(args: argparse.Namespace, cases: list[Case], ctl: Controller
     return analyse(args, rows, load.answers, fence)
 
 
-def analyse(args: argparse.Namespace, rows: list[dict[str, Any]], answers: list[Answer], fence: Fence
-            ) -> dict[str, Any]:
+def analyse(
+    args: argparse.Namespace, rows: list[dict[str, Any]], answers: list[Answer], fence: Fence
+) -> dict[str, Any]:
     outside = [a for a in answers if a.ok and not fence.admits(a)]
     for row in rows:
         t0, t1 = row["t0"], row["t1"]
@@ -241,14 +283,23 @@ def analyse(args: argparse.Namespace, rows: list[dict[str, Any]], answers: list[
             # Completions per bin over the update, ÷ the steady rate: the plot.
             "timeline": timeline(answers, t0 - 1.0, t1 + 1.0, steady, args.bin_s),
         }
-    return {"agents": args.agents, "engine": "vllm" if args.vllm else "sim", "load_s": args.load_s,
-            "streams": args.streams, "max_tokens": args.max_tokens, "pause_mode": args.pause_mode,
-            "answers": len(answers), "failed": sum(1 for a in answers if not a.ok),
-            "outside_fence": len(outside), "rows": rows}
+    return {
+        "agents": args.agents,
+        "engine": "vllm" if args.vllm else "sim",
+        "load_s": args.load_s,
+        "streams": args.streams,
+        "max_tokens": args.max_tokens,
+        "pause_mode": args.pause_mode,
+        "answers": len(answers),
+        "failed": sum(1 for a in answers if not a.ok),
+        "outside_fence": len(outside),
+        "rows": rows,
+    }
 
 
-def timeline(answers: list[Answer], start: float, end: float, steady: float, step_s: float,
-             window_s: float = 1.0) -> list[list[float]]:
+def timeline(
+    answers: list[Answer], start: float, end: float, steady: float, step_s: float, window_s: float = 1.0
+) -> list[list[float]]:
     """Completions per second over a sliding `window_s`, ÷ the steady rate, every `step_s` from
     `start` (1 s before the update) to `end`: closed-loop clients finish in waves, so a bin
     much shorter than a request would show the waves, not the capacity."""
@@ -265,12 +316,37 @@ def render(r: dict[str, Any]) -> str:
     rows = []
     for row in r["rows"]:
         b = row["bubble"] or {}
-        rows.append([row["case"], row["status"], row["update_s"], row["throughput_ratio"],
-                     b.get("mean_capacity"), f"{b.get('min_serving')}/{b.get('members')}", b.get("worker_seconds_out"),
-                     f"{_s(row['p50_steady_s'])} / {_s(row['p99_steady_s'])}",
-                     f"{_s(row['p50_during_s'])} / {_s(row['p99_during_s'])}", row["failed"], row["outside_fence"]])
-    return table(["case", "status", "update s", "throughput ÷ steady", "mean capacity (ctl)", "min serving",
-                  "worker-s out", "p50/p99 steady s", "p50/p99 during s", "failed", "outside fence"], rows)
+        rows.append(
+            [
+                row["case"],
+                row["status"],
+                row["update_s"],
+                row["throughput_ratio"],
+                b.get("mean_capacity"),
+                f"{b.get('min_serving')}/{b.get('members')}",
+                b.get("worker_seconds_out"),
+                f"{_s(row['p50_steady_s'])} / {_s(row['p99_steady_s'])}",
+                f"{_s(row['p50_during_s'])} / {_s(row['p99_during_s'])}",
+                row["failed"],
+                row["outside_fence"],
+            ]
+        )
+    return table(
+        [
+            "case",
+            "status",
+            "update s",
+            "throughput ÷ steady",
+            "mean capacity (ctl)",
+            "min serving",
+            "worker-s out",
+            "p50/p99 steady s",
+            "p50/p99 during s",
+            "failed",
+            "outside fence",
+        ],
+        rows,
+    )
 
 
 def _s(value: float | None) -> str:
@@ -287,14 +363,24 @@ def draw(r: dict[str, Any], out: Path) -> Path:
             if b:
                 steps = [(p["t_s"], p["serving"] / b["members"]) for p in b["capacity"]]
                 steps.append((row["update_s"], steps[-1][1]))
-                ax.step([t for t, _ in steps], [c for _, c in steps], where="post", color=color, ls="--", lw=1,
-                        label=f"{row['case']}: members serving (controller)")
+                ax.step(
+                    [t for t, _ in steps],
+                    [c for _, c in steps],
+                    where="post",
+                    color=color,
+                    ls="--",
+                    lw=1,
+                    label=f"{row['case']}: members serving (controller)",
+                )
         ax.set_xlabel("seconds since the update began")
         ax.set_ylabel("fraction of steady / of members")
         ax.set_ylim(-0.05, 1.6)
         ax.legend(fontsize=6, loc="upper right", ncol=2)
-        ax.set_title(f"Update bubble: {r['agents']} {r['engine']} agents, reload {r['load_s']:g}s"
-                     if r["engine"] == "sim" else f"Update bubble: {r['agents']} vLLM CPU agents")
+        ax.set_title(
+            f"Update bubble: {r['agents']} {r['engine']} agents, reload {r['load_s']:g}s"
+            if r["engine"] == "sim"
+            else f"Update bubble: {r['agents']} vLLM CPU agents"
+        )
 
     return plot("bubble" if r["engine"] == "sim" else "bubble_vllm", d, out, size=(8.0, 4.2))
 
@@ -305,8 +391,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm", action="store_true", help="real vLLM CPU engines on the tiny model (not SimEngines)")
     p.add_argument("--load-s", type=float, default=3.0, help="sim: seconds a weight load takes")
     p.add_argument("--token-s", type=float, default=0.02, help="sim: seconds per generated token")
-    p.add_argument("--streams", type=int, default=None, help="rollout clients (default: 8 per sim agent, "
-                                                              "4 per vLLM agent: every engine's slots full)")
+    p.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        help="rollout clients (default: 8 per sim agent, 4 per vLLM agent: every engine's slots full)",
+    )
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--cases", default=DEFAULT_CASES, help=f"comma-separated (default {DEFAULT_CASES})")
     p.add_argument("--pause-mode", choices=("abort", "wait", "keep"), default="keep")
@@ -325,8 +415,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="bench-bubble-") as tmp:
         result = asyncio.run(measure(a, Path(tmp)))
-    return report("bubble" if not a.vllm else "bubble_vllm", result, a.out, text=render(result),
-                  draw=lambda out: draw(result, out))
+    return report(
+        "bubble" if not a.vllm else "bubble_vllm",
+        result,
+        a.out,
+        text=render(result),
+        draw=lambda out: draw(result, out),
+    )
 
 
 if __name__ == "__main__":

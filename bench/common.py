@@ -29,19 +29,34 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def controller_daemon(specs: list[dict[str, Any]], workdir: Path, *, name: str = "controller",
-                      env: dict[str, str] | None = None, stop_timeout_s: float = 20.0,
-                      **sections: Any) -> ControllerProcess:
+def controller_daemon(
+    specs: list[dict[str, Any]],
+    workdir: Path,
+    *,
+    name: str = "controller",
+    env: dict[str, str] | None = None,
+    stop_timeout_s: float = 20.0,
+    **sections: Any,
+) -> ControllerProcess:
     """The controller as deployed (`python -m rlcp.controlplane`: its API front and its core) over
     the workers `specs`, with a benchmark's settings: deadlines only a real hang trips, the
     status poll every second, no gateway, warnings only. A dict keyword is merged into its
     section (`rlcp.harness.controller.merge_sections`)."""
-    config = merge_sections({
-        "controller_id": name, "api": {"host": "127.0.0.1", "port": 0}, "gateway": {"enabled": False},
-        "discovery": {"kind": "static", "static": specs},
-        "workers": {"timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-        "reconcile": {"poll_interval_s": 1.0, "interval_s": 1.0}, "store": {"kind": "memory"},
-        "allowed_roots": [str(workdir)], "log_format": "json", "log_level": "warning"}, sections)
+    config = merge_sections(
+        {
+            "controller_id": name,
+            "api": {"host": "127.0.0.1", "port": 0},
+            "gateway": {"enabled": False},
+            "discovery": {"kind": "static", "static": specs},
+            "workers": {"timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+            "reconcile": {"poll_interval_s": 1.0, "interval_s": 1.0},
+            "store": {"kind": "memory"},
+            "allowed_roots": [str(workdir)],
+            "log_format": "json",
+            "log_level": "warning",
+        },
+        sections,
+    )
     return ControllerProcess(config, workdir, name=name, env=env, stop_timeout_s=stop_timeout_s)
 
 
@@ -53,8 +68,12 @@ def quiet_logs() -> None:
 
 def machine() -> dict[str, Any]:
     load = os.getloadavg()
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-            "loadavg_at_start": [round(x, 2) for x in load]}
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+    }
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -92,12 +111,13 @@ def write_json(name: str, payload: dict[str, Any], out_dir: Path = OUT) -> Path:
 def ensure_matplotlib() -> None:
     """The plots need matplotlib (the `bench` extra); install it when missing, as the docs say."""
     if importlib.util.find_spec("matplotlib") is None:
-        print("bench: matplotlib is missing; installing it (pip install -e '.[bench]' does the same)",
-              file=sys.stderr)
+        print("bench: matplotlib is missing; installing it (pip install -e '.[bench]' does the same)", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "matplotlib>=3.8"], check=True)
 
 
-def plot(name: str, draw: Callable[[Any], None], out_dir: Path = OUT, *, size: tuple[float, float] = (6.4, 3.6)) -> Path:
+def plot(
+    name: str, draw: Callable[[Any], None], out_dir: Path = OUT, *, size: tuple[float, float] = (6.4, 3.6)
+) -> Path:
     """Draw one figure with `draw(ax)`; saved small (docs/img/ keeps a copy)."""
     ensure_matplotlib()
     import matplotlib
@@ -116,9 +136,16 @@ def plot(name: str, draw: Callable[[Any], None], out_dir: Path = OUT, *, size: t
     return path
 
 
-def report(name: str, result: dict[str, Any], out_dir: Path | None, *, text: str,
-           draw: Callable[[Path], Path], notes_before: Sequence[str] = (), notes_after: Sequence[str] = ()
-           ) -> dict[str, Any]:
+def report(
+    name: str,
+    result: dict[str, Any],
+    out_dir: Path | None,
+    *,
+    text: str,
+    draw: Callable[[Path], Path],
+    notes_before: Sequence[str] = (),
+    notes_after: Sequence[str] = (),
+) -> dict[str, Any]:
     """What every benchmark ends with: its table (and notes) printed, its JSON and its plot
     written to `out_dir` (default bench/out); returns `result`."""
     out_dir = out_dir or OUT

@@ -60,24 +60,34 @@ async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     models = make_models(workdir / "models", shape=shape, vocab_size=None if a.tiny else VOCAB_100M, seeds=(1, 2))
     nbytes = sum(f.stat().st_size for f in models["weights-1"].glob("*.safetensors"))
-    print(f"bench.disk_update: model made in {time.perf_counter() - t0:.0f}s ({nbytes / 1e6:.0f} MB); "
-          "starting the agent", flush=True)
+    print(
+        f"bench.disk_update: model made in {time.perf_counter() - t0:.0f}s ({nbytes / 1e6:.0f} MB); starting the agent",
+        flush=True,
+    )
     agent = start_agent(agent_config(models["base"], [workdir]), workdir / "agent")
     raw_load = raw_load_factory(models["base"])
     try:
         members = [HostedAgent("bench-vllm", agent.admin_url)]
-        async with ControllerUnderTest(members, workdir, 64, worker_token=agent.token) as ctl, \
-                aiohttp.ClientSession(headers=agent.auth) as s:
-            rows: dict[str, list[float]] = {"controller_s": [], "controller_noverify_s": [], "raw_load_s": [],
-                                            "agent_reload_s": [], "checksum_s": []}
+        async with (
+            ControllerUnderTest(members, workdir, 64, worker_token=agent.token) as ctl,
+            aiohttp.ClientSession(headers=agent.auth) as s,
+        ):
+            rows: dict[str, list[float]] = {
+                "controller_s": [],
+                "controller_noverify_s": [],
+                "raw_load_s": [],
+                "agent_reload_s": [],
+                "checksum_s": [],
+            }
             dirs = [models["weights-1"], models["weights-2"]]
             for i in range(a.repeats + 1):  # the first round warms up (page cache, first-call costs)
                 path = dirs[i % 2]
                 cycle = await update_cycle(ctl, f"v{i}", path, verify=True)
                 async with s.get(agent.admin_url + "/v1/agent/state") as resp:
                     state = await resp.json()
-                reload = next(op["duration_s"] for op in state["last_operations"]
-                              if op["kind"] == "update_weights_from_disk")
+                reload = next(
+                    op["duration_s"] for op in state["last_operations"] if op["kind"] == "update_weights_from_disk"
+                )
                 t = time.perf_counter()
                 async with s.post(agent.admin_url + "/weight_checker", json={"action": "checksum"}) as resp:
                     checksums = await resp.json()
@@ -89,22 +99,35 @@ async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 noverify = await update_cycle(ctl, f"u{i}", dirs[(i + 1) % 2], verify=False)
                 raw = await asyncio.to_thread(raw_load, path)
                 if i > 0:
-                    for key, v in (("controller_s", cycle), ("controller_noverify_s", noverify),
-                                   ("raw_load_s", raw), ("agent_reload_s", reload), ("checksum_s", checksum)):
+                    for key, v in (
+                        ("controller_s", cycle),
+                        ("controller_noverify_s", noverify),
+                        ("raw_load_s", raw),
+                        ("agent_reload_s", reload),
+                        ("checksum_s", checksum),
+                    ):
                         rows[key].append(v)
-                print(f"  round {i}: controller {cycle:.3f}s (agent reload {reload:.3f}s, checksums "
-                      f"{checksum:.3f}s), verify off {noverify:.3f}s, raw load {raw:.3f}s", flush=True)
+                print(
+                    f"  round {i}: controller {cycle:.3f}s (agent reload {reload:.3f}s, checksums "
+                    f"{checksum:.3f}s), verify off {noverify:.3f}s, raw load {raw:.3f}s",
+                    flush=True,
+                )
     finally:
         agent.stop()
     med = {k: median(v) for k, v in rows.items()}
-    return {"bytes": nbytes, "parameters": nbytes // 4, "params": {"repeats": a.repeats, "tiny": a.tiny},
-            # vLLM's CPU backend empties its linear layers' parameters (the weights live in oneDNN):
-            # their checksums are sha256(b"") and cover nothing.
-            "checksums": {"tensors": len(checksums["checksums"]), "empty_tensors": len(empty),
-                          "empty_examples": empty[:3]},
-            "times_s": rows, "median_s": med, "ratio_controller_vs_raw": med["controller_s"] / med["raw_load_s"],
-            "ratio_controller_noverify_vs_raw": med["controller_noverify_s"] / med["raw_load_s"],
-            "ratio_agent_reload_vs_raw": med["agent_reload_s"] / med["raw_load_s"]}
+    return {
+        "bytes": nbytes,
+        "parameters": nbytes // 4,
+        "params": {"repeats": a.repeats, "tiny": a.tiny},
+        # vLLM's CPU backend empties its linear layers' parameters (the weights live in oneDNN):
+        # their checksums are sha256(b"") and cover nothing.
+        "checksums": {"tensors": len(checksums["checksums"]), "empty_tensors": len(empty), "empty_examples": empty[:3]},
+        "times_s": rows,
+        "median_s": med,
+        "ratio_controller_vs_raw": med["controller_s"] / med["raw_load_s"],
+        "ratio_controller_noverify_vs_raw": med["controller_noverify_s"] / med["raw_load_s"],
+        "ratio_agent_reload_vs_raw": med["agent_reload_s"] / med["raw_load_s"],
+    }
 
 
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -137,8 +160,7 @@ def check_loaded(checksums: dict[str, str], weights_dir: Path, name: str = "lm_h
 async def update_cycle(ctl: Any, version: str, path: Path, *, verify: bool) -> float:
     """One `POST /v1/rl/update_weights` (pause keep); its wall time. Raises unless it succeeded
     (and, with verify on, the controller marked the fleet verified)."""
-    body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep",
-            "verify": verify}
+    body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep", "verify": verify}
     t = time.perf_counter()
     async with ctl.session.post(ctl.url + "/v1/rl/update_weights", json=body) as resp:
         answer = await resp.json()
@@ -154,22 +176,41 @@ async def update_cycle(ctl: Any, version: str, path: Path, *, verify: bool) -> f
 
 def render(r: dict[str, Any]) -> str:
     m = r["median_s"]
-    return table(["what", "median s", "÷ raw load"], [
-        ["raw safetensors load + load_state_dict (baseline)", m["raw_load_s"], 1.0],
-        ["agent: vLLM reload_weights + version + prefix cache", m["agent_reload_s"], r["ratio_agent_reload_vs_raw"]],
-        ["agent: weight checksums (verify)", m["checksum_s"], m["checksum_s"] / m["raw_load_s"]],
-        ["controller update_weights cycle (verify on)", m["controller_s"], r["ratio_controller_vs_raw"]],
-        ["controller update_weights cycle (verify off)", m.get("controller_noverify_s"),
-         r.get("ratio_controller_noverify_vs_raw")]])
+    return table(
+        ["what", "median s", "÷ raw load"],
+        [
+            ["raw safetensors load + load_state_dict (baseline)", m["raw_load_s"], 1.0],
+            [
+                "agent: vLLM reload_weights + version + prefix cache",
+                m["agent_reload_s"],
+                r["ratio_agent_reload_vs_raw"],
+            ],
+            ["agent: weight checksums (verify)", m["checksum_s"], m["checksum_s"] / m["raw_load_s"]],
+            ["controller update_weights cycle (verify on)", m["controller_s"], r["ratio_controller_vs_raw"]],
+            [
+                "controller update_weights cycle (verify off)",
+                m.get("controller_noverify_s"),
+                r.get("ratio_controller_noverify_vs_raw"),
+            ],
+        ],
+    )
 
 
 def draw(r: dict[str, Any], out_dir: Path) -> Path:
     def d(ax: Any) -> None:
         m = r["median_s"]
-        labels = ["raw load", "vLLM reload\n(in agent)", "checksums", "controller\nverify off",
-                  "controller\nverify on"]
-        ax.bar(labels, [m["raw_load_s"], m["agent_reload_s"], m["checksum_s"], m.get("controller_noverify_s", 0),
-                        m["controller_s"]], color=["grey", "C0", "C1", "C2", "C2"])
+        labels = ["raw load", "vLLM reload\n(in agent)", "checksums", "controller\nverify off", "controller\nverify on"]
+        ax.bar(
+            labels,
+            [
+                m["raw_load_s"],
+                m["agent_reload_s"],
+                m["checksum_s"],
+                m.get("controller_noverify_s", 0),
+                m["controller_s"],
+            ],
+            color=["grey", "C0", "C1", "C2", "C2"],
+        )
         ax.axhline(m["raw_load_s"] * 1.3, color="grey", ls=":", label="target: 1.3 × raw load")
         ax.legend(fontsize=8)
         ax.set_ylabel("seconds (median)")

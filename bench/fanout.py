@@ -65,14 +65,26 @@ class ControllerUnderTest:
     in processes of its own, so its heap, collector settings and CPU are its own and the
     hand-rolled baselines keep this process's (a trainer's) defaults."""
 
-    def __init__(self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN) -> None:
+    def __init__(
+        self, agents: list[HostedAgent], root: Path, max_concurrency: int, *, worker_token: str = TOKEN
+    ) -> None:
         self.members = len(agents)
         self.process = controller_daemon(
-            [a.spec() for a in agents], root, name=f"controller-{self.members}", api={"token": CTL_TOKEN},
-            workers={"token": worker_token, "max_concurrency": max_concurrency, "timeout_s": 60,
-                     "pause_timeout_s": 300, "weight_load_timeout_s": 600},
+            [a.spec() for a in agents],
+            root,
+            name=f"controller-{self.members}",
+            api={"token": CTL_TOKEN},
+            workers={
+                "token": worker_token,
+                "max_concurrency": max_concurrency,
+                "timeout_s": 60,
+                "pause_timeout_s": 300,
+                "weight_load_timeout_s": 600,
+            },
             # Polls and reconcile passes would run during the cycles measured: only the first one runs.
-            reconcile={"poll_interval_s": 3600, "interval_s": 3600}, log_level="error")
+            reconcile={"poll_interval_s": 3600, "interval_s": 3600},
+            log_level="error",
+        )
 
     async def __aenter__(self) -> ControllerUnderTest:
         await self.process.spawn().wait_ready_async()
@@ -98,8 +110,7 @@ class ControllerUnderTest:
         await self.cycle_at(*next_version(ckpts))
 
     async def cycle_at(self, version: str, path: Path) -> None:
-        body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep",
-                "verify": True}
+        body = {"version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "keep", "verify": True}
         async with self.session.post(self.url + "/v1/rl/update_weights", json=body) as resp:
             answer = await resp.json()
         if resp.status != 200:
@@ -111,12 +122,14 @@ Call = tuple[str, str, dict[str, Any]]  # method, path, request kwargs
 
 
 def cycle_phases(version: str, path: Path) -> list[Call]:
-    return [("PUT", "/v1/agent/desired", {"json": {"weight_version": version}}),
-            ("POST", "/pause", {"params": {"mode": "keep", "timeout_s": "60"}}),
-            ("POST", "/v1/agent/weights/disk", {"json": {"path": str(path), "version": version}}),
-            ("GET", "/v1/agent/state", {}),
-            ("POST", "/weight_checker", {"json": {"action": "checksum"}}),
-            ("POST", "/resume", {})]
+    return [
+        ("PUT", "/v1/agent/desired", {"json": {"weight_version": version}}),
+        ("POST", "/pause", {"params": {"mode": "keep", "timeout_s": "60"}}),
+        ("POST", "/v1/agent/weights/disk", {"json": {"path": str(path), "version": version}}),
+        ("GET", "/v1/agent/state", {}),
+        ("POST", "/weight_checker", {"json": {"action": "checksum"}}),
+        ("POST", "/resume", {}),
+    ]
 
 
 def _check(url: str, status: int, body: Any, version: str, path_: str) -> None:
@@ -139,13 +152,17 @@ async def aiohttp_call(session: aiohttp.ClientSession, agent: HostedAgent, versi
     _check(agent.url, resp.status, body, version, path)
 
 
-async def gather_cycle(agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]) -> None:
+async def gather_cycle(
+    agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]
+) -> None:
     version, path = next_version(ckpts)
     for phase in cycle_phases(version, path):
         await asyncio.gather(*(call(a, version, phase) for a in agents))
 
 
-async def sequential_cycle(agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]) -> None:
+async def sequential_cycle(
+    agents: list[HostedAgent], ckpts: list[Path], call: Callable[[HostedAgent, str, Call], Awaitable[None]]
+) -> None:
     version, path = next_version(ckpts)
     for phase in cycle_phases(version, path):
         for a in agents:
@@ -156,6 +173,7 @@ async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
     """Requests/s of a bare aiohttp session: every agent at once, `rounds` times."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def one(a: HostedAgent) -> None:
             async with session.get(a.url + "/healthz") as resp:
                 await resp.read()
@@ -169,8 +187,13 @@ async def raw_rate(agents: list[HostedAgent], rounds: int) -> float:
         return rounds * len(agents) / (time.perf_counter() - t0)
 
 
-async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int = 1,
-                        cpu: list[float] | None = None, cpu_clock: Callable[[], float] = time.process_time) -> list[float]:
+async def timed_repeats(
+    k: int,
+    fn: Callable[[], Awaitable[None]],
+    warmup: int = 1,
+    cpu: list[float] | None = None,
+    cpu_clock: Callable[[], float] = time.process_time,
+) -> list[float]:
     """Wall seconds of each of `k` runs; with `cpu`, the CPU seconds `cpu_clock` counts in each too."""
     for _ in range(warmup):  # connections opened, first-call costs paid
         await fn()
@@ -185,8 +208,16 @@ async def timed_repeats(k: int, fn: Callable[[], Awaitable[None]], warmup: int =
 
 
 # -- the run ------------------------------------------------------------------------------------------
-async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, repeats: int, seq_max: int,
-                  max_concurrency: int | None, raw_rounds: int) -> list[dict[str, Any]]:
+async def measure(
+    fleet: HostedFleet,
+    sizes: list[int],
+    ckpts: list[Path],
+    *,
+    repeats: int,
+    seq_max: int,
+    max_concurrency: int | None,
+    raw_rounds: int,
+) -> list[dict[str, Any]]:
     rows = []
     floor = ENGINE_OPS_PER_CYCLE * fleet.latency_s
     for n in sizes:
@@ -196,8 +227,9 @@ async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, re
         async with ControllerUnderTest(agents, fleet.root, conc) as ctl:
             row["controller_max_concurrency"] = conc
             cpu: list[float] = []
-            row["controller_s"] = await timed_repeats(repeats, lambda: ctl.cycle(ckpts), cpu=cpu,
-                                                      cpu_clock=ctl.cpu_seconds)
+            row["controller_s"] = await timed_repeats(
+                repeats, lambda: ctl.cycle(ckpts), cpu=cpu, cpu_clock=ctl.cpu_seconds
+            )
             row["controller_cpu_ms_per_worker"] = median(cpu) / n * 1e3
         # One client per worker, as trainers write it: a single shared httpx client is far
         # slower still with hundreds of connections (its pool scans every connection per request).
@@ -206,8 +238,9 @@ async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, re
             call = lambda a, v, c: httpx_call(clients, a, v, c)  # noqa: E731
             row["httpx_gather_s"] = await timed_repeats(repeats, lambda: gather_cycle(agents, ckpts, call))
             if n <= seq_max:
-                row["httpx_sequential_s"] = await timed_repeats(repeats, lambda: sequential_cycle(agents, ckpts, call),
-                                                                warmup=0)
+                row["httpx_sequential_s"] = await timed_repeats(
+                    repeats, lambda: sequential_cycle(agents, ckpts, call), warmup=0
+                )
         finally:
             await asyncio.gather(*(c.aclose() for c in clients.values()))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
@@ -215,8 +248,11 @@ async def measure(fleet: HostedFleet, sizes: list[int], ckpts: list[Path], *, re
             row["aiohttp_gather_s"] = await timed_repeats(repeats, lambda: gather_cycle(agents, ckpts, call))
         row["raw_rate_rps"] = [await raw_rate(agents, raw_rounds) for _ in range(repeats)]
         rows.append(summarize(row))
-        print(f"  N={n}: controller {row['controller']['median_s']:.3f}s, httpx gather "
-              f"{row['httpx_gather']['median_s']:.3f}s, floor {floor:.3f}s", flush=True)
+        print(
+            f"  N={n}: controller {row['controller']['median_s']:.3f}s, httpx gather "
+            f"{row['httpx_gather']['median_s']:.3f}s, floor {floor:.3f}s",
+            flush=True,
+        )
     extrapolate_sequential(rows)
     return rows
 
@@ -229,8 +265,12 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
             continue
         fl = floor * n if key == "httpx_sequential" else floor
         med = median(times)
-        row[key] = {"times_s": [round(t, 5) for t in times], "median_s": med, "overhead_s": max(med - fl, 0.0),
-                    "floor_s": fl}
+        row[key] = {
+            "times_s": [round(t, 5) for t in times],
+            "median_s": med,
+            "overhead_s": max(med - fl, 0.0),
+            "floor_s": fl,
+        }
     rates = row.pop("raw_rate_rps")
     row["raw_rate"] = {"rps": [round(r, 1) for r in rates], "median_rps": median(rates)}
     calls = CONTROLLER_CALLS_PER_WORKER * n
@@ -252,23 +292,51 @@ def extrapolate_sequential(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if "httpx_sequential" not in r:
             fl = r["floor_s"] * r["n"]
-            r["httpx_sequential"] = {"extrapolated_from_n": base["n"], "median_s": fl + per_worker * r["n"],
-                                     "overhead_s": per_worker * r["n"], "floor_s": fl}
+            r["httpx_sequential"] = {
+                "extrapolated_from_n": base["n"],
+                "median_s": fl + per_worker * r["n"],
+                "overhead_s": per_worker * r["n"],
+                "floor_s": fl,
+            }
 
 
 def render(rows: list[dict[str, Any]]) -> str:
-    headers = ["N", "floor ms", "controller ms", "ctl overhead ms", "httpx gather ms", "gather overhead ms",
-               "ctl/gather overhead", "sequential ms", "aiohttp gather ms", "raw req/s", "ctl/raw-rate bound",
-               "ctl CPU ms/worker"]
+    headers = [
+        "N",
+        "floor ms",
+        "controller ms",
+        "ctl overhead ms",
+        "httpx gather ms",
+        "gather overhead ms",
+        "ctl/gather overhead",
+        "sequential ms",
+        "aiohttp gather ms",
+        "raw req/s",
+        "ctl/raw-rate bound",
+        "ctl CPU ms/worker",
+    ]
     out = []
     for r in rows:
         seq = r.get("httpx_sequential")
-        sequential = "-" if seq is None else f"{seq['median_s'] * 1e3:,.0f}" + ("*" if "extrapolated_from_n" in seq else "")
-        out.append([r["n"], r["floor_s"] * 1e3, r["controller"]["median_s"] * 1e3, r["controller"]["overhead_s"] * 1e3,
-                    r["httpx_gather"]["median_s"] * 1e3, r["httpx_gather"]["overhead_s"] * 1e3,
-                    r["ratio_ctl_vs_gather"], sequential,
-                    r["aiohttp_gather"]["median_s"] * 1e3, r["raw_rate"]["median_rps"], r["ratio_ctl_vs_raw"],
-                    r["controller_cpu_ms_per_worker"]])
+        sequential = (
+            "-" if seq is None else f"{seq['median_s'] * 1e3:,.0f}" + ("*" if "extrapolated_from_n" in seq else "")
+        )
+        out.append(
+            [
+                r["n"],
+                r["floor_s"] * 1e3,
+                r["controller"]["median_s"] * 1e3,
+                r["controller"]["overhead_s"] * 1e3,
+                r["httpx_gather"]["median_s"] * 1e3,
+                r["httpx_gather"]["overhead_s"] * 1e3,
+                r["ratio_ctl_vs_gather"],
+                sequential,
+                r["aiohttp_gather"]["median_s"] * 1e3,
+                r["raw_rate"]["median_rps"],
+                r["ratio_ctl_vs_raw"],
+                r["controller_cpu_ms_per_worker"],
+            ]
+        )
     return table(headers, out)
 
 
@@ -279,8 +347,12 @@ def draw(rows: list[dict[str, Any]], out_dir: Path) -> Path:
         ax.plot(ns, [r["httpx_gather"]["overhead_s"] * 1e3 for r in rows], "s-", label="httpx gather (hand-rolled)")
         ax.plot(ns, [r["aiohttp_gather"]["overhead_s"] * 1e3 for r in rows], "^-", label="aiohttp gather (bare)")
         if all("httpx_sequential" in r for r in rows):  # none when every size is above --seq-max
-            ax.plot(ns, [r["httpx_sequential"]["overhead_s"] * 1e3 for r in rows], "x--", label="sequential (* extrap.)")
-        ax.plot(ns, [r["raw_floor_overhead_s"] * 1e3 for r in rows], ":", color="grey", label="calls / raw aiohttp rate")
+            ax.plot(
+                ns, [r["httpx_sequential"]["overhead_s"] * 1e3 for r in rows], "x--", label="sequential (* extrap.)"
+            )
+        ax.plot(
+            ns, [r["raw_floor_overhead_s"] * 1e3 for r in rows], ":", color="grey", label="calls / raw aiohttp rate"
+        )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("workers (N)")
@@ -300,11 +372,27 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         with HostedFleet(sizes[-1], root=root, latency_s=a.latency_s, hosts=a.hosts) as fleet:
             print(f"  agents up in {time.perf_counter() - t0:.1f}s", flush=True)
-            rows = await measure(fleet, sizes, ckpts, repeats=a.repeats, seq_max=a.seq_max,
-                                 max_concurrency=a.max_concurrency, raw_rounds=a.raw_rounds)
-    return {"params": {"sizes": sizes, "latency_s": a.latency_s, "repeats": a.repeats, "seq_max": a.seq_max,
-                       "hosts": a.hosts, "max_concurrency": a.max_concurrency, "raw_rounds": a.raw_rounds},
-            "rows": rows}
+            rows = await measure(
+                fleet,
+                sizes,
+                ckpts,
+                repeats=a.repeats,
+                seq_max=a.seq_max,
+                max_concurrency=a.max_concurrency,
+                raw_rounds=a.raw_rounds,
+            )
+    return {
+        "params": {
+            "sizes": sizes,
+            "latency_s": a.latency_s,
+            "repeats": a.repeats,
+            "seq_max": a.seq_max,
+            "hosts": a.hosts,
+            "max_concurrency": a.max_concurrency,
+            "raw_rounds": a.raw_rounds,
+        },
+        "rows": rows,
+    }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -314,8 +402,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="cycles per measurement; the median is reported")
     p.add_argument("--seq-max", type=int, default=128, help="largest N the sequential loop runs at")
     p.add_argument("--hosts", type=int, default=2, help="agent host processes")
-    p.add_argument("--max-concurrency", type=int, default=None,
-                   help="controller workers.max_concurrency (default: max(N, 64), a fleet-sized setting)")
+    p.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="controller workers.max_concurrency (default: max(N, 64), a fleet-sized setting)",
+    )
     p.add_argument("--raw-rounds", type=int, default=5)
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench/out)")
     return p.parse_args(argv)
@@ -326,9 +418,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     raise_fd_limit()
     quiet_logs()
     result = asyncio.run(amain(a))
-    return report("fanout", result, a.out, text=render(result["rows"]), draw=lambda out: draw(result["rows"], out),
-                  notes_after=["* extrapolated linearly from the largest N measured sequentially"]
-                  if any("extrapolated_from_n" in r.get("httpx_sequential", {}) for r in result["rows"]) else [])
+    return report(
+        "fanout",
+        result,
+        a.out,
+        text=render(result["rows"]),
+        draw=lambda out: draw(result["rows"], out),
+        notes_after=["* extrapolated linearly from the largest N measured sequentially"]
+        if any("extrapolated_from_n" in r.get("httpx_sequential", {}) for r in result["rows"])
+        else [],
+    )
 
 
 if __name__ == "__main__":

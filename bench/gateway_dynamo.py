@@ -43,8 +43,13 @@ def _body(instance: int | None = None) -> dict[str, Any]:
     nvext: dict[str, Any] = {"token_data": PROMPT}
     if instance is not None:
         nvext["backend_instance_id"] = instance
-    return {"model": "tiny", "messages": [{"role": "user", "content": "-"}], "max_tokens": 1, "temperature": 0,
-            "nvext": nvext}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "-"}],
+        "max_tokens": 1,
+        "temperature": 0,
+        "nvext": nvext,
+    }
 
 
 async def _one(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> float:
@@ -66,8 +71,10 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     target = dynamo_target()
     kv = work / "kv"
     kv.mkdir()
-    workers = [DynamoVllmProcess(models["base"], work / f"w{i}", target=target, kv_dir=kv, name=f"dynamo-vllm-{i}",
-                                 core=i) for i in range(2)]
+    workers = [
+        DynamoVllmProcess(models["base"], work / f"w{i}", target=target, kv_dir=kv, name=f"dynamo-vllm-{i}", core=i)
+        for i in range(2)
+    ]
     frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv)
     try:
         for child in (*workers, frontend):
@@ -75,12 +82,22 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         for child in (*workers, frontend):
             child.wait_ready()
         settings = controller_settings(
-            work, [], allowed_roots=[str(models["base"].parent)],
-            discovery={"kind": "http_listing", "http_listing": {"url": frontend.listing_url, "interval_s": 0.5,
-                                                                "timeout_s": 5, "default_flavor": "dynamo",
-                                                                "inference_url": frontend.url}},
+            work,
+            [],
+            allowed_roots=[str(models["base"].parent)],
+            discovery={
+                "kind": "http_listing",
+                "http_listing": {
+                    "url": frontend.listing_url,
+                    "interval_s": 0.5,
+                    "timeout_s": 5,
+                    "default_flavor": "dynamo",
+                    "inference_url": frontend.url,
+                },
+            },
             workers={"token": "unused", "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-            gateway={"port": 0})
+            gateway={"port": 0},
+        )
         runner = web.AppRunner(assemble(settings, token=CTL_TOKEN), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -93,21 +110,32 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             def both_reachable() -> bool:
                 members = controller.state().workers
                 return len(members) == 2 and all(w.reachable for w in members)
+
             await wait_for(both_reachable, timeout_s=60, what="the controller reaching both listed workers")
             async with aiohttp.ClientSession() as http:
                 ctl_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                async with http.post(ctl_url + "/v1/rl/update_weights", headers=AUTH, json={
-                        "version": "w1", "source": {"kind": "disk", "path": str(models["weights-1"])},
-                        "pause_mode": "wait"}) as resp:
+                async with http.post(
+                    ctl_url + "/v1/rl/update_weights",
+                    headers=AUTH,
+                    json={
+                        "version": "w1",
+                        "source": {"kind": "disk", "path": str(models["weights-1"])},
+                        "pause_mode": "wait",
+                    },
+                ) as resp:
                     assert resp.status == 200, await resp.text()
 
                 def both_inside() -> bool:
                     table_ = gateway.router.table()
                     return table_ is not None and len(table_.routes) == 2
+
                 await wait_for(both_inside, timeout_s=120, what="both Dynamo workers inside the fence")
                 instance = int(next(iter(gateway.router.table().routes)))  # type: ignore[union-attr]
-                paths = {"frontend": (frontend.url, _body()), "frontend, pinned": (frontend.url, _body(instance)),
-                         "gateway": (gateway.url, _body())}
+                paths = {
+                    "frontend": (frontend.url, _body()),
+                    "frontend, pinned": (frontend.url, _body(instance)),
+                    "gateway": (gateway.url, _body()),
+                }
                 lat: dict[str, list[float]] = {name: [] for name in paths}
                 for name, (url, body) in paths.items():  # warm every path's connections and caches
                     for _ in range(10):
@@ -119,8 +147,10 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             await runner.cleanup()
     finally:
         stop_all([frontend, *workers])
-    out: dict[str, Any] = {name: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3,
-                                  "mean_ms": statistics.fmean(v) * 1e3} for name, v in lat.items()}
+    out: dict[str, Any] = {
+        name: {"p50_ms": _pct(v, 50) * 1e3, "p99_ms": _pct(v, 99) * 1e3, "mean_ms": statistics.fmean(v) * 1e3}
+        for name, v in lat.items()
+    }
     for base in ("frontend", "frontend, pinned"):
         key = base.replace(", ", "_")
         out[f"added_p50_ms_vs_{key}"] = out["gateway"]["p50_ms"] - out[base]["p50_ms"]
@@ -130,8 +160,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(prog="bench.gateway_dynamo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bench.gateway_dynamo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=200, help="sequential requests per path")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -143,12 +174,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def render(result: dict[str, Any]) -> str:
     names = ["frontend", "frontend, pinned", "gateway"]
-    return table(["path (one token out)", "p50 ms", "p99 ms", "mean ms"],
-                 [[n, result[n]["p50_ms"], result[n]["p99_ms"], result[n]["mean_ms"]] for n in names]
-                 + [["added by the gateway (vs pinned)", result["added_p50_ms_vs_frontend_pinned"],
-                     result["added_p99_ms_vs_frontend_pinned"], None],
-                    ["added by the gateway (vs frontend)", result["added_p50_ms_vs_frontend"],
-                     result["added_p99_ms_vs_frontend"], None]])
+    return table(
+        ["path (one token out)", "p50 ms", "p99 ms", "mean ms"],
+        [[n, result[n]["p50_ms"], result[n]["p99_ms"], result[n]["mean_ms"]] for n in names]
+        + [
+            [
+                "added by the gateway (vs pinned)",
+                result["added_p50_ms_vs_frontend_pinned"],
+                result["added_p99_ms_vs_frontend_pinned"],
+                None,
+            ],
+            [
+                "added by the gateway (vs frontend)",
+                result["added_p50_ms_vs_frontend"],
+                result["added_p99_ms_vs_frontend"],
+                None,
+            ],
+        ],
+    )
 
 
 def draw(result: dict[str, Any], out: Path) -> Path:

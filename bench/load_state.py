@@ -118,16 +118,22 @@ def lag_summary(before: dict[float, float], after: dict[float, float]) -> dict[s
     def over(limit: float) -> float:
         return total - max((n for le, n in delta.items() if le <= limit), default=0.0)
 
-    return {"probes": int(total), "p50_le_ms": _ms(bound(0.5)), "p99_le_ms": _ms(bound(0.99)),
-            "over_20ms": int(over(0.02)), "over_100ms": int(over(0.1))}
+    return {
+        "probes": int(total),
+        "p50_le_ms": _ms(bound(0.5)),
+        "p99_le_ms": _ms(bound(0.99)),
+        "over_20ms": int(over(0.02)),
+        "over_100ms": int(over(0.1)),
+    }
 
 
 def _ms(value: float | None) -> float | str | None:
     return None if value is None else ("inf" if value == float("inf") else round(value * 1e3, 1))
 
 
-async def generate_load(url: str, *, rate: float, concurrency: int, duration_s: float, workers: int,
-                        stats: LoadStats, reader: str = "gzip") -> float:
+async def generate_load(
+    url: str, *, rate: float, concurrency: int, duration_s: float, workers: int, stats: LoadStats, reader: str = "gzip"
+) -> float:
     """`concurrency` loops sharing one pool, paced to `rate` requests/s in total (0: no pacing),
     each reading as `reader` does (every body is read whole, and decompressed if it came so).
     Every 50th body is parsed and checked (a state of every member); returns the time taken."""
@@ -194,20 +200,38 @@ async def run_cycles(url: str, ckpts: list[Path], stop: asyncio.Event, results: 
         for k in itertools.count(1):
             if stop.is_set():
                 return
-            body = {"version": f"load-{k}", "source": {"kind": "disk", "path": str(ckpts[k % len(ckpts)])},
-                    "pause_mode": "keep"}
+            body = {
+                "version": f"load-{k}",
+                "source": {"kind": "disk", "path": str(ckpts[k % len(ckpts)])},
+                "pause_mode": "keep",
+            }
             t0 = time.monotonic()
             try:
-                async with session.post(url + "/v1/rl/update_weights", json=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=300)) as resp:
+                async with session.post(
+                    url + "/v1/rl/update_weights", json=body, headers=headers, timeout=aiohttp.ClientTimeout(total=300)
+                ) as resp:
                     doc = await resp.json()
-                    results.append({"version": body["version"], "http": resp.status, "status": doc.get("status"),
-                                    "duration_s": round(time.monotonic() - t0, 3),
-                                    "failed": [r["worker_id"] for r in doc.get("results", [])
-                                               if r["status"] not in ("ok", "skipped")][:10]})
+                    results.append(
+                        {
+                            "version": body["version"],
+                            "http": resp.status,
+                            "status": doc.get("status"),
+                            "duration_s": round(time.monotonic() - t0, 3),
+                            "failed": [
+                                r["worker_id"] for r in doc.get("results", []) if r["status"] not in ("ok", "skipped")
+                            ][:10],
+                        }
+                    )
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                results.append({"version": body["version"], "http": None, "status": f"{type(exc).__name__}: {exc}",
-                                "duration_s": round(time.monotonic() - t0, 3), "failed": []})
+                results.append(
+                    {
+                        "version": body["version"],
+                        "http": None,
+                        "status": f"{type(exc).__name__}: {exc}",
+                        "duration_s": round(time.monotonic() - t0, 3),
+                        "failed": [],
+                    }
+                )
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:
@@ -233,8 +257,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="load-state-") as tmp:
         workdir = Path(tmp)
         ckpts = [write_checkpoint(workdir / f"ckpt-{seed}", seed) for seed in (1, 2, 3)]
-        fleet = HostedFleet(args.workers, root=workdir, latency_s=args.latency_s, hosts=args.hosts,
-                            require_desired_version=True, start_timeout_s=120, workdir=workdir)
+        fleet = HostedFleet(
+            args.workers,
+            root=workdir,
+            latency_s=args.latency_s,
+            hosts=args.hosts,
+            require_desired_version=True,
+            start_timeout_s=120,
+            workdir=workdir,
+        )
         t0 = time.monotonic()
         await asyncio.to_thread(fleet.__enter__)
         try:
@@ -242,10 +273,14 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             for k in range(args.rounds):  # in turn, so drifting load on the machine hits each alike
                 for front in fronts:
                     ctl = controller_daemon(
-                        [a.spec() for a in fleet.agents], workdir, name=f"controller-{k}-front-{front}",
-                        api={"token": CTL_TOKEN, "front": front == "on"}, workers={"token": AGENT_TOKEN},
+                        [a.spec() for a in fleet.agents],
+                        workdir,
+                        name=f"controller-{k}-front-{front}",
+                        api={"token": CTL_TOKEN, "front": front == "on"},
+                        workers={"token": AGENT_TOKEN},
                         reconcile={"poll_interval_s": args.poll_interval_s},
-                        store={"kind": "file", "path": str(workdir / "store" / "desired.json")})
+                        store={"kind": "file", "path": str(workdir / "store" / "desired.json")},
+                    )
                     try:
                         await ctl.spawn().wait_ready_async()
                         url = ctl.url
@@ -261,17 +296,24 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                                 key = keyed(front, reader)
                                 lag_before = await loop_lag(probe, url)
                                 took[key] += await generate_load(
-                                    url + ("/healthz" if reader == "healthz" else "/v1/rl/state"), rate=args.rate,
-                                    concurrency=args.concurrency, duration_s=args.duration_s, workers=args.workers,
-                                    stats=stats[key], reader=reader)
+                                    url + ("/healthz" if reader == "healthz" else "/v1/rl/state"),
+                                    rate=args.rate,
+                                    concurrency=args.concurrency,
+                                    duration_s=args.duration_s,
+                                    workers=args.workers,
+                                    stats=stats[key],
+                                    reader=reader,
+                                )
                                 lags[key].append(lag_summary(lag_before, await loop_lag(probe, url)))
                         for name, pid in pids.items():
                             used = (cpu_seconds(pid) or 0) - (cpu_before[name] or 0)
-                            label = f"{name} (front {front})" if len(fronts) > 1 and name.startswith("controller") \
-                                else name
+                            label = (
+                                f"{name} (front {front})" if len(fronts) > 1 and name.startswith("controller") else name
+                            )
                             cpu[label] = round(cpu.get(label, 0.0) + used, 2)
-                        cpu["load_generator_and_cycles"] = round(cpu.get("load_generator_and_cycles", 0.0)
-                                                                 + time.process_time() - self_before, 2)
+                        cpu["load_generator_and_cycles"] = round(
+                            cpu.get("load_generator_and_cycles", 0.0) + time.process_time() - self_before, 2
+                        )
                         stop.set()
                         await asyncio.wait_for(cycler, 300)
                     finally:
@@ -286,9 +328,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             summary["rps_vs_first"] = round(summary["rps"] / first["rps"], 3) if first["rps"] else None
             summary["p99_vs_first"] = round(summary["latency_ms"]["p99"] / first["latency_ms"]["p99"], 3)
         return {
-            "workers": args.workers, "hosts": args.hosts, "duration_s": round(sum(took.values()), 2),
-            "target_rate": args.rate, "concurrency": args.concurrency, "poll_interval_s": args.poll_interval_s,
-            "engine_op_latency_s": args.latency_s, "setup_s": round(setup_s, 1), "front": fronts,
+            "workers": args.workers,
+            "hosts": args.hosts,
+            "duration_s": round(sum(took.values()), 2),
+            "target_rate": args.rate,
+            "concurrency": args.concurrency,
+            "poll_interval_s": args.poll_interval_s,
+            "engine_op_latency_s": args.latency_s,
+            "setup_s": round(setup_s, 1),
+            "front": fronts,
             "readers": by_reader,
             # Over every reader: what the load test asserts on.
             "requests": sum(s["requests"] for s in by_reader.values()),
@@ -297,24 +345,38 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "bodies_checked": sum(st.checked for st in stats.values()),
             # The first reader's figures, as before `--readers` existed.
             **{k: first[k] for k in ("rps", "latency_ms", "late_sends", "mean_body_kib")},
-            "cycles": {"run": len(cycles), "ok": len(ok_cycles), "failed": [c for c in cycles if c not in ok_cycles],
-                       "p50_s": _percentile(cycle_times, 0.5) if cycle_times else None},
+            "cycles": {
+                "run": len(cycles),
+                "ok": len(ok_cycles),
+                "failed": [c for c in cycles if c not in ok_cycles],
+                "p50_s": _percentile(cycle_times, 0.5) if cycle_times else None,
+            },
             "cpu_s": cpu,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "loadavg_1m_at_end": round(os.getloadavg()[0], 2)},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
+            },
         }
 
 
 def _summary(stats: LoadStats, took: float) -> dict[str, Any]:
     lat = sorted(stats.latencies)
     n = max(1, len(lat))
-    return {"requests": len(lat), "errors": stats.error_count, "rps": round(len(lat) / took, 1) if took else 0.0,
-            "latency_ms": {name: round(_percentile(lat, q) * 1e3, 2) for name, q in
-                           (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))},
-            "late_sends": stats.behind, "bodies_checked": stats.checked,
-            "mean_body_kib": round(stats.body_bytes / max(1, stats.checked) / 1024, 1),
-            "mean_wire_kib": round(stats.wire_bytes / n / 1024, 1),
-            "not_modified_share": round(stats.not_modified / n, 3)}
+    return {
+        "requests": len(lat),
+        "errors": stats.error_count,
+        "rps": round(len(lat) / took, 1) if took else 0.0,
+        "latency_ms": {
+            name: round(_percentile(lat, q) * 1e3, 2)
+            for name, q in (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("max", 1.0))
+        },
+        "late_sends": stats.behind,
+        "bodies_checked": stats.checked,
+        "mean_body_kib": round(stats.body_bytes / max(1, stats.checked) / 1024, 1),
+        "mean_wire_kib": round(stats.wire_bytes / n / 1024, 1),
+        "not_modified_share": round(stats.not_modified / n, 3),
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -326,13 +388,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64, help="load loops (and pooled connections)")
     p.add_argument("--latency-s", type=float, default=0.01, help="latency of each simulated engine operation")
     p.add_argument("--poll-interval-s", type=float, default=1.0, help="the controller's status poll interval")
-    p.add_argument("--readers", type=lambda v: [r for r in v.split(",") if r], default=["gzip"],
-                   help=f"reader kinds in turn, comma-separated, from {', '.join(READERS)}; ratios are against the "
-                        "first (plain: the whole JSON each time; gzip: aiohttp's default; etag: also If-None-Match)")
+    p.add_argument(
+        "--readers",
+        type=lambda v: [r for r in v.split(",") if r],
+        default=["gzip"],
+        help=f"reader kinds in turn, comma-separated, from {', '.join(READERS)}; ratios are against the "
+        "first (plain: the whole JSON each time; gzip: aiohttp's default; etag: also If-None-Match)",
+    )
     p.add_argument("--rounds", type=int, default=1, help="times each reader runs (for --duration-s each), in turn")
-    p.add_argument("--front", type=lambda v: [m for m in v.split(",") if m], default=["on"],
-                   help="the controller's api.front, in turn when several are named: on (the default: reads "
-                        "answered by the front process) or off (one process, as before); ratios against the first")
+    p.add_argument(
+        "--front",
+        type=lambda v: [m for m in v.split(",") if m],
+        default=["on"],
+        help="the controller's api.front, in turn when several are named: on (the default: reads "
+        "answered by the front process) or off (one process, as before); ratios against the first",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON report")
     return p.parse_args(argv)
 
@@ -340,18 +410,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def report(result: dict[str, Any], out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
-    print(f"GET /v1/rl/state, {result['workers']} workers, {result['concurrency']} loops, {result['duration_s']:g} s, "
-          f"{result['cycles']['run']} update cycles ({result['cycles']['ok']} ok, p50 {result['cycles']['p50_s']} s)")
+    print(
+        f"GET /v1/rl/state, {result['workers']} workers, {result['concurrency']} loops, {result['duration_s']:g} s, "
+        f"{result['cycles']['run']} update cycles ({result['cycles']['ok']} ok, p50 {result['cycles']['p50_s']} s)"
+    )
     for reader, r in result["readers"].items():
         lat = r["latency_ms"]
-        print(f"  {reader:>5}: {r['requests']} requests, {r['errors']} errors, {r['rps']:g} req/s "
-              f"(target {result['target_rate']:g}), p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, "
-              f"max {lat['max']} ms, body {r['mean_body_kib']} KiB ({r['mean_wire_kib']} KiB sent), "
-              f"304s {r['not_modified_share']:.0%}; vs {next(iter(result['readers']))}: req/s x{r['rps_vs_first']}, "
-              f"p99 x{r['p99_vs_first']}")
+        print(
+            f"  {reader:>5}: {r['requests']} requests, {r['errors']} errors, {r['rps']:g} req/s "
+            f"(target {result['target_rate']:g}), p50 {lat['p50']} ms, p90 {lat['p90']} ms, p99 {lat['p99']} ms, "
+            f"max {lat['max']} ms, body {r['mean_body_kib']} KiB ({r['mean_wire_kib']} KiB sent), "
+            f"304s {r['not_modified_share']:.0%}; vs {next(iter(result['readers']))}: req/s x{r['rps_vs_first']}, "
+            f"p99 x{r['p99_vs_first']}"
+        )
         for lag in r["loop_lag"]:
-            print(f"         controller loop lag: {lag['probes']} probes, p50 <= {lag['p50_le_ms']} ms, "
-                  f"p99 <= {lag['p99_le_ms']} ms, {lag['over_20ms']} over 20 ms, {lag['over_100ms']} over 100 ms")
+            print(
+                f"         controller loop lag: {lag['probes']} probes, p50 <= {lag['p50_le_ms']} ms, "
+                f"p99 <= {lag['p99_le_ms']} ms, {lag['over_20ms']} over 20 ms, {lag['over_100ms']} over 100 ms"
+            )
     print(f"  CPU seconds: {result['cpu_s']}   (written to {out})")
 
 

@@ -32,8 +32,13 @@ MODES = ("abort", "wait", "keep")
 
 
 async def complete(s: aiohttp.ClientSession, url: str, i: int, max_tokens: int) -> dict[str, Any]:
-    body = {"model": "bench", "prompt": f"The fleet request {i} says", "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "model": "bench",
+        "prompt": f"The fleet request {i} says",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     async with s.post(url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=600)) as resp:
         answer = await resp.json()
         if resp.status != 200:
@@ -52,8 +57,9 @@ async def batch_wall(s: aiohttp.ClientSession, agent: Any, batch: int, tokens: i
     return time.perf_counter() - t0
 
 
-async def pause_once(s: aiohttp.ClientSession, infer: aiohttp.ClientSession, agent: Any, mode: str, batch: int,
-                     max_tokens: int) -> dict[str, Any]:
+async def pause_once(
+    s: aiohttp.ClientSession, infer: aiohttp.ClientSession, agent: Any, mode: str, batch: int, max_tokens: int
+) -> dict[str, Any]:
     clients = [asyncio.create_task(complete(infer, agent.inference_url, i, max_tokens)) for i in range(batch)]
     deadline = time.monotonic() + 120
     while (await agent_state(s, agent))["requests"]["running"] < batch:
@@ -65,7 +71,9 @@ async def pause_once(s: aiohttp.ClientSession, infer: aiohttp.ClientSession, age
             raise RuntimeError(f"the {batch} requests never all ran at once")
         await asyncio.sleep(0.005)
     t0 = time.perf_counter()
-    async with s.post(agent.admin_url + "/pause", params={"mode": mode, "timeout_s": "300"}, headers=agent.auth) as resp:
+    async with s.post(
+        agent.admin_url + "/pause", params={"mode": mode, "timeout_s": "300"}, headers=agent.auth
+    ) as resp:
         answer = await resp.json()
     pause_s = time.perf_counter() - t0
     if resp.status != 200:
@@ -77,8 +85,13 @@ async def pause_once(s: aiohttp.ClientSession, infer: aiohttp.ClientSession, age
         assert resp.status == 200, await resp.text()
     choices = await asyncio.gather(*clients)
     reasons = sorted({c["finish_reason"] for c in choices})
-    return {"pause_s": pause_s, "in_agent_s": in_agent, "running_after": counts["running"], "frozen_after": counts["frozen"],
-            "finish_reasons": reasons}
+    return {
+        "pause_s": pause_s,
+        "in_agent_s": in_agent,
+        "running_after": counts["running"],
+        "frozen_after": counts["frozen"],
+        "finish_reasons": reasons,
+    }
 
 
 async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -89,8 +102,10 @@ async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         # Completions on a connection each: reusing keep-alive connections to the inference
         # server (uvicorn) failed requests now and then with ServerDisconnectedError. The pause
         # is timed on the admin session, its connection already open.
-        async with aiohttp.ClientSession() as s, \
-                aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as infer:
+        async with (
+            aiohttp.ClientSession() as s,
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True)) as infer,
+        ):
             await batch_wall(infer, agent, a.batch, 4)  # warm-up
             steps = []
             for _ in range(a.repeats):
@@ -102,28 +117,59 @@ async def run(a: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 for mode in MODES:
                     runs[mode].append(await pause_once(s, infer, agent, mode, a.batch, a.max_tokens))
                     r = runs[mode][-1]
-                    print(f"  {mode}: {r['pause_s'] * 1e3:.1f} ms (in agent {r['in_agent_s'] * 1e3:.1f} ms)", flush=True)
+                    print(
+                        f"  {mode}: {r['pause_s'] * 1e3:.1f} ms (in agent {r['in_agent_s'] * 1e3:.1f} ms)", flush=True
+                    )
     finally:
         agent.stop()
     step = median(steps)
     rows = []
     for mode in MODES:
         p = median([r["pause_s"] for r in runs[mode]])
-        rows.append({"mode": mode, "pause_s": p, "steps": p / step, "runs": runs[mode],
-                     "in_agent_s": median([r["in_agent_s"] for r in runs[mode]]),
-                     "running_after": max(r["running_after"] for r in runs[mode]),
-                     "frozen_after": max(r["frozen_after"] for r in runs[mode]),
-                     "finish_reasons": sorted({x for r in runs[mode] for x in r["finish_reasons"]})})
-    return {"params": {"batch": a.batch, "max_tokens": a.max_tokens, "repeats": a.repeats,
-                       "step_tokens": a.step_tokens},
-            "step_s": step, "step_runs_s": steps, "rows": rows}
+        rows.append(
+            {
+                "mode": mode,
+                "pause_s": p,
+                "steps": p / step,
+                "runs": runs[mode],
+                "in_agent_s": median([r["in_agent_s"] for r in runs[mode]]),
+                "running_after": max(r["running_after"] for r in runs[mode]),
+                "frozen_after": max(r["frozen_after"] for r in runs[mode]),
+                "finish_reasons": sorted({x for r in runs[mode] for x in r["finish_reasons"]}),
+            }
+        )
+    return {
+        "params": {"batch": a.batch, "max_tokens": a.max_tokens, "repeats": a.repeats, "step_tokens": a.step_tokens},
+        "step_s": step,
+        "step_runs_s": steps,
+        "rows": rows,
+    }
 
 
 def render(r: dict[str, Any]) -> str:
-    return table(["mode", "pause → quiesced ms", "÷ step time", "in agent ms", "running after", "frozen after",
-                  "finish reasons"],
-                 [[x["mode"], x["pause_s"] * 1e3, x["steps"], x["in_agent_s"] * 1e3 if "in_agent_s" in x else None,
-                   x["running_after"], x.get("frozen_after"), ",".join(x["finish_reasons"])] for x in r["rows"]])
+    return table(
+        [
+            "mode",
+            "pause → quiesced ms",
+            "÷ step time",
+            "in agent ms",
+            "running after",
+            "frozen after",
+            "finish reasons",
+        ],
+        [
+            [
+                x["mode"],
+                x["pause_s"] * 1e3,
+                x["steps"],
+                x["in_agent_s"] * 1e3 if "in_agent_s" in x else None,
+                x["running_after"],
+                x.get("frozen_after"),
+                ",".join(x["finish_reasons"]),
+            ]
+            for x in r["rows"]
+        ],
+    )
 
 
 def draw(r: dict[str, Any], out_dir: Path) -> Path:
@@ -155,8 +201,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="bench-pause-") as tmp:
         result = asyncio.run(run(a, Path(tmp)))
-    return report("pause_latency", result, a.out, text=render(result), draw=lambda out: draw(result, out),
-                  notes_before=[f"decode step at batch {a.batch}: {result['step_s'] * 1e3:.1f} ms"])
+    return report(
+        "pause_latency",
+        result,
+        a.out,
+        text=render(result),
+        draw=lambda out: draw(result, out),
+        notes_before=[f"decode step at batch {a.batch}: {result['step_s'] * 1e3:.1f} ms"],
+    )
 
 
 if __name__ == "__main__":

@@ -54,9 +54,14 @@ def engine_class(ray: Any) -> Any:
 
     class Engine:
         def __init__(self, index: int) -> None:
-            self.described = {"rlcp": 1, "admin_url": f"http://127.0.0.1:{20000 + index}",
-                              "inference_url": f"http://127.0.0.1:{30000 + index}", "flavor": "agent",
-                              "world_size": 1, "model": "sim"}
+            self.described = {
+                "rlcp": 1,
+                "admin_url": f"http://127.0.0.1:{20000 + index}",
+                "inference_url": f"http://127.0.0.1:{30000 + index}",
+                "flavor": "agent",
+                "world_size": 1,
+                "model": "sim",
+            }
 
         def __repr__(self) -> str:
             return json.dumps(self.described)
@@ -82,8 +87,9 @@ def p90(values: list[float]) -> float:
 
 async def measure_polls(head: RayHead, repeats: int) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
-        source = RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=NAMESPACE,
-                                name_prefix=PREFIX, timeout_s=10)
+        source = RayActorSource(
+            session=session, dashboard_url=head.dashboard_url, namespace=NAMESPACE, name_prefix=PREFIX, timeout_s=10
+        )
         url, params = actors_url(head.dashboard_url), query(namespace=NAMESPACE, class_name=None, limit=10000)
         body: dict[str, Any] = {}
 
@@ -101,10 +107,16 @@ async def measure_polls(head: RayHead, repeats: int) -> dict[str, Any]:
         for _ in range(repeats):  # interleaved, so drift on a shared machine hits both alike
             polls += await time_calls(poll, 1)
             bares += await time_calls(bare, 1)
-        return {"rows": body["rows"], "members": body["members"], "answer_kb": round(body["bytes"] / 1024, 1),
-                "poll_ms": round(median(polls) * 1e3, 2), "poll_p90_ms": round(p90(polls) * 1e3, 2),
-                "bare_ms": round(median(bares) * 1e3, 2), "bare_p90_ms": round(p90(bares) * 1e3, 2),
-                "ratio_poll_vs_bare": round(median(polls) / median(bares), 2)}
+        return {
+            "rows": body["rows"],
+            "members": body["members"],
+            "answer_kb": round(body["bytes"] / 1024, 1),
+            "poll_ms": round(median(polls) * 1e3, 2),
+            "poll_p90_ms": round(p90(polls) * 1e3, 2),
+            "bare_ms": round(median(bares) * 1e3, 2),
+            "bare_p90_ms": round(p90(bares) * 1e3, 2),
+            "ratio_poll_vs_bare": round(median(polls) / median(bares), 2),
+        }
 
 
 def members_answer(live_answer: dict[str, Any], n: int) -> dict[str, Any]:
@@ -131,8 +143,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     try:
         time.sleep(2.0)  # the head's own start-up work settles before its memory is read
         idle_mb = rss_mb(head.pids())
-        ray.init(address=head.gcs_address, namespace=NAMESPACE, logging_level="warning", log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            address=head.gcs_address,
+            namespace=NAMESPACE,
+            logging_level="warning",
+            log_to_driver=False,
+            configure_logging=False,
+        )
         Engine = ray.remote(num_cpus=0)(engine_class(ray))
         t0 = time.monotonic()
         live = [Engine.options(name=f"{PREFIX}live-{i}", lifetime="detached").remote(i) for i in range(args.live)]
@@ -143,16 +160,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows = []
         for size in args.sizes:
             for i in range(len(pending), size - args.live):
-                pending.append(Engine.options(name=f"{PREFIX}pending-{i}", lifetime="detached",
-                                              resources={"nowhere": 1}).remote(10000 + i))
+                pending.append(
+                    Engine.options(name=f"{PREFIX}pending-{i}", lifetime="detached", resources={"nowhere": 1}).remote(
+                        10000 + i
+                    )
+                )
             time.sleep(1.0)  # the GCS has registered them (they stay PENDING_CREATION)
             rows.append({"size": size, **asyncio.run(measure_polls(head, args.repeats))})
 
         import urllib.request
 
-        with urllib.request.urlopen(f"{head.dashboard_url}/api/v0/actors?detail=true&limit=10000"
-                                    f"&filter_keys=ray_namespace&filter_predicates=%3D&filter_values={NAMESPACE}",
-                                    timeout=10) as resp:
+        with urllib.request.urlopen(
+            f"{head.dashboard_url}/api/v0/actors?detail=true&limit=10000"
+            f"&filter_keys=ray_namespace&filter_predicates=%3D&filter_values={NAMESPACE}",
+            timeout=10,
+        ) as resp:
             answer = members_answer(json.load(resp), args.members)
         parse_s = []
         for _ in range(args.repeats):
@@ -163,20 +185,35 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         ray.shutdown()
     finally:
         head.stop()
-    return {"live": args.live, "live_created_s": round(live_s, 2), "rows": rows,
-            "parse": {"members": args.members, "median_ms": round(median(parse_s) * 1e3, 2),
-                      "per_member_us": round(median(parse_s) / args.members * 1e6, 1),
-                      "answer_kb": round(len(json.dumps(answer)) / 1024, 1)},
-            "head_rss_mb": {"idle": idle_mb, "with_live_actors": live_mb,
-                            "per_live_actor": round((live_mb - idle_mb) / max(args.live, 1), 1)},
-            "repeats": args.repeats, "machine": machine()}
+    return {
+        "live": args.live,
+        "live_created_s": round(live_s, 2),
+        "rows": rows,
+        "parse": {
+            "members": args.members,
+            "median_ms": round(median(parse_s) * 1e3, 2),
+            "per_member_us": round(median(parse_s) / args.members * 1e6, 1),
+            "answer_kb": round(len(json.dumps(answer)) / 1024, 1),
+        },
+        "head_rss_mb": {
+            "idle": idle_mb,
+            "with_live_actors": live_mb,
+            "per_live_actor": round((live_mb - idle_mb) / max(args.live, 1), 1),
+        },
+        "repeats": args.repeats,
+        "machine": machine(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.ray_discovery", description=__doc__.splitlines()[0])
     p.add_argument("--live", type=int, default=16, help="live engine actors (a process each)")
-    p.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64, 256],
-                   help="actor rows per step: live plus never-scheduled ones")
+    p.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[16, 64, 256],
+        help="actor rows per step: live plus never-scheduled ones",
+    )
     p.add_argument("--members", type=int, default=256, help="members in the parse measurement")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--out", type=Path, default=None)
@@ -185,10 +222,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         p.error("every size must be at least --live")
     quiet_logs()  # each never-scheduled actor is a skip warning on the first poll
     result = measure(args)
-    text = table(["actors (rows)", "members", "answer KB", "poll median / p90 ms", "bare GET median / p90 ms",
-                  "poll / bare"],
-                 [[r["size"], r["members"], r["answer_kb"], f"{r['poll_ms']} / {r['poll_p90_ms']}",
-                   f"{r['bare_ms']} / {r['bare_p90_ms']}", r["ratio_poll_vs_bare"]] for r in result["rows"]])
+    text = table(
+        ["actors (rows)", "members", "answer KB", "poll median / p90 ms", "bare GET median / p90 ms", "poll / bare"],
+        [
+            [
+                r["size"],
+                r["members"],
+                r["answer_kb"],
+                f"{r['poll_ms']} / {r['poll_p90_ms']}",
+                f"{r['bare_ms']} / {r['bare_p90_ms']}",
+                r["ratio_poll_vs_bare"],
+            ]
+            for r in result["rows"]
+        ],
+    )
     parse, mem = result["parse"], result["head_rss_mb"]
 
     def draw(out_dir: Path) -> Path:
@@ -200,13 +247,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ax.set_ylabel("ms (median)")
             ax.set_title(f"Ray discovery poll ({result['live']} live engines)")
             ax.legend()
+
         return plot("ray_discovery", axes, out_dir)
 
-    return report("ray_discovery", result, args.out, text=text, draw=draw, notes_after=[
-        f"parse_actors over {parse['members']} live members ({parse['answer_kb']} KB): {parse['median_ms']} ms "
-        f"({parse['per_member_us']} us a member)",
-        f"head RSS: {mem['idle']} MB idle, {mem['with_live_actors']} MB with {result['live']} live actors "
-        f"({mem['per_live_actor']} MB each; created in {result['live_created_s']} s)"])
+    return report(
+        "ray_discovery",
+        result,
+        args.out,
+        text=text,
+        draw=draw,
+        notes_after=[
+            f"parse_actors over {parse['members']} live members ({parse['answer_kb']} KB): {parse['median_ms']} ms "
+            f"({parse['per_member_us']} us a member)",
+            f"head RSS: {mem['idle']} MB idle, {mem['with_live_actors']} MB with {result['live']} live actors "
+            f"({mem['per_live_actor']} MB each; created in {result['live_created_s']} s)",
+        ],
+    )
 
 
 if __name__ == "__main__":

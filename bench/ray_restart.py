@@ -42,8 +42,10 @@ NAMESPACE, PREFIX = "rlcp-bench", "rlcp-agent-"
 
 
 def actors(head: RayHead) -> dict[str, dict[str, Any]]:
-    url = (f"{head.dashboard_url}/api/v0/actors?detail=true&limit=1000&filter_keys=ray_namespace"
-           f"&filter_predicates=%3D&filter_values={NAMESPACE}")
+    url = (
+        f"{head.dashboard_url}/api/v0/actors?detail=true&limit=1000&filter_keys=ray_namespace"
+        f"&filter_predicates=%3D&filter_values={NAMESPACE}"
+    )
     with urllib.request.urlopen(url, timeout=5) as resp:
         rows = json.load(resp)["data"]["result"]["result"]
     return {r["name"]: r for r in rows if r.get("name", "").startswith(PREFIX) and r["state"] != "DEAD"}
@@ -67,21 +69,51 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     head = RayHead(num_cpus=2).start()
     root = workdir / "weights"
     write_checkpoint(root / "v1", 1)
-    agent = {"engine": {"kind": "sim", "model": "sim", "sim_load_latency_s": args.load_s},
-             "admin": {"token": AGENT_TOKEN}, "allowed_roots": [str(root)], "timeouts": TEST_TIMEOUTS,
-             "log_format": "json", "log_level": "warning"}
+    agent = {
+        "engine": {"kind": "sim", "model": "sim", "sim_load_latency_s": args.load_s},
+        "admin": {"token": AGENT_TOKEN},
+        "allowed_roots": [str(root)],
+        "timeouts": TEST_TIMEOUTS,
+        "log_format": "json",
+        "log_level": "warning",
+    }
     config = controller_config(
-        workdir, [], [root], gateway={"port": 0}, log_level="warning",
-        discovery={"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
-                                          "name_prefix": PREFIX, "interval_s": 0.2, "timeout_s": 2.0,
-                                          "max_backoff_s": 1.0, "dead_actors": "drop"}},
-        placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
-                                          "replicas": args.agents, "bundle": {"CPU": 0.5}, "interval_s": 0.5,
-                                          "teardown": True, "agent": agent}})
+        workdir,
+        [],
+        [root],
+        gateway={"port": 0},
+        log_level="warning",
+        discovery={
+            "kind": "ray",
+            "ray": {
+                "dashboard_url": head.dashboard_url,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "interval_s": 0.2,
+                "timeout_s": 2.0,
+                "max_backoff_s": 1.0,
+                "dead_actors": "drop",
+            },
+        },
+        placement={
+            "kind": "ray",
+            "ray": {
+                "address": head.gcs_address,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "replicas": args.agents,
+                "bundle": {"CPU": 0.5},
+                "interval_s": 0.5,
+                "teardown": True,
+                "agent": agent,
+            },
+        },
+    )
     ctl = ControllerProcess(config, workdir, start_timeout_s=90)
     rows: list[dict[str, float]] = []
     try:
         async with aiohttp.ClientSession() as http:
+
             async def workers() -> list[dict[str, Any]]:
                 async with http.get(f"{ctl.url}/v1/rl/state", headers=AUTH) as resp:
                     return list((await resp.json())["workers"])
@@ -92,11 +124,13 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             async def all_serving(version: str | None = None) -> bool:
                 ws = await workers()
                 return len(ws) == args.agents and all(
-                    w["serving"] and (version is None or w["weight_version"] == version) for w in ws)
+                    w["serving"] and (version is None or w["weight_version"] == version) for w in ws
+                )
 
             placed_s = await until(all_serving, 120, "agents placed and serving") - t0
-            async with http.post(f"{ctl.url}/v1/rl/update_weights", headers=AUTH,
-                                 json=update_body("v1", root / "v1")) as resp:
+            async with http.post(
+                f"{ctl.url}/v1/rl/update_weights", headers=AUTH, json=update_body("v1", root / "v1")
+            ) as resp:
                 assert resp.status == 200, await resp.text()
             await until(lambda: all_serving("v1"), 30, "v1 everywhere")
             for k in range(args.kills):
@@ -106,23 +140,44 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
                 async def anew(name: str = name, old_url: str = old_url) -> bool:
                     return await all_serving("v1") and any(
-                        w["id"] == name and w["admin_url"] != old_url for w in await workers())
+                        w["id"] == name and w["admin_url"] != old_url for w in await workers()
+                    )
 
                 t_kill = time.monotonic()
                 os.kill(before["pid"], signal.SIGKILL)
-                t_alive = await until(lambda: (a := actors(head).get(name)) is not None and a["state"] == "ALIVE"
-                                      and a["num_restarts"] > before["num_restarts"], 30, "Ray's restart")
-                t_up = await until(lambda: (a := actors(head).get(name)) is not None
-                                   and a.get("repr_name") and a["repr_name"] != before["repr_name"], 30, "agent up")
+                t_alive = await until(
+                    lambda: (
+                        (a := actors(head).get(name)) is not None
+                        and a["state"] == "ALIVE"
+                        and a["num_restarts"] > before["num_restarts"]
+                    ),
+                    30,
+                    "Ray's restart",
+                )
+                t_up = await until(
+                    lambda: (
+                        (a := actors(head).get(name)) is not None
+                        and a.get("repr_name")
+                        and a["repr_name"] != before["repr_name"]
+                    ),
+                    30,
+                    "agent up",
+                )
                 t_serving = await until(anew, 30, "converged and serving")
-                rows.append({"ray_alive_s": t_alive - t_kill, "agent_up_s": t_up - t_kill,
-                             "serving_s": t_serving - t_kill})
+                rows.append(
+                    {"ray_alive_s": t_alive - t_kill, "agent_up_s": t_up - t_kill, "serving_s": t_serving - t_kill}
+                )
                 await asyncio.sleep(0.5)
     finally:
         ctl.stop()
         head.stop()
-    return {"agents": args.agents, "load_s": args.load_s, "placed_and_serving_s": placed_s, "kills": rows,
-            "machine": machine()}
+    return {
+        "agents": args.agents,
+        "load_s": args.load_s,
+        "placed_and_serving_s": placed_s,
+        "kills": rows,
+        "machine": machine(),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -135,9 +190,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
         result = asyncio.run(measure(args, Path(tmp)))
     keys = ("ray_alive_s", "agent_up_s", "serving_s")
-    text = table(["from the SIGKILL", "median s", "max s"],
-                 [[k, f"{median([r[k] for r in result['kills']]):.2f}", f"{max(r[k] for r in result['kills']):.2f}"]
-                  for k in keys])
+    text = table(
+        ["from the SIGKILL", "median s", "max s"],
+        [
+            [k, f"{median([r[k] for r in result['kills']]):.2f}", f"{max(r[k] for r in result['kills']):.2f}"]
+            for k in keys
+        ],
+    )
 
     def draw(out_dir: Path) -> Path:
         def axes(ax: Any) -> None:
@@ -146,11 +205,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ax.set_xticks(range(len(keys)), keys)
             ax.set_ylabel("seconds after the SIGKILL")
             ax.set_title(f"placed agent restart ({result['agents']} agents, load {result['load_s']:g} s)")
+
         return plot("ray_restart", axes, out_dir)
 
-    return report("ray_restart", result, args.out, text=text, draw=draw,
-                  notes_before=[f"{result['agents']} agents placed and serving after "
-                                f"{result['placed_and_serving_s']:.2f} s; {len(result['kills'])} kills"])
+    return report(
+        "ray_restart",
+        result,
+        args.out,
+        text=text,
+        draw=draw,
+        notes_before=[
+            f"{result['agents']} agents placed and serving after "
+            f"{result['placed_and_serving_s']:.2f} s; {len(result['kills'])} kills"
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -99,29 +99,37 @@ class HandRolledSync:
         t0 = time.monotonic()
         path = await asyncio.to_thread(save_weights, model, self.steps_dir / version)
         try:
-            await self._each("/pause", params={"mode": "keep", "clear_cache": "false"},
-                             timeout_s=self.pause_timeout_s)
+            await self._each("/pause", params={"mode": "keep", "clear_cache": "false"}, timeout_s=self.pause_timeout_s)
             try:
-                await self._each("/v1/agent/weights/disk", body={"path": str(path), "version": version},
-                                 timeout_s=self.load_timeout_s)
+                await self._each(
+                    "/v1/agent/weights/disk",
+                    body={"path": str(path), "version": version},
+                    timeout_s=self.load_timeout_s,
+                )
             finally:
                 await self._each("/resume", timeout_s=self.pause_timeout_s)
         except BenchError as exc:
             return Pushed(version, time.monotonic() - t0, str(exc))
         return Pushed(version, time.monotonic() - t0)
 
-    async def _each(self, path: str, *, timeout_s: float, params: dict[str, str] | None = None,
-                    body: dict[str, Any] | None = None) -> None:
+    async def _each(
+        self, path: str, *, timeout_s: float, params: dict[str, str] | None = None, body: dict[str, Any] | None = None
+    ) -> None:
         await asyncio.gather(*(self._post(url, path, params, body, timeout_s) for url in self.admin_urls))
 
-    async def _post(self, url: str, path: str, params: dict[str, str] | None, body: dict[str, Any] | None,
-                    timeout_s: float) -> None:
+    async def _post(
+        self, url: str, path: str, params: dict[str, str] | None, body: dict[str, Any] | None, timeout_s: float
+    ) -> None:
         reason = "no attempt"
         for attempt in range(self.attempts):
             try:
-                async with self.session.post(url + path, params=params, json=body,
-                                             headers={"Authorization": f"Bearer {self.token}"},
-                                             timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                async with self.session.post(
+                    url + path,
+                    params=params,
+                    json=body,
+                    headers={"Authorization": f"Bearer {self.token}"},
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                ) as resp:
                     text = await resp.text()
                     if resp.status < 300:
                         return
@@ -131,7 +139,7 @@ class HandRolledSync:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if attempt + 1 < self.attempts:
-                await asyncio.sleep(min(10.0, 2.0 ** attempt))
+                await asyncio.sleep(min(10.0, 2.0**attempt))
         raise BenchError(f"POST {url}{path} failed: {reason}")
 
     async def close(self) -> None:
@@ -183,7 +191,7 @@ class RecordingSampler(Sampler):
         last = len(self.pushed) - 1
         out = await super().sample(prompts, group, seed)
         # Read after the sampling: versions whose push began meanwhile count too (async).
-        self.batches.append(Batch(step, out, self.pushed[max(0, last - self.staleness):]))
+        self.batches.append(Batch(step, out, self.pushed[max(0, last - self.staleness) :]))
         return out
 
 
@@ -202,8 +210,14 @@ def wrong_weights(batches: Sequence[Batch], pushed: Sequence[str]) -> dict[str, 
         tokens += sum(len(c.versions) for c in b.completions)
         wrong_tokens += sum(v not in b.admitted for c in b.completions for v in c.versions)
         foreign += sum(v not in known for c in b.completions for v in c.versions)
-    return {"rollouts": rollouts, "wrong_rollouts": wrong, "tokens": tokens, "wrong_tokens": wrong_tokens,
-            "never_pushed_tokens": foreign, "wrong_by_step": {k: n for k, n in per_step.items() if n}}
+    return {
+        "rollouts": rollouts,
+        "wrong_rollouts": wrong,
+        "tokens": tokens,
+        "wrong_tokens": wrong_tokens,
+        "never_pushed_tokens": foreign,
+        "wrong_by_step": {k: n for k, n in per_step.items() if n},
+    }
 
 
 def figures(records: Sequence[StepRecord], threshold: float) -> dict[str, Any]:
@@ -213,16 +227,21 @@ def figures(records: Sequence[StepRecord], threshold: float) -> dict[str, Any]:
     hit = next((r for r in records if r.reward >= threshold), None)
     mismatches = [r.mismatch_max for r in records if r.mismatch_max is not None]
     tail = records[-3:]
-    return {"median_step_s": statistics.median(steps_s), "total_s": walls[-1],
-            "median_sample_s": statistics.median(r.sample_s for r in records),
-            "median_train_s": statistics.median(r.train_s for r in records),
-            "median_sync_s": statistics.median(r.sync_s for r in records),
-            "sync_share": sum(r.sync_s for r in records) / walls[-1],
-            "threshold_step": hit.step if hit else None, "threshold_s": hit.wall_s if hit else None,
-            "mismatch_max": max(mismatches) if mismatches else None,
-            "reward_first": records[0].reward, "reward_last3": sum(r.reward for r in tail) / len(tail),
-            "failed_pushes": [r.step for r in records if r.sync_error],
-            "dropped_tokens": sum(r.dropped for r in records)}
+    return {
+        "median_step_s": statistics.median(steps_s),
+        "total_s": walls[-1],
+        "median_sample_s": statistics.median(r.sample_s for r in records),
+        "median_train_s": statistics.median(r.train_s for r in records),
+        "median_sync_s": statistics.median(r.sync_s for r in records),
+        "sync_share": sum(r.sync_s for r in records) / walls[-1],
+        "threshold_step": hit.step if hit else None,
+        "threshold_s": hit.wall_s if hit else None,
+        "mismatch_max": max(mismatches) if mismatches else None,
+        "reward_first": records[0].reward,
+        "reward_last3": sum(r.reward for r in tail) / len(tail),
+        "failed_pushes": [r.step for r in records if r.sync_error],
+        "dropped_tokens": sum(r.dropped for r in records),
+    }
 
 
 def with_ratios(runs: dict[str, dict[str, Any]]) -> None:
@@ -231,8 +250,9 @@ def with_ratios(runs: dict[str, dict[str, Any]]) -> None:
     for run in runs.values():
         f = run["figures"]
         f["step_ratio"] = f["median_step_s"] / base["median_step_s"] if base else None
-        f["threshold_ratio"] = (f["threshold_s"] / base["threshold_s"]
-                                if base and f["threshold_s"] and base["threshold_s"] else None)
+        f["threshold_ratio"] = (
+            f["threshold_s"] / base["threshold_s"] if base and f["threshold_s"] and base["threshold_s"] else None
+        )
 
 
 # -- the fleet: two agents, set back to the base weights before each run -----------------------
@@ -249,12 +269,24 @@ def make_fleet(root: Path, base: Path, count: int = 2) -> Fleet:
     from rlcp.localfleet.fleet import vllm_engine
 
     token = secrets.token_urlsafe(16)
-    agents = [AgentProcess({"agent_id": f"agent-{i}", "engine": vllm_engine(base), "allowed_roots": [str(root)],
-                            "require_desired_version": True, "log_format": "json"},
-                           root / "agents", name=f"agent-{i}", token=token, start_timeout_s=300,
-                           # one core each (vLLM's CPU backend binds every engine to the same cores)
-                           env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))})
-              for i in range(count)]
+    agents = [
+        AgentProcess(
+            {
+                "agent_id": f"agent-{i}",
+                "engine": vllm_engine(base),
+                "allowed_roots": [str(root)],
+                "require_desired_version": True,
+                "log_format": "json",
+            },
+            root / "agents",
+            name=f"agent-{i}",
+            token=token,
+            start_timeout_s=300,
+            # one core each (vLLM's CPU backend binds every engine to the same cores)
+            env={"VLLM_CPU_OMP_THREADS_BIND": str(i % (os.cpu_count() or 1))},
+        )
+        for i in range(count)
+    ]
     return Fleet(agents, token, root, base)
 
 
@@ -263,8 +295,11 @@ async def start_agents(fleet: Fleet) -> None:
         a.spawn()
     await asyncio.gather(*(a.wait_ready_async() for a in fleet.agents))
     for a in fleet.agents:  # a restart comes back at the same addresses
-        a.config = {**a.config, "admin": {"port": a.ports["admin_port"], "token": fleet.token},
-                    "inference": {"port": a.ports["inference_port"]}}
+        a.config = {
+            **a.config,
+            "admin": {"port": a.ports["admin_port"], "token": fleet.token},
+            "inference": {"port": a.ports["inference_port"]},
+        }
 
 
 async def warm_up(session: aiohttp.ClientSession, fleet: Fleet) -> None:
@@ -275,14 +310,26 @@ async def warm_up(session: aiohttp.ClientSession, fleet: Fleet) -> None:
     prompts = make_task(str(fleet.base)).prompts_for(1, RunSettings.prompts_per_step)
     for a in fleet.agents:
         await Sampler(session, [a.inference_url], SERVED_NAME, RunSettings.max_tokens).sample(
-            prompts, RunSettings.group, seed=1)
+            prompts, RunSettings.group, seed=1
+        )
 
 
-async def admin(session: aiohttp.ClientSession, agent: AgentProcess, method: str, path: str,
-                body: Any = None, timeout_s: float = 120.0) -> Any:
+async def admin(
+    session: aiohttp.ClientSession,
+    agent: AgentProcess,
+    method: str,
+    path: str,
+    body: Any = None,
+    timeout_s: float = 120.0,
+) -> Any:
     try:
-        async with session.request(method, agent.admin_url + path, json=body, headers=agent.auth,
-                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with session.request(
+            method,
+            agent.admin_url + path,
+            json=body,
+            headers=agent.auth,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             data = await resp.json(content_type=None)
             if resp.status >= 300:
                 raise BenchError(f"{method} {agent.name}{path}: HTTP {resp.status} {str(data)[:300]}")
@@ -321,42 +368,63 @@ class Kill:
 
 
 # -- one run --------------------------------------------------------------------------------
-async def train(label: str, settings: RunSettings, sampler: RecordingSampler, pushes: PushLog,
-                base: Path) -> list[StepRecord]:
+async def train(
+    label: str, settings: RunSettings, sampler: RecordingSampler, pushes: PushLog, base: Path
+) -> list[StepRecord]:
     from rlcp.rl.policy import load_policy
     from rlcp.rl.report import step_line
     from rlcp.rl.task import make_task
 
-    trainer = Trainer(load_policy(str(base)), make_task(str(base)), sampler, pushes, settings, pushes.versions[0],
-                      on_step=lambda r: say(f"  [{label}] {step_line(r, settings.steps)}"))
+    trainer = Trainer(
+        load_policy(str(base)),
+        make_task(str(base)),
+        sampler,
+        pushes,
+        settings,
+        pushes.versions[0],
+        on_step=lambda r: say(f"  [{label}] {step_line(r, settings.steps)}"),
+    )
     try:
         return await trainer.run()
     finally:
         await pushes.close()
 
 
-async def run_hand_rolled(session: aiohttp.ClientSession, fleet: Fleet, a: argparse.Namespace, tag: str,
-                          kill: Kill | None) -> dict[str, Any]:
+async def run_hand_rolled(
+    session: aiohttp.ClientSession, fleet: Fleet, a: argparse.Namespace, tag: str, kill: Kill | None
+) -> dict[str, Any]:
     initial = f"base-{tag}"
     await reset_direct(session, fleet, initial)
     settings = RunSettings(steps=a.steps, lr=a.lr, seed=a.seed, mode="sync", drop_stale=False)
-    pushes = PushLog(HandRolledSync(session, [p.admin_url for p in fleet.agents], fleet.token,
-                                    fleet.root / tag / "steps"), [initial])
-    sampler = RecordingSampler(session, [p.inference_url for p in fleet.agents], SERVED_NAME, settings.max_tokens,
-                               pushed=pushes.versions, before=kill)
+    pushes = PushLog(
+        HandRolledSync(session, [p.admin_url for p in fleet.agents], fleet.token, fleet.root / tag / "steps"), [initial]
+    )
+    sampler = RecordingSampler(
+        session,
+        [p.inference_url for p in fleet.agents],
+        SERVED_NAME,
+        settings.max_tokens,
+        pushed=pushes.versions,
+        before=kill,
+    )
     records = await train("hand-rolled", settings, sampler, pushes, fleet.base)
     return outcome(records, sampler, pushes, a.threshold, kill)
 
 
-async def run_rlcp(session: aiohttp.ClientSession, fleet: Fleet, a: argparse.Namespace, tag: str, mode: str,
-                   kill: Kill | None) -> dict[str, Any]:
+async def run_rlcp(
+    session: aiohttp.ClientSession, fleet: Fleet, a: argparse.Namespace, tag: str, mode: str, kill: Kill | None
+) -> dict[str, Any]:
     api_token = secrets.token_urlsafe(16)
     controller = controller_daemon(
-        [p.spec(p.name) for p in fleet.agents], fleet.root / tag, name=f"controller-{tag}",
-        api={"token": api_token}, gateway={"enabled": True, "host": "127.0.0.1", "port": 0},
+        [p.spec(p.name) for p in fleet.agents],
+        fleet.root / tag,
+        name=f"controller-{tag}",
+        api={"token": api_token},
+        gateway={"enabled": True, "host": "127.0.0.1", "port": 0},
         workers={"token": fleet.token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
         reconcile={"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
-        allowed_roots=[str(fleet.root)])
+        allowed_roots=[str(fleet.root)],
+    )
     try:
         controller.spawn()
         await controller.wait_ready_async()
@@ -369,11 +437,20 @@ async def run_rlcp(session: aiohttp.ClientSession, fleet: Fleet, a: argparse.Nam
                 raise BenchError("the controller runs no gateway")
             settings = RunSettings(steps=a.steps, lr=a.lr, seed=a.seed, mode="async" if mode == "async" else "sync")
             await client.set_staleness(settings.staleness if settings.mode == "async" else 0)
-            pushes = PushLog(DiskSync(client, fleet.root / tag / "steps",
-                                      max_unavailable=1 if settings.mode == "async" else None), [initial])
-            sampler = RecordingSampler(session, [gateway], SERVED_NAME, settings.max_tokens,
-                                       headers={"Authorization": f"Bearer {api_token}"}, pushed=pushes.versions,
-                                       staleness=settings.staleness if settings.mode == "async" else 0, before=kill)
+            pushes = PushLog(
+                DiskSync(client, fleet.root / tag / "steps", max_unavailable=1 if settings.mode == "async" else None),
+                [initial],
+            )
+            sampler = RecordingSampler(
+                session,
+                [gateway],
+                SERVED_NAME,
+                settings.max_tokens,
+                headers={"Authorization": f"Bearer {api_token}"},
+                pushed=pushes.versions,
+                staleness=settings.staleness if settings.mode == "async" else 0,
+                before=kill,
+            )
             records = await train(f"rlcp {mode}", settings, sampler, pushes, fleet.base)
             return outcome(records, sampler, pushes, a.threshold, kill)
     finally:
@@ -391,11 +468,16 @@ async def wait_reachable(client: ControlPlaneClient, workers: int, deadline_s: f
     raise BenchError(f"the controller did not reach {workers} workers in {deadline_s:g}s: {str(state)[:1000]}")
 
 
-def outcome(records: list[StepRecord], sampler: RecordingSampler, pushes: PushLog, threshold: float,
-            kill: Kill | None) -> dict[str, Any]:
-    return {"figures": figures(records, threshold), "wrong": wrong_weights(sampler.batches, pushes.versions),
-            "sampler_retries": sampler.failed, "restart_s": kill.restart_s if kill else None,
-            "records": [r.as_json() for r in records]}
+def outcome(
+    records: list[StepRecord], sampler: RecordingSampler, pushes: PushLog, threshold: float, kill: Kill | None
+) -> dict[str, Any]:
+    return {
+        "figures": figures(records, threshold),
+        "wrong": wrong_weights(sampler.batches, pushes.versions),
+        "sampler_retries": sampler.failed,
+        "restart_s": kill.restart_s if kill else None,
+        "records": [r.as_json() for r in records],
+    }
 
 
 async def measure(a: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -443,28 +525,78 @@ def _x(value: float | None) -> str:
 
 def render(r: dict[str, Any]) -> str:
     t = r["threshold"]
-    out = [f"Weights by disk in all three (save, then each agent's disk load); {r['steps']} steps, lr {r['lr']:g}, "
-           f"seed {r['seed']}, reward threshold {t:g}."]
+    out = [
+        f"Weights by disk in all three (save, then each agent's disk load); {r['steps']} steps, lr {r['lr']:g}, "
+        f"seed {r['seed']}, reward threshold {t:g}."
+    ]
     runs = r["cases"]["no_kill"]
-    out.append(table(
-        ["configuration", "median s / step", "÷ hand-rolled", "median sample / train / sync s", f"reward ≥ {t:g} at",
-         "÷ hand-rolled", "sync share", "max abs Δ logprob", "reward first → last 3", "wrong-weight rollouts"],
-        [[c, f["median_step_s"], _x(f["step_ratio"]),
-          f"{f['median_sample_s']:.2f} / {f['median_train_s']:.2f} / {f['median_sync_s']:.2f}", _at(f),
-          _x(f["threshold_ratio"]), f"{f['sync_share']:.0%}", f["mismatch_max"],
-          f"{f['reward_first']:.3f} → {f['reward_last3']:.3f}",
-          f"{run['wrong']['wrong_rollouts']} / {run['wrong']['rollouts']}"]
-         for c, run in runs.items() for f in [run["figures"]]]))
+    out.append(
+        table(
+            [
+                "configuration",
+                "median s / step",
+                "÷ hand-rolled",
+                "median sample / train / sync s",
+                f"reward ≥ {t:g} at",
+                "÷ hand-rolled",
+                "sync share",
+                "max abs Δ logprob",
+                "reward first → last 3",
+                "wrong-weight rollouts",
+            ],
+            [
+                [
+                    c,
+                    f["median_step_s"],
+                    _x(f["step_ratio"]),
+                    f"{f['median_sample_s']:.2f} / {f['median_train_s']:.2f} / {f['median_sync_s']:.2f}",
+                    _at(f),
+                    _x(f["threshold_ratio"]),
+                    f"{f['sync_share']:.0%}",
+                    f["mismatch_max"],
+                    f"{f['reward_first']:.3f} → {f['reward_last3']:.3f}",
+                    f"{run['wrong']['wrong_rollouts']} / {run['wrong']['rollouts']}",
+                ]
+                for c, run in runs.items()
+                for f in [run["figures"]]
+            ],
+        )
+    )
     if "kill" in r["cases"]:
-        out.append(f"\nKill case: agent-1 SIGKILLed when step {r['kill_step']} begins to sample, started again on its "
-                   "base weights at the same ports:")
-        out.append(table(
-            ["configuration", "wrong-weight rollouts", "wrong tokens", "tokens from weights never pushed",
-             "pushes failed at step", "restart s", f"reward ≥ {t:g} at", "max abs Δ logprob", "reward last 3"],
-            [[c, f"{w['wrong_rollouts']} / {w['rollouts']}", w["wrong_tokens"], w["never_pushed_tokens"],
-              ", ".join(map(str, f["failed_pushes"])) or "–", run["restart_s"], _at(f), f["mismatch_max"],
-              f"{f['reward_last3']:.3f}"]
-             for c, run in r["cases"]["kill"].items() for f, w in [(run["figures"], run["wrong"])]]))
+        out.append(
+            f"\nKill case: agent-1 SIGKILLed when step {r['kill_step']} begins to sample, started again on its "
+            "base weights at the same ports:"
+        )
+        out.append(
+            table(
+                [
+                    "configuration",
+                    "wrong-weight rollouts",
+                    "wrong tokens",
+                    "tokens from weights never pushed",
+                    "pushes failed at step",
+                    "restart s",
+                    f"reward ≥ {t:g} at",
+                    "max abs Δ logprob",
+                    "reward last 3",
+                ],
+                [
+                    [
+                        c,
+                        f"{w['wrong_rollouts']} / {w['rollouts']}",
+                        w["wrong_tokens"],
+                        w["never_pushed_tokens"],
+                        ", ".join(map(str, f["failed_pushes"])) or "–",
+                        run["restart_s"],
+                        _at(f),
+                        f["mismatch_max"],
+                        f"{f['reward_last3']:.3f}",
+                    ]
+                    for c, run in r["cases"]["kill"].items()
+                    for f, w in [(run["figures"], run["wrong"])]
+                ],
+            )
+        )
     return "\n".join(out)
 
 
@@ -475,8 +607,10 @@ def draw(r: dict[str, Any], out_dir: Path) -> Path:
     from rlcp.rl.report import plot_runs
 
     paths = []
-    for case, name, title in (("no_kill", "rl_run", "Same trainer, three ways (weights by disk)"),
-                              ("kill", "rl_run_kill", f"Agent SIGKILLed at step {r.get('kill_step')}")):
+    for case, name, title in (
+        ("no_kill", "rl_run", "Same trainer, three ways (weights by disk)"),
+        ("kill", "rl_run_kill", f"Agent SIGKILLed at step {r.get('kill_step')}"),
+    ):
         if case in r["cases"]:
             runs = {c: [StepRecord(**rec) for rec in run["records"]] for c, run in r["cases"][case].items()}
             paths.append(plot_runs(runs, out_dir / f"{name}.png", title=title))
@@ -502,8 +636,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="bench-rl-run-") as tmp:
         measured = asyncio.run(measure(a, Path(tmp)))
-    result = {"steps": a.steps, "seed": a.seed, "lr": a.lr, "threshold": a.threshold, "kill_step": a.kill_step,
-              "transport": "disk", **measured}
+    result = {
+        "steps": a.steps,
+        "seed": a.seed,
+        "lr": a.lr,
+        "threshold": a.threshold,
+        "kill_step": a.kill_step,
+        "transport": "disk",
+        **measured,
+    }
     return report("rl_run", result, a.out, text=render(result), draw=lambda out: draw(result, out))
 
 

@@ -43,8 +43,9 @@ READERS: dict[str, dict[str, str]] = {
 }
 
 
-async def load(session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float,
-               reader: str = "gzip") -> dict[str, Any]:
+async def load(
+    session: aiohttp.ClientSession, url: str, concurrency: int, duration_s: float, reader: str = "gzip"
+) -> dict[str, Any]:
     """`concurrency` clients, each reading `url` back to back for `duration_s`, as `reader`
     does; every body is read whole (and decompressed when it came compressed)."""
     latencies: list[float] = []
@@ -71,8 +72,13 @@ async def load(session: aiohttp.ClientSession, url: str, concurrency: int, durat
     elapsed = time.perf_counter() - t0
     latencies.sort()
     pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
-    return {"requests": len(latencies), "rps": len(latencies) / elapsed, "p50_s": pick(0.50), "p99_s": pick(0.99),
-            "not_modified": not_modified}
+    return {
+        "requests": len(latencies),
+        "rps": len(latencies) / elapsed,
+        "p50_s": pick(0.50),
+        "p99_s": pick(0.99),
+        "not_modified": not_modified,
+    }
 
 
 async def sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
@@ -86,8 +92,9 @@ async def sizes(session: aiohttp.ClientSession, url: str) -> dict[str, int]:
     return {"plain": plain, "gzip": zipped if encoding == "gzip" else plain}
 
 
-async def measure(url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int,
-                  readers: list[str]) -> dict[str, Any]:
+async def measure(
+    url: str, n: int, concurrencies: list[int], duration_s: float, repeats: int, readers: list[str]
+) -> dict[str, Any]:
     connector = aiohttp.TCPConnector(limit=0)
     # Timed to the last byte as sent: a reader's decompression is its own cost, and here it
     # would delay the other clients. This process's collector is kept out (rlcp/core/heap.py).
@@ -105,20 +112,33 @@ async def measure(url: str, n: int, concurrencies: list[int], duration_s: float,
                     runs["healthz"].append(await load(session, url + "/healthz", c, duration_s))
                 row: dict[str, Any] = {"concurrency": c}
                 for key, rs in runs.items():
-                    row[key] = {"runs": rs, **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")},
-                                "not_modified_share": sum(r["not_modified"] for r in rs) / max(1, sum(r["requests"]
-                                                                                                      for r in rs))}
+                    row[key] = {
+                        "runs": rs,
+                        **{m: median([r[m] for r in rs]) for m in ("rps", "p50_s", "p99_s")},
+                        "not_modified_share": sum(r["not_modified"] for r in rs)
+                        / max(1, sum(r["requests"] for r in rs)),
+                    }
                 row["state"] = row["gzip" if "gzip" in row else readers[0]]  # what an aiohttp reader gets
                 for key in readers:
                     row[key]["rps_vs_healthz"] = row[key]["rps"] / row["healthz"]["rps"]
                     if "plain" in row:
                         row[key]["rps_vs_plain"] = row[key]["rps"] / row["plain"]["rps"]
                 rows.append(row)
-                print(f"  c={c}: " + "; ".join(f"{k} {row[k]['rps']:.0f} req/s p50 {row[k]['p50_s'] * 1e3:.1f} ms "
-                                               f"p99 {row[k]['p99_s'] * 1e3:.1f} ms" for k in (*readers, "healthz")),
-                      flush=True)
-        return {"state_document_bytes": doc["plain"], "state_document_gzip_bytes": doc["gzip"], "readers": readers,
-                "rows": rows}
+                print(
+                    f"  c={c}: "
+                    + "; ".join(
+                        f"{k} {row[k]['rps']:.0f} req/s p50 {row[k]['p50_s'] * 1e3:.1f} ms "
+                        f"p99 {row[k]['p99_s'] * 1e3:.1f} ms"
+                        for k in (*readers, "healthz")
+                    ),
+                    flush=True,
+                )
+        return {
+            "state_document_bytes": doc["plain"],
+            "state_document_gzip_bytes": doc["gzip"],
+            "readers": readers,
+            "rows": rows,
+        }
 
 
 def render(result: dict[str, Any]) -> str:
@@ -127,11 +147,37 @@ def render(result: dict[str, Any]) -> str:
         h = r["healthz"]
         for reader in result["readers"]:
             s = r[reader]
-            out.append([r.get("front", "on"), r["concurrency"], reader, s["p50_s"] * 1e3, s["p99_s"] * 1e3, s["rps"],
-                        s.get("rps_vs_plain"), s["rps_vs_healthz"], s["not_modified_share"], h["p50_s"] * 1e3,
-                        h["rps"]])
-    return table(["api.front", "concurrency", "reader", "state p50 ms", "state p99 ms", "state req/s", "req/s vs plain",
-                  "req/s vs healthz", "304 share", "healthz p50 ms", "healthz req/s"], out)
+            out.append(
+                [
+                    r.get("front", "on"),
+                    r["concurrency"],
+                    reader,
+                    s["p50_s"] * 1e3,
+                    s["p99_s"] * 1e3,
+                    s["rps"],
+                    s.get("rps_vs_plain"),
+                    s["rps_vs_healthz"],
+                    s["not_modified_share"],
+                    h["p50_s"] * 1e3,
+                    h["rps"],
+                ]
+            )
+    return table(
+        [
+            "api.front",
+            "concurrency",
+            "reader",
+            "state p50 ms",
+            "state p99 ms",
+            "state req/s",
+            "req/s vs plain",
+            "req/s vs healthz",
+            "304 share",
+            "healthz p50 ms",
+            "healthz req/s",
+        ],
+        out,
+    )
 
 
 def draw(result: dict[str, Any], out_dir: Path) -> Path:
@@ -139,16 +185,17 @@ def draw(result: dict[str, Any], out_dir: Path) -> Path:
         readers = result["readers"]
         labels = [f"{r.get('front', 'on')} c={r['concurrency']}\n{k}" for r in result["rows"] for k in readers]
         x = range(len(labels))
-        ax.bar([i - 0.2 for i in x], [r[k]["p50_s"] * 1e3 for r in result["rows"] for k in readers], 0.4,
-               label="p50")
-        ax.bar([i + 0.2 for i in x], [r[k]["p99_s"] * 1e3 for r in result["rows"] for k in readers], 0.4,
-               label="p99")
+        ax.bar([i - 0.2 for i in x], [r[k]["p50_s"] * 1e3 for r in result["rows"] for k in readers], 0.4, label="p50")
+        ax.bar([i + 0.2 for i in x], [r[k]["p99_s"] * 1e3 for r in result["rows"] for k in readers], 0.4, label="p99")
         ax.set_xticks(list(x), labels, fontsize=7)
         ax.set_ylabel("latency (ms)")
         ax.set_yscale("log")
-        ax.set_title(f"GET /v1/rl/state, {result['params']['workers']} workers "
-                     f"({result['state_document_bytes'] / 1024:.0f} KiB, gzip "
-                     f"{result['state_document_gzip_bytes'] / 1024:.0f} KiB)", fontsize=9)
+        ax.set_title(
+            f"GET /v1/rl/state, {result['params']['workers']} workers "
+            f"({result['state_document_bytes'] / 1024:.0f} KiB, gzip "
+            f"{result['state_document_gzip_bytes'] / 1024:.0f} KiB)",
+            fontsize=9,
+        )
         ax.legend(fontsize=8)
 
     return plot("state_endpoint", d, out_dir)
@@ -163,10 +210,14 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
             for front in a.front:  # the same fleet, a controller each way of serving, in turn
                 # Its tokens come from the environment, as in a pod.
                 ctl = controller_daemon(
-                    [agent.spec() for agent in fleet.agents], workdir, name=f"ctl-{front}",
+                    [agent.spec() for agent in fleet.agents],
+                    workdir,
+                    name=f"ctl-{front}",
                     env={"RLCP_API__TOKEN": CTL_TOKEN, "RLCP_WORKERS__TOKEN": TOKEN},
-                    api={"front": front == "on"}, workers={"max_concurrency": max(64, a.workers)},
-                    reconcile={"poll_interval_s": a.poll_interval_s})
+                    api={"front": front == "on"},
+                    workers={"max_concurrency": max(64, a.workers)},
+                    reconcile={"poll_interval_s": a.poll_interval_s},
+                )
                 try:
                     await ctl.spawn().wait_ready_async()
                     print(f"  api.front {front}:", flush=True)
@@ -176,9 +227,16 @@ async def amain(a: argparse.Namespace) -> dict[str, Any]:
                 for row in measured["rows"]:
                     row["front"] = front
                 result = measured | {"rows": result.get("rows", []) + measured["rows"]}
-    result["params"] = {"workers": a.workers, "concurrency": a.concurrency, "duration_s": a.duration_s,
-                        "repeats": a.repeats, "readers": a.readers, "poll_interval_s": a.poll_interval_s, "hosts": a.hosts,
-                        "front": a.front}
+    result["params"] = {
+        "workers": a.workers,
+        "concurrency": a.concurrency,
+        "duration_s": a.duration_s,
+        "repeats": a.repeats,
+        "readers": a.readers,
+        "poll_interval_s": a.poll_interval_s,
+        "hosts": a.hosts,
+        "front": a.front,
+    }
     return result
 
 
@@ -188,13 +246,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64])
     p.add_argument("--duration-s", type=float, default=5.0, help="length of one load run")
     p.add_argument("--repeats", type=int, default=3, help="load runs per measurement; the median is reported")
-    p.add_argument("--readers", type=lambda s: [r for r in s.split(",") if r], default=list(READERS),
-                   help=f"reader kinds, comma-separated, from {', '.join(READERS)}")
+    p.add_argument(
+        "--readers",
+        type=lambda s: [r for r in s.split(",") if r],
+        default=list(READERS),
+        help=f"reader kinds, comma-separated, from {', '.join(READERS)}",
+    )
     p.add_argument("--poll-interval-s", type=float, default=1.0, help="the controller's status poll interval")
     p.add_argument("--hosts", type=int, default=2, help="agent host processes")
-    p.add_argument("--front", type=lambda s: [m for m in s.split(",") if m], default=["on", "off"],
-                   help="the controller's api.front, each in turn: on (reads answered by the front process) "
-                        "and off (one process, the baseline)")
+    p.add_argument(
+        "--front",
+        type=lambda s: [m for m in s.split(",") if m],
+        default=["on", "off"],
+        help="the controller's api.front, each in turn: on (reads answered by the front process) "
+        "and off (one process, the baseline)",
+    )
     p.add_argument("--out", type=Path, default=None, help="output folder (default bench/out)")
     return p.parse_args(argv)
 
@@ -204,9 +270,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     raise_fd_limit()
     quiet_logs()
     result = asyncio.run(amain(a))
-    return report("state_endpoint", result, a.out, text=render(result), draw=lambda out: draw(result, out),
-                  notes_before=[f"state document: {result['state_document_bytes']:,} bytes, "
-                                f"{result['state_document_gzip_bytes']:,} bytes gzip-compressed"])
+    return report(
+        "state_endpoint",
+        result,
+        a.out,
+        text=render(result),
+        draw=lambda out: draw(result, out),
+        notes_before=[
+            f"state document: {result['state_document_bytes']:,} bytes, "
+            f"{result['state_document_gzip_bytes']:,} bytes gzip-compressed"
+        ],
+    )
 
 
 if __name__ == "__main__":

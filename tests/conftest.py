@@ -57,13 +57,11 @@ def _vllm_agent_b_process(tiny_models: dict[str, Path], tmp_path_factory: pytest
 
 
 @pytest.fixture(scope="session")
-def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory,
-               request: pytest.FixtureRequest):
+def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
     """One real vLLM CPU agent shared by the session (engine start-up costs ~30 s). When the
     session will use the second agent too, both engines start together (a core each) while no
     test runs yet, instead of the second one starting later on its own (~30 s saved)."""
-    agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent"),
-                         env=one_core(0)).spawn()
+    agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent"), env=one_core(0)).spawn()
     try:
         if _session_uses(request, "vllm_agent_b"):
             request.getfixturevalue("_vllm_agent_b_process").spawn()

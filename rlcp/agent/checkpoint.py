@@ -41,8 +41,9 @@ def inspect_checkpoint(directory: Path) -> CheckpointSummary:
             raise CheckpointError(f"{INDEX_NAME}: unreadable ({exc})") from exc
         absent = sorted(str(s) for s in shards if not (directory / str(s)).is_file())
         if absent:
-            raise CheckpointError(f"{INDEX_NAME} names {len(absent)} file(s) not in {str(directory)!r} "
-                                  f"(e.g. {', '.join(absent[:3])})")
+            raise CheckpointError(
+                f"{INDEX_NAME} names {len(absent)} file(s) not in {str(directory)!r} (e.g. {', '.join(absent[:3])})"
+            )
     if not files:
         raise CheckpointError(f"no *.safetensors files in {str(directory)!r}")
     names: set[str] = set()
@@ -77,6 +78,8 @@ def check_covers(directory: Path, expected: set[str]) -> CheckpointSummary:
     missing = expected - summary.tensors
     if missing:
         example = ", ".join(sorted(missing)[:3])
-        raise CheckpointError(f"checkpoint in {str(directory)!r} lacks {len(missing)} of the model's "
-                              f"{len(expected)} tensors (e.g. {example})")
+        raise CheckpointError(
+            f"checkpoint in {str(directory)!r} lacks {len(missing)} of the model's "
+            f"{len(expected)} tensors (e.g. {example})"
+        )
     return summary

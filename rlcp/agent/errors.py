@@ -1,9 +1,9 @@
 """The agent's own errors, on the shared taxonomy (`rlcp.core.errors`):
 
-    ApiError
-    ├── EngineCallError   502      the engine refused or failed a primitive
-    ├── EngineDeadError   503      the engine is not alive
-    └── DeadlineError     504      an engine call ran past its deadline
+ApiError
+├── EngineCallError   502      the engine refused or failed a primitive
+├── EngineDeadError   503      the engine is not alive
+└── DeadlineError     504      an engine call ran past its deadline
 """
 
 from __future__ import annotations

@@ -16,10 +16,16 @@ _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120
 class AgentMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.operations = Counter("rl_agent_operations", "Admin operations by kind and outcome.",
-                                  ["kind", "status"], registry=self.registry)
-        self.duration = Histogram("rl_agent_operation_duration_seconds", "Admin operation duration.", ["kind"],
-                                  buckets=_BUCKETS, registry=self.registry)
+        self.operations = Counter(
+            "rl_agent_operations", "Admin operations by kind and outcome.", ["kind", "status"], registry=self.registry
+        )
+        self.duration = Histogram(
+            "rl_agent_operation_duration_seconds",
+            "Admin operation duration.",
+            ["kind"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
         self._paused = Gauge("rl_agent_paused", "1 while generation is paused.", registry=self.registry)
         self._ready = Gauge("rl_agent_ready", "1 while the agent reports ready.", registry=self.registry)
         self._requests = Gauge("rl_agent_requests", "In-flight requests by state.", ["state"], registry=self.registry)

@@ -36,8 +36,10 @@ def contained_files(directory: Path, roots: list[Path], *, field: str) -> list[P
     for entry in entries:
         target = entry.resolve(strict=False)
         if not _inside(target, roots):
-            raise ForbiddenPathError(f"{entry.name!r} in {str(directory)!r} resolves outside the allowed roots "
-                                     f"(to {str(target)!r})", field=field)
+            raise ForbiddenPathError(
+                f"{entry.name!r} in {str(directory)!r} resolves outside the allowed roots (to {str(target)!r})",
+                field=field,
+            )
     return entries
 
 

@@ -22,8 +22,14 @@ log = structlog.get_logger("rlcp.agent.readiness")
 
 
 class Readiness:
-    def __init__(self, settings: AgentSettings, engine: InferenceServing, weights: WeightState, *,
-                 asleep: Callable[[], bool] = lambda: False) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        engine: InferenceServing,
+        weights: WeightState,
+        *,
+        asleep: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._settings = settings
         self._asleep = asleep
         self._engine = engine
@@ -46,6 +52,5 @@ class Readiness:
         if self._settings.require_desired_version and not self._told:
             return "waiting for the controller to tell the desired weight version"
         if self.desired_version is not None and self._weights.version != self.desired_version:
-            return (f"applied weight version {self._weights.version!r} differs from desired "
-                    f"{self.desired_version!r}")
+            return f"applied weight version {self._weights.version!r} differs from desired {self.desired_version!r}"
         return None

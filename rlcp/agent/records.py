@@ -63,7 +63,15 @@ class OperationRecords:
                 raise
             finally:
                 duration = time.perf_counter() - t0
-                self._records.append(OperationRecord(id=op_id, kind=kind, status=status, started_at=started,
-                                                     duration_s=round(duration, 6), message=message))
+                self._records.append(
+                    OperationRecord(
+                        id=op_id,
+                        kind=kind,
+                        status=status,
+                        started_at=started,
+                        duration_s=round(duration, 6),
+                        message=message,
+                    )
+                )
                 self._metrics.observe(kind, status, duration)
                 log.info("operation", status=status, duration_s=round(duration, 4), error=message, **fields)

@@ -50,8 +50,9 @@ async def run_agent(settings: AgentSettings, stop: asyncio.Event, *, ports_file:
         inference_url = f"http://{settings.inference.host}:{inference_port}"
         service = AgentService(engine, settings, inference_url=inference_url)
         await service.start()
-        admin_runner, admin_port = await start_site(build_admin_app(service, token=token), settings.admin.host,
-                                                    settings.admin.port)
+        admin_runner, admin_port = await start_site(
+            build_admin_app(service, token=token), settings.admin.host, settings.admin.port
+        )
         ports = {"admin_port": admin_port, "inference_port": inference_port, "pid": os.getpid()}
         if ports_file is not None:
             tmp = ports_file.with_suffix(".tmp")
@@ -72,8 +73,12 @@ async def _serve(stop: asyncio.Event, engine: Engine, *, exit_on_death: bool) ->
     try:
         while not stopped.done():
             if exit_on_death and not engine.is_alive():
-                log.error("engine_died", engine=engine.kind, exit_status=EXIT_ENGINE_DIED,
-                          action=f"the agent exits in {_DEATH_GRACE_S:g}s for its supervisor to restart it")
+                log.error(
+                    "engine_died",
+                    engine=engine.kind,
+                    exit_status=EXIT_ENGINE_DIED,
+                    action=f"the agent exits in {_DEATH_GRACE_S:g}s for its supervisor to restart it",
+                )
                 await asyncio.wait({stopped}, timeout=_DEATH_GRACE_S)
                 return EXIT_ENGINE_DIED
             await asyncio.wait({stopped}, timeout=_WATCH_S)

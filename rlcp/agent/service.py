@@ -76,10 +76,21 @@ class AgentService:
     def state(self) -> AgentState:
         reason = self.readiness.not_ready_reason()
         return AgentState(
-            agent_id=self.settings.agent_id, instance_id=self.instance_id, model=self.engine.model_name,
-            engine=self.engine.kind, engine_alive=self.engine.is_alive(), ready=reason is None, not_ready_reason=reason,
-            paused=self.control.paused, sleeping=self.control.sleeping, requests=self.engine.request_counts(), weight_version=self.weight_state.version,
-            desired_weight_version=self.readiness.desired_version, loras=self.lora.registry.loaded(),
-            world_size=self.engine.world_size(), busy_with=self.gate.busy_with,
-            last_operations=self.records.recent(), inference_url=self.inference_url,
+            agent_id=self.settings.agent_id,
+            instance_id=self.instance_id,
+            model=self.engine.model_name,
+            engine=self.engine.kind,
+            engine_alive=self.engine.is_alive(),
+            ready=reason is None,
+            not_ready_reason=reason,
+            paused=self.control.paused,
+            sleeping=self.control.sleeping,
+            requests=self.engine.request_counts(),
+            weight_version=self.weight_state.version,
+            desired_weight_version=self.readiness.desired_version,
+            loras=self.lora.registry.loaded(),
+            world_size=self.engine.world_size(),
+            busy_with=self.gate.busy_with,
+            last_operations=self.records.recent(),
+            inference_url=self.inference_url,
         )

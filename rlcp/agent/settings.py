@@ -37,9 +37,11 @@ class InferenceSettings(Section):
     host: str = Field("127.0.0.1", description="Inference (OpenAI API) bind address.")
     port: int = Field(8100, ge=0, le=65535, description="Inference port (0 = pick a free one).")
     tokens_in_tokens_out: bool = Field(
-        True, description="Serve vLLM's tokens-in/tokens-out route `POST /inference/v1/generate` (its scale-out "
-                          "routes, `vllm serve --enable-scale-out`), which verifiers' TrainClient and renderers' "
-                          "generate() post to.")
+        True,
+        description="Serve vLLM's tokens-in/tokens-out route `POST /inference/v1/generate` (its scale-out "
+        "routes, `vllm serve --enable-scale-out`), which verifiers' TrainClient and renderers' "
+        "generate() post to.",
+    )
 
 
 class EngineSettings(Section):
@@ -48,7 +50,9 @@ class EngineSettings(Section):
     served_model_name: str | None = Field(None, description="Name clients use as `model`; defaults to `model`.")
     dtype: str = Field("auto", description="vLLM dtype (float32 on CPU).")
     max_model_len: int | None = Field(None, ge=16, description="Context length, in tokens.")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of device memory (host memory on CPU).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of device memory (host memory on CPU)."
+    )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
     enable_lora: bool = Field(True, description="Start the engine with LoRA support.")
     max_lora_rank: int = Field(16, ge=1, description="Largest LoRA rank accepted.")
@@ -58,8 +62,11 @@ class EngineSettings(Section):
     # SimEngine knobs.
     sim_op_latency_s: float = Field(0.0, ge=0, description="Added latency of every admin primitive, in seconds.")
     sim_token_interval_s: float = Field(0.005, ge=0, description="Time per generated token, in seconds.")
-    sim_load_latency_s: float = Field(0.0, ge=0, description="Added time of a disk weight load, in seconds (a "
-                                      "real model's reload takes seconds to minutes).")
+    sim_load_latency_s: float = Field(
+        0.0,
+        ge=0,
+        description="Added time of a disk weight load, in seconds (a real model's reload takes seconds to minutes).",
+    )
     sim_world_size: int = Field(1, ge=1)
 
 
@@ -76,21 +83,28 @@ class TimeoutSettings(Section):
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="RLAGENT_", env_nested_delimiter="__", extra="forbid")
 
-    agent_id: str = Field(default_factory=lambda: f"agent-{secrets.token_hex(3)}", description="Worker id in logs and state.")
+    agent_id: str = Field(
+        default_factory=lambda: f"agent-{secrets.token_hex(3)}", description="Worker id in logs and state."
+    )
     admin: AdminSettings = AdminSettings()
     inference: InferenceSettings = InferenceSettings()
     engine: EngineSettings = EngineSettings()
     timeouts: TimeoutSettings = TimeoutSettings()
-    allowed_roots: list[Path] = Field(default_factory=list,
-                                      description="Weight and adapter paths must resolve under one of these.")
+    allowed_roots: list[Path] = Field(
+        default_factory=list, description="Weight and adapter paths must resolve under one of these."
+    )
     require_desired_version: bool = Field(
-        False, description="Report not ready until a controller has told the desired version (set this in "
-                           "controller-managed fleets, so a restarted pod serves no rollouts before it is checked).")
+        False,
+        description="Report not ready until a controller has told the desired version (set this in "
+        "controller-managed fleets, so a restarted pod serves no rollouts before it is checked).",
+    )
     exit_on_engine_death: bool = Field(
-        True, description="End the process (exit status 3) once its engine has died, so whatever supervises it "
-                          "(the kubelet, Ray's actor restart, the local fleet) starts a fresh engine; the controller "
-                          "converges it before the gateway's fence takes it back. vLLM's own server ends the same "
-                          "way; false keeps a dead agent up, answering 503 `engine_dead`.")
+        True,
+        description="End the process (exit status 3) once its engine has died, so whatever supervises it "
+        "(the kubelet, Ray's actor restart, the local fleet) starts a fresh engine; the controller "
+        "converges it before the gateway's fence takes it back. vLLM's own server ends the same "
+        "way; false keeps a dead agent up, answering 503 `engine_dead`.",
+    )
     log_format: Literal["json", "console"] = Field("json", description="structlog renderer.")
     log_level: str = Field("info")
 
@@ -103,9 +117,14 @@ class AgentSettings(BaseSettings):
         return self
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 

@@ -40,8 +40,9 @@ class WeightState:
 
     async def start(self) -> None:
         """Read the engine's version once; from here on this agent tracks it."""
-        self.version = await self._ctx.call(self._engine.get_weight_version(), self._ctx.timeouts.control_s,
-                                            "get_weight_version")
+        self.version = await self._ctx.call(
+            self._engine.get_weight_version(), self._ctx.timeouts.control_s, "get_weight_version"
+        )
 
     @asynccontextmanager
     async def changing(self, *, completes: bool = True) -> AsyncIterator[None]:
@@ -69,10 +70,12 @@ class WeightState:
 
     async def name(self, version: str) -> None:
         """Tell the engine the weights' version (the agent reports it once `version` is set)."""
-        await self._ctx.call(self._engine.set_weight_version(version), self._ctx.timeouts.control_s,
-                             "set_weight_version")
+        await self._ctx.call(
+            self._engine.set_weight_version(version), self._ctx.timeouts.control_s, "set_weight_version"
+        )
 
     async def drop_prefix_cache(self) -> None:
         """Drop every cached KV block, preempting running and frozen requests."""
-        await self._ctx.call(self._engine.reset_prefix_cache(include_running=True), self._ctx.timeouts.control_s,
-                             "reset_prefix_cache")
+        await self._ctx.call(
+            self._engine.reset_prefix_cache(include_running=True), self._ctx.timeouts.control_s, "reset_prefix_cache"
+        )

@@ -54,8 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlctl", description="Inspect and steer an RL fleet's control plane.")
     p.add_argument("--url", help=f"controller URL (env RLCTL_URL; default {DEFAULT_URL})")
     p.add_argument("--token", help="API token (env RLCTL_TOKEN)")
-    p.add_argument("--fleet", help="a named fleet (env RLCTL_FLEET; `rlctl fleets` lists them); default: the "
-                                   "default fleet, served at the controller's root")
+    p.add_argument(
+        "--fleet",
+        help="a named fleet (env RLCTL_FLEET; `rlctl fleets` lists them); default: the "
+        "default fleet, served at the controller's root",
+    )
     p.add_argument("--config", type=Path, help=f"YAML with url/token (default {DEFAULT_CONFIG})")
     p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     p.add_argument("--timeout", type=float, default=30.0, help="deadline of a read, in seconds")
@@ -69,19 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--mode", choices=("abort", "wait", "keep"), default="keep")
     pa.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline to quiesce, seconds")
     rs = sub.add_parser("resume", help="resume every member, releasing every hold (with -l, the matching ones)")
-    sl = sub.add_parser("sleep", help="put members to sleep (all, or with -l / --worker): out of the gateway's "
-                                      "fence, kept asleep until woken")
+    sl = sub.add_parser(
+        "sleep",
+        help="put members to sleep (all, or with -l / --worker): out of the gateway's fence, kept asleep until woken",
+    )
     sl.add_argument("--level", type=int, choices=(1, 2), default=1, help="1: offload weights; 2: discard them")
     sl.add_argument("--mode", choices=("abort", "wait"), default="abort", help="what happens to running requests")
     sl.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline of each sleep, seconds")
     wu = sub.add_parser("wake", help="wake members asleep, verify them, return them to service")
-    wu.add_argument("--tags", choices=("weights", "kv_cache"), action="append", default=None,
-                    help="wake only this allocation (repeatable); the members stay asleep")
+    wu.add_argument(
+        "--tags",
+        choices=("weights", "kv_cache"),
+        action="append",
+        default=None,
+        help="wake only this allocation (repeatable); the members stay asleep",
+    )
     for cmd in (sl, wu):
         cmd.add_argument("--worker", dest="worker_ids", action="append", default=None, help="this member (repeatable)")
     for cmd in (st, wk, pa, rs, sl, wu):
-        cmd.add_argument("-l", "--selector", default=None,
-                         help="label selector, as kubectl's: role=policy, zone in (a,b), !canary (comma = AND)")
+        cmd.add_argument(
+            "-l",
+            "--selector",
+            default=None,
+            help="label selector, as kubectl's: role=policy, zone in (a,b), !canary (comma = AND)",
+        )
     en = sub.add_parser("engine", help="run an allowlisted engine route (settings engine_routes.allow)")
     en.add_argument("route")
     en.add_argument("-l", "--selector", default=None, help="only the members this label selector matches")
@@ -93,11 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--pause-mode", choices=("abort", "wait", "keep"), default="keep")
     up.add_argument("--no-verify", action="store_true")
     up.add_argument("--timeout", dest="op_timeout", type=float, default=None, help="deadline per phase, seconds")
-    up.add_argument("--max-unavailable", type=count_or_percent, default=None,
-                    help="roll in waves of this many members (a count, or a percentage like 25%%)")
+    up.add_argument(
+        "--max-unavailable",
+        type=count_or_percent,
+        default=None,
+        help="roll in waves of this many members (a count, or a percentage like 25%%)",
+    )
     up.add_argument("--no-wait", action="store_true", help="print the operation's id and leave it running")
-    up.add_argument("--manifest", type=Path, default=None,
-                    help="JSON file of the version's expected weight checksums ({name: sha256})")
+    up.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="JSON file of the version's expected weight checksums ({name: sha256})",
+    )
     lo = sub.add_parser("lora", help="load or unload an adapter fleet-wide")
     lsub = lo.add_subparsers(dest="lora_command", required=True)
     ll = lsub.add_parser("load")
@@ -109,8 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("fleets", help="the controller's fleets: members, versions, models the gateway routes there")
     sub.add_parser("placement", help="the agents placement keeps, and its last pass")
     sc = sub.add_parser("scale", help="keep N agents placed (placement.kind ray)")
-    sc.add_argument("replicas", type=replicas_or_default,
-                    help="a count, or `default` to hand the count back to the settings")
+    sc.add_argument(
+        "replicas", type=replicas_or_default, help="a count, or `default` to hand the count back to the settings"
+    )
     ops = sub.add_parser("ops", help="recent operations, or one of them")
     ops.add_argument("--limit", type=int, default=20, help="how many, newest first (1-64)")
     osub = ops.add_subparsers(dest="ops_command")
@@ -126,7 +149,7 @@ def json_object(value: str) -> dict[str, Any]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
     if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError("a JSON object, e.g. '{\"request_ids\": [\"r1\"]}'")
+        raise argparse.ArgumentTypeError('a JSON object, e.g. \'{"request_ids": ["r1"]}\'')
     return parsed
 
 
@@ -212,8 +235,11 @@ async def follow(client: ControlPlaneClient, op: OperationResult, fmt: str, *, p
         return await run_operation(client, client.wait_operation(op.id, poll_s=poll_s), fmt)
     with update_progress(console) as bar:
         task = bar.add_task(op.kind, total=None, note="")
-        return await run_operation(client, client.wait_operation(
-            op.id, poll_s=poll_s, on_update=lambda now: bar.update(task, **progress_fields(now))), fmt)
+        return await run_operation(
+            client,
+            client.wait_operation(op.id, poll_s=poll_s, on_update=lambda now: bar.update(task, **progress_fields(now))),
+            fmt,
+        )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -227,44 +253,71 @@ async def run(args: argparse.Namespace) -> int:
                 console.print(workers_table(body)) if args.output == "table" else emit(body, args.output)
                 return 0
             case "pause":
-                return await run_operation(client, client.pause(args.mode, args.op_timeout, selector=args.selector),
-                                           args.output)
+                return await run_operation(
+                    client, client.pause(args.mode, args.op_timeout, selector=args.selector), args.output
+                )
             case "resume":
                 return await run_operation(client, client.resume(selector=args.selector), args.output)
             case "sleep":
-                return await run_operation(client, client.sleep(args.level, mode=args.mode, timeout_s=args.op_timeout,
-                                                                selector=args.selector, worker_ids=args.worker_ids),
-                                           args.output)
+                return await run_operation(
+                    client,
+                    client.sleep(
+                        args.level,
+                        mode=args.mode,
+                        timeout_s=args.op_timeout,
+                        selector=args.selector,
+                        worker_ids=args.worker_ids,
+                    ),
+                    args.output,
+                )
             case "wake":
-                return await run_operation(client, client.wake_up(tags=args.tags, selector=args.selector,
-                                                                  worker_ids=args.worker_ids), args.output)
+                return await run_operation(
+                    client,
+                    client.wake_up(tags=args.tags, selector=args.selector, worker_ids=args.worker_ids),
+                    args.output,
+                )
             case "engine":
-                return await run_operation(client, client.engine(args.route, worker=args.worker, selector=args.selector,
-                                                                 body=args.body), args.output)
+                return await run_operation(
+                    client,
+                    client.engine(args.route, worker=args.worker, selector=args.selector, body=args.body),
+                    args.output,
+                )
             case "update-weights":
                 manifest = read_manifest(args.manifest) if args.manifest else None
                 started = await client.update_weights(
-                    args.version, args.path, pause_mode=args.pause_mode, verify=not args.no_verify,
-                    timeout_s=args.op_timeout, max_unavailable=args.max_unavailable, wait=False,
-                    expected_checksums=manifest)
+                    args.version,
+                    args.path,
+                    pause_mode=args.pause_mode,
+                    verify=not args.no_verify,
+                    timeout_s=args.op_timeout,
+                    max_unavailable=args.max_unavailable,
+                    wait=False,
+                    expected_checksums=manifest,
+                )
                 if args.no_wait:
-                    console.print(started.id) if args.output == "table" else emit(started.model_dump(mode="json"),
-                                                                                 args.output)
+                    console.print(started.id) if args.output == "table" else emit(
+                        started.model_dump(mode="json"), args.output
+                    )
                     return 0
                 return await follow(client, started, args.output)
             case "lora":
-                call = (client.load_lora(args.name, args.path, args.version) if args.lora_command == "load"
-                        else client.unload_lora(args.name))
+                call = (
+                    client.load_lora(args.name, args.path, args.version)
+                    if args.lora_command == "load"
+                    else client.unload_lora(args.name)
+                )
                 return await run_operation(client, call, args.output)
             case "fleets":
                 listing = await client.fleets()
                 console.print(fleets_table(listing)) if args.output == "table" else emit(
-                    listing.model_dump(mode="json"), args.output)
+                    listing.model_dump(mode="json"), args.output
+                )
                 return 0
             case "placement" | "scale":
                 view = await (client.placement() if args.command == "placement" else client.scale(args.replicas))
                 console.print(placement_table(view)) if args.output == "table" else emit(
-                    view.model_dump(mode="json"), args.output)
+                    view.model_dump(mode="json"), args.output
+                )
                 return 0
             case "ops" if args.ops_command == "show":
                 op = await client.operation(args.id)

@@ -60,8 +60,7 @@ class RequestRejected(ControlPlaneClientError):
 
 class OperationFailed(ControlPlaneClientError):
     def __init__(self, result: OperationResult) -> None:
-        failed = [f"{r.worker_id} ({r.phase}: {r.message})" for r in result.results
-                  if r.status in ("error", "timeout")]
+        failed = [f"{r.worker_id} ({r.phase}: {r.message})" for r in result.results if r.status in ("error", "timeout")]
         super().__init__(f"{result.kind} {result.status}: failed on {', '.join(failed) or 'no worker'}")
         self.result = result
 
@@ -82,8 +81,14 @@ def _object(data: object, what: str) -> dict[str, Any]:
 
 
 class ControlPlaneClient:
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout_s: float = 30.0,
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -103,8 +108,15 @@ class ControlPlaneClient:
             await self._session.close()
             self._session = None
 
-    async def _request(self, method: str, path: str, body: Any = None, timeout_s: float | None = None,
-                       etag: str | None = None, answer: dict[str, str | None] | None = None) -> object:
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout_s: float | None = None,
+        etag: str | None = None,
+        answer: dict[str, str | None] | None = None,
+    ) -> object:
         """The answer's JSON (None for a 304); `answer["etag"]` gets its ETag when `answer` is given."""
         if self._session is None:
             # No session-wide limit: each call has its own deadline, and an update
@@ -121,8 +133,9 @@ class ControlPlaneClient:
                     if answer is not None:
                         answer["etag"] = resp.headers.get("ETag")
         except TimeoutError as exc:
-            raise ControllerUnreachable(f"the controller at {self.base_url} did not answer within {deadline:g}s") \
-                from exc
+            raise ControllerUnreachable(
+                f"the controller at {self.base_url} did not answer within {deadline:g}s"
+            ) from exc
         except aiohttp.ClientError as exc:
             raise ControllerUnreachable(f"cannot reach the controller at {self.base_url}: {exc}") from exc
         except ValueError as exc:
@@ -146,8 +159,7 @@ class ControlPlaneClient:
         if selector is not None:
             return _object(await self._request("GET", _with_selector("/v1/rl/state", selector)), "GET /v1/rl/state")
         answer: dict[str, str | None] = {}
-        data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None,
-                                   answer=answer)
+        data = await self._request("GET", "/v1/rl/state", etag=self._state[0] if self._state else None, answer=answer)
         if data is None and self._state is not None:  # 304: unchanged
             return self._state[1]
         document = _object(data, "GET /v1/rl/state")
@@ -179,57 +191,92 @@ class ControlPlaneClient:
         """The gateway's staleness bound: how many versions behind the desired one it may still serve."""
         return _object(await self._request("POST", "/v1/rl/gateway/staleness", {"bound": bound}), "staleness")
 
-    async def pause(self, mode: PauseMode = "keep", timeout_s: float | None = None, *,
-                    selector: str | None = None) -> OperationResult:
+    async def pause(
+        self, mode: PauseMode = "keep", timeout_s: float | None = None, *, selector: str | None = None
+    ) -> OperationResult:
         """Pause the fleet; with `selector`, only the matching members, held paused until resumed."""
-        body: dict[str, Any] = {"mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {}) \
+        body: dict[str, Any] = (
+            {"mode": mode}
+            | ({"timeout_s": timeout_s} if timeout_s else {})
             | ({"selector": selector} if selector is not None else {})
+        )
         return OperationResult.model_validate(
-            await self._request("POST", "/v1/rl/pause", body, timeout_s=(timeout_s or 60) + 30))
+            await self._request("POST", "/v1/rl/pause", body, timeout_s=(timeout_s or 60) + 30)
+        )
 
     async def resume(self, *, selector: str | None = None) -> OperationResult:
         """Resume the fleet (releasing every hold); with `selector`, only the matching members."""
         body = {"selector": selector} if selector is not None else {}
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/resume", body))
 
-    async def sleep(self, level: int = 1, *, mode: str = "abort", timeout_s: float | None = None,
-                    selector: str | None = None, worker_ids: list[str] | None = None) -> OperationResult:
+    async def sleep(
+        self,
+        level: int = 1,
+        *,
+        mode: str = "abort",
+        timeout_s: float | None = None,
+        selector: str | None = None,
+        worker_ids: list[str] | None = None,
+    ) -> OperationResult:
         """Put members to sleep (all, or a selector's, or these ids): out of the gateway's fence and
         kept asleep until `wake_up`. Raises OperationFailed on 207/502."""
-        body: dict[str, Any] = {"level": level, "mode": mode} | ({"timeout_s": timeout_s} if timeout_s else {}) \
-            | ({"selector": selector} if selector is not None else {}) \
+        body: dict[str, Any] = (
+            {"level": level, "mode": mode}
+            | ({"timeout_s": timeout_s} if timeout_s else {})
+            | ({"selector": selector} if selector is not None else {})
             | ({"worker_ids": worker_ids} if worker_ids is not None else {})
+        )
         return OperationResult.model_validate(
-            await self._request("POST", "/v1/rl/sleep", body, timeout_s=(timeout_s or 60) + 60))
+            await self._request("POST", "/v1/rl/sleep", body, timeout_s=(timeout_s or 60) + 60)
+        )
 
-    async def wake_up(self, *, tags: list[str] | None = None, selector: str | None = None,
-                      worker_ids: list[str] | None = None) -> OperationResult:
+    async def wake_up(
+        self, *, tags: list[str] | None = None, selector: str | None = None, worker_ids: list[str] | None = None
+    ) -> OperationResult:
         """Wake members asleep, verify them, return those that pass to service."""
-        body: dict[str, Any] = ({"tags": tags} if tags else {}) \
-            | ({"selector": selector} if selector is not None else {}) \
+        body: dict[str, Any] = (
+            ({"tags": tags} if tags else {})
+            | ({"selector": selector} if selector is not None else {})
             | ({"worker_ids": worker_ids} if worker_ids is not None else {})
+        )
         # A wake may reload weights (level 2, or a fleet updated meanwhile): a load's time.
         return OperationResult.model_validate(await self._request("POST", "/v1/rl/wake_up", body, timeout_s=900))
 
-    async def engine(self, route: str, *, worker: str | None = None, selector: str | None = None,
-                     body: dict[str, Any] | None = None) -> OperationResult:
+    async def engine(
+        self, route: str, *, worker: str | None = None, selector: str | None = None, body: dict[str, Any] | None = None
+    ) -> OperationResult:
         """One allowlisted engine route (`POST /v1/rl/engine/{route}`) on a worker, a selector's
         members or the fleet. Raises OperationFailed on 207/502, RequestRejected (403) off the list,
         and RequestRejected with the engines' own 4xx (code `engine_rejected`) when every member it
         reached refused the request."""
         request = {k: v for k, v in (("worker", worker), ("selector", selector), ("body", body)) if v is not None}
         return OperationResult.model_validate(
-            await self._request("POST", f"/v1/rl/engine/{quote(route, safe='')}", request))
+            await self._request("POST", f"/v1/rl/engine/{quote(route, safe='')}", request)
+        )
 
-    async def update_weights(self, version: str, path: str, *, pause_mode: PauseMode = "keep", verify: bool = True,
-                             timeout_s: float | None = None, max_unavailable: int | str | None = None,
-                             wait: bool = True, expected_checksums: dict[str, str] | None = None) -> OperationResult:
+    async def update_weights(
+        self,
+        version: str,
+        path: str,
+        *,
+        pause_mode: PauseMode = "keep",
+        verify: bool = True,
+        timeout_s: float | None = None,
+        max_unavailable: int | str | None = None,
+        wait: bool = True,
+        expected_checksums: dict[str, str] | None = None,
+    ) -> OperationResult:
         """One training step's update: pause, load, verify, resume. Raises OperationFailed on 207/502.
 
         `max_unavailable` (a count or "25%") makes it a rolling update. `wait=False` returns the
         running operation at once; follow it with `wait_operation`."""
-        body: dict[str, Any] = {"version": version, "source": {"kind": "disk", "path": path},
-                                "pause_mode": pause_mode, "verify": verify, "wait": wait}
+        body: dict[str, Any] = {
+            "version": version,
+            "source": {"kind": "disk", "path": path},
+            "pause_mode": pause_mode,
+            "verify": verify,
+            "wait": wait,
+        }
         if timeout_s:
             body["timeout_s"] = timeout_s
         if max_unavailable is not None:
@@ -243,10 +290,17 @@ class ControlPlaneClient:
         from urllib.parse import quote
 
         return OperationResult.model_validate(
-            await self._request("GET", f"/v1/rl/operations/{quote(operation_id, safe='')}"))
+            await self._request("GET", f"/v1/rl/operations/{quote(operation_id, safe='')}")
+        )
 
-    async def wait_operation(self, operation_id: str, *, poll_s: float = 0.5, timeout_s: float | None = None,
-                             on_update: Callable[[OperationResult], None] | None = None) -> OperationResult:
+    async def wait_operation(
+        self,
+        operation_id: str,
+        *,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+        on_update: Callable[[OperationResult], None] | None = None,
+    ) -> OperationResult:
         """Poll an operation until it ends; `on_update` sees each read. Raises OperationFailed
         when some worker failed, ConvergeTimeout past `timeout_s`."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -283,12 +337,14 @@ class ControlPlaneClient:
     async def transfer_start(self, *, timeout_s: float = _LONG_S) -> OperationResult:
         return await self._op("POST", "/v1/rl/weight_transfer/start", {}, timeout_s)
 
-    async def transfer_update(self, update_info: dict[str, Any] | list[dict[str, Any]], *,
-                              timeout_s: float = _LONG_S) -> OperationResult:
+    async def transfer_update(
+        self, update_info: dict[str, Any] | list[dict[str, Any]], *, timeout_s: float = _LONG_S
+    ) -> OperationResult:
         return await self._op("POST", "/v1/rl/weight_transfer/update", {"update_info": update_info}, timeout_s)
 
-    async def transfer_finish(self, weight_version: str | None = None, *, checkpoint_path: str | None = None,
-                              timeout_s: float = _LONG_S) -> OperationResult:
+    async def transfer_finish(
+        self, weight_version: str | None = None, *, checkpoint_path: str | None = None, timeout_s: float = _LONG_S
+    ) -> OperationResult:
         """Ends the update; `checkpoint_path` names a disk copy of these weights for workers that join later."""
         body = {k: v for k, v in (("weight_version", weight_version), ("checkpoint_path", checkpoint_path)) if v}
         return await self._op("POST", "/v1/rl/weight_transfer/finish", body, timeout_s)
@@ -299,8 +355,9 @@ class ControlPlaneClient:
     async def _op(self, method: str, path: str, body: Any, timeout_s: float | None) -> OperationResult:
         return OperationResult.model_validate(await self._request(method, path, body, timeout_s))
 
-    async def wait_converged(self, version: str | None = None, *, timeout_s: float = 300.0,
-                             poll_s: float = 0.5) -> FleetState:
+    async def wait_converged(
+        self, version: str | None = None, *, timeout_s: float = 300.0, poll_s: float = 0.5
+    ) -> FleetState:
         """Poll until every member is at the desired state (and at `version`, if given)."""
         deadline = time.monotonic() + timeout_s
         while True:
@@ -326,8 +383,9 @@ class _Blocking(Generic[P, T]):
     @overload
     def __get__(self, obj: SyncControlPlaneClient, owner: type[SyncControlPlaneClient]) -> Callable[P, T]: ...
 
-    def __get__(self, obj: SyncControlPlaneClient | None,
-                owner: type[SyncControlPlaneClient]) -> _Blocking[P, T] | Callable[P, T]:
+    def __get__(
+        self, obj: SyncControlPlaneClient | None, owner: type[SyncControlPlaneClient]
+    ) -> _Blocking[P, T] | Callable[P, T]:
         if obj is None:
             return self
         method, client = self._method, obj._client
@@ -404,8 +462,9 @@ class ControllerWeightSyncClient:
     beside its broadcast). `last_result` holds the latest operation result.
     """
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout_s: float = _LONG_S,
-                 checkpoint_path: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, token: str | None = None, timeout_s: float = _LONG_S, checkpoint_path: str | None = None
+    ) -> None:
         self._client = SyncControlPlaneClient(base_url, token=token, timeout_s=timeout_s)
         self.timeout_s = timeout_s
         self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
@@ -424,8 +483,9 @@ class ControllerWeightSyncClient:
         self.last_result = self._client.transfer_update(update_info, timeout_s=self.timeout_s)
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.last_result = self._client.transfer_finish(weight_version, checkpoint_path=self.checkpoint_path,
-                                                        timeout_s=self.timeout_s)
+        self.last_result = self._client.transfer_finish(
+            weight_version, checkpoint_path=self.checkpoint_path, timeout_s=self.timeout_s
+        )
 
     def shutdown_weight_transfer_engine(self) -> None:
         self.last_result = self._client.transfer_shutdown()

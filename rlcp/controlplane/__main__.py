@@ -16,15 +16,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rl-controlplane", description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, help="YAML settings file (env RLCP_* overrides it)")
     parser.add_argument("--port-file", type=Path, help="write the bound API port here once serving")
-    parser.add_argument("--core", action="store_true",
-                        help="run as the core behind a front (internal: stops when stdin closes)")
+    parser.add_argument(
+        "--core", action="store_true", help="run as the core behind a front (internal: stops when stdin closes)"
+    )
     args = parser.parse_args(argv)
 
     from rlcp.controlplane.settings import load_settings
     from rlcp.core.entry import ignore_signals_from_now, settings_or_exit, stop_on_signals
 
-    settings = settings_or_exit(parser, lambda: load_settings(args.config),
-                                check=lambda s: (s.api.resolved_token(), s.workers.resolved_token()))
+    settings = settings_or_exit(
+        parser, lambda: load_settings(args.config), check=lambda s: (s.api.resolved_token(), s.workers.resolved_token())
+    )
     token = settings.api.resolved_token()
 
     import structlog
@@ -51,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         port = runner.addresses[0][1]
         write_port_file(args.port_file, port)
         frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
-        structlog.get_logger("rlcp.controlplane").info("core_ready" if args.core else "controller_ready", port=port,
-                                                  heap_frozen=frozen)
+        structlog.get_logger("rlcp.controlplane").info(
+            "core_ready" if args.core else "controller_ready", port=port, heap_frozen=frozen
+        )
         try:
             await stop.wait()
         finally:
@@ -62,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 
     async def front() -> int:
         try:
-            return await serve(settings, token=token, config=args.config, port_file=args.port_file,
-                               stop=stop_on_signals())
+            return await serve(
+                settings, token=token, config=args.config, port_file=args.port_file, stop=stop_on_signals()
+            )
         finally:
             ignore_signals_from_now()
 
@@ -73,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rl-controlplane: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # the port is taken, the address is wrong, ...
-        print(f"rl-controlplane: cannot serve on {settings.api.host}:{settings.api.port}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"rl-controlplane: cannot serve on {settings.api.host}:{settings.api.port}: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
         return 2
 
 

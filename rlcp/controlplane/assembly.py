@@ -57,13 +57,23 @@ ENVOY_XDS_PORT = web.AppKey("envoy_xds_port", int)  # set when the controller se
 
 
 def needs_kubernetes(settings: ControllerSettings) -> bool:
-    return (settings.discovery.kind == "kubernetes" or settings.leader_election.enabled
-            or settings.store.kind == "configmap")
+    return (
+        settings.discovery.kind == "kubernetes"
+        or settings.leader_election.enabled
+        or settings.store.kind == "configmap"
+    )
 
 
-def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | None = None,
-             source: DiscoverySource | None = None, transports: TransportFactory | None = None,
-             background: bool = True, gateway: bool | None = None) -> web.Application:
+def assemble(
+    settings: ControllerSettings,
+    *,
+    token: str,
+    store: DesiredStore | None = None,
+    source: DiscoverySource | None = None,
+    transports: TransportFactory | None = None,
+    background: bool = True,
+    gateway: bool | None = None,
+) -> web.Application:
     """The controller's application with every resource it runs on.
 
     `background=False` leaves the loops to the caller (tests drive them step by step);
@@ -89,8 +99,10 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
             return
         from rlcp.controlplane.k8s.client import make_api_client
 
-        api = await make_api_client(settings.kubernetes, user_agent=f"rl-controlplane/{settings.controller_id} "
-                                                                    f"({settings.leader_election.identity})")
+        api = await make_api_client(
+            settings.kubernetes,
+            user_agent=f"rl-controlplane/{settings.controller_id} ({settings.leader_election.identity})",
+        )
         app[KUBE_API] = api
         try:
             yield
@@ -106,10 +118,14 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
 
         def make_controller(fleet: str) -> Controller:
             # `store` (tests) is the default fleet's; a named fleet's comes from the settings.
-            own = store if store is not None and fleet == DEFAULT_FLEET else make_store(
-                settings, kube_api=app[KUBE_API], leadership=leadership, fleet=fleet)
-            return Controller(settings, transports=make_transport, store=own, leadership=leadership, fleet=fleet,
-                              names=names)
+            own = (
+                store
+                if store is not None and fleet == DEFAULT_FLEET
+                else make_store(settings, kube_api=app[KUBE_API], leadership=leadership, fleet=fleet)
+            )
+            return Controller(
+                settings, transports=make_transport, store=own, leadership=leadership, fleet=fleet, names=names
+            )
 
         every = Fleets(make_controller(DEFAULT_FLEET), {name: make_controller(name) for name in settings.fleets})
         for each in every:
@@ -127,10 +143,18 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
             from rlcp.controlplane.leadership.lease import LeaseElector
 
             assert kube_api is not None  # needs_kubernetes: leader election needs the client
-            elector = LeaseElector(api=kube_api, settings=le, leadership=app[LEADERSHIP],
-                                   request_timeout_s=settings.kubernetes.request_timeout_s).run
-        supervisor = start_loops(app[FLEETS], source=source or make_source(settings, app[SESSION], kube_api=kube_api),
-                                 elector=elector, background=background)
+            elector = LeaseElector(
+                api=kube_api,
+                settings=le,
+                leadership=app[LEADERSHIP],
+                request_timeout_s=settings.kubernetes.request_timeout_s,
+            ).run
+        supervisor = start_loops(
+            app[FLEETS],
+            source=source or make_source(settings, app[SESSION], kube_api=kube_api),
+            elector=elector,
+            background=background,
+        )
         try:
             yield
         finally:
@@ -146,8 +170,9 @@ def assemble(settings: ControllerSettings, *, token: str, store: DesiredStore | 
     async def local_gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         # Its own session: rollouts are many long requests per worker, admin calls few.
         async with new_session() as gateway_session:
-            gateway_obj, runner = await start_local_gateway(app[FLEETS], settings.gateway, gateway_session,
-                                                            admin_token=token)
+            gateway_obj, runner = await start_local_gateway(
+                app[FLEETS], settings.gateway, gateway_session, admin_token=token
+            )
             app[GATEWAY] = gateway_obj
             try:
                 yield

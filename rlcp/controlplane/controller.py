@@ -55,6 +55,7 @@ TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
 
 def http_transports(session: aiohttp.ClientSession, token: str | None) -> TransportFactory:
     """Workers reached over HTTP on the process's one client session."""
+
     def make(spec: WorkerSpec, policy: CallPolicy) -> WorkerTransport:
         return HttpTransport(session=session, worker_id=spec.id, base_url=spec.admin_url, token=token, policy=policy)
 
@@ -62,9 +63,16 @@ def http_transports(session: aiohttp.ClientSession, token: str | None) -> Transp
 
 
 class Controller:
-    def __init__(self, settings: ControllerSettings, *, transports: TransportFactory, store: DesiredStore,
-                 leadership: Leadership | None = None, fleet: str = DEFAULT_FLEET,
-                 names: ModelNames | None = None) -> None:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        *,
+        transports: TransportFactory,
+        store: DesiredStore,
+        leadership: Leadership | None = None,
+        fleet: str = DEFAULT_FLEET,
+        names: ModelNames | None = None,
+    ) -> None:
         """`fleet`: which of the settings' fleets this controller keeps (`fleets.py`); the
         default one is every member no named fleet's selector matches. `names`: the model names
         of every fleet of this process, shared by their controllers (this fleet joins it)."""
@@ -83,20 +91,31 @@ class Controller:
         self.registry = FleetRegistry(make_driver=self._make_driver, changes=self.changes)
         self.names = names or ModelNames()
         self.names.add_fleet(fleet, self.served_names)
-        self.desired = DesiredKeeper(store=store, changes=self.changes, on_saved=lambda d: self.metrics.desired_version
-                                     .info({"version": d.weight_version or ""}))
+        self.desired = DesiredKeeper(
+            store=store,
+            changes=self.changes,
+            on_saved=lambda d: self.metrics.desired_version.info({"version": d.weight_version or ""}),
+        )
         self.gate = OperationGate(wait_for_reconciler_s=settings.reconcile.yield_timeout_s)
         self.fanout = FanOut(w.max_concurrency)
         self.log = OperationLog(changes=self.changes, metrics=self.metrics)
         self.detached = Detached()  # operations whose callers did not wait
-        self.transfer = WeightTransfer(self, settings=settings.weight_transfer, changes=self.changes,
-                                       is_leader=lambda: self.leadership.is_leader)
+        self.transfer = WeightTransfer(
+            self, settings=settings.weight_transfer, changes=self.changes, is_leader=lambda: self.leadership.is_leader
+        )
         r = settings.reconcile
         self.reconciler = Reconciler(
-            registry=self.registry, desired=self.desired, gate=self.gate, fanout=self.fanout,
-            deadlines=self.deadlines, leadership=self.leadership,
+            registry=self.registry,
+            desired=self.desired,
+            gate=self.gate,
+            fanout=self.fanout,
+            deadlines=self.deadlines,
+            leadership=self.leadership,
             limiter=WorkerRateLimiter(initial_s=r.backoff_initial_s, max_s=r.backoff_max_s),
-            metrics=self.metrics, refresh=self.refresh, ensure_leading=self.ensure_leading)
+            metrics=self.metrics,
+            refresh=self.refresh,
+            ensure_leading=self.ensure_leading,
+        )
         self._views = WorkerViews()
         self._state = StateCache(self.changes, lambda: self.state(), self._views.json)  # late-bound: tests count builds
         # The inference gateway in this process, if one runs (`gateway/local.py` sets it): its
@@ -111,8 +130,11 @@ class Controller:
         # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
         # The default fleet's: the agents it places join whichever fleet their labels select.
         ray_placement = settings.placement.ray if settings.placement.kind == "ray" and fleet == DEFAULT_FLEET else None
-        self.placement = None if ray_placement is None else PlacementStatus(
-            ray_placement, desired=lambda: self.desired.state.placement_replicas)
+        self.placement = (
+            None
+            if ray_placement is None
+            else PlacementStatus(ray_placement, desired=lambda: self.desired.state.placement_replicas)
+        )
 
     def _make_driver(self, spec: WorkerSpec) -> Driver:
         return make_driver(spec, self._transports(spec, self._policy), self.deadlines.driver)
@@ -142,9 +164,11 @@ class Controller:
     async def recover_operations(self) -> None:
         """The operations the desired state kept, into the log; one kept as running was
         interrupted (whoever ran it stopped, or stopped leading), and is kept so from now on."""
-        kept = await self.desired.interrupt_operations(f"still running when controller {self.settings.controller_id!r} "
-                                                       f"(replica {self.leadership.identity!r}) began to lead the "
-                                                       "fleet: the replica that ran it stopped or stopped leading")
+        kept = await self.desired.interrupt_operations(
+            f"still running when controller {self.settings.controller_id!r} "
+            f"(replica {self.leadership.identity!r}) began to lead the "
+            "fleet: the replica that ran it stopped or stopped leading"
+        )
         self.log.restore(kept)
 
     async def ensure_leading(self) -> None:
@@ -165,12 +189,20 @@ class Controller:
         membership = self.registry.membership
         desired, members = self.desired.state, self.registry.members()
         operation = self.log.running_or_last()
-        return FleetFacts(fleet=self.fleet, models=self.served_names(), desired=desired, members=members,
-                          views=self._views.views(desired, members),
-                          membership_epoch=membership.epoch, discovery_synced=membership.synced,
-                          phase=self.log.phase, operation=operation, update=self.log.update_view(operation),
-                          verified=self.log.verified,
-                          transfer=self.transfer.view())
+        return FleetFacts(
+            fleet=self.fleet,
+            models=self.served_names(),
+            desired=desired,
+            members=members,
+            views=self._views.views(desired, members),
+            membership_epoch=membership.epoch,
+            discovery_synced=membership.synced,
+            phase=self.log.phase,
+            operation=operation,
+            update=self.log.update_view(operation),
+            verified=self.log.verified,
+            transfer=self.transfer.view(),
+        )
 
     def base_state(self) -> FleetState:
         """The state document without the gateway's section, built once per change: the

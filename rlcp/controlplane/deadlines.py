@@ -41,9 +41,15 @@ class Deadlines:
     @classmethod
     def from_settings(cls, settings: ControllerSettings) -> Deadlines:
         w, t = settings.workers, settings.weight_transfer
-        return cls(call_s=w.timeout_s, pause_s=w.pause_timeout_s, weight_load_s=w.weight_load_timeout_s,
-                   transfer_init_s=t.init_timeout_s, transfer_chunk_s=t.chunk_timeout_s,
-                   checkpoint_wait_s=w.checkpoint_wait_s, grace_s=w.deadline_grace_s)
+        return cls(
+            call_s=w.timeout_s,
+            pause_s=w.pause_timeout_s,
+            weight_load_s=w.weight_load_timeout_s,
+            transfer_init_s=t.init_timeout_s,
+            transfer_chunk_s=t.chunk_timeout_s,
+            checkpoint_wait_s=w.checkpoint_wait_s,
+            grace_s=w.deadline_grace_s,
+        )
 
     @property
     def driver(self) -> DriverDeadlines:

@@ -40,8 +40,11 @@ class Fleets:
     def __init__(self, default: Controller, named: Mapping[str, Controller] | None = None) -> None:
         self.default = default
         self.named = dict(named or {})
-        self._selectors = {name: parse_selector(ctl.fleet_settings.selector) for name, ctl in self.named.items()
-                           if ctl.fleet_settings is not None}
+        self._selectors = {
+            name: parse_selector(ctl.fleet_settings.selector)
+            for name, ctl in self.named.items()
+            if ctl.fleet_settings is not None
+        }
 
     def __iter__(self) -> Iterator[Controller]:
         yield self.default

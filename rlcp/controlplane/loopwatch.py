@@ -18,8 +18,9 @@ from prometheus_client import Histogram
 log = structlog.get_logger("rlcp.controlplane.loopwatch")
 
 
-async def watch_loop_lag(histogram: Histogram, *, interval_s: float = 0.05, warn_s: float = 0.25,
-                         iterations: int | None = None) -> None:
+async def watch_loop_lag(
+    histogram: Histogram, *, interval_s: float = 0.05, warn_s: float = 0.25, iterations: int | None = None
+) -> None:
     loop = asyncio.get_running_loop()
     n = 0
     while iterations is None or n < iterations:

@@ -21,18 +21,37 @@ _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 
 
 # The steps an operation runs on workers, each one fan-out (`operations.context.Run.step`).
 Step = Literal[
-    "status", "check",  # reads: a status, whether a checkpoint is loadable where a worker reads it
-    "set_desired", "pause", "update", "verify", "resume",  # the disk update, and pause / resume
-    "load_lora", "unload_lora",
-    "init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update",  # a broadcast
-    "update_weight_version", "shutdown_weight_transfer",
+    "status",
+    "check",  # reads: a status, whether a checkpoint is loadable where a worker reads it
+    "set_desired",
+    "pause",
+    "update",
+    "verify",
+    "resume",  # the disk update, and pause / resume
+    "load_lora",
+    "unload_lora",
+    "init_weight_transfer",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",  # a broadcast
+    "update_weight_version",
+    "shutdown_weight_transfer",
     "engine",  # the guarded passthrough (operations/engine.py): one allowlisted engine route
-    "checksums", "sleep", "wake_up",  # sleep mode (operations/sleep.py)
+    "checksums",
+    "sleep",
+    "wake_up",  # sleep mode (operations/sleep.py)
     "reset_prefix_cache",  # operations/caches.py
 ]
 # The reconciler's actions on one worker (`reconcile.plan.ActionKind`, as `reconcile:<kind>`).
-ReconcileStep = Literal["reconcile:set_desired", "reconcile:update_weights", "reconcile:load_lora",
-                        "reconcile:unload_lora", "reconcile:pause", "reconcile:resume", "reconcile:sleep"]
+ReconcileStep = Literal[
+    "reconcile:set_desired",
+    "reconcile:update_weights",
+    "reconcile:load_lora",
+    "reconcile:unload_lora",
+    "reconcile:pause",
+    "reconcile:resume",
+    "reconcile:sleep",
+]
 FailedStep = Step | ReconcileStep | Literal["other"]
 _STEPS: dict[str, FailedStep] = {s: s for s in (*get_args(Step), *get_args(ReconcileStep), "other")}
 STEPS = frozenset(_STEPS)  # every value the `phase` label of worker failures can take
@@ -48,8 +67,9 @@ class WorkerFailures:
     """`rlcp_worker_failures{worker, phase}`: failed worker calls, by worker and step."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self._counter = Counter("rlcp_worker_failures", "Failed worker calls by worker and step.",
-                                ["worker", "phase"], registry=registry)
+        self._counter = Counter(
+            "rlcp_worker_failures", "Failed worker calls by worker and step.", ["worker", "phase"], registry=registry
+        )
 
     def inc(self, worker: str, step: FailedStep) -> None:
         self._counter.labels(worker, step).inc()
@@ -62,16 +82,25 @@ class WorkerFailures:
 class ControllerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.operation_duration = Histogram("rlcp_operation_duration_seconds", "Fleet operations by kind and status.",
-                                            ["kind", "status"], buckets=_BUCKETS, registry=r)
+        self.operation_duration = Histogram(
+            "rlcp_operation_duration_seconds",
+            "Fleet operations by kind and status.",
+            ["kind", "status"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
         self.worker_failures = WorkerFailures(r)
         self.members = Gauge("rlcp_members", "Workers in the fleet.", registry=r)
         self.epoch = Gauge("rlcp_membership_epoch", "Membership epoch.", registry=r)
         self.workers_ready = Gauge("rlcp_workers_ready", "Workers ready at the desired state.", registry=r)
         self.desired_version = Info("rlcp_desired_weight", "Desired weight version.", registry=r)
-        self.loop_lag = Histogram("rlcp_event_loop_lag_seconds", "How late the event loop woke a timer "
-                                  "(rlcp/controlplane/loopwatch.py): what every request waits on top of its own work.",
-                                  buckets=_LAG_BUCKETS, registry=r)
+        self.loop_lag = Histogram(
+            "rlcp_event_loop_lag_seconds",
+            "How late the event loop woke a timer "
+            "(rlcp/controlplane/loopwatch.py): what every request waits on top of its own work.",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
 
     def operation_finished(self, kind: OperationKind, status: OperationStatus, duration_s: float) -> None:
         self.operation_duration.labels(kind, status).observe(duration_s)

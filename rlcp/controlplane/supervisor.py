@@ -67,8 +67,9 @@ class Supervisor:
         return [t.get_name() for t in self._tasks if not t.done()]
 
 
-def start_loops(fleets: Fleets, *, source: DiscoverySource, elector: Loop | None = None,
-                background: bool = True) -> Supervisor:
+def start_loops(
+    fleets: Fleets, *, source: DiscoverySource, elector: Loop | None = None, background: bool = True
+) -> Supervisor:
     """The controller's loops; `background=False` leaves all but the elector to the caller
     (tests drive them step by step)."""
     supervisor = Supervisor()
@@ -86,17 +87,30 @@ def start_loops(fleets: Fleets, *, source: DiscoverySource, elector: Loop | None
 
             status = ctl.placement
             placer = RayPlacer(status.settings)  # here, so a missing `ray` fails the start, not a loop
-            supervisor.spawn("placement", lambda: run_placement(
-                settings=status.settings, is_leader=lambda: ctl.leadership.is_leader, placer=placer,
-                status=status))
+            supervisor.spawn(
+                "placement",
+                lambda: run_placement(
+                    settings=status.settings, is_leader=lambda: ctl.leadership.is_leader, placer=placer, status=status
+                ),
+            )
     return supervisor
 
 
 def _spawn_fleet_loops(supervisor: Supervisor, ctl: Controller) -> None:
     s, suffix = ctl.settings, "" if ctl.fleet_settings is None else f":{ctl.fleet}"
-    supervisor.spawn(f"status-observer{suffix}", lambda: observe_statuses(
-        registry=ctl.registry, fanout=ctl.fanout, interval_s=s.reconcile.poll_interval_s,
-        deadline_s=ctl.deadlines.control_s, seen_refresh_s=s.reconcile.seen_refresh_s))
-    supervisor.spawn(f"reconciler{suffix}", lambda: run_reconciler(
-        reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership,
-        interval_s=s.reconcile.interval_s))
+    supervisor.spawn(
+        f"status-observer{suffix}",
+        lambda: observe_statuses(
+            registry=ctl.registry,
+            fanout=ctl.fanout,
+            interval_s=s.reconcile.poll_interval_s,
+            deadline_s=ctl.deadlines.control_s,
+            seen_refresh_s=s.reconcile.seen_refresh_s,
+        ),
+    )
+    supervisor.spawn(
+        f"reconciler{suffix}",
+        lambda: run_reconciler(
+            reconciler=ctl.reconciler, desired=ctl.desired, leadership=ctl.leadership, interval_s=s.reconcile.interval_s
+        ),
+    )

@@ -31,8 +31,9 @@ def known_flavor(name: str) -> str:
 
 # A flavor's name wherever one is read (settings, discovery, the API): a registered one, said so in
 # the schema as an enum.
-Flavor = Annotated[str, AfterValidator(known_flavor),
-                   WithJsonSchema({"type": "string", "enum": sorted(FLAVOR_DRIVERS)})]
+Flavor = Annotated[
+    str, AfterValidator(known_flavor), WithJsonSchema({"type": "string", "enum": sorted(FLAVOR_DRIVERS)})
+]
 
 
 class WorkerSpec(BaseModel):
@@ -47,15 +48,22 @@ class WorkerSpec(BaseModel):
     world_size: int = Field(1, ge=1, description="Inference ranks behind this worker (TP x PP x DP).")
     model: str | None = None
     routes: tuple[str, ...] | None = Field(
-        None, description="The admin routes the worker publishes (Dynamo's listing `routes`); None: not "
-                          "published, so the flavor's own capabilities apply.")
+        None,
+        description="The admin routes the worker publishes (Dynamo's listing `routes`); None: not "
+        "published, so the flavor's own capabilities apply.",
+    )
     incarnation: str | None = Field(
-        None, description="Which life of the worker this is, where the source knows (a Ray actor's "
-                          "`num_restarts`): a new value is a changed spec, so the registry starts the member "
-                          "afresh and the controller reads and converges it again. None: the source cannot tell.")
-    labels: Labels = Field(default_factory=Labels, description="Labels from the source (static config, the listing's "
-                           "`labels`, the pod's labels, a Ray actor's description), in Kubernetes' label syntax: "
-                           "what selectors match.")
+        None,
+        description="Which life of the worker this is, where the source knows (a Ray actor's "
+        "`num_restarts`): a new value is a changed spec, so the registry starts the member "
+        "afresh and the controller reads and converges it again. None: the source cannot tell.",
+    )
+    labels: Labels = Field(
+        default_factory=Labels,
+        description="Labels from the source (static config, the listing's "
+        "`labels`, the pod's labels, a Ray actor's description), in Kubernetes' label syntax: "
+        "what selectors match.",
+    )
 
 
 class WorkerStatus(BaseModel):
@@ -68,8 +76,11 @@ class WorkerStatus(BaseModel):
     ready: bool | None = None
     not_ready_reason: str | None = None
     engine_alive: bool | None = None
-    sleeping: bool | None = Field(None, description="The engine is asleep (vLLM's sleep mode); None: the flavor "
-                                  "cannot tell (stock vLLM while paused: its `/is_sleeping` says true for a pause).")
+    sleeping: bool | None = Field(
+        None,
+        description="The engine is asleep (vLLM's sleep mode); None: the flavor "
+        "cannot tell (stock vLLM while paused: its `/is_sleeping` says true for a pause).",
+    )
     world_size: int | None = None
     instance_id: str | None = Field(None, description="Changes when the worker process restarts.")
     model: str | None = Field(None, description="The base model it serves, as it names it (clients' `model`).")

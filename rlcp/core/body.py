@@ -55,8 +55,10 @@ async def read_body(request: web.Request, *, decode: bool = True) -> bytes:
     codings = _codings(request.headers.get(CONTENT_ENCODING, ""))
     unknown = [c for c in codings if c not in _DECODED]
     if unknown and decode:
-        raise UnsupportedEncodingError(f"{CONTENT_ENCODING} {', '.join(unknown)} is not supported "
-                                       f"(gzip, deflate or identity)", field=CONTENT_ENCODING)
+        raise UnsupportedEncodingError(
+            f"{CONTENT_ENCODING} {', '.join(unknown)} is not supported (gzip, deflate or identity)",
+            field=CONTENT_ENCODING,
+        )
     try:
         raw = await request.read()
     except web.RequestPayloadError as exc:  # a broken chunked body, or (aiohttp decoding) a bad stream
@@ -67,7 +69,9 @@ async def read_body(request: web.Request, *, decode: bool = True) -> bytes:
         # body left unread is decoded as the connection drains, and a bad one resets it.
         raise UnsupportedEncodingError(
             f"{CONTENT_ENCODING} {', '.join(codings)} is not accepted here: the body is forwarded as it came, "
-            "and the workers take identity bodies", field=CONTENT_ENCODING)
+            "and the workers take identity bodies",
+            field=CONTENT_ENCODING,
+        )
     limit = request.client_max_size
     for coding in reversed(codings):  # the last coding applied is the first undone (RFC 9110 §8.4)
         raw = _decode(raw, coding, limit)
@@ -105,8 +109,9 @@ def parse_json(raw: bytes) -> Any:
     if _SURROGATE_ESCAPE.search(raw) and (where := _lone_surrogate(data)) is not None:
         # A 422 naming the field, as a model would for a bad value there: JSON allows the escape,
         # but no text holds it, and a log line or a header that meets one raises.
-        raise ValidationFailedError(f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): "
-                                    "not valid Unicode", field=where)
+        raise ValidationFailedError(
+            f"{where}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not valid Unicode", field=where
+        )
     return data
 
 
@@ -126,15 +131,17 @@ def _decode(raw: bytes, coding: str, limit: int) -> bytes:
     try:
         out = decoder.decompress(raw, limit + 1)  # bounded: a small bomb never expands past the limit
     except zlib.error as exc:
-        raise BadRequestError(f"the body is not {coding} as its {CONTENT_ENCODING} says: {exc}",
-                              field=CONTENT_ENCODING) from exc
+        raise BadRequestError(
+            f"the body is not {coding} as its {CONTENT_ENCODING} says: {exc}", field=CONTENT_ENCODING
+        ) from exc
     if len(out) > limit:
         raise PayloadTooLargeError(f"request body is larger than {limit} bytes once decoded", field="body")
     if not decoder.eof:
         raise BadRequestError(f"the {coding} stream ends early (truncated)", field=CONTENT_ENCODING)
     if decoder.unused_data:
-        raise BadRequestError(f"{len(decoder.unused_data)} bytes follow the end of the {coding} stream",
-                              field=CONTENT_ENCODING)
+        raise BadRequestError(
+            f"{len(decoder.unused_data)} bytes follow the end of the {coding} stream", field=CONTENT_ENCODING
+        )
     return out
 
 

@@ -107,8 +107,9 @@ def accepts_gzip(header: str | None) -> bool:
     return bool(wildcard)
 
 
-def cached_response(request: web.BaseRequest, *, etag: str, body: Callable[[], CachedBody],
-                    content_type: str = "application/json") -> web.Response:
+def cached_response(
+    request: web.BaseRequest, *, etag: str, body: Callable[[], CachedBody], content_type: str = "application/json"
+) -> web.Response:
     """The answer to a GET of a cached document. `etag` is the current generation's tag,
     known before the body is made: a match is a 304 and `body` is not called."""
     if none_match(request.headers.get("If-None-Match"), etag):

@@ -35,8 +35,9 @@ class _Logged(Protocol):
 S = TypeVar("S", bound=_Logged)
 
 
-def settings_or_exit(parser: argparse.ArgumentParser, load: Callable[[], S], *,
-                     check: Callable[[S], object] | None = None) -> S:
+def settings_or_exit(
+    parser: argparse.ArgumentParser, load: Callable[[], S], *, check: Callable[[S], object] | None = None
+) -> S:
     """`load()`, then `check` on what it loaded (a token file that cannot be read is a bad
     setting too); on either's failure the process exits 2 saying why. Logging is configured
     from the settings before they are returned."""

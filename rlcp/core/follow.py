@@ -31,8 +31,16 @@ _FAILURES = (TimeoutError, aiohttp.ClientError, OSError, EOFError, zlib.error, R
 
 
 class FollowedDocument:
-    def __init__(self, *, session: aiohttp.ClientSession, url: str, token: str | None, interval_s: float,
-                 timeout_s: float, accept: Callable[[CachedBody], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        url: str,
+        token: str | None,
+        interval_s: float,
+        timeout_s: float,
+        accept: Callable[[CachedBody], None] | None = None,
+    ) -> None:
         self._session = session
         self.url = url
         self._headers = {"Accept-Encoding": "gzip", **({"Authorization": f"Bearer {token}"} if token else {})}

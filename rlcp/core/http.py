@@ -27,8 +27,20 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Not forwarded by a proxy, either way: the hop-by-hop headers (RFC 9110 §7.6.1), plus what the
 # client library sets itself for the next hop (Host, Content-Length). The front and the gateway.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "transfer-encoding", "upgrade", "host", "content-length"})
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
@@ -56,8 +68,9 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
         # Bound and reset by token rather than two context managers: this runs for every request
         # of every process, the gateway's hot path included.
         traced = tracing.bind(call)
-        logged = structlog.contextvars.bind_contextvars(request_id=call.request_id, trace_id=call.trace_id,
-                                                        route=request.path)
+        logged = structlog.contextvars.bind_contextvars(
+            request_id=call.request_id, trace_id=call.trace_id, route=request.path
+        )
         try:
             response = await _answer(request, handler)
         finally:
@@ -81,9 +94,16 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
                 log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response({"error": {"code": "payload_too_large", "field": "body",
-                                                "message": f"request body is larger than {max_body} bytes"}},
-                                     status=413)
+            return web.json_response(
+                {
+                    "error": {
+                        "code": "payload_too_large",
+                        "field": "body",
+                        "message": f"request body is larger than {max_body} bytes",
+                    }
+                },
+                status=413,
+            )
         except web.HTTPException as exc:
             # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
             code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
@@ -93,8 +113,9 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
             return web.json_response({"error": {"code": code, "message": said}}, status=exc.status, headers=allow)
         except Exception as exc:
             log.exception("unhandled_error")
-            return web.json_response({"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}},
-                                     status=500)
+            return web.json_response(
+                {"error": {"code": "internal", "message": f"{type(exc).__name__}: {exc}"}}, status=500
+            )
 
     return error_middleware
 
@@ -125,8 +146,9 @@ def presents_one_of(header: str, tokens: Collection[str]) -> bool:
     return any(matches)
 
 
-def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[str],
-                         also_accepted: Collection[str] = ()) -> Middleware:
+def make_auth_middleware(
+    token: str, *, auth_reads: bool, open_paths: frozenset[str], also_accepted: Collection[str] = ()
+) -> Middleware:
     """`also_accepted`: further tokens that pass (the gateway takes the controller's admin
     token too, so a trainer's one API key serves both its inference and admin URLs)."""
     tokens = (token, *also_accepted)
@@ -141,8 +163,9 @@ def make_auth_middleware(token: str, *, auth_reads: bool, open_paths: frozenset[
         if needs_token:
             header = request.headers.get("Authorization", "")
             if not presents_one_of(header, tokens):
-                raise UnauthorizedError("missing or wrong bearer token" if header else "missing bearer token",
-                                        field="Authorization")
+                raise UnauthorizedError(
+                    "missing or wrong bearer token" if header else "missing bearer token", field="Authorization"
+                )
         return await handler(request)
 
     return auth_middleware

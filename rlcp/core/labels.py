@@ -45,8 +45,10 @@ def label_key_problem(key: str) -> str | None:
     if slash and (not prefix or len(prefix) > 253 or not _PREFIX_RE.match(prefix)):
         return f"label key {key!r}: the prefix must be a DNS subdomain (lowercase, at most 253 characters)"
     if len(name) > 63 or not _NAME_RE.match(name):
-        return (f"label key {key!r}: the name must be 1-63 characters, alphanumeric at both ends, "
-                "with '-', '_' or '.' inside")
+        return (
+            f"label key {key!r}: the name must be 1-63 characters, alphanumeric at both ends, "
+            "with '-', '_' or '.' inside"
+        )
     return None
 
 
@@ -54,8 +56,10 @@ def label_value_problem(value: str) -> str | None:
     """Why `value` is not a valid label value, or None (empty is valid)."""
     if value == "" or (len(value) <= 63 and _NAME_RE.match(value)):
         return None
-    return (f"label value {value!r}: at most 63 characters, alphanumeric at both ends, with '-', '_' or '.' "
-            "inside (or empty)")
+    return (
+        f"label value {value!r}: at most 63 characters, alphanumeric at both ends, with '-', '_' or '.' "
+        "inside (or empty)"
+    )
 
 
 class Labels(Mapping[str, str]):
@@ -98,7 +102,8 @@ class Labels(Mapping[str, str]):
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
         as_dict = core_schema.dict_schema(core_schema.str_schema(), core_schema.str_schema())
         return core_schema.no_info_after_validator_function(
-            cls, as_dict, serialization=core_schema.plain_serializer_function_ser_schema(dict, return_schema=as_dict))
+            cls, as_dict, serialization=core_schema.plain_serializer_function_ser_schema(dict, return_schema=as_dict)
+        )
 
 
 def labels_from(raw: object) -> Labels:

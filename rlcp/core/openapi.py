@@ -39,11 +39,17 @@ _REF = "#/components/schemas/{model}"
 _PARAM = re.compile(r"{(\w+)}")
 
 SECURITY_SCHEMES = {
-    "bearerAuth": {"type": "http", "scheme": "bearer",
-                   "description": "`Authorization: Bearer <token>`; compared in constant time."},
-    "basicAuth": {"type": "http", "scheme": "basic",
-                  "description": "HTTP Basic with the token as the password (any user name), for clients that "
-                                 "cannot set a header (vLLM's HTTP weight-sync client, through `~/.netrc`)."},
+    "bearerAuth": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer <token>`; compared in constant time.",
+    },
+    "basicAuth": {
+        "type": "http",
+        "scheme": "basic",
+        "description": "HTTP Basic with the token as the password (any user name), for clients that "
+        "cannot set a header (vLLM's HTTP weight-sync client, through `~/.netrc`).",
+    },
 }
 _SECURED: list[dict[str, list[str]]] = [{"bearerAuth": []}, {"basicAuth": []}]
 
@@ -133,8 +139,9 @@ class RouteTable:
                 app.router.add_route(route.method, route.path, route.handler)
 
 
-def build_document(routes: Iterable[Route], *, title: str, description: str, auth_reads: bool,
-                   version: str = API_VERSION) -> dict[str, Any]:
+def build_document(
+    routes: Iterable[Route], *, title: str, description: str, auth_reads: bool, version: str = API_VERSION
+) -> dict[str, Any]:
     routes = list(routes)
     keys = [r.key for r in routes]
     if len(set(keys)) != len(keys):
@@ -142,8 +149,7 @@ def build_document(routes: Iterable[Route], *, title: str, description: str, aut
     schemas, defs = _schemas(routes)
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
-        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, schemas, defs,
-                                                                            auth_reads=auth_reads)
+        paths.setdefault(route.path, {})[route.method.lower()] = _operation(route, schemas, defs, auth_reads=auth_reads)
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version, "description": description},
@@ -154,8 +160,9 @@ def build_document(routes: Iterable[Route], *, title: str, description: str, aut
 
 def route_drift(app: web.Application, routes: Iterable[Route]) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """(registered but not declared, declared but not registered); HEAD comes with each GET."""
-    registered = {(r.method, r.resource.canonical) for r in app.router.routes()
-                  if r.resource is not None and r.method != "HEAD"}
+    registered = {
+        (r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None and r.method != "HEAD"
+    }
     declared = {r.key for r in routes}
     return registered - declared, declared - registered
 
@@ -191,8 +198,7 @@ def _schemas(routes: list[Route]) -> tuple[dict[_SchemaKey, dict[str, Any]], dic
         want("answer", "serialization", r.ok)
         for tp in r.answers.values():
             want("answer", "serialization", tp)
-    out, top = TypeAdapter.json_schemas([((k, k[1]), k[1], ta) for k, ta in wanted.items()],
-                                        ref_template=_REF)
+    out, top = TypeAdapter.json_schemas([((k, k[1]), k[1], ta) for k, ta in wanted.items()], ref_template=_REF)
     return {k: out[((k, k[1]), k[1])] for k in wanted}, top.get("$defs", {})
 
 
@@ -224,19 +230,25 @@ def _query_parameters(model_schema: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _error(status: int, schema: Mapping[str, Any]) -> dict[str, Any]:
-    return {"description": HTTPStatus(status).phrase + " (the error shape)",
-            "content": {"application/json": {"schema": dict(schema)}}}
+    return {
+        "description": HTTPStatus(status).phrase + " (the error shape)",
+        "content": {"application/json": {"schema": dict(schema)}},
+    }
 
 
-def _operation(route: Route, schemas: Mapping[_SchemaKey, dict[str, Any]], defs: Mapping[str, Any], *,
-               auth_reads: bool) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": route.summary,
-                          "operationId": route.method.lower() + re.sub(r"\W+", "_", route.path).rstrip("_")}
+def _operation(
+    route: Route, schemas: Mapping[_SchemaKey, dict[str, Any]], defs: Mapping[str, Any], *, auth_reads: bool
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": route.summary,
+        "operationId": route.method.lower() + re.sub(r"\W+", "_", route.path).rstrip("_"),
+    }
     if route.tag:
         op["tags"] = [route.tag]
     params: list[dict[str, Any]] = [
         {"name": name, "in": "path", "required": True, "schema": dict(route.path_params.get(name, {"type": "string"}))}
-        for name in _PARAM.findall(route.path)]
+        for name in _PARAM.findall(route.path)
+    ]
     errors = set(route.errors)
     if route.query is not None:
         params += _query_parameters(_resolve(schemas[("query", "validation", route.query)], defs))
@@ -246,8 +258,10 @@ def _operation(route: Route, schemas: Mapping[_SchemaKey, dict[str, Any]], defs:
     if any(p["in"] == "path" for p in params):
         errors.add(404)
     if route.body is not None:
-        op["requestBody"] = {"required": not route.body_optional,
-                             "content": {"application/json": {"schema": schemas[("body", "validation", route.body)]}}}
+        op["requestBody"] = {
+            "required": not route.body_optional,
+            "content": {"application/json": {"schema": schemas[("body", "validation", route.body)]}},
+        }
         errors |= {400, 413, 415, 422}
     secured = route.needs_token(auth_reads=auth_reads)
     if secured:
@@ -256,8 +270,11 @@ def _operation(route: Route, schemas: Mapping[_SchemaKey, dict[str, Any]], defs:
     responses: dict[str, Any] = {}
     ok: dict[str, Any] = {"description": "OK"}
     if route.ok is not None:
-        schema = ({"type": "string"} if route.media_type != "application/json"
-                  else schemas[("answer", "serialization", route.ok)])
+        schema = (
+            {"type": "string"}
+            if route.media_type != "application/json"
+            else schemas[("answer", "serialization", route.ok)]
+        )
         ok["content"] = {route.media_type: {"schema": schema}}
     responses["200"] = ok
     for status, tp in route.answers.items():

@@ -87,5 +87,4 @@ def outgoing_headers() -> dict[str, str]:
     ctx = _current.get()
     if ctx is None:
         return {}
-    return {REQUEST_ID_HEADER: ctx.request_id,
-            TRACEPARENT_HEADER: f"00-{ctx.trace_id}-{_hex(64)}-{ctx.flags}"}
+    return {REQUEST_ID_HEADER: ctx.request_id, TRACEPARENT_HEADER: f"00-{ctx.trace_id}-{_hex(64)}-{ctx.flags}"}

@@ -45,9 +45,20 @@ async def log_requests(request: Any, call_next: Callable[[Any], Awaitable[Any]])
     if request_id and request_id.startswith(HOLD_PREFIX):
         await asyncio.sleep(HOLD_S)
     query = request.url.query
-    print(PREFIX + json.dumps({"method": request.method, "path": request.url.path + (f"?{query}" if query else ""),
-                               "status": response.status_code, "request_id": request_id, "start": start,
-                               "end": time.time()}), flush=True)
+    print(
+        PREFIX
+        + json.dumps(
+            {
+                "method": request.method,
+                "path": request.url.path + (f"?{query}" if query else ""),
+                "status": response.status_code,
+                "request_id": request_id,
+                "start": start,
+                "end": time.time(),
+            }
+        ),
+        flush=True,
+    )
     return response
 
 
@@ -69,7 +80,7 @@ def read(log_path: Path, *, request_id: str | None = None) -> list[Entry]:
     """The requests the server logged (those carrying `request_id`, if given), in the order
     their answers were ready."""
     lines = [line for line in log_path.read_text(errors="replace").splitlines() if line.startswith(PREFIX)]
-    entries = [Entry(**json.loads(line[len(PREFIX):])) for line in lines]
+    entries = [Entry(**json.loads(line[len(PREFIX) :])) for line in lines]
     return [e for e in entries if request_id is None or e.request_id == request_id]
 
 

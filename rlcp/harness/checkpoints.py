@@ -18,9 +18,13 @@ from safetensors.numpy import load_file, save_file
 def write_checkpoint(directory: Path, seed: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    save_file({"model.embed.weight": rng.standard_normal((8, 4)).astype(np.float32),
-               "model.layers.0.weight": rng.standard_normal((4, 4)).astype(np.float32)},
-              str(directory / "model.safetensors"))
+    save_file(
+        {
+            "model.embed.weight": rng.standard_normal((8, 4)).astype(np.float32),
+            "model.layers.0.weight": rng.standard_normal((4, 4)).astype(np.float32),
+        },
+        str(directory / "model.safetensors"),
+    )
     return directory
 
 
@@ -33,15 +37,18 @@ def write_adapter(directory: Path) -> Path:
 def write_perturbed(base: Path, directory: Path, seed: int, scale: float) -> Path:
     """`base`'s weights plus Gaussian noise of standard deviation `scale`."""
     rng = np.random.default_rng(seed)
-    tensors = {name: (t + rng.normal(0.0, scale, t.shape)).astype(t.dtype)
-               for name, t in load_file(str(base / "model.safetensors")).items()}
+    tensors = {
+        name: (t + rng.normal(0.0, scale, t.shape)).astype(t.dtype)
+        for name, t in load_file(str(base / "model.safetensors")).items()
+    }
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"))
     return directory
 
 
-def make_models(root: Path, *, shape: dict[str, int] | None, vocab_size: int | None,
-                seeds: tuple[int, ...]) -> dict[str, Path]:
+def make_models(
+    root: Path, *, shape: dict[str, int] | None, vocab_size: int | None, seeds: tuple[int, ...]
+) -> dict[str, Path]:
     """`root/base` (tokenizer + weights of seeds[0]) and `root/weights-<seed>` for each seed.
     `shape=None`: the tests' tiny Llama (`rlcp.harness.tiny_model`)."""
     from transformers import AutoTokenizer

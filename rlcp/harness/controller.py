@@ -35,30 +35,59 @@ def controller_settings(tmp_path: Path, specs: list[dict[str, Any]], **overrides
     """Short deadlines and a fast reconciler for an in-process controller over `specs`; each
     keyword replaces a whole section."""
     base: dict[str, Any] = dict(
-        api={"token": CTL_TOKEN}, gateway={"port": 0}, discovery={"kind": "static", "static": specs},
-        workers={"token": AGENT_TOKEN, "timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-                 "weight_load_timeout_s": 10, "checkpoint_wait_s": 1, "deadline_grace_s": 1},
+        api={"token": CTL_TOKEN},
+        gateway={"port": 0},
+        discovery={"kind": "static", "static": specs},
+        workers={
+            "token": AGENT_TOKEN,
+            "timeout_s": 2,
+            "attempts": 2,
+            "retry_budget_s": 5,
+            "pause_timeout_s": 5,
+            "weight_load_timeout_s": 10,
+            "checkpoint_wait_s": 1,
+            "deadline_grace_s": 1,
+        },
         reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         store={"kind": "file", "path": str(tmp_path / "state" / "desired.json")},
-        allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")
+        allowed_roots=[str(tmp_path)],
+        log_format="console",
+        log_level="warning",
+    )
     return ControllerSettings(**(base | overrides))
 
 
-def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[Path], **overrides: Any) -> dict[str, Any]:
+def controller_config(
+    workdir: Path, workers: list[dict[str, Any]], roots: list[Path], **overrides: Any
+) -> dict[str, Any]:
     """The YAML config of a controller process (`rlcp.harness.processes.ControllerProcess`): short
     deadlines and a fast reconciler, so faults resolve in seconds; the desired state in a file
     under `workdir`, which survives a restart. A dict keyword is merged into its section."""
     config: dict[str, Any] = {
-        "controller_id": "faults", "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN},
+        "controller_id": "faults",
+        "api": {"host": "127.0.0.1", "port": 0, "token": CTL_TOKEN},
         "gateway": {"host": "127.0.0.1", "port": 0},
         "discovery": {"kind": "static", "static": workers},
-        "workers": {"token": AGENT_TOKEN, "timeout_s": 3, "attempts": 3, "retry_budget_s": 10,
-                    "pause_timeout_s": 10, "weight_load_timeout_s": 20},
+        "workers": {
+            "token": AGENT_TOKEN,
+            "timeout_s": 3,
+            "attempts": 3,
+            "retry_budget_s": 10,
+            "pause_timeout_s": 10,
+            "weight_load_timeout_s": 20,
+        },
         # last_seen shown at every poll (seen_refresh_s), so a test can watch each worker being read
-        "reconcile": {"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.2, "backoff_max_s": 1.0,
-                      "seen_refresh_s": 0.2},
+        "reconcile": {
+            "poll_interval_s": 0.2,
+            "interval_s": 0.2,
+            "backoff_initial_s": 0.2,
+            "backoff_max_s": 1.0,
+            "seen_refresh_s": 0.2,
+        },
         "store": {"kind": "file", "path": str(workdir / "store" / "desired.json")},
-        "allowed_roots": [str(r) for r in roots], "log_format": "json", "log_level": "info",
+        "allowed_roots": [str(r) for r in roots],
+        "log_format": "json",
+        "log_level": "info",
     }
     return merge_sections(config, overrides)
 
@@ -66,30 +95,44 @@ def controller_config(workdir: Path, workers: list[dict[str, Any]], roots: list[
 def merge_sections(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """`config` with `overrides`: a dict merged into its section, any other value replacing it."""
     for key, value in overrides.items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) \
-            else value
+        config[key] = (
+            {**config[key], **value} if isinstance(value, dict) and isinstance(config.get(key), dict) else value
+        )
     return config
 
 
 def fleet_reachable(state: dict[str, Any], workers: int | None = None) -> bool:
     """Discovery has synced and every member (all `workers` of them, if given) answered a poll."""
     members = state.get("workers", [])
-    return (bool(state.get("discovery_synced")) and all(w["reachable"] for w in members)
-            and (workers is None or len(members) == workers))
+    return (
+        bool(state.get("discovery_synced"))
+        and all(w["reachable"] for w in members)
+        and (workers is None or len(members) == workers)
+    )
 
 
-async def wait_reachable(session: aiohttp.ClientSession, url: str, *, workers: int | None = None,
-                         timeout_s: float = 10.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
+async def wait_reachable(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    workers: int | None = None,
+    timeout_s: float = 10.0,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Until the controller at `url` sees its whole fleet reachable; returns its state."""
 
     async def probe() -> dict[str, Any] | None:
-        async with session.get(url + "/v1/rl/state", headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=30)) as resp:
+        async with session.get(url + "/v1/rl/state", headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as resp:
             state: dict[str, Any] = await resp.json() if resp.status == 200 else {}
         return state if fleet_reachable(state, workers) else None
 
-    state: dict[str, Any] = await wait_for(probe, timeout_s, f"{workers or 'all'} workers reachable at {url}",
-                                           interval_s=0.05, tolerate=(aiohttp.ClientError, TimeoutError))
+    state: dict[str, Any] = await wait_for(
+        probe,
+        timeout_s,
+        f"{workers or 'all'} workers reachable at {url}",
+        interval_s=0.05,
+        tolerate=(aiohttp.ClientError, TimeoutError),
+    )
     return state
 
 
@@ -106,10 +149,10 @@ class Ctl:
     def url(self) -> str:
         return str(self.client.make_url("")).rstrip("/")
 
-    async def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTH,
-                   data: bytes | None = None) -> tuple[int, Any]:
-        resp = await self.client.request(method, path, json=body if data is None else None, data=data,
-                                         headers=headers)
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = AUTH, data: bytes | None = None
+    ) -> tuple[int, Any]:
+        resp = await self.client.request(method, path, json=body if data is None else None, data=data, headers=headers)
         return resp.status, await resp.json()
 
     async def state(self) -> dict[str, Any]:
@@ -155,8 +198,18 @@ def disk_update(root: Path, version: str, seed: int, **fields: Any) -> UpdateWei
 async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str, str]:
     """`rlctl` as an operator runs it, a process of its own: (exit code, stdout, stderr)."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "rlcp.client.cli", "--url", url, "--token", token, *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env={"COLUMNS": "200", "PATH": ""})
+        sys.executable,
+        "-m",
+        "rlcp.client.cli",
+        "--url",
+        url,
+        "--token",
+        token,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "200", "PATH": ""},
+    )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

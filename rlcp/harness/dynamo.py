@@ -31,8 +31,9 @@ DYNAMO_VERSION = "1.6.1"
 
 def dynamo_target() -> Path:
     """The install dir of Dynamo's wheels; runs scripts/setup-dynamo.sh (idempotent) for it."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-dynamo.sh")], capture_output=True, text=True,
-                         timeout=900, check=False)
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup-dynamo.sh")], capture_output=True, text=True, timeout=900, check=False
+    )
     if out.returncode != 0:
         raise ProcessError(f"scripts/setup-dynamo.sh failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -57,8 +58,13 @@ def low_port() -> int:
 
 def dynamo_env(target: Path, kv_dir: Path, **extra: str) -> dict[str, str]:
     # Loopback only: without these the runtime advertises the machine's non-loopback address.
-    return child_env(PYTHONPATH=f"{target}:{REPO}", DYN_FILE_KV=str(kv_dir), DYN_SYSTEM_HOST="127.0.0.1",
-                     DYN_TCP_RPC_HOST="127.0.0.1", **extra)
+    return child_env(
+        PYTHONPATH=f"{target}:{REPO}",
+        DYN_FILE_KV=str(kv_dir),
+        DYN_SYSTEM_HOST="127.0.0.1",
+        DYN_TCP_RPC_HOST="127.0.0.1",
+        **extra,
+    )
 
 
 class _HttpReady(ChildProcess):
@@ -92,8 +98,19 @@ class DynamoVllmProcess(_HttpReady):
 
     ready_path = "/health"
 
-    def __init__(self, model: Path, workdir: Path, *, target: Path, kv_dir: Path, namespace: str = "dynamo",
-                 name: str = "dynamo-vllm", core: int = 0, start_timeout_s: float = 240.0, **kw: Any) -> None:
+    def __init__(
+        self,
+        model: Path,
+        workdir: Path,
+        *,
+        target: Path,
+        kv_dir: Path,
+        namespace: str = "dynamo",
+        name: str = "dynamo-vllm",
+        core: int = 0,
+        start_timeout_s: float = 240.0,
+        **kw: Any,
+    ) -> None:
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.model, self.target, self.kv_dir, self.namespace, self.core = model, target, kv_dir, namespace, core
         self.port = low_port()
@@ -105,16 +122,39 @@ class DynamoVllmProcess(_HttpReady):
     def spawn(self) -> DynamoVllmProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = low_port()  # a restarted worker is a new process: a new port, as a new pod would have
-        env = dynamo_env(self.target, self.kv_dir, DYN_SYSTEM_PORT=str(self.port), DYN_ENABLE_RL="true",
-                         DYN_EVENT_PLANE_HOST="127.0.0.1",
-                         DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]',
-                         VLLM_CPU_OMP_THREADS_BIND=str(self.core))
-        argv = [sys.executable, "-m", "rlcp.harness.dynamo", "vllm", "--",
-                "--discovery-backend", "file", "--namespace", self.namespace, "--model", str(self.model),
-                *serve_flags(lora=False)]
+        env = dynamo_env(
+            self.target,
+            self.kv_dir,
+            DYN_SYSTEM_PORT=str(self.port),
+            DYN_ENABLE_RL="true",
+            DYN_EVENT_PLANE_HOST="127.0.0.1",
+            DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]',
+            VLLM_CPU_OMP_THREADS_BIND=str(self.core),
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "rlcp.harness.dynamo",
+            "vllm",
+            "--",
+            "--discovery-backend",
+            "file",
+            "--namespace",
+            self.namespace,
+            "--model",
+            str(self.model),
+            *serve_flags(lora=False),
+        ]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
 
@@ -123,8 +163,17 @@ class DynamoFrontendProcess(_HttpReady):
 
     ready_path = "/v1/rl/workers"
 
-    def __init__(self, workdir: Path, *, target: Path, kv_dir: Path, namespace: str = "dynamo",
-                 name: str = "dynamo-frontend", start_timeout_s: float = 60.0, **kw: Any) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        target: Path,
+        kv_dir: Path,
+        namespace: str = "dynamo",
+        name: str = "dynamo-frontend",
+        start_timeout_s: float = 60.0,
+        **kw: Any,
+    ) -> None:
         from rlcp.harness.http import free_port
 
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
@@ -143,16 +192,34 @@ class DynamoFrontendProcess(_HttpReady):
     def spawn(self) -> DynamoFrontendProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port))
-        argv = [sys.executable, "-m", "dynamo.frontend", "--discovery-backend", "file",
-                "--namespace", self.namespace,
-                "--http-host", "127.0.0.1", "--http-port", str(self.http_port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "dynamo.frontend",
+            "--discovery-backend",
+            "file",
+            "--namespace",
+            self.namespace,
+            "--http-host",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+        ]
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv,
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
 
 # -- the worker (runs in the child, with Dynamo's wheels importable) -----------------------
+
 
 def _keep_torchvision_out() -> None:
     """`dynamo.vllm.handlers` imports Qwen2-VL's image processor for `smart_resize` only; that
@@ -174,6 +241,7 @@ def _vllm_031_names() -> None:
     import vllm.v1.engine.utils as engine_utils
 
     if not hasattr(engine_utils, "get_engine_zmq_addresses"):
+
         def get_engine_zmq_addresses(*_: Any, **__: Any) -> Any:
             raise RuntimeError("Dynamo's embedding workers need vLLM 0.31's get_engine_zmq_addresses")
 

@@ -37,8 +37,9 @@ def free_port() -> int:
 
 
 class EnvoyProcess:
-    def __init__(self, bootstrap: dict[str, Any], workdir: Path, *, name: str = "envoy",
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self, bootstrap: dict[str, Any], workdir: Path, *, name: str = "envoy", log_path: Path | None = None
+    ) -> None:
         self.workdir, self.name = workdir, name
         listener = bootstrap["static_resources"]["listeners"][0]["address"]["socket_address"]
         admin = bootstrap["admin"]["address"]["socket_address"]
@@ -66,22 +67,37 @@ class EnvoyProcess:
         # parent only, which stops Envoy after the processes that depend on it.
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [*(prefix or []), str(envoy_binary()), "-c", str(self.config), "--concurrency", "1", "--disable-hot-restart",
-                 "--log-level", log_level], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                [
+                    *(prefix or []),
+                    str(envoy_binary()),
+                    "-c",
+                    str(self.config),
+                    "--concurrency",
+                    "1",
+                    "--disable-hot-restart",
+                    "--log-level",
+                    log_level,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     async def wait_serving(self, timeout_s: float = 30.0) -> None:
         """Until Envoy says LIVE (initialised: its clusters have their first assignment)."""
         async with aiohttp.ClientSession() as http:
+
             async def live() -> bool:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise RuntimeError(f"envoy exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
                 async with http.get(self.admin_url + "/ready", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     return resp.status == 200
 
-            await wait_for(live, timeout_s, f"{self.name} serving", interval_s=0.05,
-                           tolerate=(aiohttp.ClientError, TimeoutError))
+            await wait_for(
+                live, timeout_s, f"{self.name} serving", interval_s=0.05, tolerate=(aiohttp.ClientError, TimeoutError)
+            )
 
     async def admin(self, path: str) -> str:
         async with aiohttp.ClientSession() as http, http.get(self.admin_url + path) as resp:
@@ -113,4 +129,3 @@ class EnvoyProcess:
             if value.strip().isdigit():
                 out[name] = int(value)
         return out
-

@@ -94,8 +94,9 @@ def fault_middleware(rules: FaultRules, on_served: Callable[[web.Request], None]
         if fault is not None:
             rules.log(request.method, request.path, fault.kind)
             if fault.kind == "status":
-                return web.Response(body=injected_body(fault.status), status=fault.status,
-                                    content_type="application/json")
+                return web.Response(
+                    body=injected_body(fault.status), status=fault.status, content_type="application/json"
+                )
             if fault.kind == "hang":
                 await asyncio.sleep(3600)
             if fault.kind == "delay":
@@ -141,8 +142,16 @@ class FaultProxy:
     def seen(self) -> list[tuple[str, str, str]]:
         return self.faults.seen
 
-    def fault(self, method: str, path: str, kind: FaultKind, *, status: int = 500, times: int | None = None,
-              delay_s: float = 0.0) -> None:
+    def fault(
+        self,
+        method: str,
+        path: str,
+        kind: FaultKind,
+        *,
+        status: int = 500,
+        times: int | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
         self.faults.add(method, path, Fault(kind, status, times, delay_s))
 
     def clear(self) -> None:
@@ -173,8 +182,7 @@ class FaultProxy:
                 lines = head.decode("latin-1").split("\r\n")
                 method, target, _ = lines[0].split(" ", 2)
                 headers = [line for line in lines[1:] if line]
-                length = next((int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:")),
-                              0)
+                length = next((int(h.split(":", 1)[1]) for h in headers if h.lower().startswith("content-length:")), 0)
                 body = await reader.readexactly(length) if length else b""
                 path = urlsplit(target).path
                 fault = self.faults.take(method, path)
@@ -218,8 +226,9 @@ class FaultProxy:
         up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
         try:
             kept = [h for h in headers if not h.lower().startswith(("connection:", "keep-alive:"))]
-            up_writer.write(("\r\n".join([request_line, *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1")
-                            + body)
+            up_writer.write(
+                ("\r\n".join([request_line, *kept, "Connection: close"]) + "\r\n\r\n").encode("latin-1") + body
+            )
             await up_writer.drain()
             return await up_reader.read(-1)
         finally:
@@ -234,8 +243,10 @@ def _keep_alive(head: bytes) -> bytes:
 
 def _canned(status: int) -> bytes:
     body = injected_body(status)
-    return (f"HTTP/1.1 {status} Injected\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-            .encode() + body)
+    return (
+        f"HTTP/1.1 {status} Injected\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

@@ -14,11 +14,20 @@ def bearer(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-async def call(session: aiohttp.ClientSession, method: str, url: str, *, body: Any = None,
-               headers: dict[str, str] | None = None, data: bytes | None = None, timeout_s: float = 120.0) -> tuple[int, Any]:
+async def call(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
+    timeout_s: float = 120.0,
+) -> tuple[int, Any]:
     """One HTTP call with a deadline; returns (status, parsed JSON body or text)."""
-    async with session.request(method, url, json=body, data=data, headers=headers,
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+    async with session.request(
+        method, url, json=body, data=data, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)
+    ) as resp:
         text = await resp.text(errors="replace")
         try:
             return resp.status, json.loads(text)
@@ -42,14 +51,30 @@ class CompletionStream:
     """One streaming completion (`/v1/completions`, `stream` with `return_token_ids`), read in
     the background; records what came back (tokens, finish reason, error) instead of raising."""
 
-    def __init__(self, http: aiohttp.ClientSession, base_url: str, prompt: str, *, max_tokens: int,
-                 timeout_s: float = 120.0, name: str = "stream", stream_interval: int | None = None) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        base_url: str,
+        prompt: str,
+        *,
+        max_tokens: int,
+        timeout_s: float = 120.0,
+        name: str = "stream",
+        stream_interval: int | None = None,
+    ) -> None:
         self.max_tokens = max_tokens
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
         self.error: str | None = None
-        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                   "ignore_eos": True, "stream": True, "return_token_ids": True}
+        payload = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
         if stream_interval is not None:
             # vLLM's per-request chunking: the first token at once, then one chunk per N tokens.
             payload["stream_interval"] = stream_interval

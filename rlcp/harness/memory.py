@@ -67,14 +67,21 @@ class MemoryAgent:
 
     def spec(self) -> WorkerSpec:
         # An inference URL only names where rollouts would go: the gateway fence needs one.
-        return WorkerSpec(id=self.agent_id, admin_url=f"memory://{self.agent_id}", flavor="agent",
-                          inference_url=f"memory://{self.agent_id}/inference")
+        return WorkerSpec(
+            id=self.agent_id,
+            admin_url=f"memory://{self.agent_id}",
+            flavor="agent",
+            inference_url=f"memory://{self.agent_id}/inference",
+        )
 
     async def start(self) -> MemoryAgent:
         self.engine = SimEngine(model_name="sim", **self.engine_kwargs)
         await self.engine.start()
-        sections: dict[str, Any] = {"engine": {"kind": "sim", "model": "sim"}, "admin": {"token": TOKEN},
-                                    "timeouts": TEST_TIMEOUTS}  # validated as a config file's are
+        sections: dict[str, Any] = {
+            "engine": {"kind": "sim", "model": "sim"},
+            "admin": {"token": TOKEN},
+            "timeouts": TEST_TIMEOUTS,
+        }  # validated as a config file's are
         settings = AgentSettings(agent_id=self.agent_id, allowed_roots=self.roots, **sections)
         self.service = AgentService(self.engine, settings)
         await self.service.start()
@@ -113,8 +120,14 @@ class MemoryAgent:
             return match.http_exception.status, {"error": {"code": "not_found", "message": match.http_exception.reason}}
         data = b"" if body is None else json.dumps(body).encode()
         payload: Any = _Body(data)  # typed a StreamReader; aiohttp only calls its readany()
-        request = make_mocked_request(method, target, app=self.app, match_info=dict(match),
-                                      headers={"Content-Type": "application/json"}, payload=payload)
+        request = make_mocked_request(
+            method,
+            target,
+            app=self.app,
+            match_info=dict(match),
+            headers={"Content-Type": "application/json"},
+            payload=payload,
+        )
         try:
             response = await match.handler(request)
         except ApiError as exc:
@@ -130,8 +143,9 @@ class MemoryFleet:
 
     @classmethod
     async def start(cls, n: int, *, roots: list[Path], **engine_kwargs: Any) -> MemoryFleet:
-        agents = await asyncio.gather(*(MemoryAgent(f"w{i}", roots, engine_kwargs=dict(engine_kwargs)).start()
-                                        for i in range(n)))
+        agents = await asyncio.gather(
+            *(MemoryAgent(f"w{i}", roots, engine_kwargs=dict(engine_kwargs)).start() for i in range(n))
+        )
         return cls({a.agent_id: a for a in agents})
 
     def __getitem__(self, agent_id: str) -> MemoryAgent:
@@ -147,11 +161,22 @@ class MemoryFleet:
         """A controller over this fleet, without its HTTP API or background loops: a test
         calls operations on it and drives `refresh` / `reconciler.reconcile_once` itself."""
         base: dict[str, Any] = dict(
-            workers={"timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-                     "weight_load_timeout_s": 10, "checkpoint_wait_s": 1, "deadline_grace_s": 1},
+            workers={
+                "timeout_s": 2,
+                "attempts": 2,
+                "retry_budget_s": 5,
+                "pause_timeout_s": 5,
+                "weight_load_timeout_s": 10,
+                "checkpoint_wait_s": 1,
+                "deadline_grace_s": 1,
+            },
             reconcile={"backoff_initial_s": 0.05, "backoff_max_s": 0.2},
-            store={"kind": "memory"}, allowed_roots=[str(tmp_path)], log_format="console", log_level="warning",
-            gateway={"enabled": False})
+            store={"kind": "memory"},
+            allowed_roots=[str(tmp_path)],
+            log_format="console",
+            log_level="warning",
+            gateway={"enabled": False},
+        )
         ctl = Controller(ControllerSettings(**(base | overrides)), transports=self.transport, store=MemoryStore())
         ctl.apply_membership(self.specs())
         return ctl

@@ -40,8 +40,11 @@ def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
     engine needs (offline Hub, a small KV cache), plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    )
     return env | extra
 
 
@@ -55,9 +58,17 @@ class ChildProcess:
     module: ClassVar[str]
     ready_flag: ClassVar[str]
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *, name: str, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 60.0, stop_timeout_s: float = 30.0,
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        name: str,
+        env: dict[str, str] | None = None,
+        start_timeout_s: float = 60.0,
+        stop_timeout_s: float = 30.0,
+        log_path: Path | None = None,
+    ) -> None:
         self.config, self.workdir, self.name = config, workdir, name
         self.extra_env = env or {}
         self.start_timeout_s, self.stop_timeout_s = start_timeout_s, stop_timeout_s
@@ -81,9 +92,22 @@ class ChildProcess:
             yaml.safe_dump(self.settings(), f)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, "--config", str(self.config_path), self.ready_flag,
-                 str(self.ready_file)], cwd=REPO, env=child_env(**self.extra_env), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    self.module,
+                    "--config",
+                    str(self.config_path),
+                    self.ready_flag,
+                    str(self.ready_file),
+                ],
+                cwd=REPO,
+                env=child_env(**self.extra_env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def _ready_text(self) -> str | None:
@@ -191,8 +215,14 @@ class Supervisor:
     (`exit_on_engine_death`), so this is what brings a local fleet back to full strength.
     `on_restart(child, exit_status, restarts)` is told each restart."""
 
-    def __init__(self, children: Iterable[ChildProcess], *, max_restarts: int = 5, backoff_s: float = 1.0,
-                 on_restart: Callable[[ChildProcess, int | None, int], None] | None = None) -> None:
+    def __init__(
+        self,
+        children: Iterable[ChildProcess],
+        *,
+        max_restarts: int = 5,
+        backoff_s: float = 1.0,
+        on_restart: Callable[[ChildProcess, int | None, int], None] | None = None,
+    ) -> None:
         self.children = list(children)
         self.max_restarts, self.backoff_s, self.on_restart = max_restarts, backoff_s, on_restart
         self.restarts: Counter[str] = Counter()
@@ -231,8 +261,16 @@ class AgentProcess(ChildProcess):
     module = "rlcp.agent"
     ready_flag = "--ports-file"
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *, token: str = "test-token",
-                 start_timeout_s: float = 180.0, name: str = "agent", **kw: Any) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        token: str = "test-token",
+        start_timeout_s: float = 180.0,
+        name: str = "agent",
+        **kw: Any,
+    ) -> None:
         super().__init__(config, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.token = token
         self.ports: dict[str, int] = {}
@@ -249,8 +287,11 @@ class AgentProcess(ChildProcess):
         still name it)."""
         if self.ports:
             admin = {"port": 0, "token": self.token, **self.config.get("admin", {})}
-            self.config = {**self.config, "admin": admin | {"port": self.ports["admin_port"]},
-                           "inference": {**self.config.get("inference", {}), "port": self.ports["inference_port"]}}
+            self.config = {
+                **self.config,
+                "admin": admin | {"port": self.ports["admin_port"]},
+                "inference": {**self.config.get("inference", {}), "port": self.ports["inference_port"]},
+            }
         super().spawn()
         return self
 
@@ -281,8 +322,11 @@ class AgentProcess(ChildProcess):
                 rec = json.loads(line)
             except ValueError:
                 continue
-            if (rec.get("event") == "operation" and rec.get("operation") == "update_weights_from_disk"
-                    and rec.get("status") == "ok"):
+            if (
+                rec.get("event") == "operation"
+                and rec.get("operation") == "update_weights_from_disk"
+                and rec.get("status") == "ok"
+            ):
                 loads[rec["version"]] += 1
         return loads
 
@@ -293,10 +337,19 @@ class ControllerProcess(ChildProcess):
     module = "rlcp.controlplane"
     ready_flag = "--port-file"
 
-    def __init__(self, config: dict[str, Any], workdir: Path, *, name: str = "controller",
-                 start_timeout_s: float = 60.0, stop_timeout_s: float = 15.0, **kw: Any) -> None:
-        super().__init__(config, workdir, name=name, start_timeout_s=start_timeout_s,
-                         stop_timeout_s=stop_timeout_s, **kw)
+    def __init__(
+        self,
+        config: dict[str, Any],
+        workdir: Path,
+        *,
+        name: str = "controller",
+        start_timeout_s: float = 60.0,
+        stop_timeout_s: float = 15.0,
+        **kw: Any,
+    ) -> None:
+        super().__init__(
+            config, workdir, name=name, start_timeout_s=start_timeout_s, stop_timeout_s=stop_timeout_s, **kw
+        )
         self.port = 0
 
     def _on_ready(self, text: str) -> None:
@@ -406,9 +459,19 @@ class VllmServeProcess(HttpServerProcess):
     2-core machine do not both sit on core 0. `nice` lowers its scheduling priority (with its
     engine core child), for a test whose own process must keep up with the streams it reads."""
 
-    def __init__(self, model: Path, workdir: Path, *, name: str = "vllm-serve", core: int = 0,
-                 port: int | None = None, start_timeout_s: float = 240.0, extra_args: Iterable[str] = (),
-                 nice: int = 0, **kw: Any) -> None:
+    def __init__(
+        self,
+        model: Path,
+        workdir: Path,
+        *,
+        name: str = "vllm-serve",
+        core: int = 0,
+        port: int | None = None,
+        start_timeout_s: float = 240.0,
+        extra_args: Iterable[str] = (),
+        nice: int = 0,
+        **kw: Any,
+    ) -> None:
         from rlcp.harness.http import free_port
 
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
@@ -417,16 +480,39 @@ class VllmServeProcess(HttpServerProcess):
 
     def argv(self) -> list[str]:
         niced = ["nice", "-n", str(self.nice)] if self.nice else []  # `nice` execs: the pid stays the server's
-        return [*niced, sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-                *serve_flags(), "--host", "127.0.0.1", "--port", str(self.port), *self.extra_args]
+        return [
+            *niced,
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            *serve_flags(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
 
     def spawn(self) -> VllmServeProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = child_env(VLLM_SERVER_DEV_MODE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
-                        VLLM_CPU_OMP_THREADS_BIND=str(self.core), **self.extra_env)
+        env = child_env(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
+            VLLM_CPU_OMP_THREADS_BIND=str(self.core),
+            **self.extra_env,
+        )
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv(),
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def spec(self, worker_id: str) -> dict[str, Any]:

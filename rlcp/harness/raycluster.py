@@ -82,9 +82,17 @@ class RayHead:
         return f"http://127.0.0.1:{self.ports['dashboard-port']}"
 
     def start(self, *, timeout_s: float = 60.0) -> RayHead:
-        names = ("port", "object-manager-port", "node-manager-port", "ray-client-server-port", "dashboard-port",
-                 "dashboard-agent-listen-port", "dashboard-agent-grpc-port", "runtime-env-agent-port",
-                 "metrics-export-port")
+        names = (
+            "port",
+            "object-manager-port",
+            "node-manager-port",
+            "ray-client-server-port",
+            "dashboard-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+        )
         taken: set[int] = set()
         for name in (*names, "autoscaler-metric", "dashboard-metric"):
             port = free_port()
@@ -95,21 +103,41 @@ class RayHead:
         workers = _free_range(WORKER_PORTS)
         if self.temp_dir is None:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
-        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0",
-               "AUTOSCALER_METRIC_PORT": str(self.ports["autoscaler-metric"]),
-               "DASHBOARD_METRIC_PORT": str(self.ports["dashboard-metric"])}
-        cmd = [str(RAY), "start", "--head", "--block", "--node-ip-address=127.0.0.1",
-               f"--num-cpus={self.num_cpus}", f"--num-gpus={self.num_gpus}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-               f"--temp-dir={self.temp_dir}", "--disable-usage-stats",
-               f"--min-worker-port={workers}", f"--max-worker-port={workers + WORKER_PORTS - 1}",
-               *(f"--{name}={self.ports[name]}" for name in names)]
+        env = {
+            **os.environ,
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "AUTOSCALER_METRIC_PORT": str(self.ports["autoscaler-metric"]),
+            "DASHBOARD_METRIC_PORT": str(self.ports["dashboard-metric"]),
+        }
+        cmd = [
+            str(RAY),
+            "start",
+            "--head",
+            "--block",
+            "--node-ip-address=127.0.0.1",
+            f"--num-cpus={self.num_cpus}",
+            f"--num-gpus={self.num_gpus}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            f"--min-worker-port={workers}",
+            f"--max-worker-port={workers + WORKER_PORTS - 1}",
+            *(f"--{name}={self.ports[name]}" for name in names),
+        ]
         self.log_path = self.temp_dir / "ray-start.log"
         with self.log_path.open("wb") as log:
-            self.process = process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                      stdin=subprocess.DEVNULL, start_new_session=True)
+            self.process = process = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
         try:
-            wait_for_sync(lambda: process.poll() is not None or _dashboard_up(self.dashboard_url),
-                          timeout_s=timeout_s, what="the Ray dashboard's state API", interval_s=0.2)
+            wait_for_sync(
+                lambda: process.poll() is not None or _dashboard_up(self.dashboard_url),
+                timeout_s=timeout_s,
+                what="the Ray dashboard's state API",
+                interval_s=0.2,
+            )
             if self.process.poll() is not None:
                 raise RuntimeError(f"ray start exited {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
         except BaseException:
@@ -155,8 +183,11 @@ class RayHead:
 
     def placement_groups(self, prefix: str) -> list[str]:
         """Names of the placement groups starting with `prefix` that are not removed."""
-        return sorted(r["name"] for r in self._state_rows("placement_groups")
-                      if r.get("name", "").startswith(prefix) and r["state"] != "REMOVED")
+        return sorted(
+            r["name"]
+            for r in self._state_rows("placement_groups")
+            if r.get("name", "").startswith(prefix) and r["state"] != "REMOVED"
+        )
 
     def remove_named(self, namespace: str, prefix: str, *, timeout_s: float = 60.0) -> None:
         """Kill the named actors of `namespace` and remove the placement groups whose names start
@@ -175,10 +206,17 @@ class RayHead:
             "            ray.util.remove_placement_group(ray.util.get_placement_group(info['name']))\n"
             "        except ValueError:\n"
             "            pass\n"
-            "ray.shutdown()\n")
+            "ray.shutdown()\n"
+        )
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-        subprocess.run([sys.executable, "-c", script, self.gcs_address, namespace, prefix], env=env, check=True,
-                       timeout=timeout_s, stdin=subprocess.DEVNULL, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-c", script, self.gcs_address, namespace, prefix],
+            env=env,
+            check=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+        )
 
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""

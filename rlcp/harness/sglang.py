@@ -25,17 +25,47 @@ SGLANG_VERSION = "0.5.23"
 # Without --max-total-tokens SGLang sizes its KV pool from host memory (~15 GB here); 8192 tokens are
 # plenty for the tests' batches. The LoRA flags: the torch-native backend (no CUDA kernels), two
 # adapters loaded at once, rank 8 on q/v as `make_lora` writes them.
-SERVE_FLAGS = ["--device", "cpu", "--dtype", "float32", "--context-length", str(MAX_POSITIONS),
-               "--max-total-tokens", "8192", "--max-running-requests", "8", "--skip-server-warmup",
-               "--served-model-name", SERVED_NAME]
-LORA_FLAGS = ["--enable-lora", "--max-lora-rank", "8", "--lora-target-modules", "q_proj", "v_proj",
-              "--lora-backend", "torch_native", "--max-loaded-loras", "2", "--max-loras-per-batch", "2"]
+SERVE_FLAGS = [
+    "--device",
+    "cpu",
+    "--dtype",
+    "float32",
+    "--context-length",
+    str(MAX_POSITIONS),
+    "--max-total-tokens",
+    "8192",
+    "--max-running-requests",
+    "8",
+    "--skip-server-warmup",
+    "--served-model-name",
+    SERVED_NAME,
+]
+LORA_FLAGS = [
+    "--enable-lora",
+    "--max-lora-rank",
+    "8",
+    "--lora-target-modules",
+    "q_proj",
+    "v_proj",
+    "--lora-backend",
+    "torch_native",
+    "--max-loaded-loras",
+    "2",
+    "--max-loras-per-batch",
+    "2",
+]
 
 
 def sglang_venv() -> Path:
     """SGLang's venv; runs scripts/setup-sglang.sh (a no-op once built) for it."""
-    out = subprocess.run(["bash", str(REPO / "scripts" / "setup-sglang.sh")], capture_output=True, text=True,
-                         timeout=1800, check=False, env=child_env(RLCP_PYTHON=sys.executable))
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup-sglang.sh")],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+        env=child_env(RLCP_PYTHON=sys.executable),
+    )
     if out.returncode != 0:
         raise ProcessError(f"scripts/setup-sglang.sh failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -50,9 +80,19 @@ class SglangServerProcess(HttpServerProcess):
     ready_path = "/health_generate"
     ready_timeout_s = 10.0
 
-    def __init__(self, model: Path, workdir: Path, *, venv: Path, name: str = "sglang", lora: bool = True,
-                 core: int | None = None, port: int | None = None, start_timeout_s: float = 240.0,
-                 **kw: Any) -> None:
+    def __init__(
+        self,
+        model: Path,
+        workdir: Path,
+        *,
+        venv: Path,
+        name: str = "sglang",
+        lora: bool = True,
+        core: int | None = None,
+        port: int | None = None,
+        start_timeout_s: float = 240.0,
+        **kw: Any,
+    ) -> None:
         from rlcp.harness.http import free_port
 
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
@@ -61,18 +101,37 @@ class SglangServerProcess(HttpServerProcess):
 
     def argv(self) -> list[str]:
         pinned = ["taskset", "-c", str(self.core)] if self.core is not None else []
-        return [*pinned, str(self.venv / "bin" / "python"), "-m", "sglang.launch_server",
-                "--model-path", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
-                *SERVE_FLAGS, *(LORA_FLAGS if self.lora else [])]
+        return [
+            *pinned,
+            str(self.venv / "bin" / "python"),
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *SERVE_FLAGS,
+            *(LORA_FLAGS if self.lora else []),
+        ]
 
     def spawn(self) -> SglangServerProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # The project's PYTHONPATH must not leak in (its packages are built for another torch).
         # GLOO_SOCKET_IFNAME: SGLang's broadcast group is gloo on the CPU, kept on loopback.
-        env = child_env(PYTHONPATH=str(self.venv / "extra"), GLOO_SOCKET_IFNAME="lo",
-                        OMP_NUM_THREADS="1", **self.extra_env)
+        env = child_env(
+            PYTHONPATH=str(self.venv / "extra"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **self.extra_env
+        )
         env.pop("VIRTUAL_ENV", None)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv(),
+                cwd=self.workdir,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self

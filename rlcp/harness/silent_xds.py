@@ -22,8 +22,11 @@ EDS_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 async def listen(port: int, node: str) -> None:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         call = ads_pb2_grpc.AggregatedDiscoveryServiceStub(channel).StreamAggregatedResources()
-        await call.write(discovery_pb2.DiscoveryRequest(node=base_pb2.Node(id=node), type_url=EDS_TYPE,
-                                                        resource_names=["rl-default"]))
+        await call.write(
+            discovery_pb2.DiscoveryRequest(
+                node=base_pb2.Node(id=node), type_url=EDS_TYPE, resource_names=["rl-default"]
+            )
+        )
         while (answer := await call.read()) is not grpc.aio.EOF:
             print(f"received {answer.version_info}", flush=True)
 

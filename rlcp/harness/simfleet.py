@@ -75,9 +75,18 @@ class SimAgent:
     async def start(self) -> SimAgent:
         self.engine = SimEngine(model_name=self.model, **self.engine_kwargs)
         await self.engine.start()
-        settings = AgentSettings(**({"agent_id": self.agent_id, "engine": {"kind": "sim", "model": self.model},
-                                     "allowed_roots": self.roots, "admin": {"token": TOKEN},
-                                     "timeouts": TEST_TIMEOUTS} | self.settings_overrides))
+        settings = AgentSettings(
+            **(
+                {
+                    "agent_id": self.agent_id,
+                    "engine": {"kind": "sim", "model": self.model},
+                    "allowed_roots": self.roots,
+                    "admin": {"token": TOKEN},
+                    "timeouts": TEST_TIMEOUTS,
+                }
+                | self.settings_overrides
+            )
+        )
         self.service = AgentService(self.engine, settings)
         await self.service.start()
         app = build_admin_app(self.service, token=TOKEN)
@@ -114,17 +123,21 @@ class SimAgent:
 
 
 async def start_fleet(n: int, roots: list[Path], **engine_kwargs: Any) -> list[SimAgent]:
-    return list(await asyncio.gather(*(SimAgent(f"w{i}", roots, engine_kwargs=dict(engine_kwargs)).start()
-                                       for i in range(n))))
+    return list(
+        await asyncio.gather(*(SimAgent(f"w{i}", roots, engine_kwargs=dict(engine_kwargs)).start() for i in range(n)))
+    )
 
 
-def sim_agent_process(agent_id: str, workdir: Path, roots: list[Path], *, op_latency_s: float = 0.05,
-                      admin_port: int | None = None) -> AgentProcess:
+def sim_agent_process(
+    agent_id: str, workdir: Path, roots: list[Path], *, op_latency_s: float = 0.05, admin_port: int | None = None
+) -> AgentProcess:
     """A SimEngine agent process configured as a controller-managed pod: not ready until told
     the desired version, JSON logs (so loads can be counted), short engine deadlines, a fixed
     admin port (a restarted agent comes back on the same address, as a pod behind a Service)."""
     config = {
-        "agent_id": agent_id, "allowed_roots": [str(r) for r in roots], "log_format": "json",
+        "agent_id": agent_id,
+        "allowed_roots": [str(r) for r in roots],
+        "log_format": "json",
         "require_desired_version": True,
         "admin": {"port": admin_port or free_port(), "token": TOKEN},
         "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": op_latency_s},
@@ -134,16 +147,28 @@ def sim_agent_process(agent_id: str, workdir: Path, roots: list[Path], *, op_lat
 
 
 # -- many agents per process ----------------------------------------------------------------------
-async def serve(count: int, first: int, root: Path, latency_s: float, ready: Path, *,
-                require_desired_version: bool = False) -> None:
+async def serve(
+    count: int, first: int, root: Path, latency_s: float, ready: Path, *, require_desired_version: bool = False
+) -> None:
     """Serve `count` agents (ids w<first>..), write their ports to `ready`, stop on SIGTERM or
     when stdin closes (the parent went away)."""
-    overrides = {"log_format": "json", "log_level": "error", "require_desired_version": require_desired_version,
-                 "timeouts": {"pause_s": 60, "control_s": 60, "weight_load_s": 60}}
+    overrides = {
+        "log_format": "json",
+        "log_level": "error",
+        "require_desired_version": require_desired_version,
+        "timeouts": {"pause_s": 60, "control_s": 60, "weight_load_s": 60},
+    }
     agents = []
     for i in range(first, first + count):  # one by one: a thousand at once would swamp the loop
-        agents.append(await SimAgent(f"w{i:05d}", [root], engine_kwargs={"op_latency_s": latency_s},
-                                     settings_overrides=overrides, backlog=1024).start())
+        agents.append(
+            await SimAgent(
+                f"w{i:05d}",
+                [root],
+                engine_kwargs={"op_latency_s": latency_s},
+                settings_overrides=overrides,
+                backlog=1024,
+            ).start()
+        )
     tmp = ready.with_suffix(".tmp")
     tmp.write_text(json.dumps({"first": first, "ports": [a.port for a in agents]}))
     tmp.rename(ready)  # atomic: the parent never reads half a list
@@ -170,9 +195,17 @@ class HostedFleet:
     """`count` agents over `hosts` processes (`python -m rlcp.harness.simfleet`); a context manager
     that stops them all. `agents` interleaves the hosts, so the first N agents use them all."""
 
-    def __init__(self, count: int, *, root: Path, latency_s: float, hosts: int = 2,
-                 require_desired_version: bool = False, start_timeout_s: float = 300.0,
-                 workdir: Path | None = None) -> None:
+    def __init__(
+        self,
+        count: int,
+        *,
+        root: Path,
+        latency_s: float,
+        hosts: int = 2,
+        require_desired_version: bool = False,
+        start_timeout_s: float = 300.0,
+        workdir: Path | None = None,
+    ) -> None:
         self.count, self.root, self.latency_s = count, root, latency_s
         self.hosts = max(1, min(hosts, count))
         self.require_desired_version = require_desired_version
@@ -189,25 +222,51 @@ class HostedFleet:
             path, log = self.workdir / f"host-{h}.json", self.workdir / f"host-{h}.log"
             ready.append((path, log))
             with log.open("ab") as out:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "rlcp.harness.simfleet", "--count", str(n), "--first", str(first),
-                     "--root", str(self.root), "--latency-s", str(self.latency_s), "--ready", str(path)]
-                    + (["--require-desired-version"] if self.require_desired_version else []),
-                    cwd=REPO, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT))
+                self.procs.append(
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "rlcp.harness.simfleet",
+                            "--count",
+                            str(n),
+                            "--first",
+                            str(first),
+                            "--root",
+                            str(self.root),
+                            "--latency-s",
+                            str(self.latency_s),
+                            "--ready",
+                            str(path),
+                        ]
+                        + (["--require-desired-version"] if self.require_desired_version else []),
+                        cwd=REPO,
+                        stdin=subprocess.PIPE,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
             first += n
         per_host: list[list[HostedAgent]] = []
         try:
             for (path, log), proc in zip(ready, self.procs):
+
                 def up(path: Path = path, log: Path = log, proc: subprocess.Popen[bytes] = proc) -> bool:
                     if proc.poll() is not None:
-                        raise RuntimeError(f"agent host exited with {proc.returncode} while starting:\n"
-                                           + log.read_text(errors="replace")[-3000:])
+                        raise RuntimeError(
+                            f"agent host exited with {proc.returncode} while starting:\n"
+                            + log.read_text(errors="replace")[-3000:]
+                        )
                     return path.exists()
 
                 wait_for_sync(up, self.start_timeout_s, "the agent hosts", interval_s=0.1)
                 info = json.loads(path.read_text())
-                per_host.append([HostedAgent(f"w{info['first'] + i:05d}", f"http://127.0.0.1:{port}")
-                                 for i, port in enumerate(info["ports"])])
+                per_host.append(
+                    [
+                        HostedAgent(f"w{info['first'] + i:05d}", f"http://127.0.0.1:{port}")
+                        for i, port in enumerate(info["ports"])
+                    ]
+                )
         except BaseException:
             self.__exit__()
             raise
@@ -234,15 +293,19 @@ def main() -> None:
     p.add_argument("--root", type=Path, required=True, help="allowed root of weight paths")
     p.add_argument("--latency-s", type=float, default=0.02, help="latency of each engine operation")
     p.add_argument("--ready", type=Path, required=True)
-    p.add_argument("--require-desired-version", action="store_true",
-                   help="agents stay not ready until a controller tells them the desired version")
+    p.add_argument(
+        "--require-desired-version",
+        action="store_true",
+        help="agents stay not ready until a controller tells them the desired version",
+    )
     a = p.parse_args()
     from rlcp.core.logs import configure_logging
 
     raise_fd_limit()
     configure_logging("json", "error")
-    asyncio.run(serve(a.count, a.first, a.root, a.latency_s, a.ready,
-                      require_desired_version=a.require_desired_version))
+    asyncio.run(
+        serve(a.count, a.first, a.root, a.latency_s, a.ready, require_desired_version=a.require_desired_version)
+    )
 
 
 def raise_fd_limit() -> None:

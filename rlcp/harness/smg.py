@@ -58,8 +58,10 @@ def smg_home() -> Path | None:
     if found == SMG_VERSION:
         return None
     seen = f"this Python has smg {found}" if found else "this Python has no smg"
-    raise SmgMissing(f"smg {SMG_VERSION} is not installed: no {target}/smg-{SMG_VERSION}.dist-info and {seen}; "
-                     f"install it with `{INSTALL}` (from the repository) or point RLCP_SMG_TARGET at such a directory")
+    raise SmgMissing(
+        f"smg {SMG_VERSION} is not installed: no {target}/smg-{SMG_VERSION}.dist-info and {seen}; "
+        f"install it with `{INSTALL}` (from the repository) or point RLCP_SMG_TARGET at such a directory"
+    )
 
 
 class SmgProcess(ChildProcess):
@@ -67,8 +69,16 @@ class SmgProcess(ChildProcess):
     when `GET /v1/rl/workers` lists every one of them. `control_timeout_s` is SMG's own deadline
     for one relayed engine call (`--rl-control-timeout-secs`)."""
 
-    def __init__(self, worker_urls: Sequence[str], workdir: Path, *, name: str = "smg",
-                 control_timeout_s: float = 120.0, start_timeout_s: float = 60.0, **kw: Any) -> None:
+    def __init__(
+        self,
+        worker_urls: Sequence[str],
+        workdir: Path,
+        *,
+        name: str = "smg",
+        control_timeout_s: float = 120.0,
+        start_timeout_s: float = 60.0,
+        **kw: Any,
+    ) -> None:
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.worker_urls, self.control_timeout_s = list(worker_urls), control_timeout_s
         self.home = smg_home()  # refuses before anything starts when SMG is missing
@@ -79,22 +89,48 @@ class SmgProcess(ChildProcess):
         return f"http://127.0.0.1:{self.port}"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "smg", "launch", "--host", "127.0.0.1", "--port", str(self.port),
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                "--worker-urls", *self.worker_urls, "--policy", "round_robin",
-                "--enable-rl", "--rl-control-timeout-secs", str(int(self.control_timeout_s)),
-                # Nothing here is SMG's own to measure: no breaker opening on a paused worker,
-                # no tokenizer download (the machine is offline), no health probes in the timing.
-                "--disable-circuit-breaker", "--disable-tokenizer-autoload", "--disable-health-check",
-                "--log-level", "warn"]
+        return [
+            sys.executable,
+            "-m",
+            "smg",
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            "round_robin",
+            "--enable-rl",
+            "--rl-control-timeout-secs",
+            str(int(self.control_timeout_s)),
+            # Nothing here is SMG's own to measure: no breaker opening on a paused worker,
+            # no tokenizer download (the machine is offline), no health probes in the timing.
+            "--disable-circuit-breaker",
+            "--disable-tokenizer-autoload",
+            "--disable-health-check",
+            "--log-level",
+            "warn",
+        ]
 
     def spawn(self) -> SmgProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         extra = {} if self.home is None else {"PYTHONPATH": str(self.home)}
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(self.argv(), cwd=self.workdir, env=child_env(**extra, **self.extra_env),
-                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv(),
+                cwd=self.workdir,
+                env=child_env(**extra, **self.extra_env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def _ready_text(self) -> str | None:
@@ -113,20 +149,32 @@ class FanoutFailed(RuntimeError):
     """A fan-out that did not reach every worker with a 2xx."""
 
 
-async def fanout(http: aiohttp.ClientSession, smg_url: str, route: str, body: Any = None, *, expect: int,
-                 method: str = "POST", params: dict[str, str] | None = None, selector: str = "engine=vllm",
-                 timeout_s: float = 120.0) -> dict[str, Any]:
+async def fanout(
+    http: aiohttp.ClientSession,
+    smg_url: str,
+    route: str,
+    body: Any = None,
+    *,
+    expect: int,
+    method: str = "POST",
+    params: dict[str, str] | None = None,
+    selector: str = "engine=vllm",
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
     """`{method} /v1/rl/engine/{route}?selector=...` through SMG: each worker's answer body by
     worker id. Raises `FanoutFailed` unless all `expect` workers answered 2xx: SMG answers 207 with
     a `failed` list for a partial fan-out, which must not pass as done."""
     query = urllib.parse.urlencode({"selector": selector, **(params or {})})
-    status, payload = await call(http, method, f"{smg_url}/v1/rl/engine/{route}?{query}", body=body,
-                                 timeout_s=timeout_s)
+    status, payload = await call(
+        http, method, f"{smg_url}/v1/rl/engine/{route}?{query}", body=body, timeout_s=timeout_s
+    )
     if status != 200 or not isinstance(payload, dict):
         raise FanoutFailed(f"{method} {route} through SMG answered {status}: {str(payload)[:500]}")
     results: dict[str, Any] = payload.get("results") or {}
     bad = {w: r.get("status") for w, r in results.items() if not 200 <= int(r.get("status", 0)) < 300}
     if payload.get("failed") or bad or len(results) != expect:
-        raise FanoutFailed(f"{method} {route} through SMG: {len(results)} of {expect} answered, failed "
-                           f"{payload.get('failed')}, non-2xx {bad}")
+        raise FanoutFailed(
+            f"{method} {route} through SMG: {len(results)} of {expect} answered, failed "
+            f"{payload.get('failed')}, non-2xx {bad}"
+        )
     return {w: r.get("body") for w, r in results.items()}

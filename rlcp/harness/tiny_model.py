@@ -31,8 +31,9 @@ _CHAT_TEMPLATE = (
 )
 
 # The CPU attention backend needs a head_dim of at least 32: hidden 64 over 2 heads.
-_DEFAULT_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1)
+_DEFAULT_SHAPE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+)
 MAX_POSITIONS = 1024  # the model's context limit, which the engines serve it at
 
 # How vLLM serves the tiny model, wherever it runs (the test agents, `vllm serve`, the Dynamo
@@ -44,8 +45,15 @@ LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_lora_rank": 8, "max_loras
 
 def agent_engine(model: Path, **overrides: Any) -> dict[str, Any]:
     """An agent's `engine` settings section serving the tiny model at `model`, adapters on."""
-    return {"kind": "vllm", "model": str(model), "served_model_name": SERVED_NAME, "gpu_memory_utilization": 0.2,
-            **ENGINE_ARGS, **LORA_ARGS, **overrides}
+    return {
+        "kind": "vllm",
+        "model": str(model),
+        "served_model_name": SERVED_NAME,
+        "gpu_memory_utilization": 0.2,
+        **ENGINE_ARGS,
+        **LORA_ARGS,
+        **overrides,
+    }
 
 
 def serve_flags(*, lora: bool = True) -> list[str]:
@@ -70,22 +78,33 @@ def make_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_CORPUS * 8, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
     fast.chat_template = _CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
 
 
-def make_weights(out_dir: Path, seed: int, *, vocab_size: int, max_positions: int = MAX_POSITIONS,
-                 shape: dict[str, Any] | None = None) -> None:
+def make_weights(
+    out_dir: Path,
+    seed: int,
+    *,
+    vocab_size: int,
+    max_positions: int = MAX_POSITIONS,
+    shape: dict[str, Any] | None = None,
+) -> None:
     """Save a randomly initialised Llama (config + safetensors) made with `seed`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab_size, max_position_embeddings=max_positions,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=2,
-                         tie_word_embeddings=False, torch_dtype="float32",
-                         **(shape or _DEFAULT_SHAPE))
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+        **(shape or _DEFAULT_SHAPE),
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     # A larger init spread than the default makes greedy outputs differ clearly between seeds.
@@ -114,16 +133,27 @@ def make_lora(out_dir: Path, base_model: Path, seed: int, rank: int = 8) -> None
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=gen) * 0.5
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out_dir / "adapter_model.safetensors"))
-    (out_dir / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank * 2,
-        "lora_dropout": 0.0, "bias": "none", "target_modules": ["q_proj", "v_proj"],
-        "base_model_name_or_path": str(base_model), "fan_in_fan_out": False,
-        "inference_mode": True,
-    }))
+    (out_dir / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": rank,
+                "lora_alpha": rank * 2,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "target_modules": ["q_proj", "v_proj"],
+                "base_model_name_or_path": str(base_model),
+                "fan_in_fan_out": False,
+                "inference_mode": True,
+            }
+        )
+    )
 
 
-def make_model_family(root: Path, *, weight_seeds: tuple[int, ...] = (1, 2),
-                      lora_seeds: tuple[int, ...] = (11, 12)) -> dict[str, Path]:
+def make_model_family(
+    root: Path, *, weight_seeds: tuple[int, ...] = (1, 2), lora_seeds: tuple[int, ...] = (11, 12)
+) -> dict[str, Path]:
     """Build `root/base` (tokenizer + weights of the first seed), one weights-only dir per
     seed (`root/weights-<seed>`, for disk updates), and one LoRA dir per LoRA seed."""
     root.mkdir(parents=True, exist_ok=True)

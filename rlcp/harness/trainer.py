@@ -44,8 +44,9 @@ def main() -> None:
 
         client = HTTPVLLMWeightSyncClient(spec["url"], timeout=240)
         world_size = 1 + requests.get(spec["url"] + "/get_world_size", timeout=30).json()["world_size"]
-    init_info = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=spec["port"], world_size=world_size,
-                                    timeout_s=120.0, rank=0)
+    init_info = GlooTrainerInitInfo(
+        master_address="127.0.0.1", master_port=spec["port"], world_size=world_size, timeout_s=120.0, rank=0
+    )
     engine = WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=ModuleSource(model))
     engine.send_weights(weight_version=spec["version"])
     engine.shutdown()
@@ -55,8 +56,13 @@ def main() -> None:
 async def run_trainer(spec: dict[str, Any], log: Path, env: dict[str, str] | None = None) -> None:
     """Run the trainer to its end (at most `TRAINER_S`); assert it exited 0."""
     with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "rlcp.harness.trainer", json.dumps(spec)], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlcp.harness.trainer", json.dumps(spec)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        )
     try:
         deadline = time.monotonic() + TRAINER_S
         while proc.poll() is None and time.monotonic() < deadline:

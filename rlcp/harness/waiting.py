@@ -14,12 +14,20 @@ from typing import Any
 
 
 def _expired(what: str, timeout_s: float, last: Any, error: BaseException | None) -> AssertionError:
-    return AssertionError(f"timed out after {timeout_s:g}s waiting for {what} (last value: {last!r}"
-                          + (f", last error: {error!r})" if error else ")"))
+    return AssertionError(
+        f"timed out after {timeout_s:g}s waiting for {what} (last value: {last!r}"
+        + (f", last error: {error!r})" if error else ")")
+    )
 
 
-async def wait_for(probe: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition", *,
-                   interval_s: float = 0.05, tolerate: tuple[type[BaseException], ...] = ()) -> Any:
+async def wait_for(
+    probe: Callable[[], Any],
+    timeout_s: float = 10.0,
+    what: str = "condition",
+    *,
+    interval_s: float = 0.05,
+    tolerate: tuple[type[BaseException], ...] = (),
+) -> Any:
     """Poll `probe` (sync or async) until it returns something truthy; return that. Exceptions of
     the `tolerate` types count as "not yet" (for example connection errors while a process restarts)."""
     deadline = time.monotonic() + timeout_s
@@ -39,8 +47,9 @@ async def wait_for(probe: Callable[[], Any], timeout_s: float = 10.0, what: str 
         await asyncio.sleep(interval_s)
 
 
-def wait_for_sync(probe: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition", *,
-                  interval_s: float = 0.05) -> Any:
+def wait_for_sync(
+    probe: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition", *, interval_s: float = 0.05
+) -> Any:
     """`wait_for` for code without an event loop (process start-up, benchmark set-up)."""
     deadline = time.monotonic() + timeout_s
     last: Any = None

@@ -52,8 +52,13 @@ from rlcp.harness.envoy import EnvoyProcess
 from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, Supervisor, stop_all
 from rlcp.harness.tiny_model import agent_engine
 
-PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
-           "Weights move from the trainer", "Pause, update, verify and resume"]
+PROMPTS = [
+    "The quick brown fox",
+    "Reinforcement learning updates",
+    "A fleet of inference engines",
+    "Weights move from the trainer",
+    "Pause, update, verify and resume",
+]
 _YN = {True: "yes", False: "no", None: "?"}
 say = functools.partial(print, flush=True)  # flushed: a pipe or a test sees progress as it happens
 
@@ -92,11 +97,14 @@ class Processes:
     def supervise(self) -> Supervisor:
         """The agents restarted when they exit (an agent exits when its engine dies), as a
         kubelet would; run its `run()` as a task."""
+
         def restarted(child: ChildProcess, status: int | None, n: int) -> None:
             why = " (its engine died)" if status == EXIT_ENGINE_DIED else ""
             self._write_pids()
-            say(f"  {child.name} exited with {status}{why}: restarted ({n}/{supervisor.max_restarts}); the "
-                "controller converges it before the gateway takes it back")
+            say(
+                f"  {child.name} exited with {status}{why}: restarted ({n}/{supervisor.max_restarts}); the "
+                "controller converges it before the gateway takes it back"
+            )
 
         supervisor = Supervisor([c for c in self.children if isinstance(c, AgentProcess)], on_restart=restarted)
         self.supervisor = supervisor
@@ -105,8 +113,10 @@ class Processes:
     def check_alive(self) -> None:
         if self.envoy is not None and not self.envoy.running():
             assert self.envoy.proc is not None
-            raise FleetError(f"envoy exited with {self.envoy.proc.returncode}; the end of {self.envoy.log}:\n"
-                             + "\n".join(self.envoy.log.read_text(errors="replace").splitlines()[-40:]))
+            raise FleetError(
+                f"envoy exited with {self.envoy.proc.returncode}; the end of {self.envoy.log}:\n"
+                + "\n".join(self.envoy.log.read_text(errors="replace").splitlines()[-40:])
+            )
         kept_up = [] if self.supervisor is None else self.supervisor.children
         given_up = [] if self.supervisor is None else self.supervisor.gave_up
         if dead := [c for c in self.children if not c.running() and (c not in kept_up or c in given_up)]:
@@ -160,8 +170,9 @@ class Rollouts:
             i = next(self.turn)
             body = {"model": self.model, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16}
             try:
-                async with self.session.post(f"{self.gateway}/v1/completions", json=body,
-                                             timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                async with self.session.post(
+                    f"{self.gateway}/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)
+                ) as resp:
                     await resp.read()
                     resp.raise_for_status()
                     version = resp.headers.get("X-RL-Weight-Version") or self.version
@@ -181,8 +192,10 @@ class Rollouts:
 
 def print_workers(state: dict) -> None:
     for w in state["workers"]:
-        say(f"    {w['id']:<10} version={w['weight_version']}  ready={_YN[w['ready']]}  paused={_YN[w['paused']]}"
-            + (f"  ({w['not_ready_reason']})" if w.get("not_ready_reason") else ""))
+        say(
+            f"    {w['id']:<10} version={w['weight_version']}  ready={_YN[w['ready']]}  paused={_YN[w['paused']]}"
+            + (f"  ({w['not_ready_reason']})" if w.get("not_ready_reason") else "")
+        )
 
 
 @dataclass
@@ -198,8 +211,13 @@ class Trainer:
     async def call(self, method: str, path: str, *, body: Any = None, timeout_s: float = 10.0) -> tuple[int, Any]:
         """One call with a deadline: (HTTP status, JSON body); transport failures are FleetErrors."""
         try:
-            async with self.session.request(method, self.url + path, json=body, timeout=aiohttp.ClientTimeout(
-                    total=timeout_s), headers={"Authorization": f"Bearer {self.token}"}) as resp:
+            async with self.session.request(
+                method,
+                self.url + path,
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+                headers={"Authorization": f"Bearer {self.token}"},
+            ) as resp:
                 return resp.status, await resp.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise FleetError(f"{method} {self.url}{path} failed: {type(exc).__name__}: {exc}") from exc
@@ -236,15 +254,19 @@ class Trainer:
         _, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
         applied = state["applied"]
         shown = result.get("status", "error") + ("" if status == 200 else f" (HTTP {status})")
-        say(f"step {k}/{self.args.steps}  {shown:<8} update {duration:5.2f}s  applied={applied['weight_version']}"
+        say(
+            f"step {k}/{self.args.steps}  {shown:<8} update {duration:5.2f}s  applied={applied['weight_version']}"
             f"  converged={_YN[applied['converged']]}  verified={_YN[applied['verified']]}"
-            f"  rollouts ok={rollouts.ok - ok0} failed={rollouts.failed - failed0}")
+            f"  rollouts ok={rollouts.ok - ok0} failed={rollouts.failed - failed0}"
+        )
         if status != 200:
             say(f"    {json.dumps(result.get('error') or result.get('results'))[:1000]}")
         if bubble := result.get("bubble"):
             waves = (result.get("progress") or {}).get("waves", 1)
-            say(f"    bubble: {waves} wave(s); at least {bubble['min_serving']}/{bubble['members']} members serving, "
-                f"mean capacity {bubble['mean_capacity']:.0%} over the update")
+            say(
+                f"    bubble: {waves} wave(s); at least {bubble['min_serving']}/{bubble['members']} members serving, "
+                f"mean capacity {bubble['mean_capacity']:.0%} over the update"
+            )
         print_workers(state)
         return status == 200 and applied["converged"] and applied["weight_version"] == version, duration
 
@@ -260,11 +282,13 @@ class Trainer:
             traffic.cancel()
             await asyncio.gather(traffic, return_exceptions=True)
         n_ok, durations = sum(ok for ok, _ in steps), sorted(d for _, d in steps)
-        say(f"\nsummary: {n_ok}/{self.args.steps} steps ok"
+        say(
+            f"\nsummary: {n_ok}/{self.args.steps} steps ok"
             + (f"; update median {durations[len(durations) // 2]:.2f}s, max {durations[-1]:.2f}s" if steps else "")
             + f"; rollouts ok={rollouts.ok} failed={rollouts.failed}; by the version that served them "
             + "(X-RL-Weight-Version): "
-            + " ".join(f"{v}={n}" for v, n in rollouts.by_version.items()))
+            + " ".join(f"{v}={n}" for v, n in rollouts.by_version.items())
+        )
         return n_ok == self.args.steps
 
 
@@ -276,16 +300,25 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
     from rlcp.rl.run import Fleet, train_through_fleet
 
     settings = RunSettings(steps=args.steps, lr=args.lr, seed=args.seed, mode=args.mode, push=not args.no_push)
-    out = await train_through_fleet(Fleet(url, gateway, token), base, args.workdir / "rl", settings,
-                                    sync=args.sync, label=f"rlcp-{args.mode}-{args.sync}", say=say)
+    out = await train_through_fleet(
+        Fleet(url, gateway, token),
+        base,
+        args.workdir / "rl",
+        settings,
+        sync=args.sync,
+        label=f"rlcp-{args.mode}-{args.sync}",
+        say=say,
+    )
     rs = out.records
     head, tail = rs[:3], rs[-3:]
     worst = max((r.mismatch_max for r in rs if r.mismatch_max is not None), default=None)
     failed = [r.step for r in rs if r.sync_error]
-    say(f"\nsummary: reward {sum(r.reward for r in head) / len(head):.3f} (first {len(head)} steps) -> "
+    say(
+        f"\nsummary: reward {sum(r.reward for r in head) / len(head):.3f} (first {len(head)} steps) -> "
         f"{sum(r.reward for r in tail) / len(tail):.3f} (last {len(tail)}) in {rs[-1].wall_s:.0f}s; "
         f"largest |Δlogprob| {'-' if worst is None else f'{worst:.1e}'} (tolerance {MISMATCH_TOLERANCE:g}); "
-        f"pushes failed: {failed or 'none'}")
+        f"pushes failed: {failed or 'none'}"
+    )
     say(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else "  (no plot: matplotlib is not installed)"))
     matched = worst is not None and worst <= MISMATCH_TOLERANCE
     return not failed and (matched or not settings.push)
@@ -310,8 +343,7 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -
         raise FleetError("the controller serves no xDS (gateway.data_plane is not envoy)")
     host, _, port = xds_url.removeprefix("grpc://").rpartition(":")
     settings = ControllerSettings(gateway=gateway_section(args))  # all the bootstrap reads: the gateway's
-    boot = envoy_bootstrap(settings, xds_host=host, xds_port=int(port), listen_port=args.gateway_port,
-                           admin_port=0)
+    boot = envoy_bootstrap(settings, xds_host=host, xds_port=int(port), listen_port=args.gateway_port, admin_port=0)
     envoy = procs.add_envoy(EnvoyProcess(boot, args.workdir / "run", log_path=args.workdir / "logs" / "envoy.log"))
     try:
         await envoy.wait_serving()
@@ -322,34 +354,71 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -
     return envoy
 
 
-async def start_ray_fleet(args: argparse.Namespace, procs: Processes, base: Path | None,
-                          head: Any) -> tuple[list[dict], str, str]:
+async def start_ray_fleet(
+    args: argparse.Namespace, procs: Processes, base: Path | None, head: Any
+) -> tuple[list[dict], str, str]:
     """A controller that places `args.agents` agents on the Ray head `head` (a started
     `rlcp.harness.raycluster.RayHead`): ([], URL, API token); its state shows the agents."""
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
-               "sim_token_interval_s": args.sim_token_s} if base is None else vllm_engine(base))
-    agent = {"admin": {"token": admin_token}, "engine": engine, "allowed_roots": [str(args.workdir)],
-             "log_format": "json"}
-    say(f"Ray head up: GCS {head.gcs_address}, dashboard {head.dashboard_url}, files {head.temp_dir}; "
+    engine = (
+        {"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s, "sim_token_interval_s": args.sim_token_s}
+        if base is None
+        else vllm_engine(base)
+    )
+    agent = {
+        "admin": {"token": admin_token},
+        "engine": engine,
+        "allowed_roots": [str(args.workdir)],
+        "log_format": "json",
+    }
+    say(
+        f"Ray head up: GCS {head.gcs_address}, dashboard {head.dashboard_url}, files {head.temp_dir}; "
         f"the controller places "
-        f"{args.agents} agents as actors")
-    child = procs.spawn(ControllerProcess({
-        "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
-        "gateway": gateway_section(args),
-        "discovery": {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": "rlcp",
-                                             "name_prefix": "rlcp-agent-", "interval_s": 0.5, "timeout_s": 5,
-                                             "dead_actors": "drop"}},
-        "placement": {"kind": "ray", "ray": {"address": head.gcs_address, "namespace": "rlcp",
-                                             "name_prefix": "rlcp-agent-", "replicas": args.agents,
-                                             "bundle": {"CPU": 1}, "strategy": "PACK", "interval_s": 1,
-                                             "teardown": True, "agent": agent}},
-        "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
-        "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
-        "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
-        "allowed_roots": [str(args.workdir)], "log_format": "json"}, run_dir, log_path=log_dir / "controller.log",
-        env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}))
+        f"{args.agents} agents as actors"
+    )
+    child = procs.spawn(
+        ControllerProcess(
+            {
+                "controller_id": "local-fleet",
+                "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+                "gateway": gateway_section(args),
+                "discovery": {
+                    "kind": "ray",
+                    "ray": {
+                        "dashboard_url": head.dashboard_url,
+                        "namespace": "rlcp",
+                        "name_prefix": "rlcp-agent-",
+                        "interval_s": 0.5,
+                        "timeout_s": 5,
+                        "dead_actors": "drop",
+                    },
+                },
+                "placement": {
+                    "kind": "ray",
+                    "ray": {
+                        "address": head.gcs_address,
+                        "namespace": "rlcp",
+                        "name_prefix": "rlcp-agent-",
+                        "replicas": args.agents,
+                        "bundle": {"CPU": 1},
+                        "strategy": "PACK",
+                        "interval_s": 1,
+                        "teardown": True,
+                        "agent": agent,
+                    },
+                },
+                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+                "allowed_roots": [str(args.workdir)],
+                "log_format": "json",
+            },
+            run_dir,
+            log_path=log_dir / "controller.log",
+            env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        )
+    )
     try:
         port = (await child.wait_ready_async()).port
     except ProcessError as exc:
@@ -364,37 +433,70 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     # token left exported by an earlier shell would override the generated ones.
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = ({"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s,
-               "sim_token_interval_s": args.sim_token_s} if base is None else
-              vllm_engine(base))
+    engine = (
+        {"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s, "sim_token_interval_s": args.sim_token_s}
+        if base is None
+        else vllm_engine(base)
+    )
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 
     async def start_agent(name: str, index: int) -> dict:
         # vLLM's CPU backend binds every engine's threads to the same cores by default
         # ("auto"); one core each lets N engines on one machine run side by side.
-        bind = {} if "VLLM_CPU_OMP_THREADS_BIND" in os.environ else {
-            "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
-        child = procs.spawn(AgentProcess({
-            "agent_id": name, "admin": {"port": 0, "token": admin_token}, "inference": {"port": 0},
-            "engine": engine, "allowed_roots": [str(args.workdir)], "require_desired_version": True,
-            "log_format": "json"}, run_dir, name=name, env=bind, start_timeout_s=args.start_timeout,
-            log_path=log_dir / f"{name}.log"))
+        bind = (
+            {}
+            if "VLLM_CPU_OMP_THREADS_BIND" in os.environ
+            else {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+        )
+        child = procs.spawn(
+            AgentProcess(
+                {
+                    "agent_id": name,
+                    "admin": {"port": 0, "token": admin_token},
+                    "inference": {"port": 0},
+                    "engine": engine,
+                    "allowed_roots": [str(args.workdir)],
+                    "require_desired_version": True,
+                    "log_format": "json",
+                },
+                run_dir,
+                name=name,
+                env=bind,
+                start_timeout_s=args.start_timeout,
+                log_path=log_dir / f"{name}.log",
+            )
+        )
         ports = (await child.wait_ready_async()).ports
-        say(f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
-            f"inference :{ports['inference_port']}")
-        return {"id": name, "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
-                "inference_url": f"http://127.0.0.1:{ports['inference_port']}", "flavor": "agent"}
+        say(
+            f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
+            f"inference :{ports['inference_port']}"
+        )
+        return {
+            "id": name,
+            "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
+            "inference_url": f"http://127.0.0.1:{ports['inference_port']}",
+            "flavor": "agent",
+        }
 
     specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
-    child = procs.spawn(ControllerProcess({
-        "controller_id": "local-fleet", "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
-        "gateway": gateway_section(args),
-        "discovery": {"kind": "static", "static": specs},
-        "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
-        "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
-        "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
-        "allowed_roots": [str(args.workdir)], "log_format": "json"}, run_dir, log_path=log_dir / "controller.log"))
+    child = procs.spawn(
+        ControllerProcess(
+            {
+                "controller_id": "local-fleet",
+                "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+                "gateway": gateway_section(args),
+                "discovery": {"kind": "static", "static": specs},
+                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+                "allowed_roots": [str(args.workdir)],
+                "log_format": "json",
+            },
+            run_dir,
+            log_path=log_dir / "controller.log",
+        )
+    )
     try:
         port = (await child.wait_ready_async()).port
     except ProcessError as exc:
@@ -465,8 +567,10 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
                 all_ok = await trainer.run_steps(procs, rollouts)
             if procs.envoy is not None:
                 stats = procs.envoy.stats(await procs.envoy.admin("/stats?filter=^cluster\\.rl-"))
-                say(f"Envoy routed {stats.get('cluster.rl-default.upstream_rq_completed', 0)} requests to the agents "
-                    f"({stats.get('cluster.rl-default.upstream_rq_retry', 0)} retries)")
+                say(
+                    f"Envoy routed {stats.get('cluster.rl-default.upstream_rq_completed', 0)} requests to the agents "
+                    f"({stats.get('cluster.rl-default.upstream_rq_retry', 0)} retries)"
+                )
             if args.keep_running:
                 say(f"the fleet keeps running at {url}; Ctrl-C stops it")
                 await asyncio.Event().wait()
@@ -486,44 +590,77 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
         if head is not None:
             head.stop()
         n = len(procs.children) + (procs.envoy is not None)
-        say(f"stopped {n} processes{' and the Ray head' if head else ''} "
-            f"in {time.monotonic() - t_stop:.1f}s")
+        say(f"stopped {n} processes{' and the Ray head' if head else ''} in {time.monotonic() - t_stop:.1f}s")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m rlcp.localfleet",
-                                description="Agents, the controller and a small trainer loop, on this machine.")
+    p = argparse.ArgumentParser(
+        prog="python -m rlcp.localfleet",
+        description="Agents, the controller and a small trainer loop, on this machine.",
+    )
     p.add_argument("--sim", action="store_true", help="SimEngine agents: no vLLM, no torch, starts in seconds")
-    p.add_argument("--ray", action="store_true",
-                   help="on a local Ray head (the `ray` extra): the controller places the agents as actors")
-    p.add_argument("--envoy", action="store_true",
-                   help="rollouts through a real Envoy (the `envoy` extra) fed the fence by the controller over "
-                        "xDS, in place of the Python gateway")
+    p.add_argument(
+        "--ray",
+        action="store_true",
+        help="on a local Ray head (the `ray` extra): the controller places the agents as actors",
+    )
+    p.add_argument(
+        "--envoy",
+        action="store_true",
+        help="rollouts through a real Envoy (the `envoy` extra) fed the fence by the controller over "
+        "xDS, in place of the Python gateway",
+    )
     p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
-    p.add_argument("--steps", type=int, default=None,
-                   help="trainer steps, one weight update each (default 20 for the RL run, 5 for noise)")
-    p.add_argument("--trainer", choices=("grpo", "noise"), default=None,
-                   help="grpo: the RL run that learns (vLLM engines, the default); "
-                        "noise: noise weights every step under rollout load (the default with --sim)")
-    p.add_argument("--sync", choices=("broadcast", "disk"), default="broadcast",
-                   help="grpo: weights to the engines by broadcast through the controller, or from disk")
-    p.add_argument("--mode", choices=("sync", "async"), default="sync",
-                   help="grpo: sample then train (sync), or sample the next step while training (async, "
-                        "staleness bound 1)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="trainer steps, one weight update each (default 20 for the RL run, 5 for noise)",
+    )
+    p.add_argument(
+        "--trainer",
+        choices=("grpo", "noise"),
+        default=None,
+        help="grpo: the RL run that learns (vLLM engines, the default); "
+        "noise: noise weights every step under rollout load (the default with --sim)",
+    )
+    p.add_argument(
+        "--sync",
+        choices=("broadcast", "disk"),
+        default="broadcast",
+        help="grpo: weights to the engines by broadcast through the controller, or from disk",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="sync",
+        help="grpo: sample then train (sync), or sample the next step while training (async, staleness bound 1)",
+    )
     p.add_argument("--lr", type=float, default=1e-2, help="grpo: Adam's learning rate")
     p.add_argument("--seed", type=int, default=0, help="grpo: the seed of sampling and training")
-    p.add_argument("--no-push", action="store_true",
-                   help="grpo: never push weights (the negative control: the engines keep the first ones)")
+    p.add_argument(
+        "--no-push",
+        action="store_true",
+        help="grpo: never push weights (the negative control: the engines keep the first ones)",
+    )
     p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
     p.add_argument("--workdir", type=Path, default=Path(".local-fleet"), help="models, weights, logs, state")
     p.add_argument("--port", type=int, default=8080, help="controller API port (0 = a free one)")
     p.add_argument("--gateway-port", type=int, default=8090, help="inference gateway port (0 = a free one)")
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds each agent may take to start")
     p.add_argument("--keep-running", action="store_true", help="keep the fleet up after the steps until Ctrl-C")
-    p.add_argument("--max-unavailable", type=count_or_percent, default=None,
-                   help="rolling updates: members out of service at once (a count, or a percentage like 50%%)")
-    p.add_argument("--staleness", type=int, default=0,
-                   help="the gateway may serve the last N versions before the desired one (a roll's old waves)")
+    p.add_argument(
+        "--max-unavailable",
+        type=count_or_percent,
+        default=None,
+        help="rolling updates: members out of service at once (a count, or a percentage like 50%%)",
+    )
+    p.add_argument(
+        "--staleness",
+        type=int,
+        default=0,
+        help="the gateway may serve the last N versions before the desired one (a roll's old waves)",
+    )
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
@@ -563,8 +700,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before any process was started
         return 130
     except ImportError as exc:
-        say(f"localfleet: a package is missing ({exc}); run `bash scripts/bootstrap.sh` "
-            "(vLLM mode needs its cpu extra) or use --sim")
+        say(
+            f"localfleet: a package is missing ({exc}); run `bash scripts/bootstrap.sh` "
+            "(vLLM mode needs its cpu extra) or use --sim"
+        )
         return 1
 
 

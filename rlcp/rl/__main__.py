@@ -51,16 +51,26 @@ def main(argv: list[str] | None = None) -> int:
     settings = RunSettings(steps=args.steps, lr=args.lr, seed=args.seed, mode=args.mode, push=not args.no_push)
     fleet = Fleet(args.controller.rstrip("/"), args.gateway.rstrip("/"), args.token, args.model)
     try:
-        out = asyncio.run(train_through_fleet(fleet, args.model_dir.resolve(), args.out.resolve(), settings,
-                                              sync=args.sync, backend=args.backend, device=args.device,
-                                              label=f"rlcp-{args.mode}-{args.sync}"))
+        out = asyncio.run(
+            train_through_fleet(
+                fleet,
+                args.model_dir.resolve(),
+                args.out.resolve(),
+                settings,
+                sync=args.sync,
+                backend=args.backend,
+                device=args.device,
+                label=f"rlcp-{args.mode}-{args.sync}",
+            )
+        )
     except (ControlPlaneClientError, SamplingError, OSError) as exc:  # OSError: a model directory that is not one
         print(f"rlcp.rl: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else ""))
     worst = max((r.mismatch_max for r in out.records if r.mismatch_max is not None), default=None)
     ok = all(r.sync_error is None for r in out.records) and (
-        not settings.push or (worst is not None and worst <= MISMATCH_TOLERANCE))
+        not settings.push or (worst is not None and worst <= MISMATCH_TOLERANCE)
+    )
     return 0 if ok else 1
 
 

@@ -85,7 +85,7 @@ class Snapshots:
     def add(self, version: str | None, model: Any) -> None:
         self.order.append(version)
         self.weights[version] = {n: p.detach().clone() for n, p in model.named_parameters()}
-        for old in self.order[:-self.keep]:
+        for old in self.order[: -self.keep]:
             self.weights.pop(old, None)
 
     def behind(self, version: str | None) -> int | None:
@@ -95,8 +95,12 @@ class Snapshots:
         return len(self.order) - 1 - self.order.index(version)
 
 
-def compare(model: Any, batch: Sequence[Completion], current: Sequence[Any], snapshots: Snapshots,
-            ) -> tuple[list[float], int, int]:
+def compare(
+    model: Any,
+    batch: Sequence[Completion],
+    current: Sequence[Any],
+    snapshots: Snapshots,
+) -> tuple[list[float], int, int]:
     """(|Δ logprob| of every token whose version's weights the trainer holds, tokens older than
     the newest version, tokens of a version it does not know)."""
     import torch
@@ -110,8 +114,9 @@ def compare(model: Any, batch: Sequence[Completion], current: Sequence[Any], sna
             scored = [lp.detach() for lp in current]
         elif version in snapshots.weights:
             with torch.no_grad():
-                scored = token_logprobs(model, [c.prompt for c in batch], [c.tokens for c in batch],
-                                        weights=snapshots.weights[version])
+                scored = token_logprobs(
+                    model, [c.prompt for c in batch], [c.tokens for c in batch], weights=snapshots.weights[version]
+                )
         else:
             unknown += by_version[version]
             continue
@@ -164,9 +169,16 @@ class Trainer:
                     # Even a failed push names these weights: a member that took them before the
                     # failure serves them under this version, and its tokens are checked against them.
                     self.snapshots.add(pushed.version, self.model)
-                record = StepRecord(step=k, **stats, pushed=pushed.version if pushed else None,
-                                    sync_error=pushed.error if pushed else None, sample_s=sample_s, train_s=train_s,
-                                    sync_s=pushed.seconds if pushed else 0.0, wall_s=time.monotonic() - t0)
+                record = StepRecord(
+                    step=k,
+                    **stats,
+                    pushed=pushed.version if pushed else None,
+                    sync_error=pushed.error if pushed else None,
+                    sample_s=sample_s,
+                    train_s=train_s,
+                    sync_s=pushed.seconds if pushed else 0.0,
+                    wall_s=time.monotonic() - t0,
+                )
                 records.append(record)
                 self.on_step(record)
         finally:
@@ -185,17 +197,23 @@ class Trainer:
         current = token_logprobs(self.model, [c.prompt for c in batch], [c.tokens for c in batch])
         diffs, older, foreign = compare(self.model, batch, current, self.snapshots)
         keep = [[self.counts_in_loss(v) for v in c.versions] for c in batch]
-        loss = clipped_pg_loss(current, [c.logprobs for c in batch], group_advantages(rewards, self.settings.group),
-                               keep)
+        loss = clipped_pg_loss(
+            current, [c.logprobs for c in batch], group_advantages(rewards, self.settings.group), keep
+        )
         self.optimizer.zero_grad()
         loss.backward()
         self.optimizer.step()
-        return {"reward": sum(rewards) / len(rewards),
-                "mismatch_mean": sum(diffs) / len(diffs) if diffs else None,
-                "mismatch_max": max(diffs) if diffs else None, "compared": len(diffs),
-                "versions": dict(Counter(str(v) for c in batch for v in c.versions)),
-                "off_policy": older, "foreign": foreign, "dropped": sum(not k for ks in keep for k in ks),
-                "workers": dict(Counter(str(c.worker) for c in batch))}
+        return {
+            "reward": sum(rewards) / len(rewards),
+            "mismatch_mean": sum(diffs) / len(diffs) if diffs else None,
+            "mismatch_max": max(diffs) if diffs else None,
+            "compared": len(diffs),
+            "versions": dict(Counter(str(v) for c in batch for v in c.versions)),
+            "off_policy": older,
+            "foreign": foreign,
+            "dropped": sum(not k for ks in keep for k in ks),
+            "workers": dict(Counter(str(c.worker) for c in batch)),
+        }
 
     def counts_in_loss(self, version: str | None) -> bool:
         """Whether a token of `version` goes into the loss: within the staleness bound of the

@@ -29,8 +29,12 @@ def load_policy(model_dir: str, device: str = "cpu") -> Any:
     return model
 
 
-def token_logprobs(model: Any, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
-                   weights: dict[str, Any] | None = None) -> list[Any]:
+def token_logprobs(
+    model: Any,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    weights: dict[str, Any] | None = None,
+) -> list[Any]:
     """Per completion, the model's logprob of each of its tokens after its prompt (a 1-d
     tensor each, with the graph kept for a backward pass). One padded forward pass; with
     `weights` (parameter name -> tensor), under those instead of the model's own."""
@@ -43,12 +47,13 @@ def token_logprobs(model: Any, prompts: Sequence[Sequence[int]], completions: Se
     ids = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     mask = torch.zeros((len(seqs), width), dtype=torch.long, device=device)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s, device=device)
-        mask[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.tensor(s, device=device)
+        mask[i, : len(s)] = 1
     # Right padding: a real token never attends to a pad (causal), so its logits are exact.
     inputs = {"input_ids": ids, "attention_mask": mask}
-    output = model(**inputs) if weights is None else functional_call(model, weights, args=(), kwargs=inputs,
-                                                                      strict=False)
+    output = (
+        model(**inputs) if weights is None else functional_call(model, weights, args=(), kwargs=inputs, strict=False)
+    )
     logp = torch.log_softmax(output.logits.float(), dim=-1)
     out = []
     for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
@@ -63,16 +68,21 @@ def group_advantages(rewards: Sequence[float], group: int, eps: float = 1e-6) ->
     (groups are `group` consecutive completions of one prompt; a group of equal rewards gives 0)."""
     out: list[float] = []
     for g in range(0, len(rewards), group):
-        rs = rewards[g:g + group]
+        rs = rewards[g : g + group]
         mean = sum(rs) / len(rs)
         std = (sum((r - mean) ** 2 for r in rs) / len(rs)) ** 0.5
         out += [(r - mean) / (std + eps) for r in rs]
     return out
 
 
-def clipped_pg_loss(new: Sequence[Any], behaviour: Sequence[Sequence[float]], advantages: Sequence[float],
-                    keep: Sequence[Sequence[bool]] | None = None, clip: float = CLIP,
-                    is_cap: float = IS_CAP) -> Any:
+def clipped_pg_loss(
+    new: Sequence[Any],
+    behaviour: Sequence[Sequence[float]],
+    advantages: Sequence[float],
+    keep: Sequence[Sequence[bool]] | None = None,
+    clip: float = CLIP,
+    is_cap: float = IS_CAP,
+) -> Any:
     """The clipped policy-gradient loss with the behaviour policy decoupled (AReaL's decoupled
     PPO objective), a mean over the kept tokens.
 

@@ -17,13 +17,20 @@ def step_line(r: StepRecord, steps: int) -> str:
         flag = "" if r.mismatch_max <= MISMATCH_TOLERANCE else "  MISMATCH"
         mismatch = f"|Δlogprob| mean {r.mismatch_mean:.1e} max {r.mismatch_max:.1e} ({r.compared} tok){flag}"
     versions = " ".join(f"{v}={n}" for v, n in sorted(r.versions.items()))
-    pushed = ("" if r.pushed is None else f"  pushed {r.pushed}" if r.sync_error is None
-              else f"  push of {r.pushed} FAILED: {r.sync_error[:300]}")
+    pushed = (
+        ""
+        if r.pushed is None
+        else f"  pushed {r.pushed}"
+        if r.sync_error is None
+        else f"  push of {r.pushed} FAILED: {r.sync_error[:300]}"
+    )
     stale = f"  off-policy {r.off_policy} dropped {r.dropped}" if r.off_policy or r.dropped else ""
     if r.foreign:
         stale += f"  FOREIGN {r.foreign} (weights never pushed)"
-    return (f"step {r.step}/{steps}  reward {r.reward:.3f}  {mismatch}  versions {versions}{stale}  "
-            f"sample {r.sample_s:.2f}s train {r.train_s:.2f}s sync {r.sync_s:.2f}s{pushed}")
+    return (
+        f"step {r.step}/{steps}  reward {r.reward:.3f}  {mismatch}  versions {versions}{stale}  "
+        f"sample {r.sample_s:.2f}s train {r.train_s:.2f}s sync {r.sync_s:.2f}s{pushed}"
+    )
 
 
 def write_jsonl(records: Sequence[StepRecord], path: Path) -> Path:

@@ -41,10 +41,18 @@ class RunOutput:
     plot: Path | None
 
 
-async def train_through_fleet(fleet: Fleet, model_dir: Path, out_dir: Path, settings: RunSettings, *,
-                              sync: SyncKind = "broadcast", backend: Literal["gloo", "nccl"] = "gloo",
-                              device: str = "cpu", label: str = "rlcp",
-                              say: Callable[[str], None] = print) -> RunOutput:
+async def train_through_fleet(
+    fleet: Fleet,
+    model_dir: Path,
+    out_dir: Path,
+    settings: RunSettings,
+    *,
+    sync: SyncKind = "broadcast",
+    backend: Literal["gloo", "nccl"] = "gloo",
+    device: str = "cpu",
+    label: str = "rlcp",
+    say: Callable[[str], None] = print,
+) -> RunOutput:
     """Train `settings.steps` steps through `fleet`; the records, and where the log and plot are."""
     async with ControlPlaneClient(fleet.controller, token=fleet.token, timeout_s=30) as client:
         state = await client.state()
@@ -59,13 +67,22 @@ async def train_through_fleet(fleet: Fleet, model_dir: Path, out_dir: Path, sett
         headers = {"Authorization": f"Bearer {fleet.token}"} if fleet.token else {}
         async with aiohttp.ClientSession() as session:
             sampler = Sampler(session, [fleet.gateway], fleet.model, settings.max_tokens, headers=headers)
-            trainer = Trainer(load_policy(str(model_dir), device), make_task(str(model_dir)), sampler, pusher,
-                              settings, initial, on_step=lambda r: say(step_line(r, settings.steps)))
-            say(f"training: {settings.steps} steps of {settings.prompts_per_step} prompts x {settings.group} "
+            trainer = Trainer(
+                load_policy(str(model_dir), device),
+                make_task(str(model_dir)),
+                sampler,
+                pusher,
+                settings,
+                initial,
+                on_step=lambda r: say(step_line(r, settings.steps)),
+            )
+            say(
+                f"training: {settings.steps} steps of {settings.prompts_per_step} prompts x {settings.group} "
                 f"completions x {settings.max_tokens} tokens, {settings.mode}, weights by {sync}"
                 + ("" if settings.push else " (push DISABLED: the negative control)")
                 + f"; the fleet serves {initial}; the gateway's staleness bound is set to "
-                + f"{settings.staleness if settings.mode == 'async' else 0}")
+                + f"{settings.staleness if settings.mode == 'async' else 0}"
+            )
             try:
                 records = await trainer.run()
             finally:

@@ -70,8 +70,15 @@ def parse_answer(body: dict[str, Any], headers: Any, prompt: tuple[int, ...], de
         spans = choice.get("weight_versions")
         if spans is None and index < len(header_spans):
             spans = header_spans[index]
-        out.append(Completion(prompt, tokens, [float(e["logprob"]) for e in entries],
-                              token_versions(spans, len(tokens), fallback), worker))
+        out.append(
+            Completion(
+                prompt,
+                tokens,
+                [float(e["logprob"]) for e in entries],
+                token_versions(spans, len(tokens), fallback),
+                worker,
+            )
+        )
     return out
 
 
@@ -96,16 +103,29 @@ class Sampler:
         return [c for answer in answers for c in answer]
 
     async def _one(self, prompt: tuple[int, ...], group: int, seed: int) -> list[Completion]:
-        body = {"model": self.model, "token_ids": list(prompt), "sampling_params": {
-            "n": group, "max_tokens": self.max_tokens, "min_tokens": self.max_tokens, "ignore_eos": True,
-            "temperature": self.temperature, "top_p": 1.0, "top_k": -1, "logprobs": 0, "seed": seed,
-            "skip_special_tokens": False}}
+        body = {
+            "model": self.model,
+            "token_ids": list(prompt),
+            "sampling_params": {
+                "n": group,
+                "max_tokens": self.max_tokens,
+                "min_tokens": self.max_tokens,
+                "ignore_eos": True,
+                "temperature": self.temperature,
+                "top_p": 1.0,
+                "top_k": -1,
+                "logprobs": 0,
+                "seed": seed,
+                "skip_special_tokens": False,
+            },
+        }
         reason = "no attempt"
         for attempt in range(self.attempts):
             url = self.urls[next(self._turn) % len(self.urls)]
             try:
-                async with self.session.post(url + ROUTE, json=body, headers=self.headers,
-                                             timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
+                async with self.session.post(
+                    url + ROUTE, json=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s)
+                ) as resp:
                     text = await resp.text()
                     if resp.status == 200:
                         return parse_answer(json.loads(text), resp.headers, prompt, url)

@@ -78,8 +78,9 @@ class DiskSync:
         t0 = time.monotonic()
         path = await asyncio.to_thread(save_weights, model, self.steps_dir / version)
         try:
-            await self.client.update_weights(version, str(path), pause_mode="keep", timeout_s=self.timeout_s,
-                                             max_unavailable=self.max_unavailable)
+            await self.client.update_weights(
+                version, str(path), pause_mode="keep", timeout_s=self.timeout_s, max_unavailable=self.max_unavailable
+            )
         except ControlPlaneClientError as exc:
             return Pushed(version, time.monotonic() - t0, str(exc))
         return Pushed(version, time.monotonic() - t0)
@@ -131,13 +132,15 @@ class BroadcastSync:
             from rlcp.agent.weight_transfer.cpu_gloo import GlooTrainerInitInfo, register
 
             register()  # a trainer process runs no vLLM plugins
-            info: Any = GlooTrainerInitInfo(master_address=self.master_address, master_port=port,
-                                            world_size=world_size, timeout_s=120.0, rank=0)
+            info: Any = GlooTrainerInitInfo(
+                master_address=self.master_address, master_port=port, world_size=world_size, timeout_s=120.0, rank=0
+            )
         else:
             from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-            info = NCCLTrainerInitInfo(master_address=self.master_address, master_port=port, world_size=world_size,
-                                       rank=0)
+            info = NCCLTrainerInitInfo(
+                master_address=self.master_address, master_port=port, world_size=world_size, rank=0
+            )
         log.info("weight_transfer_group_joining", backend=self.backend, world_size=world_size, port=port)
         return WeightTransferTrainerFactory.trainer_init(info, client=self._client, source=ModuleSource(model))
 

@@ -15,9 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 # Prompts the run cycles through (texts the tiny model's tokenizer was trained on).
-PROMPT_TEXTS = ("The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines",
-                "Weights move from the trainer", "Pause, update, verify and resume", "Hello world!",
-                "The policy after every step", "One call per training step")
+PROMPT_TEXTS = (
+    "The quick brown fox",
+    "Reinforcement learning updates",
+    "A fleet of inference engines",
+    "Weights move from the trainer",
+    "Pause, update, verify and resume",
+    "Hello world!",
+    "The policy after every step",
+    "One call per training step",
+)
 TARGET_TEXT = "!"  # one token of the tiny tokenizer's vocabulary
 
 

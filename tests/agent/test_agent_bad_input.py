@@ -25,15 +25,27 @@ def _cases(models: dict) -> list[tuple[str, str, str, object, int, str | None]]:
         ("negative timeout", "POST", "/pause?mode=keep&timeout_s=-1", None, 422, "timeout_s"),
         ("missing version", "POST", "/v1/agent/weights/disk", {"path": good_weights}, 422, "version"),
         ("path wrong type", "POST", "/v1/agent/weights/disk", {"path": 123, "version": "x"}, 422, "path"),
-        ("unknown field", "POST", "/v1/agent/weights/disk", {"path": good_weights, "version": "x", "pth": 1}, 422,
-         "pth"),
+        (
+            "unknown field",
+            "POST",
+            "/v1/agent/weights/disk",
+            {"path": good_weights, "version": "x", "pth": 1},
+            422,
+            "pth",
+        ),
         ("relative path", "POST", "/v1/agent/weights/disk", {"path": "weights-2", "version": "x"}, 403, "path"),
         ("outside roots", "POST", "/v1/agent/weights/disk", {"path": "/etc", "version": "x"}, 403, "path"),
         ("traversal", "POST", "/v1/agent/weights/disk", {"path": f"{root}/../../../etc", "version": "x"}, 403, "path"),
         ("symlink out", "POST", "/v1/agent/weights/disk", {"path": f"{root}/escape", "version": "x"}, 403, "path"),
         ("missing dir", "POST", "/v1/agent/weights/disk", {"path": f"{root}/nope", "version": "x"}, 400, "path"),
-        ("no safetensors", "POST", "/v1/agent/weights/disk", {"path": str(models["lora-11"]), "version": "x"}, 400,
-         "path"),
+        (
+            "no safetensors",
+            "POST",
+            "/v1/agent/weights/disk",
+            {"path": str(models["lora-11"]), "version": "x"},
+            400,
+            "path",
+        ),
         ("not json", "POST", "/v1/agent/weights/disk", b"{not json", 400, "body"),
         ("json array", "POST", "/v1/agent/weights/disk", b"[1, 2]", 400, "body"),
         ("empty body", "POST", "/v1/agent/weights/disk", b"", 400, "body"),
@@ -62,12 +74,14 @@ async def _snapshot(http, agent: AgentProcess) -> dict:
     status, st = await call(http, "GET", agent.admin_url + "/v1/agent/state")
     assert status == 200
     return {k: st[k] for k in ("weight_version", "paused", "loras", "desired_weight_version")} | {
-        "operations": [op["id"] for op in st["last_operations"]]}
+        "operations": [op["id"] for op in st["last_operations"]]
+    }
 
 
 @pytest.mark.parametrize("case", range(24))
-async def test_bad_input_is_a_4xx_naming_the_field_and_touches_nothing(case, http, vllm_agent, tiny_models,
-                                                                        escape_link):
+async def test_bad_input_is_a_4xx_naming_the_field_and_touches_nothing(
+    case, http, vllm_agent, tiny_models, escape_link
+):
     cases = _cases(tiny_models)
     assert len(cases) == 24
     name, method, path, body, want_status, want_field = cases[case]
@@ -80,12 +94,24 @@ async def test_bad_input_is_a_4xx_naming_the_field_and_touches_nothing(case, htt
     assert await _snapshot(http, vllm_agent) == before, f"{name}: state changed"
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "test-token"}],
-                         ids=["missing", "wrong", "no-scheme"])
-@pytest.mark.parametrize("method,path", [("POST", "/pause?mode=abort"), ("POST", "/resume"),
-                                         ("POST", "/v1/agent/weights/disk"), ("POST", "/v1/agent/loras"),
-                                         ("DELETE", "/v1/agent/loras/x"), ("PUT", "/v1/agent/desired"),
-                                         ("POST", "/update_weight_version"), ("POST", "/start_weight_update")])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "test-token"}],
+    ids=["missing", "wrong", "no-scheme"],
+)
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("POST", "/pause?mode=abort"),
+        ("POST", "/resume"),
+        ("POST", "/v1/agent/weights/disk"),
+        ("POST", "/v1/agent/loras"),
+        ("DELETE", "/v1/agent/loras/x"),
+        ("PUT", "/v1/agent/desired"),
+        ("POST", "/update_weight_version"),
+        ("POST", "/start_weight_update"),
+    ],
+)
 async def test_mutating_routes_need_the_token(method, path, headers, http, vllm_agent):
     before = await _snapshot(http, vllm_agent)
     status, resp = await call(http, method, vllm_agent.admin_url + path, headers=headers, body={})

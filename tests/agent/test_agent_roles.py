@@ -27,8 +27,9 @@ pytestmark = pytest.mark.timeout(60)
 async def agent(tmp_path: Path) -> AsyncIterator[AgentService]:
     engine = SimEngine(model_name="sim", token_interval_s=0.001)
     await engine.start()
-    settings = AgentSettings(agent_id="a0", engine={"kind": "sim", "model": "sim"}, allowed_roots=[tmp_path],
-                             admin={"token": "t"})
+    settings = AgentSettings(
+        agent_id="a0", engine={"kind": "sim", "model": "sim"}, allowed_roots=[tmp_path], admin={"token": "t"}
+    )
     service = AgentService(engine, settings)
     await service.start()
     yield service
@@ -52,8 +53,12 @@ async def test_a_second_mutating_operation_is_refused_naming_the_first_and_leave
     pause = asyncio.create_task(agent.control.pause("keep", timeout_s=1.0))
     await wait_busy(agent, "pause")
     adapter = write_adapter(tmp_path / "adapter")
-    for refused in (agent.control.resume(), agent.lora.load(LoraLoadRequest(name="a", path=str(adapter))),
-                    agent.weights.set_version("v9"), agent.transfer.init({})):
+    for refused in (
+        agent.control.resume(),
+        agent.lora.load(LoraLoadRequest(name="a", path=str(adapter))),
+        agent.weights.set_version("v9"),
+        agent.transfer.init({}),
+    ):
         with pytest.raises(ConflictError, match="^operation pause is running; retry when it is done$"):
             await refused
     # Reads answer meanwhile, from what the agent keeps; a checksum read takes no gate.
@@ -77,8 +82,11 @@ async def test_engine_calls_are_mapped_to_the_agents_errors_and_recorded(agent):
         await agent.weights.reset_checker()
     await agent.weights.set_version("v2")
     records = agent.state().last_operations
-    assert [(r.kind, r.status) for r in records] == [("update_weight_version", "ok"), ("weight_checker", "error"),
-                                                    ("resume", "timeout")]
+    assert [(r.kind, r.status) for r in records] == [
+        ("update_weight_version", "ok"),
+        ("weight_checker", "error"),
+        ("resume", "timeout"),
+    ]
     assert records[1].message == "reset_weights failed: checker exploded"
     metrics = agent.metrics.render(paused=False, ready=True, requests=engine.request_counts()).decode()
     assert 'rl_agent_operations_total{kind="resume",status="timeout"} 1.0' in metrics
@@ -91,7 +99,8 @@ async def test_a_dead_engine_is_not_called(agent):
     with pytest.raises(EngineDeadError):
         await agent.control.pause("abort")
     assert agent.state().last_operations[0].status == "error" and agent.readiness.not_ready_reason() == (
-        "engine is not alive")
+        "engine is not alive"
+    )
 
 
 async def test_an_operation_cancelled_midway_is_recorded_cancelled_not_ok(agent):
@@ -118,19 +127,22 @@ async def test_the_records_keep_the_newest(agent):
 
 
 # -- the transfer protocol's order ------------------------------------------------------------------
-@pytest.mark.parametrize("joined,open_,call,allowed", [
-    (False, False, "start_weight_update", False),  # no group yet
-    (True, False, "start_weight_update", True),
-    (True, True, "start_weight_update", False),  # already open
-    (None, False, "start_weight_update", True),  # unknown: the engine decides
-    (True, None, "start_weight_update", True),
-    (True, False, "update_weights", False),  # nothing open
-    (True, True, "update_weights", True),
-    (True, None, "update_weights", True),
-    (True, False, "finish_weight_update", False),
-    (True, True, "finish_weight_update", True),
-    (False, None, "finish_weight_update", True),
-])
+@pytest.mark.parametrize(
+    "joined,open_,call,allowed",
+    [
+        (False, False, "start_weight_update", False),  # no group yet
+        (True, False, "start_weight_update", True),
+        (True, True, "start_weight_update", False),  # already open
+        (None, False, "start_weight_update", True),  # unknown: the engine decides
+        (True, None, "start_weight_update", True),
+        (True, False, "update_weights", False),  # nothing open
+        (True, True, "update_weights", True),
+        (True, None, "update_weights", True),
+        (True, False, "finish_weight_update", False),
+        (True, True, "finish_weight_update", True),
+        (False, None, "finish_weight_update", True),
+    ],
+)
 def test_transfer_order(joined, open_, call, allowed):
     state = TransferState(joined=joined, open=open_)
     if allowed:
@@ -156,7 +168,11 @@ async def test_a_transfer_out_of_order_is_refused_before_the_engine(agent):
     assert agent.weight_version == "t1" and engine.weight_update_chunks == 1
     # The refused calls never reached the gate: only the four that ran are recorded.
     assert [op.kind for op in agent.state().last_operations][::-1] == [
-        "init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"]
+        "init_weight_transfer",
+        "start_weight_update",
+        "update_weights",
+        "finish_weight_update",
+    ]
     await agent.transfer.shutdown()
     with pytest.raises(ConflictError, match="init_weight_transfer_engine first"):
         await agent.transfer.start()

@@ -61,8 +61,12 @@ def agent_imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}".removeprefix("rlcp.agent.") in known
-                     else node.module for a in node.names]
+            names = [
+                f"{node.module}.{a.name}"
+                if f"{node.module}.{a.name}".removeprefix("rlcp.agent.") in known
+                else node.module
+                for a in node.names
+            ]
         else:
             continue
         found |= {n.removeprefix("rlcp.agent.") for n in names if n.startswith("rlcp.agent.")}
@@ -71,8 +75,13 @@ def agent_imports(path: Path, known: set[str]) -> set[str]:
 
 def test_the_agents_modules_only_look_down() -> None:
     modules = agent_modules()
-    upward = sorted(f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})" for m, path in modules.items() if m
-                    for t in agent_imports(path, set(modules)) if layer(t) > layer(m))
+    upward = sorted(
+        f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})"
+        for m, path in modules.items()
+        if m
+        for t in agent_imports(path, set(modules))
+        if layer(t) > layer(m)
+    )
     assert upward == []
 
 
@@ -81,9 +90,13 @@ def test_only_the_factory_branches_on_the_engine_kind() -> None:
     offenders = []
     for path in sorted(AGENT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            compared = ([node.left, *node.comparators] if isinstance(node, ast.Compare)
-                        else [p.value for p in ast.walk(node) if isinstance(p, ast.MatchValue)]
-                        if isinstance(node, ast.Match) else [])
+            compared = (
+                [node.left, *node.comparators]
+                if isinstance(node, ast.Compare)
+                else [p.value for p in ast.walk(node) if isinstance(p, ast.MatchValue)]
+                if isinstance(node, ast.Match)
+                else []
+            )
             if any(isinstance(c, ast.Constant) and c.value in kinds for c in compared):
                 rel = path.relative_to(AGENT).as_posix()
                 if rel not in KIND_BRANCHES_ALLOWED:
@@ -97,9 +110,19 @@ def test_the_engine_kind_is_one_closed_type() -> None:
     assert EngineSettings.model_fields["kind"].annotation == base.EngineKind
 
 
-@pytest.mark.parametrize("capability", [base.InferenceServing, base.GenerationControl, base.PrefixCache,
-                                        base.VersionedWeights, base.EngineDiskWeights, base.EngineWeightTransfer,
-                                        base.Adapters, base.Engine])
+@pytest.mark.parametrize(
+    "capability",
+    [
+        base.InferenceServing,
+        base.GenerationControl,
+        base.PrefixCache,
+        base.VersionedWeights,
+        base.EngineDiskWeights,
+        base.EngineWeightTransfer,
+        base.Adapters,
+        base.Engine,
+    ],
+)
 def test_every_engine_has_every_capability(capability: type) -> None:
     # Built, not started: VllmEngine imports vLLM only when it starts.
     vllm = VllmEngine(EngineSettings(kind="vllm", model="/models/m"), InferenceSettings())
@@ -109,8 +132,9 @@ def test_every_engine_has_every_capability(capability: type) -> None:
 
 
 async def test_the_factory_builds_a_sim_engine_and_serves_its_inference_port() -> None:
-    settings = AgentSettings(engine={"kind": "sim", "model": "m", "sim_world_size": 2},
-                             inference={"port": 0}, admin={"token": "t"})
+    settings = AgentSettings(
+        engine={"kind": "sim", "model": "m", "sim_world_size": 2}, inference={"port": 0}, admin={"token": "t"}
+    )
     built = build_engine(settings)
     assert isinstance(built.engine, SimEngine) and built.engine.world_size() == 2
     await built.engine.start()

@@ -20,8 +20,9 @@ async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(sim_agent
     ckpt = write_checkpoint(tmp_path / "c", 1)
     agent.engine.hang_next("load_weights_from_disk")
     async with aiohttp.ClientSession() as http:
-        status, body = await call(http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH,
-                                  body={"path": str(ckpt), "version": "v1"})
+        status, body = await call(
+            http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH, body={"path": str(ckpt), "version": "v1"}
+        )
         assert status == 504 and body["error"]["code"] == "deadline_exceeded"
         assert "load_weights_from_disk" in body["error"]["message"]
         st = agent.service.state()
@@ -30,8 +31,9 @@ async def test_hanging_engine_call_is_a_504_and_the_agent_stays_usable(sim_agent
         assert st.weight_version is None and not st.ready
         status, _ = await call(http, "GET", agent.url + "/readyz")
         assert status == 503
-        status, body = await call(http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH,
-                                  body={"path": str(ckpt), "version": "v1"})
+        status, body = await call(
+            http, "POST", agent.url + "/v1/agent/weights/disk", headers=AUTH, body={"path": str(ckpt), "version": "v1"}
+        )
         assert status == 200 and agent.service.state().ready
 
 
@@ -92,6 +94,7 @@ async def test_an_update_in_one_call_pauses_loads_hashes_and_resumes_only_as_tol
     agent = sim_agent
     v1, v2 = write_checkpoint(tmp_path / "v1", 1), write_checkpoint(tmp_path / "v2", 2)
     async with aiohttp.ClientSession() as http:
+
         async def update(**body) -> tuple[int, dict]:
             return await call(http, "POST", agent.url + "/v1/agent/weights/update", headers=AUTH, body=body)
 

@@ -14,15 +14,15 @@ from rlcp.harness.simfleet import TOKEN, SimAgent
 
 pytestmark = pytest.mark.timeout(60)
 
-BAD_NAMES = ["v\u0001x", "v\x00", "v\x1f", "v\x7f", "v5\n", "\tv", "a b", "", " ", "x" * 5000, "v\ud800x",
-             "v\u00e9"]
+BAD_NAMES = ["v\u0001x", "v\x00", "v\x1f", "v\x7f", "v5\n", "\tv", "a b", "", " ", "x" * 5000, "v\ud800x", "v\u00e9"]
 
 
 async def snapshot(http: aiohttp.ClientSession, agent: SimAgent) -> dict:
     status, st = await call(http, "GET", agent.url + "/v1/agent/state")
     assert status == 200, st
     return {k: st[k] for k in ("weight_version", "paused", "loras", "desired_weight_version")} | {
-        "operations": [op["id"] for op in st["last_operations"]]}
+        "operations": [op["id"] for op in st["last_operations"]]
+    }
 
 
 async def test_a_bad_version_name_is_a_422_naming_the_field_and_changes_nothing(sim_agent, http, tmp_path):
@@ -45,6 +45,7 @@ async def test_a_bad_version_name_is_a_422_naming_the_field_and_changes_nothing(
     assert await snapshot(http, agent) == before
     assert agent.engine.served_version == before["weight_version"] and not agent.service.paused
     # A good name still goes through every one of them.
-    status, resp = await call(http, "PUT", agent.url + "/v1/agent/desired", body={"weight_version": "step-7"},
-                              headers=bearer(TOKEN))
+    status, resp = await call(
+        http, "PUT", agent.url + "/v1/agent/desired", body={"weight_version": "step-7"}, headers=bearer(TOKEN)
+    )
     assert status == 200 and resp["desired_weight_version"] == "step-7", resp

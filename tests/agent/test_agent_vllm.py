@@ -36,11 +36,17 @@ PROMPT = "The quick brown fox jumps over the lazy dog."
 async def agent(vllm_agent: AgentProcess, tiny_models, http):
     """The shared agent, resumed and on the base weights (seed 1) as version "A"."""
     await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
-    status, _ = await call(http, "POST", vllm_agent.admin_url + "/v1/agent/weights/disk", headers=vllm_agent.auth,
-                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    status, _ = await call(
+        http,
+        "POST",
+        vllm_agent.admin_url + "/v1/agent/weights/disk",
+        headers=vllm_agent.auth,
+        body={"path": str(tiny_models["weights-1"]), "version": "A"},
+    )
     assert status == 200
-    await call(http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth,
-               body={"weight_version": None})
+    await call(
+        http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth, body={"weight_version": None}
+    )
     return vllm_agent
 
 
@@ -51,9 +57,19 @@ async def state(http, agent) -> dict:
 
 
 async def complete(http, agent, prompt, max_tokens=16, model="tiny") -> dict:
-    status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
+    status, body = await call(
+        http,
+        "POST",
+        agent.inference_url + "/v1/completions",
+        body={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200, body
     return body["choices"][0]
 
@@ -83,10 +99,18 @@ class Stream:
             await self._stream(http, agent, prompt, max_tokens)
 
     async def _stream(self, http, agent, prompt, max_tokens):
-        payload = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                   "ignore_eos": True, "stream": True, "return_token_ids": True}
-        async with http.post(agent.inference_url + "/v1/completions", json=payload,
-                             timeout=aiohttp.ClientTimeout(total=120)) as resp:
+        payload = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
+        async with http.post(
+            agent.inference_url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=120)
+        ) as resp:
             assert resp.status == 200
             async for line in resp.content:
                 line = line.strip()
@@ -140,8 +164,13 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models):
     assert len(stream.tokens) == frozen_at, "a frozen request must not generate"
     assert 5 <= frozen_at < total
 
-    status, body = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-                              body={"path": str(tiny_models["weights-2"]), "version": "B"})
+    status, body = await call(
+        http,
+        "POST",
+        agent.admin_url + "/v1/agent/weights/disk",
+        headers=agent.auth,
+        body={"path": str(tiny_models["weights-2"]), "version": "B"},
+    )
     assert (status, body["weight_version"]) == (200, "B")
     assert (await state(http, agent))["requests"]["frozen"] == 1, "the update must not drop the frozen request"
     status, _ = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
@@ -222,8 +251,13 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
             assert long.finish_reason == "length"
             await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
             continue
-        status, body = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-                                  body={"path": str(tiny_models["weights-2"]), "version": "B"})
+        status, body = await call(
+            http,
+            "POST",
+            agent.admin_url + "/v1/agent/weights/disk",
+            headers=agent.auth,
+            body={"path": str(tiny_models["weights-2"]), "version": "B"},
+        )
         assert status == 409 and body["error"]["code"] == "conflict"
         assert "pause" in body["error"]["message"]
         assert (await pause)[0] == 200
@@ -238,8 +272,7 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
     # A wait-mode pause that cannot drain in time answers 504 and says so in state.
     for _attempt in range(3):
         long = await _long_running_stream(http, agent)
-        status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05",
-                                  headers=agent.auth)
+        status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05", headers=agent.auth)
         if status == 200:  # it had already finished: nothing left to drain
             await asyncio.wait_for(long.task, 10)
             assert long.finish_reason == "length"
@@ -256,16 +289,22 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
 
 async def test_disk_update_a_b_a_reproduces_tokens(http, agent, tiny_models):
     async def update(seed: int, version: str) -> list[int]:
-        status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-                               body={"path": str(tiny_models[f"weights-{seed}"]), "version": version})
+        status, _ = await call(
+            http,
+            "POST",
+            agent.admin_url + "/v1/agent/weights/disk",
+            headers=agent.auth,
+            body={"path": str(tiny_models[f"weights-{seed}"]), "version": version},
+        )
         assert status == 200
         assert (await state(http, agent))["weight_version"] == version
         assert (await call(http, "GET", agent.admin_url + "/weight_info"))[1] == {"weight_version": version}
         return (await complete(http, agent, PROMPT, 24))["token_ids"]
 
     async def checksums() -> dict:
-        status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
-                                  body={"action": "checksum"})
+        status, body = await call(
+            http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth, body={"action": "checksum"}
+        )
         assert status == 200
         return body["checksums"]
 
@@ -275,8 +314,13 @@ async def test_disk_update_a_b_a_reproduces_tokens(http, agent, tiny_models):
     assert out_b != out_a
     assert await checksums() != sums_a
     assert await update(1, "step-3") == out_a
-    status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
-                              body={"action": "compare", "baseline": sums_a})
+    status, body = await call(
+        http,
+        "POST",
+        agent.admin_url + "/weight_checker",
+        headers=agent.auth,
+        body={"action": "compare", "baseline": sums_a},
+    )
     assert (status, body) == (200, {"match": True, "mismatches": []})
 
 
@@ -286,8 +330,13 @@ async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
     base = (await complete(http, agent, prompt))["token_ids"]
 
     async def load(name, seed, version):
-        status, body = await call(http, "POST", agent.admin_url + "/v1/agent/loras", headers=agent.auth,
-                                  body={"name": name, "path": str(tiny_models[f"lora-{seed}"]), "version": version})
+        status, body = await call(
+            http,
+            "POST",
+            agent.admin_url + "/v1/agent/loras",
+            headers=agent.auth,
+            body={"name": name, "path": str(tiny_models[f"lora-{seed}"]), "version": version},
+        )
         assert status == 200, body
         return body
 
@@ -310,8 +359,13 @@ async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
 
     # vLLM evicts adapters on a weight reload; a request naming one reloads it from its path,
     # and unloading one that was evicted still succeeds.
-    status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    status, _ = await call(
+        http,
+        "POST",
+        agent.admin_url + "/v1/agent/weights/disk",
+        headers=agent.auth,
+        body={"path": str(tiny_models["weights-1"]), "version": "A"},
+    )
     assert status == 200
     assert (await complete(http, agent, prompt, model="adapter"))["token_ids"] == swapped
 
@@ -320,15 +374,20 @@ async def test_lora_load_hot_swap_and_unload(http, agent, tiny_models):
         assert status == 200
     assert body["engine_adapter_ids"] == []  # really removed from the engine
     assert (await state(http, agent))["loras"] == []
-    status, _ = await call(http, "POST", agent.inference_url + "/v1/completions",
-                           body={"model": "adapter", "prompt": prompt, "max_tokens": 4})
+    status, _ = await call(
+        http,
+        "POST",
+        agent.inference_url + "/v1/completions",
+        body={"model": "adapter", "prompt": prompt, "max_tokens": 4},
+    )
     assert status == 404
     assert (await complete(http, agent, prompt))["token_ids"] == base
 
 
 async def checksums(http, agent) -> dict[str, str]:
-    status, body = await call(http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth,
-                              body={"action": "checksum"})
+    status, body = await call(
+        http, "POST", agent.admin_url + "/weight_checker", headers=agent.auth, body={"action": "checksum"}
+    )
     assert status == 200, body
     return body["checksums"]
 
@@ -345,7 +404,7 @@ def checkpoint_digests(directory) -> dict[str, str]:
     for name in list(tensors):
         for fused, parts in merged.items():
             if name.endswith(f".{parts[0]}.weight"):
-                stem = name[:-len(f"{parts[0]}.weight")]
+                stem = name[: -len(f"{parts[0]}.weight")]
                 tensors[f"{stem}{fused}.weight"] = torch.cat([tensors[f"{stem}{p}.weight"] for p in parts])
     return {name: hashlib.sha256(t.contiguous().numpy().tobytes()).hexdigest() for name, t in tensors.items()}
 
@@ -357,11 +416,19 @@ async def test_every_base_checksum_is_of_the_weights_the_engine_computes_with(ht
     layers vLLM wraps are named `...base_layer.weight`), and a disk update changes every matrix."""
     rank = "dp0:pp0:pcp0:tp0:"
     for seed, version in ((2, "B"), (1, "A")):  # ends on the fixture's weights, as the other tests expect
-        status, _ = await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-                               body={"path": str(tiny_models[f"weights-{seed}"]), "version": version})
+        status, _ = await call(
+            http,
+            "POST",
+            agent.admin_url + "/v1/agent/weights/disk",
+            headers=agent.auth,
+            body={"path": str(tiny_models[f"weights-{seed}"]), "version": version},
+        )
         assert status == 200
-        held = {k.removeprefix(rank).replace(".base_layer", ""): v
-                for k, v in (await checksums(http, agent)).items() if not k.startswith("lora:")}
+        held = {
+            k.removeprefix(rank).replace(".base_layer", ""): v
+            for k, v in (await checksums(http, agent)).items()
+            if not k.startswith("lora:")
+        }
         expected = checkpoint_digests(tiny_models[f"weights-{seed}"])
         assert len(held) == 15 and EMPTY_TENSOR_SHA256 not in held.values()
         assert held == {name: expected[name] for name in held}, f"seed {seed}"
@@ -377,16 +444,26 @@ async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_
     changes nothing until the engine loads it, a slot that no longer holds what the engine's copy
     says is reported, and unloading removes the keys."""
     other = vllm_agent_b  # the second session agent (the controller tests' fleet), on the same base weights
-    status, _ = await call(http, "POST", other.admin_url + "/v1/agent/weights/disk", headers=other.auth,
-                           body={"path": str(tiny_models["weights-1"]), "version": "A"})
+    status, _ = await call(
+        http,
+        "POST",
+        other.admin_url + "/v1/agent/weights/disk",
+        headers=other.auth,
+        body={"path": str(tiny_models["weights-1"]), "version": "A"},
+    )
     assert status == 200
     # A copy of lora-11 under an allowed root, whose files this test overwrites later.
     staged = tiny_models["base"].parent / f"lora-staged-{tmp_path.name}"
     shutil.copytree(tiny_models["lora-11"], staged)
 
     async def load(worker, name, path):
-        status, body = await call(http, "POST", worker.admin_url + "/v1/agent/loras", headers=worker.auth,
-                                  body={"name": name, "path": str(path)})
+        status, body = await call(
+            http,
+            "POST",
+            worker.admin_url + "/v1/agent/loras",
+            headers=worker.auth,
+            body={"name": name, "path": str(path)},
+        )
         assert status == 200, body
 
     base = await checksums(http, agent)
@@ -397,16 +474,24 @@ async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_
         held = await checksums(http, agent)
         rank = "dp0:pp0:pcp0:tp0:"
         # q and v of both layers, packed into qkv_proj (slices 0 and 2) as vLLM holds them.
-        expected = {f"lora:ck:{rank}model.layers.{layer}.self_attn.qkv_proj.{part}.{s}"
-                    for layer in (0, 1) for part in ("lora_a", "lora_b") for s in (0, 2)}
+        expected = {
+            f"lora:ck:{rank}model.layers.{layer}.self_attn.qkv_proj.{part}.{s}"
+            for layer in (0, 1)
+            for part in ("lora_a", "lora_b")
+            for s in (0, 2)
+        }
         assert held.keys() - base.keys() == expected and {k: held[k] for k in base} == base
         # The values are sha256 of vLLM's tensors: A as in the file, B with alpha / r = 2 folded in.
         adapter = load_file(str(tiny_models["lora-11"] / "adapter_model.safetensors"))
         q = "base_model.model.model.layers.0.self_attn.q_proj"
-        assert held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_a.0"] == \
-            hashlib.sha256(adapter[f"{q}.lora_A.weight"].numpy().tobytes()).hexdigest()
-        assert held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_b.0"] == \
-            hashlib.sha256((adapter[f"{q}.lora_B.weight"] * 2).numpy().tobytes()).hexdigest()
+        assert (
+            held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_a.0"]
+            == hashlib.sha256(adapter[f"{q}.lora_A.weight"].numpy().tobytes()).hexdigest()
+        )
+        assert (
+            held[f"lora:ck:{rank}model.layers.0.self_attn.qkv_proj.lora_b.0"]
+            == hashlib.sha256((adapter[f"{q}.lora_B.weight"] * 2).numpy().tobytes()).hexdigest()
+        )
         assert await checksums(http, other) == held  # two engines holding the same adapter agree
 
         # A new file at the adapter's path changes nothing until the engine loads it (a hot-swap).
@@ -426,12 +511,20 @@ async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_
         shutil.copy(tiny_models["lora-11"] / "adapter_model.safetensors", staged / "adapter_model.safetensors")
         drifted = await checksums(http, agent)
         audit = drifted.keys() - swapped.keys()
-        assert audit and all(re.fullmatch(rf"lora:ck:{rank}model\.layers\.[01]\.self_attn\.qkv_proj\."
-                                          r"lora_[ab]_stacked\.[02]", k) for k in audit)
+        assert audit and all(
+            re.fullmatch(
+                rf"lora:ck:{rank}model\.layers\.[01]\.self_attn\.qkv_proj\."
+                r"lora_[ab]_stacked\.[02]",
+                k,
+            )
+            for k in audit
+        )
         await load(agent, "ck", staged)  # loaded again: copy and slot agree, and both agents hold lora-11
         assert await checksums(http, agent) == held
     finally:  # other tests expect engines without adapters
-        unloaded = [await call(http, "DELETE", w.admin_url + "/v1/agent/loras/ck", headers=w.auth) for w in (agent, other)]
+        unloaded = [
+            await call(http, "DELETE", w.admin_url + "/v1/agent/loras/ck", headers=w.auth) for w in (agent, other)
+        ]
         shutil.rmtree(staged)
     assert [(status, body["engine_adapter_ids"]) for status, body in unloaded] == [(200, [])] * 2
     assert await checksums(http, agent) == base and await checksums(http, other) == base  # the keys went with them
@@ -439,13 +532,19 @@ async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_
 
 async def test_readiness_follows_the_desired_version(http, agent, tiny_models):
     assert (await call(http, "GET", agent.admin_url + "/readyz"))[0] == 200
-    status, body = await call(http, "PUT", agent.admin_url + "/v1/agent/desired", headers=agent.auth,
-                              body={"weight_version": "B"})
+    status, body = await call(
+        http, "PUT", agent.admin_url + "/v1/agent/desired", headers=agent.auth, body={"weight_version": "B"}
+    )
     assert status == 200 and body["ready"] is False and body["desired_weight_version"] == "B"
     status, body = await call(http, "GET", agent.admin_url + "/readyz")
     assert status == 503 and "'A'" in body["reason"] and "'B'" in body["reason"]
-    await call(http, "POST", agent.admin_url + "/v1/agent/weights/disk", headers=agent.auth,
-               body={"path": str(tiny_models["weights-2"]), "version": "B"})
+    await call(
+        http,
+        "POST",
+        agent.admin_url + "/v1/agent/weights/disk",
+        headers=agent.auth,
+        body={"path": str(tiny_models["weights-2"]), "version": "B"},
+    )
     assert (await call(http, "GET", agent.admin_url + "/readyz"))[0] == 200
     assert (await call(http, "GET", agent.admin_url + "/healthz"))[0] == 200
 
@@ -456,8 +555,12 @@ async def test_inference_port_is_vllms_own_server(http, agent):
     ids = await tokenize(http, agent, PROMPT)
     status, body = await call(http, "POST", agent.inference_url + "/detokenize", body={"model": "tiny", "tokens": ids})
     assert (status, body["prompt"]) == (200, PROMPT)
-    status, body = await call(http, "POST", agent.inference_url + "/v1/chat/completions", body={
-        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0})
+    status, body = await call(
+        http,
+        "POST",
+        agent.inference_url + "/v1/chat/completions",
+        body={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "temperature": 0},
+    )
     assert status == 200 and body["choices"][0]["finish_reason"] in ("length", "stop")
     status, _ = await call(http, "GET", agent.admin_url + "/get_world_size")
     assert status == 200

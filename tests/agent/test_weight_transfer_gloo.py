@@ -94,10 +94,12 @@ def _trainer_main() -> None:
     spec = json.loads(sys.argv[1])
     register()  # a trainer process runs no vLLM plugins
     model = LlamaForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
-    client = (_RelayClient(Path(spec["relay_dir"])) if "relay_dir" in spec
-              else _AgentClient(spec["admin_url"], spec["token"]))
-    init_info = GlooTrainerInitInfo(master_address="127.0.0.1", master_port=spec["port"], world_size=2,
-                                    timeout_s=120.0, rank=0)
+    client = (
+        _RelayClient(Path(spec["relay_dir"])) if "relay_dir" in spec else _AgentClient(spec["admin_url"], spec["token"])
+    )
+    init_info = GlooTrainerInitInfo(
+        master_address="127.0.0.1", master_port=spec["port"], world_size=2, timeout_s=120.0, rank=0
+    )
     source = ModuleSource(model)
     engine = WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)
     if spec.get("hold_s"):  # a trainer that joins, announces a chunk, and never sends it
@@ -111,8 +113,13 @@ def _trainer_main() -> None:
 def _trainer(spec: dict, log: Path) -> subprocess.Popen:
     code = "from tests.agent.test_weight_transfer_gloo import _trainer_main; _trainer_main()"
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-c", code, json.dumps(spec)], cwd=REPO, stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        return subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(spec)],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
 
 
 async def _wait_exit(proc: subprocess.Popen, log: Path, timeout_s: float) -> None:
@@ -140,9 +147,19 @@ async def _admin(http, agent: AgentProcess, path: str, body: dict | None = None,
 
 
 async def _complete(http, agent: AgentProcess) -> list[int]:
-    status, body = await call(http, "POST", agent.inference_url + "/v1/completions", body={
-        "model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
+    status, body = await call(
+        http,
+        "POST",
+        agent.inference_url + "/v1/completions",
+        body={
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200, body
     return body["choices"][0]["token_ids"]
 
@@ -172,12 +189,12 @@ async def _weight_version(http, agent: AgentProcess) -> str | None:
 
 
 # -- tests -------------------------------------------------------------------------------------
-async def test_broadcast_through_the_admin_routes_matches_disk_load(http, vllm_agent, tiny_models, disk_refs,
-                                                                     tmp_path):
+async def test_broadcast_through_the_admin_routes_matches_disk_load(http, vllm_agent, tiny_models, disk_refs, tmp_path):
     """The test drives the four routes; the trainer joins and broadcasts beside them."""
     log = tmp_path / "trainer.log"
-    trainer = _trainer({"model_dir": str(tiny_models["weights-2"]), "port": free_port(),
-                        "relay_dir": str(tmp_path)}, log)
+    trainer = _trainer(
+        {"model_dir": str(tiny_models["weights-2"]), "port": free_port(), "relay_dir": str(tmp_path)}, log
+    )
     try:
         init_info = await _wait_file(tmp_path / "init_info.json", trainer, log)
         assert init_info["rank_offset"] == 1 and init_info["world_size"] == 2
@@ -207,8 +224,16 @@ async def test_trainer_engine_drives_the_agent_over_http(http, vllm_agent, tiny_
     routes themselves (a second init on the same engine replaces its group)."""
     await _load_from_disk(http, vllm_agent, tiny_models["weights-2"], "disk-2")
     log = tmp_path / "trainer.log"
-    trainer = _trainer({"model_dir": str(tiny_models["weights-1"]), "port": free_port(),
-                        "admin_url": vllm_agent.admin_url, "token": vllm_agent.token, "version": "bcast-2"}, log)
+    trainer = _trainer(
+        {
+            "model_dir": str(tiny_models["weights-1"]),
+            "port": free_port(),
+            "admin_url": vllm_agent.admin_url,
+            "token": vllm_agent.token,
+            "version": "bcast-2",
+        },
+        log,
+    )
     try:
         await _wait_exit(trainer, log, TRAINER_START_S)
     finally:
@@ -219,24 +244,38 @@ async def test_trainer_engine_drives_the_agent_over_http(http, vllm_agent, tiny_
 
 
 @pytest.mark.parametrize("missing", ["no trainer", "one rank of three never joins"])
-async def test_init_times_out_when_a_rank_never_joins_and_the_engine_stays_healthy(http, vllm_agent, disk_refs,
-                                                                                  missing):
+async def test_init_times_out_when_a_rank_never_joins_and_the_engine_stays_healthy(
+    http, vllm_agent, disk_refs, missing
+):
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
     port, store = free_port(), None
-    init_info = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-                 "timeout_s": 3.0}
+    init_info = {
+        "master_address": "127.0.0.1",
+        "master_port": port,
+        "rank_offset": 1,
+        "world_size": 2,
+        "timeout_s": 3.0,
+    }
     if missing != "no trainer":
         # The store is up (as a trainer's would be), but rank 2 never comes: the worker
         # joins the store and then waits in the gloo rendezvous until its timeout.
-        store = TCPStore("127.0.0.1", port, world_size=3, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=30), use_libuv=False)
+        store = TCPStore(
+            "127.0.0.1",
+            port,
+            world_size=3,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=30),
+            use_libuv=False,
+        )
         init_info["world_size"] = 3
     t0 = time.monotonic()
-    status, body = await _admin(http, vllm_agent, "/init_weight_transfer_engine", {"init_info": init_info},
-                                timeout_s=90)
+    status, body = await _admin(
+        http, vllm_agent, "/init_weight_transfer_engine", {"init_info": init_info}, timeout_s=90
+    )
     assert status == 502, body
     assert "could not join" in body["error"]["message"]
     assert time.monotonic() - t0 < 60
@@ -248,12 +287,14 @@ async def test_init_times_out_when_a_rank_never_joins_and_the_engine_stays_healt
 
 
 async def test_a_chunk_that_never_arrives_fails_within_the_timeout_and_a_disk_load_recovers(
-        http, vllm_agent, tiny_models, disk_refs, tmp_path):
+    http, vllm_agent, tiny_models, disk_refs, tmp_path
+):
     """The trainer joins, then never broadcasts: the worker's receive ends at the group's
     timeout, the agent reports the failure and not ready, and the engine keeps serving."""
     log = tmp_path / "trainer.log"
-    trainer = _trainer({"model_dir": str(tiny_models["weights-2"]), "port": free_port(),
-                        "relay_dir": str(tmp_path), "hold_s": 60}, log)
+    trainer = _trainer(
+        {"model_dir": str(tiny_models["weights-2"]), "port": free_port(), "relay_dir": str(tmp_path), "hold_s": 60}, log
+    )
     try:
         init_info = await _wait_file(tmp_path / "init_info.json", trainer, log)
         init_info["timeout_s"] = 5.0  # the worker's own deadline, for its join and its receives

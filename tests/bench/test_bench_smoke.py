@@ -26,8 +26,24 @@ def _outputs(out: Path, name: str) -> dict:
 def test_fanout(tmp_path: Path) -> None:
     from bench import fanout
 
-    fanout.main(["--sizes", "1,3", "--repeats", "1", "--seq-max", "1", "--hosts", "2", "--raw-rounds", "1",
-                 "--latency-s", "0.005", "--out", str(tmp_path)])
+    fanout.main(
+        [
+            "--sizes",
+            "1,3",
+            "--repeats",
+            "1",
+            "--seq-max",
+            "1",
+            "--hosts",
+            "2",
+            "--raw-rounds",
+            "1",
+            "--latency-s",
+            "0.005",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = _outputs(tmp_path, "fanout")["rows"]
     assert [r["n"] for r in rows] == [1, 3]
     assert rows[1]["httpx_sequential"]["extrapolated_from_n"] == 1
@@ -37,8 +53,22 @@ def test_fanout(tmp_path: Path) -> None:
 def test_state_endpoint(tmp_path: Path) -> None:
     from bench import state_endpoint
 
-    state_endpoint.main(["--workers", "4", "--concurrency", "1,2", "--duration-s", "0.3", "--repeats", "1",
-                         "--hosts", "1", "--out", str(tmp_path)])
+    state_endpoint.main(
+        [
+            "--workers",
+            "4",
+            "--concurrency",
+            "1,2",
+            "--duration-s",
+            "0.3",
+            "--repeats",
+            "1",
+            "--hosts",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     result = _outputs(tmp_path, "state_endpoint")
     assert [(r["front"], r["concurrency"]) for r in result["rows"]] == [("on", 1), ("on", 2), ("off", 1), ("off", 2)]
     assert all(r["state"]["runs"][0]["requests"] > 0 for r in result["rows"])
@@ -47,8 +77,24 @@ def test_state_endpoint(tmp_path: Path) -> None:
 def test_broadcast(tmp_path: Path) -> None:
     from bench import broadcast
 
-    broadcast.main(["--large-count", "2", "--large-mb", "0.5", "--small-count", "30", "--small-kb", "2",
-                    "--repeats", "1", "--buffer-mb", "0.1", "--out", str(tmp_path)])
+    broadcast.main(
+        [
+            "--large-count",
+            "2",
+            "--large-mb",
+            "0.5",
+            "--small-count",
+            "30",
+            "--small-kb",
+            "2",
+            "--repeats",
+            "1",
+            "--buffer-mb",
+            "0.1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = _outputs(tmp_path, "broadcast")["rows"]
     assert [r["tensors"] for r in rows] == [2, 30]  # and the bytes arrived intact (checked inside)
 
@@ -57,18 +103,30 @@ def test_vllm_benchmarks_report(tmp_path: Path) -> None:
     from bench import disk_update, pause_latency
     from bench.common import write_json
 
-    disk = {"bytes": 4_000_000, "parameters": 1_000_000, "params": {}, "times_s": {},
-            "median_s": {"controller_s": 1.2, "raw_load_s": 1.0, "agent_reload_s": 0.9, "checksum_s": 0.2},
-            "ratio_controller_vs_raw": 1.2, "ratio_agent_reload_vs_raw": 0.9}
+    disk = {
+        "bytes": 4_000_000,
+        "parameters": 1_000_000,
+        "params": {},
+        "times_s": {},
+        "median_s": {"controller_s": 1.2, "raw_load_s": 1.0, "agent_reload_s": 0.9, "checksum_s": 0.2},
+        "ratio_controller_vs_raw": 1.2,
+        "ratio_agent_reload_vs_raw": 0.9,
+    }
     assert "controller update_weights cycle" in disk_update.render(disk)
     write_json("disk_update", disk, tmp_path)
     disk_update.draw(disk, tmp_path)
     _outputs(tmp_path, "disk_update")
     assert disk_update.parse(["--tiny"]).tiny
 
-    pause = {"params": {"batch": 32, "max_tokens": 64, "repeats": 1, "step_tokens": 32}, "step_s": 0.01,
-             "step_runs_s": [0.01], "rows": [{"mode": m, "pause_s": 0.02, "steps": 2.0, "runs": [], "running_after": 0,
-                                              "finish_reasons": ["length"]} for m in pause_latency.MODES]}
+    pause = {
+        "params": {"batch": 32, "max_tokens": 64, "repeats": 1, "step_tokens": 32},
+        "step_s": 0.01,
+        "step_runs_s": [0.01],
+        "rows": [
+            {"mode": m, "pause_s": 0.02, "steps": 2.0, "runs": [], "running_after": 0, "finish_reasons": ["length"]}
+            for m in pause_latency.MODES
+        ],
+    }
     assert "abort" in pause_latency.render(pause)
     write_json("pause_latency", pause, tmp_path)
     pause_latency.draw(pause, tmp_path)
@@ -83,9 +141,23 @@ def test_rl_run_report(tmp_path: Path) -> None:
     from rlcp.rl.sampling import Completion
 
     def record(step: int, reward: float, sync_s: float) -> StepRecord:
-        return StepRecord(step=step, reward=reward, pushed=f"step-{step}", sync_error=None, mismatch_mean=1e-6,
-                          mismatch_max=2e-6, compared=512, versions={f"step-{step - 1}": 512}, off_policy=0,
-                          dropped=0, workers={"a": 32}, sample_s=0.5, train_s=0.3, sync_s=sync_s, wall_s=step * 1.0)
+        return StepRecord(
+            step=step,
+            reward=reward,
+            pushed=f"step-{step}",
+            sync_error=None,
+            mismatch_mean=1e-6,
+            mismatch_max=2e-6,
+            compared=512,
+            versions={f"step-{step - 1}": 512},
+            off_policy=0,
+            dropped=0,
+            workers={"a": 32},
+            sample_s=0.5,
+            train_s=0.3,
+            sync_s=sync_s,
+            wall_s=step * 1.0,
+        )
 
     # Step 2 of a sync run: one completion from weights it never pushed ("base"), one that
     # straddled into a version outside the window; async admits the one before and later ones.
@@ -93,24 +165,46 @@ def test_rl_run_report(tmp_path: Path) -> None:
         return Completion((1,), [5] * len(versions), [-1.0] * len(versions), list(versions), "a")
 
     pushed = ["base-x", "step-1", "step-2"]
-    batches = [rl_run.Batch(1, [completion("base-x", "base-x")], ["base-x"]),
-               rl_run.Batch(2, [completion("step-1"), completion("base"), completion("step-1", "base-x")], ["step-1"])]
+    batches = [
+        rl_run.Batch(1, [completion("base-x", "base-x")], ["base-x"]),
+        rl_run.Batch(2, [completion("step-1"), completion("base"), completion("step-1", "base-x")], ["step-1"]),
+    ]
     wrong = rl_run.wrong_weights(batches, pushed)
-    assert (wrong["rollouts"], wrong["wrong_rollouts"], wrong["wrong_tokens"], wrong["never_pushed_tokens"]) == (4, 2, 2, 1)
+    assert (wrong["rollouts"], wrong["wrong_rollouts"], wrong["wrong_tokens"], wrong["never_pushed_tokens"]) == (
+        4,
+        2,
+        2,
+        1,
+    )
     assert wrong["wrong_by_step"] == {2: 2}
 
     def run(rewards: list[float], sync_s: float) -> dict:
         records = [record(k, r, sync_s) for k, r in enumerate(rewards, start=1)]
-        return {"figures": rl_run.figures(records, 0.5), "wrong": wrong, "sampler_retries": 0, "restart_s": 30.0,
-                "records": [r.as_json() for r in records]}
+        return {
+            "figures": rl_run.figures(records, 0.5),
+            "wrong": wrong,
+            "sampler_retries": 0,
+            "restart_s": 30.0,
+            "records": [r.as_json() for r in records],
+        }
 
-    runs = {"hand-rolled": run([0.0, 0.2, 0.6], 0.4), "rlcp sync": run([0.0, 0.5, 0.7], 0.3),
-            "rlcp async": run([0.0, 0.1, 0.3], 0.2)}
+    runs = {
+        "hand-rolled": run([0.0, 0.2, 0.6], 0.4),
+        "rlcp sync": run([0.0, 0.5, 0.7], 0.3),
+        "rlcp async": run([0.0, 0.1, 0.3], 0.2),
+    }
     rl_run.with_ratios(runs)
     assert runs["rlcp sync"]["figures"]["threshold_step"] == 2 and runs["rlcp async"]["figures"]["threshold_s"] is None
     assert runs["rlcp sync"]["figures"]["threshold_ratio"] == 2 / 3
-    result = {"steps": 3, "seed": 0, "lr": 1e-2, "threshold": 0.5, "kill_step": 2, "transport": "disk",
-              "cases": {"no_kill": runs, "kill": runs}}
+    result = {
+        "steps": 3,
+        "seed": 0,
+        "lr": 1e-2,
+        "threshold": 0.5,
+        "kill_step": 2,
+        "transport": "disk",
+        "cases": {"no_kill": runs, "kill": runs},
+    }
     text = rl_run.render(result)
     assert "Kill case" in text and "not reached" in text and "2 / 4" in text
     write_json("rl_run", result, tmp_path)
@@ -125,10 +219,18 @@ def test_gateway_dynamo_report(tmp_path: Path) -> None:
     from bench import gateway_dynamo
     from bench.common import write_json
 
-    paths = {n: {"p50_ms": 4.0 + i, "p99_ms": 9.0 + i, "mean_ms": 5.0 + i}
-             for i, n in enumerate(["frontend", "frontend, pinned", "gateway"])}
-    result = {**paths, "added_p50_ms_vs_frontend": 2.0, "added_p99_ms_vs_frontend": 2.0,
-              "added_p50_ms_vs_frontend_pinned": 1.0, "added_p99_ms_vs_frontend_pinned": 1.0, "requests_per_path": 1}
+    paths = {
+        n: {"p50_ms": 4.0 + i, "p99_ms": 9.0 + i, "mean_ms": 5.0 + i}
+        for i, n in enumerate(["frontend", "frontend, pinned", "gateway"])
+    }
+    result = {
+        **paths,
+        "added_p50_ms_vs_frontend": 2.0,
+        "added_p99_ms_vs_frontend": 2.0,
+        "added_p50_ms_vs_frontend_pinned": 1.0,
+        "added_p99_ms_vs_frontend_pinned": 1.0,
+        "requests_per_path": 1,
+    }
     assert "added by the gateway (vs pinned)" in gateway_dynamo.render(result)
     write_json("gateway_dynamo", result, tmp_path)
     gateway_dynamo.draw(result, tmp_path)
@@ -138,9 +240,30 @@ def test_gateway_dynamo_report(tmp_path: Path) -> None:
 def test_gateway(tmp_path: Path) -> None:
     from bench import gateway
 
-    result = gateway.main(["--requests", "20", "--concurrency", "4", "--duration-s", "0.3", "--repeats", "1",
-                           "--stale-requests", "40", "--sessions", "8", "--session-requests", "40",
-                           "--session-concurrency", "4", "--session-delay-ms", "2", "--out", str(tmp_path)])
+    result = gateway.main(
+        [
+            "--requests",
+            "20",
+            "--concurrency",
+            "4",
+            "--duration-s",
+            "0.3",
+            "--repeats",
+            "1",
+            "--stale-requests",
+            "40",
+            "--sessions",
+            "8",
+            "--session-requests",
+            "40",
+            "--session-concurrency",
+            "4",
+            "--session-delay-ms",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     proxies = result["proxies"]
     assert proxies["gateway"]["stale_answers"] == 0 and proxies["gateway"]["answers"] == 40
     assert proxies["gateway"]["cpu_us_per_request"] > 0
@@ -165,8 +288,24 @@ def test_gateway(tmp_path: Path) -> None:
 def test_bubble(tmp_path: Path) -> None:
     from bench import bubble
 
-    result = bubble.main(["--agents", "2", "--load-s", "0.3", "--token-s", "0.005", "--steady-s", "0.5",
-                          "--cases", "all_at_once@1,rolling/1@0", "--start-timeout", "60", "--out", str(tmp_path)])
+    result = bubble.main(
+        [
+            "--agents",
+            "2",
+            "--load-s",
+            "0.3",
+            "--token-s",
+            "0.005",
+            "--steady-s",
+            "0.5",
+            "--cases",
+            "all_at_once@1,rolling/1@0",
+            "--start-timeout",
+            "60",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     rows = _outputs(tmp_path, "bubble")["rows"]
     assert [r["case"] for r in rows] == ["all_at_once@1", "rolling/1@0"] and all(r["status"] == "ok" for r in rows)
     # The fence check counts: answers during the updates were checked, and none was outside it.

@@ -38,8 +38,12 @@ Doc = dict[str, Any]
 
 
 def _template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def render(helm: str, *args: str) -> list[Doc]:
@@ -54,7 +58,9 @@ def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
 
 def one(docs: list[Doc], kind: str, name: str | None = None) -> Doc:
     found = [d for d in of_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{len(found)} {kind} named {name!r}: {[d['metadata']['name'] for d in of_kind(docs, kind)]}"
+    assert len(found) == 1, (
+        f"{len(found)} {kind} named {name!r}: {[d['metadata']['name'] for d in of_kind(docs, kind)]}"
+    )
     return found[0]
 
 
@@ -63,14 +69,19 @@ def pod_spec(workload: Doc) -> Doc:
 
 
 def rules(role: Doc) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
-    return sorted((apigroup, resource, tuple(r.get("resourceNames", ())), tuple(r["verbs"]))
-                  for r in role["rules"] for apigroup in r["apiGroups"] for resource in r["resources"])
+    return sorted(
+        (apigroup, resource, tuple(r.get("resourceNames", ())), tuple(r["verbs"]))
+        for r in role["rules"]
+        for apigroup in r["apiGroups"]
+        for resource in r["resources"]
+    )
 
 
 def test_check_chart_script_passes() -> None:
     env = {**os.environ, "PYTHON": sys.executable}  # the validators come from the tests' own environment
-    done = subprocess.run(["bash", "scripts/check-chart.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        ["bash", "scripts/check-chart.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert "kubernetes-validate --strict (Kubernetes 1.31.0) and ServiceMonitor models: ok" in done.stderr
     assert "bad values refused: ok" in done.stderr
@@ -79,12 +90,14 @@ def test_check_chart_script_passes() -> None:
 
 def test_default_role_is_exactly_what_discovery_and_the_configmap_store_use(helm: str) -> None:
     docs = render(helm)
-    assert rules(one(docs, "Role", FULLNAME)) == sorted([
-        ("", "configmaps", (), ("create",)),  # create cannot be narrowed by resourceNames
-        ("", "configmaps", (f"{FULLNAME}-state",), ("get", "update")),
-        ("", "pods", (), ("get",)),
-        ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch")),
-    ])
+    assert rules(one(docs, "Role", FULLNAME)) == sorted(
+        [
+            ("", "configmaps", (), ("create",)),  # create cannot be narrowed by resourceNames
+            ("", "configmaps", (f"{FULLNAME}-state",), ("get", "update")),
+            ("", "pods", (), ("get",)),
+            ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch")),
+        ]
+    )
     binding = one(docs, "RoleBinding", FULLNAME)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": FULLNAME}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
@@ -92,15 +105,24 @@ def test_default_role_is_exactly_what_discovery_and_the_configmap_store_use(helm
 
 
 def test_leader_election_adds_only_its_lease(helm: str) -> None:
-    docs = render(helm, "--set", "leaderElection.enabled=true", "--set", "replicas=2",
-                  "--set", "discovery.kubernetes.readPods=false")
-    assert rules(one(docs, "Role", FULLNAME)) == sorted([
-        ("", "configmaps", (), ("create",)),
-        ("", "configmaps", (f"{FULLNAME}-state",), ("get", "update")),
-        ("coordination.k8s.io", "leases", (), ("create",)),
-        ("coordination.k8s.io", "leases", (f"{FULLNAME}-leader",), ("get", "update")),
-        ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch")),
-    ])
+    docs = render(
+        helm,
+        "--set",
+        "leaderElection.enabled=true",
+        "--set",
+        "replicas=2",
+        "--set",
+        "discovery.kubernetes.readPods=false",
+    )
+    assert rules(one(docs, "Role", FULLNAME)) == sorted(
+        [
+            ("", "configmaps", (), ("create",)),
+            ("", "configmaps", (f"{FULLNAME}-state",), ("get", "update")),
+            ("coordination.k8s.io", "leases", (), ("create",)),
+            ("coordination.k8s.io", "leases", (f"{FULLNAME}-leader",), ("get", "update")),
+            ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch")),
+        ]
+    )
     env = {e["name"]: e for e in pod_spec(one(docs, "Deployment"))["containers"][0]["env"]}
     assert env["RLCP_LEADER_ELECTION__IDENTITY"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
@@ -119,8 +141,9 @@ def test_discovery_in_another_namespace_gets_its_role_there(helm: str) -> None:
     docs = render(helm, "--values", str(CHART / "ci" / "remote-discovery-values.yaml"))
     remote = one(docs, "Role", f"{FULLNAME}-discovery")
     assert remote["metadata"]["namespace"] == "rl-fleet"
-    assert rules(remote) == sorted([("", "pods", (), ("get",)),
-                                    ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch"))])
+    assert rules(remote) == sorted(
+        [("", "pods", (), ("get",)), ("discovery.k8s.io", "endpointslices", (), ("get", "list", "watch"))]
+    )
     local = one(docs, "Role", FULLNAME)
     assert "namespace" not in local["metadata"]  # helm's --namespace places it
     assert {r[1] for r in rules(local)} == {"configmaps", "leases"}
@@ -152,8 +175,10 @@ def test_controller_probes_and_api(helm: str) -> None:
     assert c["command"][:2] == ["rl-controlplane", "--config"]
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"},
-                          {"name": "gateway", "containerPort": 8090, "protocol": "TCP"}]  # the inference gateway
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "gateway", "containerPort": 8090, "protocol": "TCP"},
+    ]  # the inference gateway
     svc = one(docs, "Service", FULLNAME)
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     assert svc["spec"]["selector"] == one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
@@ -195,8 +220,10 @@ def test_agents_only_when_switched_on(helm: str) -> None:
 
     # The controller's default selector picks exactly this Service's EndpointSlices.
     config = yaml.safe_load(one(docs, "ConfigMap", FULLNAME)["data"]["config.yaml"])
-    assert config["discovery"]["kubernetes"]["label_selector"] == \
-        f"kubernetes.io/service-name={discovery_svc['metadata']['name']}"
+    assert (
+        config["discovery"]["kubernetes"]["label_selector"]
+        == f"kubernetes.io/service-name={discovery_svc['metadata']['name']}"
+    )
 
 
 def test_chart_made_token_secret_is_mounted_where_the_config_points(helm: str) -> None:
@@ -211,13 +238,22 @@ def test_chart_made_token_secret_is_mounted_where_the_config_points(helm: str) -
     assert _secret_behind(spec, config["workers"]["token_file"]) == (f"{FULLNAME}-workers-token", "token")
     agent_config = yaml.safe_load(one(docs, "ConfigMap", f"{FULLNAME}-agent")["data"]["config.yaml"])
     # The agents' admin token is the one the controller sends.
-    assert _secret_behind(pod_spec(one(docs, "StatefulSet")), agent_config["admin"]["token_file"]) == \
-        (f"{FULLNAME}-workers-token", "token")
+    assert _secret_behind(pod_spec(one(docs, "StatefulSet")), agent_config["admin"]["token_file"]) == (
+        f"{FULLNAME}-workers-token",
+        "token",
+    )
 
 
 def test_existing_secret_is_used_and_none_is_made(helm: str) -> None:
-    docs = render(helm, "--set", "api.token.existingSecret=mine", "--set", "api.token.existingSecretKey=tok",
-                  "--set", "workers.token.existingSecret=theirs")
+    docs = render(
+        helm,
+        "--set",
+        "api.token.existingSecret=mine",
+        "--set",
+        "api.token.existingSecretKey=tok",
+        "--set",
+        "workers.token.existingSecret=theirs",
+    )
     assert not of_kind(docs, "Secret")
     config = yaml.safe_load(one(docs, "ConfigMap", FULLNAME)["data"]["config.yaml"])
     spec = pod_spec(one(docs, "Deployment"))
@@ -262,28 +298,37 @@ def test_servicemonitor_is_off_by_default_and_scrapes_the_api_port(helm: str) ->
     (endpoint,) = sm["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["path"]) == (svc["spec"]["ports"][0]["name"], "/metrics")
     assert "authorization" not in endpoint
-    with_auth = one(render(helm, "--set", "serviceMonitor.enabled=true", "--set", "api.authReads=true"),
-                    "ServiceMonitor")
+    with_auth = one(
+        render(helm, "--set", "serviceMonitor.enabled=true", "--set", "api.authReads=true"), "ServiceMonitor"
+    )
     assert with_auth["spec"]["endpoints"][0]["authorization"] == {
-        "type": "Bearer", "credentials": {"name": f"{FULLNAME}-api-token", "key": "token"}}
+        "type": "Bearer",
+        "credentials": {"name": f"{FULLNAME}-api-token", "key": "token"},
+    }
 
 
-@pytest.mark.parametrize(("args", "reason"), [
-    (["--set", "replicas=-1"], "replicas: Must be greater than or equal to 0"),
-    (["--set", "replicaCount=2"], "Additional property replicaCount is not allowed"),
-    (["--set", "agents.engine.tp=2"], "Additional property tp is not allowed"),
-    (["--set", "store.kind=file"], "store.kind must be one of the following"),
-    (["--set", "log.format=xml"], "log.format must be one of the following"),
-    (["--set", "discovery.kubernetes.adminPortName=Admin_Port"], "adminPortName: Does not match pattern"),
-    (["--set", "replicas=3"], "replicas > 1 needs leaderElection.enabled=true"),
-    (["--set", "agents.enabled=true"], "agents.enabled needs agents.weights.claimName"),
-    (["--set", "discovery.kind=static"], "discovery.kind=static needs discovery.static"),
-    (["--set", "gateway.dataPlane=nginx"], "gateway.dataPlane must be one of the following"),
-    (["--set", "gateway.dataPlane=envoy", "--set", "replicas=2", "--set", "leaderElection.enabled=true"],
-     "gateway.dataPlane=envoy needs replicas: 1"),
-    (["--set", "gateway.dataPlane=envoy", "--set", "gateway.replicas=2"], "set gateway.replicas: 0"),
-    (["--set", "gateway.envoy.xdsPort=0"], "xdsPort: Must be greater than or equal to 1"),
-], ids=lambda v: v if isinstance(v, str) else " ".join(v))
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--set", "replicas=-1"], "replicas: Must be greater than or equal to 0"),
+        (["--set", "replicaCount=2"], "Additional property replicaCount is not allowed"),
+        (["--set", "agents.engine.tp=2"], "Additional property tp is not allowed"),
+        (["--set", "store.kind=file"], "store.kind must be one of the following"),
+        (["--set", "log.format=xml"], "log.format must be one of the following"),
+        (["--set", "discovery.kubernetes.adminPortName=Admin_Port"], "adminPortName: Does not match pattern"),
+        (["--set", "replicas=3"], "replicas > 1 needs leaderElection.enabled=true"),
+        (["--set", "agents.enabled=true"], "agents.enabled needs agents.weights.claimName"),
+        (["--set", "discovery.kind=static"], "discovery.kind=static needs discovery.static"),
+        (["--set", "gateway.dataPlane=nginx"], "gateway.dataPlane must be one of the following"),
+        (
+            ["--set", "gateway.dataPlane=envoy", "--set", "replicas=2", "--set", "leaderElection.enabled=true"],
+            "gateway.dataPlane=envoy needs replicas: 1",
+        ),
+        (["--set", "gateway.dataPlane=envoy", "--set", "gateway.replicas=2"], "set gateway.replicas: 0"),
+        (["--set", "gateway.envoy.xdsPort=0"], "xdsPort: Must be greater than or equal to 1"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
 def test_bad_values_are_refused(helm: str, args: list[str], reason: str) -> None:
     done = _template(helm, *args)
     assert done.returncode != 0, f"accepted {args}"
@@ -313,8 +358,9 @@ def _env_of(container: Doc) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("values", [None, *CI_VALUES], ids=lambda v: v.name if v else "default")
-def test_rendered_config_loads_in_the_controller_settings(helm: str, values: Path | None, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rendered_config_loads_in_the_controller_settings(
+    helm: str, values: Path | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docs = render(helm, *(["--values", str(values)] if values else []))
     deployment = next(d for d in of_kind(docs, "Deployment") if not d["metadata"]["name"].endswith("-gateway"))
     container = pod_spec(deployment)["containers"][0]
@@ -345,11 +391,14 @@ def test_rendered_config_loads_in_the_controller_settings(helm: str, values: Pat
         assert ("", "configmaps", names, ("get", "update")) in rules(role)
     if values and values.name == "fleets-values.yaml":
         assert {n: (f.selector, f.models) for n, f in settings.fleets.items()} == {
-            "teacher": ("role=teacher", []), "reward": ("role=reward", ["rm-v1"])}
+            "teacher": ("role=teacher", []),
+            "reward": ("role=reward", ["rm-v1"]),
+        }
 
 
-def test_rendered_agent_config_loads_in_the_agent_settings(helm: str, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rendered_agent_config_loads_in_the_agent_settings(
+    helm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docs = render(helm, "--values", str(CHART / "ci" / "ha-agents-values.yaml"))
     statefulset = one(docs, "StatefulSet")
     container = pod_spec(statefulset)["containers"][0]
@@ -373,8 +422,9 @@ def test_rendered_agent_config_loads_in_the_agent_settings(helm: str, tmp_path: 
     assert settings.allowed_roots == [Path("/weights")]
 
 
-def test_the_gateway_runs_in_the_controller_pod_or_as_its_own_replicas(helm: str, tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gateway_runs_in_the_controller_pod_or_as_its_own_replicas(
+    helm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     docs = render(helm)
     controller = one(docs, "Deployment")
     ports = {p["name"]: p["containerPort"] for p in pod_spec(controller)["containers"][0]["ports"]}
@@ -411,7 +461,9 @@ def test_envoy_pods_are_bootstrapped_at_the_controllers_xds_port(helm: str, tmp_
     assert ports == {"http": 8080, "xds": 18000}  # no Python gateway in the controller pod
     service = one(docs, "Service", FULLNAME)
     assert {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]} == {
-        "http": (8080, "http"), "xds": (18000, "xds")}
+        "http": (8080, "http"),
+        "xds": (18000, "xds"),
+    }
     envoy = one(docs, "Deployment", f"{FULLNAME}-envoy")
     assert envoy["spec"]["replicas"] == 3
     spec = pod_spec(envoy)
@@ -445,11 +497,17 @@ def test_envoy_pods_are_bootstrapped_at_the_controllers_xds_port(helm: str, tmp_
     xds = next(c for c in boot["static_resources"]["clusters"] if c["name"] == "rlcp-xds")
     assert xds["type"] == "LOGICAL_DNS"
     assert xds["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"] == {
-        "address": f"{FULLNAME}.{NAMESPACE}.svc", "port_value": 18000}
+        "address": f"{FULLNAME}.{NAMESPACE}.svc",
+        "port_value": 18000,
+    }
     listener = boot["static_resources"]["listeners"][0]["address"]["socket_address"]
     assert listener == {"address": "0.0.0.0", "port_value": 10000}
     from rlcp.harness.envoy import envoy_binary
 
-    checked = subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(out), "--disable-hot-restart"],
-                             capture_output=True, text=True, timeout=60)
+    checked = subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(out), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]

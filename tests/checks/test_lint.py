@@ -13,12 +13,22 @@ CHECKED = ("rlcp", "bench", "tests")
 
 
 def test_ruff_finds_nothing() -> None:
-    done = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", *CHECKED], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", *CHECKED],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_code_is_formatted() -> None:
-    done = subprocess.run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", *CHECKED], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", *CHECKED],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, f"run `ruff format {' '.join(CHECKED)}`:\n{done.stdout}{done.stderr}"

@@ -56,10 +56,16 @@ def fleet_shape() -> FleetShape:
 
 
 async def _start_agents(shape: FleetShape, root: Path, *, inference: bool = False) -> list[SimAgent]:
-    return list(await asyncio.gather(*(
-        SimAgent(f"w{i}", [root], serve_inference=inference or shape.inference,
-                 engine_kwargs=dict(shape.engine)).start()
-        for i in range(shape.agents))))
+    return list(
+        await asyncio.gather(
+            *(
+                SimAgent(
+                    f"w{i}", [root], serve_inference=inference or shape.inference, engine_kwargs=dict(shape.engine)
+                ).start()
+                for i in range(shape.agents)
+            )
+        )
+    )
 
 
 async def _stop_agents(agents: list[SimAgent]) -> None:
@@ -100,8 +106,9 @@ async def fresh_http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 @pytest.fixture
-async def daemon_fleet(fleet_shape: FleetShape, tmp_path: Path,
-                       fresh_http: aiohttp.ClientSession) -> AsyncIterator[DaemonFleet]:
+async def daemon_fleet(
+    fleet_shape: FleetShape, tmp_path: Path, fresh_http: aiohttp.ClientSession
+) -> AsyncIterator[DaemonFleet]:
     agents = await _start_agents(fleet_shape, tmp_path)
     config = controller_config(tmp_path, [a.spec() for a in agents], [tmp_path], **fleet_shape.settings)
     ctl = ControllerProcess(config, tmp_path)

@@ -45,8 +45,11 @@ class DaemonFleet(NamedTuple):
 
 
 # Labels of a three-agent fleet with roles (test_labels_selectors, test_engine_passthrough).
-ROLES = {"w0": {"role": "policy", "zone": "a"}, "w1": {"role": "policy", "zone": "b"},
-         "w2": {"role": "reference", "zone": "a"}}
+ROLES = {
+    "w0": {"role": "policy", "zone": "a"},
+    "w1": {"role": "policy", "zone": "b"},
+    "w2": {"role": "reference", "zone": "a"},
+}
 
 
 class Labelled:

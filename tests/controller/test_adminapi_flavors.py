@@ -69,19 +69,23 @@ def wire():
 def make(flavor: str, session: aiohttp.ClientSession, **options: Any):
     spec = WorkerSpec(id="w0", admin_url=BASE, flavor=flavor)
     transport = HttpTransport(session=session, worker_id="w0", base_url=BASE, token="tok", policy=POLICY)
-    return make_driver(spec, transport, DriverDeadlines(weight_load_s=options.get("weight_load_timeout_s", 600.0), grace_s=GRACE_S))
+    return make_driver(
+        spec, transport, DriverDeadlines(weight_load_s=options.get("weight_load_timeout_s", 600.0), grace_s=GRACE_S)
+    )
 
 
 def sent(m: aioresponses) -> list[tuple[str, str, Any]]:
     """(method, URL with query, JSON body) of every request, in order of first use of each URL."""
-    return [(method, str(url), call.kwargs.get("json")) for (method, url), calls in m.requests.items()
-            for call in calls]
+    return [
+        (method, str(url), call.kwargs.get("json")) for (method, url), calls in m.requests.items() for call in calls
+    ]
 
 
 def slow(delay_s: float, payload: Any = None):
     async def callback(url, **kwargs):
         await asyncio.sleep(delay_s)
         return CallbackResult(payload=payload if payload is not None else {}, response_class=_Response)
+
     return callback
 
 
@@ -102,12 +106,19 @@ async def test_factory_names_the_available_flavors(session):
 
 # -- agent ---------------------------------------------------------------------------------
 AGENT_STATE = {
-    "agent_id": "w0", "instance_id": "3f2a", "model": "tiny", "engine": "vllm", "engine_alive": True, "ready": False,
-    "not_ready_reason": "weight version v1 differs from desired v2", "paused": True,
-    "requests": {"running": 1, "waiting": 2, "frozen": 3}, "weight_version": "v1",
-    "desired_weight_version": "v2", "world_size": 2,
-    "loras": [{"name": "sql", "version": "3", "path": "/m/sql", "adapter_id": 1,
-               "loaded_at": "2025-01-01T00:00:00Z"}],
+    "agent_id": "w0",
+    "instance_id": "3f2a",
+    "model": "tiny",
+    "engine": "vllm",
+    "engine_alive": True,
+    "ready": False,
+    "not_ready_reason": "weight version v1 differs from desired v2",
+    "paused": True,
+    "requests": {"running": 1, "waiting": 2, "frozen": 3},
+    "weight_version": "v1",
+    "desired_weight_version": "v2",
+    "world_size": 2,
+    "loras": [{"name": "sql", "version": "3", "path": "/m/sql", "adapter_id": 1, "loaded_at": "2025-01-01T00:00:00Z"}],
 }
 
 
@@ -161,8 +172,10 @@ async def test_agent_mutations_send_the_documented_bodies(session, wire):
 
 async def test_agent_takes_each_disk_update_step_in_one_call_that_answers_a_read(session, wire):
     wire.post(f"{BASE}/v1/agent/prepare", payload=AGENT_STATE)
-    wire.post(f"{BASE}/v1/agent/weights/disk", payload={"status": "updated", "weight_version": "v2",
-                                                         "checksums": {"model.w": "ab"}})
+    wire.post(
+        f"{BASE}/v1/agent/weights/disk",
+        payload={"status": "updated", "weight_version": "v2", "checksums": {"model.w": "ab"}},
+    )
     wire.post(f"{BASE}/v1/agent/resume", payload=AGENT_STATE | {"paused": False})
     api = make("agent", session)
     assert api.loads_with_checksums is True
@@ -170,44 +183,84 @@ async def test_agent_takes_each_disk_update_step_in_one_call_that_answers_a_read
     assert await api.load_from_disk("/w", "v2", checksums=True) == LoadReport("v2", {"model.w": "ab"})
     assert (await api.resume_after_update()).paused is False
     assert sent(wire) == [
-        ("POST", f"{BASE}/v1/agent/prepare", {"desired_weight_version": "v2", "mode": "keep", "timeout_s": 1.0,
-                                              "weights_path": "/w"}),
+        (
+            "POST",
+            f"{BASE}/v1/agent/prepare",
+            {"desired_weight_version": "v2", "mode": "keep", "timeout_s": 1.0, "weights_path": "/w"},
+        ),
         ("POST", f"{BASE}/v1/agent/weights/disk", {"path": "/w", "version": "v2", "checksums": True}),
         ("POST", f"{BASE}/v1/agent/resume", None),
     ]
 
 
 async def test_agent_takes_the_disk_update_in_one_call(session, wire):
-    answer = {"status": "updated", "weight_version": "v2", "checksums": {"model.w": "ab"}, "resumed": True,
-              "held_back": None, "state": AGENT_STATE | {"paused": False, "weight_version": "v2"}}
+    answer = {
+        "status": "updated",
+        "weight_version": "v2",
+        "checksums": {"model.w": "ab"},
+        "resumed": True,
+        "held_back": None,
+        "state": AGENT_STATE | {"paused": False, "weight_version": "v2"},
+    }
     wire.post(f"{BASE}/v1/agent/weights/update", payload=answer)
     api = make("agent", session)
-    plan = UpdatePlan(path="/w", version="v2", mode="keep", pause_timeout_s=1.0, checksums=True, resume=True,
-                      expected_checksums={"model.w": "ab"})
+    plan = UpdatePlan(
+        path="/w",
+        version="v2",
+        mode="keep",
+        pause_timeout_s=1.0,
+        checksums=True,
+        resume=True,
+        expected_checksums={"model.w": "ab"},
+    )
     report = await api.update_in_one_call(plan)
     assert report.load == LoadReport("v2", {"model.w": "ab"}) and report.resumed and report.held_back is None
     assert (report.status.paused, report.status.weight_version) == (False, "v2")
-    assert sent(wire) == [("POST", f"{BASE}/v1/agent/weights/update", {
-        "path": "/w", "version": "v2", "mode": "keep", "timeout_s": 1.0, "checksums": True, "resume": True,
-        "expected_checksums": {"model.w": "ab"}})]
+    assert sent(wire) == [
+        (
+            "POST",
+            f"{BASE}/v1/agent/weights/update",
+            {
+                "path": "/w",
+                "version": "v2",
+                "mode": "keep",
+                "timeout_s": 1.0,
+                "checksums": True,
+                "resume": True,
+                "expected_checksums": {"model.w": "ab"},
+            },
+        )
+    ]
 
 
 async def test_an_agent_older_than_the_one_call_update_gets_the_three_calls(session, wire):
     """A rolling upgrade of the agents: the three calls an older agent takes, the expected
     checksums then held to here -- they disagree, so it is not resumed."""
-    plan = UpdatePlan(path="/w", version="v2", mode="keep", pause_timeout_s=1.0, checksums=True, resume=True,
-                      expected_checksums={"model.w": "ab"})
+    plan = UpdatePlan(
+        path="/w",
+        version="v2",
+        mode="keep",
+        pause_timeout_s=1.0,
+        checksums=True,
+        resume=True,
+        expected_checksums={"model.w": "ab"},
+    )
     api = make("agent", session)
     wire.post(f"{BASE}/v1/agent/weights/update", status=404, payload={"error": {"code": "not_found", "message": "x"}})
     wire.post(f"{BASE}/v1/agent/prepare", payload=AGENT_STATE)
-    wire.post(f"{BASE}/v1/agent/weights/disk", payload={"status": "updated", "weight_version": "v2",
-                                                         "checksums": {"model.w": "cd"}})
+    wire.post(
+        f"{BASE}/v1/agent/weights/disk",
+        payload={"status": "updated", "weight_version": "v2", "checksums": {"model.w": "cd"}},
+    )
     wire.get(f"{BASE}/v1/agent/state", payload=AGENT_STATE | {"weight_version": "v2"})
     report = await api.update_in_one_call(plan)
     assert not report.resumed and "1 of 1 tensors differ (model.w)" in (report.held_back or "")
     assert [(m, u) for m, u, _ in sent(wire)] == [
-        ("POST", f"{BASE}/v1/agent/weights/update"), ("POST", f"{BASE}/v1/agent/prepare"),
-        ("POST", f"{BASE}/v1/agent/weights/disk"), ("GET", f"{BASE}/v1/agent/state")]
+        ("POST", f"{BASE}/v1/agent/weights/update"),
+        ("POST", f"{BASE}/v1/agent/prepare"),
+        ("POST", f"{BASE}/v1/agent/weights/disk"),
+        ("GET", f"{BASE}/v1/agent/state"),
+    ]
 
 
 async def test_agent_disk_update_uses_the_weight_load_deadline(session, wire):
@@ -218,15 +271,22 @@ async def test_agent_disk_update_uses_the_weight_load_deadline(session, wire):
 
 
 async def test_agent_unload_escapes_the_name_and_treats_404_as_done(session, wire):
-    wire.delete(f"{BASE}/v1/agent/loras/org%2Fsql", status=404,
-                payload={"error": {"code": "not_found", "message": "no LoRA named 'org/sql' is loaded"}})
+    wire.delete(
+        f"{BASE}/v1/agent/loras/org%2Fsql",
+        status=404,
+        payload={"error": {"code": "not_found", "message": "no LoRA named 'org/sql' is loaded"}},
+    )
     await make("agent", session).unload_lora("org/sql")
     assert sent(wire) == [("DELETE", f"{BASE}/v1/agent/loras/org%2Fsql", None)]
 
 
 async def test_agent_unload_500_is_retried_then_rejected(session, wire):
-    wire.delete(f"{BASE}/v1/agent/loras/sql", status=500, payload={"error": {"code": "internal", "message": "boom"}},
-                repeat=True)
+    wire.delete(
+        f"{BASE}/v1/agent/loras/sql",
+        status=500,
+        payload={"error": {"code": "internal", "message": "boom"}},
+        repeat=True,
+    )
     with pytest.raises(WorkerRejected) as err:
         await make("agent", session).unload_lora("sql")
     assert err.value.status == 500 and "boom" in err.value.reason
@@ -234,8 +294,12 @@ async def test_agent_unload_500_is_retried_then_rejected(session, wire):
 
 
 async def test_agent_400_is_not_retried(session, wire):
-    wire.post(f"{BASE}/v1/agent/loras", status=400, payload={"error": {"code": "bad_request", "message": "no dir"}},
-              repeat=True)
+    wire.post(
+        f"{BASE}/v1/agent/loras",
+        status=400,
+        payload={"error": {"code": "bad_request", "message": "no dir"}},
+        repeat=True,
+    )
     with pytest.raises(WorkerRejected) as err:
         await make("agent", session).load_lora("sql", "/nope", "1")
     assert err.value.status == 400 and len(sent(wire)) == 1
@@ -260,8 +324,9 @@ class CountingTransport(HttpTransport):
 
 def counting(session: aiohttp.ClientSession, port: int) -> CountingTransport:
     # The default schedule (attempts, backoff): three attempts with waits of 0.1-2 s between them.
-    return CountingTransport(session=session, worker_id="w0", base_url=f"http://127.0.0.1:{port}", token=None,
-                             policy=CallPolicy())
+    return CountingTransport(
+        session=session, worker_id="w0", base_url=f"http://127.0.0.1:{port}", token=None, policy=CallPolicy()
+    )
 
 
 async def test_a_refused_connection_fails_at_once_without_retries(session):
@@ -314,8 +379,11 @@ async def test_agent_weight_transfer_bodies(session, wire):
     assert sent(wire) == [
         ("POST", f"{BASE}/init_weight_transfer_engine", {"init_info": {"master_port": 29500, "rank_offset": 1}}),
         ("POST", f"{BASE}/start_weight_update", None),
-        ("POST", f"{BASE}/update_weights",
-         {"update_info": {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}}),
+        (
+            "POST",
+            f"{BASE}/update_weights",
+            {"update_info": {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}},
+        ),
         ("POST", f"{BASE}/finish_weight_update", {"weight_version": "v3"}),
     ]
 
@@ -326,8 +394,12 @@ async def test_weight_transfer_is_never_retried(session, wire, flavor, call):
     for path in ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update"):
         wire.post(BASE + path, status=503, payload={"error": "busy"}, repeat=True)
     api = make(flavor, session)
-    run = {"init": lambda: api.init_weight_transfer({}, 5.0), "start": api.start_weight_update,
-           "update": lambda: api.update_weights({}, 5.0), "finish": lambda: api.finish_weight_update("v")}[call]
+    run = {
+        "init": lambda: api.init_weight_transfer({}, 5.0),
+        "start": api.start_weight_update,
+        "update": lambda: api.update_weights({}, 5.0),
+        "finish": lambda: api.finish_weight_update("v"),
+    }[call]
     with pytest.raises(WorkerRejected) as err:
         await run()
     assert err.value.status == 503
@@ -346,16 +418,23 @@ async def test_weight_transfer_timeout_is_its_own_deadline_and_not_retried(sessi
 # Only fault shapes a stock `vllm serve` cannot be made to produce on demand (a 503 from a dead
 # engine core behind a live API server, slow answers, a refused cache reset, an older vLLM).
 # Everything it does produce is tested against two real servers in tests/e2e/test_vllm_serve.py.
-MODELS = {"object": "list", "data": [
-    {"id": "tiny", "object": "model", "root": "/m/base", "parent": None, "max_model_len": 512},
-    {"id": "sql", "object": "model", "root": "/m/sql", "parent": "tiny", "max_model_len": 512},
-]}
+MODELS = {
+    "object": "list",
+    "data": [
+        {"id": "tiny", "object": "model", "root": "/m/base", "parent": None, "max_model_len": 512},
+        {"id": "sql", "object": "model", "root": "/m/sql", "parent": "tiny", "max_model_len": 512},
+    ],
+}
 
 
 def mock_vllm_reads(m: aioresponses, *, health: int = 200, paused_status: int = 200) -> None:
     m.get(f"{BASE}/health", status=health, body="", repeat=True)
-    m.get(f"{BASE}/is_paused", status=paused_status, payload={"is_paused": True} if paused_status == 200
-          else {"error": "Failed to fetch pause status: engine dead"}, repeat=True)
+    m.get(
+        f"{BASE}/is_paused",
+        status=paused_status,
+        payload={"is_paused": True} if paused_status == 200 else {"error": "Failed to fetch pause status: engine dead"},
+        repeat=True,
+    )
     m.get(f"{BASE}/weight_info", payload={"weight_version": "v7"})
     m.get(f"{BASE}/v1/models", payload=MODELS)
     m.get(f"{BASE}/get_world_size", payload={"world_size": 4})
@@ -395,21 +474,30 @@ async def test_vllm_reload_uses_the_weight_load_deadline(session, wire):
 
 
 async def test_vllm_cache_reset_refused_is_an_error(session, wire):
-    wire.post(f"{BASE}/v1/load_lora_adapter", body="Success: LoRA adapter 'sql' added successfully.",
-              content_type="text/plain")
+    wire.post(
+        f"{BASE}/v1/load_lora_adapter",
+        body="Success: LoRA adapter 'sql' added successfully.",
+        content_type="text/plain",
+    )
     wire.post(f"{BASE}/reset_prefix_cache?reset_running_requests=true", payload={"success": False}, repeat=True)
     with pytest.raises(WorkerRejected) as err:
         await make("vllm", session).load_lora("sql", "/m/sql", "2")
     assert err.value.status == 200 and "success=false" in err.value.reason
-    assert sent(wire)[0] == ("POST", f"{BASE}/v1/load_lora_adapter",
-                             {"lora_name": "sql", "lora_path": "/m/sql", "load_inplace": True})
+    assert sent(wire)[0] == (
+        "POST",
+        f"{BASE}/v1/load_lora_adapter",
+        {"lora_name": "sql", "lora_path": "/m/sql", "load_inplace": True},
+    )
     assert len(sent(wire)) == 2
 
 
 async def test_vllm_unload_and_its_404(session, wire):
     wire.post(f"{BASE}/v1/unload_lora_adapter", body="Success", content_type="text/plain")
-    wire.post(f"{BASE}/v1/unload_lora_adapter", status=404, payload={"error": {
-        "message": "The lora adapter 'sql' cannot be found.", "type": "NotFoundError", "code": 404}})
+    wire.post(
+        f"{BASE}/v1/unload_lora_adapter",
+        status=404,
+        payload={"error": {"message": "The lora adapter 'sql' cannot be found.", "type": "NotFoundError", "code": 404}},
+    )
     api = make("vllm", session)
     await api.unload_lora("sql")
     await api.unload_lora("sql")  # already gone: still fine
@@ -443,11 +531,13 @@ async def test_vllm_takes_the_disk_update_in_four_rounds_its_load_answering_vers
     calls = sent(wire)
     assert calls[:2] == [
         ("POST", f"{BASE}/pause?mode=keep", None),
-        ("POST", f"{BASE}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/w"}})]
+        ("POST", f"{BASE}/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "/w"}}),
+    ]
     assert sorted(calls[2:5]) == [
         ("POST", f"{BASE}/reset_prefix_cache?reset_running_requests=true", None),
         ("POST", f"{BASE}/update_weight_version", {"new_version": "v8"}),
-        ("POST", f"{BASE}/weight_checker", {"action": "checksum"})]
+        ("POST", f"{BASE}/weight_checker", {"action": "checksum"}),
+    ]
     assert calls[5:] == [("POST", f"{BASE}/resume", None)]
 
 
@@ -472,8 +562,7 @@ async def test_dynamo_500_is_retried_then_rejected(session, wire):
 
 async def test_dynamo_without_probe_routes_has_unknown_liveness(session, wire):
     # An older system port: no liveness_probe, no /health (Dynamo 1.6.1 has both).
-    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": None,
-                                                            "version_declared": False})
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": None, "version_declared": False})
     wire.post(f"{BASE}/engine/liveness_probe", status=404, body="not found", content_type="text/plain")
     wire.get(f"{BASE}/health", status=404, body="not found", content_type="text/plain")
     status = await make("dynamo", session).status()
@@ -483,8 +572,7 @@ async def test_dynamo_without_probe_routes_has_unknown_liveness(session, wire):
 async def test_dynamo_dead_engine_is_not_ready(session, wire):
     # What Dynamo's liveness_probe answers when the engine check fails; a CPU engine here
     # cannot be made to fail its health check without killing the worker.
-    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": "v5",
-                                                            "version_declared": True})
+    wire.post(f"{BASE}/engine/get_weight_version", payload={"status": "ok", "version": "v5", "version_declared": True})
     wire.post(f"{BASE}/engine/liveness_probe", payload={"status": "error", "alive": False, "message": "dead"})
     wire.get(f"{BASE}/health", payload={"status": "ready"})
     status = await make("dynamo", session).status()
@@ -515,8 +603,11 @@ async def test_dynamo_pause_state_is_what_the_drivers_own_calls_left(session, wi
     # Dynamo has no pause read: a new worker (a new instance, so a new driver) starts
     # unpaused; a pause counts from the moment it is asked, a resume once it answered ok.
     for route in ("get_weight_version", "liveness_probe"):
-        wire.post(f"{BASE}/engine/{route}", payload={"status": "ok", "version": "v1", "version_declared": True,
-                                                      "alive": True}, repeat=True)
+        wire.post(
+            f"{BASE}/engine/{route}",
+            payload={"status": "ok", "version": "v1", "version_declared": True, "alive": True},
+            repeat=True,
+        )
     wire.get(f"{BASE}/health", payload={"status": "ready"}, repeat=True)
     wire.post(f"{BASE}/engine/pause_generation", payload={"status": "ok"})
     wire.post(f"{BASE}/engine/resume_generation", status=500, body="boom", content_type="text/plain", repeat=True)
@@ -548,12 +639,17 @@ async def test_dynamo_failed_reconcile_reload_stays_paused(session, wire):
     api = make("dynamo", session)
     with pytest.raises(WorkerRejected, match="no tensors"):
         await api.update_weights_from_disk("/bad", "v9")
-    assert [path for _, path, _ in sent(wire)] == [f"{BASE}/engine/pause_generation",
-                                                   f"{BASE}/engine/update_weights_from_disk"]  # no resume
+    assert [path for _, path, _ in sent(wire)] == [
+        f"{BASE}/engine/pause_generation",
+        f"{BASE}/engine/update_weights_from_disk",
+    ]  # no resume
     wire.post(f"{BASE}/engine/update_weights_from_disk", payload={"status": "ok"})
     await api.update_weights_from_disk("/w", "v9")  # paused already: the reload alone
-    assert sent(wire)[-1] == ("POST", f"{BASE}/engine/update_weights_from_disk",
-                              {"model_path": "/w", "weight_version": "v9"})
+    assert sent(wire)[-1] == (
+        "POST",
+        f"{BASE}/engine/update_weights_from_disk",
+        {"model_path": "/w", "weight_version": "v9"},
+    )
 
 
 def dynamo_with_routes(session, routes):
@@ -564,22 +660,40 @@ def dynamo_with_routes(session, routes):
 
 async def test_dynamo_capabilities_follow_the_published_routes(session, wire):
     assert capabilities(make("dynamo", session)) == {"control", "disk_weights", "lora", "sleep"}  # none published
-    without_lora = ("get_weight_version", "liveness_probe", "pause_generation", "resume_generation",
-                    "update_weights_from_disk", "flush_cache")
+    without_lora = (
+        "get_weight_version",
+        "liveness_probe",
+        "pause_generation",
+        "resume_generation",
+        "update_weights_from_disk",
+        "flush_cache",
+    )
     # Sleep is never in the published list (Dynamo's worker factory registers control/sleep itself).
     assert capabilities(dynamo_with_routes(session, without_lora)) == {"control", "disk_weights", "sleep"}
     assert capabilities(dynamo_with_routes(session, ("pause_generation", "load_lora", "unload_lora"))) == {
-        "lora", "sleep"}
+        "lora",
+        "sleep",
+    }
     assert capabilities(dynamo_with_routes(session, ())) == {"sleep"}
     assert sent(wire) == []
 
 
 async def test_dynamo_has_no_broadcast_to_call(session, wire):
-    api = dynamo_with_routes(session, ("init_weights_update_group", "update_weights_from_distributed",
-                                       "destroy_weights_update_group", "pause_generation", "resume_generation"))
+    api = dynamo_with_routes(
+        session,
+        (
+            "init_weights_update_group",
+            "update_weights_from_distributed",
+            "destroy_weights_update_group",
+            "pause_generation",
+            "resume_generation",
+        ),
+    )
     assert capabilities(api) == {"control", "sleep"}  # Dynamo's group routes call engine RPCs vLLM lacks
     for name in ("init_weight_transfer", "start_weight_update", "update_weights", "finish_weight_update"):
-        assert not hasattr(api, name)  # an operation that needs it is refused up front (tests/controller/test_operations_memory.py)
+        assert not hasattr(
+            api, name
+        )  # an operation that needs it is refused up front (tests/controller/test_operations_memory.py)
     assert sent(wire) == []
 
 
@@ -596,6 +710,9 @@ async def test_engine_routes_are_sent_where_each_flavor_serves_them_once_without
     assert await make("dynamo", session).engine_call("POST", "flush_cache", {"a": 1}) == {"status": "ok"}
     with pytest.raises(WorkerRejected):
         await make("agent", session).engine_call("POST", "abort_requests", {"request_ids": None})
-    assert sent(wire) == [("POST", f"{BASE}/reset_prefix_cache", None), ("GET", f"{BASE}/is_sleeping", None),
-                          ("POST", f"{BASE}/engine/flush_cache", {"a": 1}),
-                          ("POST", f"{BASE}/abort_requests", {"request_ids": None})]
+    assert sent(wire) == [
+        ("POST", f"{BASE}/reset_prefix_cache", None),
+        ("GET", f"{BASE}/is_sleeping", None),
+        ("POST", f"{BASE}/engine/flush_cache", {"a": 1}),
+        ("POST", f"{BASE}/abort_requests", {"request_ids": None}),
+    ]

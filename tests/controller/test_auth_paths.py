@@ -70,8 +70,15 @@ def operations(document: dict) -> list[tuple[str, str, bool]]:
     out = []
     for path, methods in document["paths"].items():
         for method, op in methods.items():
-            out.append((method.upper(), path.replace("{name}", "some-adapter").replace("{id}", "no-such-operation")
-                       .replace("{route}", "is_paused"), bool(op.get("security"))))
+            out.append(
+                (
+                    method.upper(),
+                    path.replace("{name}", "some-adapter")
+                    .replace("{id}", "no-such-operation")
+                    .replace("{route}", "is_paused"),
+                    bool(op.get("security")),
+                )
+            )
     return out
 
 
@@ -98,8 +105,14 @@ class Agent:
 
     @classmethod
     def with_roots(cls, roots: list[Path], *, auth_reads: bool = False) -> Agent:
-        return cls(AgentSettings(agent_id="a0", engine={"kind": "sim", "model": "sim"}, allowed_roots=roots,
-                                 admin={"token": TOKEN, "auth_reads": auth_reads}))
+        return cls(
+            AgentSettings(
+                agent_id="a0",
+                engine={"kind": "sim", "model": "sim"},
+                allowed_roots=roots,
+                admin={"token": TOKEN, "auth_reads": auth_reads},
+            )
+        )
 
     async def start(self) -> Agent:
         self.engine = SimEngine(model_name="sim")
@@ -168,8 +181,12 @@ async def test_every_secured_agent_route_refuses_a_bad_token_and_touches_no_engi
 
 async def test_the_right_token_works_as_bearer_and_as_basic_password(settled_fleet):
     ctl, agents = settled_fleet
-    for headers in ({"Authorization": f"Bearer {CTL_TOKEN}"}, {"Authorization": basic("anyone", CTL_TOKEN)},
-                    {"Authorization": basic("", CTL_TOKEN)}, {"Authorization": f"bearer {CTL_TOKEN}"}):
+    for headers in (
+        {"Authorization": f"Bearer {CTL_TOKEN}"},
+        {"Authorization": basic("anyone", CTL_TOKEN)},
+        {"Authorization": basic("", CTL_TOKEN)},
+        {"Authorization": f"bearer {CTL_TOKEN}"},
+    ):
         status, body = await send(ctl.client, "POST", "/v1/rl/pause", headers)
         assert status == 200 and body["status"] == "ok", (headers, body)
     assert all(a.service.paused for a in agents)
@@ -189,8 +206,11 @@ async def test_controller_reads_are_open_by_default_and_need_the_token_with_auth
                 status, _ = await send(ctl.client, method, path, {"Authorization": f"Bearer {CTL_TOKEN}"})
             # /health is 503 while no worker serves; no operation has that id: 404; a vLLM route with no
             # fleet meaning: 501
-            assert status in (200, 503) or (path.endswith("/no-such-operation") and status == 404) or (
-                status == 501 and ("GET", path) in REFUSED_ROUTES), (path, status)
+            assert (
+                status in (200, 503)
+                or (path.endswith("/no-such-operation") and status == 404)
+                or (status == 501 and ("GET", path) in REFUSED_ROUTES)
+            ), (path, status)
         for probe in ("/healthz", "/readyz", "/health", OPENAPI_PATH):
             assert (await ctl.client.get(probe)).status != 401, probe
     finally:
@@ -254,9 +274,13 @@ async def test_controller_token_sources(tmp_path, monkeypatch, source):
     agent = await Agent.with_roots([tmp_path], auth_reads=True).start()
     worker_secret = mounted_secret(tmp_path / "workers-secret", "token", TOKEN)
     settings = load_controller_settings(
-        **({"api": api} if api else {}), workers={"token_file": str(worker_secret), "timeout_s": 2},
-        discovery={"kind": "static", "static": [agent.spec()]}, store={"kind": "memory"},
-        reconcile={"poll_interval_s": 0.1, "interval_s": 0.1}, gateway={"port": 0})
+        **({"api": api} if api else {}),
+        workers={"token_file": str(worker_secret), "timeout_s": 2},
+        discovery={"kind": "static", "static": [agent.spec()]},
+        store={"kind": "memory"},
+        reconcile={"poll_interval_s": 0.1, "interval_s": 0.1},
+        gateway={"port": 0},
+    )
     token = settings.api.resolved_token()
     assert token == value  # a file's trailing newline is not part of the token
     client = TestClient(TestServer(assemble(settings, token=token)))
@@ -278,8 +302,9 @@ async def test_agent_token_sources(tmp_path, monkeypatch, source):
     env, admin = token_sources(tmp_path, "RLAGENT_", "admin", value)[source]
     for key, val in env.items():
         monkeypatch.setenv(key, val)
-    settings = load_agent_settings(engine={"kind": "sim", "model": "sim"}, allowed_roots=[str(tmp_path)],
-                                   **({"admin": admin} if admin else {}))
+    settings = load_agent_settings(
+        engine={"kind": "sim", "model": "sim"}, allowed_roots=[str(tmp_path)], **({"admin": admin} if admin else {})
+    )
     token = settings.admin.resolved_token()
     assert token == value
     agent = await Agent(settings, token=token).start()
@@ -308,19 +333,28 @@ async def test_no_token_in_any_log_line_over_a_full_cycle(settled_fleet, tmp_pat
     bearer = {"Authorization": f"Bearer {CTL_TOKEN}"}
     as_basic = {"Authorization": basic("trainer", CTL_TOKEN)}
     # 401s first: a wrong token, the right one in the wrong scheme, a Basic user name.
-    for headers in ({"Authorization": "Bearer wrong-guess"}, {"Authorization": CTL_TOKEN},
-                    {"Authorization": basic(CTL_TOKEN, "wrong-guess")}):
+    for headers in (
+        {"Authorization": "Bearer wrong-guess"},
+        {"Authorization": CTL_TOKEN},
+        {"Authorization": basic(CTL_TOKEN, "wrong-guess")},
+    ):
         assert (await send(ctl.client, "POST", "/v1/rl/pause", headers))[0] == 401
-    steps = [("POST", "/v1/rl/update_weights", {"version": "v1", "source": {"kind": "disk", "path": str(ckpt)}}),
-             ("POST", "/v1/rl/loras", {"name": "ad", "path": str(adapter)}),
-             ("POST", "/pause?mode=keep", None), ("POST", "/resume", None),
-             ("DELETE", "/v1/rl/loras/ad", None),
-             ("POST", "/v1/rl/weight_transfer/init", {"init_info": {"master_address": "127.0.0.1",
-                                                                    "master_port": 29999, "world_size": 3}}),
-             ("POST", "/v1/rl/weight_transfer/start", {}),
-             ("POST", "/v1/rl/weight_transfer/update", {"update_info": {"names": ["w"]}}),
-             ("POST", "/v1/rl/weight_transfer/finish", {"weight_version": "b1"}),
-             ("POST", "/v1/rl/weight_transfer/shutdown", {})]
+    steps = [
+        ("POST", "/v1/rl/update_weights", {"version": "v1", "source": {"kind": "disk", "path": str(ckpt)}}),
+        ("POST", "/v1/rl/loras", {"name": "ad", "path": str(adapter)}),
+        ("POST", "/pause?mode=keep", None),
+        ("POST", "/resume", None),
+        ("DELETE", "/v1/rl/loras/ad", None),
+        (
+            "POST",
+            "/v1/rl/weight_transfer/init",
+            {"init_info": {"master_address": "127.0.0.1", "master_port": 29999, "world_size": 3}},
+        ),
+        ("POST", "/v1/rl/weight_transfer/start", {}),
+        ("POST", "/v1/rl/weight_transfer/update", {"update_info": {"names": ["w"]}}),
+        ("POST", "/v1/rl/weight_transfer/finish", {"weight_version": "b1"}),
+        ("POST", "/v1/rl/weight_transfer/shutdown", {}),
+    ]
     for i, (method, path, body) in enumerate(steps):
         resp = await ctl.client.request(method, path, json=body, headers=bearer if i % 2 else as_basic)
         assert resp.status == 200, (path, await resp.text())
@@ -356,8 +390,7 @@ def controller_path_requests(path: str) -> list[tuple[str, str, dict, str]]:
         ("POST", "/v1/rl/loras", {"name": "ad", "path": path}, "path"),
         ("POST", "/load_lora_adapter", {"lora_name": "ad", "lora_path": path}, "lora_path"),
         ("POST", "/v1/load_lora_adapter", {"lora_name": "ad", "lora_path": path}, "lora_path"),
-        ("POST", "/v1/rl/weight_transfer/finish", {"weight_version": "b9", "checkpoint_path": path},
-         "checkpoint_path"),
+        ("POST", "/v1/rl/weight_transfer/finish", {"weight_version": "b9", "checkpoint_path": path}, "checkpoint_path"),
         ("POST", "/finish_weight_update", {"weight_version": "b9", "checkpoint_path": path}, "checkpoint_path"),
     ]
 
@@ -368,8 +401,11 @@ async def test_controller_refuses_bad_paths_with_403_before_any_worker(settled_f
     for name, path in bad_paths(tmp_path).items():
         for method, route, body, field in controller_path_requests(path):
             status, resp = await ctl.call(method, route, body)
-            assert (status, resp["error"]["code"], resp["error"]["field"]) == (403, "path_forbidden", field), \
-                (name, route, resp)
+            assert (status, resp["error"]["code"], resp["error"]["field"]) == (403, "path_forbidden", field), (
+                name,
+                route,
+                resp,
+            )
     assert [a.touched for a in agents] == before, "a refused path reached a worker"
     assert ctl.ctl.desired.state.weight_version is None and ctl.ctl.desired.state.loras == {}
     assert ctl.ctl.desired.state.checkpoint is None
@@ -390,12 +426,17 @@ async def test_agent_refuses_bad_paths_with_403_before_the_engine(tmp_path):
     version = agent.service.weight_version
     try:
         for name, path in bad_paths(tmp_path).items():
-            for route, body in (("/v1/agent/weights/disk", {"path": path, "version": "v9"}),
-                                ("/v1/agent/loras", {"name": "ad", "path": path})):
+            for route, body in (
+                ("/v1/agent/weights/disk", {"path": path, "version": "v9"}),
+                ("/v1/agent/loras", {"name": "ad", "path": path}),
+            ):
                 resp = await agent.client.post(route, json=body, headers=auth)
                 data = await resp.json()
-                assert (resp.status, data["error"]["code"], data["error"]["field"]) == (403, "path_forbidden", "path"), \
-                    (name, route, data)
+                assert (resp.status, data["error"]["code"], data["error"]["field"]) == (
+                    403,
+                    "path_forbidden",
+                    "path",
+                ), (name, route, data)
         assert agent.calls == [] and agent.service.state().last_operations == []
         assert agent.service.weight_version == version and agent.service.state().loras == []
     finally:
@@ -407,8 +448,9 @@ async def test_a_symlink_inside_the_roots_is_followed_not_refused(settled_fleet,
     ctl, agents = settled_fleet
     ckpt = write_checkpoint(tmp_path / "real" / "ckpt", 3)
     (tmp_path / "latest").symlink_to(ckpt)
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    {"version": "v3", "source": {"kind": "disk", "path": str(tmp_path / "latest")}})
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", {"version": "v3", "source": {"kind": "disk", "path": str(tmp_path / "latest")}}
+    )
     assert status == 200, result
     assert all(a.service.weight_version == "v3" for a in agents)
 

@@ -27,8 +27,10 @@ CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "sh
 @pytest.fixture
 async def broadcast_fleet(tmp_path):
     """Three agents with 1, 2 and 1 inference ranks: the trainer's world size is 5."""
-    agents = [await SimAgent(f"w{i}", [tmp_path], engine_kwargs={"world_size": size}).start()
-              for i, size in enumerate((1, 2, 1))]
+    agents = [
+        await SimAgent(f"w{i}", [tmp_path], engine_kwargs={"world_size": size}).start()
+        for i, size in enumerate((1, 2, 1))
+    ]
     ctl = await start_controller(tmp_path, agents, weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2})
     await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
     yield ctl, agents, tmp_path
@@ -39,9 +41,18 @@ async def broadcast_fleet(tmp_path):
 
 
 async def _init(ctl, world_size: int = 5):
-    return await ctl.call("POST", "/v1/rl/weight_transfer/init",
-                          {"init_info": {"master_address": "127.0.0.1", "master_port": 29999,
-                                         "rank_offset": 1, "world_size": world_size}})
+    return await ctl.call(
+        "POST",
+        "/v1/rl/weight_transfer/init",
+        {
+            "init_info": {
+                "master_address": "127.0.0.1",
+                "master_port": 29999,
+                "rank_offset": 1,
+                "world_size": world_size,
+            }
+        },
+    )
 
 
 def _by_worker(result: dict) -> dict[str, tuple[str, str]]:
@@ -59,9 +70,11 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
     assert [a.engine._transfer_init["rank_offset"] for a in agents] == [1, 2, 4]
     assert all(a.engine._transfer_init["world_size"] == 5 for a in agents)
     group = (await ctl.state())["weight_transfer"]
-    assert group["members"] == [{"worker_id": "w0", "rank_offset": 1, "world_size": 1},
-                                {"worker_id": "w1", "rank_offset": 2, "world_size": 2},
-                                {"worker_id": "w2", "rank_offset": 4, "world_size": 1}]
+    assert group["members"] == [
+        {"worker_id": "w0", "rank_offset": 1, "world_size": 1},
+        {"worker_id": "w1", "rank_offset": 2, "world_size": 2},
+        {"worker_id": "w2", "rank_offset": 4, "world_size": 1},
+    ]
     assert (group["stale"], group["updating"]) == (False, False)
 
     status, result = await ctl.call("POST", "/v1/rl/weight_transfer/start")
@@ -81,16 +94,18 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
         assert a.service.weight_version == "b1" and not a.service.paused
         assert a.service.desired_weight_version == "b1"
     st = await ctl.state()
-    assert st["phase"] == "serving" and st["applied"] == {"weight_version": "b1", "converged": True,
-                                                            "verified": True}
+    assert st["phase"] == "serving" and st["applied"] == {"weight_version": "b1", "converged": True, "verified": True}
     assert st["desired"]["weight_source"] == {"kind": "broadcast"}
     assert st["weight_transfer"]["updating"] is False
 
 
 async def test_bad_init_is_refused_before_any_worker_is_touched(broadcast_fleet):
     ctl, agents, _ = broadcast_fleet
-    for init_info, field in (({"world_size": 4}, "init_info.world_size"), ({}, "init_info.world_size"),
-                             ({"world_size": "5"}, "init_info.world_size")):
+    for init_info, field in (
+        ({"world_size": 4}, "init_info.world_size"),
+        ({}, "init_info.world_size"),
+        ({"world_size": "5"}, "init_info.world_size"),
+    ):
         status, body = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init_info})
         assert (status, body["error"]["field"]) == (422, field), body
         assert "must be 5" in body["error"]["message"] or field != "init_info.world_size"
@@ -109,9 +124,12 @@ async def test_an_open_update_excludes_other_operations_and_the_reconciler(broad
     assert (await _init(ctl))[0] == 200
     assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
     ckpt = write_checkpoint(tmp_path / "c1", 1)
-    for method, path, body in (("POST", "/v1/rl/resume", {}), ("POST", "/v1/rl/update_weights", update_body("v", ckpt)),
-                               ("POST", "/v1/rl/weight_transfer/init", {"init_info": {"world_size": 5}}),
-                               ("POST", "/v1/rl/weight_transfer/start", {})):
+    for method, path, body in (
+        ("POST", "/v1/rl/resume", {}),
+        ("POST", "/v1/rl/update_weights", update_body("v", ckpt)),
+        ("POST", "/v1/rl/weight_transfer/init", {"init_info": {"world_size": 5}}),
+        ("POST", "/v1/rl/weight_transfer/start", {}),
+    ):
         status, answer = await ctl.call(method, path, body)
         assert status == 409 and "session is open" in answer["error"]["message"], (path, answer)
     # A worker drifting mid-update (here: resumed behind our back) is left alone until finish.
@@ -174,8 +192,10 @@ async def test_a_worker_dying_between_start_and_finish(broadcast_fleet):
     assert st["weight_transfer"] is None  # the group is gone: the trainer must init again
     assert st["last_operation"]["id"] == result["id"]
     # The reconciler brings the survivors back to v1 from disk and resumes them.
-    await wait_for(lambda: all(a.service.weight_version == "v1" and not a.service.paused
-                               for a in (agents[0], agents[2])), what="survivors restored from disk")
+    await wait_for(
+        lambda: all(a.service.weight_version == "v1" and not a.service.paused for a in (agents[0], agents[2])),
+        what="survivors restored from disk",
+    )
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/start")
     assert status == 409
 
@@ -198,8 +218,11 @@ async def test_one_worker_failing_init_releases_the_others(broadcast_fleet):
     agents[2].faults["/init_weight_transfer_engine"] = Fault("status", 502, times=1)
     status, result = await _init(ctl)
     assert status == 502
-    assert _by_worker(result) == {"w0": ("ok", "shutdown_weight_transfer"), "w1": ("ok", "shutdown_weight_transfer"),
-                                  "w2": ("error", "init_weight_transfer")}
+    assert _by_worker(result) == {
+        "w0": ("ok", "shutdown_weight_transfer"),
+        "w1": ("ok", "shutdown_weight_transfer"),
+        "w2": ("error", "init_weight_transfer"),
+    }
     assert agents[0].engine._transfer_init is None  # left the half-formed group
 
 
@@ -223,8 +246,13 @@ async def test_a_new_member_is_converged_from_the_last_disk_checkpoint(broadcast
     ckpt1, ckpt2 = write_checkpoint(tmp_path / "c1", 1), write_checkpoint(tmp_path / "c2", 2)
     assert (await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt1)))[0] == 200
     for version, checkpoint in (("b2", None), ("b3", str(ckpt2))):
-        assert (await _init(ctl, world_size=1 + sum(r.spec.world_size if not r.status else r.status.world_size
-                                                     for r in ctl.ctl.members())))[0] == 200
+        assert (
+            await _init(
+                ctl,
+                world_size=1
+                + sum(r.spec.world_size if not r.status else r.status.world_size for r in ctl.ctl.members()),
+            )
+        )[0] == 200
         assert (await ctl.call("POST", "/v1/rl/weight_transfer/start"))[0] == 200
         assert (await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK}))[0] == 200
         body = {"weight_version": version} | ({"checkpoint_path": checkpoint} if checkpoint else {})
@@ -267,8 +295,11 @@ async def test_a_broadcast_updates_a_held_member_and_leaves_it_held(tmp_path):
     its ranks are the trainer's to fill) but stays paused after the finish, as after a disk
     update; releasing the hold brings it back at the new version."""
     agents = [await SimAgent(f"w{i}", [tmp_path]).start() for i in range(2)]
-    ctl = await start_controller(tmp_path, [Labelled(a, {"role": role}) for a, role in zip(agents, ("policy", "ref"))],
-                                 weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2})
+    ctl = await start_controller(
+        tmp_path,
+        [Labelled(a, {"role": role}) for a, role in zip(agents, ("policy", "ref"))],
+        weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2},
+    )
     try:
         await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
         status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep", "selector": "role=ref"})

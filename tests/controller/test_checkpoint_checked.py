@@ -22,8 +22,13 @@ from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
-MUTATING_AGENT_CALLS = ("POST /v1/agent/prepare", "POST /pause", "POST /v1/agent/weights/disk", "PUT /v1/agent/desired",
-                        "POST /v1/agent/weights/update")
+MUTATING_AGENT_CALLS = (
+    "POST /v1/agent/prepare",
+    "POST /pause",
+    "POST /v1/agent/weights/disk",
+    "PUT /v1/agent/desired",
+    "POST /v1/agent/weights/update",
+)
 
 
 async def settled(ctl) -> None:
@@ -32,7 +37,7 @@ async def settled(ctl) -> None:
 
 def assert_untouched(agents, before) -> None:
     for a, was in zip(agents, before, strict=True):
-        new = a.touched[len(was):]
+        new = a.touched[len(was) :]
         assert not any(c in MUTATING_AGENT_CALLS for c in new), (a.agent_id, new)
         assert not a.service.paused, a.agent_id
 
@@ -41,14 +46,18 @@ async def test_a_checkpoint_no_worker_can_load_is_a_422_with_nothing_touched(tmp
     agents = await start_fleet(3, [tmp_path])
     ctl = await start_controller(tmp_path, agents)
     try:
-        status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(
-            tmp_path / "v1", 1)))
+        status, result = await ctl.call(
+            "POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(tmp_path / "v1", 1))
+        )
         assert status == 200, result
         await settled(ctl)
         before = [list(a.touched) for a in agents]
         sharded = write_checkpoint(tmp_path / "sharded", 2)
-        (sharded / "model.safetensors.index.json").write_text(json.dumps(
-            {"weight_map": {"model.embed.weight": "model.safetensors", "x": "model-00002-of-00002.safetensors"}}))
+        (sharded / "model.safetensors.index.json").write_text(
+            json.dumps(
+                {"weight_map": {"model.embed.weight": "model.safetensors", "x": "model-00002-of-00002.safetensors"}}
+            )
+        )
         cases = [
             ("a typo", tmp_path / "does-not-exist"),
             ("no weights in it", write_adapter(tmp_path / "adapter")),
@@ -85,8 +94,9 @@ async def test_a_checkpoint_some_workers_cannot_load_leaves_them_out_unharmed(tm
     try:
         await settled(ctl)
         before = [list(a.touched) for a in agents]
-        status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(
-            tmp_path / "v1", 1)))
+        status, result = await ctl.call(
+            "POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(tmp_path / "v1", 1))
+        )
         assert status == 207, result
         by_id = {r["worker_id"]: r for r in result["results"]}
         assert by_id["w2"]["status"] == "error" and by_id["w2"]["phase"] == "check", by_id["w2"]
@@ -107,9 +117,19 @@ async def test_a_checkpoint_some_workers_cannot_load_leaves_them_out_unharmed(tm
 
 async def test_a_checkpoint_that_appears_a_moment_late_is_waited_for(tmp_path):
     agents = await start_fleet(2, [tmp_path])
-    ctl = await start_controller(tmp_path, agents, workers={
-        "token": "agent-token", "timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 5,
-        "weight_load_timeout_s": 10, "checkpoint_wait_s": 2})
+    ctl = await start_controller(
+        tmp_path,
+        agents,
+        workers={
+            "token": "agent-token",
+            "timeout_s": 2,
+            "attempts": 2,
+            "retry_budget_s": 5,
+            "pause_timeout_s": 5,
+            "weight_load_timeout_s": 10,
+            "checkpoint_wait_s": 2,
+        },
+    )
     try:
         await settled(ctl)
         target = tmp_path / "step-1"
@@ -152,22 +172,34 @@ async def test_a_file_symlinked_out_of_the_roots_is_refused_like_a_directory(tmp
     agent = await SimAgent("a0", [root]).start()
     try:
         async with aiohttp.ClientSession() as http:
-            for path, body in [("/v1/agent/weights/disk", {"path": str(linked), "version": "x"}),
-                               ("/v1/agent/weights/update", {"path": str(linked), "version": "x"}),
-                               ("/v1/agent/weights/check", {"path": str(linked)}),
-                               ("/v1/agent/loras", {"name": "a", "path": str(adapter)})]:
+            for path, body in [
+                ("/v1/agent/weights/disk", {"path": str(linked), "version": "x"}),
+                ("/v1/agent/weights/update", {"path": str(linked), "version": "x"}),
+                ("/v1/agent/weights/check", {"path": str(linked)}),
+                ("/v1/agent/loras", {"name": "a", "path": str(adapter)}),
+            ]:
                 status, resp = await call(http, "POST", agent.url + path, body=body, headers=bearer(TOKEN))
                 assert status == 403 and resp["error"]["field"] == "path", (path, resp)
                 assert "resolves outside the allowed roots" in resp["error"]["message"], resp
             # prepare with a checkpoint it cannot load changes nothing: no desired version, no pause.
-            status, resp = await call(http, "POST", agent.url + "/v1/agent/prepare", headers=bearer(TOKEN),
-                                      body={"desired_weight_version": "v9", "weights_path": str(root / "nope")})
+            status, resp = await call(
+                http,
+                "POST",
+                agent.url + "/v1/agent/prepare",
+                headers=bearer(TOKEN),
+                body={"desired_weight_version": "v9", "weights_path": str(root / "nope")},
+            )
             assert status == 400 and resp["error"]["code"] == "path_unavailable", resp
             assert resp["error"]["field"] == "weights_path"
             assert not agent.service.paused and agent.service.desired_weight_version is None
             # ... and neither does the update in one call.
-            status, resp = await call(http, "POST", agent.url + "/v1/agent/weights/update", headers=bearer(TOKEN),
-                                      body={"version": "v9", "path": str(root / "nope"), "resume": True})
+            status, resp = await call(
+                http,
+                "POST",
+                agent.url + "/v1/agent/weights/update",
+                headers=bearer(TOKEN),
+                body={"version": "v9", "path": str(root / "nope"), "resume": True},
+            )
             assert status == 400 and resp["error"]["code"] == "path_unavailable", resp
             assert resp["error"]["field"] == "path"
             assert not agent.service.paused and agent.service.desired_weight_version is None
@@ -177,8 +209,9 @@ async def test_a_file_symlinked_out_of_the_roots_is_refused_like_a_directory(tmp
             inside = root / "inside"
             inside.mkdir()
             (inside / "model.safetensors").symlink_to(root / "real" / "model.safetensors")
-            status, resp = await call(http, "POST", agent.url + "/v1/agent/weights/check", body={"path": str(inside)},
-                                      headers=bearer(TOKEN))
+            status, resp = await call(
+                http, "POST", agent.url + "/v1/agent/weights/check", body={"path": str(inside)}, headers=bearer(TOKEN)
+            )
             assert status == 200 and resp["files"] == 1 and resp["tensors"] == 2, resp
     finally:
         await agent.stop()
@@ -192,9 +225,11 @@ async def test_an_adapter_no_worker_can_load_is_a_422_and_never_desired(tmp_path
         linked = write_adapter(tmp_path / "linked-adapter")
         (linked / "adapter_model.safetensors").symlink_to("/etc/hostname")  # a file out of the roots
         before = [list(a.touched) for a in agents]
-        for body, field in (({"name": "a", "path": str(linked)}, "path"),
-                            ({"name": "a", "path": str(tmp_path / "no-such-adapter")}, "path"),
-                            ({"name": "a", "path": str(write_checkpoint(tmp_path / "weights-not-adapter", 1))}, "path")):
+        for body, field in (
+            ({"name": "a", "path": str(linked)}, "path"),
+            ({"name": "a", "path": str(tmp_path / "no-such-adapter")}, "path"),
+            ({"name": "a", "path": str(write_checkpoint(tmp_path / "weights-not-adapter", 1))}, "path"),
+        ):
             status, resp = await ctl.call("POST", "/v1/rl/loras", body)
             assert status == 422 and resp["error"]["code"] == "checkpoint_unavailable", resp
             assert resp["error"]["field"] == field and set(resp["error"]["workers"]) == {"w0", "w1"}, resp

@@ -18,8 +18,14 @@ def cases(root: str, ckpt: str) -> list[tuple[str, str, str, object, int, str]]:
     return [
         ("missing version", "POST", uw, {"source": good}, 422, "version"),
         ("missing source", "POST", uw, {"version": "v"}, 422, "source"),
-        ("unknown source kind", "POST", uw, {"version": "v", "source": {"kind": "s3", "path": ckpt}}, 422,
-         "source.kind"),
+        (
+            "unknown source kind",
+            "POST",
+            uw,
+            {"version": "v", "source": {"kind": "s3", "path": ckpt}},
+            422,
+            "source.kind",
+        ),
         ("relative path", "POST", uw, {"version": "v", "source": {"path": "ckpt"}}, 403, "source.path"),
         ("outside roots", "POST", uw, {"version": "v", "source": {"path": "/etc"}}, 403, "source.path"),
         ("traversal", "POST", uw, {"version": "v", "source": {"path": f"{root}/../../etc"}}, 403, "source.path"),
@@ -34,8 +40,10 @@ def cases(root: str, ckpt: str) -> list[tuple[str, str, str, object, int, str]]:
         ("pause mode", "POST", "/v1/rl/pause", {"mode": "sleep"}, 422, "mode"),
         ("pause zero timeout", "POST", "/v1/rl/pause", {"mode": "abort", "timeout_s": 0}, 422, "timeout_s"),
         # A literal of ints (vLLM's levels 1 and 2) matched `true` and `1.0`: they put members to sleep.
-        *((f"sleep level {level!r}", "POST", "/v1/rl/sleep", {"level": level}, 422, "level")
-          for level in (True, 1.0, "1", 0, 3)),
+        *(
+            (f"sleep level {level!r}", "POST", "/v1/rl/sleep", {"level": level}, 422, "level")
+            for level in (True, 1.0, "1", 0, 3)
+        ),
         ("resume extra", "POST", "/v1/rl/resume", {"force": True}, 422, "force"),
         ("lora bad name", "POST", "/v1/rl/loras", {"name": "a b", "path": ckpt}, 422, "name"),
         ("lora no path", "POST", "/v1/rl/loras", {"name": "a"}, 422, "path"),
@@ -56,8 +64,13 @@ async def test_bad_input_touches_no_worker(tmp_path):
             status, resp = await ctl.call(method, path, None if data else body, data=data)
             assert status == want, (name, resp)
             assert resp["error"]["field"] == field and resp["error"]["message"], (name, resp)
-        for method, path in [("POST", "/v1/rl/update_weights"), ("POST", "/v1/rl/pause"), ("POST", "/v1/rl/resume"),
-                             ("POST", "/v1/rl/loras"), ("DELETE", "/v1/rl/loras/x")]:
+        for method, path in [
+            ("POST", "/v1/rl/update_weights"),
+            ("POST", "/v1/rl/pause"),
+            ("POST", "/v1/rl/resume"),
+            ("POST", "/v1/rl/loras"),
+            ("DELETE", "/v1/rl/loras/x"),
+        ]:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
                 status, resp = await ctl.call(method, path, {}, headers=headers)
                 assert status == 401 and resp["error"]["code"] == "unauthorized", (method, path)

@@ -37,7 +37,8 @@ async def test_update_transaction_converges_and_verifies(sim_fleet, checkpoints)
     assert status == 200, result
     assert result["status"] == "ok" and result["kind"] == "update_weights"
     assert [(r["worker_id"], r["status"], r["phase"]) for r in result["results"]] == [
-        (a.agent_id, "ok", "resume") for a in agents]
+        (a.agent_id, "ok", "resume") for a in agents
+    ]
     for a in agents:
         assert a.service.weight_version == "v1" and not a.service.paused
         assert a.service.desired_weight_version == "v1"
@@ -104,8 +105,9 @@ async def test_hang_past_deadline_and_reset_connection_fail_only_that_worker(sim
     agents[0].faults["/v1/agent/weights/update"] = Fault("hang")  # an update's one call
     agents[2].faults["/v1/agent/weights/update"] = Fault("reset")
     t0 = time.monotonic()
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("v3", checkpoints[3], timeout_s=0.5, pause_mode="abort"))
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("v3", checkpoints[3], timeout_s=0.5, pause_mode="abort")
+    )
     elapsed = time.monotonic() - t0
     assert status == 207
     by_id = {r["worker_id"]: r for r in result["results"]}
@@ -160,7 +162,9 @@ async def test_controller_restart_recovers_desired_state(sim_fleet, checkpoints,
         st = await wait_for(lambda: _converged(ctl2), what="converged")
         # No version applied twice: the workers that had v2 got no second load.
         for a in agents[1:]:
-            assert a.touched.count("POST /v1/agent/weights/update") + a.touched.count("POST /v1/agent/weights/disk") == 1
+            assert (
+                a.touched.count("POST /v1/agent/weights/update") + a.touched.count("POST /v1/agent/weights/disk") == 1
+            )
     finally:
         await ctl2.client.close()
         ctl.client = ctl2.client  # the fixture closes it again harmlessly
@@ -215,9 +219,13 @@ async def test_agent_killed_mid_update_is_named_then_reconciled_after_restart(tm
 
     ckpt = write_checkpoint(tmp_path / "ckpt", 4)
     port = free_port()
-    config = {"agent_id": "proc", "allowed_roots": [str(tmp_path)], "log_format": "json",
-              "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 1.0},
-              "admin": {"port": port, "token": TOKEN}}
+    config = {
+        "agent_id": "proc",
+        "allowed_roots": [str(tmp_path)],
+        "log_format": "json",
+        "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 1.0},
+        "admin": {"port": port, "token": TOKEN},
+    }
     proc = await asyncio.to_thread(AgentProcess(config, tmp_path / "proc", token=TOKEN).start)
     agents = await start_fleet(2, [tmp_path])
     specs = [a.spec() for a in agents] + [{"id": "proc", "admin_url": f"http://127.0.0.1:{port}"}]
@@ -276,9 +284,18 @@ async def test_listing_discovery_adds_and_removes_workers(tmp_path):
     listing_app.router.add_get("/v1/rl/workers", listing)
     listing_server = TestServer(listing_app)
     await listing_server.start_server()
-    settings = controller_settings(tmp_path, [], discovery={
-        "kind": "http_listing", "http_listing": {"url": str(listing_server.make_url("/v1/rl/workers")),
-                                                 "interval_s": 0.05, "default_flavor": "agent"}})
+    settings = controller_settings(
+        tmp_path,
+        [],
+        discovery={
+            "kind": "http_listing",
+            "http_listing": {
+                "url": str(listing_server.make_url("/v1/rl/workers")),
+                "interval_s": 0.05,
+                "default_flavor": "agent",
+            },
+        },
+    )
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     ctl = Ctl(client)

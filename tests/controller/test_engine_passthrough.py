@@ -64,8 +64,9 @@ async def test_a_post_route_passes_its_body_and_the_touched_workers_are_read_aga
     # the call can show it.
     await agents["w0"].service.control.pause("keep", 5)
     assert ctl.worker(await ctl.state(), "w0")["paused"] is False
-    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests",
-                                    {"worker": "w0", "body": {"request_ids": ["nope"]}})
+    status, result = await ctl.call(
+        "POST", "/v1/rl/engine/abort_requests", {"worker": "w0", "body": {"request_ids": ["nope"]}}
+    )
     assert status == 200, result
     assert result["detail"]["answers"]["w0"] == {"status": "aborted", "aborted": 0}
     assert agents["w0"].touched[-1] == "POST /abort_requests"
@@ -98,31 +99,39 @@ async def test_an_engine_refusal_comes_back_as_its_4xx_and_a_fleet_failure_as_50
         assert status == 502 and result["status"] == "failed", (target, result)
     agents["w1"].faults.clear()
     # One refusing (422), another failing (500): still the fleet's failure.
-    status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests",
-                                    {"selector": "role=policy", "body": {"x": 1}})
-    assert status == 502 and {r["worker_id"]: r["status"] for r in result["results"]} == {"w0": "error",
-                                                                                           "w1": "error"}, result
+    status, result = await ctl.call(
+        "POST", "/v1/rl/engine/abort_requests", {"selector": "role=policy", "body": {"x": 1}}
+    )
+    assert status == 502 and {r["worker_id"]: r["status"] for r in result["results"]} == {
+        "w0": "error",
+        "w1": "error",
+    }, result
     agents["w2"].faults.clear()
     # One took it, one refused: a partial result, 207, as every operation.
     agents["w0"].faults["/abort_requests"] = Fault("status", 422)
     status, result = await ctl.call("POST", "/v1/rl/engine/abort_requests", {"selector": "role=policy", "body": {}})
-    assert status == 207 and {r["worker_id"]: r["status"] for r in result["results"]} == {"w0": "error",
-                                                                                           "w1": "ok"}, result
+    assert status == 207 and {r["worker_id"]: r["status"] for r in result["results"]} == {"w0": "error", "w1": "ok"}, (
+        result
+    )
 
 
-@pytest.mark.parametrize("route,body,code,field,why", [
-    ("sleep", {}, 403, "route", "engine route 'sleep' is not allowed for flavor agent"),
-    ("collective_rpc", {"body": {"method": "x"}}, 403, "route", "'collective_rpc' is not allowed"),
-    ("pause", {"worker": "w0"}, 403, "route", "allowed: agent: abort_requests, get_world_size, is_paused"),
-    ("is_paused", {"body": {}}, 422, "body", "is a GET: it takes no body"),
-    ("is_paused", {"worker": "w0", "selector": "role=policy"}, 422, "selector", "not both"),
-    ("is_paused", {"worker": "w9"}, 404, "worker", "no member 'w9'"),
-    ("is_paused", {"selector": "role=teacher"}, 422, "selector", "matches none"),
-    ("is_paused", {"selector": "role in"}, 422, "selector", "expected '('"),
-    ("is_paused", {"route": "x"}, 422, "route", "Extra inputs"),
-])
-async def test_refusals_reach_no_worker_and_log_nothing(fleet: Any, route: str, body: dict, code: int, field: str,
-                                                        why: str) -> None:
+@pytest.mark.parametrize(
+    "route,body,code,field,why",
+    [
+        ("sleep", {}, 403, "route", "engine route 'sleep' is not allowed for flavor agent"),
+        ("collective_rpc", {"body": {"method": "x"}}, 403, "route", "'collective_rpc' is not allowed"),
+        ("pause", {"worker": "w0"}, 403, "route", "allowed: agent: abort_requests, get_world_size, is_paused"),
+        ("is_paused", {"body": {}}, 422, "body", "is a GET: it takes no body"),
+        ("is_paused", {"worker": "w0", "selector": "role=policy"}, 422, "selector", "not both"),
+        ("is_paused", {"worker": "w9"}, 404, "worker", "no member 'w9'"),
+        ("is_paused", {"selector": "role=teacher"}, 422, "selector", "matches none"),
+        ("is_paused", {"selector": "role in"}, 422, "selector", "expected '('"),
+        ("is_paused", {"route": "x"}, 422, "route", "Extra inputs"),
+    ],
+)
+async def test_refusals_reach_no_worker_and_log_nothing(
+    fleet: Any, route: str, body: dict, code: int, field: str, why: str
+) -> None:
     ctl, agents = fleet
     _, ops_before = await ctl.call("GET", "/v1/rl/operations", headers={})
     calls = {w: len(a.traced) for w, a in agents.items()}
@@ -131,8 +140,9 @@ async def test_refusals_reach_no_worker_and_log_nothing(fleet: Any, route: str, 
     assert answer["error"]["field"] == field and why in answer["error"]["message"], answer
     if code == 403:
         assert answer["error"]["code"] == "route_forbidden"
-    assert {w: len([c for c, *_ in a.traced[calls[w]:] if c != "GET /v1/agent/state"])
-            for w, a in agents.items()} == {w: 0 for w in agents}
+    assert {w: len([c for c, *_ in a.traced[calls[w] :] if c != "GET /v1/agent/state"]) for w, a in agents.items()} == {
+        w: 0 for w in agents
+    }
     _, ops = await ctl.call("GET", "/v1/rl/operations", headers={})
     assert ops == ops_before
 
@@ -166,8 +176,9 @@ async def test_rlctl_engine(fleet: Any) -> None:
     rc, out, err = await rlctl(ctl.url, "engine", "is_paused", "-l", "role=policy")
     assert rc == 0, err
     assert "w0" in out and "w1" in out and "w2" not in out
-    rc, out, err = await rlctl(ctl.url, "-o", "json", "engine", "abort_requests", "--worker", "w2",
-                               "--body", '{"request_ids": []}')
+    rc, out, err = await rlctl(
+        ctl.url, "-o", "json", "engine", "abort_requests", "--worker", "w2", "--body", '{"request_ids": []}'
+    )
     assert rc == 0, err
     assert json.loads(out)["detail"]["answers"] == {"w2": {"status": "aborted", "aborted": 0}}
     rc, out, err = await rlctl(ctl.url, "engine", "sleep")

@@ -55,25 +55,45 @@ class EnvoyFleet:
 
 
 def envoy_settings(xds_port: int) -> dict[str, Any]:
-    return {"gateway": {"port": 0, "data_plane": "envoy", "attempts": 3,
-                        "envoy": {"xds_port": xds_port, "ack_timeout_s": ACK_TIMEOUT_S}}}
+    return {
+        "gateway": {
+            "port": 0,
+            "data_plane": "envoy",
+            "attempts": 3,
+            "envoy": {"xds_port": xds_port, "ack_timeout_s": ACK_TIMEOUT_S},
+        }
+    }
 
 
-def make_envoy(tmp_path: Path, xds_port: int, *, node: str = "envoy-0", listen_port: int = 0,
-               settings: dict[str, Any] | None = None) -> EnvoyProcess:
+def make_envoy(
+    tmp_path: Path,
+    xds_port: int,
+    *,
+    node: str = "envoy-0",
+    listen_port: int = 0,
+    settings: dict[str, Any] | None = None,
+) -> EnvoyProcess:
     """An Envoy bootstrapped as the controller with `settings` (default: `envoy_settings`) would write it."""
     settings = controller_settings(tmp_path, [], **(settings or envoy_settings(xds_port)))
-    boot = envoy_bootstrap(settings, xds_host="127.0.0.1", xds_port=xds_port, node_id=node, listen_port=listen_port,
-                           admin_port=0)
+    boot = envoy_bootstrap(
+        settings, xds_host="127.0.0.1", xds_port=xds_port, node_id=node, listen_port=listen_port, admin_port=0
+    )
     return EnvoyProcess(boot, tmp_path, name=node)
 
 
 @contextlib.asynccontextmanager
-async def envoy_fleet_of(tmp_path: Path, agents: int = 2, engine: dict[str, Any] | None = None,
-                         gateway: dict[str, Any] | None = None, **overrides: Any) -> AsyncIterator[EnvoyFleet]:
+async def envoy_fleet_of(
+    tmp_path: Path,
+    agents: int = 2,
+    engine: dict[str, Any] | None = None,
+    gateway: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[EnvoyFleet]:
     engine_kwargs = {"token_interval_s": 0.002, **(engine or {})}
-    started = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True, engine_kwargs=engine_kwargs).start()
-               for i in range(agents)]
+    started = [
+        await SimAgent(f"w{i}", [tmp_path], serve_inference=True, engine_kwargs=engine_kwargs).start()
+        for i in range(agents)
+    ]
     xds_port = free_port()
     settings = envoy_settings(xds_port) | overrides
     settings["gateway"] |= gateway or {}
@@ -110,20 +130,30 @@ class Answer:
     body: Any = None
 
 
-async def complete(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None,
-                   max_tokens: int = 4) -> Answer:
+async def complete(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None, max_tokens: int = 4
+) -> Answer:
     sent = time.monotonic()
-    async with http.post(url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": max_tokens},
-                         headers=headers) as resp:
+    async with http.post(
+        url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": max_tokens}, headers=headers
+    ) as resp:
         body = await resp.json(content_type=None)
         spans = resp.headers.get("X-RL-Weight-Versions")
         computed = {s["version"] for choice in json.loads(spans) for s in choice} if spans else set()
-        return Answer(resp.status, resp.headers.get("X-RL-Weight-Version"), resp.headers.get("X-RL-Worker"),
-                      computed, sent, time.monotonic(), body)
+        return Answer(
+            resp.status,
+            resp.headers.get("X-RL-Weight-Version"),
+            resp.headers.get("X-RL-Worker"),
+            computed,
+            sent,
+            time.monotonic(),
+            body,
+        )
 
 
-async def load(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, answers: list[Answer],
-               clients: int = 4) -> None:
+async def load(
+    http: aiohttp.ClientSession, url: str, stop: asyncio.Event, answers: list[Answer], clients: int = 4
+) -> None:
     async def one() -> None:
         while not stop.is_set():
             answers.append(await complete(http, url))
@@ -191,8 +221,10 @@ async def rolling_update_under_load(f: EnvoyFleet) -> None:
     assert {a.header for a in answers} == {"v1", "v2"}
     assert {a.header for a in answers if a.sent > done} == {"v2"}  # bound 1: v1 was admitted until then
     wrong = stale(answers)
-    assert wrong == [], (f"{len(wrong)} of {len(answers)} answers computed by other weights than their label: "
-                         f"{[(a.worker, a.header, sorted(a.computed)) for a in wrong]}")
+    assert wrong == [], (
+        f"{len(wrong)} of {len(answers)} answers computed by other weights than their label: "
+        f"{[(a.worker, a.header, sorted(a.computed)) for a in wrong]}"
+    )
 
 
 async def test_a_worker_restarted_on_base_weights_is_refused_and_retried_elsewhere(tmp_path: Path) -> None:
@@ -218,7 +250,8 @@ async def test_a_worker_restarted_on_base_weights_is_refused_and_retried_elsewhe
         assert refused.status == 409 and refused.body["error"]["field"] == "X-RL-Expect-Weight-Version"
         attempts = f.settings["gateway"]["attempts"]
         assert after["cluster.rl-default.upstream_rq_retry"] - stats["cluster.rl-default.upstream_rq_retry"] == (
-            attempts - 1)
+            attempts - 1
+        )
         assert after["cluster.rl-default.upstream_rq_retry_limit_exceeded"] == 1
 
 
@@ -233,6 +266,7 @@ async def test_a_session_stays_on_its_worker_and_a_hot_one_spreads_under_bounded
             assert len({a.worker for a in answers}) == 1, (header, i, [a.worker for a in answers])  # affinity
             workers[i] = answers[0].worker
         assert set(workers.values()) == {"w0", "w1"}  # sessions spread over the ring (p = 2^-11 otherwise)
+
     # One hot session, 16 overlapping requests (~80 ms each, 10 ms apart): past 1.25 x the mean of
     # requests out, its worker takes no more and the ring's next one does (plain consistent hashing
     # would put all 16 on one). Envoy counts a request once it is on a connection to the worker:
@@ -270,12 +304,14 @@ async def test_the_admission_limit_caps_each_workers_requests_and_queues_the_res
 
 
 async def test_no_member_is_paused_before_every_envoy_acked_and_a_silent_one_holds_the_update(
-        envoy_fleet: EnvoyFleet) -> None:
+    envoy_fleet: EnvoyFleet,
+) -> None:
     f = envoy_fleet
     await update(f, "v1", 1)
     # Its own process, as an Envoy is (rlcp/harness/silent_xds.py): subscribes, never ACKs.
-    silent = subprocess.Popen([sys.executable, "-m", "rlcp.harness.silent_xds", str(f.xds_port), "silent"],
-                              stdout=subprocess.PIPE, text=True)
+    silent = subprocess.Popen(
+        [sys.executable, "-m", "rlcp.harness.silent_xds", str(f.xds_port), "silent"], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert silent.stdout is not None
         first = await asyncio.wait_for(asyncio.to_thread(silent.stdout.readline), 20)
@@ -315,8 +351,9 @@ async def test_a_restarted_envoy_serves_only_once_it_has_the_current_fence(envoy
         answers.append(await complete(f.http, f.envoy.url))
         return len([a for a in answers if a.status == 200]) >= 10
 
-    await wait_for(answered, 30, "a restarted Envoy answering", interval_s=0.01,
-                   tolerate=(aiohttp.ClientConnectionError,))
+    await wait_for(
+        answered, 30, "a restarted Envoy answering", interval_s=0.01, tolerate=(aiohttp.ClientConnectionError,)
+    )
     assert {a.status for a in answers} == {200}  # nothing before it had the fence: not even a 503
     assert {a.header for a in answers} == {"v2"} and stale(answers) == []
     envoy = (await f.ctl.state())["envoy"]
@@ -360,6 +397,7 @@ async def test_with_no_member_in_the_fence_envoy_answers_503_no_capacity_at_once
         assert resp.status == 503 and resp.headers["Retry-After"] == "1"
     status, _ = await f.ctl.call("POST", "/v1/rl/resume")
     assert status == 200
+
     async def served() -> bool:
         return (await complete(f.http, f.envoy.url)).status == 200
 

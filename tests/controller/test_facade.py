@@ -58,8 +58,11 @@ async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
     results = body["error"]["operation"]["results"]
     assert {r["worker_id"]: r["status"] for r in results} == {"w0": "error", "w1": "ok"}
     before = [list(a.touched) for a in agents]
-    for payload, want, field in (({}, 422, "weight_dir"), ({"weight_dir": "/etc"}, 403, "weight_dir"),
-                                 ({"weight_dir": str(ckpt), "x": 1}, 422, "x")):
+    for payload, want, field in (
+        ({}, 422, "weight_dir"),
+        ({"weight_dir": "/etc"}, 403, "weight_dir"),
+        ({"weight_dir": str(ckpt), "x": 1}, 422, "x"),
+    ):
         status, body = await ctl.call("POST", "/update_weights", payload)
         assert (status, body["error"]["field"]) == (want, field)
     assert [a.touched for a in agents] == before
@@ -102,8 +105,12 @@ def vllm_admin_routes() -> set[tuple[str, str]]:
     from vllm.entrypoints.serve.dev.server_info.api_router import router as server_info
     from vllm.entrypoints.serve.dev.sleep.api_router import router as sleep
 
-    routes = {(method, route.path) for router in (rl, cache, rpc, server_info, sleep)
-              for route in router.routes for method in route.methods}
+    routes = {
+        (method, route.path)
+        for router in (rl, cache, rpc, server_info, sleep)
+        for route in router.routes
+        for method in route.methods
+    }
     return routes | {("POST", "/v1/load_lora_adapter"), ("POST", "/v1/unload_lora_adapter")}
 
 
@@ -121,7 +128,9 @@ async def test_routes_without_fleet_meaning_say_why_and_touch_nothing(sim_fleet)
 
     ctl, agents = sim_fleet
     assert await ctl.call("POST", "/init_broadcaster", {"host": "h", "port": 1}, headers={}) == (
-        401, {"error": {"code": "unauthorized", "field": "Authorization", "message": "missing bearer token"}})
+        401,
+        {"error": {"code": "unauthorized", "field": "Authorization", "message": "missing bearer token"}},
+    )
     for method, path, _ in REFUSED:
         status, body = await ctl.call(method, path, {} if method == "POST" else None)
         assert status == 501 and body["error"]["code"] == "not_supported", (path, body)
@@ -166,11 +175,18 @@ async def test_sleep_and_wake_through_the_facade_are_the_fleet_sleep(sim_fleet):
     assert all(w["serving"] for w in (await ctl.state())["workers"])
 
 
-@pytest.mark.parametrize("path,field", [
-    ("/sleep?level=0", "level"), ("/sleep?level=3", "level"), ("/sleep?mode=keep", "mode"),
-    ("/sleep?mode=nap", "mode"), ("/wake_up?tags=gpu", "tags.0"), ("/wake_up?tags=scheduling", "tags.0"),
-    ("/reset_prefix_cache?reset_running_requests=maybe", "reset_running_requests"),
-])
+@pytest.mark.parametrize(
+    "path,field",
+    [
+        ("/sleep?level=0", "level"),
+        ("/sleep?level=3", "level"),
+        ("/sleep?mode=keep", "mode"),
+        ("/sleep?mode=nap", "mode"),
+        ("/wake_up?tags=gpu", "tags.0"),
+        ("/wake_up?tags=scheduling", "tags.0"),
+        ("/reset_prefix_cache?reset_running_requests=maybe", "reset_running_requests"),
+    ],
+)
 async def test_bad_sleep_wake_and_reset_queries_touch_no_worker(sim_fleet, path, field):
     ctl, agents = sim_fleet
     before = [list(a.touched) for a in agents]
@@ -187,7 +203,6 @@ async def test_reset_prefix_cache_resets_every_member_and_a_failure_is_a_failure
     status, result = await ctl.call("POST", "/v1/rl/reset_prefix_cache", {"reset_running_requests": True})
     assert status == 200 and result["kind"] == "reset_prefix_cache", result
 
-
     async def held(*, include_running: bool, external: bool = False) -> bool:
         return False  # vLLM's answer while running requests hold blocks
 
@@ -203,24 +218,26 @@ async def test_reset_prefix_cache_resets_every_member_and_a_failure_is_a_failure
 async def test_collective_rpc_reload_weights_is_the_verified_disk_update(sim_fleet, tmp_path):
     ctl, agents = sim_fleet
     ckpt = write_checkpoint(tmp_path / "step-7", 7)
-    status, body = await ctl.call("POST", "/collective_rpc",
-                                  {"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}})
+    status, body = await ctl.call(
+        "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}}
+    )
     assert (status, body) == (200, {"results": [None, None]}), body
     assert all(a.service.weight_version == "step-7" for a in agents)
     st = await ctl.state()
     assert st["applied"]["weight_version"] == "step-7" and st["applied"]["verified"] is True
     before = [list(a.touched) for a in agents]
     for payload, want, field in (
-            ({"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}, 403, "kwargs.weights_path"),
-            ({"method": "reload_weights"}, 422, "kwargs.weights_path"),
-            ({"method": "reload_weights", "kwargs": {"path": str(ckpt)}}, 422, "kwargs.path"),
-            ({"method": "reload_weights", "args": [str(ckpt)]}, 422, "kwargs.weights_iterator"),
-            ({"method": "start_weight_update", "args": [1]}, 422, "args"),
-            ({"method": "init_weight_transfer_engine", "kwargs": {"init_info": 3}}, 422, "kwargs.init_info"),
-            ({"method": "reload_weights", "timeout": "soon", "kwargs": {"weights_path": str(ckpt)}}, 422, "timeout"),
-            ({"args": []}, 422, "method"),
-            ({"method": "execute_model"}, 501, "method"),
-            ({"method": "start_draft_weight_update"}, 501, "method")):
+        ({"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}, 403, "kwargs.weights_path"),
+        ({"method": "reload_weights"}, 422, "kwargs.weights_path"),
+        ({"method": "reload_weights", "kwargs": {"path": str(ckpt)}}, 422, "kwargs.path"),
+        ({"method": "reload_weights", "args": [str(ckpt)]}, 422, "kwargs.weights_iterator"),
+        ({"method": "start_weight_update", "args": [1]}, 422, "args"),
+        ({"method": "init_weight_transfer_engine", "kwargs": {"init_info": 3}}, 422, "kwargs.init_info"),
+        ({"method": "reload_weights", "timeout": "soon", "kwargs": {"weights_path": str(ckpt)}}, 422, "timeout"),
+        ({"args": []}, 422, "method"),
+        ({"method": "execute_model"}, 501, "method"),
+        ({"method": "start_draft_weight_update"}, 501, "method"),
+    ):
         status, body = await ctl.call("POST", "/collective_rpc", payload)
         assert (status, body["error"]["field"]) == (want, field), (payload, body)
         if want == 501:
@@ -232,17 +249,23 @@ async def test_collective_rpc_weight_protocol_is_the_fleet_broadcast(sim_fleet):
     ctl, agents = sim_fleet
     chunk = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}
     await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
-    for method, kwargs in (("init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1",
-                                                                          "master_port": 29999, "rank_offset": 1,
-                                                                          "world_size": 3}}),
-                           ("start_weight_update", {}), ("update_weights", {"update_info": chunk}),
-                           ("finish_weight_update", {})):
+    for method, kwargs in (
+        (
+            "init_weight_transfer_engine",
+            {"init_info": {"master_address": "127.0.0.1", "master_port": 29999, "rank_offset": 1, "world_size": 3}},
+        ),
+        ("start_weight_update", {}),
+        ("update_weights", {"update_info": chunk}),
+        ("finish_weight_update", {}),
+    ):
         status, body = await ctl.call("POST", "/collective_rpc", {"method": method, "kwargs": kwargs})
         assert (status, body) == (200, {"results": [None, None]}), (method, body)
     assert all(a.engine.weight_update_chunks == 1 for a in agents)
     assert not any(a.service.paused for a in agents)  # finish resumed what start paused
     assert await ctl.call("POST", "/update_weight_version", {"new_version": "b1"}) == (
-        200, {"success": True, "new_version": "b1"})
+        200,
+        {"success": True, "new_version": "b1"},
+    )
     assert all(a.service.weight_version == "b1" for a in agents)
     status, body = await ctl.call("POST", "/collective_rpc", {"method": "shutdown_weight_transfer_engine"})
     assert status == 200 and (await ctl.state())["weight_transfer"] is None, body

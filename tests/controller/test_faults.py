@@ -58,13 +58,21 @@ class Fleet:
     http: aiohttp.ClientSession
 
     async def call(self, method: str, path: str, body: Any = None, *, timeout_s: float = 90) -> tuple[int, Any]:
-        async with self.http.request(method, self.controller.url + path, json=body, headers=CTL_AUTH,
-                                     timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        async with self.http.request(
+            method,
+            self.controller.url + path,
+            json=body,
+            headers=CTL_AUTH,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        ) as resp:
             return resp.status, await resp.json()
 
     async def update(self, version: str, seed: int, **extra: Any) -> tuple[int, Any]:
-        return await self.call("POST", "/v1/rl/update_weights",
-                               {"version": version, "source": {"kind": "disk", "path": str(self.ckpt[seed])}, **extra})
+        return await self.call(
+            "POST",
+            "/v1/rl/update_weights",
+            {"version": version, "source": {"kind": "disk", "path": str(self.ckpt[seed])}, **extra},
+        )
 
     async def state(self) -> dict:
         status, body = await call(self.http, "GET", self.controller.url + "/v1/rl/state", timeout_s=5)
@@ -84,14 +92,19 @@ class Fleet:
 
     async def converged(self, version: str) -> dict | None:
         st = await self.state()
-        ok = (st["desired"]["weight_version"] == version and st["applied"]["converged"]
-              and st["applied"]["weight_version"] == version and st["phase"] == "serving"
-              and all(w["serving"] for w in st["workers"]))
+        ok = (
+            st["desired"]["weight_version"] == version
+            and st["applied"]["converged"]
+            and st["applied"]["weight_version"] == version
+            and st["phase"] == "serving"
+            and all(w["serving"] for w in st["workers"])
+        )
         return st if ok else None
 
     async def wait_converged(self, version: str, timeout_s: float = 60) -> dict:
-        st = await wait_until(lambda: self.converged(version), timeout_s=timeout_s,
-                              what=f"fleet converged on {version}")
+        st = await wait_until(
+            lambda: self.converged(version), timeout_s=timeout_s, what=f"fleet converged on {version}"
+        )
         for name in self.agents:  # from the agents' side too: at the version, resumed, ready
             a = await wait_until(lambda n=name: self._idle_state(n), timeout_s=30, what=f"{name} idle")
             assert (a["weight_version"], a["paused"], a["ready"]) == (version, False, True), (name, a)
@@ -104,14 +117,16 @@ class Fleet:
     def loads(self) -> dict[str, dict[str, int]]:
         return {name: dict(agent.disk_loads()) for name, agent in self.agents.items()}
 
-    def assert_each_version_loaded_once(self, versions: list[str], *,
-                                        interrupted: dict[str, str] | None = None) -> None:
+    def assert_each_version_loaded_once(
+        self, versions: list[str], *, interrupted: dict[str, str] | None = None
+    ) -> None:
         """Every agent loaded every version exactly once, as its log says; `interrupted` names an
         agent whose load of a version was cut by its death (that one left no record)."""
         loads = self.loads()
         for name, counts in loads.items():
-            assert counts == {v: 1 for v in versions}, (f"{name} loaded {counts}; expected each of {versions} once"
-                                                         + (f" (interrupted: {interrupted})" if interrupted else ""))
+            assert counts == {v: 1 for v in versions}, f"{name} loaded {counts}; expected each of {versions} once" + (
+                f" (interrupted: {interrupted})" if interrupted else ""
+            )
 
 
 def worker(state: dict, worker_id: str) -> dict:
@@ -132,16 +147,24 @@ async def make_fleet(tmp_path: Path, fresh_http: aiohttp.ClientSession):
         latency = latency or {}
         ckpt = {seed: write_checkpoint(tmp_path / "weights" / f"seed-{seed}", seed) for seed in (1, 2, 3)}
         roots = [tmp_path / "weights"]
-        agents = {name: sim_agent(name, tmp_path / "agents", roots, op_latency_s=latency.get(name, 0.05))
-                  for name in ("a0", "a1", "a2")}
+        agents = {
+            name: sim_agent(name, tmp_path / "agents", roots, op_latency_s=latency.get(name, 0.05))
+            for name in ("a0", "a1", "a2")
+        }
         proxy = None
         if proxied is not None:
             proxy = await FaultProxy(admin_port(agents[proxied])).start()
-        workers = [{"id": name, "flavor": "agent",
-                    "admin_url": proxy.url if proxy and name == proxied else f"http://127.0.0.1:{admin_port(a)}"}
-                   for name, a in agents.items()]
-        controller = ControllerProcess(controller_config(tmp_path / "controller", workers, roots),
-                                       tmp_path / "controller")
+        workers = [
+            {
+                "id": name,
+                "flavor": "agent",
+                "admin_url": proxy.url if proxy and name == proxied else f"http://127.0.0.1:{admin_port(a)}",
+            }
+            for name, a in agents.items()
+        ]
+        controller = ControllerProcess(
+            controller_config(tmp_path / "controller", workers, roots), tmp_path / "controller"
+        )
         fleet = Fleet(agents, controller, proxy, ckpt, fresh_http)
         made.append(fleet)
         # The proxy lives on this event loop: start the processes from a thread.
@@ -223,18 +246,23 @@ async def test_agent_sigkilled_mid_update_is_named_then_converged_before_ready(m
         w = s["worker"]
         if w is not None and w["weight_version"] != "v1":
             assert not w["ready"] and not w["serving"], s
-    assert any(s["worker"] and s["worker"]["reachable"] and s["worker"]["weight_version"] != "v1"
-               for s in samples), "the controller never saw the restarted agent stale (nothing to check against)"
+    assert any(s["worker"] and s["worker"]["reachable"] and s["worker"]["weight_version"] != "v1" for s in samples), (
+        "the controller never saw the restarted agent stale (nothing to check against)"
+    )
     # a2's first load of v1 died with it (no record); the reconciler's load is its only one.
     fleet.assert_each_version_loaded_once(["v1"], interrupted={"a2": "v1"})
     first_reach = min(s["t"] for s in reached)
-    record_figures("faults", "agent_sigkill_mid_update", {
-        "call_returned_after_kill_s": round(returned_after_kill, 2),
-        "restart_to_serving_agent_s": round(t_started - t_restart, 2),
-        "reachable_to_converged_s": round(t_converged - first_reach, 2),
-        "stale_samples_all_not_ready": len(stale),
-        "engine_op_latency_s": 1.0,
-    })
+    record_figures(
+        "faults",
+        "agent_sigkill_mid_update",
+        {
+            "call_returned_after_kill_s": round(returned_after_kill, 2),
+            "restart_to_serving_agent_s": round(t_started - t_restart, 2),
+            "reachable_to_converged_s": round(t_converged - first_reach, 2),
+            "stale_samples_all_not_ready": len(stale),
+            "engine_op_latency_s": 1.0,
+        },
+    )
 
 
 async def _watch_restarted(fleet: Fleet, name: str, samples: list[dict], stop: asyncio.Event) -> None:
@@ -292,11 +320,17 @@ async def test_agent_frozen_past_deadline_times_out_alone_then_converges(make_fl
     t_converged = time.monotonic()
     # The load a2 was in when it froze finished after the thaw; the reconciler only resumed it.
     fleet.assert_each_version_loaded_once(["v1"])
-    record_figures("faults", "agent_frozen_past_deadline", {
-        "phase_deadline_s": 9, "call_s": round(time.monotonic() - t_call, 2),
-        "returned_after_freeze_s": round(returned_after_stop, 2),
-        "thaw_to_converged_s": round(t_converged - t_cont, 2), "a0_status_refreshes_in_4s_during_hang": refreshes,
-    })
+    record_figures(
+        "faults",
+        "agent_frozen_past_deadline",
+        {
+            "phase_deadline_s": 9,
+            "call_s": round(time.monotonic() - t_call, 2),
+            "returned_after_freeze_s": round(returned_after_stop, 2),
+            "thaw_to_converged_s": round(t_converged - t_cont, 2),
+            "a0_status_refreshes_in_4s_during_hang": refreshes,
+        },
+    )
 
 
 async def _last_seen_changes(fleet: Fleet, name: str, *, window_s: float) -> int:
@@ -338,18 +372,23 @@ async def test_agent_answering_500_is_partial_then_converged(make_fleet):
     assert not w["serving"], w
     await wait_until(lambda: _not_ready(fleet, "a1"), timeout_s=30, what="a1 told the desired version")
     # The reconciler keeps trying (and keeps getting 500) with backoff...
-    await wait_until(lambda: len(proxy.fired("POST", "/v1/agent/weights/disk")) > 3, timeout_s=30,
-                     what="the reconciler retrying a1")
+    await wait_until(
+        lambda: len(proxy.fired("POST", "/v1/agent/weights/disk")) > 3, timeout_s=30, what="the reconciler retrying a1"
+    )
     # ...until the worker answers again.
     t_recover = time.monotonic()
     proxy.clear()
     await fleet.wait_converged("v1", timeout_s=60)
     t_converged = time.monotonic()
     fleet.assert_each_version_loaded_once(["v1"])  # the 500s never reached the agent
-    record_figures("faults", "agent_answering_500", {
-        "recovered_to_converged_s": round(t_converged - t_recover, 2),
-        "500s_answered_to_the_reconciler": len(proxy.fired("POST", "/v1/agent/weights/disk")),
-    })
+    record_figures(
+        "faults",
+        "agent_answering_500",
+        {
+            "recovered_to_converged_s": round(t_converged - t_recover, 2),
+            "500s_answered_to_the_reconciler": len(proxy.fired("POST", "/v1/agent/weights/disk")),
+        },
+    )
 
 
 # -- d. the controller SIGKILLed mid-transaction -------------------------------------------------------
@@ -393,8 +432,10 @@ async def test_controller_sigkilled_mid_transaction_recovers_and_loads_nothing_t
         assert st["desired"]["weight_version"] == version, st["desired"]  # recovered from the file store
         assert st["desired"]["weight_source"]["path"] == str(fleet.ckpt[seed])
         await fleet.wait_converged(version, timeout_s=60)
-        figures[f"killed_while_{moment}"] = {"restart_s": round(time.monotonic() - t_restart, 2),
-                                             "kill_to_converged_s": round(time.monotonic() - t_kill, 2)}
+        figures[f"killed_while_{moment}"] = {
+            "restart_s": round(time.monotonic() - t_restart, 2),
+            "kill_to_converged_s": round(time.monotonic() - t_kill, 2),
+        }
     fleet.assert_each_version_loaded_once(["v1", "v2", "v3"])
     record_figures("faults", "controller_sigkill_mid_transaction", figures)
 
@@ -410,8 +451,11 @@ async def test_an_operation_the_controllers_death_interrupted_is_listed_interrup
     fleet.proxy.fault("POST", "/v1/agent/weights/update", "hang")  # a1 never answers the update's call
     update = asyncio.create_task(fleet.update("v2", 2))
     await wait_until(lambda: _phase_is(fleet, "updating"), timeout_s=10, what="the update under way")
-    await wait_until(lambda: bool(fleet.proxy and fleet.proxy.fired("POST", "/v1/agent/weights/update")),
-                     timeout_s=10, what="a1's update hanging")
+    await wait_until(
+        lambda: bool(fleet.proxy and fleet.proxy.fired("POST", "/v1/agent/weights/update")),
+        timeout_s=10,
+        what="a1's update hanging",
+    )
     running = (await fleet.state())["last_operation"]
     assert (running["kind"], running["status"], running["detail"]["version"]) == ("update_weights", "running", "v2")
     fleet.controller.kill()
@@ -430,7 +474,9 @@ async def test_an_operation_the_controllers_death_interrupted_is_listed_interrup
     status, listing = await fleet.call("GET", "/v1/rl/operations")
     assert status == 200
     assert [(op["id"], op["status"]) for op in listing["operations"]] == [
-        (running["id"], "interrupted"), (done["id"], "ok")], listing
+        (running["id"], "interrupted"),
+        (done["id"], "ok"),
+    ], listing
     status, one = await fleet.call("GET", f"/v1/rl/operations/{running['id']}")
     assert status == 200 and one["status"] == "interrupted", one
     rc, out, err = await rlctl(fleet.controller.url, "ops")
@@ -444,7 +490,9 @@ async def test_an_operation_the_controllers_death_interrupted_is_listed_interrup
     await asyncio.to_thread(fleet.controller.start)
     status, listing = await fleet.call("GET", "/v1/rl/operations")
     assert [(op["id"], op["status"]) for op in listing["operations"]][:2] == [
-        (running["id"], "interrupted"), (done["id"], "ok")], listing
+        (running["id"], "interrupted"),
+        (done["id"], "ok"),
+    ], listing
 
 
 async def _not_ready(fleet: Fleet, name: str) -> bool:
@@ -471,8 +519,10 @@ async def test_connection_reset_mid_response_is_reported_and_converged(make_flee
     figures: dict[str, Any] = {}
     # The agent does the work; the controller gets the status line and headers (or half the body)
     # and then a reset. The answer must name the worker and the cut, promptly.
-    for version, seed, route, cut, phase in (("v1", 1, "/v1/agent/weights/update", "cut_after_headers", "update"),
-                                             ("v2", 2, "/v1/agent/weights/update", "cut_mid_body", "update")):
+    for version, seed, route, cut, phase in (
+        ("v1", 1, "/v1/agent/weights/update", "cut_after_headers", "update"),
+        ("v2", 2, "/v1/agent/weights/update", "cut_mid_body", "update"),
+    ):
         proxy.fault("POST", route, cut)
         t0 = time.monotonic()
         status, result = await fleet.update(version, seed, timeout_s=10)
@@ -487,7 +537,11 @@ async def test_connection_reset_mid_response_is_reported_and_converged(make_flee
         t_fixed = time.monotonic()
         proxy.clear()
         await fleet.wait_converged(version, timeout_s=60)
-        figures[cut] = {"route": route, "call_s": round(took, 2), "message": res["a1"]["message"],
-                        "fixed_to_converged_s": round(time.monotonic() - t_fixed, 2)}
+        figures[cut] = {
+            "route": route,
+            "call_s": round(took, 2),
+            "message": res["a1"]["message"],
+            "fixed_to_converged_s": round(time.monotonic() - t_fixed, 2),
+        }
     fleet.assert_each_version_loaded_once(["v1", "v2"])
     record_figures("faults", "connection_reset_mid_response", figures)

@@ -59,7 +59,7 @@ def load(route: str, name: str, path: Path) -> tuple[str, dict[str, Any]]:
 
 def calls_since(agents: list[SimAgent], marks: dict[str, int]) -> dict[str, list[str]]:
     """Every request but the status poll that reached each agent since `marks`."""
-    return {a.agent_id: [c for c, _, _ in a.traced[marks[a.agent_id]:] if c != POLL] for a in agents}
+    return {a.agent_id: [c for c, _, _ in a.traced[marks[a.agent_id] :] if c != POLL] for a in agents}
 
 
 async def routed_to(gateway: str, model: str, n: int = 8) -> set[str]:
@@ -72,15 +72,19 @@ async def routed_to(gateway: str, model: str, n: int = 8) -> set[str]:
     return workers
 
 
-@pytest.mark.parametrize("fleet, route, name, serving_fleet", [
-    ("teacher", f"{TEACHER}/v1/rl/loras", "policy-m", "default"),  # the adversary's: the default fleet's base model
-    ("teacher", f"{TEACHER}/load_lora_adapter", "policy-m", "default"),
-    ("teacher", f"{TEACHER}/v1/load_lora_adapter", "policy-m", "default"),
-    ("default", "/v1/rl/loras", "teacher-m", "teacher"),
-    ("default", "/load_lora_adapter", "teacher-m", "teacher"),
-])
+@pytest.mark.parametrize(
+    "fleet, route, name, serving_fleet",
+    [
+        ("teacher", f"{TEACHER}/v1/rl/loras", "policy-m", "default"),  # the adversary's: the default fleet's base model
+        ("teacher", f"{TEACHER}/load_lora_adapter", "policy-m", "default"),
+        ("teacher", f"{TEACHER}/v1/load_lora_adapter", "policy-m", "default"),
+        ("default", "/v1/rl/loras", "teacher-m", "teacher"),
+        ("default", "/load_lora_adapter", "teacher-m", "teacher"),
+    ],
+)
 async def test_an_adapter_under_a_name_another_fleet_serves_is_a_409_naming_both_before_any_worker(
-        fleets, tmp_path: Path, fleet: str, route: str, name: str, serving_fleet: str) -> None:
+    fleets, tmp_path: Path, fleet: str, route: str, name: str, serving_fleet: str
+) -> None:
     ctl, agents, gateway = fleets
     adapter = write_adapter(tmp_path / "adapter")
     marks = {a.agent_id: len(a.traced) for a in agents}
@@ -88,7 +92,11 @@ async def test_an_adapter_under_a_name_another_fleet_serves_is_a_409_naming_both
     assert status == 409, body
     error = body["error"]
     assert (error["code"], error["model"], error["served_by"], error["fleet"]) == (
-        "model_name_taken", name, serving_fleet, fleet), error
+        "model_name_taken",
+        name,
+        serving_fleet,
+        fleet,
+    ), error
     assert f"fleet {fleet!r}" in error["message"] and f"fleet {serving_fleet!r}" in error["message"], error
     assert calls_since(agents, marks) == {a.agent_id: [] for a in agents}  # no worker was asked anything
     assert all(name not in a.engine.served_lora_names() for a in agents)
@@ -96,8 +104,10 @@ async def test_an_adapter_under_a_name_another_fleet_serves_is_a_409_naming_both
     assert name not in (await state(ctl, base))["desired"]["loras"]
     owners = {"policy-m": {"p0", "p1"}, "teacher-m": {"t0", "t1"}}
     assert await routed_to(gateway, name) == owners[name]  # still its one fleet's
-    assert await routed_to(gateway, "teacher-m" if name == "policy-m" else "policy-m") == owners[
-        "teacher-m" if name == "policy-m" else "policy-m"]
+    assert (
+        await routed_to(gateway, "teacher-m" if name == "policy-m" else "policy-m")
+        == owners["teacher-m" if name == "policy-m" else "policy-m"]
+    )
 
 
 async def test_an_adapter_one_fleet_loaded_is_its_name_the_other_fleet_cannot_load(fleets, tmp_path: Path) -> None:
@@ -127,12 +137,15 @@ async def test_two_loads_of_one_name_into_two_fleets_at_once_do_not_both_succeed
         a.faults.add("POST", "/v1/agent/weights/check", _delay(0.3))
     (s1, b1), (s2, b2) = await asyncio.gather(
         ctl.call("POST", "/v1/rl/loras", {"name": "shared", "path": str(adapter)}),
-        ctl.call("POST", f"{TEACHER}/v1/rl/loras", {"name": "shared", "path": str(adapter)}))
+        ctl.call("POST", f"{TEACHER}/v1/rl/loras", {"name": "shared", "path": str(adapter)}),
+    )
     assert sorted([s1, s2]) == [200, 409], (b1, b2)
     refused = b1 if s1 == 409 else b2
     winner = "default" if s1 == 200 else "teacher"
     assert (refused["error"]["served_by"], refused["error"]["fleet"]) == (
-        winner, "teacher" if winner == "default" else "default"), refused
+        winner,
+        "teacher" if winner == "default" else "default",
+    ), refused
     holders = {a.agent_id for a in agents if "shared" in a.engine.served_lora_names()}
     assert holders == ({"p0", "p1"} if winner == "default" else {"t0", "t1"})
 
@@ -143,19 +156,39 @@ def _delay(seconds: float) -> Any:
     return Fault("delay", delay_s=seconds)
 
 
-@pytest.mark.parametrize("settings, says", [
-    ({"fleets": {"a": {"selector": "role=a", "models": ["m"]}, "b": {"selector": "role=b", "models": ["m"]}}},
-     "model name 'm' is given to fleet 'a' (fleets.a.models) and to fleet 'b' (fleets.b.models)"),
-    ({"fleets": {"teacher": {"selector": "role=teacher", "models": ["policy-m"]}},
-      "discovery": {"kind": "static", "static": [{"id": "p0", "admin_url": "http://p0", "model": "policy-m"}]}},
-     "model name 'policy-m' is given to fleet 'teacher' (fleets.teacher.models) and to fleet 'default' "
-     "(discovery.static member 'p0''s model)"),
-    ({"fleets": {"teacher": {"selector": "role=teacher"}},
-      "discovery": {"kind": "static", "static": [
-          {"id": "p0", "admin_url": "http://p0", "model": "m"},
-          {"id": "t0", "admin_url": "http://t0", "model": "m", "labels": {"role": "teacher"}}]}},
-     "fleet 'default' (discovery.static member 'p0''s model) and to fleet 'teacher'"),
-])
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (
+            {"fleets": {"a": {"selector": "role=a", "models": ["m"]}, "b": {"selector": "role=b", "models": ["m"]}}},
+            "model name 'm' is given to fleet 'a' (fleets.a.models) and to fleet 'b' (fleets.b.models)",
+        ),
+        (
+            {
+                "fleets": {"teacher": {"selector": "role=teacher", "models": ["policy-m"]}},
+                "discovery": {
+                    "kind": "static",
+                    "static": [{"id": "p0", "admin_url": "http://p0", "model": "policy-m"}],
+                },
+            },
+            "model name 'policy-m' is given to fleet 'teacher' (fleets.teacher.models) and to fleet 'default' "
+            "(discovery.static member 'p0''s model)",
+        ),
+        (
+            {
+                "fleets": {"teacher": {"selector": "role=teacher"}},
+                "discovery": {
+                    "kind": "static",
+                    "static": [
+                        {"id": "p0", "admin_url": "http://p0", "model": "m"},
+                        {"id": "t0", "admin_url": "http://t0", "model": "m", "labels": {"role": "teacher"}},
+                    ],
+                },
+            },
+            "fleet 'default' (discovery.static member 'p0''s model) and to fleet 'teacher'",
+        ),
+    ],
+)
 def test_settings_giving_one_model_name_to_two_fleets_do_not_start(settings: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError) as info:
         ControllerSettings(**settings)
@@ -163,10 +196,16 @@ def test_settings_giving_one_model_name_to_two_fleets_do_not_start(settings: dic
 
 
 def test_settings_may_give_a_name_to_one_fleet_and_its_members() -> None:
-    ControllerSettings(fleets={"teacher": {"selector": "role=teacher", "models": ["t"]}},
-                       discovery={"kind": "static", "static": [
-                           {"id": "t0", "admin_url": "http://t0", "model": "t", "labels": {"role": "teacher"}},
-                           {"id": "t1", "admin_url": "http://t1", "model": "t", "labels": {"role": "teacher"}}]})
+    ControllerSettings(
+        fleets={"teacher": {"selector": "role=teacher", "models": ["t"]}},
+        discovery={
+            "kind": "static",
+            "static": [
+                {"id": "t0", "admin_url": "http://t0", "model": "t", "labels": {"role": "teacher"}},
+                {"id": "t1", "admin_url": "http://t1", "model": "t", "labels": {"role": "teacher"}},
+            ],
+        },
+    )
 
 
 @pytest.mark.parametrize("flavor, route", [("vllm", "load_lora_adapter"), ("dynamo", "load_lora")])

@@ -49,8 +49,9 @@ TEACHER = "/fleets/teacher"
 
 
 async def start(tmp_path: Path, fleets: dict[str, Any]) -> tuple[Ctl, list[SimAgent]]:
-    agents = [await SimAgent(wid, [tmp_path], model=model, serve_inference=True).start()
-              for wid, model in MODELS.items()]
+    agents = [
+        await SimAgent(wid, [tmp_path], model=model, serve_inference=True).start() for wid, model in MODELS.items()
+    ]
     try:
         ctl = await start_controller(tmp_path, [Labelled(a, {"role": ROLE[a.model]}) for a in agents], fleets=fleets)
     except BaseException:
@@ -79,8 +80,13 @@ async def state(ctl: Ctl, base: str) -> dict[str, Any]:
 
 async def serving(ctl: Ctl, base: str) -> bool:
     st = await state(ctl, base)
-    return bool(st["workers"]) and all(w["serving"] for w in st["workers"]) and st["gateway"] is not None and all(
-        w["in_fence"] for w in st["gateway"]["workers"]) and len(st["gateway"]["workers"]) == len(st["workers"])
+    return (
+        bool(st["workers"])
+        and all(w["serving"] for w in st["workers"])
+        and st["gateway"] is not None
+        and all(w["in_fence"] for w in st["gateway"]["workers"])
+        and len(st["gateway"]["workers"]) == len(st["workers"])
+    )
 
 
 def versions(st: dict[str, Any]) -> dict[str, str | None]:
@@ -88,8 +94,9 @@ def versions(st: dict[str, Any]) -> dict[str, str | None]:
 
 
 async def complete(http: aiohttp.ClientSession, gateway: str, model: str, **headers: str) -> tuple[int, Any, Any]:
-    async with http.post(gateway + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2},
-                         headers=headers) as resp:
+    async with http.post(
+        gateway + "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 2}, headers=headers
+    ) as resp:
         return resp.status, resp.headers, await resp.json()
 
 
@@ -101,7 +108,9 @@ async def test_each_fleet_keeps_its_own_members_desired_state_store_and_operatio
     status, listing = await ctl.call("GET", "/v1/rl/fleets", headers={})
     assert status == 200
     assert [(f["name"], f["path"], f["selector"], f["members"], f["serving"]) for f in listing["fleets"]] == [
-        ("default", "", None, 2, 2), ("teacher", TEACHER, "role=teacher", 2, 2)]
+        ("default", "", None, 2, 2),
+        ("teacher", TEACHER, "role=teacher", 2, 2),
+    ]
     assert [f["models"] for f in listing["fleets"]] == [["policy-m"], ["teacher-m"]]
 
     write_checkpoint(tmp_path / "p-2", 2)
@@ -111,8 +120,9 @@ async def test_each_fleet_keeps_its_own_members_desired_state_store_and_operatio
     assert set(versions(await state(ctl, "")).values()) == {"p-2"} and "p-2" not in teacher_before.values()
 
     write_checkpoint(tmp_path / "t-3", 3)
-    status, accepted = await ctl.call("POST", f"{TEACHER}/v1/rl/update_weights",
-                                      update_body("t-3", tmp_path / "t-3", wait=False))
+    status, accepted = await ctl.call(
+        "POST", f"{TEACHER}/v1/rl/update_weights", update_body("t-3", tmp_path / "t-3", wait=False)
+    )
     assert status in (200, 202), accepted
     if status == 202:  # the operation is followed under the fleet's own path
         resp = await ctl.client.get(f"{TEACHER}/v1/rl/operations/{accepted['id']}")
@@ -120,6 +130,7 @@ async def test_each_fleet_keeps_its_own_members_desired_state_store_and_operatio
 
     async def teacher_updated() -> bool:
         return set(versions(await state(ctl, TEACHER)).values()) == {"t-3"}
+
     await wait_for(teacher_updated, 20, "the teacher fleet at t-3")
     root, teacher = await state(ctl, ""), await state(ctl, TEACHER)
     assert (root["desired"]["weight_version"], teacher["desired"]["weight_version"]) == ("p-2", "t-3")
@@ -183,16 +194,29 @@ async def test_a_standalone_gateway_follows_every_fleet_and_routes_by_model(flee
     """What the chart runs as N replicas: given the controller's `fleets`, a standalone gateway
     follows each fleet's state at its path and routes by model inside each fence."""
     ctl, _ = fleet
-    gateway = GatewayProcess({"log_level": "warning", "fleets": {"teacher": {"selector": "role=teacher"}},
-                              "gateway": {"host": "127.0.0.1", "port": 0, "follow_url": ctl.url,
-                                          "follow_token": CTL_TOKEN, "follow_interval_s": 0.1,
-                                          "hold_timeout_s": 5}}, tmp_path)
+    gateway = GatewayProcess(
+        {
+            "log_level": "warning",
+            "fleets": {"teacher": {"selector": "role=teacher"}},
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "follow_url": ctl.url,
+                "follow_token": CTL_TOKEN,
+                "follow_interval_s": 0.1,
+                "hold_timeout_s": 5,
+            },
+        },
+        tmp_path,
+    )
     await gateway.spawn().wait_ready_async()
     try:
         async with aiohttp.ClientSession() as http:
+
             async def routes_both() -> bool:
                 answers = [await complete(http, gateway.url, m) for m in ("policy-m", "teacher-m")]
                 return [a[0] for a in answers] == [200, 200]
+
             await wait_for(routes_both, 15, "the standalone gateway serving both fleets")
             for model, members in (("policy-m", {"p0", "p1"}), ("teacher-m", {"t0", "t1"})):
                 for _ in range(4):
@@ -210,6 +234,7 @@ async def test_a_standalone_gateway_follows_every_fleet_and_routes_by_model(flee
                 except TimeoutError:
                     return False
                 return status == 503
+
             await wait_for(teacher_held, 10, "the teacher's requests held by the standalone gateway")
             status, headers, _ = await complete(http, gateway.url, "policy-m")
             assert status == 200 and headers["X-RL-Worker"] in {"p0", "p1"}
@@ -260,8 +285,10 @@ async def test_rlctl_lists_the_fleets_and_steers_one_by_name(fleet) -> None:
 
 
 async def test_a_model_no_fleet_serves_is_a_404_naming_model_when_the_default_fleet_is_empty(tmp_path: Path) -> None:
-    ctl, agents = await start(tmp_path, {"policy": {"selector": "role=policy", "models": ["policy-alias"]},
-                                         "teacher": {"selector": "role=teacher"}})
+    ctl, agents = await start(
+        tmp_path,
+        {"policy": {"selector": "role=policy", "models": ["policy-alias"]}, "teacher": {"selector": "role=teacher"}},
+    )
     try:
         await wait_for(lambda: serving(ctl, "/fleets/policy"), 10, "the policy fleet serving")
         assert (await state(ctl, ""))["workers"] == []
@@ -283,15 +310,21 @@ async def test_a_model_no_fleet_serves_is_a_404_naming_model_when_the_default_fl
 
 
 async def test_the_daemon_serves_each_fleet_through_its_front_and_keeps_each_desired_state_over_a_restart(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """The controller as it is deployed: a process with its front; a named fleet's routes pass
     the front like the root's, and each fleet's desired state outlives the process on its own."""
     agents = [await SimAgent(wid, [tmp_path], model=model).start() for wid, model in MODELS.items()]
-    config = controller_config(tmp_path, [Labelled(a, {"role": ROLE[a.model]}).spec() for a in agents], [tmp_path],
-                               fleets={"teacher": {"selector": "role=teacher"}})
+    config = controller_config(
+        tmp_path,
+        [Labelled(a, {"role": ROLE[a.model]}).spec() for a in agents],
+        [tmp_path],
+        fleets={"teacher": {"selector": "role=teacher"}},
+    )
     ctl = ControllerProcess(config, tmp_path)
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+
             async def read(path: str) -> dict[str, Any]:
                 async with http.get(ctl.url + path, headers=AUTH) as resp:
                     assert resp.status == 200, await resp.text()
@@ -302,8 +335,9 @@ async def test_the_daemon_serves_each_fleet_through_its_front_and_keeps_each_des
                 await wait_reachable(http, ctl.url, workers=2, timeout_s=30)
                 await wait_reachable(http, ctl.url + TEACHER, workers=2, timeout_s=30)
                 if attempt == 0:
-                    async with http.post(ctl.url + f"{TEACHER}/v1/rl/pause", json={"mode": "keep"},
-                                         headers=AUTH) as resp:
+                    async with http.post(
+                        ctl.url + f"{TEACHER}/v1/rl/pause", json={"mode": "keep"}, headers=AUTH
+                    ) as resp:
                         assert resp.status == 200, await resp.text()
                     ctl.stop()
             root, teacher = await read("/v1/rl/state"), await read(f"{TEACHER}/v1/rl/state")
@@ -313,7 +347,9 @@ async def test_the_daemon_serves_each_fleet_through_its_front_and_keeps_each_des
             assert [a.service.paused for a in agents] == [False, False, True, True]
             listing = await read("/v1/rl/fleets")
             assert [(f["name"], f["pause_state"]) for f in listing["fleets"]] == [
-                ("default", "running"), ("teacher", "paused")]
+                ("default", "running"),
+                ("teacher", "paused"),
+            ]
     finally:
         ctl.stop()
         for a in agents:
@@ -327,18 +363,23 @@ def spec(worker_id: str, **labels: str) -> WorkerSpec:
 
 def test_a_member_goes_to_the_first_fleet_whose_selector_matches_else_to_the_default() -> None:
     selectors = {"teacher": parse_selector("role=teacher"), "any-a": parse_selector("zone=a")}
-    shares = partition([spec("a", role="teacher", zone="a"), spec("b", zone="a"), spec("c", role="policy"),
-                        spec("d")], selectors)
+    shares = partition(
+        [spec("a", role="teacher", zone="a"), spec("b", zone="a"), spec("c", role="policy"), spec("d")], selectors
+    )
     assert {name: [s.id for s in specs] for name, specs in shares.items()} == {
-        "teacher": ["a"], "any-a": ["b"], "default": ["c", "d"]}
+        "teacher": ["a"],
+        "any-a": ["b"],
+        "default": ["c", "d"],
+    }
     assert partition([], selectors) == {"teacher": [], "any-a": [], "default": []}
 
 
 async def test_a_relabelled_member_leaves_one_fleet_for_the_other(tmp_path: Path) -> None:
     memory = await MemoryFleet.start(2, roots=[tmp_path])
     try:
-        settings = ControllerSettings(store={"kind": "memory"}, gateway={"enabled": False},
-                                      fleets={"teacher": {"selector": "role=teacher"}})
+        settings = ControllerSettings(
+            store={"kind": "memory"}, gateway={"enabled": False}, fleets={"teacher": {"selector": "role=teacher"}}
+        )
 
         def make(name: str) -> Controller:
             return Controller(settings, transports=memory.transport, store=MemoryStore(), fleet=name)
@@ -348,21 +389,28 @@ async def test_a_relabelled_member_leaves_one_fleet_for_the_other(tmp_path: Path
         teacher_w0 = w0.model_copy(update={"labels": {"role": "teacher"}})
         fleets.apply_membership([teacher_w0, w1])
         assert ([r.id for r in fleets.default.members()], [r.id for r in fleets.named["teacher"].members()]) == (
-            ["w1"], ["w0"])
+            ["w1"],
+            ["w0"],
+        )
         fleets.apply_membership([w0, w1.model_copy(update={"labels": {"role": "teacher"}})])
         assert ([r.id for r in fleets.default.members()], [r.id for r in fleets.named["teacher"].members()]) == (
-            ["w0"], ["w1"])
+            ["w0"],
+            ["w1"],
+        )
     finally:
         await memory.stop()
 
 
-@pytest.mark.parametrize("fleets, says", [
-    ({"default": {"selector": "a=b"}}, "'default' is not a fleet name"),
-    ({"Teacher": {"selector": "a=b"}}, "'Teacher' is not a fleet name"),
-    ({"a_b": {"selector": "a=b"}}, "'a_b' is not a fleet name"),
-    ({"teacher": {"selector": "role in (a"}}, "selector"),
-    ({"teacher": {}}, "selector"),
-])
+@pytest.mark.parametrize(
+    "fleets, says",
+    [
+        ({"default": {"selector": "a=b"}}, "'default' is not a fleet name"),
+        ({"Teacher": {"selector": "a=b"}}, "'Teacher' is not a fleet name"),
+        ({"a_b": {"selector": "a=b"}}, "'a_b' is not a fleet name"),
+        ({"teacher": {"selector": "role in (a"}}, "selector"),
+        ({"teacher": {}}, "selector"),
+    ],
+)
 def test_fleet_settings_refuse_bad_names_and_selectors(fleets: dict[str, Any], says: str) -> None:
     with pytest.raises(ValidationError, match=says.replace("(", r"\(")):
         ControllerSettings(fleets=fleets)

@@ -57,8 +57,9 @@ async def test_a_write_is_in_the_state_read_right_after_it(daemon_fleet) -> None
     status, _, again = await get(http, ctl.url + "/v1/rl/state", headers={"If-None-Match": headers["ETag"]})
     assert status == 304 and again["ETag"] == headers["ETag"]
     # Bad input comes back as the core named it, and an operation's record through the proxy.
-    async with http.post(ctl.url + "/v1/rl/update_weights", json={"version": "v2", "source": {"kind": "disk"}},
-                         headers=AUTH) as resp:
+    async with http.post(
+        ctl.url + "/v1/rl/update_weights", json={"version": "v2", "source": {"kind": "disk"}}, headers=AUTH
+    ) as resp:
         body = await resp.json()
         assert resp.status == 422 and body["error"]["field"].startswith("source"), body
     status, op, _ = await get(http, f"{ctl.url}/v1/rl/operations/{result['id']}")
@@ -67,9 +68,28 @@ async def test_a_write_is_in_the_state_read_right_after_it(daemon_fleet) -> None
 
 # Selectors the core refuses (422 naming `selector`): the front once answered each from its
 # replica, 200 with the whole document.
-BAD_SELECTORS = ("role in", "role in policy", "role in (policy", "bad key=x", "role=policy,", "=x", "a===b",
-                 "!", "a!=!b", "(", "x in (a b)", "x notin", "a=b=c", "a,,b", "a b", "x" * 254, "role=" + "v" * 64,
-                 "!a=b", "in (a)", "s" * 600)
+BAD_SELECTORS = (
+    "role in",
+    "role in policy",
+    "role in (policy",
+    "bad key=x",
+    "role=policy,",
+    "=x",
+    "a===b",
+    "!",
+    "a!=!b",
+    "(",
+    "x in (a b)",
+    "x notin",
+    "a=b=c",
+    "a,,b",
+    "a b",
+    "x" * 254,
+    "role=" + "v" * 64,
+    "!a=b",
+    "in (a)",
+    "s" * 600,
+)
 
 
 async def test_a_state_read_with_a_selector_is_answered_as_the_core_answers_it(daemon_fleet) -> None:

@@ -67,12 +67,28 @@ _PATH_KEYS = ("path", "weight_dir", "lora_path", "checkpoint_path", "weights_pat
 # Free-form payloads whose contents only an engine judges (vLLM's weight-transfer info): a hostile
 # string there is valid input, and what the engine says of it is the engine's business.
 _OPAQUE = ("init_info", "update_info")
-HOSTILE_NAMES = ["v\x00", "v\x01x", "v\x1f", "v\x7f", "v5\n", "\tv", "a b", " ", "", "v\u2028", "v\ud800x",
-                 "\udfff", "v\u00e9", "x" * 5000, "v\r\nX-Injected: 1"]
+HOSTILE_NAMES = [
+    "v\x00",
+    "v\x01x",
+    "v\x1f",
+    "v\x7f",
+    "v5\n",
+    "\tv",
+    "a b",
+    " ",
+    "",
+    "v\u2028",
+    "v\ud800x",
+    "\udfff",
+    "v\u00e9",
+    "x" * 5000,
+    "v\r\nX-Injected: 1",
+]
 hostile = st.one_of(
     st.sampled_from(HOSTILE_NAMES),
-    st.text(alphabet=st.characters(categories=["Cc", "Cs", "Zs", "Zl", "Zp"]), min_size=1, max_size=6)
-    .map(lambda s: "v" + s),
+    st.text(alphabet=st.characters(categories=["Cc", "Cs", "Zs", "Zl", "Zp"]), min_size=1, max_size=6).map(
+        lambda s: "v" + s
+    ),
 )
 BODY_ATTACKS = ("nest", "bad-utf8", "gzip-lie", "deflate-lie", "gzip-truncated", "gzip-trailing", "unknown-coding")
 PATH_ATTACKS = ("escape-dir", "escape-file", "missing", "no-weights")
@@ -94,33 +110,53 @@ class Fleet:
         self.root = base / "weights"
         self.dirs = _attack_dirs(self.root, base / "outside")
         self.agents: list[SimAgent] = [
-            self.live.run(SimAgent(f"a{i}", [self.root], serve_inference=True).start()) for i in range(2)]
-        settings = controller_settings(base, [a.spec() for a in self.agents], allowed_roots=[str(self.root)],
-                                       gateway={"port": 0, "hold_timeout_s": 1},
-                                       weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2,
-                                                        "idle_timeout_s": 3600})
+            self.live.run(SimAgent(f"a{i}", [self.root], serve_inference=True).start()) for i in range(2)
+        ]
+        settings = controller_settings(
+            base,
+            [a.spec() for a in self.agents],
+            allowed_roots=[str(self.root)],
+            gateway={"port": 0, "hold_timeout_s": 1},
+            weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600},
+        )
         self.app = assemble(settings, token=CTL_TOKEN)
         self.runner, self.controller_url = self.live.run(serve(self.app))
         self.live.run(self._settle())
         self.gateway_url = self.app[GATEWAY].url
         self.urls = {"controller": self.controller_url, "agent": self.agents[0].url, "gateway": self.gateway_url}
-        self.auth = {"controller": {"Authorization": f"Bearer {CTL_TOKEN}"},
-                     "agent": {"Authorization": f"Bearer {TOKEN}"}, "gateway": {}}
+        self.auth = {
+            "controller": {"Authorization": f"Bearer {CTL_TOKEN}"},
+            "agent": {"Authorization": f"Bearer {TOKEN}"},
+            "gateway": {},
+        }
 
     async def _settle(self) -> None:
         ctl, gateway = self.app[CONTROLLER], self.app[GATEWAY]
-        await wait_for(lambda: ctl.registry.membership.synced and all(r.reachable for r in ctl.members())
-                       and not any(ctl.reconciler.needs_work(r) for r in ctl.members())
-                       and gateway.router.table() is not None and len(gateway.router.table().routes) == 2,
-                       what="fleet settled, both workers inside the fence")
+        await wait_for(
+            lambda: (
+                ctl.registry.membership.synced
+                and all(r.reachable for r in ctl.members())
+                and not any(ctl.reconciler.needs_work(r) for r in ctl.members())
+                and gateway.router.table() is not None
+                and len(gateway.router.table().routes) == 2
+            ),
+            what="fleet settled, both workers inside the fence",
+        )
         for task in asyncio.all_tasks():
             if task.get_name() == "reconciler":
                 task.cancel()
 
     def snapshot(self) -> list[tuple]:
         async def read() -> list[tuple]:
-            return [(a.service.paused, a.engine.served_version, a.service.desired_weight_version,
-                     sorted((info.name, info.version) for info in a.service.state().loras)) for a in self.agents]
+            return [
+                (
+                    a.service.paused,
+                    a.engine.served_version,
+                    a.service.desired_weight_version,
+                    sorted((info.name, info.version) for info in a.service.state().loras),
+                )
+                for a in self.agents
+            ]
 
         return self.live.run(read())
 
@@ -138,8 +174,12 @@ def _attack_dirs(root: Path, outside: Path) -> dict[str, Path]:
     escape_file = root / "escape-file"
     escape_file.mkdir()
     (escape_file / "model.safetensors").symlink_to(real / "model.safetensors")
-    return {"escape-dir": root / "escape-dir", "escape-file": escape_file, "missing": root / "not-there",
-            "no-weights": write_adapter(root / "no-weights")}
+    return {
+        "escape-dir": root / "escape-dir",
+        "escape-file": escape_file,
+        "missing": root / "not-there",
+        "no-weights": write_adapter(root / "no-weights"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -156,20 +196,26 @@ def _body_routes(routes: Any) -> list[tuple[str, str]]:
     return sorted({(r.method, r.path) for r in routes if r.body is not None and "{" not in r.path})
 
 
-_DOCUMENTS = {"controller": controller_document(auth_reads=False), "agent": agent_document(auth_reads=False),
-              "gateway": gateway_document(secured=False)}
+_DOCUMENTS = {
+    "controller": controller_document(auth_reads=False),
+    "agent": agent_document(auth_reads=False),
+    "gateway": gateway_document(secured=False),
+}
 _SCHEMAS = {name: schemathesis.openapi.from_dict(doc) for name, doc in _DOCUMENTS.items()}
 _REFUSED_BY_BODY = {("controller", "POST", "/collective_rpc")}
-CASES = ([("controller", *r) for r in _body_routes(CONTROLLER_ROUTES)]
-         + [("agent", *r) for r in _body_routes(AGENT_ROUTES)]
-         + [("gateway", *r) for r in _body_routes(GATEWAY_ROUTES)])
+CASES = (
+    [("controller", *r) for r in _body_routes(CONTROLLER_ROUTES)]
+    + [("agent", *r) for r in _body_routes(AGENT_ROUTES)]
+    + [("gateway", *r) for r in _body_routes(GATEWAY_ROUTES)]
+)
 
 
 def _body_strategy(server: str, method: str, path: str) -> st.SearchStrategy[Any]:
     operation = _SCHEMAS[server][path][method]
     # An optional body left out (schemathesis' NotSet) is attacked as `{}`.
     return operation.as_strategy(generation_mode=GenerationMode.POSITIVE).map(
-        lambda case: case.body if isinstance(case.body, dict | list) else {})
+        lambda case: case.body if isinstance(case.body, dict | list) else {}
+    )
 
 
 def _string_slots(body: Any, under: tuple = ()) -> list[tuple]:
@@ -209,7 +255,11 @@ def _attacked(body: Any, kind: str, arg: Any, text: str, dirs: dict[str, Path]) 
     raw = json.dumps(body).encode()
     if kind == "nest":
         depth = arg
-        return json.dumps({**body, "n": 0}).encode().replace(b'"n": 0', b'"n": ' + b"[" * depth + b"]" * depth), {}, True
+        return (
+            json.dumps({**body, "n": 0}).encode().replace(b'"n": 0', b'"n": ' + b"[" * depth + b"]" * depth),
+            {},
+            True,
+        )
     if kind == "bad-utf8":
         at = raw.find(b'"') + 1
         return raw[:at] + b"\xff\xfe" + raw[at:], {}, True
@@ -238,15 +288,22 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(adversari
     url, auth = adversarial_fleet.urls[server] + path, adversarial_fleet.auth[server]
 
     @seed(SEED)
-    @settings(max_examples=ATTACKS, database=None, derandomize=True, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=ATTACKS,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(body=_body_strategy(server, method, path), how=attack)
     def one(body: Any, how: tuple[str, Any, str]) -> None:
         kind, arg, text = how
         data, headers, must_refuse = _attacked(body, kind, arg, text, adversarial_fleet.dirs)
         before = adversarial_fleet.snapshot()
-        response = requests.request(method, url, data=data, timeout=60,
-                                    headers={"Content-Type": "application/json", **auth, **headers})
+        response = requests.request(
+            method, url, data=data, timeout=60, headers={"Content-Type": "application/json", **auth, **headers}
+        )
         figures["tried"] += 1
         label = f"{server} {method} {path} {kind}"
         # `/collective_rpc` names an engine method in its body: one outside vLLM's weight protocol
@@ -268,8 +325,7 @@ def test_an_attack_is_never_a_5xx_and_a_rejected_one_touches_no_worker(adversari
             return
         assert response.status_code < 500 or documented, (label, response.status_code, response.text[:500])
         if must_refuse:
-            assert 400 <= response.status_code < 500 or documented, (label, response.status_code,
-                                                                     response.text[:300])
+            assert 400 <= response.status_code < 500 or documented, (label, response.status_code, response.text[:300])
         assert not touched, (label, response.status_code, response.text[:300], before, adversarial_fleet.snapshot())
 
     one()

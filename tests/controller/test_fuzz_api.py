@@ -27,7 +27,6 @@ widen a local bug hunt. The without-token run asserts 401 on every route the doc
 secures, and nothing touched.
 """
 
-
 from __future__ import annotations
 
 import asyncio
@@ -97,8 +96,13 @@ def _config(token: str | None) -> schemathesis.Config:
     document declares the token (and not one where it does not)."""
     data: dict[str, Any] = {
         "seed": SEED,
-        "generation": {"mode": "all", "max-examples": MAX_EXAMPLES if token else 4, "deterministic": True,
-                       "database": "none", "no-shrink": True},
+        "generation": {
+            "mode": "all",
+            "max-examples": MAX_EXAMPLES if token else 4,
+            "deterministic": True,
+            "database": "none",
+            "no-shrink": True,
+        },
         "phases": {"stateful": {"enabled": False}, "coverage": {"enabled": token is not None}},
         "checks": {
             # Valid input may still be refused: a path outside the roots (403), an adapter
@@ -165,8 +169,9 @@ def _manifest_refused(case: Any, response: requests.Response) -> bool:
     if response.status_code != 502 or not isinstance(case.body, dict) or not case.body.get("expected_checksums"):
         return False
     results = response.json().get("results", ())
-    return bool(results) and all(r["status"] == "error" and "differ from the manifest" in (r["message"] or "")
-                                 for r in results)
+    return bool(results) and all(
+        r["status"] == "error" and "differ from the manifest" in (r["message"] or "") for r in results
+    )
 
 
 def _route(case: Any) -> Any:
@@ -239,9 +244,12 @@ class ControllerStack(_FleetStack):
         self.paths = paths
         self.agents: list[SimAgent] = self.live.run(start_fleet(2, [self.paths["root"]]))
         settings = controller_settings(
-            base, [a.spec() for a in self.agents], allowed_roots=[str(self.paths["root"])],
+            base,
+            [a.spec() for a in self.agents],
+            allowed_roots=[str(self.paths["root"])],
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.1},
-            weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600})
+            weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2, "idle_timeout_s": 3600},
+        )
         app = assemble(settings, token=CTL_TOKEN)
         self.runner, self.url = self.live.run(serve(app))
         self.live.run(self._settle(app[CONTROLLER]))
@@ -250,8 +258,14 @@ class ControllerStack(_FleetStack):
     async def _settle(ctl: Any) -> None:
         """Let the reconciler converge the fresh fleet, then stop it: a worker it called while a
         case runs would look touched by that case. The poller stays; it only reads."""
-        await wait_for(lambda: ctl.registry.membership.synced and all(r.reachable for r in ctl.members())
-                       and not any(ctl.reconciler.needs_work(r) for r in ctl.members()), what="fleet settled")
+        await wait_for(
+            lambda: (
+                ctl.registry.membership.synced
+                and all(r.reachable for r in ctl.members())
+                and not any(ctl.reconciler.needs_work(r) for r in ctl.members())
+            ),
+            what="fleet settled",
+        )
         for task in asyncio.all_tasks():
             if task.get_name() == "reconciler":
                 task.cancel()
@@ -302,15 +316,24 @@ def agent(roots: dict[str, Path]) -> Iterator[AgentStack]:
 class GatewayStack(_FleetStack):
     def __init__(self, base: Path, paths: dict[str, Path]) -> None:
         self.live = LiveLoop()
-        self.agents: list[SimAgent] = [self.live.run(SimAgent(f"g{i}", [paths["root"]], serve_inference=True).start())
-                                       for i in range(2)]
-        settings = controller_settings(base, [a.spec() for a in self.agents], allowed_roots=[str(paths["root"])],
-                                       gateway={"port": 0, "hold_timeout_s": 2})
+        self.agents: list[SimAgent] = [
+            self.live.run(SimAgent(f"g{i}", [paths["root"]], serve_inference=True).start()) for i in range(2)
+        ]
+        settings = controller_settings(
+            base,
+            [a.spec() for a in self.agents],
+            allowed_roots=[str(paths["root"])],
+            gateway={"port": 0, "hold_timeout_s": 2},
+        )
         app = assemble(settings, token=CTL_TOKEN)
         self.runner, _ = self.live.run(serve(app))
         self.gateway = app[GATEWAY]
-        self.live.run(wait_for(lambda: bool(self.gateway.router.table() and len(self.gateway.router.table().routes) == 2),
-                               what="both workers inside the fence"))
+        self.live.run(
+            wait_for(
+                lambda: bool(self.gateway.router.table() and len(self.gateway.router.table().routes) == 2),
+                what="both workers inside the fence",
+            )
+        )
         assert self.gateway.url is not None
         self.url = self.gateway.url
 
@@ -356,8 +379,12 @@ def _fuzz_case(case: Any, url: str, touched: Callable[[], Any]) -> None:
     # The 5xx a healthy fleet gives by design: a probe's 503 (not ready, no worker serving), a
     # weight-transfer chunk the engine refused, weights that do not match a fuzzed manifest, and
     # a vLLM route with no fleet meaning (501, saying why).
-    if ((route is not None and route.probe and response.status_code == 503) or _engine_refused_chunk(case, response)
-            or _manifest_refused(case, response) or _not_supported(case, response)):
+    if (
+        (route is not None and route.probe and response.status_code == 503)
+        or _engine_refused_chunk(case, response)
+        or _manifest_refused(case, response)
+        or _not_supported(case, response)
+    ):
         case.validate_response(response, excluded_checks=[not_a_server_error])
     else:
         case.validate_response(response)
@@ -429,8 +456,14 @@ def test_fuzz_gateway(case, gateway):
         if response.status_code in _FIELD_STATUSES:
             assert error.get("field"), (case.operation.label, response.text)
     if 400 <= response.status_code < 500:
-        assert gateway.routed() == before, (case.operation.label, response.status_code, dict(response.headers),
-                                            response.text[:300], case.body, case.headers)
+        assert gateway.routed() == before, (
+            case.operation.label,
+            response.status_code,
+            dict(response.headers),
+            response.text[:300],
+            case.body,
+            case.headers,
+        )
 
 
 @controller_api.parametrize()
@@ -453,7 +486,6 @@ def test_fuzz_agent_without_token(case, agent):
     _no_token_case(case, agent.url, agent.touched)
 
 
-
 # One closing check per server, each judging the cases of its server fuzzed in its own process: the
 # full run (scripts/test.sh) runs the controller's cases with their check in one process and the rest
 # in another, side by side. Not under pytest-xdist: schemathesis' items then share one node id per
@@ -463,17 +495,28 @@ def test_the_controller_fuzzing_reached_past_validation(controller):
     if controller.url not in FUZZED:
         pytest.skip("the controller's fuzz cases did not run in this process")
     # Of these, the ones fuzzed in this process (all of them without xdist).
-    assert {"POST /v1/rl/update_weights", "POST /v1/rl/loras", "POST /v1/rl/pause", "POST /v1/rl/weight_transfer/init",
-            "POST /v1/rl/weight_transfer/update", "POST /update_weights", "POST /load_lora_adapter"
-            } & FUZZED[controller.url] <= REACHED.get(controller.url, set())
+    assert {
+        "POST /v1/rl/update_weights",
+        "POST /v1/rl/loras",
+        "POST /v1/rl/pause",
+        "POST /v1/rl/weight_transfer/init",
+        "POST /v1/rl/weight_transfer/update",
+        "POST /update_weights",
+        "POST /load_lora_adapter",
+    } & FUZZED[controller.url] <= REACHED.get(controller.url, set())
 
 
 def test_the_agent_fuzzing_reached_past_validation(agent):
     """The same for the agent's routes."""
     if agent.url not in FUZZED:
         pytest.skip("the agent's fuzz cases did not run in this process")
-    assert {"POST /v1/agent/weights/disk", "POST /v1/agent/loras", "POST /init_weight_transfer_engine",
-            "POST /update_weights", "PUT /v1/agent/desired"} & FUZZED[agent.url] <= REACHED.get(agent.url, set())
+    assert {
+        "POST /v1/agent/weights/disk",
+        "POST /v1/agent/loras",
+        "POST /init_weight_transfer_engine",
+        "POST /update_weights",
+        "PUT /v1/agent/desired",
+    } & FUZZED[agent.url] <= REACHED.get(agent.url, set())
 
 
 # -- what the fuzzing found, pinned -------------------------------------------------------------------------
@@ -492,16 +535,22 @@ async def test_fuzz_findings_stay_fixed(tmp_path):
             async with http.post(base + "/nope") as resp:
                 assert resp.status == 404 and (await resp.json())["error"]["code"] == "not_found"
         # JSON bodies are typed: no quiet coercion of "no" to False or true to 1.0 s.
-        for body, field in (({"version": "v", "source": {"path": str(tmp_path)}, "verify": "no"}, "verify"),
-                            ({"version": "v", "source": {"path": str(tmp_path)}, "timeout_s": True}, "timeout_s")):
+        for body, field in (
+            ({"version": "v", "source": {"path": str(tmp_path)}, "verify": "no"}, "verify"),
+            ({"version": "v", "source": {"path": str(tmp_path)}, "timeout_s": True}, "timeout_s"),
+        ):
             status, resp = await ctl.call("POST", "/v1/rl/update_weights", body)
             assert (status, resp["error"]["field"]) == (422, field)
         assert (await ctl.call("POST", "/pause?mode=keep&timeout_s=5"))[0] == 200  # a query stays text
         # The facade's errors name the facade's fields.
         status, resp = await ctl.call("POST", "/load_lora_adapter", {"lora_name": "a b", "lora_path": str(tmp_path)})
-        assert (status, resp["error"]["field"]) == (422, "lora_name") and resp["error"]["message"].startswith("lora_name")
-        for body, field in (({"weight_dir": "/"}, "weight_dir"), ({"weight_dir": str(tmp_path), "weight_version": ""},
-                                                                   "weight_version")):
+        assert (status, resp["error"]["field"]) == (422, "lora_name") and resp["error"]["message"].startswith(
+            "lora_name"
+        )
+        for body, field in (
+            ({"weight_dir": "/"}, "weight_dir"),
+            ({"weight_dir": str(tmp_path), "weight_version": ""}, "weight_version"),
+        ):
             status, resp = await ctl.call("POST", "/update_weights", body)
             assert (status, resp["error"]["field"]) == (422, field), resp
         # The agent refuses weight-transfer calls out of order with a 409, before the engine.
@@ -512,8 +561,9 @@ async def test_fuzz_findings_stay_fixed(tmp_path):
         async with http.post(agent.url + "/update_weights", json={"update_info": {}}, headers=auth) as resp:
             assert resp.status == 409
         for path in ("/init_weight_transfer_engine", "/start_weight_update"):
-            async with http.post(agent.url + path, json={"init_info": {}} if "init" in path else None,
-                                 headers=auth) as resp:
+            async with http.post(
+                agent.url + path, json={"init_info": {}} if "init" in path else None, headers=auth
+            ) as resp:
                 assert resp.status == 200, path
         async with http.post(agent.url + "/start_weight_update", headers=auth) as resp:
             assert resp.status == 409 and "already open" in (await resp.json())["error"]["message"]

@@ -108,8 +108,11 @@ async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_anoth
     assert gateway.failed["w1"] > gateway.settings.outlier_failures
     assert gateway.breakers.view("w1").state == "closed"
     # The agent's refusal, as any client sending the header sees it:
-    async with http.post(f"http://127.0.0.1:{agents[1].inference_port}/v1/completions", json=completion(),
-                         headers={"X-RL-Expect-Weight-Version": "default"}) as resp:
+    async with http.post(
+        f"http://127.0.0.1:{agents[1].inference_port}/v1/completions",
+        json=completion(),
+        headers={"X-RL-Expect-Weight-Version": "default"},
+    ) as resp:
         body = await resp.json()
         assert resp.status == 409 and body["error"]["code"] == "weight_version_mismatch", body
         assert body["error"]["field"] == "X-RL-Expect-Weight-Version" and "rogue" in body["error"]["message"]
@@ -129,13 +132,14 @@ async def test_a_keep_mode_request_across_an_update_says_which_weights_made_whic
     request = asyncio.create_task(post(http, gateway, completion(max_tokens=100)))
     async with asyncio.timeout(10):
         await first_token.wait()  # some of its tokens are v1's
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("v2", tmp_path / "v2", pause_mode="keep"))
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("v2", tmp_path / "v2", pause_mode="keep")
+    )
     assert status == 200, result
     status, headers, body = await request
     assert status == 200 and body["choices"][0]["finish_reason"] == "length"
     assert headers["X-RL-Weight-Version"] == "v1"  # what the fence admitted it at
-    (first, second), = json.loads(headers["X-RL-Weight-Versions"])
+    ((first, second),) = json.loads(headers["X-RL-Weight-Versions"])
     assert (first["version"], first["start"], second["version"], second["end"]) == ("v1", 0, "v2", 100), headers
     assert 0 < first["end"] == second["start"] < 100
 
@@ -220,8 +224,9 @@ async def test_a_worker_that_fails_before_the_first_byte_is_skipped(gateway_flee
 async def test_a_worker_dying_mid_stream_ends_the_stream_with_an_error_event(gateway_fleet):
     agents, ctl, gateway, http = gateway_fleet
     events: list[str] = []
-    async with http.post(f"{gateway.url}/v1/completions", json=completion(max_tokens=400, stream=True),
-                         headers={"X-RL-Session": "s"}) as resp:
+    async with http.post(
+        f"{gateway.url}/v1/completions", json=completion(max_tokens=400, stream=True), headers={"X-RL-Session": "s"}
+    ) as resp:
         assert resp.status == 200 and resp.headers["X-RL-Worker"]
         victim = next(a for a in agents if a.agent_id == resp.headers["X-RL-Worker"])
         async for line in resp.content:
@@ -247,21 +252,25 @@ async def test_a_client_that_hangs_up_cancels_its_upstream_request(gateway_fleet
     await wait_for(lambda: gateway.in_flight[worker.agent_id] == 0, what="nothing in flight")
 
 
-@pytest.mark.parametrize(("headers", "body", "field"), [
-    ({}, b"not json", "body"),
-    ({}, b"[1, 2]", "body"),
-    ({}, json.dumps(completion(stream="yes")).encode(), "stream"),
-    ({}, json.dumps(completion(stream=1)).encode(), "stream"),
-    ({}, json.dumps(completion(user=7)).encode(), "user"),
-    ({}, json.dumps(completion(model=["sim"])).encode(), "model"),
-    ({"X-RL-Max-Staleness": "-1"}, json.dumps(completion()).encode(), "X-RL-Max-Staleness"),
-    ({"X-RL-Max-Staleness": "two"}, json.dumps(completion()).encode(), "X-RL-Max-Staleness"),
-    ({"X-RL-Hold-Timeout": "0"}, json.dumps(completion()).encode(), "X-RL-Hold-Timeout"),
-])
+@pytest.mark.parametrize(
+    ("headers", "body", "field"),
+    [
+        ({}, b"not json", "body"),
+        ({}, b"[1, 2]", "body"),
+        ({}, json.dumps(completion(stream="yes")).encode(), "stream"),
+        ({}, json.dumps(completion(stream=1)).encode(), "stream"),
+        ({}, json.dumps(completion(user=7)).encode(), "user"),
+        ({}, json.dumps(completion(model=["sim"])).encode(), "model"),
+        ({"X-RL-Max-Staleness": "-1"}, json.dumps(completion()).encode(), "X-RL-Max-Staleness"),
+        ({"X-RL-Max-Staleness": "two"}, json.dumps(completion()).encode(), "X-RL-Max-Staleness"),
+        ({"X-RL-Hold-Timeout": "0"}, json.dumps(completion()).encode(), "X-RL-Hold-Timeout"),
+    ],
+)
 async def test_bad_input_is_refused_before_any_worker(gateway_fleet, headers, body, field):
     agents, ctl, gateway, http = gateway_fleet
-    async with http.post(f"{gateway.url}/v1/completions", data=body,
-                         headers={"Content-Type": "application/json", **headers}) as resp:
+    async with http.post(
+        f"{gateway.url}/v1/completions", data=body, headers={"Content-Type": "application/json", **headers}
+    ) as resp:
         answer = await resp.json()
         assert resp.status in (400, 422) and answer["error"]["field"] == field, answer
     assert sum(gateway.routed.values()) == 0
@@ -286,14 +295,19 @@ async def test_an_inference_token_and_the_admin_one(tmp_path, accept_admin_token
     """With its own token set, the gateway takes it, and the controller's admin token unless told
     not to (trainers such as prime-rl send one API key to the admin and the inference URL)."""
     agent = await SimAgent("w0", [tmp_path], serve_inference=True).start()
-    ctl = await start_controller(tmp_path, [agent], gateway={"port": 0, "token": "rollout-token",
-                                                             "accept_admin_token": accept_admin_token})
+    ctl = await start_controller(
+        tmp_path, [agent], gateway={"port": 0, "token": "rollout-token", "accept_admin_token": accept_admin_token}
+    )
     gateway = ctl.client.server.app[GATEWAY]
     try:
         await wait_for(lambda: bool(gateway.router.table() and gateway.router.table().routes), what="fence")
         async with aiohttp.ClientSession() as http:
-            cases = ((None, 401), ("Bearer guess", 401), (AUTH["Authorization"], 200 if accept_admin_token else 401),
-                     ("Bearer rollout-token", 200))
+            cases = (
+                (None, 401),
+                ("Bearer guess", 401),
+                (AUTH["Authorization"], 200 if accept_admin_token else 401),
+                ("Bearer rollout-token", 200),
+            )
             for token, expected in cases:
                 headers = {"Authorization": token} if token else {}
                 async with http.post(f"{gateway.url}/v1/completions", json=completion(), headers=headers) as resp:

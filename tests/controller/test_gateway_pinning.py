@@ -30,7 +30,9 @@ REFUSAL = {"message": "Invalid request", "type": "Bad Request", "code": 400}
 
 
 def test_the_pin_merges_into_the_clients_nvext() -> None:
-    body = json.dumps({"model": "tiny", "messages": [], "nvext": {"token_data": [1, 2], "extra_fields": ["engine_data"]}})
+    body = json.dumps(
+        {"model": "tiny", "messages": [], "nvext": {"token_data": [1, 2], "extra_fields": ["engine_data"]}}
+    )
     sent = json.loads(pinned_body(body.encode(), LIVE))
     assert sent["nvext"] == {"token_data": [1, 2], "extra_fields": ["engine_data"], "backend_instance_id": int(LIVE)}
     assert sent["model"] == "tiny" and sent["messages"] == []
@@ -63,14 +65,36 @@ class FixedState:
 
 
 def dynamo_fleet(frontend: str, ids: list[str]) -> FleetState:
-    workers = [WorkerView(id=i, admin_url=f"http://127.0.0.1:{n + 1}", inference_url=frontend, flavor="dynamo",
-                          world_size=1, reachable=True, ready=True, serving=True, paused=False, requests=None,
-                          weight_version="v1", loras={}, engine_alive=True) for n, i in enumerate(ids)]
-    return FleetState(phase="serving", quiesced=False, pause_state="running",
-                      requests=RequestCounts(running=0, waiting=0, frozen=0),
-                      desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
-                      applied=AppliedState(weight_version="v1", converged=True, verified=True),
-                      membership_epoch=1, discovery_synced=True, last_operation=None, workers=workers)
+    workers = [
+        WorkerView(
+            id=i,
+            admin_url=f"http://127.0.0.1:{n + 1}",
+            inference_url=frontend,
+            flavor="dynamo",
+            world_size=1,
+            reachable=True,
+            ready=True,
+            serving=True,
+            paused=False,
+            requests=None,
+            weight_version="v1",
+            loras={},
+            engine_alive=True,
+        )
+        for n, i in enumerate(ids)
+    ]
+    return FleetState(
+        phase="serving",
+        quiesced=False,
+        pause_state="running",
+        requests=RequestCounts(running=0, waiting=0, frozen=0),
+        desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
+        applied=AppliedState(weight_version="v1", converged=True, verified=True),
+        membership_epoch=1,
+        discovery_synced=True,
+        last_operation=None,
+        workers=workers,
+    )
 
 
 @pytest.fixture
@@ -91,13 +115,20 @@ async def frontend() -> AsyncIterator[tuple[str, list[dict]]]:
 
 
 async def gateway_client(frontend_url: str, session: aiohttp.ClientSession, ids: list[str]) -> TestClient:
-    gateway = Gateway(router=Router(FixedState(dynamo_fleet(frontend_url, ids))), session=session,
-                      settings=GatewaySettings(hold_timeout_s=1.0), metrics=GatewayMetrics())
+    gateway = Gateway(
+        router=Router(FixedState(dynamo_fleet(frontend_url, ids))),
+        session=session,
+        settings=GatewaySettings(hold_timeout_s=1.0),
+        metrics=GatewayMetrics(),
+    )
     return TestClient(TestServer(build_gateway_app(gateway)))
 
 
-CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-        "nvext": {"token_data": [1, 2, 3], "extra_fields": ["engine_data"]}}
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "hi"}],
+    "nvext": {"token_data": [1, 2, 3], "extra_fields": ["engine_data"]},
+}
 
 
 async def test_a_refused_pin_fails_over_to_a_member_the_frontend_knows(frontend) -> None:
@@ -132,8 +163,11 @@ async def test_the_client_does_not_choose_the_instance(frontend) -> None:
     assert seen == []  # nothing reached the frontend
 
 
-@pytest.mark.parametrize("meanwhile", [{"weight_version": "v2"}, {"cordoned": True}, {"paused": True}],
-                         ids=["new-weights", "cordoned", "paused"])
+@pytest.mark.parametrize(
+    "meanwhile",
+    [{"weight_version": "v2"}, {"cordoned": True}, {"paused": True}],
+    ids=["new-weights", "cordoned", "paused"],
+)
 async def test_an_answer_from_a_member_that_left_service_meanwhile_is_not_handed_on(meanwhile: dict) -> None:
     # A request queued in the engine (not yet running) when the member paused runs after the
     # resume, on the new weights (vLLM's wait-mode pause drains only what runs). Here the
@@ -146,8 +180,7 @@ async def test_an_answer_from_a_member_that_left_service_meanwhile_is_not_handed
         instance = body["nvext"]["backend_instance_id"]
         answered.append(instance)
         if len(answered) == 1:
-            workers = [w.model_copy(update=meanwhile) if w.id == str(instance) else w
-                       for w in state.state.workers]
+            workers = [w.model_copy(update=meanwhile) if w.id == str(instance) else w for w in state.state.workers]
             state.set(state.state.model_copy(update={"workers": workers}))
         return web.json_response({"choices": [], "served_by": instance})
 
@@ -156,8 +189,12 @@ async def test_an_answer_from_a_member_that_left_service_meanwhile_is_not_handed
     async with TestServer(app) as server, new_session() as session:
         url = str(server.make_url("")).rstrip("/")
         state.set(dynamo_fleet(url, [LIVE, GONE]))
-        gateway = Gateway(router=Router(state), session=session, settings=GatewaySettings(hold_timeout_s=1.0),
-                          metrics=GatewayMetrics())
+        gateway = Gateway(
+            router=Router(state),
+            session=session,
+            settings=GatewaySettings(hold_timeout_s=1.0),
+            metrics=GatewayMetrics(),
+        )
         async with TestClient(TestServer(build_gateway_app(gateway))) as client:
             resp = await client.post("/v1/chat/completions", json=CHAT)
             body = await resp.json()

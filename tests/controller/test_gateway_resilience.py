@@ -38,8 +38,17 @@ PATH = "/v1/completions"
 
 @pytest.fixture
 def fleet_shape() -> FleetShape:
-    return FleetShape(settings={"gateway": {"port": 0, "outlier_failures": 2, "outlier_backoff_s": 10,
-                                            "outlier_max_backoff_s": 40, "max_in_flight_per_worker": 1}})
+    return FleetShape(
+        settings={
+            "gateway": {
+                "port": 0,
+                "outlier_failures": 2,
+                "outlier_backoff_s": 10,
+                "outlier_max_backoff_s": 40,
+                "max_in_flight_per_worker": 1,
+            }
+        }
+    )
 
 
 class ManualClock:
@@ -74,8 +83,9 @@ async def metric(fleet: GatewayFleet, line_start: str) -> float:
     return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
 
 
-async def test_a_worker_failing_in_a_row_is_ejected_probed_and_restored(gateway_fleet: GatewayFleet,
-                                                                         clock: ManualClock) -> None:
+async def test_a_worker_failing_in_a_row_is_ejected_probed_and_restored(
+    gateway_fleet: GatewayFleet, clock: ManualClock
+) -> None:
     agents, ctl, gateway, http = gateway_fleet
     w0 = agents[0]
     w0.inference_faults.add("POST", PATH, Fault("status", 500))
@@ -113,8 +123,9 @@ async def test_a_worker_failing_in_a_row_is_ejected_probed_and_restored(gateway_
     assert sorted(h["X-RL-Worker"] for _, h, _ in answers) == ["w0", "w0", "w1", "w1"]
 
 
-async def test_resets_before_the_first_byte_are_retried_and_eject_the_worker(gateway_fleet: GatewayFleet,
-                                                                             clock: ManualClock) -> None:
+async def test_resets_before_the_first_byte_are_retried_and_eject_the_worker(
+    gateway_fleet: GatewayFleet, clock: ManualClock
+) -> None:
     agents, ctl, gateway, http = gateway_fleet
     agents[1].inference_faults.add("POST", PATH, Fault("reset"))
     answers = [await post(http, gateway.url) for _ in range(4)]
@@ -125,8 +136,9 @@ async def test_resets_before_the_first_byte_are_retried_and_eject_the_worker(gat
     assert workers["w1"]["circuit"] == "open" and workers["w1"]["failed"] == 2
 
 
-async def test_with_every_member_ejected_requests_are_held_until_a_probe_may_go(gateway_fleet: GatewayFleet,
-                                                                                clock: ManualClock) -> None:
+async def test_with_every_member_ejected_requests_are_held_until_a_probe_may_go(
+    gateway_fleet: GatewayFleet, clock: ManualClock
+) -> None:
     agents, ctl, gateway, http = gateway_fleet
     for a in agents:
         a.inference_faults.add("POST", PATH, Fault("status", 503))
@@ -183,8 +195,9 @@ async def test_tcp_nodelay_on_both_sides_of_the_gateway(gateway_fleet: GatewayFl
     agents, ctl, gateway, http = gateway_fleet
     # A site started as the controller starts its gateway's (`start_site`), over the same fleet.
     async with new_session() as session:
-        own = Gateway(router=gateway.router, session=session, settings=GatewaySettings(port=0),
-                      metrics=GatewayMetrics())
+        own = Gateway(
+            router=gateway.router, session=session, settings=GatewaySettings(port=0), metrics=GatewayMetrics()
+        )
         runner = await start_site(own)
         try:
             status, _, _ = await post(http, own.url or "")
@@ -204,14 +217,18 @@ async def test_tcp_nodelay_on_both_sides_of_the_gateway(gateway_fleet: GatewayFl
 
 # The controller reads its workers once at start and then not for a minute: the fence still
 # holds w0 when its engine dies, so the gateway's own verdict is what keeps requests off it.
-SLOW_READS = FleetShape(settings={"gateway": {"port": 0, "outlier_failures": 2, "outlier_backoff_s": 10},
-                                  "reconcile": {"poll_interval_s": 60, "interval_s": 60, "backoff_initial_s": 1,
-                                                "backoff_max_s": 1}})
+SLOW_READS = FleetShape(
+    settings={
+        "gateway": {"port": 0, "outlier_failures": 2, "outlier_backoff_s": 10},
+        "reconcile": {"poll_interval_s": 60, "interval_s": 60, "backoff_initial_s": 1, "backoff_max_s": 1},
+    }
+)
 
 
 @pytest.mark.parametrize("fleet_shape", [SLOW_READS])
 async def test_a_dead_engine_is_ejected_at_once_and_what_it_refused_served_by_another(
-        gateway_fleet: GatewayFleet, clock: ManualClock) -> None:
+    gateway_fleet: GatewayFleet, clock: ManualClock
+) -> None:
     agents, ctl, gateway, http = gateway_fleet
     agents[0].engine.kill()  # the agent stays up and refuses at arrival: 503 `engine_dead`
     answers = [await post(http, gateway.url) for _ in range(4)]
@@ -222,12 +239,15 @@ async def test_a_dead_engine_is_ejected_at_once_and_what_it_refused_served_by_an
     assert workers["w0"]["circuit"] == "open" and workers["w0"]["ejections"] == 1 and workers["w0"]["failed"] == 1
 
 
-async def test_a_request_during_which_the_engine_died_is_not_sent_again(gateway_fleet: GatewayFleet,
-                                                                         clock: ManualClock) -> None:
+async def test_a_request_during_which_the_engine_died_is_not_sent_again(
+    gateway_fleet: GatewayFleet, clock: ManualClock
+) -> None:
     agents, ctl, gateway, http = gateway_fleet
     # Long enough to be in flight when its engine dies (the sim engine makes a token each 5 ms).
     slow = asyncio.create_task(http.post(f"{gateway.url}{PATH}", json=BODY | {"max_tokens": 2000}))
-    busy = await wait_for(lambda: next((w for w, n in gateway.in_flight.items() if n), None), what="a request in flight")
+    busy = await wait_for(
+        lambda: next((w for w, n in gateway.in_flight.items() if n), None), what="a request in flight"
+    )
     victim, other = (agents[0], agents[1]) if busy == "w0" else (agents[1], agents[0])
     routed_to_other = gateway.routed[other.agent_id]
     victim.engine.kill()

@@ -25,12 +25,25 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 async def standalone(tmp_path: Path):
-    agents = [await SimAgent(f"w{i}", [tmp_path], serve_inference=True,
-                             engine_kwargs={"token_interval_s": 0.01}).start() for i in range(2)]
+    agents = [
+        await SimAgent(f"w{i}", [tmp_path], serve_inference=True, engine_kwargs={"token_interval_s": 0.01}).start()
+        for i in range(2)
+    ]
     ctl = await start_controller(tmp_path, agents)
-    gateway = GatewayProcess({"log_level": "warning", "gateway": {
-        "host": "127.0.0.1", "port": 0, "follow_url": ctl.url, "follow_token": CTL_TOKEN,
-        "follow_interval_s": 0.1, "hold_timeout_s": 10}}, tmp_path)
+    gateway = GatewayProcess(
+        {
+            "log_level": "warning",
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "follow_url": ctl.url,
+                "follow_token": CTL_TOKEN,
+                "follow_interval_s": 0.1,
+                "hold_timeout_s": 10,
+            },
+        },
+        tmp_path,
+    )
     await gateway.spawn().wait_ready_async()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
@@ -103,17 +116,31 @@ async def test_a_replica_takes_its_own_token_and_the_controllers(tmp_path: Path)
     with is the controller's, and inference takes it beside the replica's own."""
     agent = await SimAgent("w0", [tmp_path], serve_inference=True).start()
     ctl = await start_controller(tmp_path, [agent])
-    gateway = GatewayProcess({"log_level": "warning", "gateway": {
-        "host": "127.0.0.1", "port": 0, "follow_url": ctl.url, "follow_token": CTL_TOKEN, "token": "replica-token",
-        "follow_interval_s": 0.1}}, tmp_path)
+    gateway = GatewayProcess(
+        {
+            "log_level": "warning",
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": 0,
+                "follow_url": ctl.url,
+                "follow_token": CTL_TOKEN,
+                "token": "replica-token",
+                "follow_interval_s": 0.1,
+            },
+        },
+        tmp_path,
+    )
     await gateway.spawn().wait_ready_async()
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             await _poll(lambda: _ready(http, gateway.url), "the replica inside the fence")
             for token, expected in ((None, 401), ("guess", 401), (CTL_TOKEN, 200), ("replica-token", 200)):
                 headers = {"Authorization": f"Bearer {token}"} if token else {}
-                async with http.post(f"{gateway.url}/v1/completions", headers=headers,
-                                     json={"model": "sim", "prompt": "hi", "max_tokens": 2}) as resp:
+                async with http.post(
+                    f"{gateway.url}/v1/completions",
+                    headers=headers,
+                    json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+                ) as resp:
                     assert resp.status == expected, (token, await resp.text())
             async with http.get(f"{gateway.url}/health") as resp:
                 assert resp.status == 200
@@ -126,6 +153,12 @@ async def test_a_replica_takes_its_own_token_and_the_controllers(tmp_path: Path)
 def test_without_a_controller_to_follow_it_refuses_to_start(tmp_path: Path) -> None:
     config = tmp_path / "gateway.yaml"
     config.write_text(json.dumps({"gateway": {"port": 0}}))
-    done = subprocess.run([sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config)], cwd=REPO,
-                          env=child_env(), capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlcp.controlplane.gateway", "--config", str(config)],
+        cwd=REPO,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "follow_url" in done.stderr

@@ -32,14 +32,33 @@ class FixedState:
 
 
 def one_worker(url: str) -> FleetState:
-    worker = WorkerView(id="echo", admin_url="http://127.0.0.1:1", inference_url=url, flavor="vllm", world_size=1,
-                        reachable=True, ready=True, serving=True, paused=False, requests=None, weight_version="v1",
-                        loras={}, engine_alive=True)
-    return FleetState(phase="serving", quiesced=False, pause_state="running",
-                      requests=RequestCounts(running=0, waiting=0, frozen=0),
-                      desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
-                      applied=AppliedState(weight_version="v1", converged=True, verified=True),
-                      membership_epoch=1, discovery_synced=True, last_operation=None, workers=[worker])
+    worker = WorkerView(
+        id="echo",
+        admin_url="http://127.0.0.1:1",
+        inference_url=url,
+        flavor="vllm",
+        world_size=1,
+        reachable=True,
+        ready=True,
+        serving=True,
+        paused=False,
+        requests=None,
+        weight_version="v1",
+        loras={},
+        engine_alive=True,
+    )
+    return FleetState(
+        phase="serving",
+        quiesced=False,
+        pause_state="running",
+        requests=RequestCounts(running=0, waiting=0, frozen=0),
+        desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
+        applied=AppliedState(weight_version="v1", converged=True, verified=True),
+        membership_epoch=1,
+        discovery_synced=True,
+        last_operation=None,
+        workers=[worker],
+    )
 
 
 @pytest.fixture
@@ -54,8 +73,13 @@ async def echo_worker() -> AsyncIterator[str]:
 
 
 async def gateway_client(worker_url: str, session: aiohttp.ClientSession, **settings: object) -> TestClient:
-    gateway = Gateway(router=Router(FixedState(one_worker(worker_url))), session=session,
-                      settings=GatewaySettings(**settings), metrics=GatewayMetrics(), admin_token="admin-token")
+    gateway = Gateway(
+        router=Router(FixedState(one_worker(worker_url))),
+        session=session,
+        settings=GatewaySettings(**settings),
+        metrics=GatewayMetrics(),
+        admin_token="admin-token",
+    )
     return TestClient(TestServer(build_gateway_app(gateway)))
 
 
@@ -86,8 +110,11 @@ async def test_an_open_gateway_passes_a_workers_own_key(echo_worker: str) -> Non
 async def test_the_request_id_and_trace_go_on_to_the_worker(echo_worker: str) -> None:
     trace, span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     async with new_session() as session, await gateway_client(echo_worker, session) as client:
-        resp = await client.post("/v1/completions", json={"model": "m", "prompt": "p"},
-                                 headers={"x-request-id": "rollout-17", "traceparent": f"00-{trace}-{span}-01"})
+        resp = await client.post(
+            "/v1/completions",
+            json={"model": "m", "prompt": "p"},
+            headers={"x-request-id": "rollout-17", "traceparent": f"00-{trace}-{span}-01"},
+        )
         upstream = (await resp.json())["headers"]
         assert resp.headers["X-Request-ID"] == upstream["X-Request-ID"] == "rollout-17"
         version, trace_id, parent, flags = upstream["traceparent"].split("-")

@@ -21,6 +21,7 @@ from tests.controller.fleets import ROLES, Labelled
 
 pytestmark = pytest.mark.timeout(120)
 
+
 @pytest.fixture
 async def fleet(tmp_path: Path) -> Any:
     agents = [await SimAgent(wid, [tmp_path]).start() for wid in ROLES]
@@ -42,9 +43,15 @@ async def test_reads_show_labels_and_filter_by_selector(fleet: Any) -> None:
     status, listing = await ctl.call("GET", "/v1/rl/workers", headers={})
     assert status == 200 and {w["instance_id"]: w["labels"] for w in listing["workers"]} == ROLES
 
-    for selector, expected in [("role=policy", ["w0", "w1"]), ("role==policy,zone!=b", ["w0"]),
-                               ("zone in (a, c)", ["w0", "w2"]), ("role notin (policy)", ["w2"]),
-                               ("zone", ["w0", "w1", "w2"]), ("!zone", []), ("role=teacher", [])]:
+    for selector, expected in [
+        ("role=policy", ["w0", "w1"]),
+        ("role==policy,zone!=b", ["w0"]),
+        ("zone in (a, c)", ["w0", "w2"]),
+        ("role notin (policy)", ["w2"]),
+        ("zone", ["w0", "w1", "w2"]),
+        ("!zone", []),
+        ("role=teacher", []),
+    ]:
         status, st = await ctl.call("GET", f"/v1/rl/state?selector={selector}", headers={})
         assert status == 200 and ids(st["workers"]) == expected, selector
         status, listing = await ctl.call("GET", f"/v1/rl/workers?selector={selector}", headers={})
@@ -64,12 +71,14 @@ async def test_selector_pause_holds_only_the_matching_members(fleet: Any, tmp_pa
     assert [r["worker_id"] for r in result["results"]] == ["w2"]
     assert result["detail"] == {"mode": "keep", "selector": "role=reference", "workers": ["w2"]}
     assert agents["w2"].service.paused and not agents["w0"].service.paused and not agents["w1"].service.paused
-    assert {wid: len(a.touched) for wid, a in agents.items() if wid != "w2"} == {"w0": before["w0"],
-                                                                                 "w1": before["w1"]}
+    assert {wid: len(a.touched) for wid, a in agents.items() if wid != "w2"} == {"w0": before["w0"], "w1": before["w1"]}
     st = await ctl.state()
     assert st["desired"]["paused"] is False and st["desired"]["held"] == {"w2": "keep"}
     assert {w["id"]: (w["held"], w["serving"]) for w in st["workers"]} == {
-        "w0": (False, True), "w1": (False, True), "w2": (True, False)}
+        "w0": (False, True),
+        "w1": (False, True),
+        "w2": (True, False),
+    }
     assert st["pause_state"] == "mixed"
 
     # The reconciler keeps the hold: an agent resumed behind the controller's back is paused again,
@@ -116,9 +125,15 @@ async def test_fleet_wide_resume_releases_holds_and_selector_resume_of_a_paused_
     assert (await ctl.state())["desired"]["held"] == {}
 
 
-@pytest.mark.parametrize("selector,why", [("role=teacher", "matches none of the 3 members"),
-                                          ("role in (policy", "missing ')'"), ("bad key=x", "after 'bad'"),
-                                          ("role=policy,", "ends with ','")])
+@pytest.mark.parametrize(
+    "selector,why",
+    [
+        ("role=teacher", "matches none of the 3 members"),
+        ("role in (policy", "missing ')'"),
+        ("bad key=x", "after 'bad'"),
+        ("role=policy,", "ends with ','"),
+    ],
+)
 async def test_bad_or_empty_selectors_touch_nothing(fleet: Any, selector: str, why: str) -> None:
     ctl, agents = fleet
     touched = {wid: len(a.touched) for wid, a in agents.items()}

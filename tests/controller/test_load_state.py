@@ -42,8 +42,20 @@ def _load_bench():
 @pytest.mark.timeout(300)
 async def test_state_under_load_while_update_cycles_run(tmp_path: Path) -> None:
     bench = _load_bench()
-    args = bench.parse_args(["--workers", "256", "--duration-s", "8", "--rate", "1000", "--concurrency", "64",
-                             "--out", str(REPO / "bench" / "out" / "load_state.json")])
+    args = bench.parse_args(
+        [
+            "--workers",
+            "256",
+            "--duration-s",
+            "8",
+            "--rate",
+            "1000",
+            "--concurrency",
+            "64",
+            "--out",
+            str(REPO / "bench" / "out" / "load_state.json"),
+        ]
+    )
     result = await bench.measure(args)
     bench.report(result, args.out)
     assert result["errors"] == 0, result["error_samples"]
@@ -52,13 +64,18 @@ async def test_state_under_load_while_update_cycles_run(tmp_path: Path) -> None:
     assert cycles["run"] >= 1 and cycles["ok"] == cycles["run"], cycles["failed"]
 
 
-async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp_path: Path,
-                                                                              monkeypatch) -> None:
+async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp_path: Path, monkeypatch) -> None:
     agents = await start_fleet(3, [tmp_path])
     settings = ControllerSettings(
-        api={"token": CTL_TOKEN}, gateway={"port": 0}, discovery={"kind": "static", "static": [a.spec() for a in agents]},
-        workers={"token": TOKEN, "timeout_s": 5}, store={"kind": "memory"}, allowed_roots=[str(tmp_path)],
-        log_format="console", log_level="warning")
+        api={"token": CTL_TOKEN},
+        gateway={"port": 0},
+        discovery={"kind": "static", "static": [a.spec() for a in agents]},
+        workers={"token": TOKEN, "timeout_s": 5},
+        store={"kind": "memory"},
+        allowed_roots=[str(tmp_path)],
+        log_format="console",
+        log_level="warning",
+    )
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN, background=False)))
     await client.start_server()
     try:
@@ -109,8 +126,9 @@ async def test_state_reads_are_served_from_a_cache_that_follows_every_change(tmp
         assert builds == 3 and [w["paused"] for w in third["workers"]] == [True, False, False]
         await agents[0].service.control.resume()
 
-        resp = await client.post("/v1/rl/pause", json={"mode": "keep"},
-                                 headers={"Authorization": f"Bearer {CTL_TOKEN}"})
+        resp = await client.post(
+            "/v1/rl/pause", json={"mode": "keep"}, headers={"Authorization": f"Bearer {CTL_TOKEN}"}
+        )
         result = await resp.json()
         assert resp.status == 200, result
         paused = await read()  # the operation's outcome, at once

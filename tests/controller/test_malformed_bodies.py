@@ -34,6 +34,7 @@ pytestmark = pytest.mark.timeout(180)
 def fleet_shape() -> FleetShape:
     return FleetShape(inference=True)
 
+
 _OBJECT = b'{"mode": "keep"}'
 _BOMB = gzip.compress(b'{"a": "' + b"x" * (8 << 20) + b'"}')  # 8 KiB that decodes to 8 MiB
 
@@ -46,8 +47,13 @@ def cases() -> list[tuple[str, bytes, dict[str, str], int, str]]:
         ("plain body labelled gzip", _OBJECT, {"Content-Encoding": "gzip"}, 400, "Content-Encoding"),
         ("plain body labelled deflate", _OBJECT, {"Content-Encoding": "deflate"}, 400, "Content-Encoding"),
         ("truncated gzip", gzip.compress(_OBJECT)[:-5], {"Content-Encoding": "gzip"}, 400, "Content-Encoding"),
-        ("bytes after the gzip stream", gzip.compress(_OBJECT) + b"{}", {"Content-Encoding": "gzip"}, 400,
-         "Content-Encoding"),
+        (
+            "bytes after the gzip stream",
+            gzip.compress(_OBJECT) + b"{}",
+            {"Content-Encoding": "gzip"},
+            400,
+            "Content-Encoding",
+        ),
         ("brotli", _OBJECT, {"Content-Encoding": "br"}, 415, "Content-Encoding"),
         ("an unknown coding", _OBJECT, {"Content-Encoding": "x-rot13"}, 415, "Content-Encoding"),
         ("gzip bomb", _BOMB, {"Content-Encoding": "gzip"}, 413, "body"),
@@ -64,8 +70,13 @@ def body_routes(routes) -> list[tuple[str, str]]:
 
 
 async def send(http: aiohttp.ClientSession, method: str, url: str, data: bytes, headers: dict) -> tuple[int, dict]:
-    async with http.request(method, url, data=data, headers={"Content-Type": "application/json", **headers},
-                            timeout=aiohttp.ClientTimeout(total=30)) as resp:
+    async with http.request(
+        method,
+        url,
+        data=data,
+        headers={"Content-Type": "application/json", **headers},
+        timeout=aiohttp.ClientTimeout(total=30),
+    ) as resp:
         text = await resp.text()
         return resp.status, json.loads(text) if resp.content_type == "application/json" else {"text": text}
 
@@ -74,20 +85,25 @@ async def snapshot(http: aiohttp.ClientSession, agent: SimAgent) -> dict:
     status, st = await send(http, "GET", agent.url + "/v1/agent/state", b"", {})
     assert status == 200, st
     return {k: st[k] for k in ("weight_version", "paused", "loras", "desired_weight_version")} | {
-        "operations": [op["id"] for op in st["last_operations"]]}
+        "operations": [op["id"] for op in st["last_operations"]]
+    }
 
 
 async def rollout(http: aiohttp.ClientSession, gateway_url: str) -> tuple[int, dict]:
-    async with http.post(gateway_url + "/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
-                         timeout=aiohttp.ClientTimeout(total=30)) as resp:
+    async with http.post(
+        gateway_url + "/v1/completions",
+        json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+        timeout=aiohttp.ClientTimeout(total=30),
+    ) as resp:
         return resp.status, dict(resp.headers)
 
 
 async def test_every_malformed_body_is_a_4xx_on_every_process_and_touches_nothing(daemon_fleet, tmp_path):
     agents, ctl, http = daemon_fleet
     honest = json.dumps(update_body("v1", write_checkpoint(tmp_path / "v1", 1))).encode()
-    status, result = await send(http, "POST", ctl.url + "/v1/rl/update_weights", gzip.compress(honest),
-                                {**AUTH, "Content-Encoding": "gzip"})
+    status, result = await send(
+        http, "POST", ctl.url + "/v1/rl/update_weights", gzip.compress(honest), {**AUTH, "Content-Encoding": "gzip"}
+    )
     assert status == 200, result  # an honest gzip body goes through the front and the core
     state = await wait_reachable(http, ctl.url, workers=2)
     gateway_url = state["gateway"]["url"]

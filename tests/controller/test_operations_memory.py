@@ -53,7 +53,8 @@ async def test_an_update_reaches_every_worker_and_is_verified(memory_fleet: Memo
 
 
 async def test_an_agent_takes_a_check_and_one_call_per_update_and_a_wrong_load_still_fails_verification(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     for a in memory_fleet.agents.values():
@@ -63,12 +64,15 @@ async def test_an_agent_takes_a_check_and_one_call_per_update_and_a_wrong_load_s
     # The checkpoint checked before anyone pauses (headers only), then one call that does the
     # rest (desired version, pause, load, checksums, resume) and answers the state, so no final
     # read: the floor of two round trips (issue 35), as the agents saw them.
-    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update"]
-               for a in memory_fleet.agents.values()), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
+    assert all(
+        a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update"]
+        for a in memory_fleet.agents.values()
+    ), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
     view = {w.id: w for w in ctl.state().workers}
     assert all(w.ready and w.serving and w.weight_version == "v1" for w in view.values())
-    assert ctl.state().applied.verified and all(a.service.desired_weight_version == "v1"
-                                                for a in memory_fleet.agents.values())
+    assert ctl.state().applied.verified and all(
+        a.service.desired_weight_version == "v1" for a in memory_fleet.agents.values()
+    )
     # The checksums the loads answered are still compared across workers: w2 reading other
     # files at the same path (a stale node-local copy) is the minority that fails verification.
     wrong = write_checkpoint(tmp_path / "v2-stale-copy", 3)
@@ -83,25 +87,32 @@ async def test_an_agent_takes_a_check_and_one_call_per_update_and_a_wrong_load_s
     # and is paused again: out of the fence.
     assert memory_fleet["w2"].service.paused and not memory_fleet["w0"].service.paused
     assert not {w.id: w for w in ctl.state().workers}["w2"].serving
-    assert memory_fleet["w2"].calls[-3:] == ["POST /v1/agent/weights/check", "POST /v1/agent/weights/update",
-                                             "POST /pause"]
+    assert memory_fleet["w2"].calls[-3:] == [
+        "POST /v1/agent/weights/check",
+        "POST /v1/agent/weights/update",
+        "POST /pause",
+    ]
 
 
 async def test_a_checksum_of_no_bytes_is_not_compared_and_a_differing_tensor_is_named(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     """A tensor hashed as no bytes (a stock vLLM CPU server's repacked linear layers) is left out of
     the comparison for every worker and reported, not counted as agreement; a worker whose other
     tensors differ is told which."""
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
-    held: dict[str, dict[str, str]] = {"w0": {"layer.weight": EMPTY_TENSOR_SHA256},
-                                       "w1": {"layer.weight": EMPTY_TENSOR_SHA256},
-                                       "w2": {"layer.weight": "a" * 64}}  # its kernel's weight, read back
+    held: dict[str, dict[str, str]] = {
+        "w0": {"layer.weight": EMPTY_TENSOR_SHA256},
+        "w1": {"layer.weight": EMPTY_TENSOR_SHA256},
+        "w2": {"layer.weight": "a" * 64},
+    }  # its kernel's weight, read back
     for worker_id, extra in held.items():
         engine = memory_fleet[worker_id].engine
 
         async def sums(real=engine.weight_checksums, extra=extra) -> dict[str, str]:
             return await real() | extra
+
         engine.weight_checksums = sums  # type: ignore[method-assign]
     result = await update_weights(ctl, disk_update(tmp_path, "v1", 1))
     assert result.status == "ok", result.results
@@ -111,12 +122,14 @@ async def test_a_checksum_of_no_bytes_is_not_compared_and_a_differing_tensor_is_
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2))
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"], result.results
-    assert (failed["w1"].message or "").endswith("differ from 2 other worker(s) at version 'v2': "
-                                                 "1 tensor(s) differ (other.weight)")
+    assert (failed["w1"].message or "").endswith(
+        "differ from 2 other worker(s) at version 'v2': 1 tensor(s) differ (other.weight)"
+    )
 
 
 async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_converges_it(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     memory_fleet["w1"].engine.fail_next("load_weights_from_disk")  # once; the reconciler's retry fails at the wire
@@ -125,7 +138,11 @@ async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_conver
     assert result.status == "partial"
     failed = {r.worker_id: r for r in result.results if r.status != "ok"}
     assert list(failed) == ["w1"] and failed["w1"].phase == "update" and "injected" in (failed["w1"].message or "")
-    assert memory_fleet["w1"].service.paused and not memory_fleet["w0"].service.paused and not memory_fleet["w2"].service.paused
+    assert (
+        memory_fleet["w1"].service.paused
+        and not memory_fleet["w0"].service.paused
+        and not memory_fleet["w2"].service.paused
+    )
     view = {w.id: w for w in ctl.state().workers}
     assert not view["w1"].ready and not view["w1"].serving and view["w0"].serving
     # Still failing: the reconciler tries, fails, and backs off (no tight loop).
@@ -144,8 +161,9 @@ async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_conver
 
 
 async def test_a_hung_pause_costs_its_deadline_and_names_the_worker(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
-    ctl = memory_fleet.controller(tmp_path, workers={"timeout_s": 0.2, "attempts": 1, "pause_timeout_s": 0.3,
-                                                     "deadline_grace_s": 1})
+    ctl = memory_fleet.controller(
+        tmp_path, workers={"timeout_s": 0.2, "attempts": 1, "pause_timeout_s": 0.3, "deadline_grace_s": 1}
+    )
     memory_fleet["w2"].faults["/pause"] = Fault("hang")
     result = await pause(ctl, PauseRequest(mode="keep", timeout_s=0.3))
     timed_out = [r for r in result.results if r.status == "timeout"]
@@ -168,7 +186,8 @@ async def test_refused_input_touches_no_worker(memory_fleet: MemoryFleet, tmp_pa
 
 
 async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     # w2 is driven as a Dynamo worker: no broadcast weight transfer.
     ctl.apply_membership([*memory_fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
@@ -181,7 +200,8 @@ async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
 
 
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))).status == "ok"
@@ -193,24 +213,36 @@ async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
     result = await ctl.transfer.update_chunk(chunk)
     # The record says which chunk; the metric's label names only the step.
     assert {r.worker_id: r.phase for r in result.results if r.status == "error"} == {"w1": "update_weights[4]"}
-    labels = {sample.labels["phase"] for metric in ctl.metrics.registry.collect()
-              if metric.name == "rlcp_worker_failures" for sample in metric.samples}
+    labels = {
+        sample.labels["phase"]
+        for metric in ctl.metrics.registry.collect()
+        if metric.name == "rlcp_worker_failures"
+        for sample in metric.samples
+    }
     assert labels == {"update_weights"} and labels <= STEPS
     # A result's phase text maps into the same set (the reconciler's `reconcile:<action>` included).
     assert {f"reconcile:{kind}" for kind in get_args(ActionKind)} <= STEPS
     assert [failed_step(p) for p in ("update_weights[12]", "reconcile:pause", "abort:finish_weight_update")] == [
-        "update_weights", "reconcile:pause", "other"]
+        "update_weights",
+        "reconcile:pause",
+        "other",
+    ]
 
 
 async def test_a_step_sends_nothing_to_a_member_whose_flavor_lacks_its_capability(
-        memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     # w2 joins as a Dynamo worker after an operation checked its members: no checksums to ask for.
     ctl.apply_membership([*memory_fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="dynamo")])
-    outcomes = await ctl.fanout.each([r.driver for r in ctl.members()], CHECKSUMS, lambda w: w.weight_checksums(),
-                                     phase="verify", deadline_s=5)
+    outcomes = await ctl.fanout.each(
+        [r.driver for r in ctl.members()], CHECKSUMS, lambda w: w.weight_checksums(), phase="verify", deadline_s=5
+    )
     assert {o.worker_id: (o.result.status, o.result.code) for o in outcomes} == {
-        "w0": ("ok", None), "w1": ("ok", None), "w2": ("error", "capability_missing")}
+        "w0": ("ok", None),
+        "w1": ("ok", None),
+        "w2": ("error", "capability_missing"),
+    }
     assert "w2 (dynamo) lacks the 'checksums' capability" in (outcomes[-1].result.message or "")
     assert memory_fleet["w2"].calls == []
 
@@ -249,8 +281,9 @@ async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(memory_flee
     assert "adapter 'ad' checksums differ from 2 other worker(s)" in (failed["w1"].message or "")
     # The adapter checked before it is desired, then one call answering its checksums and the
     # state: two round trips per worker, as the agents saw them (issue 35).
-    assert all(a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/loras"]
-               for a in memory_fleet.agents.values()), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
+    assert all(
+        a.calls == ["POST /v1/agent/weights/check", "POST /v1/agent/loras"] for a in memory_fleet.agents.values()
+    ), {a.agent_id: a.calls for a in memory_fleet.agents.values()}
     assert all(r.status.loras == {"ad": None} for r in ctl.members() if r.id != "w1")
     # Same bytes everywhere: verified; `verify: false` skips the checksums.
     memory_fleet["w1"].engine.add_lora = real_add  # type: ignore[method-assign]
@@ -259,8 +292,10 @@ async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(memory_flee
         a.calls.clear()
     hashed = [a.engine.weight_checksums for a in memory_fleet.agents.values()]
     for a in memory_fleet.agents.values():
+
         async def refuse() -> dict[str, str]:
             raise AssertionError("hashed although verify is false")
+
         a.engine.weight_checksums = refuse  # type: ignore[method-assign]
     assert (await load_lora(ctl, LoraRequest(name="ad2", path=str(adapter), verify=False))).status == "ok"
     assert all(a.calls[-1] == "POST /v1/agent/loras" for a in memory_fleet.agents.values())
@@ -268,7 +303,9 @@ async def test_an_adapter_load_is_verified_and_a_stale_copy_is_named(memory_flee
         a.engine.weight_checksums = real  # type: ignore[method-assign]
 
 
-async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     generation, tag = ctl.changes.generation, ctl.state_etag()
@@ -291,7 +328,9 @@ async def test_a_read_that_finds_nothing_new_changes_nothing_readers_see(memory_
     assert ctl.changes.generation > failing and ctl.registry.get("w1").reachable
 
 
-async def test_the_status_poll_skips_workers_an_update_just_heard_from(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+async def test_the_status_poll_skips_workers_an_update_just_heard_from(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     from rlcp.controlplane.fleet.observer import observe_statuses
 
     ctl = memory_fleet.controller(tmp_path)

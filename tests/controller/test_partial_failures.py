@@ -53,8 +53,11 @@ async def test_every_failure_has_a_stable_code_and_a_failed_operation_answers_at
     lag = lag_s(result)
     assert result.status == "failed" and lag < 0.1, (result.status, lag)
     codes = {r.worker_id: (r.phase, r.status, r.code) for r in result.results}
-    assert codes == {"w0": ("update", "error", "injected"), "w1": ("update", "timeout", "timeout"),
-                     "w2": ("update", "error", "injected")}, codes
+    assert codes == {
+        "w0": ("update", "error", "injected"),
+        "w1": ("update", "timeout", "timeout"),
+        "w2": ("update", "error", "injected"),
+    }, codes
     # A pause whose members all hang answers at its deadline, not a status deadline later.
     for a in memory_fleet.agents.values():
         a.faults.clear()

@@ -16,8 +16,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from rlcp.controlplane.assembly import assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, rlctl
 
-RAY = dict(discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:9", "namespace": "rlcp"}},
-           placement={"kind": "ray", "ray": {"address": "127.0.0.1:9", "replicas": 2, "max_replicas": 8}})
+RAY = dict(
+    discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:9", "namespace": "rlcp"}},
+    placement={"kind": "ray", "ray": {"address": "127.0.0.1:9", "replicas": 2, "max_replicas": 8}},
+)
 
 
 async def client(tmp_path: Path, **overrides: Any) -> TestClient:
@@ -40,13 +42,18 @@ async def put(c: TestClient, body: Any) -> tuple[int, dict[str, Any]]:
     return resp.status, await resp.json()
 
 
-async def test_scale_is_stored_in_the_desired_state_and_null_hands_it_back(placing: TestClient,
-                                                                           tmp_path: Path) -> None:
+async def test_scale_is_stored_in_the_desired_state_and_null_hands_it_back(placing: TestClient, tmp_path: Path) -> None:
     resp = await placing.get("/v1/rl/placement", headers=AUTH)
     view = await resp.json()
     assert resp.status == 200
     assert {k: view[k] for k in ("kind", "replicas", "replicas_from", "max_replicas", "placed", "leading")} == {
-        "kind": "ray", "replicas": 2, "replicas_from": "settings", "max_replicas": 8, "placed": [], "leading": True}
+        "kind": "ray",
+        "replicas": 2,
+        "replicas_from": "settings",
+        "max_replicas": 8,
+        "placed": [],
+        "leading": True,
+    }
     assert view["last_pass_at"] is None  # no loop ran
     status, view = await put(placing, {"replicas": 5})
     assert status == 200 and (view["replicas"], view["replicas_from"]) == (5, "api"), view
@@ -66,10 +73,13 @@ async def test_scale_is_stored_in_the_desired_state_and_null_hands_it_back(placi
         await again.close()
 
 
-@pytest.mark.parametrize("body", [{}, {"replicas": -1}, {"replicas": "three"}, {"replicas": 9}, {"replicas": 2.5},
-                                  {"replicas": 2, "extra": 1}, [3]])
-async def test_a_bad_count_is_a_4xx_naming_the_field_and_stores_nothing(placing: TestClient, tmp_path: Path,
-                                                                        body: Any) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"replicas": -1}, {"replicas": "three"}, {"replicas": 9}, {"replicas": 2.5}, {"replicas": 2, "extra": 1}, [3]],
+)
+async def test_a_bad_count_is_a_4xx_naming_the_field_and_stores_nothing(
+    placing: TestClient, tmp_path: Path, body: Any
+) -> None:
     status, answer = await put(placing, body)
     if isinstance(body, list):
         assert (status, answer["error"]["field"]) == (400, "body"), answer
@@ -77,8 +87,10 @@ async def test_a_bad_count_is_a_4xx_naming_the_field_and_stores_nothing(placing:
         assert (status, answer["error"]["field"]) == (422, "extra" if "extra" in body else "replicas"), answer
     view = await (await placing.get("/v1/rl/placement", headers=AUTH)).json()
     assert (view["replicas"], view["replicas_from"]) == (2, "settings")
-    assert not (tmp_path / "state" / "desired.json").exists() or json.loads(
-        (tmp_path / "state" / "desired.json").read_text()).get("placement_replicas") is None
+    assert (
+        not (tmp_path / "state" / "desired.json").exists()
+        or json.loads((tmp_path / "state" / "desired.json").read_text()).get("placement_replicas") is None
+    )
 
 
 async def test_scale_needs_the_token(placing: TestClient) -> None:

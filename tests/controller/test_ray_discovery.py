@@ -48,8 +48,13 @@ def ray_head() -> Iterator[tuple[RayHead, Any]]:
 
     head = RayHead(num_cpus=2).start()
     try:
-        ray.init(address=head.gcs_address, namespace=NAMESPACE, logging_level="warning",
-                 log_to_driver=False, include_dashboard=False)
+        ray.init(
+            address=head.gcs_address,
+            namespace=NAMESPACE,
+            logging_level="warning",
+            log_to_driver=False,
+            include_dashboard=False,
+        )
         yield head, ray
     finally:
         try:
@@ -65,8 +70,14 @@ def engine_class(ray: Any) -> Any:
 
     class Engine:
         def __init__(self, admin_url: str, inference_url: str | None, flavor: str = "agent") -> None:
-            self.described = {"rlcp": 1, "admin_url": admin_url, "inference_url": inference_url,
-                              "flavor": flavor, "world_size": 1, "model": "sim"}
+            self.described = {
+                "rlcp": 1,
+                "admin_url": admin_url,
+                "inference_url": inference_url,
+                "flavor": flavor,
+                "world_size": 1,
+                "model": "sim",
+            }
 
         def __repr__(self) -> str:  # the state API's `repr_name`: how the controller finds us
             return json.dumps(self.described)
@@ -93,12 +104,15 @@ def place(ray: Any, agents: list[SimAgent], namespace: str) -> dict[str, Any]:
     actors: dict[str, Any] = {}
     for i, agent in enumerate(agents):
         spec = agent.spec()
-        actors[f"{PREFIX}{i}_0"] = Engine.options(name=f"{PREFIX}{i}_0", namespace=namespace,
-                                                  lifetime="detached").remote(spec["admin_url"], spec["inference_url"])
+        actors[f"{PREFIX}{i}_0"] = Engine.options(
+            name=f"{PREFIX}{i}_0", namespace=namespace, lifetime="detached"
+        ).remote(spec["admin_url"], spec["inference_url"])
     actors["trainer_0"] = Engine.options(name="trainer_0", namespace=namespace, lifetime="detached").remote(
-        agents[0].url, None)
+        agents[0].url, None
+    )
     actors[f"elsewhere/{PREFIX}0_0"] = Engine.options(
-        name=f"{PREFIX}0_0", namespace=f"{namespace}-elsewhere", lifetime="detached").remote(agents[0].url, None)
+        name=f"{PREFIX}0_0", namespace=f"{namespace}-elsewhere", lifetime="detached"
+    ).remote(agents[0].url, None)
     pids = ray.get([a.pid.remote() for a in actors.values()], timeout=60)  # every one created
     assert len(set(pids)) == 4
     return actors
@@ -110,9 +124,18 @@ def kill_all(ray: Any, actors: dict[str, Any]) -> None:
 
 
 def ray_settings(head: RayHead, namespace: str, **kw: Any) -> dict[str, Any]:
-    return {"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": namespace,
-                                   "name_prefix": PREFIX, "interval_s": 0.2, "timeout_s": 1.0,
-                                   "max_backoff_s": 0.5, **kw}}
+    return {
+        "kind": "ray",
+        "ray": {
+            "dashboard_url": head.dashboard_url,
+            "namespace": namespace,
+            "name_prefix": PREFIX,
+            "interval_s": 0.2,
+            "timeout_s": 1.0,
+            "max_backoff_s": 0.5,
+            **kw,
+        },
+    }
 
 
 def dashboard_pid(head: RayHead) -> int:
@@ -129,7 +152,8 @@ def dashboard_pid(head: RayHead) -> int:
 
 
 async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_without_the_dashboard(
-        ray_head: tuple[RayHead, Any], agents: list[SimAgent], tmp_path: Path) -> None:
+    ray_head: tuple[RayHead, Any], agents: list[SimAgent], tmp_path: Path
+) -> None:
     head, ray = ray_head
     ns = f"{NAMESPACE}-c"
     actors = place(ray, agents, ns)
@@ -183,21 +207,29 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
 
 
 async def test_source_reports_restart_as_a_change_and_a_dead_engine_as_kept(
-        ray_head: tuple[RayHead, Any], agents: list[SimAgent]) -> None:
+    ray_head: tuple[RayHead, Any], agents: list[SimAgent]
+) -> None:
     head, ray = ray_head
     ns = f"{NAMESPACE}-s"
     actors = place(ray, agents, ns)
     ids = [f"{PREFIX}0_0", f"{PREFIX}1_0"]
     async with aiohttp.ClientSession() as session:
-        src = RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=ns,
-                             name_prefix=PREFIX, timeout_s=2)
+        src = RayActorSource(
+            session=session, dashboard_url=head.dashboard_url, namespace=ns, name_prefix=PREFIX, timeout_s=2
+        )
         first = {s.id: s for s in await src.poll()}
         assert sorted(first) == ids and first[ids[0]].incarnation == "0"
         assert first[ids[1]].admin_url == agents[1].url
         # more matching actors than the limit: a failed poll, never a partial list
         with pytest.raises(RayStateError, match="returned 1 of"):
-            await RayActorSource(session=session, dashboard_url=head.dashboard_url, namespace=ns,
-                                 name_prefix=PREFIX, limit=1, timeout_s=2).poll()
+            await RayActorSource(
+                session=session,
+                dashboard_url=head.dashboard_url,
+                namespace=ns,
+                name_prefix=PREFIX,
+                limit=1,
+                timeout_s=2,
+            ).poll()
 
         old_pid = ray.get(actors[ids[0]].pid.remote(), timeout=10)
         os.kill(old_pid, signal.SIGKILL)
@@ -213,6 +245,7 @@ async def test_source_reports_restart_as_a_change_and_a_dead_engine_as_kept(
 
 
 # -- helpers ------------------------------------------------------------------------------
+
 
 async def _members(ctl: Any, n: int) -> dict | None:
     state = await ctl.state()
@@ -232,8 +265,9 @@ async def _epoch_after(ctl: Any, epoch: int) -> dict | None:
 
 
 def _actors(head: RayHead, name: str) -> list[dict]:
-    q = urllib.parse.urlencode([("detail", "true"), ("filter_keys", "name"), ("filter_predicates", "="),
-                                ("filter_values", name)])
+    q = urllib.parse.urlencode(
+        [("detail", "true"), ("filter_keys", "name"), ("filter_predicates", "="), ("filter_values", name)]
+    )
     with urllib.request.urlopen(f"{head.dashboard_url}/api/v0/actors?{q}", timeout=5) as resp:
         return json.load(resp)["data"]["result"]["result"]
 

@@ -70,21 +70,48 @@ def groups(head: RayHead) -> list[str]:
 
 
 def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown: bool) -> dict[str, Any]:
-    agent = {"engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02,
-                                                   "sim_load_latency_s": 1.0}, "admin": {"token": AGENT_TOKEN},
-             "allowed_roots": [str(root)], "timeouts": TEST_TIMEOUTS, "log_format": "json"}
+    agent = {
+        "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02, "sim_load_latency_s": 1.0},
+        "admin": {"token": AGENT_TOKEN},
+        "allowed_roots": [str(root)],
+        "timeouts": TEST_TIMEOUTS,
+        "log_format": "json",
+    }
     return controller_config(
-        workdir, [], [root], gateway={"port": free_port()},
+        workdir,
+        [],
+        [root],
+        gateway={"port": free_port()},
         # one desired state for the controllers that follow each other here
         store={"kind": "file", "path": str(workdir.parent / "store" / "desired.json")},
-        discovery={"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
-                                          "name_prefix": PREFIX, "interval_s": 0.2, "timeout_s": 2.0,
-                                          "max_backoff_s": 1.0,
-                                          "dead_actors": "drop"}},  # an actor scaled away leaves the fleet
-        placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
-                                          "replicas": replicas, "bundle": {"CPU": 0.5, "GPU": 1}, "strategy": "PACK",
-                                          "interval_s": 0.5, "call_timeout_s": 60, "teardown": teardown,
-                                          "agent": agent}})
+        discovery={
+            "kind": "ray",
+            "ray": {
+                "dashboard_url": head.dashboard_url,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "interval_s": 0.2,
+                "timeout_s": 2.0,
+                "max_backoff_s": 1.0,
+                "dead_actors": "drop",
+            },
+        },  # an actor scaled away leaves the fleet
+        placement={
+            "kind": "ray",
+            "ray": {
+                "address": head.gcs_address,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "replicas": replicas,
+                "bundle": {"CPU": 0.5, "GPU": 1},
+                "strategy": "PACK",
+                "interval_s": 0.5,
+                "call_timeout_s": 60,
+                "teardown": teardown,
+                "agent": agent,
+            },
+        },
+    )
 
 
 async def state(http: aiohttp.ClientSession, ctl: ControllerProcess) -> dict[str, Any]:
@@ -108,11 +135,18 @@ class Rollouts:
     async def _run(self) -> None:
         while True:
             try:
-                async with self.http.post(f"{self.url}/v1/completions", json={
-                        "model": "sim", "prompt": "hi", "max_tokens": 2}) as resp:
+                async with self.http.post(
+                    f"{self.url}/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2}
+                ) as resp:
                     await resp.read()
-                    self.answers.append((time.monotonic(), resp.headers.get("X-RL-Worker", ""),
-                                         resp.headers.get("X-RL-Weight-Version", ""), resp.status))
+                    self.answers.append(
+                        (
+                            time.monotonic(),
+                            resp.headers.get("X-RL-Worker", ""),
+                            resp.headers.get("X-RL-Weight-Version", ""),
+                            resp.status,
+                        )
+                    )
             except aiohttp.ClientError:
                 await asyncio.sleep(0.05)
 
@@ -121,23 +155,34 @@ class Rollouts:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
-async def kill_and_wait_converged(http: aiohttp.ClientSession, ctl: ControllerProcess, head: RayHead, name: str,
-                                  pid: int, n: int, version: str) -> float:
+async def kill_and_wait_converged(
+    http: aiohttp.ClientSession, ctl: ControllerProcess, head: RayHead, name: str, pid: int, n: int, version: str
+) -> float:
     """SIGKILL `pid` (the actor's or its agent's); wait for Ray to restart the actor and the
     controller to serve it again at `version`; the seconds from the kill to serving."""
     before = actors(head)[name]["num_restarts"]
     old_url = next(w["admin_url"] for w in (await state(http, ctl))["workers"] if w["id"] == name)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    await wait_for(lambda: actors(head)[name]["num_restarts"] > before and actors(head)[name]["state"] == "ALIVE",
-                   30, f"{name} restarted by Ray", interval_s=0.1, tolerate=(KeyError,))
-    await wait_for(lambda: _serving_anew(http, ctl, n, version, name, old_url), 30,
-                   f"{name} converged and serving", interval_s=0.05)
+    await wait_for(
+        lambda: actors(head)[name]["num_restarts"] > before and actors(head)[name]["state"] == "ALIVE",
+        30,
+        f"{name} restarted by Ray",
+        interval_s=0.1,
+        tolerate=(KeyError,),
+    )
+    await wait_for(
+        lambda: _serving_anew(http, ctl, n, version, name, old_url),
+        30,
+        f"{name} converged and serving",
+        interval_s=0.05,
+    )
     return time.monotonic() - t0
 
 
-async def _serving_anew(http: aiohttp.ClientSession, ctl: ControllerProcess, n: int, version: str, name: str,
-                        old_url: str) -> bool:
+async def _serving_anew(
+    http: aiohttp.ClientSession, ctl: ControllerProcess, n: int, version: str, name: str, old_url: str
+) -> bool:
     """Every member serving at `version`, `name` on its new agent (a new port: a new URL)."""
     st = await state(http, ctl)
     return serving(st, n, version) and any(w["id"] == name and w["admin_url"] != old_url for w in st["workers"])
@@ -146,8 +191,9 @@ async def _serving_anew(http: aiohttp.ClientSession, ctl: ControllerProcess, n: 
 async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tmp_path: Path) -> None:
     root = tmp_path / "weights"
     write_checkpoint(root / "v1", 1)
-    ctl = ControllerProcess(config(tmp_path / "c1", head, root, replicas=2, teardown=False), tmp_path / "c1",
-                            start_timeout_s=90)
+    ctl = ControllerProcess(
+        config(tmp_path / "c1", head, root, replicas=2, teardown=False), tmp_path / "c1", start_timeout_s=90
+    )
     gateway = f"http://127.0.0.1:{ctl.config['gateway']['port']}"
     timings: dict[str, float] = {}
     async with aiohttp.ClientSession() as http:
@@ -165,8 +211,9 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             devices = {cuda_visible_devices(json.loads(a["repr_name"])["agent_pid"]) for a in placed.values()}
             assert len(devices) == 2 and None not in devices, devices
 
-            async with http.post(f"{ctl.url}/v1/rl/update_weights", headers=AUTH,
-                                 json=update_body("v1", root / "v1")) as resp:
+            async with http.post(
+                f"{ctl.url}/v1/rl/update_weights", headers=AUTH, json=update_body("v1", root / "v1")
+            ) as resp:
                 assert resp.status == 200, await resp.text()
             await wait_for(lambda: _serving(http, ctl, 2, "v1"), 20, "both at v1", interval_s=0.1)
 
@@ -175,11 +222,13 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
                 await wait_for(lambda: len(rollouts.answers) > 5, 10, "answers through the gateway")
                 # The actor's process SIGKILLed: its agent child dies with it (PDEATHSIG).
                 timings["actor_kill_to_serving_s"] = await kill_and_wait_converged(
-                    http, ctl, head, f"{PREFIX}0", placed[f"{PREFIX}0"]["pid"], 2, "v1")
+                    http, ctl, head, f"{PREFIX}0", placed[f"{PREFIX}0"]["pid"], 2, "v1"
+                )
                 # The agent child SIGKILLed: the actor exits with it, and Ray restarts the actor.
                 agent_pid = json.loads(actors(head)[f"{PREFIX}1"]["repr_name"])["agent_pid"]
                 timings["agent_kill_to_serving_s"] = await kill_and_wait_converged(
-                    http, ctl, head, f"{PREFIX}1", agent_pid, 2, "v1")
+                    http, ctl, head, f"{PREFIX}1", agent_pid, 2, "v1"
+                )
                 n = len(rollouts.answers)
                 await wait_for(lambda: len(rollouts.answers) > n + 5, 10, "answers after the restarts")
                 assert {v for _, _, v, s in rollouts.answers if s == 200} == {"v1"}
@@ -187,16 +236,19 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
                 # SIGKILL mid-update: the desired state names v2 before any worker is touched, so
                 # the restarted member is converged to v2, whatever the update's own answer says.
                 write_checkpoint(root / "v2", 2)
-                update = asyncio.create_task(_post(http, f"{ctl.url}/v1/rl/update_weights",
-                                                   update_body("v2", root / "v2")))
+                update = asyncio.create_task(
+                    _post(http, f"{ctl.url}/v1/rl/update_weights", update_body("v2", root / "v2"))
+                )
                 await wait_for(lambda: _loading(http, ctl), 10, "the update loading", interval_s=0.02)
                 update_status = 0
                 timings["mid_update_kill_to_serving_s"] = await kill_and_wait_converged(
-                    http, ctl, head, f"{PREFIX}0", actors(head)[f"{PREFIX}0"]["pid"], 2, "v2")
+                    http, ctl, head, f"{PREFIX}0", actors(head)[f"{PREFIX}0"]["pid"], 2, "v2"
+                )
                 update_status = await update
                 t_done = time.monotonic()
-                await wait_for(lambda: len([a for a in rollouts.answers if a[0] > t_done]) > 5, 10,
-                               "answers after the update")
+                await wait_for(
+                    lambda: len([a for a in rollouts.answers if a[0] > t_done]) > 5, 10, "answers after the update"
+                )
             finally:
                 await rollouts.stop()
             ok = [a for a in rollouts.answers if a[3] == 200]
@@ -230,8 +282,9 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
 
         # A new controller whose settings say 2: the desired state's 1 (set through the API)
         # wins; it finds its predecessor's actor by name and starts nothing. Teardown on stop.
-        ctl2 = ControllerProcess(config(tmp_path / "c2", head, root, replicas=2, teardown=True), tmp_path / "c2",
-                                 start_timeout_s=90)
+        ctl2 = ControllerProcess(
+            config(tmp_path / "c2", head, root, replicas=2, teardown=True), tmp_path / "c2", start_timeout_s=90
+        )
         try:
             await ctl2.spawn().wait_ready_async()
             async with ControlPlaneClient(ctl2.url, token=CTL_TOKEN) as client:
@@ -242,13 +295,20 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
             again = actors(head)
             assert sorted(again) == [f"{PREFIX}0"]
             assert (again[f"{PREFIX}0"]["pid"], again[f"{PREFIX}0"]["num_restarts"]) == (
-                survivor["pid"], survivor["num_restarts"])
+                survivor["pid"],
+                survivor["num_restarts"],
+            )
         finally:
             ctl2.stop()
-        await wait_for(lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups",
-                       interval_s=0.2)
-    print("placement timings:", json.dumps({k: round(v, 2) for k, v in timings.items()}), "mid-update answer:",
-          update_status)
+        await wait_for(
+            lambda: not actors(head) and not groups(head), 30, "teardown removed actors and groups", interval_s=0.2
+        )
+    print(
+        "placement timings:",
+        json.dumps({k: round(v, 2) for k, v in timings.items()}),
+        "mid-update answer:",
+        update_status,
+    )
 
 
 async def _placed(client: ControlPlaneClient, n: int) -> bool:

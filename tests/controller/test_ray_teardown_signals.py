@@ -58,15 +58,41 @@ def head() -> Iterator[RayHead]:
 
 
 def config(workdir: Path, head: RayHead) -> dict[str, Any]:
-    agent = {"engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02}, "admin": {"token": AGENT_TOKEN},
-             "timeouts": TEST_TIMEOUTS, "log_format": "json"}
+    agent = {
+        "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02},
+        "admin": {"token": AGENT_TOKEN},
+        "timeouts": TEST_TIMEOUTS,
+        "log_format": "json",
+    }
     return controller_config(
-        workdir, [], [],
-        discovery={"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
-                                          "name_prefix": PREFIX, "interval_s": 0.5, "dead_actors": "drop"}},
-        placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
-                                          "replicas": 1, "bundle": {"CPU": 1.5}, "interval_s": 0.5,
-                                          "call_timeout_s": 30, "teardown": True, "agent": agent}})
+        workdir,
+        [],
+        [],
+        discovery={
+            "kind": "ray",
+            "ray": {
+                "dashboard_url": head.dashboard_url,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "interval_s": 0.5,
+                "dead_actors": "drop",
+            },
+        },
+        placement={
+            "kind": "ray",
+            "ray": {
+                "address": head.gcs_address,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "replicas": 1,
+                "bundle": {"CPU": 1.5},
+                "interval_s": 0.5,
+                "call_timeout_s": 30,
+                "teardown": True,
+                "agent": agent,
+            },
+        },
+    )
 
 
 def core_pid(front: int) -> int | None:
@@ -97,6 +123,7 @@ def group(sig: int, times: int = 1) -> Send:
             if i:
                 time.sleep(random.uniform(0.05, 1.0))  # the second while the first stop is under way
             os.killpg(front, sig)
+
     return send
 
 
@@ -107,6 +134,7 @@ def one(which: str, sig: int, times: int = 1) -> Send:
                 time.sleep(random.uniform(0.05, 1.0))
             with contextlib.suppress(ProcessLookupError):  # stopped before the second one: fine
                 os.kill(front if which == "front" else core, sig)
+
     return send
 
 
@@ -125,12 +153,17 @@ PATTERNS: dict[str, Send] = {
 def scale_beyond_the_head(head: RayHead, ctl: ControllerProcess) -> None:
     """Ask for a second agent: its bundle (1.5 CPU) does not fit beside the first on the 2-CPU
     head, so the pass waits for a group Ray cannot reserve (up to call_timeout_s, 30 s)."""
-    request = urllib.request.Request(f"{ctl.url}/v1/rl/placement", method="PUT", data=b'{"replicas": 2}',
-                                     headers={**AUTH, "Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{ctl.url}/v1/rl/placement",
+        method="PUT",
+        data=b'{"replicas": 2}',
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=10) as resp:
         assert resp.status == 200
-    wait_for_sync(lambda: len(head.placement_groups(PREFIX)) == 2, timeout_s=30, what="the second group pending",
-                  interval_s=0.1)
+    wait_for_sync(
+        lambda: len(head.placement_groups(PREFIX)) == 2, timeout_s=30, what="the second group pending", interval_s=0.1
+    )
 
 
 BEFORE: dict[str, Before] = {"group-TERM-while-a-pass-waits": scale_beyond_the_head}
@@ -146,9 +179,15 @@ def stop_once(head: RayHead, workdir: Path, send: Send, before: Before | None = 
     ctl = ControllerProcess(config(workdir, head), workdir, start_timeout_s=90)
     ctl.spawn().wait_ready()
     try:
-        wait_for_sync(lambda: any(a["state"] == "ALIVE" for a in head.actors(NAMESPACE, PREFIX).values())
-                      and head.placement_groups(PREFIX), timeout_s=60, what="the placed actor ALIVE",
-                      interval_s=0.2)
+        wait_for_sync(
+            lambda: (
+                any(a["state"] == "ALIVE" for a in head.actors(NAMESPACE, PREFIX).values())
+                and head.placement_groups(PREFIX)
+            ),
+            timeout_s=60,
+            what="the placed actor ALIVE",
+            interval_s=0.2,
+        )
         if before is not None:
             before(head, ctl)
         front = ctl.pid
@@ -166,13 +205,19 @@ def stop_once(head: RayHead, workdir: Path, send: Send, before: Before | None = 
     while any(left := leftovers(head)) and time.monotonic() < deadline:
         time.sleep(0.2)
     log = ctl.log_path.read_text(errors="replace")
-    return {"left": left, "stop_s": round(stopped_s, 2), "front_exit": code,
-            "torn_down": "placement_torn_down" in log, "ray_signal_handler": "SIGTERM received at time=" in log}
+    return {
+        "left": left,
+        "stop_s": round(stopped_s, 2),
+        "front_exit": code,
+        "torn_down": "placement_torn_down" in log,
+        "ray_signal_handler": "SIGTERM received at time=" in log,
+    }
 
 
 @pytest.mark.parametrize("pattern", list(PATTERNS))
-def test_teardown_leaves_nothing_whatever_signals_stop_the_controller(head: RayHead, tmp_path: Path,
-                                                                      pattern: str) -> None:
+def test_teardown_leaves_nothing_whatever_signals_stop_the_controller(
+    head: RayHead, tmp_path: Path, pattern: str
+) -> None:
     results = []
     for i in range(REPEATS):
         result = stop_once(head, tmp_path / str(i), PATTERNS[pattern], BEFORE.get(pattern))

@@ -39,8 +39,9 @@ async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update
     for a in agents:
         a.traced.clear()
     headers = {**AUTH, "X-Request-ID": "trainer-step-7", "traceparent": f"00-{TRACE}-{CALLER_SPAN}-01"}
-    async with http.post(ctl.url + "/v1/rl/update_weights", headers=headers,
-                         json=update_body("v1", write_checkpoint(tmp_path / "v1", 1))) as resp:
+    async with http.post(
+        ctl.url + "/v1/rl/update_weights", headers=headers, json=update_body("v1", write_checkpoint(tmp_path / "v1", 1))
+    ) as resp:
         result = await resp.json()
         assert resp.status == 200, result
         assert resp.headers["X-Request-ID"] == "trainer-step-7"
@@ -58,8 +59,11 @@ async def test_a_trainers_ids_reach_every_worker_call_and_log_line_of_its_update
             spans.add(match.group(2))
     assert len(spans) == 2 * len(UPDATE_CALLS) and CALLER_SPAN not in spans  # a new span per worker call
     # The controller's own summary line of the update carries them (its JSON log).
-    ops = [line for line in core_log_lines(ctl) if line.get("event") == "operation"
-           and line.get("operation") == "update_weights"]
+    ops = [
+        line
+        for line in core_log_lines(ctl)
+        if line.get("event") == "operation" and line.get("operation") == "update_weights"
+    ]
     assert ops and all(op.get("request_id") == "trainer-step-7" and op.get("trace_id") == TRACE for op in ops), ops
     # ...and so do the agents' (in this process: structlog's console lines).
     out = capfd.readouterr()
@@ -83,6 +87,7 @@ async def test_a_call_without_ids_gets_one_carried_the_same_way_and_a_bad_one_is
         seen = [(c, rid, tp) for a in agents for c, rid, tp in a.traced if c == "POST /pause"]
         assert len(seen) == 2 and {rid for _, rid, _ in seen} == {made}, seen
         assert len({tp.split("-")[1] for _, _, tp in seen}) == 1  # one trace, made for the call
+
     # Status reads carry the id of the call that caused them (a pause's final read), and the
     # background poller's, which no call caused, carry none.
     def polls() -> set[str | None]:

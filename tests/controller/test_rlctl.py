@@ -126,8 +126,7 @@ async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(
     assert rc == 0 and "bubble: 0/2 serving at least" in out, (out, err)
     status, _ = await ctl.call("POST", "/v1/rl/gateway/staleness", {"bound": 1})  # r0 may serve during the roll
     assert status == 200
-    rc, out, err = await rlctl(url, "update-weights", "--version", "r1", "--path", str(ckpt),
-                               "--max-unavailable", "1")
+    rc, out, err = await rlctl(url, "update-weights", "--version", "r1", "--path", str(ckpt), "--max-unavailable", "1")
     assert rc == 0, err
     # The bar's last frame (rlctl follows the operation), then the table with the bubble.
     assert "rolling wave 2/2" in out and "2/2" in out and "bubble: 1/2 serving at least" in out, out
@@ -135,8 +134,9 @@ async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(
     # --no-wait prints the id at once; `ops show ID --follow` picks the update up.
     slow = Fault("delay", delay_s=1.0)
     agents[0].faults["/v1/agent/weights/disk"] = slow
-    rc, out, err = await rlctl(url, "update-weights", "--version", "r2", "--path", str(ckpt), "--no-wait",
-                               "--max-unavailable", "50%")
+    rc, out, err = await rlctl(
+        url, "update-weights", "--version", "r2", "--path", str(ckpt), "--no-wait", "--max-unavailable", "50%"
+    )
     assert rc == 0, err
     operation_id = out.strip()
     rc, out, err = await rlctl(url, "ops", "show", operation_id, "--follow")
@@ -149,16 +149,21 @@ async def test_a_rolling_update_is_followed_with_a_progress_bar_or_left_running(
     # A manifest file, as `POST /weight_checker` answers it: a wrong one fails every worker.
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({"checksums": {"dp0:pp0:pcp0:tp0:layer.0.weight": "0" * 64}}))
-    rc, out, err = await rlctl(url, "update-weights", "--version", "r3", "--path", str(ckpt),
-                               "--manifest", str(manifest))
+    rc, out, err = await rlctl(
+        url, "update-weights", "--version", "r3", "--path", str(ckpt), "--manifest", str(manifest)
+    )
     assert rc == 1 and "failed" in out and "manifest" in out, (rc, out, err)
 
 
 async def test_an_update_that_does_not_wait_answers_202_with_its_location(sim_fleet, checkpoints):
     ctl, agents = sim_fleet
     url, ckpt = ctl.url, checkpoints[1]
-    body = {"version": "a1", "source": {"kind": "disk", "path": str(ckpt)}, "wait": False,
-            "strategy": {"type": "rolling", "max_unavailable": 1}}
+    body = {
+        "version": "a1",
+        "source": {"kind": "disk", "path": str(ckpt)},
+        "wait": False,
+        "strategy": {"type": "rolling", "max_unavailable": 1},
+    }
     resp = await ctl.client.post("/v1/rl/update_weights", json=body, headers=AUTH)
     assert resp.status == 202, await resp.text()
     started = await resp.json()
@@ -168,11 +173,13 @@ async def test_an_update_that_does_not_wait_answers_202_with_its_location(sim_fl
     assert done.status == "ok" and done.progress.updated == 2 and done.bubble.members == 2
     state = await ctl.state()
     assert state["update"]["operation_id"] == started["id"] and state["update"]["status"] == "ok"
-    status, answer = await ctl.call("POST", "/v1/rl/update_weights",
-                                    {**body, "strategy": {"type": "rolling", "max_unavailable": "0%"}})
+    status, answer = await ctl.call(
+        "POST", "/v1/rl/update_weights", {**body, "strategy": {"type": "rolling", "max_unavailable": "0%"}}
+    )
     assert status == 422 and "strategy.rolling.max_unavailable" in answer["error"]["field"], answer
-    status, answer = await ctl.call("POST", "/v1/rl/update_weights",
-                                    {**body, "verify": False, "expected_checksums": {"a": "b"}})
+    status, answer = await ctl.call(
+        "POST", "/v1/rl/update_weights", {**body, "verify": False, "expected_checksums": {"a": "b"}}
+    )
     assert status == 422 and answer["error"]["field"] == "expected_checksums", answer
     status, answer = await ctl.call("GET", "/v1/rl/operations/unknown")
     assert status == 404 and answer["error"]["field"] == "id", answer

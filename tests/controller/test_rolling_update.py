@@ -48,8 +48,9 @@ def watch_loads(fleet: MemoryFleet, seen: Callable[[str], None]) -> None:
         agent.engine.load_weights_from_disk = watched  # type: ignore[method-assign]
 
 
-async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(memory_fleet: MemoryFleet,
-                                                                              tmp_path: Path) -> None:
+async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
@@ -58,10 +59,12 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(me
 
     def seen(agent_id: str) -> None:
         state = ctl.state()
-        during[agent_id] = {"paused": sorted(a.agent_id for a in memory_fleet.agents.values() if a.service.paused),
-                            "in_fence": sorted(w.id for w in fence(state)[1]),
-                            "cordoned": sorted(w.id for w in state.workers if w.cordoned),
-                            "wave": state.update.progress.wave if state.update and state.update.progress else None}
+        during[agent_id] = {
+            "paused": sorted(a.agent_id for a in memory_fleet.agents.values() if a.service.paused),
+            "in_fence": sorted(w.id for w in fence(state)[1]),
+            "cordoned": sorted(w.id for w in state.workers if w.cordoned),
+            "wave": state.update.progress.wave if state.update and state.update.progress else None,
+        }
 
     watch_loads(memory_fleet, seen)
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, **rolling(1)))
@@ -74,20 +77,29 @@ async def test_a_rolling_update_takes_one_wave_at_a_time_while_the_rest_serve(me
         assert during[worker]["wave"] == [worker]
         assert during[worker]["in_fence"] == [m for m in members if m != worker], during
     assert result.progress is not None and result.progress.model_dump() == {
-        "strategy": "rolling", "max_unavailable": 1, "waves": 4, "waves_done": 4, "wave": [], "updated": 4,
-        "failed": 0, "halted": None}
+        "strategy": "rolling",
+        "max_unavailable": 1,
+        "waves": 4,
+        "waves_done": 4,
+        "wave": [],
+        "updated": 4,
+        "failed": 0,
+        "halted": None,
+    }
     bubble = result.bubble
     assert bubble is not None and bubble.members == 4 and bubble.serving_at_start == 4 and bubble.min_serving == 3
     assert all(w.returned and w.out_of_service_s > 0 for w in bubble.workers)
     assert 0.7 < bubble.mean_capacity < 1.0 and [p.serving for p in bubble.capacity][:2] == [4, 3]
     state = ctl.state()
-    assert state.applied.weight_version == "v2" and state.applied.verified and not any(w.cordoned
-                                                                                      for w in state.workers)
+    assert (
+        state.applied.weight_version == "v2" and state.applied.verified and not any(w.cordoned for w in state.workers)
+    )
     assert state.update is not None and state.update.operation_id == result.id and state.update.bubble == bubble
 
 
-async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(memory_fleet: MemoryFleet,
-                                                                         tmp_path: Path) -> None:
+async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     in_fence: list[list[str]] = []
@@ -100,8 +112,9 @@ async def test_all_at_once_empties_the_serving_set_and_the_report_says_so(memory
     assert bubble.worker_seconds_out == pytest.approx(sum(w.out_of_service_s for w in bubble.workers), abs=1e-3)
 
 
-async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(memory_fleet: MemoryFleet,
-                                                                              tmp_path: Path) -> None:
+async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
@@ -114,7 +127,9 @@ async def test_at_staleness_zero_a_roll_keeps_the_old_version_out_of_the_fence(m
     assert result.bubble is not None and [p.serving for p in result.bubble.capacity] == [4, 0, 2, 4]
 
 
-async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(memory_fleet: MemoryFleet, tmp_path: Path) -> None:
+async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
@@ -134,12 +149,17 @@ async def test_a_failed_wave_stops_the_roll_and_leaves_the_rest_serving(memory_f
     assert {w.id for w in fence(ctl.state())[1]} == {"w0", "w2", "w3"}
     assert memory_fleet["w1"].service.paused and memory_fleet["w2"].service.weight_version == "v1"
     assert result.bubble is not None and {w.worker_id: w.returned for w in result.bubble.workers} == {
-        "w0": True, "w1": False, "w2": True, "w3": True}
+        "w0": True,
+        "w1": False,
+        "w2": True,
+        "w3": True,
+    }
     assert not ctl.state().applied.verified
 
 
-async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_roll(memory_fleet: MemoryFleet,
-                                                                                     tmp_path: Path) -> None:
+async def test_a_member_already_out_of_service_goes_first_and_does_not_stop_the_roll(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     assert (await update_weights(ctl, disk_update(tmp_path, "v1", 1))).status == "ok"
@@ -180,23 +200,35 @@ async def test_a_manifest_is_checked_on_every_worker(memory_fleet: MemoryFleet, 
     # Every worker loads the same wrong files: they agree with each other, not with the manifest.
     write_checkpoint(tmp_path / "v2", 3)
     result = await update_weights(ctl, disk_update(tmp_path, "v2", 2, expected_checksums=manifest))
-    assert result.status == "failed" and all("differ from the manifest of version 'v2'" in (r.message or "")
-                                              for r in result.results), result.results
+    assert result.status == "failed" and all(
+        "differ from the manifest of version 'v2'" in (r.message or "") for r in result.results
+    ), result.results
     assert result.detail["manifest_tensors"] == len(manifest)
     # The right manifest passes (the v1 files again, under a new name).
-    result = await update_weights(ctl, UpdateWeightsRequest(
-        version="v1b", source={"kind": "disk", "path": str(tmp_path / "v1")}, expected_checksums=manifest))
+    result = await update_weights(
+        ctl,
+        UpdateWeightsRequest(
+            version="v1b", source={"kind": "disk", "path": str(tmp_path / "v1")}, expected_checksums=manifest
+        ),
+    )
     assert result.status == "ok", result.results
     # A manifest naming a tensor no worker has fails every worker, naming it.
-    result = await update_weights(ctl, UpdateWeightsRequest(
-        version="v1c", source={"kind": "disk", "path": str(tmp_path / "v1")},
-        expected_checksums={**manifest, "dp0:pp0:pcp0:tp0:not.a.tensor": "00"}))
-    assert result.status == "failed" and all("missing (dp0:pp0:pcp0:tp0:not.a.tensor)" in (r.message or "")
-                                              for r in result.results), result.results
+    result = await update_weights(
+        ctl,
+        UpdateWeightsRequest(
+            version="v1c",
+            source={"kind": "disk", "path": str(tmp_path / "v1")},
+            expected_checksums={**manifest, "dp0:pp0:pcp0:tp0:not.a.tensor": "00"},
+        ),
+    )
+    assert result.status == "failed" and all(
+        "missing (dp0:pp0:pcp0:tp0:not.a.tensor)" in (r.message or "") for r in result.results
+    ), result.results
 
 
-async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(memory_fleet: MemoryFleet,
-                                                                               tmp_path: Path) -> None:
+async def test_an_update_that_does_not_wait_answers_at_once_and_can_be_followed(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
     ctl = memory_fleet.controller(tmp_path)
     await ctl.refresh()
     release = asyncio.Event()
@@ -251,7 +283,11 @@ def test_the_bubble_integrates_capacity_over_time() -> None:
     assert report.mean_capacity == pytest.approx(11 / 16) and report.min_serving == 2
     assert [(p.t_s, p.serving) for p in report.capacity] == [(0.0, 3), (1.0, 2), (3.0, 4)]
     assert {w.worker_id: (w.out_of_service_s, w.returned) for w in report.workers} == {
-        "a": (2.0, True), "b": (0.0, True), "c": (0.0, True), "d": (3.0, True)}
+        "a": (2.0, True),
+        "b": (0.0, True),
+        "c": (0.0, True),
+        "d": (3.0, True),
+    }
     assert report.worker_seconds_out == 5.0
 
 

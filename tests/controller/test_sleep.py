@@ -34,11 +34,14 @@ def fleet_shape() -> FleetShape:
 
 async def served_by(fleet: GatewayFleet, n: int = 12) -> set[str]:
     """Who answered `n` requests sent through the gateway at once."""
+
     async def one() -> str:
-        async with fleet.http.post(f"{fleet.gateway.url}/v1/completions",
-                                   json={"model": "sim", "prompt": "hi", "max_tokens": 2}) as resp:
+        async with fleet.http.post(
+            f"{fleet.gateway.url}/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2}
+        ) as resp:
             assert resp.status == 200, await resp.text()
             return resp.headers["X-RL-Worker"]
+
     return set(await asyncio.gather(*(one() for _ in range(n))))
 
 
@@ -53,13 +56,18 @@ def calls(agent: SimAgent, since: int = 0) -> list[str]:
     return [c for c, *_ in agent.traced[since:] if c not in ("GET /v1/agent/state", "PUT /v1/agent/desired")]
 
 
-async def test_sleep_leaves_the_fence_and_a_wake_verifies_before_serving(gateway_fleet: GatewayFleet,
-                                                                         tmp_path: Path) -> None:
+async def test_sleep_leaves_the_fence_and_a_wake_verifies_before_serving(
+    gateway_fleet: GatewayFleet, tmp_path: Path
+) -> None:
     ctl, agents = gateway_fleet.ctl, {a.agent_id: a for a in gateway_fleet.agents}
     status, result = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["w1"]})
     assert status == 200, result
-    assert result["kind"] == "sleep" and result["detail"] == {"level": 1, "mode": "abort", "worker_ids": ["w1"],
-                                                             "workers": ["w1"]}
+    assert result["kind"] == "sleep" and result["detail"] == {
+        "level": 1,
+        "mode": "abort",
+        "worker_ids": ["w1"],
+        "workers": ["w1"],
+    }
     assert [(r["worker_id"], r["phase"], r["status"]) for r in result["results"]] == [("w1", "sleep", "ok")]
     assert agents["w1"].service.control.sleeping and await agents["w1"].engine.is_sleeping()
 
@@ -78,8 +86,9 @@ async def test_sleep_leaves_the_fence_and_a_wake_verifies_before_serving(gateway
     record = ctl.ctl.registry.get("w1")
     assert record is not None and ctl.ctl.reconciler.plan_for(record) == []
     await ctl.ctl.reconciler.reconcile_once()  # (the others may still be told the desired version)
-    status, update = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("v1", write_checkpoint(tmp_path / "v1", 1)))
+    status, update = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(tmp_path / "v1", 1))
+    )
     assert status == 200, update
     skipped = next(r for r in update["results"] if r["worker_id"] == "w1")
     assert skipped["status"] == "skipped" and "asleep" in skipped["message"]
@@ -96,13 +105,16 @@ async def test_sleep_leaves_the_fence_and_a_wake_verifies_before_serving(gateway
     assert (w1["sleeping"], w1["cordoned"], w1["serving"], w1["weight_version"]) == (False, False, True, "v1")
     assert st["desired"]["asleep"] == {} and st["sleeping"] == 0
     assert in_fence(gateway_fleet) == {"w0", "w1", "w2"}
+
     async def w1_serves() -> bool:
         return "w1" in await served_by(gateway_fleet, 24)
+
     await wait_for(w1_serves, what="w1 serving through the gateway again")
 
 
 async def test_level_2_loses_the_weights_a_wake_reloads_the_fleet_checkpoint_or_fails_verification(
-        sim_fleet: Any, tmp_path: Path) -> None:
+    sim_fleet: Any, tmp_path: Path
+) -> None:
     ctl, agents = sim_fleet.ctl, {a.agent_id: a for a in sim_fleet.agents}
     # No checkpoint known to the fleet (never updated): nothing to reload the discarded weights from.
     status, _ = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["w0"], "level": 2})
@@ -190,23 +202,27 @@ async def test_a_wake_of_a_paused_fleet_leaves_the_member_paused(sim_fleet: Any)
     assert ctl.worker(await ctl.state(), "w0")["serving"] is True
 
 
-@pytest.mark.parametrize("path,body,code,field", [
-    ("sleep", {"level": 3}, 422, "level"),
-    ("sleep", {"level": "1"}, 422, "level"),
-    ("sleep", {"mode": "keep"}, 422, "mode"),
-    ("sleep", {"timeout_s": 0}, 422, "timeout_s"),
-    ("sleep", {"selector": "role in"}, 422, "selector"),
-    ("sleep", {"selector": "role=teacher"}, 422, "selector"),
-    ("sleep", {"worker_ids": ["w9"]}, 404, "worker_ids"),
-    ("sleep", {"worker_ids": []}, 422, "worker_ids"),
-    ("sleep", {"worker_ids": ["w0"], "selector": "a=b"}, 422, "worker_ids"),
-    ("sleep", {"lvl": 1}, 422, "lvl"),
-    ("wake_up", {"tags": ["gpu"]}, 422, "tags.0"),
-    ("wake_up", {"tags": []}, 422, "tags"),
-    ("wake_up", {"worker_ids": ["w9"]}, 404, "worker_ids"),
-])
-async def test_bad_input_is_refused_naming_the_field_before_any_worker(sim_fleet: Any, path: str, body: dict,
-                                                                        code: int, field: str) -> None:
+@pytest.mark.parametrize(
+    "path,body,code,field",
+    [
+        ("sleep", {"level": 3}, 422, "level"),
+        ("sleep", {"level": "1"}, 422, "level"),
+        ("sleep", {"mode": "keep"}, 422, "mode"),
+        ("sleep", {"timeout_s": 0}, 422, "timeout_s"),
+        ("sleep", {"selector": "role in"}, 422, "selector"),
+        ("sleep", {"selector": "role=teacher"}, 422, "selector"),
+        ("sleep", {"worker_ids": ["w9"]}, 404, "worker_ids"),
+        ("sleep", {"worker_ids": []}, 422, "worker_ids"),
+        ("sleep", {"worker_ids": ["w0"], "selector": "a=b"}, 422, "worker_ids"),
+        ("sleep", {"lvl": 1}, 422, "lvl"),
+        ("wake_up", {"tags": ["gpu"]}, 422, "tags.0"),
+        ("wake_up", {"tags": []}, 422, "tags"),
+        ("wake_up", {"worker_ids": ["w9"]}, 404, "worker_ids"),
+    ],
+)
+async def test_bad_input_is_refused_naming_the_field_before_any_worker(
+    sim_fleet: Any, path: str, body: dict, code: int, field: str
+) -> None:
     ctl, agents = sim_fleet.ctl, sim_fleet.agents
     _, ops_before = await ctl.call("GET", "/v1/rl/operations", headers={})
     before = [len(a.traced) for a in agents]
@@ -220,8 +236,9 @@ async def test_bad_input_is_refused_naming_the_field_before_any_worker(sim_fleet
 async def test_a_broadcast_init_is_refused_while_members_are_asleep(sim_fleet: Any) -> None:
     ctl = sim_fleet.ctl
     assert (await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["w0"]}))[0] == 200
-    status, answer = await ctl.call("POST", "/v1/rl/weight_transfer/init",
-                                    {"init_info": {"world_size": 3, "master_address": "127.0.0.1"}})
+    status, answer = await ctl.call(
+        "POST", "/v1/rl/weight_transfer/init", {"init_info": {"world_size": 3, "master_address": "127.0.0.1"}}
+    )
     assert status == 409 and "w0" in answer["error"]["message"], answer
 
 
@@ -251,8 +268,12 @@ async def test_the_agent_refuses_what_needs_memory_while_asleep(sim_fleet: Any) 
         async with http.get(f"{agent.url}/readyz") as resp:
             assert resp.status == 503 and "asleep" in (await resp.json())["reason"]
         for method, path in (("POST", "/resume"), ("POST", "/weight_checker")):
-            async with http.request(method, f"{agent.url}{path}", headers=auth,
-                                    json={"action": "checksum"} if path == "/weight_checker" else None) as resp:
+            async with http.request(
+                method,
+                f"{agent.url}{path}",
+                headers=auth,
+                json={"action": "checksum"} if path == "/weight_checker" else None,
+            ) as resp:
                 assert resp.status == 409 and "asleep" in (await resp.json())["error"]["message"], path
         async with http.post(f"{agent.url}/wake_up", params=[("tags", "weights")], headers=auth) as resp:
             assert await resp.json() == {"status": "sleeping", "tags": ["weights"]}

@@ -59,7 +59,9 @@ async def test_a_change_or_another_controller_gives_a_new_tag(sim_fleet, raw_htt
     async with raw.get(url, headers={"If-None-Match": tag}) as resp:
         assert resp.status == 200 and resp.headers["ETag"] != tag
         paused_tag = resp.headers["ETag"]
-    other = await start_controller(tmp_path, agents, reconcile=QUIET)  # another process, counting from zero: never a 304
+    other = await start_controller(
+        tmp_path, agents, reconcile=QUIET
+    )  # another process, counting from zero: never a 304
     try:
         async with raw.get(other.url + "/v1/rl/state", headers={"If-None-Match": f"{tag}, {paused_tag}"}) as resp:
             assert resp.status == 200 and resp.headers["ETag"] not in (tag, paused_tag)
@@ -80,8 +82,7 @@ def status_trace() -> tuple[aiohttp.TraceConfig, list[int]]:
 
 
 @pytest.mark.parametrize("decompress", [True, False], ids=["aiohttp-default", "gateway-session"])
-async def test_the_follower_reads_304s_without_parsing(sim_fleet, monkeypatch: pytest.MonkeyPatch,
-                                                     decompress) -> None:
+async def test_the_follower_reads_304s_without_parsing(sim_fleet, monkeypatch: pytest.MonkeyPatch, decompress) -> None:
     """Both with a session that decompresses and with the gateway's own (`auto_decompress=False`,
     as a proxy must), which still asks for gzip."""
     ctl = sim_fleet.ctl

@@ -18,8 +18,21 @@ pytestmark = pytest.mark.timeout(120)
 
 # The names the issue found accepted: control characters `\s` misses, a newline read from a file
 # with the version, whitespace, empty, far too long, a lone surrogate, non-ASCII.
-BAD_NAMES = ["v\u0001x", "v\x00", "v\x1f", "v\x7f", "v5\n", "\tv", "a b", "", " ", "x" * 5000, "v\ud800x",
-             "v\u00e9", "v\u2028"]
+BAD_NAMES = [
+    "v\u0001x",
+    "v\x00",
+    "v\x1f",
+    "v\x7f",
+    "v5\n",
+    "\tv",
+    "a b",
+    "",
+    " ",
+    "x" * 5000,
+    "v\ud800x",
+    "v\u00e9",
+    "v\u2028",
+]
 
 
 def version_routes(ckpt: Path, adapter: Path) -> list[tuple[str, str, object, str]]:
@@ -37,8 +50,9 @@ def version_routes(ckpt: Path, adapter: Path) -> list[tuple[str, str, object, st
 async def rollouts(http: aiohttp.ClientSession, gateway, n: int) -> list[tuple[int, dict]]:
     out = []
     for _ in range(n):
-        async with http.post(f"{gateway.url}/v1/completions",
-                             json={"model": "sim", "prompt": "hi", "max_tokens": 2}) as resp:
+        async with http.post(
+            f"{gateway.url}/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2}
+        ) as resp:
             out.append((resp.status, dict(resp.headers)))
     return out
 
@@ -48,8 +62,10 @@ async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_t
     ckpt, adapter = write_checkpoint(tmp_path / "ckpt", 1), write_adapter(tmp_path / "adapter")
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("v1", ckpt))
     assert status == 200, result
-    await wait_for(lambda: gateway.router.table().desired == "v1" and len(gateway.router.table().routes) == 2,
-                   what="the fence at v1")
+    await wait_for(
+        lambda: gateway.router.table().desired == "v1" and len(gateway.router.table().routes) == 2,
+        what="the fence at v1",
+    )
     before = [list(a.touched) for a in agents]
     tried = 0
     for path, body, field in version_routes(ckpt, adapter):
@@ -75,11 +91,14 @@ async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_t
 async def test_a_good_name_of_every_visible_ascii_character_is_taken_and_served(gateway_fleet, tmp_path):
     agents, ctl, gateway, http = gateway_fleet
     name = "".join(chr(c) for c in range(0x21, 0x7F))  # every character a name may hold, at once
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body(name, write_checkpoint(tmp_path / "ckpt", 1)))
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body(name, write_checkpoint(tmp_path / "ckpt", 1))
+    )
     assert status == 200, result
-    await wait_for(lambda: gateway.router.table().desired == name and len(gateway.router.table().routes) == 2,
-                   what="the fence at the new name")
+    await wait_for(
+        lambda: gateway.router.table().desired == name and len(gateway.router.table().routes) == 2,
+        what="the fence at the new name",
+    )
     served = await rollouts(http, gateway, 6)
     assert {s for s, _ in served} == {200} and {h["X-RL-Weight-Version"] for _, h in served} == {name}
 
@@ -95,8 +114,11 @@ async def test_a_worker_reporting_a_name_no_header_can_carry_is_kept_out_of_the_
     assert {s for s, _ in served} == {200} and {h["X-RL-Worker"] for _, h in served} == {"w1"}
     agents[1].engine.served_version = "v1\n"
     await wait_for(lambda: not gateway.router.table().routes, what="nobody inside the fence")
-    async with http.post(f"{gateway.url}/v1/completions", json={"model": "sim", "prompt": "hi", "max_tokens": 2},
-                         headers={"X-RL-Hold-Timeout": "0.2"}) as resp:
+    async with http.post(
+        f"{gateway.url}/v1/completions",
+        json={"model": "sim", "prompt": "hi", "max_tokens": 2},
+        headers={"X-RL-Hold-Timeout": "0.2"},
+    ) as resp:
         body = await resp.json()
         assert resp.status == 503, body
     assert "not a valid name" in body["error"]["message"], body

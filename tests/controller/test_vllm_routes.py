@@ -25,14 +25,25 @@ pytestmark = pytest.mark.timeout(120)
 vllm_entrypoints = pytest.importorskip("vllm.entrypoints")
 
 # Routers attached inside a function (not module-level `APIRouter`s): named here.
-ATTACHED_IN_FUNCTIONS = {("serve.lora", "POST", "/v1/load_lora_adapter"),
-                         ("serve.lora", "POST", "/v1/unload_lora_adapter"),
-                         ("cohere", "POST", "/cohere/v2/chat"), ("cohere", "POST", "/cohere/v2/chat/render"),
-                         ("serve.sagemaker", "POST", "/invocations"), ("serve.sagemaker", "GET", "/ping"),
-                         ("serve.sagemaker", "POST", "/ping")}
+ATTACHED_IN_FUNCTIONS = {
+    ("serve.lora", "POST", "/v1/load_lora_adapter"),
+    ("serve.lora", "POST", "/v1/unload_lora_adapter"),
+    ("cohere", "POST", "/cohere/v2/chat"),
+    ("cohere", "POST", "/cohere/v2/chat/render"),
+    ("serve.sagemaker", "POST", "/invocations"),
+    ("serve.sagemaker", "GET", "/ping"),
+    ("serve.sagemaker", "POST", "/ping"),
+}
 # Admin (the controller's facade): the RL router, the dev routers, the serving-ops routers.
-ADMIN_PACKAGES = ("rl.", "serve.dev.", "serve.lora", "serve.profile", "serve.elastic_ep", "serve.fault_tolerance",
-                  "serve.instrumentator.basic")
+ADMIN_PACKAGES = (
+    "rl.",
+    "serve.dev.",
+    "serve.lora",
+    "serve.profile",
+    "serve.elastic_ep",
+    "serve.fault_tolerance",
+    "serve.instrumentator.basic",
+)
 # Answered on both sides by what each is: a probe and the model list.
 BOTH = {("GET", "/health"), ("GET", "/v1/models")}
 # SageMaker's health probe: a deployment platform's, not a trainer's; the gateway's /health is the probe.
@@ -96,12 +107,19 @@ def _meanings(ckpt: Path) -> dict[tuple[str, str], tuple[str, Any, int, Any]]:
         ("GET", "/is_sleeping"): ("/is_sleeping", None, 200, {"is_sleeping": True}),
         ("POST", "/wake_up"): ("/wake_up", None, 200, {"status": "awake", "tags": None}),
         ("POST", "/update_weights"): ("/update_weights", {"weight_dir": str(ckpt)}, 200, None),
-        ("POST", "/collective_rpc"): ("/collective_rpc", {"method": "reload_weights",
-                                                          "kwargs": {"weights_path": str(ckpt)}}, 200,
-                                     {"results": [None, None]}),
+        ("POST", "/collective_rpc"): (
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": str(ckpt)}},
+            200,
+            {"results": [None, None]},
+        ),
         ("POST", "/reset_prefix_cache"): ("/reset_prefix_cache", None, 200, {"success": True}),
-        ("POST", "/update_weight_version"): ("/update_weight_version", {"new_version": "named"}, 200,
-                                             {"success": True, "new_version": "named"}),
+        ("POST", "/update_weight_version"): (
+            "/update_weight_version",
+            {"new_version": "named"},
+            200,
+            {"success": True, "new_version": "named"},
+        ),
         ("GET", "/weight_info"): ("/weight_info", None, 200, {"weight_version": "named"}),
         ("GET", "/get_world_size"): ("/get_world_size", None, 200, {"world_size": 2}),
         # The broadcast's steps: init needs the trainer's group; without one, start is the 409 that says so.
@@ -109,8 +127,12 @@ def _meanings(ckpt: Path) -> dict[tuple[str, str], tuple[str, Any, int, Any]]:
         ("POST", "/start_weight_update"): ("/start_weight_update", None, 409, None),
         ("POST", "/finish_weight_update"): ("/finish_weight_update", None, 409, None),
         ("POST", "/shutdown_weight_transfer_engine"): ("/shutdown_weight_transfer_engine", None, 200, None),
-        ("POST", "/v1/load_lora_adapter"): ("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/etc"}, 403,
-                                            None),
+        ("POST", "/v1/load_lora_adapter"): (
+            "/v1/load_lora_adapter",
+            {"lora_name": "a", "lora_path": "/etc"},
+            403,
+            None,
+        ),
         ("POST", "/v1/unload_lora_adapter"): ("/v1/unload_lora_adapter", {"lora_name": "none"}, 404, None),
     }
 
@@ -137,8 +159,14 @@ async def test_each_admin_route_answers_its_fleet_meaning_or_its_501(sim_fleet, 
         assert status == 501 and body["error"]["code"] == "not_supported", (path, body)
         assert f"{method} {path}" in body["error"]["message"] and body["error"]["field"] == path
     # Renamed weights: each agent is told the new desired version (the reconciler), then serves again.
-    await wait_for(lambda: all(ctl.ctl.worker_view(r).serving and ctl.ctl.worker_view(r).weight_version == "named"
-                               for r in ctl.ctl.members()), 15, "every member serving the renamed weights")
+    await wait_for(
+        lambda: all(
+            ctl.ctl.worker_view(r).serving and ctl.ctl.worker_view(r).weight_version == "named"
+            for r in ctl.ctl.members()
+        ),
+        15,
+        "every member serving the renamed weights",
+    )
 
 
 # -- the gateway: each inference route forwarded inside the fence, or its 501 -----------------
@@ -157,8 +185,9 @@ async def test_each_inference_route_is_forwarded_inside_the_fence_or_refused(gat
     assert inference <= forwarded | set(refused)
     ids = {a.agent_id for a in fleet.agents}
     for _, path in sorted(forwarded):
-        async with fleet.http.post(f"{fleet.gateway.url}{path}", json={"model": "sim", "prompt": "hi",
-                                                                        "max_tokens": 1}) as resp:
+        async with fleet.http.post(
+            f"{fleet.gateway.url}{path}", json={"model": "sim", "prompt": "hi", "max_tokens": 1}
+        ) as resp:
             # The worker's own answer (the sim engine serves completions only: a 404 for the rest),
             # from a member inside the fence, at the fleet's version.
             assert resp.headers.get("X-RL-Worker") in ids, (path, resp.status, await resp.text())

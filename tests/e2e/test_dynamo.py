@@ -64,6 +64,7 @@ def dynamo(tiny_models, tmp_path_factory):
         def listed() -> list[dict]:
             with urllib.request.urlopen(frontend.listing_url, timeout=5) as resp:
                 return list(json.loads(resp.read())["workers"])
+
         deadline = time.monotonic() + 60
         while not listed():  # a sync fixture: no loop to wait on here
             assert time.monotonic() < deadline, "the frontend never listed the worker"
@@ -89,18 +90,31 @@ async def engine(http, worker, route: str, body: dict | None = None, timeout_s: 
 def request(dynamo: Dynamo, max_tokens: int, **extra: Any) -> dict:
     """Greedy, tokens in and out, pinned to the module's worker; `ignore_eos` (Dynamo's common
     extension) so every request runs to `max_tokens` unless a pause ends it."""
-    return {"model": "tiny", "messages": [{"role": "user", "content": "-"}], "max_tokens": max_tokens,
-            "temperature": 0, "ignore_eos": True, **extra,
-            "nvext": {"token_data": PROMPT, "extra_fields": ["engine_data"], "backend_instance_id": dynamo.instance}}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "-"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+        "nvext": {"token_data": PROMPT, "extra_fields": ["engine_data"], "backend_instance_id": dynamo.instance},
+    }
 
 
 async def generate(http, dynamo: Dynamo, max_tokens: int = 16, timeout_s: float = 300) -> dict:
     """The worker's greedy answer through Dynamo's frontend: completion ids and finish reason."""
-    status, body = await call(http, "POST", dynamo.frontend.url + "/v1/chat/completions",
-                              body=request(dynamo, max_tokens), timeout_s=timeout_s)
+    status, body = await call(
+        http,
+        "POST",
+        dynamo.frontend.url + "/v1/chat/completions",
+        body=request(dynamo, max_tokens),
+        timeout_s=timeout_s,
+    )
     assert status == 200, (status, body)
-    return {"ids": list(body["nvext"]["engine_data"]["completion_token_ids"]),
-            "finish_reason": body["choices"][0]["finish_reason"]}
+    return {
+        "ids": list(body["nvext"]["engine_data"]["completion_token_ids"]),
+        "finish_reason": body["choices"][0]["finish_reason"],
+    }
 
 
 def ending(answer: dict, max_tokens: int) -> str:
@@ -115,7 +129,7 @@ def ending(answer: dict, max_tokens: int) -> str:
     return f"{reason} after {n} tokens"
 
 
-INFLIGHT = re.compile(r'^dynamo_component_inflight_requests\{([^}]*)\}\s+(\S+)$', re.M)
+INFLIGHT = re.compile(r"^dynamo_component_inflight_requests\{([^}]*)\}\s+(\S+)$", re.M)
 
 
 async def inflight(http, worker: DynamoVllmProcess) -> int:
@@ -134,12 +148,28 @@ async def ctl(http, dynamo, tiny_models, tmp_path, references):
     if not references:
         references["base"] = (await generate(http, dynamo))["ids"]
     settings = controller_settings(
-        tmp_path, [], allowed_roots=[str(tiny_models["base"].parent)],
-        discovery={"kind": "http_listing", "http_listing": {"url": dynamo.frontend.listing_url, "interval_s": 0.5,
-                                                            "timeout_s": 5, "default_flavor": "dynamo"}},
-        workers={"token": "unused-by-dynamo", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
-                 "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4})
+        tmp_path,
+        [],
+        allowed_roots=[str(tiny_models["base"].parent)],
+        discovery={
+            "kind": "http_listing",
+            "http_listing": {
+                "url": dynamo.frontend.listing_url,
+                "interval_s": 0.5,
+                "timeout_s": 5,
+                "default_flavor": "dynamo",
+            },
+        },
+        workers={
+            "token": "unused-by-dynamo",
+            "timeout_s": 10,
+            "attempts": 2,
+            "retry_budget_s": 20,
+            "pause_timeout_s": 60,
+            "weight_load_timeout_s": 120,
+        },
+        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
+    )
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
@@ -171,29 +201,40 @@ async def test_the_controller_finds_the_worker_through_dynamos_listing(http, dyn
     # The controller's own listing advertises what this member can do, in Dynamo's names.
     status, ours = await ctl.call("GET", "/v1/rl/workers")
     assert status == 200, ours
-    assert ours["workers"][0]["routes"] == ["get_weight_version", "liveness_probe", "pause_generation",
-                                            "resume_generation", "update_weights_from_disk"]
+    assert ours["workers"][0]["routes"] == [
+        "get_weight_version",
+        "liveness_probe",
+        "pause_generation",
+        "resume_generation",
+        "update_weights_from_disk",
+    ]
 
 
-async def test_a_disk_update_changes_the_output_and_going_back_restores_it(http, dynamo, ctl, tiny_models,
-                                                                          references):
+async def test_a_disk_update_changes_the_output_and_going_back_restores_it(http, dynamo, ctl, tiny_models, references):
     worker = dynamo.worker
     assert (await generate(http, dynamo))["ids"] == references["base"]
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True))
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True)
+    )
     assert status == 200, result
     changed = (await generate(http, dynamo))["ids"]
     assert changed != references["base"]
     # Dynamo's own read names the version the controller declared.
-    assert await engine(http, worker, "get_weight_version") == {"status": "ok", "version": "step-2",
-                                                                 "version_declared": True}
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("step-1", tiny_models["base"], pause_mode="keep", verify=True))
+    assert await engine(http, worker, "get_weight_version") == {
+        "status": "ok",
+        "version": "step-2",
+        "version_declared": True,
+    }
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("step-1", tiny_models["base"], pause_mode="keep", verify=True)
+    )
     assert status == 200, result
     assert (await generate(http, dynamo))["ids"] == references["base"]
+
     async def converged() -> dict | None:
         state = await ctl.state()
         return state if state["applied"]["converged"] and only_worker(state)["weight_version"] == "step-1" else None
+
     state = await wait_for(converged, timeout_s=20, what="the fleet converged on step-1")
     assert state["applied"] == {"weight_version": "step-1", "converged": True, "verified": True}
     assert only_worker(state)["ready"] is True, state
@@ -215,8 +256,10 @@ async def in_flight(http, dynamo: Dynamo) -> list[asyncio.Task]:
     await engine(http, worker, "pause_generation", {"mode": "keep"})
     tasks = [asyncio.create_task(generate(http, dynamo, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
     try:
+
         async def queued() -> bool:
             return any(t.done() for t in tasks) or await inflight(http, worker) == N_IN_FLIGHT
+
         await wait_for(queued, timeout_s=120, interval_s=0.05, what=f"the worker holding {N_IN_FLIGHT} requests")
         assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]  # raises a task's error
     finally:
@@ -287,8 +330,9 @@ async def test_what_the_worker_does_not_list_is_refused_naming_it(http, dynamo, 
     assert ending(await generate(http, dynamo), 16) == "length"  # still serving, never paused
 
 
-async def test_dynamos_refusal_inside_a_200_and_the_drivers_reload_of_a_running_worker(http, dynamo, ctl,
-                                                                                      tiny_models, references):
+async def test_dynamos_refusal_inside_a_200_and_the_drivers_reload_of_a_running_worker(
+    http, dynamo, ctl, tiny_models, references
+):
     # Dynamo refuses a reload of an unpaused worker in the body of a 200. The reconciler asks
     # the driver for a reload alone (a restarted worker behind the desired version), so the
     # driver pauses (abort) a running worker first, reloads, and resumes it.
@@ -297,8 +341,11 @@ async def test_dynamos_refusal_inside_a_200_and_the_drivers_reload_of_a_running_
     assert refusal["status"] == "error" and "paused" in refusal["message"], refusal
     record = ctl.ctl.members()[0]
     await record.driver.update_weights_from_disk(str(tiny_models["weights-2"]), "x")
-    assert await engine(http, worker, "get_weight_version") == {"status": "ok", "version": "x",
-                                                                 "version_declared": True}
+    assert await engine(http, worker, "get_weight_version") == {
+        "status": "ok",
+        "version": "x",
+        "version_declared": True,
+    }
     assert (await generate(http, dynamo))["ids"] != references["base"]  # resumed, on the new weights
 
 
@@ -316,8 +363,9 @@ async def test_sleep_takes_the_worker_out_of_dynamos_routing_and_a_verified_wake
     asleep = only_worker(await ctl.state())
     assert (asleep["sleeping"], asleep["cordoned"], asleep["serving"]) == (True, True, False)
     # Out of Dynamo's own routing: its frontend refuses a request pinned to the sleeper.
-    status, body = await call(http, "POST", dynamo.frontend.url + "/v1/chat/completions",
-                              body=request(dynamo, 4), timeout_s=60)
+    status, body = await call(
+        http, "POST", dynamo.frontend.url + "/v1/chat/completions", body=request(dynamo, 4), timeout_s=60
+    )
     assert status == 503, (status, body)
 
     status, answer = await ctl.call("POST", "/v1/rl/wake_up", {"tags": ["weights"]})

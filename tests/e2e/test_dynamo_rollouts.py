@@ -48,8 +48,13 @@ MAX_TOKENS = 8
 
 def chat(prompt: list[int], **nvext: Any) -> dict:
     # `messages` is required by the frontend's schema; with token_data the ids are the prompt.
-    return {"model": "tiny", "messages": [{"role": "user", "content": "-"}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, "nvext": {"token_data": prompt, "extra_fields": ["engine_data"], **nvext}}
+    return {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "-"}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "nvext": {"token_data": prompt, "extra_fields": ["engine_data"], **nvext},
+    }
 
 
 def completion_ids(body: dict) -> list[int]:
@@ -68,8 +73,12 @@ def fleet(tiny_models, tmp_path_factory):
     work = tmp_path_factory.mktemp("dynamo-rollouts")
     kv = work / "kv"
     kv.mkdir()
-    workers = [DynamoVllmProcess(tiny_models["base"], work / f"w{i}", target=target, kv_dir=kv, name=f"dynamo-vllm-{i}",
-                                 core=i) for i in range(2)]
+    workers = [
+        DynamoVllmProcess(
+            tiny_models["base"], work / f"w{i}", target=target, kv_dir=kv, name=f"dynamo-vllm-{i}", core=i
+        )
+        for i in range(2)
+    ]
     frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv)
     try:
         for child in (*workers, frontend):
@@ -96,10 +105,16 @@ async def http():
         yield s
 
 
-async def pinned(http: aiohttp.ClientSession, frontend: DynamoFrontendProcess, instance: int | str,
-                 prompt: list[int]) -> tuple[int, Any]:
-    return await call(http, "POST", frontend.url + "/v1/chat/completions",
-                      body=chat(prompt, backend_instance_id=int(instance)), timeout_s=60)
+async def pinned(
+    http: aiohttp.ClientSession, frontend: DynamoFrontendProcess, instance: int | str, prompt: list[int]
+) -> tuple[int, Any]:
+    return await call(
+        http,
+        "POST",
+        frontend.url + "/v1/chat/completions",
+        body=chat(prompt, backend_instance_id=int(instance)),
+        timeout_s=60,
+    )
 
 
 async def references(http, frontend, instance) -> list[list[int]]:
@@ -115,20 +130,37 @@ async def references(http, frontend, instance) -> list[list[int]]:
 async def ctl(fleet, tiny_models, tmp_path):
     _, frontend = fleet
     settings = controller_settings(
-        tmp_path, [], allowed_roots=[str(tiny_models["base"].parent)],
-        discovery={"kind": "http_listing", "http_listing": {"url": frontend.listing_url, "interval_s": 0.5,
-                                                            "timeout_s": 5, "default_flavor": "dynamo",
-                                                            "inference_url": frontend.url}},
-        workers={"token": "unused-by-dynamo", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
-                 "pause_timeout_s": 90, "weight_load_timeout_s": 120},
+        tmp_path,
+        [],
+        allowed_roots=[str(tiny_models["base"].parent)],
+        discovery={
+            "kind": "http_listing",
+            "http_listing": {
+                "url": frontend.listing_url,
+                "interval_s": 0.5,
+                "timeout_s": 5,
+                "default_flavor": "dynamo",
+                "inference_url": frontend.url,
+            },
+        },
+        workers={
+            "token": "unused-by-dynamo",
+            "timeout_s": 10,
+            "attempts": 2,
+            "retry_budget_s": 20,
+            "pause_timeout_s": 90,
+            "weight_load_timeout_s": 120,
+        },
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-        gateway={"port": 0, "hold_timeout_s": 90})
+        gateway={"port": 0, "hold_timeout_s": 90},
+    )
     async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
         controller = client.server.app[CONTROLLER]
 
         def both_reachable() -> bool:
             workers = controller.state().workers
             return len(workers) == 2 and all(w.reachable for w in workers)
+
         await wait_for(both_reachable, timeout_s=60, what="the controller reaching both listed workers")
         yield client
         # Leave the fleet on the base weights, whatever the test did.
@@ -138,9 +170,16 @@ async def ctl(fleet, tiny_models, tmp_path):
 
 async def update(client: TestClient, version: str, tiny_models, strategy: dict | None = None) -> dict:
     path = tiny_models["weights-1" if version == "w1" else "weights-2"]
-    resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
-        "version": version, "source": {"kind": "disk", "path": str(path)}, "pause_mode": "wait",
-        "strategy": strategy or {"type": "all_at_once"}})
+    resp = await client.post(
+        "/v1/rl/update_weights",
+        headers=AUTH,
+        json={
+            "version": version,
+            "source": {"kind": "disk", "path": str(path)},
+            "pause_mode": "wait",
+            "strategy": strategy or {"type": "all_at_once"},
+        },
+    )
     body = await resp.json()
     assert resp.status == 200, body
     return body
@@ -152,6 +191,7 @@ async def fence_holds(client: TestClient, version: str, members: int) -> None:
     def ready() -> bool:
         table = gateway.router.table()
         return table is not None and table.desired == version and len(table.routes) == members
+
     await wait_for(ready, timeout_s=120, what=f"{members} members inside the fence at {version}")
 
 
@@ -160,8 +200,7 @@ async def engine(http, worker: DynamoVllmProcess, route: str, body: dict) -> Non
     assert status == 200 and answer["status"] == "ok", (route, answer)
 
 
-async def test_the_frontend_serves_one_instance_per_pin_and_refuses_an_unknown_one(http, fleet, tiny_models,
-                                                                                 ctl):
+async def test_the_frontend_serves_one_instance_per_pin_and_refuses_an_unknown_one(http, fleet, tiny_models, ctl):
     """What the gateway relies on, asked of Dynamo's frontend itself; then through the gateway.
     No version is desired yet (a fresh controller), so nothing converges the workers while
     one is put on w2 by hand through Dynamo's own routes."""
@@ -216,14 +255,24 @@ class Rollouts:
         while not self._stop.is_set():
             phase, sent, admitted = self.phase, time.monotonic(), self.admitted()
             prompt = n % len(PROMPTS)
-            async with self.http.post(self.url + "/v1/chat/completions", json=chat(PROMPTS[prompt]),
-                                      timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            async with self.http.post(
+                self.url + "/v1/chat/completions", json=chat(PROMPTS[prompt]), timeout=aiohttp.ClientTimeout(total=120)
+            ) as resp:
                 body = await resp.json()
-                self.answers.append({
-                    "status": resp.status, "phase": phase, "prompt": prompt, "sent": sent,
-                    "received": time.monotonic(), "worker": resp.headers.get("X-RL-Worker"),
-                    "admitted": {*admitted, *self.admitted()}, "version": resp.headers.get("X-RL-Weight-Version"),
-                    "ids": completion_ids(body) if resp.status == 200 else None, "body": body})
+                self.answers.append(
+                    {
+                        "status": resp.status,
+                        "phase": phase,
+                        "prompt": prompt,
+                        "sent": sent,
+                        "received": time.monotonic(),
+                        "worker": resp.headers.get("X-RL-Worker"),
+                        "admitted": {*admitted, *self.admitted()},
+                        "version": resp.headers.get("X-RL-Weight-Version"),
+                        "ids": completion_ids(body) if resp.status == 200 else None,
+                        "body": body,
+                    }
+                )
             n += len(self._tasks)
 
     async def answered(self, more: int, what: str) -> None:
@@ -266,27 +315,45 @@ async def test_rollouts_during_rolling_updates_and_a_restart_never_leave_the_fen
         victim.kill()
         victim.spawn()
         victim.wait_ready()
-        entries = await wait_for(lambda: _new_entry(http, frontend, victim.url), timeout_s=60,
-                                 what="the frontend listing the restarted worker")
+        entries = await wait_for(
+            lambda: _new_entry(http, frontend, victim.url),
+            timeout_s=60,
+            what="the frontend listing the restarted worker",
+        )
         new_id = str(entries["instance_id"])
         assert new_id != old_id
 
         def revived_inside() -> bool:
             return new_id in gateway.router.table().routes
+
         await wait_for(revived_inside, timeout_s=180, what="the restarted worker converged to w2 and fenced in")
         await rollouts.answered(8, "after the restarted worker converged")
-        await wait_for(lambda: any(a["worker"] == new_id for a in rollouts.answers[-40:]), timeout_s=60,
-                       what="a rollout served by the restarted worker")
+        await wait_for(
+            lambda: any(a["worker"] == new_id for a in rollouts.answers[-40:]),
+            timeout_s=60,
+            what="a rollout served by the restarted worker",
+        )
     finally:
         await rollouts.stop()
 
     answers = rollouts.answers
-    assert len(answers) > 20 and all(a["status"] == 200 for a in answers), \
-        [(a["status"], a["body"]) for a in answers if a["status"] != 200][:3]
+    assert len(answers) > 20 and all(a["status"] == 200 for a in answers), [
+        (a["status"], a["body"]) for a in answers if a["status"] != 200
+    ][:3]
     # Every answer is the greedy output of the weights its header names: none outside the fence.
     wrong = [a for a in answers if a["ids"] != refs[a["version"]][a["prompt"]]]
-    assert wrong == [], [(a["worker"], a["version"], a["phase"], a["sent"], a["received"],
-                          [v for v, r in refs.items() if r[a["prompt"]] == a["ids"]], rolls) for a in wrong][:5]
+    assert wrong == [], [
+        (
+            a["worker"],
+            a["version"],
+            a["phase"],
+            a["sent"],
+            a["received"],
+            [v for v, r in refs.items() if r[a["prompt"]] == a["ids"]],
+            rolls,
+        )
+        for a in wrong
+    ][:5]
     # At bound 0, nothing sent once only the new version was admitted came from the old one.
     for phase, (start, _, result) in rolls.items():
         assert result["status"] == "ok" and result["progress"]["waves"] == 2, result
@@ -319,8 +386,11 @@ async def test_a_three_turn_token_session_follows_the_updates(http, fleet, tiny_
     for version in ("w1", "w2", "w1"):
         await update(ctl, version, tiny_models)
         await fence_holds(ctl, version, len(gateway.router.table().routes) or 2)
-        resp = await http.post(gateway.url + "/v1/chat/completions", json={**chat(conversation), "logprobs": True},
-                               headers={"X-Session-ID": "rollout-7"})
+        resp = await http.post(
+            gateway.url + "/v1/chat/completions",
+            json={**chat(conversation), "logprobs": True},
+            headers={"X-Session-ID": "rollout-7"},
+        )
         body = await resp.json()
         assert resp.status == 200, body
         ids = completion_ids(body)
@@ -349,12 +419,14 @@ async def test_a_streamed_rollout_through_the_gateway_is_the_greedy_answer(http,
     await fence_holds(ctl, "w1", 2)
     gateway = ctl.server.app[GATEWAY]
     members = set(gateway.router.table().routes)
-    status, plain = await call(http, "POST", gateway.url + "/v1/chat/completions", body=chat(PROMPTS[2]),
-                               timeout_s=60)
+    status, plain = await call(http, "POST", gateway.url + "/v1/chat/completions", body=chat(PROMPTS[2]), timeout_s=60)
     assert status == 200, plain
     text = plain["choices"][0]["message"]["content"]
-    async with http.post(gateway.url + "/v1/chat/completions", json={**chat(PROMPTS[2]), "stream": True},
-                         timeout=aiohttp.ClientTimeout(total=60)) as resp:
+    async with http.post(
+        gateway.url + "/v1/chat/completions",
+        json={**chat(PROMPTS[2]), "stream": True},
+        timeout=aiohttp.ClientTimeout(total=60),
+    ) as resp:
         assert resp.status == 200, await resp.text()
         assert resp.headers["Content-Type"].startswith("text/event-stream"), resp.headers
         assert resp.headers["X-RL-Weight-Version"] == "w1" and resp.headers["X-RL-Worker"] in members, resp.headers

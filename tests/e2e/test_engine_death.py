@@ -45,16 +45,33 @@ pytestmark = [pytest.mark.vllm]
 
 # The shape a released RL client sends (n samples per prompt, the prompt's logprobs for the
 # reference), over a prompt long enough to reach the kernel's failing size.
-KILLER = {"model": SERVED_NAME, "prompt": "The quick brown fox jumps over the lazy dog. " * 8, "max_tokens": 8,
-          "n": 2, "prompt_logprobs": 0}
+KILLER = {
+    "model": SERVED_NAME,
+    "prompt": "The quick brown fox jumps over the lazy dog. " * 8,
+    "max_tokens": 8,
+    "n": 2,
+    "prompt_logprobs": 0,
+}
 PLAIN = {"model": SERVED_NAME, "prompt": "The quick brown fox", "max_tokens": 4}
 
 
 async def test_an_engine_that_dies_comes_back_converged(tiny_models: dict[str, Path], tmp_path: Path) -> None:
     roots = [str(tiny_models["base"].parent), str(tmp_path)]
-    agents = [AgentProcess({"agent_id": f"mortal-{i}", "allowed_roots": roots, "log_format": "json",
-                            "require_desired_version": True, "engine": agent_engine(tiny_models["base"])},
-                           tmp_path / f"agent-{i}", name=f"mortal-{i}", env=one_core(i)) for i in range(2)]
+    agents = [
+        AgentProcess(
+            {
+                "agent_id": f"mortal-{i}",
+                "allowed_roots": roots,
+                "log_format": "json",
+                "require_desired_version": True,
+                "engine": agent_engine(tiny_models["base"]),
+            },
+            tmp_path / f"agent-{i}",
+            name=f"mortal-{i}",
+            env=one_core(i),
+        )
+        for i in range(2)
+    ]
     for agent in agents:
         agent.spawn()
     await asyncio.gather(*(a.wait_ready_async() for a in agents))
@@ -62,15 +79,21 @@ async def test_an_engine_that_dies_comes_back_converged(tiny_models: dict[str, P
     restarts: list[tuple[str, int | None]] = []
     supervisor = Supervisor(agents, backoff_s=0.1, on_restart=lambda c, status, n: restarts.append((c.name, status)))
     supervision = asyncio.create_task(supervisor.run())
-    settings = controller_settings(tmp_path, [a.spec(w) for w, a in ids.items()], allowed_roots=roots,
-                                   workers={"token": agents[0].token, "timeout_s": 10, "pause_timeout_s": 60,
-                                            "weight_load_timeout_s": 120},
-                                   gateway={"port": 0, "hold_timeout_s": 30})
+    settings = controller_settings(
+        tmp_path,
+        [a.spec(w) for w, a in ids.items()],
+        allowed_roots=roots,
+        workers={"token": agents[0].token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+        gateway={"port": 0, "hold_timeout_s": 30},
+    )
     try:
         async with aiohttp.ClientSession() as http, TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
             gateway = ctl.server.app[GATEWAY]
-            resp = await ctl.post("/v1/rl/update_weights", headers=AUTH, json={
-                "version": "v1", "source": {"kind": "disk", "path": str(tiny_models["weights-1"])}})
+            resp = await ctl.post(
+                "/v1/rl/update_weights",
+                headers=AUTH,
+                json={"version": "v1", "source": {"kind": "disk", "path": str(tiny_models["weights-1"])}},
+            )
             assert resp.status == 200, await resp.json()
             await both_serving(ctl, gateway, "v1")
 
@@ -89,16 +112,22 @@ async def test_an_engine_that_dies_comes_back_converged(tiny_models: dict[str, P
             assert ids[survivor].pid == survivor_pid and ids[survivor].running()
             status, _ = await call(http, "GET", ids[survivor].admin_url + "/healthz")
             assert status == 200
-            await wait_for(lambda: "engine_died" in ids[victim].log_path.read_text(), timeout_s=10,
-                           what=f"{victim}'s agent saying its engine died")
+            await wait_for(
+                lambda: "engine_died" in ids[victim].log_path.read_text(),
+                timeout_s=10,
+                what=f"{victim}'s agent saying its engine died",
+            )
 
             # 2. While the victim restarts, the survivor's engine core is killed (its agent
             # untouched): both come back, converged, and serve.
             core = engine_core(ids[survivor].pid)
             os.kill(core.pid, signal.SIGKILL)
             for worker in (victim, survivor):
-                await wait_for(lambda w=worker: (ids[w].name, EXIT_ENGINE_DIED) in restarts, timeout_s=60,
-                               what=f"{worker}'s agent exiting with {EXIT_ENGINE_DIED} and restarted")
+                await wait_for(
+                    lambda w=worker: (ids[w].name, EXIT_ENGINE_DIED) in restarts,
+                    timeout_s=60,
+                    what=f"{worker}'s agent exiting with {EXIT_ENGINE_DIED} and restarted",
+                )
             await both_serving(ctl, gateway, "v1")
             versions = set()
             for _ in range(6):
@@ -120,10 +149,14 @@ async def both_serving(ctl: TestClient, gateway: Gateway, version: str) -> None:
     async def converged() -> bool:
         resp = await ctl.get("/v1/rl/state")
         state = await resp.json()
-        return (state["applied"]["converged"] and len(state["workers"]) == 2
-                and all(w["reachable"] and w["ready"] and w["weight_version"] == version for w in state["workers"]))
+        return (
+            state["applied"]["converged"]
+            and len(state["workers"]) == 2
+            and all(w["reachable"] and w["ready"] and w["weight_version"] == version for w in state["workers"])
+        )
 
     await wait_for(converged, timeout_s=240, what=f"both workers converged to {version}", interval_s=0.5)
+
     def fenced() -> bool:
         table = gateway.router.table(0)
         return table is not None and sorted(table.routes) == ["w0", "w1"]

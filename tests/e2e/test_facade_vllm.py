@@ -32,9 +32,12 @@ async def test_a_colocated_trainer_step_through_the_facade(vllm_agent, vllm_agen
             status, resp = await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
             assert status == 200, resp
         specs = [a.spec(worker_id) for worker_id, a in agents.items()]
-        settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
-                                       workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
-                                                "weight_load_timeout_s": 120})
+        settings = controller_settings(
+            tmp_path,
+            specs,
+            allowed_roots=[str(tiny_models["base"].parent)],
+            workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
+        )
         async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             ctl = client.server.app[CONTROLLER]
             gateway = client.server.app[GATEWAY]
@@ -59,8 +62,9 @@ async def test_a_colocated_trainer_step_through_the_facade(vllm_agent, vllm_agen
             await wait_for(lambda: fence() == set(agents), timeout_s=30, what="both engines back inside the fence")
             # 3. sync weights through collective_rpc: vLLM's reload_weights, the verified fleet update.
             weights = tiny_models["weights-2"]
-            status, body = await facade("POST", "/collective_rpc", {"method": "reload_weights",
-                                                                     "kwargs": {"weights_path": str(weights)}})
+            status, body = await facade(
+                "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}
+            )
             assert (status, body) == (200, {"results": [None, None]}), body.get("error", {}).get("workers", body)
             assert ctl.state().applied.weight_version == weights.name and ctl.state().applied.verified
             status, body = await facade("POST", "/collective_rpc", {"method": "execute_model"})
@@ -71,18 +75,26 @@ async def test_a_colocated_trainer_step_through_the_facade(vllm_agent, vllm_agen
             await wait_for(lambda: fence() == set(agents), timeout_s=30, what="both engines serving the update")
             seen = set()
             for _ in range(8):
-                async with http.post(gateway.url + "/v1/completions", json={
-                        "model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}) as resp:
+                async with http.post(
+                    gateway.url + "/v1/completions",
+                    json={"model": "tiny", "prompt": PROMPT, "max_tokens": 4, "temperature": 0},
+                ) as resp:
                     assert resp.status == 200, await resp.text()
                     assert resp.headers["X-RL-Weight-Version"] == weights.name
                     seen.add(resp.headers["X-RL-Worker"])
             assert seen <= set(agents) and seen
-            async with http.post(gateway.url + "/v1/chat/completions/render", json={
-                    "model": "tiny", "messages": [{"role": "user", "content": "hi"}]}) as resp:
+            async with http.post(
+                gateway.url + "/v1/chat/completions/render",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}]},
+            ) as resp:
                 assert resp.headers.get("X-RL-Worker") in agents, await resp.text()
                 assert resp.status in (200, 403), await resp.text()  # 403: scale-out routes disabled
         for agent in agents.values():  # leave the shared agents as other tests expect them
-            for path, body in (("/resume", None), ("/v1/agent/desired", {"weight_version": None}),
-                               ("/v1/agent/weights/disk", {"path": str(tiny_models["weights-1"]), "version": "base"})):
-                await call(http, "PUT" if "desired" in path else "POST", agent.admin_url + path, body=body,
-                           headers=agent.auth)
+            for path, body in (
+                ("/resume", None),
+                ("/v1/agent/desired", {"weight_version": None}),
+                ("/v1/agent/weights/disk", {"path": str(tiny_models["weights-1"]), "version": "base"}),
+            ):
+                await call(
+                    http, "PUT" if "desired" in path else "POST", agent.admin_url + path, body=body, headers=agent.auth
+                )

@@ -35,32 +35,56 @@ def teacher_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPat
     shutil.copytree(tiny_models["base"], model)
     for weights in tiny_models["weights-2"].iterdir():
         shutil.copy(weights, model / weights.name)
-    config = {"agent_id": "vllm-teacher", "allowed_roots": [str(tiny_models["base"].parent)], "log_format": "json",
-              "engine": agent_engine(model, served_model_name="tiny-teacher")}
+    config = {
+        "agent_id": "vllm-teacher",
+        "allowed_roots": [str(tiny_models["base"].parent)],
+        "log_format": "json",
+        "engine": agent_engine(model, served_model_name="tiny-teacher"),
+    }
     # Core 1, beside the session's first agent (core 0) it serves with, as every other engine of the
     # suite is bound: with vLLM's default binding both engines' threads share the cores.
-    agent = AgentProcess(config, tmp_path_factory.mktemp("teacher-agent"), name="teacher-agent",
-                         env=one_core(1)).start()
+    agent = AgentProcess(
+        config, tmp_path_factory.mktemp("teacher-agent"), name="teacher-agent", env=one_core(1)
+    ).start()
     yield agent
     agent.stop()
 
 
 async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
-        vllm_agent, teacher_agent, tiny_models, tmp_path):
+    vllm_agent, teacher_agent, tiny_models, tmp_path
+):
     async with aiohttp.ClientSession() as http:
+
         async def tokens(url: str, model: str) -> tuple[list[int], dict[str, str]]:
-            async with http.post(url + "/v1/completions", json={
-                    "model": model, "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-                    "return_token_ids": True}, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            async with http.post(
+                url + "/v1/completions",
+                json={
+                    "model": model,
+                    "prompt": PROMPT,
+                    "max_tokens": 16,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "return_token_ids": True,
+                },
+                timeout=aiohttp.ClientTimeout(total=60),
+            ) as resp:
                 body = await resp.json()
                 assert resp.status == 200, body
                 return body["choices"][0]["token_ids"], dict(resp.headers)
 
         async def restore_policy() -> None:  # the session's agent, as other tests expect it
-            for path, body in (("/resume", None), ("/v1/agent/desired", {"weight_version": None}),
-                               ("/v1/agent/weights/disk", {"path": str(tiny_models["weights-1"]), "version": "base"})):
-                status, resp = await call(http, "PUT" if "desired" in path else "POST", vllm_agent.admin_url + path,
-                                          body=body, headers=vllm_agent.auth)
+            for path, body in (
+                ("/resume", None),
+                ("/v1/agent/desired", {"weight_version": None}),
+                ("/v1/agent/weights/disk", {"path": str(tiny_models["weights-1"]), "version": "base"}),
+            ):
+                status, resp = await call(
+                    http,
+                    "PUT" if "desired" in path else "POST",
+                    vllm_agent.admin_url + path,
+                    body=body,
+                    headers=vllm_agent.auth,
+                )
                 assert status == 200, resp
 
         await restore_policy()
@@ -68,12 +92,17 @@ async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
         seed2, _ = await tokens(teacher_agent.inference_url, "tiny-teacher")
         assert seed1 != seed2  # two models: the same prompt, other tokens
 
-        specs = [vllm_agent.spec("vllm-0") | {"labels": {"role": "policy"}},
-                 teacher_agent.spec("vllm-teacher") | {"labels": {"role": "teacher"}}]
+        specs = [
+            vllm_agent.spec("vllm-0") | {"labels": {"role": "policy"}},
+            teacher_agent.spec("vllm-teacher") | {"labels": {"role": "teacher"}},
+        ]
         settings = controller_settings(
-            tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
+            tmp_path,
+            specs,
+            allowed_roots=[str(tiny_models["base"].parent)],
             workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
-            fleets={"teacher": {"selector": "role=teacher"}})
+            fleets={"teacher": {"selector": "role=teacher"}},
+        )
         try:
             async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
                 gateway = client.server.app[GATEWAY].url
@@ -87,7 +116,10 @@ async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
                 async def both_serving() -> bool:
                     listing = await get("/v1/rl/fleets")
                     return [(f["name"], f["serving"], f["models"]) for f in listing["fleets"]] == [
-                        ("default", 1, ["tiny"]), ("teacher", 1, ["tiny-teacher"])]
+                        ("default", 1, ["tiny"]),
+                        ("teacher", 1, ["tiny-teacher"]),
+                    ]
+
                 await wait_for(both_serving, 60, "both fleets serving their model")
 
                 # By model, each to its fleet's member, answered by that member's weights.
@@ -97,9 +129,16 @@ async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
                 assert (teacher, headers["X-RL-Worker"]) == (seed2, "vllm-teacher")
 
                 # The teacher fleet to seed 1's weights: its answers change, the policy's do not.
-                resp = await client.post(f"{TEACHER}/v1/rl/update_weights", headers=AUTH, json={
-                    "version": "t-1", "source": {"kind": "disk", "path": str(tiny_models["weights-1"])},
-                    "pause_mode": "keep", "verify": True})
+                resp = await client.post(
+                    f"{TEACHER}/v1/rl/update_weights",
+                    headers=AUTH,
+                    json={
+                        "version": "t-1",
+                        "source": {"kind": "disk", "path": str(tiny_models["weights-1"])},
+                        "pause_mode": "keep",
+                        "verify": True,
+                    },
+                )
                 result = await resp.json()
                 assert resp.status == 200 and [r["worker_id"] for r in result["results"]] == ["vllm-teacher"], result
                 teacher, headers = await tokens(gateway, "tiny-teacher")
@@ -109,9 +148,16 @@ async def test_two_fleets_serve_two_models_through_one_gateway_and_update_apart(
                 assert (await get("/v1/rl/state"))["desired"]["weight_version"] is None
 
                 # The policy (the root) to seed 2's: the teacher's answers stay seed 1's.
-                resp = await client.post("/v1/rl/update_weights", headers=AUTH, json={
-                    "version": "p-2", "source": {"kind": "disk", "path": str(tiny_models["weights-2"])},
-                    "pause_mode": "keep", "verify": True})
+                resp = await client.post(
+                    "/v1/rl/update_weights",
+                    headers=AUTH,
+                    json={
+                        "version": "p-2",
+                        "source": {"kind": "disk", "path": str(tiny_models["weights-2"])},
+                        "pause_mode": "keep",
+                        "verify": True,
+                    },
+                )
                 result = await resp.json()
                 assert resp.status == 200 and [r["worker_id"] for r in result["results"]] == ["vllm-0"], result
                 policy, headers = await tokens(gateway, "tiny")

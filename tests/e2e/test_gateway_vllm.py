@@ -37,13 +37,22 @@ from rlcp.harness.http import call
 from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
-PROMPTS = ["Weights move from the trainer", "Every rollout names its weights", "The fleet pauses, loads",
-           "A stale worker never serves"]
+PROMPTS = [
+    "Weights move from the trainer",
+    "Every rollout names its weights",
+    "The fleet pauses, loads",
+    "A stale worker never serves",
+]
 
 
 def completion(i: int) -> dict:
-    return {"model": "tiny", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 12, "temperature": 0,
-            "ignore_eos": True}
+    return {
+        "model": "tiny",
+        "prompt": PROMPTS[i % len(PROMPTS)],
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 class Rollouts:
@@ -61,18 +70,29 @@ class Rollouts:
         n = i
         while not self._stop.is_set():
             phase, sent, admitted = self.phase, time.monotonic(), self.admitted()
-            async with self.http.post(self.url + "/v1/completions", json=completion(n),
-                                      timeout=aiohttp.ClientTimeout(total=120)) as resp:
+            async with self.http.post(
+                self.url + "/v1/completions", json=completion(n), timeout=aiohttp.ClientTimeout(total=120)
+            ) as resp:
                 body = await resp.json()
                 choice = body["choices"][0] if resp.status == 200 else {}
                 spans = json.loads(resp.headers.get("X-RL-Weight-Versions", "null"))
-                self.answers.append({
-                    "status": resp.status, "phase": phase, "ended": self.phase, "prompt": n % len(PROMPTS), "sent": sent,
-                    "received": time.monotonic(), "worker": resp.headers.get("X-RL-Worker"),
-                    "admitted": {*admitted, *self.admitted()},  # by the fence at the send and at the answer
-                    "version": resp.headers.get("X-RL-Weight-Version"),
-                    "spans": {span["version"] for span in spans[0]} if spans else None, "raw_spans": spans,
-                    "text": choice.get("text"), "finish": choice.get("finish_reason")})
+                self.answers.append(
+                    {
+                        "status": resp.status,
+                        "phase": phase,
+                        "ended": self.phase,
+                        "prompt": n % len(PROMPTS),
+                        "sent": sent,
+                        "received": time.monotonic(),
+                        "worker": resp.headers.get("X-RL-Worker"),
+                        "admitted": {*admitted, *self.admitted()},  # by the fence at the send and at the answer
+                        "version": resp.headers.get("X-RL-Weight-Version"),
+                        "spans": {span["version"] for span in spans[0]} if spans else None,
+                        "raw_spans": spans,
+                        "text": choice.get("text"),
+                        "finish": choice.get("finish_reason"),
+                    }
+                )
             n += len(self._tasks)
 
     async def answered(self, more: int, what: str) -> None:
@@ -88,25 +108,36 @@ class Rollouts:
         await asyncio.wait_for(asyncio.gather(*self._tasks), 120)
 
 
-async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vllm_agent_b, tiny_models,
-                                                                  tmp_path: Path):
+async def test_rollouts_through_the_gateway_never_leave_the_fence(
+    vllm_agent, vllm_agent_b, tiny_models, tmp_path: Path
+):
     agents = [vllm_agent, vllm_agent_b]
     dirs = {"w1": tiny_models["weights-1"], "w2": tiny_models["weights-2"]}
     specs = [a.spec(f"vllm-{i}") for i, a in enumerate(agents)]
-    settings = controller_settings(tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
-                                   # A keep-mode pause waits for the engine core to take it, and on two
-                                   # cores one engine was seen starved for 36 s while the other decoded
-                                   # (0 tokens/s, "Running: 1"): room for that, not a claim about it.
-                                   workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 90,
-                                            "weight_load_timeout_s": 120},
-                                   gateway={"port": 0, "hold_timeout_s": 60})
+    settings = controller_settings(
+        tmp_path,
+        specs,
+        allowed_roots=[str(tiny_models["base"].parent)],
+        # A keep-mode pause waits for the engine core to take it, and on two
+        # cores one engine was seen starved for 36 s while the other decoded
+        # (0 tokens/s, "Running: 1"): room for that, not a claim about it.
+        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 90, "weight_load_timeout_s": 120},
+        gateway={"port": 0, "hold_timeout_s": 60},
+    )
     async with aiohttp.ClientSession() as http, TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
         gateway = ctl.server.app[GATEWAY]
 
         async def update(version: str, mode: str = "keep", strategy: dict | None = None) -> dict:
-            resp = await ctl.post("/v1/rl/update_weights", headers=AUTH, json={
-                "version": version, "source": {"kind": "disk", "path": str(dirs[version])}, "pause_mode": mode,
-                "strategy": strategy or {"type": "all_at_once"}})
+            resp = await ctl.post(
+                "/v1/rl/update_weights",
+                headers=AUTH,
+                json={
+                    "version": version,
+                    "source": {"kind": "disk", "path": str(dirs[version])},
+                    "pause_mode": mode,
+                    "strategy": strategy or {"type": "all_at_once"},
+                },
+            )
             assert resp.status == 200, await resp.json()
             return await resp.json()
 
@@ -114,8 +145,11 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         refs: dict[str, list[str]] = {}
         for version in ("w2", "w1"):
             await update(version)
-            await wait_for(lambda v=version: gateway.router.table().desired == v and len(gateway.router.table().routes) == 2,
-                           what=f"both workers inside the fence at {version}", timeout_s=30)
+            await wait_for(
+                lambda v=version: gateway.router.table().desired == v and len(gateway.router.table().routes) == 2,
+                what=f"both workers inside the fence at {version}",
+                timeout_s=30,
+            )
             refs[version] = []
             for i in range(len(PROMPTS)):
                 status, body = await call(http, "POST", gateway.url + "/v1/completions", body=completion(i))
@@ -151,12 +185,16 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
             ports = dict(victim.ports)
             start = time.monotonic()
             victim.kill()
-            victim.config = {**victim.config, "admin": {"port": ports["admin_port"], "token": victim.token},
-                             "inference": {"port": ports["inference_port"]}}
+            victim.config = {
+                **victim.config,
+                "admin": {"port": ports["admin_port"], "token": victim.token},
+                "inference": {"port": ports["inference_port"]},
+            }
             victim.start()
             controller = ctl.server.app[CONTROLLER]
-            await wait_for(lambda: controller.state().applied.converged, what="the restarted agent converged",
-                           timeout_s=180)
+            await wait_for(
+                lambda: controller.state().applied.converged, what="the restarted agent converged", timeout_s=180
+            )
             rollouts.updates.append((start, time.monotonic()))
             await rollouts.answered(6, "after the restarted agent converged")
         finally:
@@ -170,14 +208,40 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
         # (An answer whose tokens came from two weight sets -- frozen by a keep-mode pause, resumed on
         # the new weights -- may still equal one set's greedy text by a token's coincidence: it is
         # judged by its spans alone, below.)
-        disagree = [a for a in answers
-                    if a["text"] in by_text and len(a["spans"]) == 1 and a["spans"] != {by_text[a["text"]]}]
-        assert disagree == [], [(a["worker"], a["version"], a["raw_spans"], by_text[a["text"]], a["phase"], a["sent"], a["received"], rollouts.updates) for a in disagree]
+        disagree = [
+            a for a in answers if a["text"] in by_text and len(a["spans"]) == 1 and a["spans"] != {by_text[a["text"]]}
+        ]
+        assert disagree == [], [
+            (
+                a["worker"],
+                a["version"],
+                a["raw_spans"],
+                by_text[a["text"]],
+                a["phase"],
+                a["sent"],
+                a["received"],
+                rollouts.updates,
+            )
+            for a in disagree
+        ]
         # No answer from weights other than the version the fence named, unless an update ran
         # while it was in flight (a keep-mode request resumed on the new weights).
-        outside = [a for a in answers
-                   if a["spans"] and a["spans"] != {a["version"]} and not rollouts.overlapped_an_update(a)]
-        assert outside == [], [(a["worker"], a["version"], a["raw_spans"], by_text.get(a["text"]), a["phase"], a["sent"], a["received"], rollouts.updates) for a in outside]
+        outside = [
+            a for a in answers if a["spans"] and a["spans"] != {a["version"]} and not rollouts.overlapped_an_update(a)
+        ]
+        assert outside == [], [
+            (
+                a["worker"],
+                a["version"],
+                a["raw_spans"],
+                by_text.get(a["text"]),
+                a["phase"],
+                a["sent"],
+                a["received"],
+                rollouts.updates,
+            )
+            for a in outside
+        ]
         # The restarted agent came back on the base weights (the same as w1's) while w2 was desired:
         # whatever it served after the restart was w2's answer.
         revived = [a for a in answers if a["phase"] == "restart" and a["worker"] == "vllm-1" and a["text"] in by_text]
@@ -210,8 +274,11 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(vllm_agent, vl
     # Leave the shared agents as the other tests expect them: base weights, no desired version.
     async with aiohttp.ClientSession() as http:
         for agent in agents:
-            for method, path, body in (("POST", "/resume", None), ("PUT", "/v1/agent/desired", {"weight_version": None}),
-                                       ("POST", "/v1/agent/weights/disk", {"path": str(tiny_models["base"]), "version": "base"})):
+            for method, path, body in (
+                ("POST", "/resume", None),
+                ("PUT", "/v1/agent/desired", {"weight_version": None}),
+                ("POST", "/v1/agent/weights/disk", {"path": str(tiny_models["base"]), "version": "base"}),
+            ):
                 with contextlib.suppress(AssertionError):
                     status, resp = await call(http, method, agent.admin_url + path, body=body, headers=agent.auth)
                     assert status == 200, resp

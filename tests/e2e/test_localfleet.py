@@ -23,8 +23,21 @@ pytestmark = pytest.mark.timeout(150)
 
 
 def _localfleet(workdir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlcp.localfleet", "--sim", "--agents", "2", "--port", "0", "--gateway-port", "0",
-            "--workdir", str(workdir), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rlcp.localfleet",
+        "--sim",
+        "--agents",
+        "2",
+        "--port",
+        "0",
+        "--gateway-port",
+        "0",
+        "--workdir",
+        str(workdir),
+        *extra,
+    ]
 
 
 def _alive(pid: int) -> bool:
@@ -36,15 +49,16 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
-    run = subprocess.run(_localfleet(tmp_path, "--steps", "2"), cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(_localfleet(tmp_path, "--steps", "2"), cwd=REPO, capture_output=True, text=True, timeout=120)
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     for k in (1, 2):
         assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
-    last_step = out[out.index("step 2/2"):]
+    last_step = out[out.index("step 2/2") :]
     assert re.findall(r"^ +(agent-\d) +version=step-2 +ready=yes +paused=no", last_step, re.M) == [
-        "agent-0", "agent-1"], out
+        "agent-0",
+        "agent-1",
+    ], out
     assert "summary: 2/2 steps ok" in out
     # Rollouts went through the gateway, and each is tallied by the version its answer named.
     assert re.search(r"^Gateway: +http://127\.0\.0\.1:\d+", out, re.M), out
@@ -59,8 +73,9 @@ def test_two_steps_through_envoy(tmp_path: Path) -> None:
     """`--envoy`: the controller serves the fence over xDS, and the rollouts go through a real
     Envoy's listener (the tally's versions come from Envoy's EDS metadata); Envoy stops with the rest."""
     pytest.importorskip("grpc", reason="the envoy extra")
-    run = subprocess.run(_localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        _localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     for k in (1, 2):
@@ -79,8 +94,13 @@ def test_two_steps_through_envoy(tmp_path: Path) -> None:
 
 
 def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
-    run = subprocess.run(_localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1",
-                                     "--sim-load-s", "0.3"), cwd=REPO, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        _localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1", "--sim-load-s", "0.3"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     # Step 1 leaves the start-up version, which no bound admits: nobody serves for a moment.
@@ -94,8 +114,13 @@ def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
 def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, data_plane: list[str]) -> None:
     if data_plane:
         pytest.importorskip("grpc", reason="the envoy extra")
-    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "50", "--keep-running", *data_plane), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _localfleet(tmp_path, "--steps", "50", "--keep-running", *data_plane),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 60
@@ -132,8 +157,13 @@ def test_an_agent_that_dies_is_restarted_and_converged(tmp_path: Path) -> None:
     the controller converges it to the fleet's version; nobody steps in."""
     import urllib.request
 
-    proc = subprocess.Popen(_localfleet(tmp_path, "--steps", "2", "--keep-running"), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _localfleet(tmp_path, "--steps", "2", "--keep-running"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
 
     def read_until(pattern: str) -> re.Match[str]:

@@ -30,16 +30,38 @@ def _processes_naming(marker: str) -> list[int]:
 
 
 def test_two_steps_on_a_placed_sim_fleet(tmp_path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "rlcp.localfleet", "--sim", "--ray", "--agents", "2", "--steps", "2",
-                          "--port", "0", "--gateway-port", "0", "--workdir", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=200)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlcp.localfleet",
+            "--sim",
+            "--ray",
+            "--agents",
+            "2",
+            "--steps",
+            "2",
+            "--port",
+            "0",
+            "--gateway-port",
+            "0",
+            "--workdir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     out = run.stdout + run.stderr
     assert run.returncode == 0, out
     for k in (1, 2):
         assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
-    last_step = out[out.index("step 2/2"):]
+    last_step = out[out.index("step 2/2") :]
     assert re.findall(r"^ +(rlcp-agent-\d) +version=step-2 +ready=yes +paused=no", last_step, re.M) == [
-        "rlcp-agent-0", "rlcp-agent-1"], out
+        "rlcp-agent-0",
+        "rlcp-agent-1",
+    ], out
     assert "summary: 2/2 steps ok" in out
     files = re.search(r"files (\S+?);", out)
     assert files, out

@@ -37,18 +37,23 @@ CTL_AUTH = {"Authorization": f"Bearer {CTL_TOKEN}"}
 @pytest.fixture
 async def http():
     # One connection per stream, never a pooled one the server may have closed meanwhile.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=N_REQUESTS + 8,
-                                                                    force_close=True)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=N_REQUESTS + 8, force_close=True)) as session:
         yield session
 
 
 @pytest.fixture
 async def agent(vllm_agent: AgentProcess, http):
     """The shared agent, resumed, gating on no desired version; left the same way."""
+
     async def reset() -> None:
         await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
-        await call(http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth,
-                   body={"weight_version": None})
+        await call(
+            http,
+            "PUT",
+            vllm_agent.admin_url + "/v1/agent/desired",
+            headers=vllm_agent.auth,
+            body={"weight_version": None},
+        )
 
     await reset()
     yield vllm_agent
@@ -59,12 +64,19 @@ async def agent(vllm_agent: AgentProcess, http):
 async def controller(agent: AgentProcess, tmp_path):
     """A controller (in-process) whose fleet is that one agent."""
     settings = ControllerSettings(
-        api={"token": CTL_TOKEN}, gateway={"port": 0},
-        discovery={"kind": "static", "static": [{"id": "vllm-0", "admin_url": agent.admin_url,
-                                                 "inference_url": agent.inference_url}]},
+        api={"token": CTL_TOKEN},
+        gateway={"port": 0},
+        discovery={
+            "kind": "static",
+            "static": [{"id": "vllm-0", "admin_url": agent.admin_url, "inference_url": agent.inference_url}],
+        },
         workers={"token": agent.token, "timeout_s": 10, "pause_timeout_s": 60},
-        reconcile={"poll_interval_s": 0.5, "interval_s": 0.5}, store={"kind": "memory"},
-        allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")
+        reconcile={"poll_interval_s": 0.5, "interval_s": 0.5},
+        store={"kind": "memory"},
+        allowed_roots=[str(tmp_path)],
+        log_format="console",
+        log_level="warning",
+    )
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
@@ -81,9 +93,15 @@ async def agent_state(http: aiohttp.ClientSession, agent: AgentProcess) -> dict:
 
 async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess) -> list[CompletionStream]:
     """64 streams, each seen generating (so running in the engine, not queued) before returning."""
-    streams = [CompletionStream(http, agent.inference_url, f"Request {i}: the quick brown fox jumps over the lazy dog.",
-                                max_tokens=MAX_TOKENS)
-               for i in range(N_REQUESTS)]
+    streams = [
+        CompletionStream(
+            http,
+            agent.inference_url,
+            f"Request {i}: the quick brown fox jumps over the lazy dog.",
+            max_tokens=MAX_TOKENS,
+        )
+        for i in range(N_REQUESTS)
+    ]
     async with asyncio.timeout(90):
         while not all(len(s.tokens) >= 2 or s.task.done() for s in streams):
             await asyncio.sleep(0.02)
@@ -166,9 +184,15 @@ async def keep_cycle(http: aiohttp.ClientSession, agent: AgentProcess, pause: To
     assert not short, f"requests that did not complete with {MAX_TOKENS} tokens: {short}"
     if len(done_before) > N_REQUESTS // 4:  # most must really be in flight at the pause
         return None
-    return {"requests": N_REQUESTS, "max_tokens": MAX_TOKENS, "frozen_at_pause": st["requests"]["frozen"],
-            "finished_before_pause": len(done_before), "completed_full_length": N_REQUESTS,
-            "pause_s": round(paused_s, 3), "resume_to_all_complete_s": round(completed_s, 2)}
+    return {
+        "requests": N_REQUESTS,
+        "max_tokens": MAX_TOKENS,
+        "frozen_at_pause": st["requests"]["frozen"],
+        "finished_before_pause": len(done_before),
+        "completed_full_length": N_REQUESTS,
+        "pause_s": round(paused_s, 3),
+        "resume_to_all_complete_s": round(completed_s, 2),
+    }
 
 
 async def abort_cycle(http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle) -> dict | None:
@@ -193,9 +217,14 @@ async def abort_cycle(http: aiohttp.ClientSession, agent: AgentProcess, pause: T
         await resume("")
     if len(finished) > N_REQUESTS // 4:  # most must really be in flight at the pause
         return None
-    return {"requests": N_REQUESTS, "max_tokens": MAX_TOKENS, "aborted": len(aborted),
-            "finished_before_pause": len(finished), "pause_s": round(paused_s, 3),
-            "pause_to_all_returned_s": round(returned_s, 2)}
+    return {
+        "requests": N_REQUESTS,
+        "max_tokens": MAX_TOKENS,
+        "aborted": len(aborted),
+        "finished_before_pause": len(finished),
+        "pause_s": round(paused_s, 3),
+        "pause_to_all_returned_s": round(returned_s, 2),
+    }
 
 
 async def test_keep_mode_loses_no_request_via_agent(http, agent):

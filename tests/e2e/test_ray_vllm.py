@@ -51,19 +51,56 @@ def head() -> Iterator[RayHead]:
 
 
 def config(workdir: Path, head: RayHead, models: dict[str, Path]) -> dict[str, Any]:
-    agent = {"engine": agent_engine(models["base"]), "admin": {"token": AGENT_TOKEN},
-             "allowed_roots": [str(models["base"].parent)], "log_format": "json"}
+    agent = {
+        "engine": agent_engine(models["base"]),
+        "admin": {"token": AGENT_TOKEN},
+        "allowed_roots": [str(models["base"].parent)],
+        "log_format": "json",
+    }
     config = controller_config(
-        workdir, [], [models["base"].parent], gateway={"port": free_port()},
-        discovery={"kind": "ray", "ray": {"dashboard_url": head.dashboard_url, "namespace": NAMESPACE,
-                                          "name_prefix": PREFIX, "interval_s": 0.3, "timeout_s": 3.0,
-                                          "max_backoff_s": 1.0}},
-        placement={"kind": "ray", "ray": {"address": head.gcs_address, "namespace": NAMESPACE, "name_prefix": PREFIX,
-                                          "replicas": 1, "bundle": {"CPU": 1}, "interval_s": 1.0,
-                                          "call_timeout_s": 200, "teardown": True, "agent": agent}})
+        workdir,
+        [],
+        [models["base"].parent],
+        gateway={"port": free_port()},
+        discovery={
+            "kind": "ray",
+            "ray": {
+                "dashboard_url": head.dashboard_url,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "interval_s": 0.3,
+                "timeout_s": 3.0,
+                "max_backoff_s": 1.0,
+            },
+        },
+        placement={
+            "kind": "ray",
+            "ray": {
+                "address": head.gcs_address,
+                "namespace": NAMESPACE,
+                "name_prefix": PREFIX,
+                "replicas": 1,
+                "bundle": {"CPU": 1},
+                "interval_s": 1.0,
+                "call_timeout_s": 200,
+                "teardown": True,
+                "agent": agent,
+            },
+        },
+    )
     # a real engine's load and pause take longer than a simulated one's
-    return merge_sections(config, {"workers": {"timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
-                                               "pause_timeout_s": 60, "weight_load_timeout_s": 120}})
+    return merge_sections(
+        config,
+        {
+            "workers": {
+                "timeout_s": 10,
+                "attempts": 2,
+                "retry_budget_s": 20,
+                "pause_timeout_s": 60,
+                "weight_load_timeout_s": 120,
+            }
+        },
+    )
 
 
 async def state(http: aiohttp.ClientSession, ctl: ControllerProcess) -> dict[str, Any]:
@@ -71,26 +108,41 @@ async def state(http: aiohttp.ClientSession, ctl: ControllerProcess) -> dict[str
         return dict(await resp.json())
 
 
-async def serving_at(http: aiohttp.ClientSession, ctl: ControllerProcess, version: str | None,
-                     not_url: str | None = None) -> bool:
+async def serving_at(
+    http: aiohttp.ClientSession, ctl: ControllerProcess, version: str | None, not_url: str | None = None
+) -> bool:
     """The one member serving, at `version` (None: any), on an agent other than `not_url`'s."""
     workers = (await state(http, ctl)).get("workers", [])
-    return len(workers) == 1 and workers[0]["serving"] and version in (None, workers[0]["weight_version"]) and (
-        not_url is None or workers[0]["admin_url"] != not_url)
+    return (
+        len(workers) == 1
+        and workers[0]["serving"]
+        and version in (None, workers[0]["weight_version"])
+        and (not_url is None or workers[0]["admin_url"] != not_url)
+    )
 
 
 async def complete(http: aiohttp.ClientSession, gateway: str) -> tuple[int, str, list[int]]:
     """One greedy completion through the gateway: (status, X-RL-Weight-Version, token ids)."""
-    async with http.post(f"{gateway}/v1/completions", timeout=aiohttp.ClientTimeout(total=60), json={
-            "model": SERVED_NAME, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}) as resp:
+    async with http.post(
+        f"{gateway}/v1/completions",
+        timeout=aiohttp.ClientTimeout(total=60),
+        json={
+            "model": SERVED_NAME,
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    ) as resp:
         body = await resp.json()
         tokens = body["choices"][0]["token_ids"] if resp.status == 200 else []
         return resp.status, resp.headers.get("X-RL-Weight-Version", ""), tokens
 
 
 async def test_a_placed_vllm_agent_restarted_by_ray_is_converged_before_it_serves(
-        head: RayHead, tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    head: RayHead, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
     ctl = ControllerProcess(config(tmp_path / "ctl", head, tiny_models), tmp_path / "ctl", start_timeout_s=90)
     gateway = f"http://127.0.0.1:{ctl.config['gateway']['port']}"
     timings: dict[str, float] = {}
@@ -103,8 +155,12 @@ async def test_a_placed_vllm_agent_restarted_by_ray_is_converged_before_it_serve
             status, _, base = await complete(http, gateway)
             assert status == 200 and len(base) == 12
 
-            async with http.post(f"{ctl.url}/v1/rl/update_weights", headers=AUTH, timeout=aiohttp.ClientTimeout(
-                    total=300), json=update_body("w2", tiny_models["weights-2"], verify=True)) as resp:
+            async with http.post(
+                f"{ctl.url}/v1/rl/update_weights",
+                headers=AUTH,
+                timeout=aiohttp.ClientTimeout(total=300),
+                json=update_body("w2", tiny_models["weights-2"], verify=True),
+            ) as resp:
                 assert resp.status == 200, await resp.text()
             status, version, updated = await complete(http, gateway)
             assert (status, version) == (200, "w2") and updated != base
@@ -125,20 +181,31 @@ async def test_a_placed_vllm_agent_restarted_by_ray_is_converged_before_it_serve
                 old_url = (await state(http, ctl))["workers"][0]["admin_url"]
                 t_kill = time.monotonic()
                 os.kill(actor["pid"], signal.SIGKILL)  # the agent child dies with it (PDEATHSIG)
-                await wait_for(lambda: head.actors(NAMESPACE, PREFIX)[NAME]["num_restarts"] > actor["num_restarts"],
-                               60, "Ray restarted the actor", interval_s=0.2, tolerate=(KeyError,))
-                await wait_for(lambda: serving_at(http, ctl, "w2", not_url=old_url), 240,
-                               "the new agent converged to w2 and serving", interval_s=0.5)
+                await wait_for(
+                    lambda: head.actors(NAMESPACE, PREFIX)[NAME]["num_restarts"] > actor["num_restarts"],
+                    60,
+                    "Ray restarted the actor",
+                    interval_s=0.2,
+                    tolerate=(KeyError,),
+                )
+                await wait_for(
+                    lambda: serving_at(http, ctl, "w2", not_url=old_url),
+                    240,
+                    "the new agent converged to w2 and serving",
+                    interval_s=0.5,
+                )
                 timings["kill_to_serving_converged_s"] = time.monotonic() - t_kill
                 n = len(answers)
-                await wait_for(lambda: len([a for a in answers[n:] if a[0] == 200]) >= 3, 60,
-                               "answers from the restarted agent")
+                await wait_for(
+                    lambda: len([a for a in answers[n:] if a[0] == 200]) >= 3, 60, "answers from the restarted agent"
+                )
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             ok = [a for a in answers if a[0] == 200]
             assert ok and all((version, tokens) == ("w2", updated) for _, version, tokens in ok), [
-                (v, t == base) for _, v, t in ok]
+                (v, t == base) for _, v, t in ok
+            ]
             # Not ready while it loads: the gateway held or refused (503), never answered stale.
             assert {s for s, _, _ in answers} <= {200, 503}, {s for s, _, _ in answers}
             restarted = head.actors(NAMESPACE, PREFIX)[NAME]

@@ -46,16 +46,21 @@ async def fleet(http, vllm_agent, vllm_agent_b, tiny_models, tmp_path):
     """A controller and its gateway over both agents, both on the base weights the trainer
     starts from; the agents are left on weights-1 as version `base`, as other tests expect."""
     agents = [vllm_agent, vllm_agent_b]
-    settings = controller_settings(tmp_path, [a.spec(f"vllm-{i}") for i, a in enumerate(agents)],
-                                   allowed_roots=[str(tiny_models["base"].parent), str(tmp_path)],
-                                   workers={"token": vllm_agent.token, "timeout_s": 30, "pause_timeout_s": 30,
-                                            "weight_load_timeout_s": 120},
-                                   weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150},
-                                   gateway={"port": 0, "hold_timeout_s": 60})
+    settings = controller_settings(
+        tmp_path,
+        [a.spec(f"vllm-{i}") for i, a in enumerate(agents)],
+        allowed_roots=[str(tiny_models["base"].parent), str(tmp_path)],
+        workers={"token": vllm_agent.token, "timeout_s": 30, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
+        weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150},
+        gateway={"port": 0, "hold_timeout_s": 60},
+    )
     async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
         ctl = client.server.app[CONTROLLER]
-        await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.members()), timeout_s=30,
-                       what="both agents polled")
+        await wait_for(
+            lambda: all(r.status and r.status.world_size for r in ctl.members()),
+            timeout_s=30,
+            what="both agents polled",
+        )
         url = str(client.make_url("")).rstrip("/")
         async with ControlPlaneClient(url, token=CTL_TOKEN) as admin:
 
@@ -73,15 +78,17 @@ async def test_a_policy_learns_through_the_fleet_on_the_weights_it_pushed(fleet,
     """Synchronous, weights by broadcast: every step samples on the version pushed after the
     step before, and the engines' logprobs match the trainer's at every step."""
     where, workdir = await fleet("rl-start")
-    out = await train_through_fleet(where, tiny_models["base"], workdir,
-                                    RunSettings(steps=STEPS, lr=LR), sync="broadcast", label="sync")
+    out = await train_through_fleet(
+        where, tiny_models["base"], workdir, RunSettings(steps=STEPS, lr=LR), sync="broadcast", label="sync"
+    )
     rs = out.records
     assert [r.sync_error for r in rs] == [None] * STEPS
     assert gain(rs) > MARGIN, [round(r.reward, 3) for r in rs]
     # The fence: each step's every token came from the weights pushed just before it.
     assert [r.versions for r in rs] == [{"rl-start": TOKENS}] + [{f"step-{k}": TOKENS} for k in range(1, STEPS)]
-    assert all(r.compared == TOKENS and r.mismatch_max is not None and r.mismatch_max <= MISMATCH_TOLERANCE
-               for r in rs), [(r.step, r.mismatch_max) for r in rs]
+    assert all(
+        r.compared == TOKENS and r.mismatch_max is not None and r.mismatch_max <= MISMATCH_TOLERANCE for r in rs
+    ), [(r.step, r.mismatch_max) for r in rs]
     assert {w for r in rs for w in r.workers} == {"vllm-0", "vllm-1"}
     assert out.log.read_text().count("\n") == STEPS and out.plot and out.plot.stat().st_size > 1000
 
@@ -91,8 +98,9 @@ async def test_an_asynchronous_run_learns_with_rolling_disk_updates(fleet, tiny_
     rollouts are sampled while the step before trains and rolls out; no token is from weights
     older than the bound allows, and every token's logprob matches the weights that sampled it."""
     where, workdir = await fleet("rl-start-2")
-    out = await train_through_fleet(where, tiny_models["base"], workdir,
-                                    RunSettings(steps=STEPS, lr=LR, mode="async"), sync="disk", label="async")
+    out = await train_through_fleet(
+        where, tiny_models["base"], workdir, RunSettings(steps=STEPS, lr=LR, mode="async"), sync="disk", label="async"
+    )
     rs = out.records
     assert [r.sync_error for r in rs] == [None] * STEPS
     assert gain(rs) > MARGIN, [round(r.reward, 3) for r in rs]
@@ -107,8 +115,9 @@ async def test_an_asynchronous_run_learns_with_rolling_disk_updates(fleet, tiny_
 async def test_without_the_push_the_reward_stays_flat_and_the_mismatch_shows_it(fleet, tiny_models):
     """The negative control: the trainer learns on its side, the engines never see it."""
     where, workdir = await fleet("rl-start-3")
-    out = await train_through_fleet(where, tiny_models["base"], workdir,
-                                    RunSettings(steps=STEPS, lr=LR, push=False), label="control")
+    out = await train_through_fleet(
+        where, tiny_models["base"], workdir, RunSettings(steps=STEPS, lr=LR, push=False), label="control"
+    )
     rs = out.records
     assert gain(rs) < MARGIN / 5, [round(r.reward, 3) for r in rs]
     assert all(r.versions == {"rl-start-3": TOKENS} and r.pushed is None for r in rs)

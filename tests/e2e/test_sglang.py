@@ -30,27 +30,39 @@ pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
 PROMPT = "Weights move from the trainer to every engine in the fleet."
 # Longer than SGLang's radix-cache pages: a cached prefix from the old weights would be reused.
-LONG_PROMPT = ("The trainer writes weights and every engine in the fleet must load them before serving "
-               "again, so the controller pauses each one, reloads, verifies and resumes. ") * 3
+LONG_PROMPT = (
+    "The trainer writes weights and every engine in the fleet must load them before serving "
+    "again, so the controller pauses each one, reloads, verifies and resumes. "
+) * 3
 STREAM_TOKENS = 400
 N_STREAMS = 4  # the server runs at most 8 requests at once (--max-running-requests)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    proc = SglangServerProcess(tiny_models["base"], tmp_path_factory.mktemp("sglang"), venv=sglang_venv(),
-                               start_timeout_s=600)
+    proc = SglangServerProcess(
+        tiny_models["base"], tmp_path_factory.mktemp("sglang"), venv=sglang_venv(), start_timeout_s=600
+    )
     try:
         yield proc.start()
     finally:
         proc.stop()
 
 
-async def generate(http, server: SglangServerProcess, prompt: str = PROMPT, max_new_tokens: int = 16,
-                   url: str | None = None) -> tuple[list[int], dict]:
+async def generate(
+    http, server: SglangServerProcess, prompt: str = PROMPT, max_new_tokens: int = 16, url: str | None = None
+) -> tuple[list[int], dict]:
     """SGLang's native `/generate`, greedy: (output ids, meta_info)."""
-    status, body = await call(http, "POST", (url or server.url) + "/generate", timeout_s=120, body={
-        "text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}})
+    status, body = await call(
+        http,
+        "POST",
+        (url or server.url) + "/generate",
+        timeout_s=120,
+        body={
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert status == 200, body
     return body["output_ids"], body["meta_info"]
 
@@ -86,14 +98,22 @@ async def ctl(http, server, tiny_models, refs, tmp_path):
     """An in-process controller (with its gateway) over the server as flavor `sglang`."""
     # `model`: the name clients use, as a static config names it (SGLang renames its model to the
     # directory of each disk update, which the refs above already did).
-    spec = {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang",
-            "model": "tiny"}
+    spec = {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang", "model": "tiny"}
     settings = controller_settings(
-        tmp_path, [spec], allowed_roots=[str(tiny_models["base"].parent)],
-        workers={"token": "unused-by-sglang", "timeout_s": 30, "attempts": 2, "retry_budget_s": 40,
-                 "pause_timeout_s": 120, "weight_load_timeout_s": 300},
+        tmp_path,
+        [spec],
+        allowed_roots=[str(tiny_models["base"].parent)],
+        workers={
+            "token": "unused-by-sglang",
+            "timeout_s": 30,
+            "attempts": 2,
+            "retry_budget_s": 40,
+            "pause_timeout_s": 120,
+            "weight_load_timeout_s": 300,
+        },
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-        gateway={"port": 0, "hold_timeout_s": 120})
+        gateway={"port": 0, "hold_timeout_s": 120},
+    )
     client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
@@ -113,15 +133,16 @@ def by_worker(result: dict) -> dict[str, tuple[str, str]]:
 
 
 # -- disk updates ------------------------------------------------------------------------------
-async def test_a_verified_disk_update_changes_greedy_output_and_flushes_the_cache(http, server, ctl, refs,
-                                                                                  tiny_models):
+async def test_a_verified_disk_update_changes_greedy_output_and_flushes_the_cache(http, server, ctl, refs, tiny_models):
     assert (await generate(http, server))[0] == refs[1]
     # Fills SGLang's radix cache with the old weights' KV: unflushed, the outputs below would mix.
     assert (await generate(http, server, LONG_PROMPT))[0] == refs["long", 1]
     for version, seed in (("step-2", 2), ("step-1", 1)):
-        status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                        update_body(version, tiny_models[f"weights-{seed}"], pause_mode="keep",
-                                                    verify=True))
+        status, result = await ctl.call(
+            "POST",
+            "/v1/rl/update_weights",
+            update_body(version, tiny_models[f"weights-{seed}"], pause_mode="keep", verify=True),
+        )
         assert status == 200, result
         assert by_worker(result) == {"sglang-0": ("ok", "resume")}
         ids, meta = await generate(http, server)
@@ -137,8 +158,7 @@ async def test_a_verified_disk_update_changes_greedy_output_and_flushes_the_cach
         assert info["weight_version"] == version  # SGLang's own read agrees
 
 
-async def test_a_disk_update_that_cannot_load_leaves_the_version_and_fails_loudly(http, server, ctl, refs,
-                                                                                  tmp_path):
+async def test_a_disk_update_that_cannot_load_leaves_the_version_and_fails_loudly(http, server, ctl, refs, tmp_path):
     empty = tmp_path / "not-a-checkpoint"
     empty.mkdir()
     (empty / "config.json").write_text("{}")
@@ -161,8 +181,11 @@ class Stream:
         self.task = asyncio.create_task(self._read(http, url, prompt, max_new_tokens))
 
     async def _read(self, http, url, prompt, max_new_tokens) -> None:
-        body = {"text": prompt, "stream": True,
-                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}}
+        body = {
+            "text": prompt,
+            "stream": True,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+        }
         async with http.post(url + "/generate", json=body, timeout=aiohttp.ClientTimeout(total=300)) as resp:
             self.status = resp.status
             async for line in resp.content:
@@ -182,8 +205,9 @@ class Stream:
 
 async def start_streams(http, server, tag: str) -> list[Stream]:
     streams = [Stream(http, server.url, f"{tag}-{n}: {PROMPT}", STREAM_TOKENS) for n in range(N_STREAMS)]
-    await wait_for(lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=120,
-                   what="every stream under way")
+    await wait_for(
+        lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=120, what="every stream under way"
+    )
     assert not any(st.task.done() for st in streams), "streams finished before the pause (the premise)"
     return streams
 
@@ -213,7 +237,8 @@ async def test_pause_in_each_mode_with_requests_in_flight(http, server, ctl):
     assert status == 200, result
     await finish(streams, 60)
     assert all((st.status, st.finish) == (200, "abort") and st.tokens < STREAM_TOKENS for st in streams), [
-        (st.status, st.finish, st.tokens) for st in streams]
+        (st.status, st.finish, st.tokens) for st in streams
+    ]
     status, result = await ctl.call("POST", "/v1/rl/resume", {})
     assert status == 200, result
 
@@ -232,12 +257,21 @@ async def test_pause_in_each_mode_with_requests_in_flight(http, server, ctl):
 
 # -- LoRA ---------------------------------------------------------------------------------------
 async def test_a_lora_load_serves_the_adapter_and_an_unload_removes_it(http, server, ctl, refs, tiny_models):
-    status, result = await ctl.call("POST", "/v1/rl/loras", {"name": "sql", "path": str(tiny_models["lora-11"]),
-                                                             "version": "a1"})
+    status, result = await ctl.call(
+        "POST", "/v1/rl/loras", {"name": "sql", "path": str(tiny_models["lora-11"]), "version": "a1"}
+    )
     assert status == 200, result
-    status, body = await call(http, "POST", server.url + "/generate", timeout_s=120, body={
-        "text": PROMPT, "lora_path": "sql", "sampling_params": {"max_new_tokens": 16, "temperature": 0,
-                                                                "ignore_eos": True}})
+    status, body = await call(
+        http,
+        "POST",
+        server.url + "/generate",
+        timeout_s=120,
+        body={
+            "text": PROMPT,
+            "lora_path": "sql",
+            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+        },
+    )
     assert status == 200, body
     assert body["output_ids"] != refs[1]  # the adapter changes the greedy output
     assert (await generate(http, server))[0] == refs[1]  # the base model's is unchanged
@@ -275,28 +309,52 @@ async def test_sleep_keeps_the_server_out_and_a_wake_returns_it_unchanged(http, 
 
 # -- a mixed fleet ------------------------------------------------------------------------------
 async def complete(http, url: str) -> list[int]:
-    status, body = await call(http, "POST", url + "/v1/completions", timeout_s=120, body={
-        "model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
+    status, body = await call(
+        http,
+        "POST",
+        url + "/v1/completions",
+        timeout_s=120,
+        body={
+            "model": "tiny",
+            "prompt": PROMPT,
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200, (url, body)
     return body["choices"][0]["token_ids"]
 
 
 async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_call(
-        http, server, vllm_agent, refs, tiny_models, tmp_path):
+    http, server, vllm_agent, refs, tiny_models, tmp_path
+):
     """Our agent (vLLM), a stock `vllm serve` and SGLang, each driven by its own flavor, under one
     update call: each serves the new weights after it (the vLLM pair agree token for token, SGLang
     gives its reference), and going back restores each one's first output exactly."""
     stock = VllmServeProcess(tiny_models["base"], tmp_path / "vllm-serve", core=1, nice=10)
     stock.start()
     try:
-        specs = [vllm_agent.spec("agent-0"), stock.spec("vllm-0"),
-                 {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"}]
+        specs = [
+            vllm_agent.spec("agent-0"),
+            stock.spec("vllm-0"),
+            {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"},
+        ]
         settings = controller_settings(
-            tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
-            workers={"token": vllm_agent.token, "timeout_s": 30, "attempts": 2, "retry_budget_s": 40,
-                     "pause_timeout_s": 120, "weight_load_timeout_s": 300},
-            reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4})
+            tmp_path,
+            specs,
+            allowed_roots=[str(tiny_models["base"].parent)],
+            workers={
+                "token": vllm_agent.token,
+                "timeout_s": 30,
+                "attempts": 2,
+                "retry_budget_s": 40,
+                "pause_timeout_s": 120,
+                "weight_load_timeout_s": 300,
+            },
+            reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
+        )
         async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
             ctl = Ctl(client)
             await ctl.wait_reachable(timeout_s=120)
@@ -304,15 +362,18 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
             before = [await complete(http, u) for u in vllm_urls]
             assert before[0] == before[1] and (await generate(http, server))[0] == refs[1]
             for version, seed in (("mixed-2", 2), ("mixed-1", 1)):
-                status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                                update_body(version, tiny_models[f"weights-{seed}"], pause_mode="wait",
-                                                            verify=True))
+                status, result = await ctl.call(
+                    "POST",
+                    "/v1/rl/update_weights",
+                    update_body(version, tiny_models[f"weights-{seed}"], pause_mode="wait", verify=True),
+                )
                 assert status == 200, result
                 assert by_worker(result) == {w: ("ok", "resume") for w in ("agent-0", "vllm-0", "sglang-0")}
                 state = await ctl.state()
                 assert state["applied"] == {"weight_version": version, "converged": True, "verified": True}
                 assert {w["id"]: w["weight_version"] for w in state["workers"]} == dict.fromkeys(
-                    ("agent-0", "vllm-0", "sglang-0"), version)
+                    ("agent-0", "vllm-0", "sglang-0"), version
+                )
                 outputs = [await complete(http, u) for u in vllm_urls]
                 assert outputs[0] == outputs[1] and (outputs[0] == before[0]) == (seed == 1)
                 assert (await generate(http, server))[0] == refs[seed]
@@ -322,19 +383,32 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
 
 # -- rollouts through the gateway, and a restart on old weights -----------------------------------
 async def test_the_gateway_forwards_inside_the_fence_and_a_restart_on_old_weights_serves_nothing_stale(
-        http, server, ctl, refs, tiny_models):
-    status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                    update_body("step-2", tiny_models["weights-2"], pause_mode="wait"))
+    http, server, ctl, refs, tiny_models
+):
+    status, result = await ctl.call(
+        "POST", "/v1/rl/update_weights", update_body("step-2", tiny_models["weights-2"], pause_mode="wait")
+    )
     assert status == 200, result
     gateway = ctl.client.server.app[GATEWAY]
-    await wait_for(lambda: (t := gateway.router.table()) is not None and t.desired == "step-2" and t.routes,
-                   timeout_s=60, what="the member inside the fence at step-2")
-    for path, body in (("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0,
-                                                                         "ignore_eos": True}}),
-                       ("/v1/completions", {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0,
-                                            "ignore_eos": True}),
-                       ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}],
-                                                 "max_tokens": 8, "temperature": 0})):
+    await wait_for(
+        lambda: (t := gateway.router.table()) is not None and t.desired == "step-2" and t.routes,
+        timeout_s=60,
+        what="the member inside the fence at step-2",
+    )
+    for path, body in (
+        (
+            "/generate",
+            {"text": PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}},
+        ),
+        (
+            "/v1/completions",
+            {"model": "tiny", "prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True},
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8, "temperature": 0},
+        ),
+    ):
         async with http.post(gateway.url + path, json=body) as resp:
             answer = await resp.json()
             assert resp.status == 200, (path, answer)
@@ -352,10 +426,14 @@ async def test_the_gateway_forwards_inside_the_fence_and_a_restart_on_old_weight
     async def rollouts() -> None:
         while True:
             try:
-                async with http.post(gateway.url + "/generate", json={
-                        "text": PROMPT, "sampling_params": {"max_new_tokens": 16, "temperature": 0,
-                                                            "ignore_eos": True}},
-                        timeout=aiohttp.ClientTimeout(total=200)) as resp:
+                async with http.post(
+                    gateway.url + "/generate",
+                    json={
+                        "text": PROMPT,
+                        "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+                    },
+                    timeout=aiohttp.ClientTimeout(total=200),
+                ) as resp:
                     if resp.status != 200:
                         continue  # held past the deadline or refused while nothing serves: no answer at all
                     answer = await resp.json()

@@ -72,14 +72,22 @@ async def fleet(vllm_agent, vllm_agent_b, tiny_models, tmp_path, monkeypatch) ->
     monkeypatch.setenv(KEY_VAR, CTL_TOKEN)
     root = tiny_models["base"].parent
     specs = [a.spec(f"vllm-{i}") for i, a in enumerate([vllm_agent, vllm_agent_b])]
-    settings = controller_settings(tmp_path, specs, allowed_roots=[str(root)],
-                                   workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30,
-                                            "weight_load_timeout_s": 120},
-                                   gateway={"port": 0, "hold_timeout_s": 60, "token": GATEWAY_TOKEN})
+    settings = controller_settings(
+        tmp_path,
+        specs,
+        allowed_roots=[str(root)],
+        workers={"token": vllm_agent.token, "timeout_s": 10, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
+        gateway={"port": 0, "hold_timeout_s": 60, "token": GATEWAY_TOKEN},
+    )
     async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as ctl:
         gateway = ctl.server.app[GATEWAY]
-        fleet = Fleet(ctl=ctl, admin_url=str(ctl.make_url("")).rstrip("/"), inference_url=f"{gateway.url}/v1",
-                      models=tiny_models, root=root)
+        fleet = Fleet(
+            ctl=ctl,
+            admin_url=str(ctl.make_url("")).rstrip("/"),
+            inference_url=f"{gateway.url}/v1",
+            models=tiny_models,
+            root=root,
+        )
         # A known start whatever earlier modules left on these shared agents: base weights, no adapters.
         async with PrimeRlAdmin(fleet.admin_url) as admin:
             await admin.check_health(extra=[gateway.url])
@@ -102,10 +110,12 @@ class PrimeRlAdmin:
     with the API key as a Bearer token, the `/v1` suffix stripped, `raise_for_status()` on each."""
 
     def __init__(self, admin_url: str) -> None:
-        self.client = httpx.AsyncClient(base_url=admin_url.rstrip("/").removesuffix("/v1"),
-                                        headers={"Authorization": f"Bearer {CTL_TOKEN}"},
-                                        limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
-                                        timeout=httpx.Timeout(None))
+        self.client = httpx.AsyncClient(
+            base_url=admin_url.rstrip("/").removesuffix("/v1"),
+            headers={"Authorization": f"Bearer {CTL_TOKEN}"},
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=1),
+            timeout=httpx.Timeout(None),
+        )
 
     async def __aenter__(self) -> PrimeRlAdmin:
         return self
@@ -118,8 +128,9 @@ class PrimeRlAdmin:
         each polled once a second until it answers 2xx. prime-rl skips a URL whose `/health`
         is 404 (it logs a warning); here that is a failure, as the route must exist."""
         for base in [str(self.client.base_url), *extra]:
-            async with httpx.AsyncClient(base_url=base, headers=self.client.headers,
-                                         timeout=httpx.Timeout(None)) as probe:
+            async with httpx.AsyncClient(
+                base_url=base, headers=self.client.headers, timeout=httpx.Timeout(None)
+            ) as probe:
                 for _ in range(timeout_s):
                     response = await probe.get("/health")
                     assert response.status_code != 404, f"{base}/health does not exist"
@@ -135,8 +146,9 @@ class PrimeRlAdmin:
 
     async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
         """`_admin_post`, one attempt (the test wants the first answer, not tenacity's last)."""
-        response = await self.client.post(path, timeout=httpx.Timeout(connect=10.0, read=300.0, write=60.0,
-                                                                      pool=10.0), **kwargs)
+        response = await self.client.post(
+            path, timeout=httpx.Timeout(connect=10.0, read=300.0, write=60.0, pool=10.0), **kwargs
+        )
         response.raise_for_status()
         return response
 
@@ -162,8 +174,11 @@ def train_client(fleet: Fleet, seen: Seen) -> Any:
 
     # prime-rl's setup_client for the renderer client type: the renderer pinned to the base model
     # (its tokenizer), so an adapter name never drives tokenizer loading.
-    client = TrainClient(TrainClientConfig(base_url=fleet.inference_url, api_key_var=KEY_VAR,
-                                           renderer_model_name=str(fleet.models["base"])))
+    client = TrainClient(
+        TrainClientConfig(
+            base_url=fleet.inference_url, api_key_var=KEY_VAR, renderer_model_name=str(fleet.models["base"])
+        )
+    )
     client.client._client.event_hooks["response"].append(seen.hook)  # the SDK's own httpx connection
     return client
 
@@ -194,9 +209,13 @@ async def take_turn(client: Any, trace: Any, messages: list[dict], *, model: str
     body = {"model": model, "messages": messages}
     request = dialect.parse_request(body)
     turn = prepare_turn(trace, request.messages, request.tools)
-    response = await client.get_response(dialect, body, SamplingConfig(**({"max_tokens": 8, "temperature": 0.0}
-                                                                           | sampling)),
-                                         session_id=trace.id, turn=turn)
+    response = await client.get_response(
+        dialect,
+        body,
+        SamplingConfig(**({"max_tokens": 8, "temperature": 0.0} | sampling)),
+        session_id=trace.id,
+        turn=turn,
+    )
     turn.commit(response)
     messages.append({"role": "assistant", "content": response.message.content or ""})
     return response
@@ -223,8 +242,9 @@ async def test_a_tokens_in_tokens_out_rollout_across_an_update_and_an_adapter(fl
             first = (await (await fleet.ctl.get("/v1/rl/state")).json())["desired"]["weight_version"]
 
             trace, messages, responses = new_trace(), [], []
-            for turn, text in enumerate(["The trainer writes weights", "Then the fleet loads them",
-                                         "And every rollout names its version"]):
+            for turn, text in enumerate(
+                ["The trainer writes weights", "Then the fleet loads them", "And every rollout names its version"]
+            ):
                 if turn == 2:  # a training step between the second turn and the third
                     step = checkpoint(fleet, "weights-2")
                     await admin.update_weights(step)
@@ -236,16 +256,22 @@ async def test_a_tokens_in_tokens_out_rollout_across_an_update_and_an_adapter(fl
             # The session stays on its worker; the version header follows the update.
             assert len({h["x-rl-worker"] for h in answers}) == 1
             assert [h["x-rl-weight-version"] for h in answers] == [first, first, step.name]
-            assert [json.loads(h["x-rl-weight-versions"])[0][0]["version"] for h in answers] == \
-                [first, first, step.name]
+            assert [json.loads(h["x-rl-weight-versions"])[0][0]["version"] for h in answers] == [
+                first,
+                first,
+                step.name,
+            ]
             for response in responses:
                 assert_tokens(response)
             # Tokens in: each turn's prompt is the conversation so far, in the tokenizer's ids.
-            for response, text in zip(responses, ["The trainer writes weights", "Then the fleet loads them",
-                                                  "And every rollout names its version"]):
+            for response, text in zip(
+                responses,
+                ["The trainer writes weights", "Then the fleet loads them", "And every rollout names its version"],
+            ):
                 assert text in tokenizer.decode(response.tokens.prompt_ids)
-            assert responses[1].tokens.prompt_ids[:len(responses[0].tokens.prompt_ids)] == \
-                responses[0].tokens.prompt_ids
+            assert (
+                responses[1].tokens.prompt_ids[: len(responses[0].tokens.prompt_ids)] == responses[0].tokens.prompt_ids
+            )
 
             # A LoRA turn: prime-rl loads the adapter through the admin URL, then samples it by name.
             await admin.load_lora_adapter("policy-lora", fleet.models["lora-11"])
@@ -290,11 +316,13 @@ async def test_a_steps_rollouts_with_one_cache_salt_use_every_worker(fleet: Flee
     seen = Seen()
     client = train_client(fleet, seen)
     try:
+
         async def rollout(i: int) -> None:
             trace = new_trace()
             trace.id = f"rollout-{i}"  # fixed ids: where each lands is decided by hashing, so the test is repeatable
-            await take_turn(client, trace, [{"role": "user", "content": f"Rollout number {i}"}],
-                            cache_salt="policy-step-7")
+            await take_turn(
+                client, trace, [{"role": "user", "content": f"Rollout number {i}"}], cache_salt="policy-step-7"
+            )
 
         await asyncio.gather(*(rollout(i) for i in range(8)))
         workers = [h["x-rl-worker"] for h in seen.on("/inference/v1/generate")]
@@ -316,11 +344,15 @@ async def test_prefill_scoring_and_streamed_spans_through_the_gateway(fleet: Fle
     openai = AsyncOpenAI(base_url=fleet.inference_url, api_key=CTL_TOKEN)
     try:
         token_ids = [5, 17, 42, 99, 7]
-        raw = await openai.post(f"{fleet.inference_url.removesuffix('/v1')}/inference/v1/generate",
-                                cast_to=httpx.Response,
-                                body={"model": "tiny", "token_ids": token_ids,
-                                      "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0,
-                                                          "prompt_logprobs": 1}})
+        raw = await openai.post(
+            f"{fleet.inference_url.removesuffix('/v1')}/inference/v1/generate",
+            cast_to=httpx.Response,
+            body={
+                "model": "tiny",
+                "token_ids": token_ids,
+                "sampling_params": {"max_tokens": 1, "temperature": 1.0, "top_p": 1.0, "prompt_logprobs": 1},
+            },
+        )
         scored = TypeAdapter(GenerateResponse).validate_json(raw.content)
         assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == len(token_ids)
     finally:
@@ -331,18 +363,31 @@ async def test_prefill_scoring_and_streamed_spans_through_the_gateway(fleet: Fle
     auth = {"Authorization": f"Bearer {CTL_TOKEN}"}
     async with aiohttp.ClientSession() as http:
         for path, body in (
-                ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "stream"}],
-                                          "max_tokens": 6, "stream": True}),
-                ("/v1/completions", {"model": "tiny", "prompt": "stream", "max_tokens": 6, "stream": True}),
-                ("/inference/v1/generate", {"model": "tiny", "token_ids": token_ids, "stream": True,
-                                            "sampling_params": {"max_tokens": 6, "logprobs": 1}})):
+            (
+                "/v1/chat/completions",
+                {"model": "tiny", "messages": [{"role": "user", "content": "stream"}], "max_tokens": 6, "stream": True},
+            ),
+            ("/v1/completions", {"model": "tiny", "prompt": "stream", "max_tokens": 6, "stream": True}),
+            (
+                "/inference/v1/generate",
+                {
+                    "model": "tiny",
+                    "token_ids": token_ids,
+                    "stream": True,
+                    "sampling_params": {"max_tokens": 6, "logprobs": 1},
+                },
+            ),
+        ):
             async with http.post(fleet.inference_url.removesuffix("/v1") + path, json=body, headers=auth) as resp:
                 assert resp.status == 200, await resp.text()
-                events = [json.loads(line[6:]) for line in (await resp.text()).splitlines()
-                          if line.startswith("data: {")]
+                events = [
+                    json.loads(line[6:]) for line in (await resp.text()).splitlines() if line.startswith("data: {")
+                ]
             finishing = [c for e in events for c in e["choices"] if c.get("finish_reason")]
             assert len(finishing) == 1 and events[-1]["choices"] == finishing, path  # the last chunk
             assert finishing[0]["weight_versions"] == [{"version": version, "start": 0, "end": 6}], path
             if path == "/inference/v1/generate":  # logprob entries named for renderers, vLLM's fields kept
-                entries = [x for e in events for c in e["choices"] for x in (c.get("logprobs") or {}).get("content", [])]
+                entries = [
+                    x for e in events for c in e["choices"] for x in (c.get("logprobs") or {}).get("content", [])
+                ]
                 assert entries and all(x["token"] == f"token_id:{x['token_id']}" for x in entries)

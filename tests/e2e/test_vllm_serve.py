@@ -33,9 +33,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.alone, pytest.mark.timeout(600)]
 
 PROMPT = "Weights move from the trainer to every engine in the fleet."
 # Longer than a prefix-cache block, so a hot-swapped adapter would meet cached blocks.
-LONG_PROMPT = ("The trainer writes weights and every engine in the fleet must load them before serving "
-               "again, so the controller pauses each one, reloads, verifies and resumes; requests in "
-               "flight are kept or aborted as asked. ") * 2
+LONG_PROMPT = (
+    "The trainer writes weights and every engine in the fleet must load them before serving "
+    "again, so the controller pauses each one, reloads, verifies and resumes; requests in "
+    "flight are kept or aborted as asked. "
+) * 2
 STREAM_TOKENS = 960  # the prompt is ~15 tokens; the servers' max_model_len is 1024 (the model's limit)
 N_STREAMS = 16  # per server
 # Tokens per streamed chunk after the first (vLLM's per-request `stream_interval`). At one token a
@@ -67,10 +69,18 @@ def servers(tiny_models, tmp_path_factory):
     gc.collect()
     gc.freeze()
     workdir = tmp_path_factory.mktemp("vllm-serve")
-    procs = [VllmServeProcess(tiny_models["base"], workdir / f"s{i}", name=f"vllm-serve-{i}", core=i, nice=10,
-                              # The request log the round-trip test reads (`--middleware`: vLLM's own hook).
-                              extra_args=["--weight-transfer-config", '{"backend": "gloo"}',
-                                          "--middleware", access_log.MIDDLEWARE]) for i in range(2)]
+    procs = [
+        VllmServeProcess(
+            tiny_models["base"],
+            workdir / f"s{i}",
+            name=f"vllm-serve-{i}",
+            core=i,
+            nice=10,
+            # The request log the round-trip test reads (`--middleware`: vLLM's own hook).
+            extra_args=["--weight-transfer-config", '{"backend": "gloo"}', "--middleware", access_log.MIDDLEWARE],
+        )
+        for i in range(2)
+    ]
     try:
         for p in procs:
             p.spawn()
@@ -82,11 +92,23 @@ def servers(tiny_models, tmp_path_factory):
         gc.unfreeze()
 
 
-async def complete(http, server: VllmServeProcess, *, model: str = "tiny", prompt: str = PROMPT,
-                   max_tokens: int = 16) -> list[int]:
-    status, body = await call(http, "POST", server.url + "/v1/completions", timeout_s=60, body={
-        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-        "return_token_ids": True})
+async def complete(
+    http, server: VllmServeProcess, *, model: str = "tiny", prompt: str = PROMPT, max_tokens: int = 16
+) -> list[int]:
+    status, body = await call(
+        http,
+        "POST",
+        server.url + "/v1/completions",
+        timeout_s=60,
+        body={
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        },
+    )
     assert status == 200, (server.name, body)
     return body["choices"][0]["token_ids"]
 
@@ -152,11 +174,20 @@ async def quiet_ctl(http, servers, tiny_models, refs, tmp_path):
 async def _controller(http, servers, tiny_models, tmp_path, *, poll_s: float):
     specs = [s.spec(f"vllm-{i}") for i, s in enumerate(servers)]
     settings = controller_settings(
-        tmp_path, specs, allowed_roots=[str(tiny_models["base"].parent)],
-        workers={"token": "unused-by-stock-vllm", "timeout_s": 10, "attempts": 2, "retry_budget_s": 20,
-                 "pause_timeout_s": 60, "weight_load_timeout_s": 120},
+        tmp_path,
+        specs,
+        allowed_roots=[str(tiny_models["base"].parent)],
+        workers={
+            "token": "unused-by-stock-vllm",
+            "timeout_s": 10,
+            "attempts": 2,
+            "retry_budget_s": 20,
+            "pause_timeout_s": 60,
+            "weight_load_timeout_s": 120,
+        },
         reconcile={"poll_interval_s": poll_s, "interval_s": poll_s, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-        weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150})
+        weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150},
+    )
     client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
@@ -175,15 +206,18 @@ def by_worker(result: dict) -> dict[str, tuple[str, str]]:
 
 # -- disk updates ------------------------------------------------------------------------------
 async def test_a_disk_update_changes_every_servers_output_and_going_back_restores_it(
-        http, servers, ctl, refs, tiny_models):
+    http, servers, ctl, refs, tiny_models
+):
     assert [await complete(http, s) for s in servers] == [refs[1], refs[1]]
     # Fills the prefix cache with blocks of the old weights; vLLM's reload keeps them, so these
     # outputs after each update show the driver's cache reset happened.
     assert [await complete(http, s, prompt=LONG_PROMPT) for s in servers] == [refs["long", 1]] * 2
     for version, seed in (("step-2", 2), ("step-1", 1)):
-        status, result = await ctl.call("POST", "/v1/rl/update_weights",
-                                        update_body(version, tiny_models[f"weights-{seed}"], pause_mode="keep",
-                                                    verify=True))
+        status, result = await ctl.call(
+            "POST",
+            "/v1/rl/update_weights",
+            update_body(version, tiny_models[f"weights-{seed}"], pause_mode="keep", verify=True),
+        )
         assert status == 200, result
         assert by_worker(result) == {"vllm-0": ("ok", "resume"), "vllm-1": ("ok", "resume")}
         assert [await complete(http, s) for s in servers] == [refs[seed], refs[seed]]
@@ -192,14 +226,16 @@ async def test_a_disk_update_changes_every_servers_output_and_going_back_restore
         assert state["applied"] == {"weight_version": version, "converged": True, "verified": True}
         assert state["phase"] == "serving"
         assert [(w["weight_version"], w["ready"], w["serving"], w["paused"]) for w in state["workers"]] == [
-            (version, True, True, False)] * 2
+            (version, True, True, False)
+        ] * 2
     for s in servers:  # vLLM's own read agrees with the controller's view
         status, body = await call(http, "GET", s.url + "/weight_info")
         assert (status, body) == (200, {"weight_version": "step-1"})
 
 
 async def test_an_update_and_an_adapter_load_take_few_round_trips_as_the_servers_log_them(
-        http, servers, quiet_ctl, refs, tiny_models):
+    http, servers, quiet_ctl, refs, tiny_models
+):
     """Counted from the servers' side (the request log vLLM's `--middleware` hook writes), not from
     the controller's: a verified disk update is at most 6 requests in 4 sequential rounds per
     server; an adapter load at most 6 in 4 (issue 35)."""
@@ -217,15 +253,20 @@ async def test_an_update_and_an_adapter_load_take_few_round_trips_as_the_servers
             assert len(seen := access_log.read(s.log_path, request_id=request_id)) <= 6, figures
             assert access_log.rounds(seen) <= 4, figures
 
-    await counted("disk update", "POST", "/v1/rl/update_weights",
-                  update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True))
+    await counted(
+        "disk update",
+        "POST",
+        "/v1/rl/update_weights",
+        update_body("step-2", tiny_models["weights-2"], pause_mode="keep", verify=True),
+    )
     assert [await complete(http, s) for s in servers] == [refs[2], refs[2]]
     state = await quiet_ctl.state()
     assert state["applied"] == {"weight_version": "step-2", "converged": True, "verified": True}
     assert [(w["weight_version"], w["paused"], w["serving"]) for w in state["workers"]] == [("step-2", False, True)] * 2
     record_figures("round_trips", "vllm", figures)
-    await counted("adapter load", "POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"]),
-                                                           "version": "a1"})
+    await counted(
+        "adapter load", "POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"]), "version": "a1"}
+    )
     state = await quiet_ctl.state()
     assert [w["loras"] for w in state["workers"]] == [{"ad": "a1"}] * 2
     assert await complete(http, servers[1], model="ad") != refs[2]
@@ -275,12 +316,22 @@ async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
     timing: while 32 streams decode on two cores the test process shares the cores with both
     servers, reads late, and a few streams may end before the last one is seen to start."""
     for attempt in range(6):
-        streams = [CompletionStream(http, s.url, f"{tag}-{attempt}-{n}: {PROMPT}", max_tokens=STREAM_TOKENS,
-                                    timeout_s=180, name=f"stream-{s.name}-{tag}-{attempt}-{n}",
-                                    stream_interval=STREAM_INTERVAL)
-                   for s in servers for n in range(N_STREAMS)]
-        await wait_for(lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60,
-                       what="every stream under way")
+        streams = [
+            CompletionStream(
+                http,
+                s.url,
+                f"{tag}-{attempt}-{n}: {PROMPT}",
+                max_tokens=STREAM_TOKENS,
+                timeout_s=180,
+                name=f"stream-{s.name}-{tag}-{attempt}-{n}",
+                stream_interval=STREAM_INTERVAL,
+            )
+            for s in servers
+            for n in range(N_STREAMS)
+        ]
+        await wait_for(
+            lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60, what="every stream under way"
+        )
         if sum(st.task.done() for st in streams) <= len(streams) // 4:
             return streams
         await finish(streams)
@@ -355,8 +406,9 @@ async def test_pause_keep_loses_nothing_abort_aborts_every_request_and_wait_drai
 
 # -- LoRA ------------------------------------------------------------------------------------------
 async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, ctl, tiny_models):
-    status, result = await ctl.call("POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"]),
-                                                             "version": "a1"})
+    status, result = await ctl.call(
+        "POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-11"]), "version": "a1"}
+    )
     assert status == 200, result
     first = [await complete(http, s, model="ad", prompt=LONG_PROMPT) for s in servers]
     base = await complete(http, servers[0], prompt=LONG_PROMPT)
@@ -366,8 +418,9 @@ async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, 
     assert [w["ready"] for w in state["workers"]] == [True, True]
 
     # Same name, new weights: the long prompt's cached blocks were computed with lora-11.
-    status, result = await ctl.call("POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-12"]),
-                                                             "version": "a2"})
+    status, result = await ctl.call(
+        "POST", "/v1/rl/loras", {"name": "ad", "path": str(tiny_models["lora-12"]), "version": "a2"}
+    )
     assert status == 200, result
     swapped = [await complete(http, s, model="ad", prompt=LONG_PROMPT) for s in servers]
     assert swapped[0] == swapped[1] != first[0]
@@ -383,8 +436,9 @@ async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, 
     status, result = await ctl.call("DELETE", "/v1/rl/loras/ad")
     assert status == 200, result
     for s in servers:
-        status, body = await call(http, "POST", s.url + "/v1/completions",
-                                  body={"model": "ad", "prompt": PROMPT, "max_tokens": 4})
+        status, body = await call(
+            http, "POST", s.url + "/v1/completions", body={"model": "ad", "prompt": PROMPT, "max_tokens": 4}
+        )
         assert status == 404, body
     state = await ctl.state()
     assert [w["loras"] for w in state["workers"]] == [{}, {}] and state["phase"] == "serving"
@@ -393,12 +447,19 @@ async def test_lora_load_hot_swap_under_the_same_name_and_unload(http, servers, 
 # -- broadcast through vLLM's RL routes --------------------------------------------------------------
 # The trainer of test_broadcast_vllm (rlcp/harness/trainer.py): transformers' Llama broadcast as rank 0 by
 # vLLM's own trainer-side engine on our gloo backend, its client pointed at the controller.
-async def test_a_trainer_broadcasts_through_vllms_rl_routes_on_stock_servers(http, servers, ctl, refs, tiny_models,
-                                                                           tmp_path):
+async def test_a_trainer_broadcasts_through_vllms_rl_routes_on_stock_servers(
+    http, servers, ctl, refs, tiny_models, tmp_path
+):
     status, body = await ctl.call("GET", "/v1/rl/weight_transfer")
     assert status == 200 and body["trainer_world_size"] == 3, body
-    spec = {"client": "controller", "url": ctl.url, "token": CTL_TOKEN, "model_dir": str(tiny_models["weights-2"]),
-            "port": free_port(), "version": "bcast-2"}
+    spec = {
+        "client": "controller",
+        "url": ctl.url,
+        "token": CTL_TOKEN,
+        "model_dir": str(tiny_models["weights-2"]),
+        "port": free_port(),
+        "version": "bcast-2",
+    }
     assert [await complete(http, s, prompt=LONG_PROMPT) for s in servers] == [refs["long", 1]] * 2  # cached
     await run_trainer(spec, tmp_path / "trainer.log")
 
@@ -420,7 +481,8 @@ def reload_calls(server: VllmServeProcess) -> int:
 
 
 async def test_a_failed_update_names_the_paused_workers_and_the_reconciler_backs_off(
-        http, servers, ctl, refs, tiny_models, tmp_path):
+    http, servers, ctl, refs, tiny_models, tmp_path
+):
     bad = write_checkpoint(tiny_models["base"].parent / f"bad-{tmp_path.name}", seed=3)  # not this model's tensors
     calls_before = [reload_calls(s) for s in servers]
     status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("bad-3", bad, pause_mode="keep"))
@@ -434,6 +496,7 @@ async def test_a_failed_update_names_the_paused_workers_and_the_reconciler_backs
         assert (w["paused"], w["serving"], w["ready"]) == (True, False, False), w
         assert w["weight_version"] != "bad-3", w  # a failed reload names no version
         assert w["not_ready_reason"] and w["last_result"]["status"] == "error", w
+
     # The reconciler keeps trying, with growing backoff (0.5 s doubling to 4 s), never in a tight
     # loop: by the time the slower server has been retried twice, neither has been retried more
     # than a handful of times (its 0.2 s pass interval alone would retry every pass).
@@ -453,15 +516,17 @@ async def test_a_failed_update_names_the_paused_workers_and_the_reconciler_backs
 
 # -- a server killed in the middle of an update (last: it restarts a server) -------------------------
 async def test_a_server_killed_mid_update_is_named_kept_out_and_converged_after_restart(
-        http, servers, ctl, refs, tiny_models):
+    http, servers, ctl, refs, tiny_models
+):
     victim = servers[1]
 
     async def victim_paused() -> bool:
         status, body = await call(http, "GET", victim.url + "/is_paused", timeout_s=5)
         return status == 200 and body["is_paused"]
 
-    update = asyncio.create_task(ctl.call("POST", "/v1/rl/update_weights",
-                                          update_body("kill-2", tiny_models["weights-2"], pause_mode="keep")))
+    update = asyncio.create_task(
+        ctl.call("POST", "/v1/rl/update_weights", update_body("kill-2", tiny_models["weights-2"], pause_mode="keep"))
+    )
     await wait_for(victim_paused, timeout_s=30, what="vllm-1 paused by the update", interval_s=0.01)
     victim.kill()
     status, result = await asyncio.wait_for(update, 120)

@@ -1,4 +1,3 @@
 """The container image tests: `pytest -m images` selects them."""
 
 from __future__ import annotations
-

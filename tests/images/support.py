@@ -74,16 +74,35 @@ def build_image(target: str, workdir: Path, *extra_args: str, timeout_s: float =
     report, log = workdir / f"{target}-build.jsonl", workdir / f"{target}-build.log"
     report.unlink(missing_ok=True)
     with log.open("w") as out:
-        done = subprocess.run(["bash", "scripts/build-images.sh", "--local-base", "--host-pip", "--report",
-                               str(report), *extra_args, target], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, timeout=timeout_s)
+        done = subprocess.run(
+            [
+                "bash",
+                "scripts/build-images.sh",
+                "--local-base",
+                "--host-pip",
+                "--report",
+                str(report),
+                *extra_args,
+                target,
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            timeout=timeout_s,
+        )
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-60:])
         raise AssertionError(f"scripts/build-images.sh {target} failed ({done.returncode}):\n{tail}")
     entry = json.loads(report.read_text().splitlines()[-1])
     inspected = json.loads(buildah("inspect", "--type", "image", entry["name"]))
-    return BuiltImage(target=target, name=entry["name"], size_bytes=entry["size_bytes"],
-                      build_seconds=entry["build_seconds"], config=inspected["OCIv1"]["config"])
+    return BuiltImage(
+        target=target,
+        name=entry["name"],
+        size_bytes=entry["size_bytes"],
+        build_seconds=entry["build_seconds"],
+        config=inspected["OCIv1"]["config"],
+    )
 
 
 def resolve_in_root(root: Path, path: str) -> Path:
@@ -199,8 +218,16 @@ def _user(config: dict[str, Any]) -> tuple[str, str]:
     return uid, gid or uid
 
 
-def start_in_image(root: Path, config: dict[str, Any], args: list[str], *, binds: list[Bind], log_path: Path,
-                   env: dict[str, str] | None = None, entrypoint: list[str] | None = None) -> Sandboxed:
+def start_in_image(
+    root: Path,
+    config: dict[str, Any],
+    args: list[str],
+    *,
+    binds: list[Bind],
+    log_path: Path,
+    env: dict[str, str] | None = None,
+    entrypoint: list[str] | None = None,
+) -> Sandboxed:
     """Run the image's entrypoint (or `entrypoint`) with `args` from the mounted root filesystem
     `root`: read-only, as the image's user, in its working directory, with its environment plus
     `env`. Nothing is written into the image: mount points are made before the root turns
@@ -216,19 +243,50 @@ def start_in_image(root: Path, config: dict[str, Any], args: list[str], *, binds
     image_env = dict(e.split("=", 1) for e in config.get("Env") or [])
     command = (entrypoint if entrypoint is not None else list(config.get("Entrypoint") or [])) + args
     workdir = config.get("WorkingDir") or "/"
-    chroot_args = [f"--userspec={uid}:{gid}", f"--groups={gid}", str(root), "/usr/bin/env", "-i",
-                   *(f"{k}={v}" for k, v in {**image_env, **(env or {})}.items()),
-                   "/bin/sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", workdir, *command]
-    argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", _SANDBOX_SH, "sandbox",
-            str(root), str(len(binds)), *triples, *chroot_args]
+    chroot_args = [
+        f"--userspec={uid}:{gid}",
+        f"--groups={gid}",
+        str(root),
+        "/usr/bin/env",
+        "-i",
+        *(f"{k}={v}" for k, v in {**image_env, **(env or {})}.items()),
+        "/bin/sh",
+        "-c",
+        'cd "$1" && shift && exec "$@"',
+        "sh",
+        workdir,
+        *command,
+    ]
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "/bin/sh",
+        "-c",
+        _SANDBOX_SH,
+        "sandbox",
+        str(root),
+        str(len(binds)),
+        *triples,
+        *chroot_args,
+    ]
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     return Sandboxed(proc=proc, log_path=log_path)
 
 
-def run_in_image(root: Path, config: dict[str, Any], command: list[str], *, binds: list[Bind], log_path: Path,
-                 timeout_s: float = 60.0) -> tuple[int, str]:
+def run_in_image(
+    root: Path,
+    config: dict[str, Any],
+    command: list[str],
+    *,
+    binds: list[Bind],
+    log_path: Path,
+    timeout_s: float = 60.0,
+) -> tuple[int, str]:
     """Run `command` to completion the same way; its exit code and output."""
     log_path.unlink(missing_ok=True)
     run = start_in_image(root, config, [], binds=binds, log_path=log_path, entrypoint=command)
@@ -282,8 +340,9 @@ def wait_for_status(url: str, want: int, timeout_s: float, run: Sandboxed | None
         except (OSError, ValueError) as exc:
             last = exc
         time.sleep(0.2)
-    raise AssertionError(f"{url} did not answer {want} within {timeout_s} s (last: {last})"
-                         + (f"\n{run.log_tail()}" if run else ""))
+    raise AssertionError(
+        f"{url} did not answer {want} within {timeout_s} s (last: {last})" + (f"\n{run.log_tail()}" if run else "")
+    )
 
 
 @dataclass
@@ -298,17 +357,28 @@ class HostAgents:
     def start(self, count: int, python: str, timeout_s: float = 60.0) -> HostAgents:
         files = []
         for i in range(count):
-            config = {"agent_id": f"sim-{i}", "log_format": "json",
-                      "admin": {"host": "127.0.0.1", "port": 0}, "inference": {"host": "127.0.0.1", "port": 0},
-                      "engine": {"kind": "sim", "model": "tiny"}}
+            config = {
+                "agent_id": f"sim-{i}",
+                "log_format": "json",
+                "admin": {"host": "127.0.0.1", "port": 0},
+                "inference": {"host": "127.0.0.1", "port": 0},
+                "engine": {"kind": "sim", "model": "tiny"},
+            }
             path, ports = self.workdir / f"agent-{i}.yaml", self.workdir / f"agent-{i}.ports.json"
             path.write_text(yaml.safe_dump(config))
             ports.unlink(missing_ok=True)
             with (self.workdir / f"agent-{i}.log").open("ab") as log:
-                self.procs.append(subprocess.Popen(
-                    [python, "-m", "rlcp.agent", "--config", str(path), "--ports-file", str(ports)], cwd=REPO,
-                    env={**os.environ, "RLAGENT_ADMIN__TOKEN": self.token}, stdout=log, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True))
+                self.procs.append(
+                    subprocess.Popen(
+                        [python, "-m", "rlcp.agent", "--config", str(path), "--ports-file", str(ports)],
+                        cwd=REPO,
+                        env={**os.environ, "RLAGENT_ADMIN__TOKEN": self.token},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+                )
             files.append(ports)
         deadline = time.monotonic() + timeout_s
         for i, ports in enumerate(files):

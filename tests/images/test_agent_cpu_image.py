@@ -36,9 +36,13 @@ from tests.images.support import (
 )
 
 pytestmark = [
-    pytest.mark.images, pytest.mark.agent_image, pytest.mark.timeout(3600),
-    pytest.mark.skipif(os.environ.get("RLCP_TEST_AGENT_CPU_IMAGE") != "1",
-                       reason="the CPU agent image takes minutes and GBs: set RLCP_TEST_AGENT_CPU_IMAGE=1"),
+    pytest.mark.images,
+    pytest.mark.agent_image,
+    pytest.mark.timeout(3600),
+    pytest.mark.skipif(
+        os.environ.get("RLCP_TEST_AGENT_CPU_IMAGE") != "1",
+        reason="the CPU agent image takes minutes and GBs: set RLCP_TEST_AGENT_CPU_IMAGE=1",
+    ),
 ]
 
 CONFIG_DIR = "/etc/rl-controlplane"
@@ -54,8 +58,7 @@ def agent_cpu_image(tmp_path_factory: pytest.TempPathFactory) -> BuiltImage:
     return image
 
 
-def test_agent_cpu_image_serves_a_completion_from_a_read_only_root(agent_cpu_image: BuiltImage,
-                                                                   tmp_path: Path) -> None:
+def test_agent_cpu_image_serves_a_completion_from_a_read_only_root(agent_cpu_image: BuiltImage, tmp_path: Path) -> None:
     from rlcp.harness.tiny_model import make_model_family
 
     config = agent_cpu_image.config
@@ -69,27 +72,53 @@ def test_agent_cpu_image_serves_a_completion_from_a_read_only_root(agent_cpu_ima
     token_dir.mkdir()
     (token_dir / "token").write_text("workers-secret")
     # The chart's shape (templates/agents-configmap.yaml), on loopback ports the agent picks.
-    (config_dir / "config.yaml").write_text(yaml.safe_dump({
-        "agent_id": "cpu-0",
-        "admin": {"host": "127.0.0.1", "port": 0, "token_file": f"{TOKEN_DIR}/workers/token"},
-        "inference": {"host": "127.0.0.1", "port": 0},
-        "engine": {"kind": "vllm", "model": "/weights/base", "served_model_name": "tiny", "dtype": "float32",
-                   "max_model_len": 512, "gpu_memory_utilization": 0.2, "enforce_eager": True,
-                   "enable_lora": False},
-        "allowed_roots": ["/weights"],
-        "log_format": "json",
-    }))
+    (config_dir / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "agent_id": "cpu-0",
+                "admin": {"host": "127.0.0.1", "port": 0, "token_file": f"{TOKEN_DIR}/workers/token"},
+                "inference": {"host": "127.0.0.1", "port": 0},
+                "engine": {
+                    "kind": "vllm",
+                    "model": "/weights/base",
+                    "served_model_name": "tiny",
+                    "dtype": "float32",
+                    "max_model_len": 512,
+                    "gpu_memory_utilization": 0.2,
+                    "enforce_eager": True,
+                    "enable_lora": False,
+                },
+                "allowed_roots": ["/weights"],
+                "log_format": "json",
+            }
+        )
+    )
     tmp = emptydir(tmp_path / "tmp", (UID, GID))
-    binds = [Bind(config_dir, CONFIG_DIR), Bind(token_dir, f"{TOKEN_DIR}/workers"), Bind(weights, "/weights"),
-             Bind(tmp, "/tmp", read_only=False)]
+    binds = [
+        Bind(config_dir, CONFIG_DIR),
+        Bind(token_dir, f"{TOKEN_DIR}/workers"),
+        Bind(weights, "/weights"),
+        Bind(tmp, "/tmp", read_only=False),
+    ]
     # The chart sets HF_HUB_OFFLINE; the rest keeps the engine small and off the network.
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
     with image_rootfs(agent_cpu_image.name) as root:
         started = time.monotonic()
-        run = start_in_image(root, config, ["--config", f"{CONFIG_DIR}/config.yaml", "--ports-file", "/tmp/ports.json"],
-                             binds=binds, env=env, log_path=tmp_path / "agent.log")
+        run = start_in_image(
+            root,
+            config,
+            ["--config", f"{CONFIG_DIR}/config.yaml", "--ports-file", "/tmp/ports.json"],
+            binds=binds,
+            env=env,
+            log_path=tmp_path / "agent.log",
+        )
         try:
             run.wait_for_file(tmp / "ports.json", 300, "the agent")
             up_s = time.monotonic() - started
@@ -98,8 +127,9 @@ def test_agent_cpu_image_serves_a_completion_from_a_read_only_root(agent_cpu_ima
             wait_for_status(f"{admin}/healthz", 200, 30, run)
             status, models = http_get(f"{inference}/v1/models")
             assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"], models
-            status, body = http_post(f"{inference}/v1/completions",
-                                     {"model": "tiny", "prompt": "the cat", "max_tokens": 8, "temperature": 0})
+            status, body = http_post(
+                f"{inference}/v1/completions", {"model": "tiny", "prompt": "the cat", "max_tokens": 8, "temperature": 0}
+            )
             assert status == 200, body
             assert body["choices"][0]["finish_reason"] in ("length", "stop")
             code = run.terminate(timeout_s=60)

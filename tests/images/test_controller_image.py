@@ -72,8 +72,11 @@ def test_names_are_the_charts_defaults(controller_image: BuiltImage) -> None:
     on = release.get("on", release.get(True))  # YAML 1.1 reads a bare `on` key as True
     assert any(t.startswith("v") for t in on["push"]["tags"])
     text = (REPO / ".github" / "workflows" / "release.yml").read_text()
-    for containerfile in ("images/controller.Containerfile", "images/agent.Containerfile",
-                          "images/agent-cpu.Containerfile"):
+    for containerfile in (
+        "images/controller.Containerfile",
+        "images/agent.Containerfile",
+        "images/agent-cpu.Containerfile",
+    ):
         assert containerfile in text and (REPO / containerfile).is_file()
 
 
@@ -84,15 +87,21 @@ def test_image_is_small_non_root_and_has_no_engine(controller_image: BuiltImage,
     assert config["Cmd"] == ["--config", f"{CONFIG_DIR}/config.yaml"]
     assert controller_image.size_mb < MAX_SIZE_MB, f"{controller_image.size_mb:.0f} MB"
     with image_rootfs(controller_image.name) as root:
-        code, out = run_in_image(root, config, [
-            "python3", "-c",
-            "import importlib.util as u, os; "
-            "print('uid', os.getuid(), os.getgid()); "
-            "print('engine', [m for m in ('torch', 'vllm', 'transformers') if u.find_spec(m)]); "
-            "print('missing', [m for m in ('rlcp.controlplane', 'rlcp.client', 'rlcp.core') "
-            "if not u.find_spec(m)])"],
+        code, out = run_in_image(
+            root,
+            config,
+            [
+                "python3",
+                "-c",
+                "import importlib.util as u, os; "
+                "print('uid', os.getuid(), os.getgid()); "
+                "print('engine', [m for m in ('torch', 'vllm', 'transformers') if u.find_spec(m)]); "
+                "print('missing', [m for m in ('rlcp.controlplane', 'rlcp.client', 'rlcp.core') "
+                "if not u.find_spec(m)])",
+            ],
             binds=[Bind(emptydir(tmp_path / "tmp", (UID, GID)), "/tmp", read_only=False)],
-            log_path=tmp_path / "probe.log")
+            log_path=tmp_path / "probe.log",
+        )
     assert code == 0, out
     assert f"uid {UID} {GID}" in out
     assert "engine []" in out, out  # no torch, no vLLM
@@ -103,16 +112,21 @@ def test_root_filesystem_is_read_only_and_tmp_is_writable(controller_image: Buil
     """The harness's own check: what the controller test below runs under is really read-only."""
     tmp = emptydir(tmp_path / "tmp", (UID, GID))
     with image_rootfs(controller_image.name) as root:
-        code, out = run_in_image(root, controller_image.config, [
-            "/bin/sh", "-c", "touch /probe; touch /opt/probe; touch /tmp/probe && echo tmp-ok"],
-            binds=[Bind(tmp, "/tmp", read_only=False)], log_path=tmp_path / "probe.log")
+        code, out = run_in_image(
+            root,
+            controller_image.config,
+            ["/bin/sh", "-c", "touch /probe; touch /opt/probe; touch /tmp/probe && echo tmp-ok"],
+            binds=[Bind(tmp, "/tmp", read_only=False)],
+            log_path=tmp_path / "probe.log",
+        )
     assert code == 0, out
     assert out.count("Read-only file system") == 2, out
     assert "tmp-ok" in out and (tmp / "probe").exists()
 
 
 def test_controller_serves_a_static_fleet_from_a_read_only_root_and_stops_on_sigterm(
-        controller_image: BuiltImage, tmp_path: Path) -> None:
+    controller_image: BuiltImage, tmp_path: Path
+) -> None:
     agents = HostAgents(tmp_path / "agents", token="workers-secret")
     agents.workdir.mkdir()
     agents.start(2, sys.executable)
@@ -123,28 +137,48 @@ def test_controller_serves_a_static_fleet_from_a_read_only_root_and_stops_on_sig
         (api_dir / "token").write_text("api-secret")
         (workers_dir / "token").write_text(agents.token)
         # The chart's shape (templates/configmap.yaml), with static discovery and the memory store.
-        (config_dir / "config.yaml").write_text(yaml.safe_dump({
-            "controller_id": "image-smoke",
-            "api": {"host": "127.0.0.1", "port": 0, "token_file": f"{TOKEN_DIR}/api/token"},
-            "workers": {"token_file": f"{TOKEN_DIR}/workers/token", "timeout_s": 5},
-            "discovery": {"kind": "static", "static": [
-                {"id": f"sim-{i}", "admin_url": f"http://127.0.0.1:{p['admin_port']}",
-                 "inference_url": f"http://127.0.0.1:{p['inference_port']}", "flavor": "agent"}
-                for i, p in enumerate(agents.ports)]},
-            "store": {"kind": "memory"},
-            "reconcile": {"interval_s": 1, "poll_interval_s": 1},
-            "log_format": "json",
-        }))
+        (config_dir / "config.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "controller_id": "image-smoke",
+                    "api": {"host": "127.0.0.1", "port": 0, "token_file": f"{TOKEN_DIR}/api/token"},
+                    "workers": {"token_file": f"{TOKEN_DIR}/workers/token", "timeout_s": 5},
+                    "discovery": {
+                        "kind": "static",
+                        "static": [
+                            {
+                                "id": f"sim-{i}",
+                                "admin_url": f"http://127.0.0.1:{p['admin_port']}",
+                                "inference_url": f"http://127.0.0.1:{p['inference_port']}",
+                                "flavor": "agent",
+                            }
+                            for i, p in enumerate(agents.ports)
+                        ],
+                    },
+                    "store": {"kind": "memory"},
+                    "reconcile": {"interval_s": 1, "poll_interval_s": 1},
+                    "log_format": "json",
+                }
+            )
+        )
         tmp = emptydir(tmp_path / "tmp", (UID, GID))
-        binds = [Bind(config_dir, CONFIG_DIR), Bind(api_dir, f"{TOKEN_DIR}/api"),
-                 Bind(workers_dir, f"{TOKEN_DIR}/workers"), Bind(tmp, "/tmp", read_only=False)]
+        binds = [
+            Bind(config_dir, CONFIG_DIR),
+            Bind(api_dir, f"{TOKEN_DIR}/api"),
+            Bind(workers_dir, f"{TOKEN_DIR}/workers"),
+            Bind(tmp, "/tmp", read_only=False),
+        ]
 
         with image_rootfs(controller_image.name) as root:
             before = _tree(root)
             started = time.monotonic()
-            run = start_in_image(root, controller_image.config,
-                                 ["--config", f"{CONFIG_DIR}/config.yaml", "--port-file", "/tmp/api.port"],
-                                 binds=binds, log_path=tmp_path / "controller.log")
+            run = start_in_image(
+                root,
+                controller_image.config,
+                ["--config", f"{CONFIG_DIR}/config.yaml", "--port-file", "/tmp/api.port"],
+                binds=binds,
+                log_path=tmp_path / "controller.log",
+            )
             try:
                 run.wait_for_file(tmp / "api.port", 60, "the controller")
                 up_s = time.monotonic() - started
@@ -170,8 +204,10 @@ def test_controller_serves_a_static_fleet_from_a_read_only_root_and_stops_on_sig
         assert "controller_ready" in log
         # Nothing changed in the image's filesystem but the mount points made before the run.
         assert after == before
-        print(f"\ncontroller in the image: serving in {up_s:.1f} s, stopped in {stop_s:.1f} s after SIGTERM; "
-              f"wrote to /tmp: {sorted(p.name for p in tmp.iterdir())}")
+        print(
+            f"\ncontroller in the image: serving in {up_s:.1f} s, stopped in {stop_s:.1f} s after SIGTERM; "
+            f"wrote to /tmp: {sorted(p.name for p in tmp.iterdir())}"
+        )
     finally:
         agents.stop()
 

@@ -59,16 +59,21 @@ class Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-RESOURCES = {r.plural: r for r in (
-    Resource("", "v1", "configmaps", "ConfigMap", ("cm",)),
-    Resource("", "v1", "pods", "Pod", ("po",)),
-    Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
-    Resource("coordination.k8s.io", "v1", "leases", "Lease"),
-)}
+RESOURCES = {
+    r.plural: r
+    for r in (
+        Resource("", "v1", "configmaps", "ConfigMap", ("cm",)),
+        Resource("", "v1", "pods", "Pod", ("po",)),
+        Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
+        Resource("coordination.k8s.io", "v1", "leases", "Lease"),
+    )
+}
 GROUPS = sorted({r.group for r in RESOURCES.values() if r.group})
 
-_PATH = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
-                   r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$")
+_PATH = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?/?$"
+)
 
 
 class ApiStatus(Exception):
@@ -83,8 +88,15 @@ class ApiStatus(Exception):
 
 
 def status_object(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if details:
         body["details"] = details
     return body
@@ -266,8 +278,11 @@ class FakeKubeApi:
         return refusal
 
     def count(self, method: str, path_part: str, *, watch: bool | None = None) -> int:
-        return sum(1 for r in self.requests if r.method == method and path_part in r.path and
-                   (watch is None or _is_watch(r.query) == watch))
+        return sum(
+            1
+            for r in self.requests
+            if r.method == method and path_part in r.path and (watch is None or _is_watch(r.query) == watch)
+        )
 
     # -- storage ------------------------------------------------------------------------------
     def _write(self, key: Key, obj: dict[str, Any], *, old: dict[str, Any] | None) -> dict[str, Any]:
@@ -289,8 +304,9 @@ class FakeKubeApi:
         self._record(key, old, obj, rv=self.rv)
         return copy.deepcopy(obj)
 
-    def _record(self, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None, *,
-                rv: int | None = None) -> None:
+    def _record(
+        self, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None, *, rv: int | None = None
+    ) -> None:
         if rv is None:  # a delete also moves the version
             self.rv += 1
             rv = self.rv
@@ -306,8 +322,13 @@ class FakeKubeApi:
 
     # -- HTTP ---------------------------------------------------------------------------------
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        seen = SeenRequest(request.method, request.path, dict(request.query), request.headers.get("User-Agent", ""),
-                           request.headers.get("Authorization", ""))
+        seen = SeenRequest(
+            request.method,
+            request.path,
+            dict(request.query),
+            request.headers.get("User-Agent", ""),
+            request.headers.get("Authorization", ""),
+        )
         self.requests.append(seen)
         for refusal in list(self.refusals):
             if refusal.match(seen):
@@ -316,8 +337,9 @@ class FakeKubeApi:
                     break
                 if refusal.mode == "hang":
                     await self._hangs.wait()
-                return json_response(status_object(refusal.status, "ServiceUnavailable", "refused by the test"),
-                                     status=refusal.status)
+                return json_response(
+                    status_object(refusal.status, "ServiceUnavailable", "refused by the test"), status=refusal.status
+                )
         try:
             return await self._route(request, seen)
         except ApiStatus as exc:
@@ -330,9 +352,12 @@ class FakeKubeApi:
                 return json_response(doc)
         m = _PATH.match(request.path)
         res = RESOURCES.get(m.group("plural")) if m else None
-        if m is None or res is None or (m.group("core") is None and
-                                        (m.group("group"), m.group("version")) != (res.group, res.version)) \
-                or (m.group("core") is not None and res.group):
+        if (
+            m is None
+            or res is None
+            or (m.group("core") is None and (m.group("group"), m.group("version")) != (res.group, res.version))
+            or (m.group("core") is not None and res.group)
+        ):
             self.unknown.append(f"{request.method} {request.path}")
             raise ApiStatus(404, "NotFound", "the server could not find the requested resource")
         namespace, name = m.group("ns"), m.group("name")
@@ -360,11 +385,20 @@ class FakeKubeApi:
         if path == "/version":
             return {"major": "1", "minor": "31", "gitVersion": "v1.31.0-fake", "platform": "linux/amd64"}
         if path == "/api":
-            return {"kind": "APIVersions", "versions": ["v1"],
-                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+            return {
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+            }
         if path == "/apis":
-            groups = [{"name": g, "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
-                       "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"}} for g in GROUPS]
+            groups = [
+                {
+                    "name": g,
+                    "versions": [{"groupVersion": f"{g}/v1", "version": "v1"}],
+                    "preferredVersion": {"groupVersion": f"{g}/v1", "version": "v1"},
+                }
+                for g in GROUPS
+            ]
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
         gv = "v1" if path == "/api/v1" else path.removeprefix("/apis/") if path.startswith("/apis/") else None
         if gv is None:
@@ -372,26 +406,48 @@ class FakeKubeApi:
         listed = [r for r in RESOURCES.values() if r.api_version == gv]
         if not listed:
             return None
-        return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": [
-            {"name": r.plural, "singularName": r.kind.lower(), "namespaced": True, "kind": r.kind,
-             "verbs": list(r.verbs), "shortNames": list(r.short_names)} for r in listed]}
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": gv,
+            "resources": [
+                {
+                    "name": r.plural,
+                    "singularName": r.kind.lower(),
+                    "namespaced": True,
+                    "kind": r.kind,
+                    "verbs": list(r.verbs),
+                    "shortNames": list(r.short_names),
+                }
+                for r in listed
+            ],
+        }
 
     def _matching(self, res: Resource, namespace: str | None, selector: str) -> list[dict[str, Any]]:
         selects = parse_selector(selector)
-        return [copy.deepcopy(obj) for (plural, ns, _), obj in sorted(self.objects.items())
-                if plural == res.plural and (namespace is None or ns == namespace)
-                and selects(obj["metadata"].get("labels") or {})]
+        return [
+            copy.deepcopy(obj)
+            for (plural, ns, _), obj in sorted(self.objects.items())
+            if plural == res.plural
+            and (namespace is None or ns == namespace)
+            and selects(obj["metadata"].get("labels") or {})
+        ]
 
     def _list(self, res: Resource, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
         items = self._matching(res, namespace, query.get("labelSelector", ""))
         for item in items:  # the API server leaves these out of list items
             item.pop("kind", None)
             item.pop("apiVersion", None)
-        return {"kind": f"{res.kind}List", "apiVersion": res.api_version,
-                "metadata": {"resourceVersion": str(self.rv)}, "items": items}
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.api_version,
+            "metadata": {"resourceVersion": str(self.rv)},
+            "items": items,
+        }
 
-    async def _watch(self, request: web.Request, res: Resource, namespace: str | None,
-                     query: dict[str, str]) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, res: Resource, namespace: str | None, query: dict[str, str]
+    ) -> web.StreamResponse:
         timeout_s = float(query.get("timeoutSeconds") or 1800)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -410,8 +466,13 @@ class FakeKubeApi:
         watcher = _Watcher(res.plural, namespace, selects)
         if since != "0" and int(since) < self.compacted_rv:
             # The real server answers 200 and then this one ERROR event.
-            await _send(resp, {"type": "ERROR", "object": status_object(
-                410, "Expired", f"too old resource version: {since} ({self.compacted_rv})")})
+            await _send(
+                resp,
+                {
+                    "type": "ERROR",
+                    "object": status_object(410, "Expired", f"too old resource version: {since} ({self.compacted_rv})"),
+                },
+            )
             return resp
         if since == "0":
             for obj in self._matching(res, namespace, query.get("labelSelector", "")):
@@ -435,9 +496,17 @@ class FakeKubeApi:
                 except TimeoutError:
                     if bookmarks and loop.time() < deadline:
                         self.bookmarks_sent.append(self.rv)
-                        await _send(resp, {"type": "BOOKMARK", "object": {
-                            "kind": res.kind, "apiVersion": res.api_version,
-                            "metadata": {"resourceVersion": str(self.rv)}}})
+                        await _send(
+                            resp,
+                            {
+                                "type": "BOOKMARK",
+                                "object": {
+                                    "kind": res.kind,
+                                    "apiVersion": res.api_version,
+                                    "metadata": {"resourceVersion": str(self.rv)},
+                                },
+                            },
+                        )
                     continue
                 if item is None:  # closed by a test hook or shutdown
                     break
@@ -451,8 +520,12 @@ class FakeKubeApi:
     def _current(self, res: Resource, key: Key) -> dict[str, Any]:
         obj = self.objects.get(key)
         if obj is None:
-            raise ApiStatus(404, "NotFound", f'{res.plural}.{res.group or "core"} "{key[2]}" not found',
-                            {"name": key[2], "kind": res.plural, "group": res.group})
+            raise ApiStatus(
+                404,
+                "NotFound",
+                f'{res.plural}.{res.group or "core"} "{key[2]}" not found',
+                {"name": key[2], "kind": res.plural, "group": res.group},
+            )
         return copy.deepcopy(obj)
 
     def _create(self, res: Resource, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -461,8 +534,12 @@ class FakeKubeApi:
             raise ApiStatus(422, "Invalid", f"{res.kind}: metadata.name: Required value")
         key = (res.plural, namespace, name)
         if key in self.objects:
-            raise ApiStatus(409, "AlreadyExists", f'{res.plural} "{name}" already exists',
-                            {"name": name, "kind": res.plural, "group": res.group})
+            raise ApiStatus(
+                409,
+                "AlreadyExists",
+                f'{res.plural} "{name}" already exists',
+                {"name": name, "kind": res.plural, "group": res.group},
+            )
         body["metadata"].pop("resourceVersion", None)
         body["metadata"].pop("uid", None)
         return self._write(key, body, old=None)
@@ -470,9 +547,14 @@ class FakeKubeApi:
     def _check_version(self, res: Resource, key: Key, given: str | None) -> dict[str, Any]:
         current = self._current(res, key)
         if given and given != current["metadata"]["resourceVersion"]:
-            raise ApiStatus(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{key[2]}": the '
-                            "object has been modified; please apply your changes to the latest version and try "
-                            "again", {"name": key[2], "kind": res.plural, "group": res.group})
+            raise ApiStatus(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {res.plural} "{key[2]}": the '
+                "object has been modified; please apply your changes to the latest version and try "
+                "again",
+                {"name": key[2], "kind": res.plural, "group": res.group},
+            )
         return current
 
     def _replace(self, res: Resource, key: Key, body: dict[str, Any]) -> dict[str, Any]:
@@ -494,8 +576,13 @@ class FakeKubeApi:
         current = self._check_version(res, key, given)
         del self.objects[key]
         self._record(key, current, None)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": key[2], "kind": res.plural, "group": res.group, "uid": current["metadata"]["uid"]}}
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Success",
+            "details": {"name": key[2], "kind": res.plural, "group": res.group, "uid": current["metadata"]["uid"]},
+        }
 
 
 def _is_watch(query: dict[str, str]) -> bool:
@@ -538,38 +625,67 @@ async def _body(request: web.Request, *, optional: bool = False) -> dict[str, An
 
 # -- object builders for tests ----------------------------------------------------------------
 
-def endpoint(pod: str, ip: str, *, ready: bool | None = True, namespace: str = "default",
-             terminating: bool | None = None) -> dict[str, Any]:
+
+def endpoint(
+    pod: str, ip: str, *, ready: bool | None = True, namespace: str = "default", terminating: bool | None = None
+) -> dict[str, Any]:
     conditions: dict[str, Any] = {}
     if ready is not None:
         conditions["ready"] = ready
         conditions["serving"] = ready
     if terminating is not None:
         conditions["terminating"] = terminating
-    return {"addresses": [ip], "conditions": conditions,
-            "targetRef": {"kind": "Pod", "name": pod, "namespace": namespace, "uid": f"uid-{pod}"}}
+    return {
+        "addresses": [ip],
+        "conditions": conditions,
+        "targetRef": {"kind": "Pod", "name": pod, "namespace": namespace, "uid": f"uid-{pod}"},
+    }
 
 
-def endpoint_slice(name: str, endpoints: list[dict[str, Any]], *, ports: dict[str, int] | None = None,
-                   labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-                   namespace: str = "default", address_type: str = "IPv4") -> dict[str, Any]:
+def endpoint_slice(
+    name: str,
+    endpoints: list[dict[str, Any]],
+    *,
+    ports: dict[str, int] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    namespace: str = "default",
+    address_type: str = "IPv4",
+) -> dict[str, Any]:
     ports = ports if ports is not None else {"admin": 8101, "inference": 8100}
-    meta: dict[str, Any] = {"name": name, "namespace": namespace,
-                            "labels": labels if labels is not None else {"kubernetes.io/service-name": "rl-workers"}}
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": labels if labels is not None else {"kubernetes.io/service-name": "rl-workers"},
+    }
     if annotations:
         meta["annotations"] = annotations
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": meta,
-            "addressType": address_type, "endpoints": endpoints,
-            "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports.items()]}
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": meta,
+        "addressType": address_type,
+        "endpoints": endpoints,
+        "ports": [{"name": n, "port": p, "protocol": "TCP"} for n, p in ports.items()],
+    }
 
 
-def pod(name: str, *, labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
-        namespace: str = "default") -> dict[str, Any]:
+def pod(
+    name: str,
+    *,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    namespace: str = "default",
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}, "uid": f"uid-{name}"}
     if annotations:
         meta["annotations"] = annotations
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "agent", "image": "rl-agent"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [{"name": "agent", "image": "rl-agent"}]},
+    }
 
 
 @asynccontextmanager

@@ -18,5 +18,6 @@ wait_for = functools.partial(waiting.wait_for, timeout_s=15.0, interval_s=0.02)
 
 
 async def api_client(fake: FakeKubeApi, name: str = "test") -> client.ApiClient:
-    return await make_api_client(KubernetesApiSettings(api_url=fake.url, request_timeout_s=2),
-                                 user_agent=f"rl-controlplane/{name}")
+    return await make_api_client(
+        KubernetesApiSettings(api_url=fake.url, request_timeout_s=2), user_agent=f"rl-controlplane/{name}"
+    )

@@ -19,14 +19,24 @@ pytestmark = pytest.mark.timeout(30)
 
 async def test_a_kubeconfig_gives_server_and_credentials(fake: FakeKubeApi, tmp_path: Path) -> None:
     kubeconfig = tmp_path / "config"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "other",
-        "clusters": [{"name": "fake", "cluster": {"server": fake.url}},
-                     {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "users": [{"name": "ctl", "user": {"token": "s3cret"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "ctl"}},
-                     {"name": "other", "context": {"cluster": "nowhere", "user": "ctl"}}],
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "other",
+                "clusters": [
+                    {"name": "fake", "cluster": {"server": fake.url}},
+                    {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}},
+                ],
+                "users": [{"name": "ctl", "user": {"token": "s3cret"}}],
+                "contexts": [
+                    {"name": "test", "context": {"cluster": "fake", "user": "ctl"}},
+                    {"name": "other", "context": {"cluster": "nowhere", "user": "ctl"}},
+                ],
+            }
+        )
+    )
     before = kubeconfig.read_text()
     api = await make_api_client(KubernetesApiSettings(kubeconfig=kubeconfig, context="test"), user_agent="t/1")
     try:
@@ -51,22 +61,25 @@ async def test_failures_map_to_our_errors_naming_the_call(fake: FakeKubeApi) -> 
         assert exists.value.reason == "AlreadyExists" and "already exists" in str(exists.value)
         stale = {"metadata": {"name": "x", "resourceVersion": "0"}, "data": {}}
         with pytest.raises(K8sConflict) as conflict:
-            await call("update cm rl/x", core.replace_namespaced_config_map("x", NS, stale, _request_timeout=2),
-                       timeout_s=2)
+            await call(
+                "update cm rl/x", core.replace_namespaced_config_map("x", NS, stale, _request_timeout=2), timeout_s=2
+            )
         assert conflict.value.reason == "Conflict" and "has been modified" in str(conflict.value)
         fake.refuse(lambda r: r.path.endswith("/gone"), status=410)
         with pytest.raises(K8sGone):
             await call("get", core.read_namespaced_config_map("gone", NS, _request_timeout=2), timeout_s=2)
         fake.refuse(lambda r: r.path.endswith("/hang"), mode="hang")
         with pytest.raises(K8sUnavailable, match="get cm rl/hang"):
-            await call("get cm rl/hang", core.read_namespaced_config_map("hang", NS, _request_timeout=0.3),
-                       timeout_s=0.3)
+            await call(
+                "get cm rl/hang", core.read_namespaced_config_map("hang", NS, _request_timeout=0.3), timeout_s=0.3
+            )
     finally:
         await api.close()
     dead = await make_api_client(KubernetesApiSettings(api_url="http://127.0.0.1:9"), user_agent="t")
     try:
         with pytest.raises(K8sUnavailable, match="list cms"):
-            await call("list cms", client.CoreV1Api(dead).list_namespaced_config_map(NS, _request_timeout=1),
-                       timeout_s=1)
+            await call(
+                "list cms", client.CoreV1Api(dead).list_namespaced_config_map(NS, _request_timeout=1), timeout_s=1
+            )
     finally:
         await dead.close()

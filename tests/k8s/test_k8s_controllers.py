@@ -48,22 +48,45 @@ LEASE = {"lease_duration_s": 6.0, "renew_deadline_s": 4.0, "retry_period_s": 0.5
 def publish(fake: FakeKubeApi, agents: list[SimAgent]) -> None:
     """One EndpointSlice per agent: they share 127.0.0.1, so each has its own admin port."""
     for a in agents:
-        fake.put(endpoint_slice(f"rl-workers-{a.agent_id}", [endpoint(a.agent_id, "127.0.0.1", namespace=NS)],
-                                ports={"admin": a.port}, namespace=NS))
+        fake.put(
+            endpoint_slice(
+                f"rl-workers-{a.agent_id}",
+                [endpoint(a.agent_id, "127.0.0.1", namespace=NS)],
+                ports={"admin": a.port},
+                namespace=NS,
+            )
+        )
 
 
 def settings(fake: FakeKubeApi, identity: str, tmp_path: Path) -> ControllerSettings:
     return ControllerSettings(
-        controller_id="rl-controlplane", api={"token": CTL_TOKEN}, gateway={"port": 0},
-        discovery={"kind": "kubernetes", "kubernetes": {"namespace": NS, "label_selector":
-                                                        "kubernetes.io/service-name=rl-workers", "read_pods": False}},
+        controller_id="rl-controlplane",
+        api={"token": CTL_TOKEN},
+        gateway={"port": 0},
+        discovery={
+            "kind": "kubernetes",
+            "kubernetes": {
+                "namespace": NS,
+                "label_selector": "kubernetes.io/service-name=rl-workers",
+                "read_pods": False,
+            },
+        },
         kubernetes={"api_url": fake.url, "request_timeout_s": 1.0},
         leader_election={"enabled": True, "identity": identity, "namespace": NS, **LEASE},
         store={"kind": "configmap", "configmap_name": "rl-state", "namespace": NS},
-        workers={"token": TOKEN, "timeout_s": 2, "attempts": 2, "retry_budget_s": 5, "pause_timeout_s": 20,
-                 "weight_load_timeout_s": 10},
+        workers={
+            "token": TOKEN,
+            "timeout_s": 2,
+            "attempts": 2,
+            "retry_budget_s": 5,
+            "pause_timeout_s": 20,
+            "weight_load_timeout_s": 10,
+        },
         reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
-        allowed_roots=[str(tmp_path)], log_format="console", log_level="warning")
+        allowed_roots=[str(tmp_path)],
+        log_format="console",
+        log_level="warning",
+    )
 
 
 class Replica:
@@ -104,8 +127,9 @@ def desired_in_configmap(fake: FakeKubeApi) -> dict | None:
     return json.loads(cm["data"]["desired.json"]) if cm else None
 
 
-async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKubeApi, cluster: Any,
-                                                                    tmp_path: Path) -> None:
+async def test_one_leads_the_follower_refuses_writes_and_takes_over(
+    fake: FakeKubeApi, cluster: Any, tmp_path: Path
+) -> None:
     agents, start = cluster
     ckpt = {i: write_checkpoint(tmp_path / f"ckpt-{i}", i) for i in (1, 2)}
     a = await start("ctl-a")
@@ -113,12 +137,15 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
     b = await start("ctl-b")
     await wait_for(lambda: b.ctl.leadership.leader_identity == "ctl-a", what="ctl-b to follow ctl-a")
     for r in (a, b):
-        await wait_for(lambda r=r: sorted(r.ctl.registry.ids()) == ["w0", "w1"] and
-                       all(rec.reachable for rec in r.ctl.members()), what="both workers discovered and reached")
+        await wait_for(
+            lambda r=r: sorted(r.ctl.registry.ids()) == ["w0", "w1"] and all(rec.reachable for rec in r.ctl.members()),
+            what="both workers discovered and reached",
+        )
 
     # The leader runs the update and persists the desired state in the ConfigMap.
-    status, result = await a.call("POST", "/v1/rl/update_weights",
-                                  {"version": "v1", "source": {"kind": "disk", "path": str(ckpt[1])}})
+    status, result = await a.call(
+        "POST", "/v1/rl/update_weights", {"version": "v1", "source": {"kind": "disk", "path": str(ckpt[1])}}
+    )
     assert status == 200, result
     assert desired_in_configmap(fake)["weight_version"] == "v1"
     assert all(x.service.weight_version == "v1" for x in agents)
@@ -129,8 +156,12 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
     assert status == 200 and state["desired"]["weight_version"] == "v1" and len(state["workers"]) == 2
     # ... and refuses every write, naming the leader, without touching a worker.
     touched = [list(x.touched) for x in agents]
-    for method, path, body in [("POST", "/v1/rl/pause", {"mode": "abort"}), ("POST", "/v1/rl/resume", {}),
-                               ("DELETE", "/v1/rl/loras/x", None), ("POST", "/pause?mode=keep", None)]:
+    for method, path, body in [
+        ("POST", "/v1/rl/pause", {"mode": "abort"}),
+        ("POST", "/v1/rl/resume", {}),
+        ("DELETE", "/v1/rl/loras/x", None),
+        ("POST", "/pause?mode=keep", None),
+    ]:
         status, body = await b.call(method, path, body)
         assert status == 409, (path, body)
         assert body["error"]["code"] == "not_leader" and body["error"]["leader"] == "ctl-a"
@@ -163,8 +194,10 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
     # A worker restarts (base weights): the new leader converges it to the desired state it
     # read from the ConfigMap; the old leader's reconciler does nothing, and it refuses writes.
     await agents[1].restart()
-    await wait_for(lambda: a.ctl.registry.get("w1").status is not None and a.ctl.reconciler.needs_work(a.ctl.registry.get("w1")),
-                   what="ctl-a to see w1 behind")
+    await wait_for(
+        lambda: a.ctl.registry.get("w1").status is not None and a.ctl.reconciler.needs_work(a.ctl.registry.get("w1")),
+        what="ctl-a to see w1 behind",
+    )
     assert await a.ctl.reconciler.reconcile_once() == 0
     status, body = await a.call("POST", "/v1/rl/resume", {})
     assert status == 409 and body["error"]["code"] == "not_leader"
@@ -172,8 +205,9 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(fake: FakeKu
     assert b.ctl.desired.state.weight_version == "v1"
 
     # The new leader takes writes; the old one, reachable again, follows it.
-    status, result = await b.call("POST", "/v1/rl/update_weights",
-                                  {"version": "v2", "source": {"kind": "disk", "path": str(ckpt[2])}})
+    status, result = await b.call(
+        "POST", "/v1/rl/update_weights", {"version": "v2", "source": {"kind": "disk", "path": str(ckpt[2])}}
+    )
     assert status == 200, result
     assert desired_in_configmap(fake)["weight_version"] == "v2"
     fake.refusals.clear()
@@ -190,8 +224,12 @@ async def test_gaining_leadership_reloads_the_desired_state() -> None:
     store = MemoryStore()
     leadership = Leadership("ctl-b")
     async with aiohttp.ClientSession() as session:
-        ctl = Controller(ControllerSettings(store={"kind": "memory"}), transports=http_transports(session, None),
-                         store=store, leadership=leadership)
+        ctl = Controller(
+            ControllerSettings(store={"kind": "memory"}),
+            transports=http_transports(session, None),
+            store=store,
+            leadership=leadership,
+        )
         await ctl.load_desired()
         store.saved = DesiredState(weight_version="v7")  # written by the leader meanwhile
         with pytest.raises(NotLeader):

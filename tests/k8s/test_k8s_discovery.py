@@ -27,8 +27,9 @@ SELECTOR = "kubernetes.io/service-name=rl-workers"
 
 
 def settings(**kw: Any) -> KubernetesDiscoverySettings:
-    return KubernetesDiscoverySettings(**({"namespace": NS, "label_selector": SELECTOR, "watch_timeout_s": 30,
-                                           "backoff_max_s": 0.5} | kw))
+    return KubernetesDiscoverySettings(
+        **({"namespace": NS, "label_selector": SELECTOR, "watch_timeout_s": 30, "backoff_max_s": 0.5} | kw)
+    )
 
 
 class Follower:
@@ -66,8 +67,11 @@ async def follow(fake: FakeKubeApi) -> AsyncIterator[Any]:
 
     async def start(request_timeout_s: float = 2, **kw: Any) -> Follower:
         api = await api_client(fake)
-        f = Follower(EndpointSliceSource(api=api, settings=settings(**kw), request_timeout_s=request_timeout_s,
-                                         backoff_initial_s=0.05))
+        f = Follower(
+            EndpointSliceSource(
+                api=api, settings=settings(**kw), request_timeout_s=request_timeout_s, backoff_initial_s=0.05
+            )
+        )
         started.append((f, api))
         return f
 
@@ -87,13 +91,15 @@ def ep(podname: str, ip: str, **kw: Any) -> dict[str, Any]:
 
 # -- membership follows the slices ------------------------------------------------------------------
 
+
 async def test_endpoints_added_removed_and_unready_change_membership(fake: FakeKubeApi, follow: Any) -> None:
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2", ready=False))
     put_slice(fake, "other-service", ep("x-0", "10.9.0.1"), labels={"kubernetes.io/service-name": "other"})
     f = await follow()
     [w0] = await f.wait_ids(["w-0"], "after the list")  # unready w-1 and the other service are out
-    assert w0 == WorkerSpec(id="w-0", admin_url="http://10.0.0.1:8101", inference_url="http://10.0.0.1:8100",
-                            flavor="agent", world_size=1)
+    assert w0 == WorkerSpec(
+        id="w-0", admin_url="http://10.0.0.1:8101", inference_url="http://10.0.0.1:8100", flavor="agent", world_size=1
+    )
 
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2", ready=True))
     await f.wait_ids(["w-0", "w-1"], "once w-1 is ready")
@@ -117,8 +123,9 @@ async def test_endpoints_added_removed_and_unready_change_membership(fake: FakeK
 
 
 @pytest.mark.parametrize("gone_as_http", [False, True], ids=["error-event", "http-410"])
-async def test_compaction_relists_without_losing_or_duplicating(fake: FakeKubeApi, follow: Any,
-                                                               gone_as_http: bool) -> None:
+async def test_compaction_relists_without_losing_or_duplicating(
+    fake: FakeKubeApi, follow: Any, gone_as_http: bool
+) -> None:
     fake.gone_as_http = gone_as_http
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"))
     put_slice(fake, "rl-workers-b", ep("w-2", "10.0.1.1"))
@@ -139,8 +146,11 @@ async def test_compaction_relists_without_losing_or_duplicating(fake: FakeKubeAp
         fake.release_watches()
 
         specs = await f.wait_ids(["w-1", "w-3", "w-4"], "after the re-list")
-    assert {s.id: s.admin_url for s in specs} == {"w-1": "http://10.0.0.7:8101", "w-3": "http://10.0.1.2:8101",
-                                                  "w-4": "http://10.0.1.3:8101"}
+    assert {s.id: s.admin_url for s in specs} == {
+        "w-1": "http://10.0.0.7:8101",
+        "w-3": "http://10.0.1.2:8101",
+        "w-4": "http://10.0.1.3:8101",
+    }
     assert any(e["event"] == "endpointslice_watch_expired" and "410" in e["reason"] for e in logs), logs
     assert fake.count("GET", "/endpointslices", watch=False) == 2  # exactly one re-list
     # The re-list yielded the complete new list at once: nothing lost, nothing doubled.
@@ -166,8 +176,9 @@ async def test_bookmarks_move_the_resume_point_so_no_relist_is_needed(fake: Fake
     await wait_for(lambda: not fake.watchers, what="the watch to close")
     fake.compact()  # compacted at noise_rv: a client that saw the bookmark resumes at it, no 410
     fake.release_watches()
-    await wait_for(lambda: fake.count("GET", "/endpointslices", watch=True) > watches_before,
-                   what="the watch to resume")
+    await wait_for(
+        lambda: fake.count("GET", "/endpointslices", watch=True) > watches_before, what="the watch to resume"
+    )
     resumed_from = int(_resume_point(fake) or 0)
     assert resumed_from >= noise_rv, "the client resumed from before the bookmark"
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"))
@@ -182,6 +193,7 @@ def _resume_point(fake: FakeKubeApi) -> str | None:
 
 # -- ports, world size, addresses ----------------------------------------------------------------------
 
+
 async def test_ports_by_name_and_world_size_from_pod_or_slice(fake: FakeKubeApi, follow: Any) -> None:
     key = "rlcp.io/world-size"
     fake.put(pod("w-0", annotations={key: "4"}, namespace=NS))
@@ -189,10 +201,21 @@ async def test_ports_by_name_and_world_size_from_pod_or_slice(fake: FakeKubeApi,
     fake.put(pod("w-2", namespace=NS))  # nothing on the pod: the slice's value counts
     fake.put(pod("w-3", annotations={key: "many"}, namespace=NS))  # invalid: logged, slice's value
     # Port numbers differ per slice and are found by name, in any order, among other ports.
-    put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"),
-              ports={"metrics": 9100, "inference": 8000, "admin": 9000})
-    put_slice(fake, "rl-workers-b", ep("w-2", "10.0.1.1"), ep("w-3", "10.0.1.2"),
-              ports={"admin": 9001, "http": 8001}, annotations={key: "8"})
+    put_slice(
+        fake,
+        "rl-workers-a",
+        ep("w-0", "10.0.0.1"),
+        ep("w-1", "10.0.0.2"),
+        ports={"metrics": 9100, "inference": 8000, "admin": 9000},
+    )
+    put_slice(
+        fake,
+        "rl-workers-b",
+        ep("w-2", "10.0.1.1"),
+        ep("w-3", "10.0.1.2"),
+        ports={"admin": 9001, "http": 8001},
+        annotations={key: "8"},
+    )
     put_slice(fake, "rl-workers-c", ep("w-9", "10.0.2.1"), ports={"http": 80})  # no admin port: skipped
     with capture_logs() as logs:
         f = await follow()
@@ -208,8 +231,9 @@ async def test_ports_by_name_and_world_size_from_pod_or_slice(fake: FakeKubeApi,
     # One GET per pod: further events do not read the pods again.
     reads = fake.count("GET", f"/namespaces/{NS}/pods/")
     assert reads == 4
-    put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"), ep("w-5", "10.0.0.5"),
-              ports={"admin": 9000})
+    put_slice(
+        fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"), ep("w-5", "10.0.0.5"), ports={"admin": 9000}
+    )
     await f.wait_ids(["w-0", "w-1", "w-2", "w-3", "w-5"])
     assert fake.count("GET", f"/namespaces/{NS}/pods/") == reads + 1  # only the new pod (not found: size 1)
     assert f.lists[-1][-1].world_size == 1
@@ -228,8 +252,12 @@ async def test_ports_by_name_and_world_size_from_pod_or_slice(fake: FakeKubeApi,
 
 async def test_without_pod_reads_the_slice_decides(fake: FakeKubeApi, follow: Any) -> None:
     fake.put(pod("w-0", annotations={"rlcp.io/world-size": "4"}, namespace=NS))
-    put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), labels={"kubernetes.io/service-name": "rl-workers",
-                                                                 "rlcp.io/world-size": "2"})
+    put_slice(
+        fake,
+        "rl-workers-a",
+        ep("w-0", "10.0.0.1"),
+        labels={"kubernetes.io/service-name": "rl-workers", "rlcp.io/world-size": "2"},
+    )
     f = await follow(read_pods=False)
     [w0] = await f.wait_ids(["w-0"])
     assert w0.world_size == 2
@@ -258,8 +286,9 @@ async def test_members_from_slices_dedupes_and_formats_addresses() -> None:
         ("w-1", "https://10.0.0.2:8101", 1),  # first slice by name wins, deterministically
         ("w-2", "https://[fd00::2]:8101", 3),
     ]
-    _, problems = members_from_slices([_slice("e", "IPv4", ep("w", "1.1.1.1"),
-                                              annotations={"rlcp.io/world-size": "0"})], s, {})
+    _, problems = members_from_slices(
+        [_slice("e", "IPv4", ep("w", "1.1.1.1"), annotations={"rlcp.io/world-size": "0"})], s, {}
+    )
     assert len(problems) == 1 and "rlcp.io/world-size='0'" in problems[0] and "EndpointSlice e" in problems[0]
 
 
@@ -268,8 +297,9 @@ async def test_api_failures_back_off_then_recover(fake: FakeKubeApi, follow: Any
     refusal = fake.refuse(lambda r: r.path.endswith("/endpointslices"), status=503)
     with capture_logs() as logs:
         f = await follow()
-        await wait_for(lambda: sum(e["event"] == "endpointslice_watch_failed" for e in logs) >= 2,
-                       what="two failed lists")
+        await wait_for(
+            lambda: sum(e["event"] == "endpointslice_watch_failed" for e in logs) >= 2, what="two failed lists"
+        )
         assert f.lists == []  # a failing API yields nothing: the last membership stands
         fake.refusals.remove(refusal)
         await f.wait_ids(["w-0"], "after the API recovers")
@@ -285,8 +315,11 @@ async def test_a_watch_that_hangs_is_given_up_and_resumed(fake: FakeKubeApi, fol
     refusal = fake.refuse(lambda r: r.query.get("watch") == "True", mode="hang")
     f = await follow(watch_timeout_s=1, request_timeout_s=0.5)
     await f.wait_ids(["w-0"])
-    await wait_for(lambda: fake.count("GET", "/endpointslices", watch=True) >= 2, timeout_s=20,
-                   what="the hung watch to be given up and retried")
+    await wait_for(
+        lambda: fake.count("GET", "/endpointslices", watch=True) >= 2,
+        timeout_s=20,
+        what="the hung watch to be given up and retried",
+    )
     fake.refusals.remove(refusal)
     put_slice(fake, "rl-workers-a", ep("w-0", "10.0.0.1"), ep("w-1", "10.0.0.2"))
     await f.wait_ids(["w-0", "w-1"], "from a resumed watch")
@@ -303,7 +336,9 @@ async def test_members_carry_their_pods_labels(fake: FakeKubeApi, follow: Any) -
     f = await follow()
     specs = await f.wait_ids(["w-0", "w-1"])
     assert {s.id: dict(s.labels) for s in specs} == {
-        "w-0": {"role": "policy", "app.kubernetes.io/name": "vllm"}, "w-1": {"role": "reference"}}
+        "w-0": {"role": "policy", "app.kubernetes.io/name": "vllm"},
+        "w-1": {"role": "reference"},
+    }
 
     new = pod("w-1", labels={"role": "policy"}, namespace=NS)
     new["metadata"]["uid"] = "uid-w-1-again"

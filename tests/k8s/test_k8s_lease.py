@@ -23,8 +23,9 @@ from tests.k8s.k8s_fake import FakeKubeApi
 from tests.k8s.k8s_support import NS, api_client, wait_for
 
 pytestmark = pytest.mark.timeout(60)
-LEASE = dict(lease_name="rl-controlplane", namespace=NS, lease_duration_s=2.0, renew_deadline_s=1.2,
-             retry_period_s=0.25)
+LEASE = dict(
+    lease_name="rl-controlplane", namespace=NS, lease_duration_s=2.0, renew_deadline_s=1.2, retry_period_s=0.25
+)
 
 
 class Replica:
@@ -32,8 +33,12 @@ class Replica:
         self.identity = identity
         self.api = api
         self.leadership = Leadership(identity)
-        self.elector = LeaseElector(api=api, settings=LeaderElectionSettings(identity=identity, enabled=True, **LEASE),
-                                    leadership=self.leadership, request_timeout_s=1.0)
+        self.elector = LeaseElector(
+            api=api,
+            settings=LeaderElectionSettings(identity=identity, enabled=True, **LEASE),
+            leadership=self.leadership,
+            request_timeout_s=1.0,
+        )
         self.task = asyncio.create_task(self.elector.run(), name=f"elector-{identity}")
 
     async def stop(self) -> None:
@@ -138,9 +143,14 @@ async def test_a_conflicting_write_is_not_leadership(fake: FakeKubeApi, replicas
         settings = {i: LeaderElectionSettings(identity=i, enabled=True, **LEASE) for i in ("ctl-a", "ctl-b")}
         ea = LeaseElector(api=api_a, settings=settings["ctl-a"], leadership=la, request_timeout_s=1.0)
         eb = LeaseElector(api=api_b, settings=settings["ctl-b"], leadership=lb, request_timeout_s=1.0)
-        fake.put({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
-                  "metadata": {"name": "rl-controlplane", "namespace": NS},
-                  "spec": {"holderIdentity": None, "leaseDurationSeconds": 2, "leaseTransitions": 3}})
+        fake.put(
+            {
+                "kind": "Lease",
+                "apiVersion": "coordination.k8s.io/v1",
+                "metadata": {"name": "rl-controlplane", "namespace": NS},
+                "spec": {"holderIdentity": None, "leaseDurationSeconds": 2, "leaseTransitions": 3},
+            }
+        )
         # Both read before either writes: every PUT waits until both GETs were answered.
         reads = fake.count("GET", "/leases/")
         held = fake.refuse(lambda r: r.method == "PUT", mode="delay")
@@ -166,8 +176,13 @@ async def test_losing_leadership_cancels_guarded_work_and_refuses_new_work() -> 
     leadership = Leadership("ctl-a")
     with pytest.raises(NotLeader) as refused:
         await leadership.run_as_leader(asyncio.sleep(0), name="early")
-    assert to_api_error(refused.value).body() == {"error": {"code": "not_leader", "leader": None, "message":
-                                              "this replica ('ctl-a') does not lead; no leader is known yet"}}
+    assert to_api_error(refused.value).body() == {
+        "error": {
+            "code": "not_leader",
+            "leader": None,
+            "message": "this replica ('ctl-a') does not lead; no leader is known yet",
+        }
+    }
     leadership.acquired()
     started, stopped = asyncio.Event(), asyncio.Event()
 

@@ -29,9 +29,15 @@ def test_the_charts_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(key, value)
     s = ControllerSettings()
     k = s.discovery.kubernetes
-    assert k is not None and (k.label_selector, k.namespace, k.admin_port_name, k.inference_port_name,
-                              k.world_size_key, k.read_pods, k.flavor) == (
-        "app.kubernetes.io/name=rl-agent", "rl", "adm", "http", "example.com/ranks", False, "agent")
+    assert k is not None and (
+        k.label_selector,
+        k.namespace,
+        k.admin_port_name,
+        k.inference_port_name,
+        k.world_size_key,
+        k.read_pods,
+        k.flavor,
+    ) == ("app.kubernetes.io/name=rl-agent", "rl", "adm", "http", "example.com/ranks", False, "agent")
     le = s.leader_election
     assert (le.enabled, le.lease_name, le.namespace, le.identity) == (True, "rl-controlplane", "rl", "rl-cp-0")
     assert (le.lease_duration_s, le.renew_deadline_s, le.retry_period_s) == (15, 10, 2)
@@ -48,10 +54,13 @@ def test_defaults_outside_a_pod(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.store.kind, s.store.configmap_name) == ("file", "rl-controlplane-state")
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"lease_duration_s": 10, "renew_deadline_s": 10}, "renew_deadline_s must be below lease_duration_s"),
-    ({"renew_deadline_s": 2, "retry_period_s": 2}, "retry_period_s must be below renew_deadline_s"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"lease_duration_s": 10, "renew_deadline_s": 10}, "renew_deadline_s must be below lease_duration_s"),
+        ({"renew_deadline_s": 2, "retry_period_s": 2}, "retry_period_s must be below renew_deadline_s"),
+    ],
+)
 def test_timings_that_would_allow_two_leaders_are_refused(kw: dict, field: str) -> None:
     with pytest.raises(ValidationError, match=field):
         LeaderElectionSettings(**kw)

@@ -32,13 +32,15 @@ async def api(fake: FakeKubeApi) -> AsyncIterator[client.ApiClient]:
 
 
 def store(api: client.ApiClient, leadership: Leadership | None = None) -> ConfigMapStore:
-    return ConfigMapStore(api=api, name=NAME, namespace=NS, leadership=leadership or Leadership.always("ctl-a"),
-                          request_timeout_s=2)
+    return ConfigMapStore(
+        api=api, name=NAME, namespace=NS, leadership=leadership or Leadership.always("ctl-a"), request_timeout_s=2
+    )
 
 
 def desired(version: str) -> DesiredState:
-    return DesiredState.model_validate({"weight_version": version,
-                                        "weight_source": {"kind": "disk", "path": f"/ckpt/{version}"}})
+    return DesiredState.model_validate(
+        {"weight_version": version, "weight_source": {"kind": "disk", "path": f"/ckpt/{version}"}}
+    )
 
 
 def stored(fake: FakeKubeApi) -> dict:
@@ -61,8 +63,9 @@ async def test_round_trip_creates_then_replaces(fake: FakeKubeApi, api: client.A
     assert fake.get("configmaps", NS, NAME)["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "rl-controlplane"}
 
 
-async def test_a_conflicting_write_is_re_read_and_retried_by_the_leader(fake: FakeKubeApi,
-                                                                       api: client.ApiClient) -> None:
+async def test_a_conflicting_write_is_re_read_and_retried_by_the_leader(
+    fake: FakeKubeApi, api: client.ApiClient
+) -> None:
     s = store(api)
     await s.save(desired("v1"))
     # Someone else (an old leader, a person with kubectl) writes in between.
@@ -85,8 +88,7 @@ async def test_a_conflicting_write_is_re_read_and_retried_by_the_leader(fake: Fa
     assert stored(fake)["weight_version"] == "v3"
 
 
-async def test_a_follower_never_writes_and_a_lost_leader_fails_loudly(fake: FakeKubeApi,
-                                                                     api: client.ApiClient) -> None:
+async def test_a_follower_never_writes_and_a_lost_leader_fails_loudly(fake: FakeKubeApi, api: client.ApiClient) -> None:
     follower = Leadership("ctl-b")
     follower.observed("ctl-a")
     with pytest.raises(NotLeader, match="'ctl-a'"):
@@ -110,8 +112,9 @@ async def test_a_follower_never_writes_and_a_lost_leader_fails_loudly(fake: Fake
     assert stored(fake)["weight_version"] == "v1"
 
 
-async def test_conflicts_that_keep_coming_and_an_unreachable_api_fail_loudly(fake: FakeKubeApi,
-                                                                           api: client.ApiClient) -> None:
+async def test_conflicts_that_keep_coming_and_an_unreachable_api_fail_loudly(
+    fake: FakeKubeApi, api: client.ApiClient
+) -> None:
     s = store(api)
     await s.save(desired("v1"))
     fake.refuse(lambda r: r.method == "PUT", status=409)
@@ -127,7 +130,13 @@ async def test_conflicts_that_keep_coming_and_an_unreachable_api_fail_loudly(fak
 
 
 async def test_an_unreadable_document_is_refused_not_overwritten(fake: FakeKubeApi, api: client.ApiClient) -> None:
-    fake.put({"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": NAME, "namespace": NS},
-              "data": {DATA_KEY: '{"weight_version": 7, "paused": "sometimes"}'}})
+    fake.put(
+        {
+            "kind": "ConfigMap",
+            "apiVersion": "v1",
+            "metadata": {"name": NAME, "namespace": NS},
+            "data": {DATA_KEY: '{"weight_version": 7, "paused": "sometimes"}'},
+        }
+    )
     with pytest.raises(ValueError, match=f"ConfigMap {NS}/{NAME}"):
         await store(api).load()

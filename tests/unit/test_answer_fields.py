@@ -13,11 +13,28 @@ from rlcp.agent.engine.answer_fields import add_finished_spans, amend_events, am
 
 def tokens_answer(ids: list[int]) -> dict:
     """A non-streamed `/inference/v1/generate` answer in vLLM 0.32's tokens mode."""
-    content = [{"token_id": t, "logprob": -0.5 - i, "rank": 1,
-                "top_logprobs": [{"token_id": t, "logprob": -0.5 - i, "rank": 1}]} for i, t in enumerate(ids)]
-    return {"request_id": "r", "output_mode": "tokens",
-            "choices": [{"index": 0, "finish_reason": "length", "token_ids": ids, "logprobs": {"content": content},
-                         "weight_versions": [{"version": "v1", "start": 0, "end": len(ids)}]}]}
+    content = [
+        {
+            "token_id": t,
+            "logprob": -0.5 - i,
+            "rank": 1,
+            "top_logprobs": [{"token_id": t, "logprob": -0.5 - i, "rank": 1}],
+        }
+        for i, t in enumerate(ids)
+    ]
+    return {
+        "request_id": "r",
+        "output_mode": "tokens",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "token_ids": ids,
+                "logprobs": {"content": content},
+                "weight_versions": [{"version": "v1", "start": 0, "end": len(ids)}],
+            }
+        ],
+    }
 
 
 def test_tokens_mode_entries_get_the_name_renderers_parse_and_keep_vllms_fields():
@@ -31,13 +48,24 @@ def test_tokens_mode_entries_get_the_name_renderers_parse_and_keep_vllms_fields(
     choice = amended["choices"][0]
     assert _parse_completion_logprobs(choice, choice["token_ids"]) == [-0.5, -1.5, -2.5]
     first = choice["logprobs"]["content"][0]
-    assert first == {"token_id": 25, "logprob": -0.5, "rank": 1, "token": "token_id:25",
-                     "top_logprobs": [{"token_id": 25, "logprob": -0.5, "rank": 1, "token": "token_id:25"}]}
+    assert first == {
+        "token_id": 25,
+        "logprob": -0.5,
+        "rank": 1,
+        "token": "token_id:25",
+        "top_logprobs": [{"token_id": 25, "logprob": -0.5, "rank": 1, "token": "token_id:25"}],
+    }
 
 
 def test_text_entries_and_answers_without_logprobs_are_left_alone():
-    chat = {"choices": [{"index": 0, "logprobs": {"content": [{"token": "hi", "logprob": -1.0, "bytes": [104, 105],
-                                                               "top_logprobs": []}]}}]}
+    chat = {
+        "choices": [
+            {
+                "index": 0,
+                "logprobs": {"content": [{"token": "hi", "logprob": -1.0, "bytes": [104, 105], "top_logprobs": []}]},
+            }
+        ]
+    }
     assert not name_token_ids(chat)
     assert amend_json(json.dumps(chat).encode()) is None  # the bytes go out untouched
     assert amend_json(json.dumps({"choices": [{"index": 0, "logprobs": None}]}).encode()) is None
@@ -54,9 +82,11 @@ def sse(*chunks: dict | str) -> bytes:
 
 def test_the_finishing_chunk_of_each_choice_carries_its_spans():
     spans = {0: [("v1", 0, 3), ("v2", 3, 5)], 1: [("v2", 0, 5)]}
-    piece = sse({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]},
-                {"choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": "stop"}]},
-                "[DONE]")
+    piece = sse(
+        {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]},
+        {"choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": "stop"}]},
+        "[DONE]",
+    )
     out = amend_events(piece, name_tokens=False, spans_of=spans.get)
     events = out.decode().split("\n\n")
     assert events[0] == piece.decode().split("\n\n")[0]  # a chunk that finishes nothing: the same bytes
@@ -66,8 +96,10 @@ def test_the_finishing_chunk_of_each_choice_carries_its_spans():
     own = {"choices": [{"index": 0, "finish_reason": "length", "weight_versions": [{"version": "v9"}]}]}
     assert not add_finished_spans(own, spans.get)
     # A piece that is not whole events goes out as it came.
-    assert amend_events(b'data: {"choices": [{"index": 0, "finish_reason": "stop"', name_tokens=False,
-                        spans_of=spans.get) == b'data: {"choices": [{"index": 0, "finish_reason": "stop"'
+    assert (
+        amend_events(b'data: {"choices": [{"index": 0, "finish_reason": "stop"', name_tokens=False, spans_of=spans.get)
+        == b'data: {"choices": [{"index": 0, "finish_reason": "stop"'
+    )
 
 
 def test_a_tokens_stream_names_each_chunks_entries():

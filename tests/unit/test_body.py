@@ -21,9 +21,12 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
 
 
 def test_a_surrogate_pair_is_text_and_a_lone_surrogate_is_a_400() -> None:
-    assert parse_json(b'{"p": "\\ud83d\\ude00"}') == {"p": "\U0001F600"}
-    for body, field in ((b'{"p": "\\ud83d"}', "p"), (b'{"p": ["x", {"\\udc00": 1}]}', "p.1"),
-                        (b'{"a": {"b": ["\\udfff"]}}', "a.b.0")):
+    assert parse_json(b'{"p": "\\ud83d\\ude00"}') == {"p": "\U0001f600"}
+    for body, field in (
+        (b'{"p": "\\ud83d"}', "p"),
+        (b'{"p": ["x", {"\\udc00": 1}]}', "p.1"),
+        (b'{"a": {"b": ["\\udfff"]}}', "a.b.0"),
+    ):
         with pytest.raises(BadRequestError) as exc:
             parse_json(body)
         assert exc.value.status == 422 and exc.value.field == field, body

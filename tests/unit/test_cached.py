@@ -12,11 +12,25 @@ from aiohttp.test_utils import make_mocked_request
 from rlcp.core.cached import CachedBody, EntityTags, accepts_gzip, cached_response, none_match
 
 
-@pytest.mark.parametrize(("header", "expected"), [
-    (None, False), ("", False), ("gzip, deflate", True), ("deflate, gzip;q=0.5", True), ("GZIP", True),
-    ("x-gzip", True), ("gzip;q=0", False), ("gzip; q=0.0", False), ("identity", False), ("br, zstd", False),
-    ("*", True), ("*;q=0", False), ("*, gzip;q=0", False), ("gzip;q=bad", False),
-])
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, False),
+        ("", False),
+        ("gzip, deflate", True),
+        ("deflate, gzip;q=0.5", True),
+        ("GZIP", True),
+        ("x-gzip", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0", False),
+        ("identity", False),
+        ("br, zstd", False),
+        ("*", True),
+        ("*;q=0", False),
+        ("*, gzip;q=0", False),
+        ("gzip;q=bad", False),
+    ],
+)
 def test_accepts_gzip(header, expected) -> None:
     assert accepts_gzip(header) is expected
 

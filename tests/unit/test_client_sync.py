@@ -8,8 +8,11 @@ from rlcp.client.client import ControlPlaneClient, SyncControlPlaneClient, _Bloc
 
 
 def test_the_sync_client_has_every_public_call_of_the_async_one() -> None:
-    calls = {name for name, fn in inspect.getmembers(ControlPlaneClient, inspect.iscoroutinefunction)
-             if not name.startswith("_")} - {"close"}  # close: the sync client's own, which also stops its loop
+    calls = {
+        name
+        for name, fn in inspect.getmembers(ControlPlaneClient, inspect.iscoroutinefunction)
+        if not name.startswith("_")
+    } - {"close"}  # close: the sync client's own, which also stops its loop
     blocking = {name for name, value in vars(SyncControlPlaneClient).items() if isinstance(value, _Blocking)}
     assert blocking == calls
 

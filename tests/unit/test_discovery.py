@@ -34,6 +34,7 @@ def spec(i: str, **kw: Any) -> WorkerSpec:
 
 # -- static -------------------------------------------------------------------------------
 
+
 async def test_static_yields_once_then_waits_until_cancelled() -> None:
     workers = [spec("a"), spec("b")]
     gen = StaticSource(workers).watch()
@@ -66,13 +67,23 @@ DYNAMO_DOC: dict[str, Any] = {
     "protocol_version": 1,
     "namespace": "dynamo",
     "workers": [
-        {"instance_id": 7587888155734553601, "namespace": "dynamo", "component": "backend",
-         "endpoint": "generate", "system_url": "http://10.0.1.12:9090",
-         "admin_base_url": "http://10.0.1.12:9090/engine", "model": "Qwen/Qwen3-0.6B",
-         "routes": ["pause_generation", "resume_generation", "update_weights_from_disk"],
-         "world_size": 2},
-        {"instance_id": "694d9a2b1c", "component": "backend", "system_url": "http://10.0.1.13:9090",
-         "routes": ["pause_generation", "resume_generation"]},
+        {
+            "instance_id": 7587888155734553601,
+            "namespace": "dynamo",
+            "component": "backend",
+            "endpoint": "generate",
+            "system_url": "http://10.0.1.12:9090",
+            "admin_base_url": "http://10.0.1.12:9090/engine",
+            "model": "Qwen/Qwen3-0.6B",
+            "routes": ["pause_generation", "resume_generation", "update_weights_from_disk"],
+            "world_size": 2,
+        },
+        {
+            "instance_id": "694d9a2b1c",
+            "component": "backend",
+            "system_url": "http://10.0.1.13:9090",
+            "routes": ["pause_generation", "resume_generation"],
+        },
     ],
 }
 
@@ -80,11 +91,21 @@ DYNAMO_DOC: dict[str, Any] = {
 def test_parse_dynamo_listing() -> None:
     specs = parse_listing(DYNAMO_DOC, default_flavor="dynamo")
     assert specs == [
-        WorkerSpec(id="7587888155734553601", admin_url="http://10.0.1.12:9090/engine", flavor="dynamo",
-                   world_size=2, model="Qwen/Qwen3-0.6B",
-                   routes=("pause_generation", "resume_generation", "update_weights_from_disk")),
-        WorkerSpec(id="694d9a2b1c", admin_url="http://10.0.1.13:9090", flavor="dynamo", world_size=1,
-                   routes=("pause_generation", "resume_generation")),
+        WorkerSpec(
+            id="7587888155734553601",
+            admin_url="http://10.0.1.12:9090/engine",
+            flavor="dynamo",
+            world_size=2,
+            model="Qwen/Qwen3-0.6B",
+            routes=("pause_generation", "resume_generation", "update_weights_from_disk"),
+        ),
+        WorkerSpec(
+            id="694d9a2b1c",
+            admin_url="http://10.0.1.13:9090",
+            flavor="dynamo",
+            world_size=1,
+            routes=("pause_generation", "resume_generation"),
+        ),
     ]
     assert {s.flavor for s in parse_listing(DYNAMO_DOC, default_flavor="vllm")} == {"vllm"}
 
@@ -95,36 +116,59 @@ def test_dynamo_entries_take_inference_at_the_frontend_given() -> None:
     frontend = "http://10.0.1.2:8000"
     specs = parse_listing(DYNAMO_DOC, default_flavor="dynamo", inference_url=frontend)
     assert [s.inference_url for s in specs] == [frontend, frontend]
-    doc = {"protocol_version": 1, "workers": [{"instance_id": "a", "system_url": "http://h:1",
-                                               "inference_url": "http://h:8000"}]}
+    doc = {
+        "protocol_version": 1,
+        "workers": [{"instance_id": "a", "system_url": "http://h:1", "inference_url": "http://h:8000"}],
+    }
     assert parse_listing(doc, default_flavor="dynamo", inference_url=frontend)[0].inference_url == "http://h:8000"
     assert {s.inference_url for s in parse_listing(DYNAMO_DOC, default_flavor="dynamo")} == {None}
 
 
 def test_parse_this_projects_fields_take_precedence() -> None:
-    doc = {"protocol_version": 1, "namespace": "rl", "workers": [
-        {"instance_id": "agent-0", "system_url": "http://h:1", "admin_base_url": "http://h:2",
-         "admin_url": "http://h:3", "inference_url": "http://h:8000", "flavor": "agent",
-         "world_size": 4, "model": "m", "serving": True, "ready": True, "weight_version": "v7"},
-    ], "membership_epoch": 3}
+    doc = {
+        "protocol_version": 1,
+        "namespace": "rl",
+        "workers": [
+            {
+                "instance_id": "agent-0",
+                "system_url": "http://h:1",
+                "admin_base_url": "http://h:2",
+                "admin_url": "http://h:3",
+                "inference_url": "http://h:8000",
+                "flavor": "agent",
+                "world_size": 4,
+                "model": "m",
+                "serving": True,
+                "ready": True,
+                "weight_version": "v7",
+            },
+        ],
+        "membership_epoch": 3,
+    }
     assert parse_listing(doc, default_flavor="dynamo") == [
-        WorkerSpec(id="agent-0", admin_url="http://h:3", inference_url="http://h:8000", flavor="agent",
-                   world_size=4, model="m")]
+        WorkerSpec(
+            id="agent-0", admin_url="http://h:3", inference_url="http://h:8000", flavor="agent", world_size=4, model="m"
+        )
+    ]
 
 
 def test_parse_skips_bad_entries_and_keeps_the_rest() -> None:
     good = {"instance_id": "ok", "system_url": "http://ok:1"}
-    doc = {"protocol_version": 1, "namespace": "n", "workers": [
-        {"system_url": "http://no-id:1"},
-        {"instance_id": "", "system_url": "http://empty-id:1"},
-        {"instance_id": True, "system_url": "http://bool-id:1"},
-        {"instance_id": "no-url"},
-        {"instance_id": "bad-flavor", "system_url": "http://x:1", "flavor": "tgi"},
-        {"instance_id": "bad-size", "system_url": "http://x:1", "world_size": -2},
-        "not-an-object",
-        good,
-        {"instance_id": "ok", "system_url": "http://dup:1"},
-    ]}
+    doc = {
+        "protocol_version": 1,
+        "namespace": "n",
+        "workers": [
+            {"system_url": "http://no-id:1"},
+            {"instance_id": "", "system_url": "http://empty-id:1"},
+            {"instance_id": True, "system_url": "http://bool-id:1"},
+            {"instance_id": "no-url"},
+            {"instance_id": "bad-flavor", "system_url": "http://x:1", "flavor": "tgi"},
+            {"instance_id": "bad-size", "system_url": "http://x:1", "world_size": -2},
+            "not-an-object",
+            good,
+            {"instance_id": "ok", "system_url": "http://dup:1"},
+        ],
+    }
     with capture_logs() as logs:
         specs = parse_listing(doc, default_flavor="dynamo")
     assert specs == [WorkerSpec(id="ok", admin_url="http://ok:1", flavor="dynamo")]
@@ -138,14 +182,19 @@ def test_parse_skips_bad_entries_and_keeps_the_rest() -> None:
     assert "duplicate" in by_index[8]["reason"]
 
 
-@pytest.mark.parametrize("body", [
-    [], "workers", None,
-    {"namespace": "n", "workers": []},
-    {"protocol_version": 2, "namespace": "n", "workers": []},
-    {"protocol_version": True, "namespace": "n", "workers": []},
-    {"protocol_version": 1, "namespace": "n"},
-    {"protocol_version": 1, "namespace": "n", "workers": {"a": {}}},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "workers",
+        None,
+        {"namespace": "n", "workers": []},
+        {"protocol_version": 2, "namespace": "n", "workers": []},
+        {"protocol_version": True, "namespace": "n", "workers": []},
+        {"protocol_version": 1, "namespace": "n"},
+        {"protocol_version": 1, "namespace": "n", "workers": {"a": {}}},
+    ],
+)
 def test_parse_rejects_a_malformed_top_level(body: Any) -> None:
     with pytest.raises(ListingError):
         parse_listing(body, default_flavor="dynamo")
@@ -176,6 +225,7 @@ def test_render_then_parse_round_trips() -> None:
 
 # -- backoff ------------------------------------------------------------------------------
 
+
 def test_backoff_grows_is_capped_and_never_undercuts_the_interval() -> None:
     for failures in range(1, 200):
         delay = backoff_s(failures, interval_s=1.0, max_backoff_s=30.0)
@@ -186,6 +236,7 @@ def test_backoff_grows_is_capped_and_never_undercuts_the_interval() -> None:
 
 
 # -- the poller against a real server -----------------------------------------------------
+
 
 def listing(*workers: dict[str, Any]) -> dict[str, Any]:
     return {"protocol_version": 1, "namespace": "test", "workers": list(workers)}
@@ -244,7 +295,8 @@ def source(session: aiohttp.ClientSession, url: str, **kw: Any) -> HttpListingSo
 
 
 async def test_membership_follows_the_listing_and_epoch_moves_only_on_change(
-        server: Listing, session: aiohttp.ClientSession) -> None:
+    server: Listing, session: aiohttp.ClientSession
+) -> None:
     membership = Membership()
     gen = source(session, server.url).watch()
     server.doc = listing(entry("a"), entry("b"))
@@ -267,8 +319,7 @@ async def test_membership_follows_the_listing_and_epoch_moves_only_on_change(
     assert len(server.seen_auth) == 4
 
 
-async def test_failed_polls_yield_nothing_and_keep_membership(
-        server: Listing, session: aiohttp.ClientSession) -> None:
+async def test_failed_polls_yield_nothing_and_keep_membership(server: Listing, session: aiohttp.ClientSession) -> None:
     server.doc = listing(entry("a"), entry("b"))
     server.script = [server.doc, 500, 503, "not-json", {"protocol_version": 2, "workers": []}, server.doc, 502]
     membership = Membership()
@@ -288,8 +339,7 @@ async def test_failed_polls_yield_nothing_and_keep_membership(
     assert any(e["event"] == "listing_poll_recovered" for e in logs)
 
 
-async def test_a_hanging_listing_times_out_as_a_failed_poll(
-        server: Listing, session: aiohttp.ClientSession) -> None:
+async def test_a_hanging_listing_times_out_as_a_failed_poll(server: Listing, session: aiohttp.ClientSession) -> None:
     server.doc = listing(entry("a"))
     server.script = ["hang"]
     loop = asyncio.get_running_loop()
@@ -308,8 +358,7 @@ async def test_unreachable_listing_is_a_failed_poll(session: aiohttp.ClientSessi
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with capture_logs() as logs:
-        yielded = [x async for x in source(session, f"http://127.0.0.1:{port}/v1/rl/workers",
-                                           iterations=2).watch()]
+        yielded = [x async for x in source(session, f"http://127.0.0.1:{port}/v1/rl/workers", iterations=2).watch()]
     assert yielded == []
     assert [e["failures"] for e in logs if e["event"] == "listing_poll_failed"] == [1, 2]
 
@@ -329,19 +378,30 @@ def test_constructor_rejects_nonsense() -> None:
 
 def test_render_lists_only_what_each_member_can_do() -> None:
     specs = [spec("a", flavor="agent"), spec("d", flavor="dynamo")]
-    doc = render_listing(specs, namespace="rl", capabilities={"a": frozenset({"control"}),
-                                                             "d": frozenset({"control", "disk_weights"})})
+    doc = render_listing(
+        specs, namespace="rl", capabilities={"a": frozenset({"control"}), "d": frozenset({"control", "disk_weights"})}
+    )
     a, d = doc["workers"]
     assert a["routes"] == ["pause", "resume"]
-    assert d["routes"] == ["get_weight_version", "liveness_probe", "pause_generation", "resume_generation",
-                           "update_weights_from_disk"]
+    assert d["routes"] == [
+        "get_weight_version",
+        "liveness_probe",
+        "pause_generation",
+        "resume_generation",
+        "update_weights_from_disk",
+    ]
 
 
 def test_parse_skips_an_entry_whose_routes_are_not_strings() -> None:
-    doc = {"protocol_version": 1, "namespace": "rl", "workers": [
-        {"instance_id": 1, "system_url": "http://h:1", "routes": "pause_generation"},
-        {"instance_id": 2, "system_url": "http://h:2", "routes": [1, 2]},
-        {"instance_id": 3, "system_url": "http://h:3"}]}
+    doc = {
+        "protocol_version": 1,
+        "namespace": "rl",
+        "workers": [
+            {"instance_id": 1, "system_url": "http://h:1", "routes": "pause_generation"},
+            {"instance_id": 2, "system_url": "http://h:2", "routes": [1, 2]},
+            {"instance_id": 3, "system_url": "http://h:3"},
+        ],
+    }
     assert [(s.id, s.routes) for s in parse_listing(doc, default_flavor="dynamo")] == [("3", None)]
 
 

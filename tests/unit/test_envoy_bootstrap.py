@@ -19,9 +19,20 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def view(**kw: object) -> WorkerView:
-    base = dict(id="w0", admin_url="http://127.0.0.1:1", inference_url="http://127.0.0.1:8000", flavor="agent",
-                world_size=1, reachable=True, ready=True, serving=True, paused=False, requests=None,
-                weight_version="v1", loras={})
+    base = dict(
+        id="w0",
+        admin_url="http://127.0.0.1:1",
+        inference_url="http://127.0.0.1:8000",
+        flavor="agent",
+        world_size=1,
+        reachable=True,
+        ready=True,
+        serving=True,
+        paused=False,
+        requests=None,
+        weight_version="v1",
+        loras={},
+    )
     return WorkerView.model_validate(base | kw)
 
 
@@ -34,16 +45,23 @@ def test_members_envoy_can_reach_become_endpoints_and_the_others_say_why() -> No
 
 
 def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
-    settings = ControllerSettings(api={"token": "a"}, gateway={"token": "gw", "max_in_flight_per_worker": 4},
-                                  fleets={"teacher": {"selector": "role=teacher"}})
+    settings = ControllerSettings(
+        api={"token": "a"},
+        gateway={"token": "gw", "max_in_flight_per_worker": 4},
+        fleets={"teacher": {"selector": "role=teacher"}},
+    )
     boot = envoy_bootstrap(settings, xds_host="127.0.0.1", xds_port=18000, admin_token="a")
-    routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"][
-        "route_config"]["virtual_hosts"][0]["routes"]
+    routes = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["route_config"][
+        "virtual_hosts"
+    ][0]["routes"]
     assert [r["route"]["cluster"] for r in routes] == ["rl-teacher-sessions"] * 2 + ["rl-teacher"] + [
-        "rl-default-sessions"] * 2 + ["rl-default"]
+        "rl-default-sessions"
+    ] * 2 + ["rl-default"]
     assert routes[0]["match"]["headers"][0]["name"] == FLEET_HEADER
-    assert [r["route"]["hash_policy"][0]["header"]["header_name"] for r in routes[3:5]] == ["x-rl-session",
-                                                                                           "x-session-id"]
+    assert [r["route"]["hash_policy"][0]["header"]["header_name"] for r in routes[3:5]] == [
+        "x-rl-session",
+        "x-session-id",
+    ]
     assert routes[5]["route"]["retry_policy"]["retriable_status_codes"] == [409]
     clusters = {c["name"]: c for c in boot["static_resources"]["clusters"]}
     # A fleet's two clusters read one EDS resource: one assignment, one ACK.
@@ -54,6 +72,10 @@ def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
     assert clusters["rl-default"]["circuit_breakers"]["per_host_thresholds"] == [{"max_connections": 4}]
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(boot))
-    done = subprocess.run([str(envoy_binary()), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(envoy_binary()), "--mode", "validate", "-c", str(path), "--disable-hot-restart"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

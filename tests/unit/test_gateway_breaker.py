@@ -15,8 +15,13 @@ class Clock:
 
 def breakers(failures: int = 3) -> tuple[Breakers, Clock, list[tuple[str, str, float | None]]]:
     clock, changes = Clock(), []
-    b = Breakers(failures=failures, backoff_s=1.0, max_backoff_s=3.0, clock=clock,
-                 on_change=lambda w, s, backoff: changes.append((w, s, backoff)))
+    b = Breakers(
+        failures=failures,
+        backoff_s=1.0,
+        max_backoff_s=3.0,
+        clock=clock,
+        on_change=lambda w, s, backoff: changes.append((w, s, backoff)),
+    )
     return b, clock, changes
 
 

@@ -16,34 +16,68 @@ from rlcp.controlplane.gateway.routing import Router, build_table
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 
 
-def worker(wid: str, version: str | None, *, ready: bool = True, paused: bool | None = False,
-           reachable: bool = True, url: str | None = "default", alive: bool | None = True) -> WorkerView:
-    return WorkerView(id=wid, admin_url=f"http://127.0.0.1:1/{wid}",
-                      inference_url=f"http://127.0.0.1:2/{wid}/" if url == "default" else url,
-                      flavor="agent", world_size=1, reachable=reachable, ready=ready,
-                      serving=ready and paused is False, paused=paused, requests=None, weight_version=version,
-                      loras={}, engine_alive=alive)
+def worker(
+    wid: str,
+    version: str | None,
+    *,
+    ready: bool = True,
+    paused: bool | None = False,
+    reachable: bool = True,
+    url: str | None = "default",
+    alive: bool | None = True,
+) -> WorkerView:
+    return WorkerView(
+        id=wid,
+        admin_url=f"http://127.0.0.1:1/{wid}",
+        inference_url=f"http://127.0.0.1:2/{wid}/" if url == "default" else url,
+        flavor="agent",
+        world_size=1,
+        reachable=reachable,
+        ready=ready,
+        serving=ready and paused is False,
+        paused=paused,
+        requests=None,
+        weight_version=version,
+        loras={},
+        engine_alive=alive,
+    )
 
 
-def state(workers: list[WorkerView], desired: str | None, applied: list[str], bound: int = 0,
-          phase: str = "serving", pause_state: str = "running") -> FleetState:
-    return FleetState(phase=phase, quiesced=False, pause_state=pause_state,
-                      requests=RequestCounts(running=0, waiting=0, frozen=0),
-                      desired=DesiredState(weight_version=desired, applied_versions=applied, staleness_bound=bound),
-                      applied=AppliedState(weight_version=None, converged=False, verified=False),
-                      membership_epoch=1, discovery_synced=True, last_operation=None, workers=workers)
+def state(
+    workers: list[WorkerView],
+    desired: str | None,
+    applied: list[str],
+    bound: int = 0,
+    phase: str = "serving",
+    pause_state: str = "running",
+) -> FleetState:
+    return FleetState(
+        phase=phase,
+        quiesced=False,
+        pause_state=pause_state,
+        requests=RequestCounts(running=0, waiting=0, frozen=0),
+        desired=DesiredState(weight_version=desired, applied_versions=applied, staleness_bound=bound),
+        applied=AppliedState(weight_version=None, converged=False, verified=False),
+        membership_epoch=1,
+        discovery_synced=True,
+        last_operation=None,
+        workers=workers,
+    )
 
 
 # -- admitted versions: the desired one, then k before it in the order they were applied -------------------
-@pytest.mark.parametrize(("desired", "applied", "bound", "expected"), [
-    (None, ["v1", "v2"], 3, []),                            # nothing desired: no version list
-    ("v3", ["v1", "v2", "v3"], 0, ["v3"]),                  # k=0: the desired version only
-    ("v3", ["v1", "v2", "v3"], 1, ["v3", "v2"]),
-    ("v3", ["v1", "v2", "v3"], 5, ["v3", "v2", "v1"]),      # fewer applied than k
-    ("v1", ["v1", "v2", "v1"], 2, ["v1", "v2"]),            # back to an old version: no duplicates
-    ("v2", ["v1", "v2", "v3", "v2"], 2, ["v2", "v3", "v1"]),  # application order, not name order
-    ("v9", [], 2, ["v9"]),                                  # desired but not yet applied
-])
+@pytest.mark.parametrize(
+    ("desired", "applied", "bound", "expected"),
+    [
+        (None, ["v1", "v2"], 3, []),  # nothing desired: no version list
+        ("v3", ["v1", "v2", "v3"], 0, ["v3"]),  # k=0: the desired version only
+        ("v3", ["v1", "v2", "v3"], 1, ["v3", "v2"]),
+        ("v3", ["v1", "v2", "v3"], 5, ["v3", "v2", "v1"]),  # fewer applied than k
+        ("v1", ["v1", "v2", "v1"], 2, ["v1", "v2"]),  # back to an old version: no duplicates
+        ("v2", ["v1", "v2", "v3", "v2"], 2, ["v2", "v3", "v1"]),  # application order, not name order
+        ("v9", [], 2, ["v9"]),  # desired but not yet applied
+    ],
+)
 def test_admitted_versions(desired, applied, bound, expected) -> None:
     assert admitted_versions(desired, applied, bound) == expected
 
@@ -61,9 +95,17 @@ def test_in_fence_desired_version_needs_ready() -> None:
     assert not in_fence(worker("a", "v2", ready=False), "v2", ["v2"])
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"reachable": False}, {"paused": True}, {"paused": None}, {"url": None}, {"url": ""}, {"alive": False},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"reachable": False},
+        {"paused": True},
+        {"paused": None},
+        {"url": None},
+        {"url": ""},
+        {"alive": False},
+    ],
+)
 def test_in_fence_refuses_what_cannot_serve(kwargs) -> None:
     assert not in_fence(worker("a", "v2", **kwargs), "v2", ["v2", "v1"])
     assert not in_fence(worker("a", "v1", **kwargs), "v2", ["v2", "v1"])
@@ -84,8 +126,13 @@ def test_nothing_desired_routes_to_ready_members() -> None:
 
 
 def test_fence_over_a_state_and_a_per_request_bound() -> None:
-    ws = [worker("a", "v3"), worker("b", "v2", ready=False), worker("c", "v1", ready=False),
-          worker("d", "v3", paused=True), worker("e", None)]
+    ws = [
+        worker("a", "v3"),
+        worker("b", "v2", ready=False),
+        worker("c", "v1", ready=False),
+        worker("d", "v3", paused=True),
+        worker("e", None),
+    ]
     st = state(ws, "v3", ["v1", "v2", "v3"], bound=1)
     admitted, inside = fence(st)
     assert admitted == ["v3", "v2"] and [w.id for w in inside] == ["a", "b"]
@@ -103,12 +150,15 @@ def test_table_routes_strip_the_trailing_slash_and_keep_the_version() -> None:
     assert route.url == "http://127.0.0.1:2/a" and route.weight_version == "v1"
 
 
-@pytest.mark.parametrize(("st", "why"), [
-    (state([], "v1", ["v1"]), "no members"),
-    (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="updating"), "the fleet is updating"),
-    (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="degraded", pause_state="paused"), "paused"),
-    (state([worker("a", "v0")], "v1", ["v0", "v1"], phase="degraded"), "'v1'"),
-])
+@pytest.mark.parametrize(
+    ("st", "why"),
+    [
+        (state([], "v1", ["v1"]), "no members"),
+        (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="updating"), "the fleet is updating"),
+        (state([worker("a", "v1", paused=True)], "v1", ["v1"], phase="degraded", pause_state="paused"), "paused"),
+        (state([worker("a", "v0")], "v1", ["v0", "v1"], phase="degraded"), "'v1'"),
+    ],
+)
 def test_an_empty_table_says_why(st: FleetState, why: str) -> None:
     table = build_table(st)
     assert not table.routes and why in table.why_empty
@@ -125,6 +175,7 @@ class CountingSource:
 
 def test_router_rebuilds_only_when_the_generation_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     import rlcp.controlplane.gateway.routing as routing
+
     builds = Counter()
     real = routing.build_table
 
@@ -148,6 +199,7 @@ def test_router_before_any_state() -> None:
     class Empty:
         def current(self):
             return None
+
     router = Router(Empty())
     assert router.table() is None and router.state() is None
 
@@ -236,8 +288,9 @@ def test_bounded_load_spreads_skewed_sessions() -> None:
     import random
 
     members = ["w0", "w1", "w2", "w3"]
-    keys = random.Random(3).choices([f"s{k}" for k in range(64)], weights=[1 / (k + 1) ** 1.2 for k in range(64)],
-                                    k=400)
+    keys = random.Random(3).choices(
+        [f"s{k}" for k in range(64)], weights=[1 / (k + 1) ** 1.2 for k in range(64)], k=400
+    )
     for factor, bound in ((None, None), (1.25, 1.25)):
         out: dict[str, int] = dict.fromkeys(members, 0)
         for key in keys:

@@ -12,18 +12,34 @@ from rlcp.core.labels import Labels, SelectorError, labels_from, parse_selector
 L = Labels({"role": "policy", "zone": "a", "app.kubernetes.io/name": "vllm"})
 
 
-@pytest.mark.parametrize("selector,matches", [
-    ("", True),
-    ("role=policy", True), ("role==policy", True), ("role=reference", False),
-    ("role!=policy", False), ("role!=reference", True), ("missing!=x", True),  # != matches a missing key
-    ("zone in (a,b)", True), ("zone in (b, c)", False), ("missing in (a)", False),
-    ("zone notin (b)", True), ("zone notin (a)", False), ("missing notin (a)", True),
-    ("role", True), ("missing", False), ("!missing", True), ("!role", False),
-    ("role=policy,zone=a", True), ("role=policy,zone=b", False),
-    (" role = policy , zone in ( a ) ", True),
-    ("app.kubernetes.io/name=vllm", True),
-    ("tier=", False), ("tier!=", True),
-])
+@pytest.mark.parametrize(
+    "selector,matches",
+    [
+        ("", True),
+        ("role=policy", True),
+        ("role==policy", True),
+        ("role=reference", False),
+        ("role!=policy", False),
+        ("role!=reference", True),
+        ("missing!=x", True),  # != matches a missing key
+        ("zone in (a,b)", True),
+        ("zone in (b, c)", False),
+        ("missing in (a)", False),
+        ("zone notin (b)", True),
+        ("zone notin (a)", False),
+        ("missing notin (a)", True),
+        ("role", True),
+        ("missing", False),
+        ("!missing", True),
+        ("!role", False),
+        ("role=policy,zone=a", True),
+        ("role=policy,zone=b", False),
+        (" role = policy , zone in ( a ) ", True),
+        ("app.kubernetes.io/name=vllm", True),
+        ("tier=", False),
+        ("tier!=", True),
+    ],
+)
 def test_selectors_match_as_kubernetes_does(selector: str, matches: bool) -> None:
     assert parse_selector(selector).matches(L) is matches
 
@@ -33,24 +49,27 @@ def test_an_empty_value_matches_an_empty_label() -> None:
     assert parse_selector("tier in (,x)").matches(Labels({"tier": ""}))
 
 
-@pytest.mark.parametrize("selector,why", [
-    ("role in policy", "expected '('"),
-    ("role in (a", "missing ')'"),
-    ("role in (a b)", "expected ',' or ')'"),
-    ("role=policy,", "ends with ','"),
-    (",role", "expected a label key"),
-    ("=policy", "expected a label key"),
-    ("role policy", "after 'role'"),
-    ("role=a=b", "expected ','"),
-    ("!", "found the end"),
-    ("role=(a)", "expected a label value"),
-    ("-role=a", "label key '-role'"),
-    ("Role.X/y=a", "prefix must be a DNS subdomain"),
-    ("role=" + "a" * 64, "at most 63"),
-    ("role=a b", "expected ','"),
-    ("role=\x00", "label value"),
-    ("a" * 513, "at most 512"),
-])
+@pytest.mark.parametrize(
+    "selector,why",
+    [
+        ("role in policy", "expected '('"),
+        ("role in (a", "missing ')'"),
+        ("role in (a b)", "expected ',' or ')'"),
+        ("role=policy,", "ends with ','"),
+        (",role", "expected a label key"),
+        ("=policy", "expected a label key"),
+        ("role policy", "after 'role'"),
+        ("role=a=b", "expected ','"),
+        ("!", "found the end"),
+        ("role=(a)", "expected a label value"),
+        ("-role=a", "label key '-role'"),
+        ("Role.X/y=a", "prefix must be a DNS subdomain"),
+        ("role=" + "a" * 64, "at most 63"),
+        ("role=a b", "expected ','"),
+        ("role=\x00", "label value"),
+        ("a" * 513, "at most 512"),
+    ],
+)
 def test_bad_selectors_say_why(selector: str, why: str) -> None:
     with pytest.raises(SelectorError) as err:
         parse_selector(selector)

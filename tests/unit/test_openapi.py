@@ -36,8 +36,13 @@ def agent_app(auth_reads: bool = False):
 
 
 def controller_app(tmp_path: Path, auth_reads: bool = False):
-    settings = ControllerSettings(api={"token": "t", "auth_reads": auth_reads}, workers={"token": "w"}, gateway={"port": 0},
-                                  store={"kind": "memory"}, discovery={"kind": "static", "static": []})
+    settings = ControllerSettings(
+        api={"token": "t", "auth_reads": auth_reads},
+        workers={"token": "w"},
+        gateway={"port": 0},
+        store={"kind": "memory"},
+        discovery={"kind": "static", "static": []},
+    )
     return assemble(settings, token="t", background=False)
 
 
@@ -74,16 +79,20 @@ def test_drift_is_caught_both_ways(tmp_path):
 
 def test_schemas_come_from_the_wire_models():
     agent, ctl = agent_document(auth_reads=False), controller_document(auth_reads=False)
-    for doc, models in ((agent, (AgentState, DiskUpdateRequest, ErrorBody)),
-                        (ctl, (FleetState, OperationResult, UpdateWeightsRequest, ErrorBody))):
+    for doc, models in (
+        (agent, (AgentState, DiskUpdateRequest, ErrorBody)),
+        (ctl, (FleetState, OperationResult, UpdateWeightsRequest, ErrorBody)),
+    ):
         for model in models:
             mode = "validation" if model.__name__.endswith("Request") else "serialization"
             expected = model.model_json_schema(ref_template=REF, mode=mode)
             expected.pop("$defs", None)
             assert doc["components"]["schemas"][model.__name__] == expected, model.__name__
     body = ctl["paths"]["/v1/rl/update_weights"]["post"]["requestBody"]
-    assert body == {"required": True, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/UpdateWeightsRequest"}}}}
+    assert body == {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/UpdateWeightsRequest"}}},
+    }
     # A union body: the facade's /update_weights is a broadcast chunk or a disk update.
     union = ctl["paths"]["/update_weights"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert {s["$ref"].rsplit("/", 1)[1] for s in union["anyOf"]} == {"TransferUpdateRequest", "DiskWeightsRequest"}
@@ -98,9 +107,16 @@ def test_model_names_that_collide_get_distinct_components():
         a: int
 
     other = type("Thing", (BaseModel,), {"__annotations__": {"b": str}, "__module__": "elsewhere"})
-    doc = build_document([Route("POST", "/a", "a", body=Thing), Route("POST", "/b", "b", body=other)],
-                         title="t", version="0", description="", auth_reads=False)
-    refs = {doc["paths"][p]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"] for p in ("/a", "/b")}
+    doc = build_document(
+        [Route("POST", "/a", "a", body=Thing), Route("POST", "/b", "b", body=other)],
+        title="t",
+        version="0",
+        description="",
+        auth_reads=False,
+    )
+    refs = {
+        doc["paths"][p]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"] for p in ("/a", "/b")
+    }
     assert len(refs) == 2
 
 
@@ -121,7 +137,8 @@ def test_errors_and_security_are_declared(side):
             for status, answer in op["responses"].items():
                 if int(status) >= 400 and int(status) not in route.answers:
                     assert answer["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/ErrorBody"}, (route.key, status)
+                        "$ref": "#/components/schemas/ErrorBody"
+                    }, (route.key, status)
     error = document_for(auth_reads=False)["components"]["schemas"]["ErrorDetail"]
     assert set(error["required"]) == {"code", "message"} and "field" in error["properties"]
 

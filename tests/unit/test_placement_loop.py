@@ -83,8 +83,9 @@ async def test_the_count_comes_from_the_desired_state_once_set_and_a_change_wake
     desired: list[int | None] = [None]
     placer = FakePlacer()
     status = PlacementStatus(settings(replicas=2, interval_s=60), desired=lambda: desired[0])
-    loop = asyncio.create_task(run_placement(settings=status.settings, is_leader=lambda: True, placer=placer,
-                                             status=status))
+    loop = asyncio.create_task(
+        run_placement(settings=status.settings, is_leader=lambda: True, placer=placer, status=status)
+    )
     try:
         while not placer.asked:
             await asyncio.sleep(0.01)
@@ -105,15 +106,13 @@ async def test_the_count_comes_from_the_desired_state_once_set_and_a_change_wake
 
 async def test_a_follower_places_nothing_and_never_tears_down() -> None:
     placer = FakePlacer()
-    await run_placement(settings=settings(teardown=True), is_leader=lambda: False, placer=placer,
-                        passes=3)
+    await run_placement(settings=settings(teardown=True), is_leader=lambda: False, placer=placer, passes=3)
     assert placer.calls == ["close"]
 
 
 async def test_teardown_only_when_configured() -> None:
     placer = FakePlacer()
-    await run_placement(settings=settings(teardown=True), is_leader=lambda: True, placer=placer,
-                        passes=1)
+    await run_placement(settings=settings(teardown=True), is_leader=lambda: True, placer=placer, passes=1)
     assert placer.calls == ["reconcile", "teardown", "close"]
     placer = FakePlacer()
     await run_placement(settings=settings(), is_leader=lambda: True, placer=placer, passes=1)
@@ -143,8 +142,9 @@ class StuckPlacer(FakePlacer):
 
 
 async def _stop_during_a_pass(placer: StuckPlacer, **kw: Any) -> float:
-    loop = asyncio.create_task(run_placement(settings=settings(teardown=True, call_timeout_s=60, **kw),
-                                             is_leader=lambda: True, placer=placer))
+    loop = asyncio.create_task(
+        run_placement(settings=settings(teardown=True, call_timeout_s=60, **kw), is_leader=lambda: True, placer=placer)
+    )
     while not placer.in_pass.is_set():
         await asyncio.sleep(0.01)
     t0 = time.monotonic()

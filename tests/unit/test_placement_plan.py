@@ -73,8 +73,11 @@ def test_settings_refuse_a_teardown_deadline_the_front_would_cut_short() -> None
         return ControllerSettings(
             api={"front": front, "core_stop_timeout_s": 30},
             discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:8265"}},
-            placement={"kind": "ray", "ray": {"address": "127.0.0.1:6379", "teardown": teardown,
-                                              "teardown_timeout_s": teardown_timeout_s}})
+            placement={
+                "kind": "ray",
+                "ray": {"address": "127.0.0.1:6379", "teardown": teardown, "teardown_timeout_s": teardown_timeout_s},
+            },
+        )
 
     assert settings(20).placement.ray is not None  # the defaults (20 s under 30 s) hold
     with pytest.raises(ValidationError, match=r"teardown_timeout_s \(30\) must be below api.core_stop_timeout_s"):

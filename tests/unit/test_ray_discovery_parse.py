@@ -35,8 +35,7 @@ def actors(answer: dict) -> list[dict]:
 def with_actors(entries: list[Any]) -> dict:
     answer = copy.deepcopy(ANSWERS["alive"])
     answer["data"]["result"]["result"] = entries
-    answer["data"]["result"].update(total=len(entries), num_after_truncation=len(entries),
-                                    num_filtered=len(entries))
+    answer["data"]["result"].update(total=len(entries), num_after_truncation=len(entries), num_filtered=len(entries))
     return answer
 
 
@@ -46,7 +45,13 @@ def test_alive_actors_become_members_named_or_by_actor_id() -> None:
     assert set(by_id) == {NAMED, UNNAMED}
     a = by_id[NAMED]
     assert (a.admin_url, a.inference_url, a.flavor, a.world_size, a.model, a.incarnation) == (
-        "http://127.0.0.1:1111", "http://127.0.0.1:1112", "agent", 1, "sim", "0")
+        "http://127.0.0.1:1111",
+        "http://127.0.0.1:1112",
+        "agent",
+        1,
+        "sim",
+        "0",
+    )
     assert by_id[UNNAMED].inference_url is None
     assert found.skipped == [] and set(found.states.values()) == {"ALIVE"}
 
@@ -69,8 +74,10 @@ def test_a_restart_keeps_the_member_and_changes_its_incarnation() -> None:
 
 
 def test_a_restart_starts_the_members_record_afresh_so_it_is_converged_again() -> None:
-    registry = FleetRegistry(make_driver=lambda spec: object(),  # type: ignore[arg-type,return-value]
-                             changes=ChangeCounter())
+    registry = FleetRegistry(
+        make_driver=lambda spec: object(),  # type: ignore[arg-type,return-value]
+        changes=ChangeCounter(),
+    )
     registry.apply(parse_actors(ANSWERS["alive"], namespace="rl").specs)
     before = registry.get(NAMED)
     assert before is not None
@@ -103,17 +110,20 @@ def test_bad_actors_are_skipped_with_a_reason_and_the_rest_kept() -> None:
     def bad(**kw: Any) -> dict:
         return {**good, "actor_id": kw.pop("actor_id", "x" * 8), "name": kw.pop("name", ""), **kw}
 
-    entries = [good, "not an object",
-               bad(actor_id="a0", repr_name=""),  # a class without a __repr__ of its own (verl's)
-               bad(actor_id="a1", repr_name="", state="PENDING_CREATION"),  # not created yet
-               bad(actor_id="a2", repr_name="Engine(pid=4)"),  # a framework's actor: not ours
-               bad(actor_id="a3", repr_name=json.dumps({"rlcp": 2, "admin_url": "http://x"})),
-               bad(actor_id="a4", repr_name=json.dumps({"rlcp": True, "admin_url": "http://x"})),
-               bad(actor_id="a5", repr_name=json.dumps({"rlcp": 1})),
-               bad(actor_id="a6", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "flavor": "tgi"})),
-               bad(actor_id="a7", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "world_size": 0})),
-               bad(actor_id="a8", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "routes": [1]})),
-               bad(name=NAMED, actor_id="dup")]  # a second live actor under one name
+    entries = [
+        good,
+        "not an object",
+        bad(actor_id="a0", repr_name=""),  # a class without a __repr__ of its own (verl's)
+        bad(actor_id="a1", repr_name="", state="PENDING_CREATION"),  # not created yet
+        bad(actor_id="a2", repr_name="Engine(pid=4)"),  # a framework's actor: not ours
+        bad(actor_id="a3", repr_name=json.dumps({"rlcp": 2, "admin_url": "http://x"})),
+        bad(actor_id="a4", repr_name=json.dumps({"rlcp": True, "admin_url": "http://x"})),
+        bad(actor_id="a5", repr_name=json.dumps({"rlcp": 1})),
+        bad(actor_id="a6", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "flavor": "tgi"})),
+        bad(actor_id="a7", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "world_size": 0})),
+        bad(actor_id="a8", repr_name=json.dumps({"rlcp": 1, "admin_url": "http://x", "routes": [1]})),
+        bad(name=NAMED, actor_id="dup"),
+    ]  # a second live actor under one name
     found = parse_actors(with_actors(entries), namespace="rl")
     assert [s.id for s in found.specs] == [NAMED]
     reasons = {s.actor_id: s.reason for s in found.skipped}
@@ -138,10 +148,16 @@ def test_a_name_taken_again_after_its_actor_died_is_the_live_actor() -> None:
         assert found.states == {"w": "ALIVE"} and found.skipped == []
 
 
-@pytest.mark.parametrize("body", [
-    [], "x", {"result": False, "msg": "Failed to query"}, {"result": True, "data": {}},
-    {"result": True, "data": {"result": {"result": "no"}}},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "x",
+        {"result": False, "msg": "Failed to query"},
+        {"result": True, "data": {}},
+        {"result": True, "data": {"result": {"result": "no"}}},
+    ],
+)
 def test_a_malformed_answer_is_a_failed_poll(body: Any) -> None:
     with pytest.raises(RayStateError):
         parse_actors(body)
@@ -163,15 +179,22 @@ def test_a_truncated_answer_is_a_failed_poll_not_a_partial_list() -> None:
 def test_query_filters_on_the_server_where_it_can() -> None:
     assert query(namespace=None, class_name=None, limit=7) == [("detail", "true"), ("limit", "7")]
     q = query(namespace="rl", class_name="Engine", limit=10)
-    assert q[2:] == [("filter_keys", "ray_namespace"), ("filter_predicates", "="), ("filter_values", "rl"),
-                     ("filter_keys", "class_name"), ("filter_predicates", "="), ("filter_values", "Engine")]
+    assert q[2:] == [
+        ("filter_keys", "ray_namespace"),
+        ("filter_predicates", "="),
+        ("filter_values", "rl"),
+        ("filter_keys", "class_name"),
+        ("filter_predicates", "="),
+        ("filter_values", "Engine"),
+    ]
 
 
 def test_settings_require_the_ray_section_and_the_factory_builds_the_source() -> None:
     with pytest.raises(ValueError, match="discovery.ray"):
         ControllerSettings(discovery={"kind": "ray"})
-    s = ControllerSettings(discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:8265",
-                                                             "namespace": "rl", "token": "t"}})
+    s = ControllerSettings(
+        discovery={"kind": "ray", "ray": {"dashboard_url": "http://127.0.0.1:8265", "namespace": "rl", "token": "t"}}
+    )
     src = make_source(s, session=None)  # type: ignore[arg-type]
     assert isinstance(src, RayActorSource) and src.name == "ray"
     with pytest.raises(ValueError):
@@ -179,6 +202,7 @@ def test_settings_require_the_ray_section_and_the_factory_builds_the_source() ->
 
 
 # -- the poller, against a real server on loopback -----------------------------------------
+
 
 class Dashboard:
     def __init__(self) -> None:
@@ -205,24 +229,39 @@ async def test_failed_polls_yield_nothing_and_recover(dashboard: tuple[Dashboard
     d, server = dashboard
     d.statuses = [200, 500, 503]
     async with aiohttp.ClientSession() as session:
-        src = RayActorSource(session=session, dashboard_url=str(server.make_url("/")), namespace="rl",
-                             interval_s=0.01, max_backoff_s=0.02, token="tok", iterations=4)
+        src = RayActorSource(
+            session=session,
+            dashboard_url=str(server.make_url("/")),
+            namespace="rl",
+            interval_s=0.01,
+            max_backoff_s=0.02,
+            token="tok",
+            iterations=4,
+        )
         with capture_logs() as logs:
             got = [sorted(s.id for s in specs) async for specs in src.watch()]
     assert got == [sorted([NAMED, UNNAMED])] * 2  # polls 2 and 3 handed on nothing
     assert [e["event"] for e in logs if e["event"].startswith("ray_poll")] == [
-        "ray_poll_failed", "ray_poll_failed", "ray_poll_recovered"]
+        "ray_poll_failed",
+        "ray_poll_failed",
+        "ray_poll_recovered",
+    ]
     assert d.seen[0].headers["Authorization"] == "Bearer tok"
     assert d.seen[0].query.getall("filter_values") == ["rl"] and d.seen[0].query["detail"] == "true"
 
 
 async def test_down_members_and_skips_are_logged_once(dashboard: tuple[Dashboard, TestServer]) -> None:
     d, server = dashboard
-    d.answer = with_actors([*actors(ANSWERS["dead"]), {**actors(ANSWERS["alive"])[0], "actor_id": "z",
-                                                        "name": "other", "repr_name": "Engine()"}])
+    d.answer = with_actors(
+        [
+            *actors(ANSWERS["dead"]),
+            {**actors(ANSWERS["alive"])[0], "actor_id": "z", "name": "other", "repr_name": "Engine()"},
+        ]
+    )
     async with aiohttp.ClientSession() as session:
-        src = RayActorSource(session=session, dashboard_url=str(server.make_url("")), namespace="rl",
-                             interval_s=0.01, iterations=3)
+        src = RayActorSource(
+            session=session, dashboard_url=str(server.make_url("")), namespace="rl", interval_s=0.01, iterations=3
+        )
         with capture_logs() as logs:
             lists = [specs async for specs in src.watch()]
     assert len(lists) == 3 and all(len(x) == 2 for x in lists)
@@ -244,9 +283,17 @@ def test_an_actors_description_gives_its_labels_and_a_bad_one_skips_it() -> None
     def actor(actor_id: str, name: str, labels: Any) -> dict:
         return {**good, "actor_id": actor_id, "name": name, "repr_name": json.dumps({**described, "labels": labels})}
 
-    found = parse_actors(with_actors([actor("a0", "policy-0", {"role": "policy"}), actor("a1", "plain", None),
-                                      actor("a2", "bad", {"role": "not ok"}), actor("a3", "worse", "role=x")]),
-                         namespace="rl")
+    found = parse_actors(
+        with_actors(
+            [
+                actor("a0", "policy-0", {"role": "policy"}),
+                actor("a1", "plain", None),
+                actor("a2", "bad", {"role": "not ok"}),
+                actor("a3", "worse", "role=x"),
+            ]
+        ),
+        namespace="rl",
+    )
     assert {s.id: dict(s.labels) for s in found.specs} == {"policy-0": {"role": "policy"}, "plain": {}}
     reasons = {s.actor_id: s.reason for s in found.skipped}
     assert "labels in __repr__: label value 'not ok'" in reasons["a2"] and "not an object" in reasons["a3"]

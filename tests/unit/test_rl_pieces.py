@@ -40,15 +40,29 @@ def test_on_policy_the_loss_is_plain_policy_gradient_and_old_tokens_are_weighted
 
 
 def test_spans_give_each_token_its_version_and_headers_fill_in():
-    assert token_versions([{"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 3}], 4,
-                          "z") == ["a", "a", "b", "z"]
-    body = {"choices": [
-        {"index": 1, "token_ids": [5, 6], "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}},
-        {"index": 0, "token_ids": [7], "logprobs": {"content": [{"logprob": -0.3}]},
-         "weight_versions": [{"version": "v2", "start": 0, "end": 1}]}]}
-    headers = {"X-RL-Worker": "w1", "X-RL-Weight-Version": "v1",
-               "X-RL-Weight-Versions": '[[{"version": "v2", "start": 0, "end": 1}], [{"version": "v3", "start": 1, '
-                                       '"end": 2}]]'}
+    assert token_versions([{"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 3}], 4, "z") == [
+        "a",
+        "a",
+        "b",
+        "z",
+    ]
+    body = {
+        "choices": [
+            {"index": 1, "token_ids": [5, 6], "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}},
+            {
+                "index": 0,
+                "token_ids": [7],
+                "logprobs": {"content": [{"logprob": -0.3}]},
+                "weight_versions": [{"version": "v2", "start": 0, "end": 1}],
+            },
+        ]
+    }
+    headers = {
+        "X-RL-Worker": "w1",
+        "X-RL-Weight-Version": "v1",
+        "X-RL-Weight-Versions": '[[{"version": "v2", "start": 0, "end": 1}], [{"version": "v3", "start": 1, '
+        '"end": 2}]]',
+    }
     first, second = parse_answer(body, headers, (1, 2), "http://server")
     assert (first.tokens, first.versions, first.worker) == ([7], ["v2"], "w1")
     assert (second.tokens, second.logprobs, second.versions) == ([5, 6], [-0.1, -0.2], ["v1", "v3"])

@@ -13,24 +13,48 @@ LONG_VERSION = "step-000123-20261123T0915"
 
 
 def fleet_state() -> dict:
-    worker = {"id": LONG_ID, "admin_url": "http://10.0.0.17:8101", "inference_url": "http://10.0.0.17:8100",
-              "flavor": "agent", "world_size": 2, "reachable": True, "ready": True, "serving": True,
-              "paused": False, "requests": {"running": 3, "waiting": 0, "frozen": 0},
-              "weight_version": LONG_VERSION, "loras": {"sql-adapter": "7"},
-              "last_result": {"worker_id": LONG_ID, "status": "error", "phase": "update",
-                              "message": "POST /v1/agent/weights/disk answered 500: the checkpoint lacks "
-                                         "model.layers.3.mlp.down_proj.weight and 11 more tensors"}}
-    return {"phase": "serving", "quiesced": False, "pause_state": "running",
-            "requests": {"running": 3, "waiting": 0, "frozen": 0},
-            "desired": {"weight_version": LONG_VERSION, "applied_versions": [LONG_VERSION]},
-            "applied": {"weight_version": LONG_VERSION, "converged": True, "verified": True},
-            "membership_epoch": 4, "discovery_synced": True, "last_operation": None,
-            "gateway": {"url": "http://127.0.0.1:8090", "allowed_versions": [LONG_VERSION], "staleness_bound": 0,
-                        "held": 2, "routed": 901, "rejected": 1,
-                        "workers": [{"worker_id": LONG_ID, "in_fence": True, "in_flight": 3, "routed": 901,
-                                     "failed": 0}]},
-            "workers": [worker, {**worker, "id": LONG_ID.replace("0017", "0018"), "serving": False,
-                                 "paused": True}]}
+    worker = {
+        "id": LONG_ID,
+        "admin_url": "http://10.0.0.17:8101",
+        "inference_url": "http://10.0.0.17:8100",
+        "flavor": "agent",
+        "world_size": 2,
+        "reachable": True,
+        "ready": True,
+        "serving": True,
+        "paused": False,
+        "requests": {"running": 3, "waiting": 0, "frozen": 0},
+        "weight_version": LONG_VERSION,
+        "loras": {"sql-adapter": "7"},
+        "last_result": {
+            "worker_id": LONG_ID,
+            "status": "error",
+            "phase": "update",
+            "message": "POST /v1/agent/weights/disk answered 500: the checkpoint lacks "
+            "model.layers.3.mlp.down_proj.weight and 11 more tensors",
+        },
+    }
+    return {
+        "phase": "serving",
+        "quiesced": False,
+        "pause_state": "running",
+        "requests": {"running": 3, "waiting": 0, "frozen": 0},
+        "desired": {"weight_version": LONG_VERSION, "applied_versions": [LONG_VERSION]},
+        "applied": {"weight_version": LONG_VERSION, "converged": True, "verified": True},
+        "membership_epoch": 4,
+        "discovery_synced": True,
+        "last_operation": None,
+        "gateway": {
+            "url": "http://127.0.0.1:8090",
+            "allowed_versions": [LONG_VERSION],
+            "staleness_bound": 0,
+            "held": 2,
+            "routed": 901,
+            "rejected": 1,
+            "workers": [{"worker_id": LONG_ID, "in_fence": True, "in_flight": 3, "routed": 901, "failed": 0}],
+        },
+        "workers": [worker, {**worker, "id": LONG_ID.replace("0017", "0018"), "serving": False, "paused": True}],
+    }
 
 
 def test_ids_and_versions_stay_whole_at_80_columns() -> None:
@@ -50,12 +74,28 @@ def test_a_rolling_update_shows_its_wave_its_capacity_and_the_members_it_took_ou
     state = fleet_state()
     state["workers"][1] |= {"cordoned": True}
     state["update"] = {
-        "operation_id": "3f2a9c1b04de", "status": "running", "version": LONG_VERSION,
-        "progress": {"strategy": "rolling", "max_unavailable": 1, "waves": 4, "waves_done": 1, "wave": [LONG_ID],
-                     "updated": 1, "failed": 0},
-        "bubble": {"members": 4, "serving_at_start": 4, "min_serving": 3, "mean_capacity": 0.75,
-                   "worker_seconds_out": 3.2, "capacity": [{"t_s": 0, "serving": 4}, {"t_s": 0.1, "serving": 3}],
-                   "workers": []}}
+        "operation_id": "3f2a9c1b04de",
+        "status": "running",
+        "version": LONG_VERSION,
+        "progress": {
+            "strategy": "rolling",
+            "max_unavailable": 1,
+            "waves": 4,
+            "waves_done": 1,
+            "wave": [LONG_ID],
+            "updated": 1,
+            "failed": 0,
+        },
+        "bubble": {
+            "members": 4,
+            "serving_at_start": 4,
+            "min_serving": 3,
+            "mean_capacity": 0.75,
+            "worker_seconds_out": 3.2,
+            "capacity": [{"t_s": 0, "serving": 4}, {"t_s": 0.1, "serving": 3}],
+            "workers": [],
+        },
+    }
     console = Console(width=80, record=True, color_system=None)
     console.print(state_view(FleetState.model_validate(state)))
     out = console.export_text()

@@ -46,12 +46,22 @@ def test_shipped_example_configs_load():
 
 
 def test_static_members_carry_labels_and_a_bad_label_is_a_settings_error():
-    ok = load_controller(discovery={"kind": "static", "static": [
-        {"id": "w0", "admin_url": "http://w0:9000", "labels": {"role": "policy", "rlcp.io/model": "qwen3"}}]})
+    ok = load_controller(
+        discovery={
+            "kind": "static",
+            "static": [
+                {"id": "w0", "admin_url": "http://w0:9000", "labels": {"role": "policy", "rlcp.io/model": "qwen3"}}
+            ],
+        }
+    )
     assert dict(ok.discovery.static[0].labels) == {"role": "policy", "rlcp.io/model": "qwen3"}
     with pytest.raises(ValidationError, match=r"discovery\.static\.0\.labels[\s\S]*label value 'not ok'"):
-        load_controller(discovery={"kind": "static", "static": [
-            {"id": "w0", "admin_url": "http://w0:9000", "labels": {"role": "not ok"}}]})
+        load_controller(
+            discovery={
+                "kind": "static",
+                "static": [{"id": "w0", "admin_url": "http://w0:9000", "labels": {"role": "not ok"}}],
+            }
+        )
 
 
 def test_engine_route_allowlist_defaults_overrides_and_bad_names():

@@ -29,8 +29,15 @@ async def sim() -> AsyncIterator[SimEngine]:
     await engine.shutdown()
 
 
-async def run(engine: SimEngine, request_id: str, *, max_tokens: int = 8, prompt: list[int] = PROMPT,
-              lora_name: str | None = None, seen: list[SimOutput] | None = None) -> SimOutput:
+async def run(
+    engine: SimEngine,
+    request_id: str,
+    *,
+    max_tokens: int = 8,
+    prompt: list[int] = PROMPT,
+    lora_name: str | None = None,
+    seen: list[SimOutput] | None = None,
+) -> SimOutput:
     """Drive one request to its end; returns the final output."""
     last = None
     async for last in engine.generate(prompt, max_tokens=max_tokens, request_id=request_id, lora_name=lora_name):
@@ -243,8 +250,7 @@ async def test_disk_load_needs_safetensors(sim: SimEngine, tmp_path: Path) -> No
             await sim.load_weights_from_disk(path)
 
 
-async def test_weights_changed_under_a_frozen_request_show_in_its_next_tokens(sim: SimEngine,
-                                                                            tmp_path: Path) -> None:
+async def test_weights_changed_under_a_frozen_request_show_in_its_next_tokens(sim: SimEngine, tmp_path: Path) -> None:
     reference = (await run(sim, "ref", max_tokens=40)).token_ids
     await sim.set_weight_version("v1")
     seen: list[SimOutput] = []
@@ -425,8 +431,14 @@ async def test_kill_makes_every_primitive_fail(sim: SimEngine) -> None:
     assert not sim.is_alive()
     with pytest.raises(EngineError, match="engine dead"):
         await task
-    for call in (sim.pause("abort"), sim.resume(), sim.get_weight_version(), sim.list_lora_ids(),
-                 sim.set_weight_version("v"), sim.start_weight_update()):
+    for call in (
+        sim.pause("abort"),
+        sim.resume(),
+        sim.get_weight_version(),
+        sim.list_lora_ids(),
+        sim.set_weight_version("v"),
+        sim.start_weight_update(),
+    ):
         with pytest.raises(EngineError, match="engine dead"):
             await call
     with pytest.raises(EngineError, match="engine dead"):
@@ -527,25 +539,30 @@ async def test_models_and_completions(sim: SimEngine, client: TestClient, tmp_pa
 
 
 async def test_streaming_completion(sim: SimEngine, client: TestClient) -> None:
-    resp = await client.post("/v1/completions",
-                             json={"model": "sim-model", "prompt": "hey", "max_tokens": 6, "stream": True})
+    resp = await client.post(
+        "/v1/completions", json={"model": "sim-model", "prompt": "hey", "max_tokens": 6, "stream": True}
+    )
     assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
     events = [line.removeprefix("data: ") for line in (await resp.text()).split("\n\n") if line]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
-    assert sum((c["token_ids"] for c in chunks), []) == (await run(sim, "d", prompt=list(b"hey"),
-                                                                    max_tokens=6)).token_ids
+    assert (
+        sum((c["token_ids"] for c in chunks), []) == (await run(sim, "d", prompt=list(b"hey"), max_tokens=6)).token_ids
+    )
     assert chunks[-1]["finish_reason"] == "length" and all(c["finish_reason"] is None for c in chunks[:-1])
 
 
-@pytest.mark.parametrize(("body", "status", "field"), [
-    ({"model": "sim-model", "prompt": "", "max_tokens": 3}, 400, "prompt"),
-    ({"model": "sim-model", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": "sim-model", "prompt": ["a"], "max_tokens": 3}, 400, "prompt"),
-    ({"prompt": "x"}, 400, "model"),
-    ([1, 2], 400, "body"),
-    ({"model": "nope", "prompt": "x"}, 404, "model"),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"model": "sim-model", "prompt": "", "max_tokens": 3}, 400, "prompt"),
+        ({"model": "sim-model", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "sim-model", "prompt": ["a"], "max_tokens": 3}, 400, "prompt"),
+        ({"prompt": "x"}, 400, "model"),
+        ([1, 2], 400, "body"),
+        ({"model": "nope", "prompt": "x"}, 404, "model"),
+    ],
+)
 async def test_bad_completion_bodies(client: TestClient, body: object, status: int, field: str) -> None:
     resp = await client.post("/v1/completions", json=body)
     assert resp.status == status

@@ -19,10 +19,16 @@ from rlcp.core.wire.controller import DesiredState, RequestCounts, WorkerResult
 
 
 def seen(registry: FleetRegistry, wid: str, version: str | None, *, ok: bool = True) -> None:
-    status = WorkerStatus(paused=False, weight_version=version, ready=True, instance_id="a",
-                          requests=RequestCounts(running=1, waiting=0, frozen=0))
-    result = WorkerResult(worker_id=wid, status="ok" if ok else "error", phase="status",
-                          message=None if ok else "connection refused")
+    status = WorkerStatus(
+        paused=False,
+        weight_version=version,
+        ready=True,
+        instance_id="a",
+        requests=RequestCounts(running=1, waiting=0, frozen=0),
+    )
+    result = WorkerResult(
+        worker_id=wid, status="ok" if ok else "error", phase="status", message=None if ok else "connection refused"
+    )
     registry.observe(Outcome(wid, result, status if ok else None))
 
 
@@ -47,9 +53,19 @@ def counted_registry(monkeypatch: pytest.MonkeyPatch):
 
 def document(registry: FleetRegistry, views: WorkerViews, desired: DesiredState):
     members = registry.members()
-    return build_state(FleetFacts(desired=desired, members=members, views=views.views(desired, members),
-                                  membership_epoch=1, discovery_synced=True, phase=None, operation=None,
-                                  verified=True, transfer=None))
+    return build_state(
+        FleetFacts(
+            desired=desired,
+            members=members,
+            views=views.views(desired, members),
+            membership_epoch=1,
+            discovery_synced=True,
+            phase=None,
+            operation=None,
+            verified=True,
+            transfer=None,
+        )
+    )
 
 
 def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_serialization(counted_registry) -> None:
@@ -65,7 +81,7 @@ def test_only_changed_members_are_made_again_and_the_splice_is_the_whole_seriali
     second = cache.json()
     assert made == {"w0": 2, "w1": 1, "w2": 2, "w3": 1}
     assert second == document(registry, views, desired).model_dump_json().encode() and second != first
-    assert b'"not_ready_reason":"at weight version \'v2\', desired \'v1\'"' in second
+    assert b"\"not_ready_reason\":\"at weight version 'v2', desired 'v1'\"" in second
 
     seen(registry, "w3", None, ok=False)  # unreachable
     third = cache.json()
@@ -87,7 +103,9 @@ def test_a_new_desired_state_or_a_replaced_member_remakes_them(counted_registry)
     assert not any(w.reachable for w in state.workers)
 
 
-def test_the_cache_tags_each_generation_and_compresses_it_once(counted_registry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cache_tags_each_generation_and_compresses_it_once(
+    counted_registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gzip
 
     registry, changes, _ = counted_registry

@@ -18,9 +18,12 @@ _OPEN_PATHS = open_paths(ROUTES)
 def build_admin_app(service: AgentService, *, token: str) -> web.Application:
     settings = service.settings.admin
     app = web.Application(
-        client_max_size=settings.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
-        middlewares=[make_error_middleware(settings.max_body_bytes),
-                     make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS)],
+        client_max_size=settings.max_body_bytes,
+        handler_args=BODY_HANDLER_ARGS,
+        middlewares=[
+            make_error_middleware(settings.max_body_bytes),
+            make_auth_middleware(token, auth_reads=settings.auth_reads, open_paths=_OPEN_PATHS),
+        ],
     )
     app[SERVICE] = service
     api.register(app)

@@ -14,12 +14,13 @@ from rlcp.core.openapi import Route, build_document, openapi_route
 
 ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
 
-DESCRIPTION = ("The admin port of one agent (one vLLM engine). The root routes take and answer what vLLM's RL "
-               "routes do; `/v1/agent/*` are this project's extras. Errors are `{\"error\": {\"code\", \"message\", "
-               "\"field\"?}}`. Mutating routes need the token (Bearer, or Basic with the token as the password); "
-               "with `admin.auth_reads` reads do too, except `/healthz`, `/readyz` and this document.")
+DESCRIPTION = (
+    "The admin port of one agent (one vLLM engine). The root routes take and answer what vLLM's RL "
+    'routes do; `/v1/agent/*` are this project\'s extras. Errors are `{"error": {"code", "message", '
+    '"field"?}}`. Mutating routes need the token (Bearer, or Basic with the token as the password); '
+    "with `admin.auth_reads` reads do too, except `/healthz`, `/readyz` and this document."
+)
 
 
 def agent_document(*, auth_reads: bool) -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-agent admin API", description=DESCRIPTION,
-                          auth_reads=auth_reads)
+    return build_document(ROUTES, title="rl-agent admin API", description=DESCRIPTION, auth_reads=auth_reads)

@@ -92,7 +92,7 @@ def amend_events(data: bytes, *, name_tokens: bool, spans_of: SpansOf | None) ->
     Only events that can need a change are parsed: this runs once per streamed token."""
     if not data.endswith(_EVENT_END):
         return data
-    events = data[:-len(_EVENT_END)].split(_EVENT_END)
+    events = data[: -len(_EVENT_END)].split(_EVENT_END)
     out = [_amend_event(e, name_tokens=name_tokens, spans_of=spans_of) for e in events]
     return _EVENT_END.join(out) + _EVENT_END
 
@@ -105,7 +105,7 @@ def _amend_event(event: bytes, *, name_tokens: bool, spans_of: SpansOf | None) -
     if not (wants_names or wants_spans):
         return event
     try:
-        chunk = json.loads(event[len(_DATA):])
+        chunk = json.loads(event[len(_DATA) :])
     except ValueError:
         return event  # `[DONE]` and anything else that is not JSON
     changed = wants_names and name_token_ids(chunk)

@@ -53,9 +53,13 @@ def build_engine(settings: AgentSettings) -> BuiltEngine:
 
 
 def _sim(engine: EngineSettings, inference: InferenceSettings) -> BuiltEngine:
-    sim = SimEngine(model_name=engine.model or "sim-model", world_size=engine.sim_world_size,
-                    op_latency_s=engine.sim_op_latency_s, token_interval_s=engine.sim_token_interval_s,
-                    load_latency_s=engine.sim_load_latency_s)
+    sim = SimEngine(
+        model_name=engine.model or "sim-model",
+        world_size=engine.sim_world_size,
+        op_latency_s=engine.sim_op_latency_s,
+        token_interval_s=engine.sim_token_interval_s,
+        load_latency_s=engine.sim_load_latency_s,
+    )
     return BuiltEngine(sim, _SimInferencePort(sim, inference))
 
 
@@ -66,8 +70,9 @@ class _SimInferencePort:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> int:
-        self._runner, port = await start_site(build_sim_inference_app(self._engine), self._settings.host,
-                                              self._settings.port)
+        self._runner, port = await start_site(
+            build_sim_inference_app(self._engine), self._settings.host, self._settings.port
+        )
         return port
 
     async def stop(self) -> None:

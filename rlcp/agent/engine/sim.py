@@ -45,13 +45,32 @@ from rlcp.core.wire.agent import PauseMode, RequestCounts, lora_checksum_key
 
 FinishReason = Literal["length", "abort"]
 _Scheduling = Literal["run", "paused_new", "paused_all"]  # vLLM's PauseState
-_FAULTABLE = frozenset({
-    "generate", "pause", "resume", "is_paused", "abort_requests", "load_weights_from_disk",
-    "reset_prefix_cache", "set_weight_version", "get_weight_version", "weight_checksums",
-    "reset_weights", "add_lora", "remove_lora", "list_lora_ids", "init_weight_transfer",
-    "start_weight_update", "update_weights", "finish_weight_update", "shutdown_weight_transfer",
-    "sleep", "wake_up", "is_sleeping",
-})
+_FAULTABLE = frozenset(
+    {
+        "generate",
+        "pause",
+        "resume",
+        "is_paused",
+        "abort_requests",
+        "load_weights_from_disk",
+        "reset_prefix_cache",
+        "set_weight_version",
+        "get_weight_version",
+        "weight_checksums",
+        "reset_weights",
+        "add_lora",
+        "remove_lora",
+        "list_lora_ids",
+        "init_weight_transfer",
+        "start_weight_update",
+        "update_weights",
+        "finish_weight_update",
+        "shutdown_weight_transfer",
+        "sleep",
+        "wake_up",
+        "is_sleeping",
+    }
+)
 _SLEEP_TAGS = frozenset({"weights", "kv_cache"})
 _PARAM_NAMES = ("model.embed_tokens.weight", "model.layers.0.mlp.weight", "lm_head.weight")
 _LORA_TENSORS = ("model.layers.0.self_attn.q_proj.lora_a", "model.layers.0.self_attn.q_proj.lora_b")
@@ -125,9 +144,17 @@ class _Request:
 class SimEngine:
     kind: Final[EngineKind] = "sim"
 
-    def __init__(self, *, model_name: str = "sim-model", world_size: int = 1, op_latency_s: float = 0.0,
-                 token_interval_s: float = 0.005, max_running: int = 8,
-                 initial_weight_version: str | None = "default", load_latency_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        model_name: str = "sim-model",
+        world_size: int = 1,
+        op_latency_s: float = 0.0,
+        token_interval_s: float = 0.005,
+        max_running: int = 8,
+        initial_weight_version: str | None = "default",
+        load_latency_s: float = 0.0,
+    ) -> None:
         self._model_name = model_name
         self._world_size = world_size
         self._op_latency_s = op_latency_s
@@ -231,8 +258,9 @@ class SimEngine:
             self._task = None
 
     # -- requests ----------------------------------------------------------------------------
-    async def generate(self, prompt_token_ids: list[int], *, max_tokens: int, request_id: str,
-                       lora_name: str | None = None) -> AsyncGenerator[SimOutput, None]:
+    async def generate(
+        self, prompt_token_ids: list[int], *, max_tokens: int, request_id: str, lora_name: str | None = None
+    ) -> AsyncGenerator[SimOutput, None]:
         await self._enter("generate", slow=False)
         if not prompt_token_ids or max_tokens < 1:
             raise EngineError(f"need a non-empty prompt and max_tokens >= 1, got max_tokens={max_tokens}")
@@ -300,7 +328,8 @@ class SimEngine:
     def _refresh(self) -> None:
         """Re-derive the scheduler's wake-up and the wait-mode drain from the queues."""
         steppable = self._scheduling != "paused_all" and bool(
-            self._running or (self._scheduling == "run" and self._waiting))
+            self._running or (self._scheduling == "run" and self._waiting)
+        )
         self._work.set() if steppable else self._work.clear()
         self._drained.clear() if self._running else self._drained.set()
 
@@ -362,8 +391,11 @@ class SimEngine:
     async def abort_requests(self, request_ids: list[str] | None) -> int:
         await self._enter("abort_requests")
         # Empty or None means all, as vLLM's /abort_requests does; the count is of requests found.
-        targets = [self._requests[r] for r in request_ids if r in self._requests] if request_ids \
+        targets = (
+            [self._requests[r] for r in request_ids if r in self._requests]
+            if request_ids
             else list(self._requests.values())
+        )
         for req in targets:
             self._finish(req, "abort")
         return len(targets)

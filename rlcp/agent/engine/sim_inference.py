@@ -54,8 +54,9 @@ class _HttpError(Exception):
 
 
 @web.middleware
-async def _error_middleware(request: web.Request,
-                            handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def _error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     engine = request.app[ENGINE_KEY]
     if not engine.is_alive():  # as the vLLM agent answers (`VersionedAnswers`)
         return web.json_response(engine_dead_body(), status=503)
@@ -68,8 +69,9 @@ async def _error_middleware(request: web.Request,
         return web.json_response({"error": detail}, status=exc.status)
     except EngineError as exc:
         if not engine.is_alive():  # it died during this request
-            return web.json_response({"error": {"code": "engine_error", "message": str(exc)}}, status=500,
-                                     headers={ENGINE_DIED_HEADER: "1"})
+            return web.json_response(
+                {"error": {"code": "engine_error", "message": str(exc)}}, status=500, headers={ENGINE_DIED_HEADER: "1"}
+            )
         return web.json_response({"error": {"code": "engine_error", "message": str(exc)}}, status=503)
 
 
@@ -85,8 +87,10 @@ async def _list_models(request: web.Request) -> web.Response:
     engine = request.app[ENGINE_KEY]
     base = engine.model_name
     cards = [{"id": base, "object": "model", "owned_by": "sim", "root": base, "parent": None}]
-    cards += [{"id": name, "object": "model", "owned_by": "sim", "root": name, "parent": base}
-              for name in engine.served_lora_names()]
+    cards += [
+        {"id": name, "object": "model", "owned_by": "sim", "root": name, "parent": base}
+        for name in engine.served_lora_names()
+    ]
     return web.json_response({"object": "list", "data": cards})
 
 
@@ -131,12 +135,24 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
             last = out
             async for last in outputs:
                 pass
-            choice = {"index": 0, "text": _text(last.token_ids), "finish_reason": last.finish_reason,
-                      "logprobs": None, "token_ids": last.token_ids, "prompt_token_ids": prompt}
-            usage = {"prompt_tokens": len(prompt), "completion_tokens": len(last.token_ids),
-                     "total_tokens": len(prompt) + len(last.token_ids)}
-            headers = ({WEIGHT_VERSIONS_HEADER: weight_versions_header([last.weight_versions])}
-                       if last.weight_versions else None)
+            choice = {
+                "index": 0,
+                "text": _text(last.token_ids),
+                "finish_reason": last.finish_reason,
+                "logprobs": None,
+                "token_ids": last.token_ids,
+                "prompt_token_ids": prompt,
+            }
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(last.token_ids),
+                "total_tokens": len(prompt) + len(last.token_ids),
+            }
+            headers = (
+                {WEIGHT_VERSIONS_HEADER: weight_versions_header([last.weight_versions])}
+                if last.weight_versions
+                else None
+            )
             return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
 
         # Later failures become an error event.
@@ -147,8 +163,13 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
             while True:
                 delta = out.token_ids[sent:]  # outputs are cumulative; stream only what is new
                 sent = len(out.token_ids)
-                choice = {"index": 0, "text": _text(delta), "finish_reason": out.finish_reason,
-                          "logprobs": None, "token_ids": delta}
+                choice = {
+                    "index": 0,
+                    "text": _text(delta),
+                    "finish_reason": out.finish_reason,
+                    "logprobs": None,
+                    "token_ids": delta,
+                }
                 await response.write(_sse({**head, "choices": [choice]}))
                 if out.finished:
                     break

@@ -68,8 +68,9 @@ def _stat_logger_factory(sink: dict[str, int]) -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 sink["waiting"] = scheduler_stats.num_waiting_reqs
                 sink["running"] = scheduler_stats.num_running_reqs
@@ -85,10 +86,20 @@ def build_vllm_args(engine: EngineSettings, inference: InferenceSettings) -> Any
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    argv = ["--model", engine.model, "--dtype", engine.dtype,
-            "--gpu-memory-utilization", str(engine.gpu_memory_utilization),
-            "--tensor-parallel-size", str(engine.tensor_parallel_size),
-            "--host", inference.host, "--port", str(inference.port)]
+    argv = [
+        "--model",
+        engine.model,
+        "--dtype",
+        engine.dtype,
+        "--gpu-memory-utilization",
+        str(engine.gpu_memory_utilization),
+        "--tensor-parallel-size",
+        str(engine.tensor_parallel_size),
+        "--host",
+        inference.host,
+        "--port",
+        str(inference.port),
+    ]
     if engine.served_model_name:
         argv += ["--served-model-name", engine.served_model_name]
     if engine.max_model_len:
@@ -118,8 +129,10 @@ def _install_worker_extension(args: Any) -> None:
     if not given:
         args.worker_extension_cls = _WORKER_EXTENSION
     elif not issubclass(resolve_obj_by_qualname(given), AdapterChecksumsExtension):
-        raise ValueError(f"engine.extra_engine_args.worker_extension_cls: {given!r} must subclass "
-                         f"{_WORKER_EXTENSION} (it hashes the adapters for the weight checksums)")
+        raise ValueError(
+            f"engine.extra_engine_args.worker_extension_cls: {given!r} must subclass "
+            f"{_WORKER_EXTENSION} (it hashes the adapters for the weight checksums)"
+        )
 
 
 class VllmEngine:
@@ -166,12 +179,19 @@ class VllmEngine:
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
         self._llm = AsyncLLM.from_vllm_config(
-            vllm_config=vllm_config, usage_context=UsageContext.OPENAI_API_SERVER,
+            vllm_config=vllm_config,
+            usage_context=UsageContext.OPENAI_API_SERVER,
             stat_loggers=[_stat_logger_factory(self._queue_depth)],
-            enable_log_requests=engine_args.enable_log_requests, disable_log_stats=False,
+            enable_log_requests=engine_args.enable_log_requests,
+            disable_log_stats=False,
         )
-        self._inference = InferenceServer(self._llm, args, served_version=lambda: self.served_version,
-                                          alive=self.is_alive, pausing=lambda: self._pausing)
+        self._inference = InferenceServer(
+            self._llm,
+            args,
+            served_version=lambda: self.served_version,
+            alive=self.is_alive,
+            pausing=lambda: self._pausing,
+        )
         await self._inference.start(self._inference_settings.host, self._inference_settings.port)
         log.info("vllm_engine_started", model=self.model_name, inference_port=self._inference.port)
 
@@ -247,8 +267,9 @@ class VllmEngine:
 
     async def reset_prefix_cache(self, *, include_running: bool, external: bool = False) -> bool:
         async with _engine_errors("reset_prefix_cache"):
-            return bool(await self._llm.reset_prefix_cache(reset_running_requests=include_running,
-                                                           reset_connector=external))  # the route's reset_external
+            return bool(
+                await self._llm.reset_prefix_cache(reset_running_requests=include_running, reset_connector=external)
+            )  # the route's reset_external
 
     async def set_weight_version(self, version: str) -> None:
         async with _engine_errors("update_weight_version"):
@@ -270,8 +291,7 @@ class VllmEngine:
             # Parameters of no bytes that no kernel probe covered: those checksums cannot tell two
             # weight versions apart.
             self._warned_empty_checksums = True
-            log.warning("weight_checksums_of_empty_tensors", empty=len(empty), tensors=len(merged),
-                        example=empty[0])
+            log.warning("weight_checksums_of_empty_tensors", empty=len(empty), tensors=len(merged), example=empty[0])
         if self._settings.enable_lora:
             merged |= await self._adapter_checksums()  # no base key starts with "lora:"
         return merged

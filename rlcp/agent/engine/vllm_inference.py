@@ -141,12 +141,14 @@ class SpanRecordingClient:
 def _spans_of(calls: list[CallSpans]) -> Callable[[int], list[Span] | None]:
     """An answer's choice index -> its spans: vLLM numbers the choices of a batch's k-th
     prompt from k * n."""
+
     def spans_of(index: int) -> list[Span] | None:
         for call in calls:
             if index < call.n:
                 return call.by_index.get(index)
             index -= call.n
         return None
+
     return spans_of
 
 
@@ -156,8 +158,9 @@ class VersionedAnswers:
     take it); marks the 5xx of a request during which the engine died (`X-RL-Engine-Died`);
     adds the recorded spans to the answer (`_AmendedAnswer`)."""
 
-    def __init__(self, app: Any, served_version: Callable[[], str | None], alive: Callable[[], bool],
-                 pausing: Callable[[], bool]) -> None:
+    def __init__(
+        self, app: Any, served_version: Callable[[], str | None], alive: Callable[[], bool], pausing: Callable[[], bool]
+    ) -> None:
         self.app = app
         self.served_version = served_version
         self.alive = alive
@@ -189,8 +192,13 @@ class VersionedAnswers:
 
 async def _answer_json(send: Any, status: int, payload: object) -> None:
     body = json.dumps(payload).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -275,16 +283,27 @@ class _AmendedAnswer:
         amended = amend_json(body)
         if amended is not None:
             body = amended
-            start = {**start, "headers": [*((k, v) for k, v in start["headers"] if k.lower() != b"content-length"),
-                                          (b"content-length", str(len(body)).encode())]}
+            start = {
+                **start,
+                "headers": [
+                    *((k, v) for k, v in start["headers"] if k.lower() != b"content-length"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body})
 
 
 class InferenceServer:
-    def __init__(self, engine_client: EngineClient, args: Namespace, *,
-                 served_version: Callable[[], str | None], alive: Callable[[], bool],
-                 pausing: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        engine_client: EngineClient,
+        args: Namespace,
+        *,
+        served_version: Callable[[], str | None],
+        alive: Callable[[], bool],
+        pausing: Callable[[], bool],
+    ) -> None:
         self._engine_client = engine_client
         self._served_version = served_version
         self._alive = alive
@@ -304,7 +323,12 @@ class InferenceServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(VersionedAnswers(app, self._served_version, self._alive, self._pausing), log_level="warning", access_log=False, lifespan="on")
+        config = uvicorn.Config(
+            VersionedAnswers(app, self._served_version, self._alive, self._pausing),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+        )
         self._server = _Server(config)
         # vLLM's engine-error handler reads it (as `vllm serve`'s launcher sets it): without
         # it a request that meets a dead engine gets an AttributeError 500, not the engine's error.

@@ -46,8 +46,12 @@ def repacked_layers(model: Any) -> Iterator[tuple[str, Any]]:
         # The layer's own parameter: a LoRA wrapper answers `weight` and `cpu_linear` too, from its
         # `base_layer`, which is probed under the parameter's own name.
         weight = dict(module.named_parameters(recurse=False)).get("weight")
-        if callable(getattr(module, "cpu_linear", None)) and weight is not None and weight.numel() == 0 \
-                and isinstance(getattr(module, "input_size_per_partition", None), int):
+        if (
+            callable(getattr(module, "cpu_linear", None))
+            and weight is not None
+            and weight.numel() == 0
+            and isinstance(getattr(module, "input_size_per_partition", None), int)
+        ):
             yield f"{name}.weight" if name else "weight", module
 
 
@@ -67,12 +71,12 @@ def kernel_weight(module: Any) -> torch.Tensor:
             # The output's width N is known only after the first block: size that one by K alone.
             rows = max(1, min(k - start, _BLOCK_BYTES // (itemsize * max(k, n or 1))))
             probe = torch.zeros(rows, k, dtype=dtype, device=device)
-            probe[:, start:start + rows].fill_diagonal_(1)
+            probe[:, start : start + rows].fill_diagonal_(1)
             out = module.cpu_linear(probe, empty, None)  # rows of W^T; the bias is left out
             if weight is None:
                 n = out.shape[-1]
                 weight = torch.empty(n, k, dtype=dtype, device=device)
-            weight[:, start:start + rows] = out.t()
+            weight[:, start : start + rows] = out.t()
             start += rows
     assert weight is not None  # k >= 1
     return weight

@@ -84,14 +84,18 @@ def _slot_holds(slot: torch.Tensor, tensor: torch.Tensor | None) -> bool:
     if tensor is None:
         return not bool(slot.any())
     rows, cols = tensor.shape
-    return (torch.equal(slot[:rows, :cols], tensor.to(device=slot.device, dtype=slot.dtype))
-            and not bool(slot[rows:].any()) and not bool(slot[:rows, cols:].any()))
+    return (
+        torch.equal(slot[:rows, :cols], tensor.to(device=slot.device, dtype=slot.dtype))
+        and not bool(slot[rows:].any())
+        and not bool(slot[:rows, cols:].any())
+    )
 
 
 def _fits(tensor: torch.Tensor | None, buffer: torch.Tensor) -> bool:
     """Whether `set_lora` copies `tensor` as is into a slot of `buffer` (slots, 1, rows, cols)."""
-    return tensor is None or (tensor.dim() == 2 and tensor.shape[0] <= buffer.shape[2]
-                              and tensor.shape[1] <= buffer.shape[3])
+    return tensor is None or (
+        tensor.dim() == 2 and tensor.shape[0] <= buffer.shape[2] and tensor.shape[1] <= buffer.shape[3]
+    )
 
 
 def _slot_audit(manager: Any, lora_model: Any, slot_index: int) -> Iterator[tuple[str, torch.Tensor]]:
@@ -104,8 +108,7 @@ def _slot_audit(manager: Any, lora_model: Any, slot_index: int) -> Iterator[tupl
         weights = lora_model.loras.get(module_name)
         for part in ("lora_a", "lora_b"):
             stacked = getattr(module, f"{part}_stacked", None)
-            if not isinstance(stacked, tuple) or not all(isinstance(b, torch.Tensor) and b.dim() == 4
-                                                         for b in stacked):
+            if not isinstance(stacked, tuple) or not all(isinstance(b, torch.Tensor) and b.dim() == 4 for b in stacked):
                 break  # not a linear layer's per-slice buffers
             value = getattr(weights, part) if weights is not None else None
             if isinstance(value, list):
@@ -136,14 +139,17 @@ class AdapterChecksumsExtension:
             return {}  # LoRA not enabled
         manager = lora_manager._adapter_manager  # vLLM's LoRAModelManager: the cache and the slots
         prefix = self._weight_checksum_prefix()
-        slots = {adapter_id: index for index, adapter_id in enumerate(manager.lora_index_to_id)
-                 if adapter_id is not None}
+        slots = {
+            adapter_id: index for index, adapter_id in enumerate(manager.lora_index_to_id) if adapter_id is not None
+        }
         answer: dict[str, dict[str, str]] = {}
         for adapter_id, lora_model in sorted(manager.list_adapters().items()):
             digests = {prefix + key: tensor_digest(tensor) for key, tensor in _registered(lora_model)}
             if adapter_id in slots:
-                digests |= {prefix + key: tensor_digest(slot)
-                            for key, slot in _slot_audit(manager, lora_model, slots[adapter_id])}
+                digests |= {
+                    prefix + key: tensor_digest(slot)
+                    for key, slot in _slot_audit(manager, lora_model, slots[adapter_id])
+                }
             answer[str(adapter_id)] = digests
         return answer
 
@@ -152,5 +158,7 @@ class AdapterChecksumsExtension:
         read back through the kernel (`vllm_kernel_weights`; costs one K-token forward per layer).
         Empty where no layer was repacked (GPU workers keep their parameters)."""
         prefix = self._weight_checksum_prefix()
-        return {prefix + name: tensor_digest(kernel_weight(module))
-                for name, module in repacked_layers(self.model_runner.get_model())}
+        return {
+            prefix + name: tensor_digest(kernel_weight(module))
+            for name, module in repacked_layers(self.model_runner.get_model())
+        }

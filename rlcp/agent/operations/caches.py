@@ -18,5 +18,8 @@ class Caches:
         """True once dropped; False (vLLM's answer) while requests hold blocks and `running`
         was not given: nothing was dropped."""
         async with self._ctx.operation("reset_prefix_cache"):
-            return await self._ctx.call(self._engine.reset_prefix_cache(include_running=running, external=external),
-                                        self._ctx.timeouts.control_s, "reset_prefix_cache")
+            return await self._ctx.call(
+                self._engine.reset_prefix_cache(include_running=running, external=external),
+                self._ctx.timeouts.control_s,
+                "reset_prefix_cache",
+            )

@@ -35,8 +35,7 @@ class EngineControl:
     async def start(self) -> None:
         """Read whether the engine is paused or asleep, once; from here on this agent tracks it."""
         self._paused = await self._ctx.call(self._engine.is_paused(), self._ctx.timeouts.control_s, "is_paused")
-        self._sleeping = await self._ctx.call(self._engine.is_sleeping(), self._ctx.timeouts.control_s,
-                                              "is_sleeping")
+        self._sleeping = await self._ctx.call(self._engine.is_sleeping(), self._ctx.timeouts.control_s, "is_sleeping")
 
     async def sleep(self, level: int, mode: PauseMode, timeout_s: float | None = None) -> None:
         """Pause (`mode`), then release memory (level 1 or 2; level 0 pauses only). Asleep
@@ -46,16 +45,20 @@ class EngineControl:
         async with self._ctx.operation("sleep", level=str(level), mode=mode):
             self._sleeping = self._sleeping or level >= 1
             self._paused = True
-            await self._ctx.call(self._engine.sleep(level, mode), timeout_s or self._ctx.timeouts.pause_s,
-                                 f"sleep(level={level}, mode={mode})")
+            await self._ctx.call(
+                self._engine.sleep(level, mode),
+                timeout_s or self._ctx.timeouts.pause_s,
+                f"sleep(level={level}, mode={mode})",
+            )
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         """Bring memory back (every allocation, or the tagged ones); True once fully awake,
         when the engine has also resumed scheduling."""
         async with self._ctx.operation("wake_up", tags=",".join(tags) if tags else None):
             # Moving the weights back is a load's work, not a control call's.
-            fully_awake = await self._ctx.call(self._engine.wake_up(tags or None), self._ctx.timeouts.weight_load_s,
-                                               "wake_up")
+            fully_awake = await self._ctx.call(
+                self._engine.wake_up(tags or None), self._ctx.timeouts.weight_load_s, "wake_up"
+            )
             self._sleeping = not fully_awake
             if fully_awake:
                 await self._refresh_paused()
@@ -64,8 +67,9 @@ class EngineControl:
     async def pause(self, mode: PauseMode, timeout_s: float | None = None) -> None:
         async with self._ctx.operation("pause", mode=mode):
             try:
-                await self._ctx.call(self._engine.pause(mode), timeout_s or self._ctx.timeouts.pause_s,
-                                     f"pause(mode={mode})")
+                await self._ctx.call(
+                    self._engine.pause(mode), timeout_s or self._ctx.timeouts.pause_s, f"pause(mode={mode})"
+                )
             except ApiError:
                 # A pause that timed out may still take effect in the engine (a wait-mode
                 # pause stops scheduling before it drains): report what the engine says.
@@ -86,12 +90,21 @@ class EngineControl:
 
     async def abort_requests(self, request_ids: list[str] | None) -> int:
         async with self._ctx.operation("abort_requests"):
-            return await self._ctx.call(self._engine.abort_requests(request_ids), self._ctx.timeouts.control_s,
-                                        "abort_requests")
+            return await self._ctx.call(
+                self._engine.abort_requests(request_ids), self._ctx.timeouts.control_s, "abort_requests"
+            )
 
 
-async def prepare(control: EngineControl, disk: DiskLoads, readiness: Readiness, desired: str | None, mode: PauseMode,
-                  timeout_s: float | None = None, *, weights_path: str | None = None) -> None:
+async def prepare(
+    control: EngineControl,
+    disk: DiskLoads,
+    readiness: Readiness,
+    desired: str | None,
+    mode: PauseMode,
+    timeout_s: float | None = None,
+    *,
+    weights_path: str | None = None,
+) -> None:
     """Told the desired version, then paused: the first of an update's three calls. With
     `weights_path`, only once the checkpoint there is known loadable (`DiskLoads.check`):
     the controller checked it a moment ago, but never pausing for weights that are not

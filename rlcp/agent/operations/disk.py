@@ -60,6 +60,9 @@ class DiskLoads:
         path, _ = await self.check(req.path)
         async with self._ctx.operation("update_weights_from_disk", version=req.version, path=str(path)):
             async with self._weights.changing():
-                await self._ctx.call(self._engine.load_weights_from_disk(path), self._ctx.timeouts.weight_load_s,
-                                     "load_weights_from_disk")
+                await self._ctx.call(
+                    self._engine.load_weights_from_disk(path),
+                    self._ctx.timeouts.weight_load_s,
+                    "load_weights_from_disk",
+                )
                 await self._weights.commit(req.version, reset_cache=req.reset_prefix_cache)

@@ -66,10 +66,14 @@ class Loras:
         async with self._ctx.operation("load_lora", lora=req.name, version=req.version):
             replace = self.registry.get(req.name) is not None
             adapter_id = self.registry.adapter_id(req.name)
-            await self._ctx.call(self._engine.add_lora(req.name, adapter_id, path, replace=replace),
-                                 self._ctx.timeouts.control_s, f"add_lora({req.name})")
-            info = LoraInfo(name=req.name, version=req.version, path=str(path), adapter_id=adapter_id,
-                            loaded_at=datetime.now(UTC))
+            await self._ctx.call(
+                self._engine.add_lora(req.name, adapter_id, path, replace=replace),
+                self._ctx.timeouts.control_s,
+                f"add_lora({req.name})",
+            )
+            info = LoraInfo(
+                name=req.name, version=req.version, path=str(path), adapter_id=adapter_id, loaded_at=datetime.now(UTC)
+            )
             self.registry.add(info)
             await self._drop_cache()
             return info
@@ -81,24 +85,30 @@ class Loras:
         if info is None:
             raise NotFoundError(f"no LoRA named {name!r} is loaded", field="name")
         async with self._ctx.operation("unload_lora", lora=name):
-            await self._ctx.call(self._engine.remove_lora(name, info.adapter_id), self._ctx.timeouts.control_s,
-                                 f"remove_lora({name})")
+            await self._ctx.call(
+                self._engine.remove_lora(name, info.adapter_id), self._ctx.timeouts.control_s, f"remove_lora({name})"
+            )
             self.registry.remove(name)
             await self._drop_cache()
-            remaining = await self._ctx.call(self._engine.list_lora_ids(), self._ctx.timeouts.control_s,
-                                             "list_loras")
+            remaining = await self._ctx.call(self._engine.list_lora_ids(), self._ctx.timeouts.control_s, "list_loras")
             if info.adapter_id in remaining:
                 # A request still running with it reloads it on its next step.
-                raise EngineCallError(f"adapter {name!r} (id {info.adapter_id}) is still loaded after remove "
-                                      "(in use by running requests?); retry")
+                raise EngineCallError(
+                    f"adapter {name!r} (id {info.adapter_id}) is still loaded after remove "
+                    "(in use by running requests?); retry"
+                )
             return remaining
 
     async def _drop_cache(self) -> None:
         """vLLM keys prefix-cache blocks by adapter name, so blocks computed with an adapter
         that was swapped or removed under that name would be served again. Drop them; if
         running requests hold blocks, preempt them too rather than keep stale ones."""
-        ok = await self._ctx.call(self._engine.reset_prefix_cache(include_running=False),
-                                  self._ctx.timeouts.control_s, "reset_prefix_cache")
+        ok = await self._ctx.call(
+            self._engine.reset_prefix_cache(include_running=False), self._ctx.timeouts.control_s, "reset_prefix_cache"
+        )
         if not ok:
-            await self._ctx.call(self._engine.reset_prefix_cache(include_running=True), self._ctx.timeouts.control_s,
-                                 "reset_prefix_cache")
+            await self._ctx.call(
+                self._engine.reset_prefix_cache(include_running=True),
+                self._ctx.timeouts.control_s,
+                "reset_prefix_cache",
+            )

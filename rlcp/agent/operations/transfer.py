@@ -59,16 +59,20 @@ class Transfer:
     async def init(self, init_info: TransferInfo) -> None:
         async with self._ctx.operation("init_weight_transfer"):
             self.state.joined = None
-            await self._ctx.call(self._engine.init_weight_transfer(init_info), self._ctx.timeouts.transfer_init_s,
-                                 "init_weight_transfer_engine")
+            await self._ctx.call(
+                self._engine.init_weight_transfer(init_info),
+                self._ctx.timeouts.transfer_init_s,
+                "init_weight_transfer_engine",
+            )
             self.state.joined = True
 
     async def start(self) -> None:
         self.state.check("start_weight_update")
         async with self._ctx.operation("start_weight_update"):
             self.state.open = None
-            await self._ctx.call(self._engine.start_weight_update(), self._ctx.timeouts.transfer_chunk_s,
-                                 "start_weight_update")
+            await self._ctx.call(
+                self._engine.start_weight_update(), self._ctx.timeouts.transfer_chunk_s, "start_weight_update"
+            )
             self.state.open = True
             self.state.chunks = 0
 
@@ -78,8 +82,9 @@ class Transfer:
             self.state.chunks += 1  # counted before the call: a failed chunk may have landed in part
             self.state.open = None
             try:
-                await self._ctx.call(self._engine.update_weights(update_info), self._ctx.timeouts.transfer_chunk_s,
-                                     "update_weights")
+                await self._ctx.call(
+                    self._engine.update_weights(update_info), self._ctx.timeouts.transfer_chunk_s, "update_weights"
+                )
             except EngineCallError:
                 self.state.open = False  # vLLM's worker ends the update with a chunk it failed
                 raise
@@ -89,8 +94,9 @@ class Transfer:
         self.state.check("finish_weight_update")
         async with self._ctx.operation("finish_weight_update", version=version), self._weights.changing():
             self.state.open = None
-            await self._ctx.call(self._engine.finish_weight_update(), self._ctx.timeouts.transfer_chunk_s,
-                                 "finish_weight_update")
+            await self._ctx.call(
+                self._engine.finish_weight_update(), self._ctx.timeouts.transfer_chunk_s, "finish_weight_update"
+            )
             self.state.open = False
             changed, self.state.chunks = self.state.chunks > 0, 0
             if version is not None:
@@ -105,6 +111,7 @@ class Transfer:
     async def shutdown(self) -> None:
         async with self._ctx.operation("shutdown_weight_transfer"):
             self.state.joined = None
-            await self._ctx.call(self._engine.shutdown_weight_transfer(), self._ctx.timeouts.control_s,
-                                 "shutdown_weight_transfer_engine")
+            await self._ctx.call(
+                self._engine.shutdown_weight_transfer(), self._ctx.timeouts.control_s, "shutdown_weight_transfer_engine"
+            )
             self.state.joined = False

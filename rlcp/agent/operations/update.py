@@ -28,8 +28,9 @@ class Updated:
     held_back: str | None
 
 
-async def update_from_disk(control: EngineControl, disk: DiskLoads, weights: Weights, readiness: Readiness,
-                           req: WeightsUpdateRequest) -> Updated:
+async def update_from_disk(
+    control: EngineControl, disk: DiskLoads, weights: Weights, readiness: Readiness, req: WeightsUpdateRequest
+) -> Updated:
     await disk.check(req.path, "path")
     readiness.set_desired_version(req.version)
     if not control.paused:

@@ -24,8 +24,9 @@ class Weights:
         """One sha256 per tensor (base weights, and the adapters the engine holds). A read:
         no gate, but a deadline; refused while asleep (the tensors are offloaded or gone)."""
         self._ctx.gate.check_awake("weight_checksums")
-        return await self._ctx.call(self._engine.weight_checksums(), self._ctx.timeouts.weight_load_s,
-                                    "weight_checksums")
+        return await self._ctx.call(
+            self._engine.weight_checksums(), self._ctx.timeouts.weight_load_s, "weight_checksums"
+        )
 
     async def reset_checker(self) -> None:
         async with self._ctx.operation("weight_checker"):

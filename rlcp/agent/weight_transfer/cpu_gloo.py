@@ -93,19 +93,26 @@ class GlooWeightTransferUpdateInfo(WeightTransferUpdateInfo):
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
-            raise ValueError(f"names, dtype_names and shapes differ in length: "
-                             f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}")
+            raise ValueError(
+                f"names, dtype_names and shapes differ in length: "
+                f"{len(self.names)}, {len(self.dtype_names)}, {len(self.shapes)}"
+            )
 
     @classmethod
     def from_metadata(cls, meta: list[ParamMeta]) -> Self:
-        return cls(names=[m.name for m in meta], dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
-                   shapes=[list(m.shape) for m in meta])
+        return cls(
+            names=[m.name for m in meta],
+            dtype_names=[str(m.dtype).removeprefix("torch.") for m in meta],
+            shapes=[list(m.shape) for m in meta],
+        )
 
     def metadata(self) -> list[ParamMeta]:
         if bad := [d for d in self.dtype_names if not isinstance(getattr(torch, d, None), torch.dtype)]:
             raise ValueError(f"unknown dtype names: {sorted(set(bad))}")
-        return [ParamMeta(name, getattr(torch, dtype), tuple(shape))
-                for name, dtype, shape in zip(self.names, self.dtype_names, self.shapes, strict=True)]
+        return [
+            ParamMeta(name, getattr(torch, dtype), tuple(shape))
+            for name, dtype, shape in zip(self.names, self.dtype_names, self.shapes, strict=True)
+        ]
 
 
 # -- the wire: one gloo process group, buffers cut from metadata alone -------------------
@@ -113,8 +120,7 @@ class GlooGroup:
     """A gloo group on a `StatelessProcessGroup` store: stateless, as nccl's is, because
     the engine's workers already belong to a global group of their own."""
 
-    def __init__(self, *, master_address: str, master_port: int, rank: int, world_size: int,
-                 timeout_s: float) -> None:
+    def __init__(self, *, master_address: str, master_port: int, rank: int, world_size: int, timeout_s: float) -> None:
         from torch.distributed import PrefixStore
         from vllm.distributed.utils import StatelessProcessGroup, init_gloo_process_group
 
@@ -122,13 +128,23 @@ class GlooGroup:
             # Rank 0 hosts the TCPStore and waits there for every other rank; the others
             # retry connecting until the timeout. Either way no rank waits forever.
             self._store_group = StatelessProcessGroup.create(
-                host=master_address, port=master_port, rank=rank, world_size=world_size,
-                store_timeout=math.ceil(timeout_s))
-            self._pg = init_gloo_process_group(PrefixStore("rlcp-gloo-transfer", self._store_group.store), rank,
-                                               world_size, timedelta(seconds=timeout_s))
+                host=master_address,
+                port=master_port,
+                rank=rank,
+                world_size=world_size,
+                store_timeout=math.ceil(timeout_s),
+            )
+            self._pg = init_gloo_process_group(
+                PrefixStore("rlcp-gloo-transfer", self._store_group.store),
+                rank,
+                world_size,
+                timedelta(seconds=timeout_s),
+            )
         except Exception as exc:  # torch raises several store and gloo error types: one cause
-            raise RuntimeError(f"gloo weight transfer: rank {rank} of {world_size} could not join "
-                               f"{master_address}:{master_port} within {timeout_s:g}s: {exc}") from exc
+            raise RuntimeError(
+                f"gloo weight transfer: rank {rank} of {world_size} could not join "
+                f"{master_address}:{master_port} within {timeout_s:g}s: {exc}"
+            ) from exc
 
     def broadcast(self, wire: torch.Tensor) -> Any:
         return self._pg.broadcast(wire, 0)
@@ -185,8 +201,9 @@ def _pipelined(group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[]
             done()
 
 
-def send_tensors(group: GlooGroup, pairs: Iterator[tuple[str, torch.Tensor]], metas: list[ParamMeta],
-                 limit: int) -> None:
+def send_tensors(
+    group: GlooGroup, pairs: Iterator[tuple[str, torch.Tensor]], metas: list[ParamMeta], limit: int
+) -> None:
     """Rank 0: broadcast `pairs`, which must match `metas` (what the workers were told)."""
 
     def steps() -> Iterator[tuple[torch.Tensor, Callable[[], None]]]:
@@ -197,7 +214,7 @@ def send_tensors(group: GlooGroup, pairs: Iterator[tuple[str, torch.Tensor]], me
             else:
                 wire = _wire(buffer)
                 for tensor, (meta, offset) in zip(tensors, buffer, strict=True):
-                    wire[offset:offset + _nbytes(meta)].copy_(_as_bytes(tensor))
+                    wire[offset : offset + _nbytes(meta)].copy_(_as_bytes(tensor))
             yield wire, partial(_hold, wire, tensors)
 
     _pipelined(group, steps())
@@ -211,13 +228,15 @@ def _checked(pair: tuple[str, torch.Tensor] | None, meta: ParamMeta) -> torch.Te
     name, tensor = pair or ("(the end)", None)
     if tensor is None or name != meta.name or tensor.dtype != meta.dtype or tuple(tensor.shape) != meta.shape:
         got = name if tensor is None else f"{name!r} {tensor.dtype} {tuple(tensor.shape)}"
-        raise ValueError(f"the weight source yields {got} where its metadata declares {meta.name!r} {meta.dtype} "
-                         f"{meta.shape}")
+        raise ValueError(
+            f"the weight source yields {got} where its metadata declares {meta.name!r} {meta.dtype} {meta.shape}"
+        )
     return tensor
 
 
-def receive_tensors(group: GlooGroup, metas: list[ParamMeta], limit: int,
-                    load: Callable[[list[tuple[str, torch.Tensor]]], Any]) -> None:
+def receive_tensors(
+    group: GlooGroup, metas: list[ParamMeta], limit: int, load: Callable[[list[tuple[str, torch.Tensor]]], Any]
+) -> None:
     """A worker: receive the tensors `metas` names and hand them to `load` buffer by buffer,
     each freshly allocated (layerwise reloading may hold them until their layer is whole)."""
 
@@ -229,8 +248,10 @@ def receive_tensors(group: GlooGroup, metas: list[ParamMeta], limit: int,
                 wire, pairs = _as_bytes(tensor), [(meta.name, tensor)]
             else:
                 wire = _wire(buffer)
-                pairs = [(meta.name, wire[offset:offset + _nbytes(meta)].view(meta.dtype).view(meta.shape))
-                         for meta, offset in buffer]
+                pairs = [
+                    (meta.name, wire[offset : offset + _nbytes(meta)].view(meta.dtype).view(meta.shape))
+                    for meta, offset in buffer
+                ]
             yield wire, partial(load, pairs)
 
     _pipelined(group, steps())
@@ -250,9 +271,13 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         parallel = self.parallel_config
         worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
         self._buffer_size_bytes = init_info.buffer_size_bytes
-        self._group = GlooGroup(master_address=init_info.master_address, master_port=init_info.master_port,
-                                rank=init_info.rank_offset + worker_rank, world_size=init_info.world_size,
-                                timeout_s=init_info.timeout_s)
+        self._group = GlooGroup(
+            master_address=init_info.master_address,
+            master_port=init_info.master_port,
+            rank=init_info.rank_offset + worker_rank,
+            world_size=init_info.world_size,
+            timeout_s=init_info.timeout_s,
+        )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -302,8 +327,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     buffer_size_bytes = DEFAULT_BUFFER_SIZE_BYTES
 
     @classmethod
-    def trainer_init(cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient,
-                     source: WeightSource | None = None) -> Self:
+    def trainer_init(
+        cls, init_info: GlooTrainerInitInfo, *, client: VLLMWeightSyncClient, source: WeightSource | None = None
+    ) -> Self:
         if source is None:
             raise ValueError("gloo trainer weight transfer requires a WeightSource")
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
@@ -311,14 +337,23 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         if not engine.is_sender:
             return engine
         worker_info = GlooWeightTransferInitInfo(
-            master_address=init_info.master_address, master_port=init_info.master_port, rank_offset=1,
-            world_size=init_info.world_size, timeout_s=init_info.timeout_s,
-            buffer_size_bytes=init_info.buffer_size_bytes)
+            master_address=init_info.master_address,
+            master_port=init_info.master_port,
+            rank_offset=1,
+            world_size=init_info.world_size,
+            timeout_s=init_info.timeout_s,
+            buffer_size_bytes=init_info.buffer_size_bytes,
+        )
         # Workers and rank 0 each block in init until the others join: call them beside it.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gloo-init") as exe:
             future = exe.submit(client.init_weight_transfer_engine, asdict(worker_info))
-            engine.group = GlooGroup(master_address=init_info.master_address, master_port=init_info.master_port,
-                                     rank=0, world_size=init_info.world_size, timeout_s=init_info.timeout_s)
+            engine.group = GlooGroup(
+                master_address=init_info.master_address,
+                master_port=init_info.master_port,
+                rank=0,
+                world_size=init_info.world_size,
+                timeout_s=init_info.timeout_s,
+            )
             future.result()
         return engine
 
@@ -355,7 +390,9 @@ def register() -> None:
     Idempotent: a trainer process that calls it itself may also have run vLLM's plugins."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
-    for factory, class_name in ((WeightTransferEngineFactory, "GlooWeightTransferEngine"),
-                                (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine")):
+    for factory, class_name in (
+        (WeightTransferEngineFactory, "GlooWeightTransferEngine"),
+        (WeightTransferTrainerFactory, "GlooTrainerWeightTransferEngine"),
+    ):
         if BACKEND not in factory._registry:  # register_engine raises on a second registration
             factory.register_engine(BACKEND, __name__, class_name)

@@ -41,18 +41,23 @@ _READS = frozenset({"GET", "HEAD", "OPTIONS"})
 def build_http_app(settings: ControllerSettings, *, token: str) -> web.Application:
     """The routes and middlewares, with nothing to run them on yet (`assembly.assemble` adds it)."""
     app = web.Application(
-        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
-        middlewares=[make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
-                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
-                     unknown_fleet_middleware(list(settings.fleets)), leader_middleware],
+        client_max_size=settings.api.max_body_bytes,
+        handler_args=BODY_HANDLER_ARGS,
+        middlewares=[
+            make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
+            make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+            unknown_fleet_middleware(list(settings.fleets)),
+            leader_middleware,
+        ],
     )
     serve_fleet_routes(app)
     fleets.api.register(app)
     serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
     named_apps: dict[str, web.Application] = {}
     for name in settings.fleets:
-        named_apps[name] = sub = web.Application(client_max_size=settings.api.max_body_bytes,
-                                                 handler_args=BODY_HANDLER_ARGS)
+        named_apps[name] = sub = web.Application(
+            client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS
+        )
         serve_fleet_routes(sub)
         serve_document(sub, controller_document(auth_reads=settings.api.auth_reads, fleet=name))
         app.add_subapp(fleet_path(name), sub)

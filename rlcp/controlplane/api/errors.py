@@ -111,8 +111,10 @@ class FleetCallFailedApiError(ApiError):
         unreachable = result.status == "failed" and bool(failed) and all(r.code == "unreachable" for r in failed)
         self.status, self.code = (503, "workers_unreachable") if unreachable else (502, "workers_failed")
         named = "; ".join(f"{r.worker_id} ({r.phase}: {r.message or r.code or r.status})" for r in failed)
-        super().__init__(f"{result.kind} did not succeed on every member: {len(failed)} of {len(result.results)} "
-                         f"failed: {named or 'none named'}")
+        super().__init__(
+            f"{result.kind} did not succeed on every member: {len(failed)} of {len(result.results)} "
+            f"failed: {named or 'none named'}"
+        )
         self.workers = {r.worker_id: r.message or r.code or r.status for r in failed}
         self.operation = result.model_dump(mode="json")
 
@@ -129,12 +131,12 @@ def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
 
 # domain error -> (ApiError class); the most specific class is looked up first (MRO order).
 TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
-    domain.MalformedInput: BadRequestError,                                     # 400 bad_request
-    domain.InvalidInput: ValidationFailedError,                                 # 422 validation_error
-    domain.PathOutsideRoots: ForbiddenPathError,                                # 403 path_forbidden
+    domain.MalformedInput: BadRequestError,  # 400 bad_request
+    domain.InvalidInput: ValidationFailedError,  # 422 validation_error
+    domain.PathOutsideRoots: ForbiddenPathError,  # 403 path_forbidden
     domain.RouteNotAllowed: _coded(ApiError, 403, "route_forbidden"),
-    domain.NotFound: NotFoundError,                                             # 404 not_found
-    domain.Conflict: ConflictError,                                             # 409 conflict
+    domain.NotFound: NotFoundError,  # 404 not_found
+    domain.Conflict: ConflictError,  # 409 conflict
     domain.MembershipChanged: _coded(ConflictError, 409, "membership_changed"),
     domain.StoreConflict: _coded(ConflictError, 409, "store_conflict"),
     domain.NoMembers: _coded(ApiError, 503, "no_members"),
@@ -148,13 +150,15 @@ def to_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
     if isinstance(exc, domain.ModelNameTaken):
-        return ModelNameTakenApiError(exc.message, field=exc.field, model=exc.model, serving=exc.serving,
-                                      asking=exc.asking)
+        return ModelNameTakenApiError(
+            exc.message, field=exc.field, model=exc.model, serving=exc.serving, asking=exc.asking
+        )
     if isinstance(exc, domain.CheckpointUnavailable):
         return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)
     if isinstance(exc, domain.EngineRefused):
-        return EngineRefusedApiError(exc.message, status=exc.status, workers=exc.workers,
-                                     operation=exc.operation.model_dump(mode="json"))
+        return EngineRefusedApiError(
+            exc.message, status=exc.status, workers=exc.workers, operation=exc.operation.model_dump(mode="json")
+        )
     if not isinstance(exc, domain.ControlPlaneError):
         return None
     for cls in type(exc).__mro__:

@@ -87,8 +87,9 @@ _FACADE = "vLLM-compatible facade"
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
 
-def fleet_call(method: str, path: str, summary: str, *, errors: tuple[int, ...] = (), table: RouteTable = api,
-               **kw: Any) -> Callable[[Handler], Handler]:
+def fleet_call(
+    method: str, path: str, summary: str, *, errors: tuple[int, ...] = (), table: RouteTable = api, **kw: Any
+) -> Callable[[Handler], Handler]:
     """The declaration of a facade route that runs a fleet operation: a call that failed on
     some member is a 502 (503 when none was reached) in the error shape, never a 207."""
     return operation(method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, table=table, **kw)
@@ -104,7 +105,7 @@ def client_fields(names: Mapping[str, str]) -> Iterator[None]:
         if exc.field is not None and exc.field in names:
             old, exc.field = exc.field, names[exc.field]
             if exc.message.startswith(f"{old}: "):
-                exc.message = f"{exc.field}: {exc.message[len(old) + 2:]}"
+                exc.message = f"{exc.field}: {exc.message[len(old) + 2 :]}"
         raise
 
 
@@ -119,7 +120,9 @@ def _vllm_answer(result: OperationResult, answer: dict[str, object]) -> web.Resp
 @fleet_call("POST", "/pause", "Pause the fleet (vLLM's `/pause?mode=`).", query=PauseQuery, ok=StatusAnswer)
 async def pause(request: web.Request) -> web.Response:
     query = validate(PauseQuery, dict(request.query))
-    result = await pausing.pause(request.config_dict[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s))
+    result = await pausing.pause(
+        request.config_dict[CONTROLLER], PauseRequest(mode=query.mode, timeout_s=query.timeout_s)
+    )
     return _vllm_answer(result, {"status": "paused"})
 
 
@@ -129,33 +132,52 @@ async def resume(request: web.Request) -> web.Response:
     return _vllm_answer(result, {"status": "resumed"})
 
 
-@api.get("/is_paused", "True when every member is reachable, its engine alive, and paused (a member that cannot "
-         "be reached is not known to be paused); false otherwise, and with no members.", ok=IsPausedAnswer,
-         tag=_FACADE)
+@api.get(
+    "/is_paused",
+    "True when every member is reachable, its engine alive, and paused (a member that cannot "
+    "be reached is not known to be paused); false otherwise, and with no members.",
+    ok=IsPausedAnswer,
+    tag=_FACADE,
+)
 async def is_paused(request: web.Request) -> web.Response:
     workers = request.config_dict[CONTROLLER].state().workers
     paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
     return json_response({"is_paused": paused})
 
 
-@fleet_call("POST", "/sleep", "Put the fleet to sleep (vLLM's `/sleep?level=&mode=`): every member leaves the "
-            "gateway's fence, pauses (`mode`: abort or wait) and releases memory (`level` 1 or 2), kept asleep until "
-            "`/wake_up`. Level 0 (a pause only) is `/pause`; 409 while a weight-transfer group is formed.",
-            query=SleepQuery, ok=SleepAnswer, errors=(404,))
+@fleet_call(
+    "POST",
+    "/sleep",
+    "Put the fleet to sleep (vLLM's `/sleep?level=&mode=`): every member leaves the "
+    "gateway's fence, pauses (`mode`: abort or wait) and releases memory (`level` 1 or 2), kept asleep until "
+    "`/wake_up`. Level 0 (a pause only) is `/pause`; 409 while a weight-transfer group is formed.",
+    query=SleepQuery,
+    ok=SleepAnswer,
+    errors=(404,),
+)
 async def sleep(request: web.Request) -> web.Response:
     query = validate(SleepQuery, dict(request.query))
     if query.level == 0:
-        raise ValidationFailedError("level 0 only pauses scheduling, which on a fleet is POST "
-                          "/pause?mode=... (and POST /resume); level 1 or 2 puts the members to sleep", field="level")
+        raise ValidationFailedError(
+            "level 0 only pauses scheduling, which on a fleet is POST "
+            "/pause?mode=... (and POST /resume); level 1 or 2 puts the members to sleep",
+            field="level",
+        )
     req = validate(SleepRequest, {"level": query.level, "mode": query.mode, "timeout_s": query.timeout_s})
     result = await sleep_members(request.config_dict[CONTROLLER], req)
     return _vllm_answer(result, {"status": "sleeping", "level": query.level})
 
 
-@fleet_call("POST", "/wake_up", "Wake the fleet (vLLM's `/wake_up?tags=`): every member asleep is woken; once "
-            "fully awake (no tags, both, or the last one still asleep) each is brought to the fleet's weights, "
-            "verified, and only then serves again. `status` is `sleeping` while some member has memory asleep.",
-            query=WakeUpQuery, ok=WakeUpAnswer, errors=(404,))
+@fleet_call(
+    "POST",
+    "/wake_up",
+    "Wake the fleet (vLLM's `/wake_up?tags=`): every member asleep is woken; once "
+    "fully awake (no tags, both, or the last one still asleep) each is brought to the fleet's weights, "
+    "verified, and only then serves again. `status` is `sleeping` while some member has memory asleep.",
+    query=WakeUpQuery,
+    ok=WakeUpAnswer,
+    errors=(404,),
+)
 async def wake_up(request: web.Request) -> web.Response:
     tags = request.query.getall("tags", [])
     with client_fields({"tags": "tags"}):
@@ -169,66 +191,107 @@ def _asleep(request: web.Request) -> list[str]:
     return [w.id for w in request.config_dict[CONTROLLER].state().workers if w.sleeping]
 
 
-@api.get("/is_sleeping", "True while some member is asleep (kept asleep by the controller, or reporting itself "
-         "so): what `/wake_up` would wake. False with no members.", ok=IsSleepingAnswer, tag=_FACADE)
+@api.get(
+    "/is_sleeping",
+    "True while some member is asleep (kept asleep by the controller, or reporting itself "
+    "so): what `/wake_up` would wake. False with no members.",
+    ok=IsSleepingAnswer,
+    tag=_FACADE,
+)
 async def is_sleeping(request: web.Request) -> web.Response:
     return json_response({"is_sleeping": bool(_asleep(request))})
 
 
-@fleet_call("POST", "/reset_prefix_cache", "Every member in service drops its prefix cache (vLLM's "
-            "`/reset_prefix_cache?reset_running_requests=&reset_external=`); a member that could not (blocks held "
-            "by running requests) is a failure, 502 naming it.", query=ResetPrefixCacheQuery,
-            ok=ResetPrefixCacheAnswer)
+@fleet_call(
+    "POST",
+    "/reset_prefix_cache",
+    "Every member in service drops its prefix cache (vLLM's "
+    "`/reset_prefix_cache?reset_running_requests=&reset_external=`); a member that could not (blocks held "
+    "by running requests) is a failure, 502 naming it.",
+    query=ResetPrefixCacheQuery,
+    ok=ResetPrefixCacheAnswer,
+)
 async def reset_prefix_cache(request: web.Request) -> web.Response:
     query = validate(ResetPrefixCacheQuery, dict(request.query))
-    req = ResetPrefixCacheRequest(reset_running_requests=query.reset_running_requests,
-                                  reset_external=query.reset_external)
+    req = ResetPrefixCacheRequest(
+        reset_running_requests=query.reset_running_requests, reset_external=query.reset_external
+    )
     result = await caches.reset_prefix_cache(request.config_dict[CONTROLLER], req)
     return _vllm_answer(result, {"success": True})
 
 
-@fleet_call("POST", "/init_weight_transfer_engine", "The broadcast init, fleet-wide.", body=TransferInitRequest,
-            ok=MessageAnswer)
+@fleet_call(
+    "POST",
+    "/init_weight_transfer_engine",
+    "The broadcast init, fleet-wide.",
+    body=TransferInitRequest,
+    ok=MessageAnswer,
+)
 async def init_weight_transfer_engine(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferInitRequest)
     result = await request.config_dict[CONTROLLER].transfer.init(body)
     return _vllm_answer(result, {"message": "Weight transfer initialized"})
 
 
-@fleet_call("POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True,
-            ok=MessageAnswer)
+@fleet_call(
+    "POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True, ok=MessageAnswer
+)
 async def start_weight_update(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.start()
     return _vllm_answer(result, {"message": "Weight update started"})
 
 
-@fleet_call("POST", "/finish_weight_update", "The broadcast finish.", body=TransferFinishRequest, body_optional=True,
-            ok=MessageAnswer, errors=(403,))
+@fleet_call(
+    "POST",
+    "/finish_weight_update",
+    "The broadcast finish.",
+    body=TransferFinishRequest,
+    body_optional=True,
+    ok=MessageAnswer,
+    errors=(403,),
+)
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferFinishRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.finish(body)
     return _vllm_answer(result, {"message": "Weight update finished"})
 
 
-@fleet_call("POST", "/shutdown_weight_transfer_engine", "Every worker leaves the group.", body=EmptyRequest,
-            body_optional=True, ok=MessageAnswer)
+@fleet_call(
+    "POST",
+    "/shutdown_weight_transfer_engine",
+    "Every worker leaves the group.",
+    body=EmptyRequest,
+    body_optional=True,
+    ok=MessageAnswer,
+)
 async def shutdown_weight_transfer_engine(request: web.Request) -> web.Response:
     await parse_body(request, EmptyRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.shutdown()
     return _vllm_answer(result, {"message": "Weight transfer shut down"})
 
 
-@fleet_call("POST", "/update_weight_version", "Name the weights on every member.", body=UpdateWeightVersionRequest,
-            ok=VersionSetAnswer)
+@fleet_call(
+    "POST",
+    "/update_weight_version",
+    "Name the weights on every member.",
+    body=UpdateWeightVersionRequest,
+    ok=VersionSetAnswer,
+)
 async def update_weight_version(request: web.Request) -> web.Response:
     body = await parse_body(request, UpdateWeightVersionRequest)
     result = await request.config_dict[CONTROLLER].transfer.update_weight_version(body.new_version)
     return _vllm_answer(result, {"success": True, "new_version": body.new_version})
 
 
-@fleet_call("POST", "/update_weights", "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
-            body=TransferUpdateRequest | DiskWeightsRequest, ok=MessageAnswer | DiskWeightsAnswer, errors=(403,))
+@fleet_call(
+    "POST",
+    "/update_weights",
+    "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
+    body=TransferUpdateRequest | DiskWeightsRequest,
+    ok=MessageAnswer | DiskWeightsAnswer,
+    errors=(403,),
+)
 async def update_weights(request: web.Request) -> web.Response:
     data = await read_object(request)
     if "update_info" in data:  # vLLM's broadcast chunk
@@ -238,17 +301,30 @@ async def update_weights(request: web.Request) -> web.Response:
     body = validate(DiskWeightsRequest, data, strict=True)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
     # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
-    with client_fields({"version": "weight_version" if body.weight_version else "weight_dir",
-                         "source.path": "weight_dir"}):
+    with client_fields(
+        {"version": "weight_version" if body.weight_version else "weight_dir", "source.path": "weight_dir"}
+    ):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
         result = await weights.update_weights(request.config_dict[CONTROLLER], req)
     return _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
 
 
-@fleet_call("POST", "/v1/load_lora_adapter", "The same, at vLLM's OpenAI-server path.", body=LoadLoraAdapterRequest,
-            ok=SuccessAnswer, errors=(403,))
-@fleet_call("POST", "/load_lora_adapter", "Load a LoRA adapter fleet-wide (vLLM's shape).", body=LoadLoraAdapterRequest,
-            ok=SuccessAnswer, errors=(403,))
+@fleet_call(
+    "POST",
+    "/v1/load_lora_adapter",
+    "The same, at vLLM's OpenAI-server path.",
+    body=LoadLoraAdapterRequest,
+    ok=SuccessAnswer,
+    errors=(403,),
+)
+@fleet_call(
+    "POST",
+    "/load_lora_adapter",
+    "Load a LoRA adapter fleet-wide (vLLM's shape).",
+    body=LoadLoraAdapterRequest,
+    ok=SuccessAnswer,
+    errors=(403,),
+)
 async def load_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, LoadLoraAdapterRequest)
     with client_fields({"name": "lora_name", "path": "lora_path"}):
@@ -257,11 +333,23 @@ async def load_lora_adapter(request: web.Request) -> web.Response:
     return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' added."})
 
 
-@fleet_call("POST", "/v1/unload_lora_adapter", "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
-            body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,))
-@fleet_call("POST", "/unload_lora_adapter", "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
-            "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
-            body=UnloadLoraAdapterRequest, ok=SuccessAnswer, errors=(404,))
+@fleet_call(
+    "POST",
+    "/v1/unload_lora_adapter",
+    "The same, at vLLM's OpenAI-server path (prime-rl calls this one).",
+    body=UnloadLoraAdapterRequest,
+    ok=SuccessAnswer,
+    errors=(404,),
+)
+@fleet_call(
+    "POST",
+    "/unload_lora_adapter",
+    "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every "
+    "engine, not only from the served names (vLLM's own HTTP unload leaves it loaded).",
+    body=UnloadLoraAdapterRequest,
+    ok=SuccessAnswer,
+    errors=(404,),
+)
 async def unload_lora_adapter(request: web.Request) -> web.Response:
     body = await parse_body(request, UnloadLoraAdapterRequest)
     with client_fields({"name": "lora_name"}):
@@ -269,28 +357,34 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
 
 
-@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True,
-         tag=_FACADE)
+@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True, tag=_FACADE)
 async def health(request: web.Request) -> web.Response:
     serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
     return web.Response(status=200 if serving else 503)
 
 
-@api.get("/weight_info", "The fleet's common weight version (null when members disagree).",
-         ok=WeightInfoAnswer, tag=_FACADE)
+@api.get(
+    "/weight_info", "The fleet's common weight version (null when members disagree).", ok=WeightInfoAnswer, tag=_FACADE
+)
 async def weight_info(request: web.Request) -> web.Response:
     return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
 
 
-@api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer,
-         tag=_FACADE)
+@api.get(
+    "/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer, tag=_FACADE
+)
 async def get_world_size(request: web.Request) -> web.Response:
     validate(WorldSizeQuery, dict(request.query))
     return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
 
 
-@api.get("/v1/models", "What the fleet serves: the union of the members' own `/v1/models` (base models and "
-         "adapters), as the gateway answers it.", ok=ModelList, tag=_FACADE)
+@api.get(
+    "/v1/models",
+    "What the fleet serves: the union of the members' own `/v1/models` (base models and "
+    "adapters), as the gateway answers it.",
+    ok=ModelList,
+    tag=_FACADE,
+)
 async def models(request: web.Request) -> web.Response:
     ctl = request.config_dict[CONTROLLER]
     # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,

@@ -60,9 +60,11 @@ PARAMETERS: dict[str, tuple[str, ...]] = {
     "finish_weight_update": (),
     "shutdown_weight_transfer_engine": (),
 }
-_OTHERS = ("the controller sends no arbitrary engine RPC to the fleet: every operation it runs is one it can verify "
-           f"and undo on every member. Methods with a fleet meaning: {', '.join(PARAMETERS)}; one worker's own "
-           "RPCs go to that worker, or through POST /v1/rl/engine/{route} (settings engine_routes.allow)")
+_OTHERS = (
+    "the controller sends no arbitrary engine RPC to the fleet: every operation it runs is one it can verify "
+    f"and undo on every member. Methods with a fleet meaning: {', '.join(PARAMETERS)}; one worker's own "
+    "RPCs go to that worker, or through POST /v1/rl/engine/{route} (settings engine_routes.allow)"
+)
 _DRAFT = "draft-model (speculative decoding) weight updates are not supported on the fleet"
 
 
@@ -71,11 +73,13 @@ class CollectiveRpcRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     method: StrictStr = Field(min_length=1, max_length=256, description="The engine method.")
-    args: list[Any] = Field(default_factory=list, max_length=8, description="Positional arguments, in the "
-                            "method's own order.")
+    args: list[Any] = Field(
+        default_factory=list, max_length=8, description="Positional arguments, in the method's own order."
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments.")
-    timeout: float | None = Field(None, gt=0, description="vLLM's RPC deadline, in seconds; the "
-                                                    "controller keeps its own deadlines.")
+    timeout: float | None = Field(
+        None, gt=0, description="vLLM's RPC deadline, in seconds; the controller keeps its own deadlines."
+    )
 
 
 class CollectiveRpcAnswer(BaseModel):
@@ -86,20 +90,27 @@ def arguments(req: CollectiveRpcRequest) -> dict[str, Any]:
     """The call's arguments by name; a 4xx naming the one that does not fit, or a 501 for a
     method with no fleet meaning."""
     if req.method == "start_draft_weight_update":
-        raise NotSupportedError(f"collective_rpc method {req.method!r} has no fleet meaning here: {_DRAFT}",
-                                field="method")
+        raise NotSupportedError(
+            f"collective_rpc method {req.method!r} has no fleet meaning here: {_DRAFT}", field="method"
+        )
     names = PARAMETERS.get(req.method)
     if names is None:
-        raise NotSupportedError(f"collective_rpc method {req.method!r} has no fleet meaning here: {_OTHERS}",
-                                field="method")
+        raise NotSupportedError(
+            f"collective_rpc method {req.method!r} has no fleet meaning here: {_OTHERS}", field="method"
+        )
     if len(req.args) > len(names):
-        raise ValidationFailedError(f"{req.method} takes {len(names)} positional argument(s) "
-                                    f"({', '.join(names) or 'none'}), got {len(req.args)}", field="args")
+        raise ValidationFailedError(
+            f"{req.method} takes {len(names)} positional argument(s) "
+            f"({', '.join(names) or 'none'}), got {len(req.args)}",
+            field="args",
+        )
     given = dict(zip(names, req.args, strict=False))
     for name, value in req.kwargs.items():
         if name not in names:
-            raise ValidationFailedError(f"{req.method} takes no argument {name!r} (it takes "
-                                        f"{', '.join(names) or 'none'})", field=f"kwargs.{name}")
+            raise ValidationFailedError(
+                f"{req.method} takes no argument {name!r} (it takes {', '.join(names) or 'none'})",
+                field=f"kwargs.{name}",
+            )
         if name in given:
             raise ValidationFailedError(f"{name} given both in args and kwargs", field=f"kwargs.{name}")
         given[name] = value
@@ -108,23 +119,33 @@ def arguments(req: CollectiveRpcRequest) -> dict[str, Any]:
 
 def _reload_request(given: dict[str, Any]) -> UpdateWeightsRequest:
     if given.get("weights_iterator") is not None:
-        raise ValidationFailedError("weights_iterator cannot cross HTTP: give weights_path, a directory every "
-                                    "member reads", field="kwargs.weights_iterator")
+        raise ValidationFailedError(
+            "weights_iterator cannot cross HTTP: give weights_path, a directory every member reads",
+            field="kwargs.weights_iterator",
+        )
     if given.get("is_checkpoint_format", True) is not True:
-        raise ValidationFailedError("only checkpoint-format weights are loaded on the fleet "
-                                    "(is_checkpoint_format: true)", field="kwargs.is_checkpoint_format")
+        raise ValidationFailedError(
+            "only checkpoint-format weights are loaded on the fleet (is_checkpoint_format: true)",
+            field="kwargs.is_checkpoint_format",
+        )
     path = given.get("weights_path")
     if not isinstance(path, str) or not path:
-        raise ValidationFailedError("reload_weights needs weights_path, a directory every member reads",
-                                    field="kwargs.weights_path")
+        raise ValidationFailedError(
+            "reload_weights needs weights_path, a directory every member reads", field="kwargs.weights_path"
+        )
     # The version is the directory's name, as for POST /update_weights {"weight_dir"}.
-    return validate(UpdateWeightsRequest, {"version": PurePosixPath(path).name,
-                                           "source": {"kind": "disk", "path": path}})
+    return validate(
+        UpdateWeightsRequest, {"version": PurePosixPath(path).name, "source": {"kind": "disk", "path": path}}
+    )
 
 
 # A native request's fields, named as the RPC's arguments in a 4xx.
-_ARGUMENT_FIELDS = {"version": "kwargs.weights_path", "source.path": "kwargs.weights_path",
-                    "init_info": "kwargs.init_info", "update_info": "kwargs.update_info"}
+_ARGUMENT_FIELDS = {
+    "version": "kwargs.weights_path",
+    "source.path": "kwargs.weights_path",
+    "init_info": "kwargs.init_info",
+    "update_info": "kwargs.update_info",
+}
 
 
 async def _run(ctl: Controller, method: str, given: dict[str, Any]) -> OperationResult:
@@ -134,8 +155,9 @@ async def _run(ctl: Controller, method: str, given: dict[str, Any]) -> Operation
     if method == "init_weight_transfer_engine":
         return await transfer.init(validate(TransferInitRequest, {"init_info": given.get("init_info")}, strict=True))
     if method == "update_weights":
-        return await transfer.update_chunk(validate(TransferUpdateRequest, {"update_info": given.get("update_info")},
-                                                    strict=True))
+        return await transfer.update_chunk(
+            validate(TransferUpdateRequest, {"update_info": given.get("update_info")}, strict=True)
+        )
     if method == "start_weight_update":
         return await transfer.start()
     if method == "finish_weight_update":
@@ -143,11 +165,18 @@ async def _run(ctl: Controller, method: str, given: dict[str, Any]) -> Operation
     return await transfer.shutdown()  # shutdown_weight_transfer_engine, the last of PARAMETERS
 
 
-@fleet_call("POST", "/collective_rpc", "vLLM's weight protocol as engine RPCs, on the fleet: `reload_weights` "
-            "(`weights_path`) is the verified disk update; `init_weight_transfer_engine`, `start_weight_update`, "
-            "`update_weights`, `finish_weight_update`, `shutdown_weight_transfer_engine` are the broadcast's "
-            "steps, as their routes. Any other method: 501 naming it.", body=CollectiveRpcRequest,
-            ok=CollectiveRpcAnswer, errors=(403, 501), table=api)
+@fleet_call(
+    "POST",
+    "/collective_rpc",
+    "vLLM's weight protocol as engine RPCs, on the fleet: `reload_weights` "
+    "(`weights_path`) is the verified disk update; `init_weight_transfer_engine`, `start_weight_update`, "
+    "`update_weights`, `finish_weight_update`, `shutdown_weight_transfer_engine` are the broadcast's "
+    "steps, as their routes. Any other method: 501 naming it.",
+    body=CollectiveRpcRequest,
+    ok=CollectiveRpcAnswer,
+    errors=(403, 501),
+    table=api,
+)
 async def collective_rpc(request: web.Request) -> web.Response:
     req = await parse_body(request, CollectiveRpcRequest)
     given = arguments(req)

@@ -33,7 +33,6 @@ log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 PROTOCOL_VERSION = 1
 
 
-
 def routes_for(flavor: str, capabilities: frozenset[str] | None = None) -> list[str]:
     """The routes of a member of `flavor` that can do `capabilities` (all of the flavor's
     when unknown). The flavor's class says which (`listing_routes`): a dynamo member is listed with
@@ -95,17 +94,28 @@ def _parse_entry(entry: Any, default_flavor: Flavor, inference_url: str | None) 
     except ValueError as exc:
         return None, f"labels: {exc}"
     try:
-        spec = WorkerSpec(id=str(raw_id), admin_url=admin_url, inference_url=entry.get("inference_url") or inference_url,
-                          flavor=flavor, world_size=entry.get("world_size") or 1, model=entry.get("model"),
-                          routes=tuple(routes) if routes is not None else None,
-                          labels=labels)
+        spec = WorkerSpec(
+            id=str(raw_id),
+            admin_url=admin_url,
+            inference_url=entry.get("inference_url") or inference_url,
+            flavor=flavor,
+            world_size=entry.get("world_size") or 1,
+            model=entry.get("model"),
+            routes=tuple(routes) if routes is not None else None,
+            labels=labels,
+        )
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""
 
 
-def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[str, bool] | None = None,
-                   capabilities: Mapping[str, frozenset[str]] | None = None) -> dict[str, Any]:
+def render_listing(
+    specs: list[WorkerSpec],
+    *,
+    namespace: str,
+    serving: Mapping[str, bool] | None = None,
+    capabilities: Mapping[str, frozenset[str]] | None = None,
+) -> dict[str, Any]:
     """The listing document for `specs`. `system_url` repeats `admin_url` so a reader that
     only knows Dynamo's fields still finds the admin port. With `serving` given, a worker
     missing from it is reported not serving; without it the field is left out (unknown).
@@ -114,9 +124,14 @@ def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[
     workers = []
     for spec in specs:
         entry: dict[str, Any] = {
-            "instance_id": spec.id, "system_url": spec.admin_url, "admin_url": spec.admin_url,
-            "inference_url": spec.inference_url, "flavor": spec.flavor, "world_size": spec.world_size,
-            "model": spec.model, "labels": dict(spec.labels),
+            "instance_id": spec.id,
+            "system_url": spec.admin_url,
+            "admin_url": spec.admin_url,
+            "inference_url": spec.inference_url,
+            "flavor": spec.flavor,
+            "world_size": spec.world_size,
+            "model": spec.model,
+            "labels": dict(spec.labels),
             "routes": routes_for(spec.flavor, capabilities.get(spec.id) if capabilities is not None else None),
         }
         if serving is not None:
@@ -128,10 +143,19 @@ def render_listing(specs: list[WorkerSpec], *, namespace: str, serving: Mapping[
 class HttpListingSource:
     name = "http_listing"
 
-    def __init__(self, *, session: aiohttp.ClientSession, url: str, interval_s: float = 5.0,
-                 timeout_s: float = 5.0, token: str | None = None, default_flavor: Flavor = "dynamo",
-                 max_backoff_s: float = 30.0, iterations: int | None = None,
-                 inference_url: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        url: str,
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        token: str | None = None,
+        default_flavor: Flavor = "dynamo",
+        max_backoff_s: float = 30.0,
+        iterations: int | None = None,
+        inference_url: str | None = None,
+    ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
         if default_flavor not in FLAVORS:
@@ -144,11 +168,18 @@ class HttpListingSource:
         self._iterations = iterations  # test seam: stop after this many polls
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        return poll_repeatedly(self.poll, source="listing", url=self._url, interval_s=self._interval_s,
-                               max_backoff_s=self._max_backoff_s, iterations=self._iterations)
+        return poll_repeatedly(
+            self.poll,
+            source="listing",
+            url=self._url,
+            interval_s=self._interval_s,
+            max_backoff_s=self._max_backoff_s,
+            iterations=self._iterations,
+        )
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `ListingError`."""
-        body = await get_json(self._session, self._url, timeout_s=self._timeout_s, headers=self._headers,
-                              error=ListingError)
+        body = await get_json(
+            self._session, self._url, timeout_s=self._timeout_s, headers=self._headers, error=ListingError
+        )
         return parse_listing(body, default_flavor=self._default_flavor, inference_url=self._inference_url)

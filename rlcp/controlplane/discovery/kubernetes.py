@@ -85,9 +85,13 @@ def _meta_value(meta: client.V1ObjectMeta | None, key: str) -> str | None:
     return (meta.annotations or {}).get(key) or (meta.labels or {}).get(key)
 
 
-def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: KubernetesDiscoverySettings,
-                        pod_world_sizes: Mapping[str, int], *,
-                        pod_labels: Mapping[str, Labels] | None = None) -> tuple[list[WorkerSpec], list[str]]:
+def members_from_slices(
+    slices: Iterable[client.V1EndpointSlice],
+    settings: KubernetesDiscoverySettings,
+    pod_world_sizes: Mapping[str, int],
+    *,
+    pod_labels: Mapping[str, Labels] | None = None,
+) -> tuple[list[WorkerSpec], list[str]]:
     """The members the slices describe, sorted by id, and a list of problems (each naming the
     slice or pod and why it was skipped). `pod_world_sizes` maps pod name -> world size read
     from the pod; pods missing from it fall back to the slice's value. `pod_labels` maps pod
@@ -101,15 +105,18 @@ def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: Kube
         admin_port = ports.get(settings.admin_port_name)
         if admin_port is None:
             if sl.endpoints:
-                problems.append(f"EndpointSlice {name}: no port named {settings.admin_port_name!r} "
-                                f"(ports: {sorted(str(p) for p in ports)}); its endpoints are skipped")
+                problems.append(
+                    f"EndpointSlice {name}: no port named {settings.admin_port_name!r} "
+                    f"(ports: {sorted(str(p) for p in ports)}); its endpoints are skipped"
+                )
             continue
         inference_port = ports.get(settings.inference_port_name)
         raw_size = _meta_value(sl.metadata, settings.world_size_key)
         slice_size = parse_world_size(raw_size)
         if raw_size is not None and slice_size is None:
-            problems.append(f"EndpointSlice {name}: {settings.world_size_key}={raw_size!r} is not a positive "
-                            "integer; using 1")
+            problems.append(
+                f"EndpointSlice {name}: {settings.world_size_key}={raw_size!r} is not a positive integer; using 1"
+            )
         for ep in sl.endpoints or []:
             ready = ep.conditions.ready if ep.conditions is not None else None
             if ready is False:  # None: the server does not know, which Kubernetes defines as ready
@@ -123,10 +130,14 @@ def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: Kube
                 host = f"[{host}]"
             base = f"{settings.scheme}://{host}"
             world_size = pod_world_sizes.get(pod.name) if pod else None
-            spec = WorkerSpec(id=worker_id, admin_url=f"{base}:{admin_port}",
-                              inference_url=f"{base}:{inference_port}" if inference_port is not None else None,
-                              flavor=settings.flavor, world_size=world_size or slice_size or 1,
-                              labels=pod_labels.get(pod.name, Labels()) if pod else Labels())
+            spec = WorkerSpec(
+                id=worker_id,
+                admin_url=f"{base}:{admin_port}",
+                inference_url=f"{base}:{inference_port}" if inference_port is not None else None,
+                flavor=settings.flavor,
+                world_size=world_size or slice_size or 1,
+                labels=pod_labels.get(pod.name, Labels()) if pod else Labels(),
+            )
             rank = (_ADDRESS_PREFERENCE.get(sl.address_type, 3), name)
             if worker_id not in best or rank < best[worker_id][0]:
                 best[worker_id] = (rank, spec)
@@ -136,8 +147,15 @@ def members_from_slices(slices: Iterable[client.V1EndpointSlice], settings: Kube
 class EndpointSliceSource:
     name = "kubernetes"
 
-    def __init__(self, *, api: client.ApiClient, settings: KubernetesDiscoverySettings, request_timeout_s: float,
-                 backoff_initial_s: float = 0.5, iterations: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        settings: KubernetesDiscoverySettings,
+        request_timeout_s: float,
+        backoff_initial_s: float = 0.5,
+        iterations: int | None = None,
+    ) -> None:
         self._api = api
         self._discovery = client.DiscoveryV1Api(api)
         self._core = client.CoreV1Api(api)
@@ -169,15 +187,17 @@ class EndpointSliceSource:
                 # Gone right after a fresh list would be a hot loop: back off like a failure.
                 failures += 1
                 delay = backoff_s(failures, interval_s=self._backoff_initial_s, max_backoff_s=self._s.backoff_max_s)
-                self._log.warning("endpointslice_watch_failed", reason=str(exc), failures=failures,
-                                  retry_in_s=round(delay, 3))
+                self._log.warning(
+                    "endpointslice_watch_failed", reason=str(exc), failures=failures, retry_in_s=round(delay, 3)
+                )
                 await asyncio.sleep(delay)
             except Exception as exc:  # K8sError, or a bug on odd data: discovery must not end for good
                 failures += 1
                 delay = backoff_s(failures, interval_s=self._backoff_initial_s, max_backoff_s=self._s.backoff_max_s)
                 if isinstance(exc, K8sError):
-                    self._log.warning("endpointslice_watch_failed", reason=str(exc), failures=failures,
-                                      retry_in_s=round(delay, 3))
+                    self._log.warning(
+                        "endpointslice_watch_failed", reason=str(exc), failures=failures, retry_in_s=round(delay, 3)
+                    )
                 else:
                     self._log.exception("endpointslice_watch_error", failures=failures, retry_in_s=round(delay, 3))
                 await asyncio.sleep(delay)
@@ -186,9 +206,11 @@ class EndpointSliceSource:
     async def _list_then_watch(self) -> AsyncGenerator[list[WorkerSpec], None]:
         listed = await call(
             f"list EndpointSlices in {self._s.namespace} ({self._s.label_selector})",
-            self._discovery.list_namespaced_endpoint_slice(self._s.namespace, label_selector=self._s.label_selector,
-                                                           _request_timeout=self._timeout_s),
-            timeout_s=self._timeout_s)
+            self._discovery.list_namespaced_endpoint_slice(
+                self._s.namespace, label_selector=self._s.label_selector, _request_timeout=self._timeout_s
+            ),
+            timeout_s=self._timeout_s,
+        )
         self._slices = {sl.metadata.name: sl for sl in listed.items or []}
         self._events_since_list = 0
         version = listed.metadata.resource_version
@@ -216,16 +238,20 @@ class EndpointSliceSource:
         # in aiohttp covers reading the body) is a little later, so a server that never ends
         # it does not hold us forever. Not an asyncio.timeout: that would span our yields and
         # cancel the consumer instead.
-        deadline = aiohttp.ClientTimeout(total=self._s.watch_timeout_s + self._timeout_s,
-                                         sock_connect=self._timeout_s)
+        deadline = aiohttp.ClientTimeout(total=self._s.watch_timeout_s + self._timeout_s, sock_connect=self._timeout_s)
         w = watch.Watch()
         try:
             # With timeout_seconds given the library neither reconnects nor swallows a 410 by
             # itself: both are ours to handle, from the version we track.
-            stream = w.stream(self._discovery.list_namespaced_endpoint_slice, self._s.namespace,
-                              label_selector=self._s.label_selector, resource_version=version,
-                              timeout_seconds=self._s.watch_timeout_s, allow_watch_bookmarks=True,
-                              _request_timeout=deadline)
+            stream = w.stream(
+                self._discovery.list_namespaced_endpoint_slice,
+                self._s.namespace,
+                label_selector=self._s.label_selector,
+                resource_version=version,
+                timeout_seconds=self._s.watch_timeout_s,
+                allow_watch_bookmarks=True,
+                _request_timeout=deadline,
+            )
             async for event in stream:
                 yield self._apply(event, what)
         except TimeoutError:
@@ -260,8 +286,11 @@ class EndpointSliceSource:
     async def _members(self) -> list[WorkerSpec]:
         pods = await self._read_pods() if self._s.read_pods else {}
         members, problems = members_from_slices(
-            self._slices.values(), self._s, {n: f.world_size for n, f in pods.items() if f.world_size is not None},
-            pod_labels={n: f.labels for n, f in pods.items()})
+            self._slices.values(),
+            self._s,
+            {n: f.world_size for n, f in pods.items() if f.world_size is not None},
+            pod_labels={n: f.labels for n, f in pods.items()},
+        )
         for problem in problems:
             if problem not in self._warned:  # once per problem, not once per event
                 self._warned.add(problem)
@@ -273,11 +302,14 @@ class EndpointSliceSource:
         bounded in concurrency. A failed read is logged and retried at the next change; meanwhile
         the slice's world size counts (and an agent's own report of its world size overrides
         both), and the member has no labels."""
-        wanted = {pod for sl in self._slices.values()
-                  if any(p.name == self._s.admin_port_name for p in sl.ports or [])
-                  for ep in sl.endpoints or []
-                  if (pod := _endpoint_pod(ep)) is not None
-                  and not (ep.conditions is not None and ep.conditions.ready is False)}
+        wanted = {
+            pod
+            for sl in self._slices.values()
+            if any(p.name == self._s.admin_port_name for p in sl.ports or [])
+            for ep in sl.endpoints or []
+            if (pod := _endpoint_pod(ep)) is not None
+            and not (ep.conditions is not None and ep.conditions.ready is False)
+        }
         missing = [p for p in wanted if p not in self._pods]
         if missing:
             limit = asyncio.Semaphore(16)
@@ -298,10 +330,11 @@ class EndpointSliceSource:
 
     async def _read_pod(self, pod: PodRef) -> PodFacts | None:
         try:
-            obj = await call(f"get pod {self._s.namespace}/{pod.name}",
-                             self._core.read_namespaced_pod(pod.name, self._s.namespace,
-                                                            _request_timeout=self._timeout_s),
-                             timeout_s=self._timeout_s)
+            obj = await call(
+                f"get pod {self._s.namespace}/{pod.name}",
+                self._core.read_namespaced_pod(pod.name, self._s.namespace, _request_timeout=self._timeout_s),
+                timeout_s=self._timeout_s,
+            )
         except K8sNotFound:
             return None  # gone already; its endpoint will go too
         raw = _meta_value(obj.metadata, self._s.world_size_key)

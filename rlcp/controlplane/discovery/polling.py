@@ -36,8 +36,15 @@ def backoff_s(failures: int, *, interval_s: float, max_backoff_s: float) -> floa
     return max(interval_s, random.uniform(ceiling / 2, ceiling))
 
 
-async def get_json(session: aiohttp.ClientSession, url: str, *, timeout_s: float, error: type[PollFailed],
-                   headers: Mapping[str, str] | None = None, params: Any = None) -> Any:
+async def get_json(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    timeout_s: float,
+    error: type[PollFailed],
+    headers: Mapping[str, str] | None = None,
+    params: Any = None,
+) -> Any:
     """One GET under one deadline, its body as JSON; every way it can fail becomes `error`."""
     try:
         async with asyncio.timeout(timeout_s):
@@ -55,8 +62,15 @@ async def get_json(session: aiohttp.ClientSession, url: str, *, timeout_s: float
         raise error(f"answer is not JSON: {exc}") from exc
 
 
-async def poll_repeatedly(poll: Callable[[], Awaitable[T]], *, source: str, url: str, interval_s: float,
-                          max_backoff_s: float, iterations: int | None = None) -> AsyncIterator[T]:
+async def poll_repeatedly(
+    poll: Callable[[], Awaitable[T]],
+    *,
+    source: str,
+    url: str,
+    interval_s: float,
+    max_backoff_s: float,
+    iterations: int | None = None,
+) -> AsyncIterator[T]:
     """Each good answer of `poll`, every `interval_s`; a `PollFailed` is logged
     (`<source>_poll_failed`) and waited out with a growing backoff. `iterations`: a test seam,
     stop after this many polls."""
@@ -68,8 +82,9 @@ async def poll_repeatedly(poll: Callable[[], Awaitable[T]], *, source: str, url:
         except PollFailed as exc:
             failures += 1
             delay = backoff_s(failures, interval_s=interval_s, max_backoff_s=max_backoff_s)
-            log.warning(f"{source}_poll_failed", url=url, reason=str(exc), failures=failures,
-                        retry_in_s=round(delay, 3))
+            log.warning(
+                f"{source}_poll_failed", url=url, reason=str(exc), failures=failures, retry_in_s=round(delay, 3)
+            )
         else:
             if failures:
                 log.info(f"{source}_poll_recovered", url=url, after_failures=failures)

@@ -76,9 +76,15 @@ def member_id(actor: Mapping[str, Any], *, qualify: bool) -> str:
     return f"{actor.get('ray_namespace') or ''}/{name}" if qualify else name
 
 
-def parse_actors(body: Any, *, namespace: str | None = None, name_prefix: str | None = None,
-                 class_name: str | None = None, default_flavor: Flavor = "agent",
-                 dead_actors: DeadActors = "keep") -> ActorList:
+def parse_actors(
+    body: Any,
+    *,
+    namespace: str | None = None,
+    name_prefix: str | None = None,
+    class_name: str | None = None,
+    default_flavor: Flavor = "agent",
+    dead_actors: DeadActors = "keep",
+) -> ActorList:
     """Turn a state API answer (`/api/v0/actors?detail=true`) into specs. The filters are applied
     here too (the server applies namespace and class; a name prefix only here). A malformed or
     truncated answer raises `RayStateError`; one bad actor is skipped with its reason."""
@@ -98,8 +104,13 @@ def parse_actors(body: Any, *, namespace: str | None = None, name_prefix: str | 
             continue
         state = str(actor.get("state") or "")
         if state == "DEAD" and dead_actors == "drop":
-            skipped.append(Skipped(str(actor.get("actor_id") or ""), str(actor.get("name") or ""),
-                                   "DEAD (discovery.ray.dead_actors: drop)"))
+            skipped.append(
+                Skipped(
+                    str(actor.get("actor_id") or ""),
+                    str(actor.get("name") or ""),
+                    "DEAD (discovery.ray.dead_actors: drop)",
+                )
+            )
             continue
         spec, reason = _parse_actor(actor, qualify=namespace is None, default_flavor=default_flavor)
         if spec is None:
@@ -111,8 +122,13 @@ def parse_actors(body: Any, *, namespace: str | None = None, name_prefix: str | 
             if states[spec.id] != "DEAD" and state == "DEAD":
                 continue
             if not (states[spec.id] == "DEAD" and state != "DEAD"):
-                skipped.append(Skipped(str(actor.get("actor_id") or ""), str(actor.get("name") or ""),
-                                       f"duplicate member id {spec.id!r}"))
+                skipped.append(
+                    Skipped(
+                        str(actor.get("actor_id") or ""),
+                        str(actor.get("name") or ""),
+                        f"duplicate member id {spec.id!r}",
+                    )
+                )
                 continue
         specs[spec.id], states[spec.id] = spec, state
     return ActorList(list(specs.values()), states, skipped)
@@ -137,8 +153,9 @@ def _actor_list(body: Any) -> list[Any]:
     if isinstance(total, int) and isinstance(kept, int) and kept < total:
         raise RayStateError(f"the state API read {kept} of {total} actors (raise discovery.ray.limit)")
     if isinstance(matched, int) and len(actors) < matched:
-        raise RayStateError(f"the state API returned {len(actors)} of {matched} matching actors "
-                            "(raise discovery.ray.limit)")
+        raise RayStateError(
+            f"the state API returned {len(actors)} of {matched} matching actors (raise discovery.ray.limit)"
+        )
     return actors
 
 
@@ -156,9 +173,12 @@ def _parse_actor(actor: Mapping[str, Any], *, qualify: bool, default_flavor: Fla
         described = json.loads(raw)
     except (TypeError, ValueError):
         return None, "__repr__ is not a JSON object (see docs/ray.md, the actor convention)"
-    if not isinstance(described, Mapping) or described.get("rlcp") != CONVENTION_VERSION \
-            or isinstance(described.get("rlcp"), bool):
-        return None, f"__repr__ has no \"rlcp\": {CONVENTION_VERSION}"
+    if (
+        not isinstance(described, Mapping)
+        or described.get("rlcp") != CONVENTION_VERSION
+        or isinstance(described.get("rlcp"), bool)
+    ):
+        return None, f'__repr__ has no "rlcp": {CONVENTION_VERSION}'
     admin_url = described.get("admin_url")
     if not isinstance(admin_url, str) or not admin_url:
         return None, "no admin_url in __repr__"
@@ -174,11 +194,17 @@ def _parse_actor(actor: Mapping[str, Any], *, qualify: bool, default_flavor: Fla
     except ValueError as exc:
         return None, f"labels in __repr__: {exc}"
     try:
-        spec = WorkerSpec(id=wid, admin_url=admin_url, inference_url=described.get("inference_url"),
-                          flavor=flavor, world_size=1 if described.get("world_size") is None else described["world_size"],
-                          model=described.get("model"), routes=tuple(routes) if routes is not None else None,
-                          incarnation=str(restarts) if restarts is not None else None,
-                          labels=labels)
+        spec = WorkerSpec(
+            id=wid,
+            admin_url=admin_url,
+            inference_url=described.get("inference_url"),
+            flavor=flavor,
+            world_size=1 if described.get("world_size") is None else described["world_size"],
+            model=described.get("model"),
+            routes=tuple(routes) if routes is not None else None,
+            incarnation=str(restarts) if restarts is not None else None,
+            labels=labels,
+        )
     except ValidationError as exc:
         return None, "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
     return spec, ""
@@ -201,19 +227,36 @@ def query(*, namespace: str | None, class_name: str | None, limit: int) -> list[
 class RayActorSource:
     name = "ray"
 
-    def __init__(self, *, session: aiohttp.ClientSession, dashboard_url: str, namespace: str | None = None,
-                 name_prefix: str | None = None, class_name: str | None = None, interval_s: float = 5.0,
-                 timeout_s: float = 5.0, max_backoff_s: float = 30.0, limit: int = 10000, token: str | None = None,
-                 default_flavor: Flavor = "agent", dead_actors: DeadActors = "keep",
-                 iterations: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        dashboard_url: str,
+        namespace: str | None = None,
+        name_prefix: str | None = None,
+        class_name: str | None = None,
+        interval_s: float = 5.0,
+        timeout_s: float = 5.0,
+        max_backoff_s: float = 30.0,
+        limit: int = 10000,
+        token: str | None = None,
+        default_flavor: Flavor = "agent",
+        dead_actors: DeadActors = "keep",
+        iterations: int | None = None,
+    ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
         if default_flavor not in FLAVORS:
             raise ValueError(f"unknown default_flavor {default_flavor!r}")
         self._session, self._url = session, actors_url(dashboard_url)
         self._params = query(namespace=namespace, class_name=class_name, limit=limit)
-        self._filters: dict[str, Any] = dict(namespace=namespace, name_prefix=name_prefix, class_name=class_name,
-                                             default_flavor=default_flavor, dead_actors=dead_actors)
+        self._filters: dict[str, Any] = dict(
+            namespace=namespace,
+            name_prefix=name_prefix,
+            class_name=class_name,
+            default_flavor=default_flavor,
+            dead_actors=dead_actors,
+        )
         self._interval_s, self._timeout_s, self._max_backoff_s = interval_s, timeout_s, max_backoff_s
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._iterations = iterations  # test seam: stop after this many polls
@@ -221,13 +264,25 @@ class RayActorSource:
         self._logged_down: dict[str, str] = {}  # member id -> the state last logged
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        return poll_repeatedly(self.poll, source="ray", url=self._url, interval_s=self._interval_s,
-                               max_backoff_s=self._max_backoff_s, iterations=self._iterations)
+        return poll_repeatedly(
+            self.poll,
+            source="ray",
+            url=self._url,
+            interval_s=self._interval_s,
+            max_backoff_s=self._max_backoff_s,
+            iterations=self._iterations,
+        )
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `RayStateError`."""
-        body = await get_json(self._session, self._url, timeout_s=self._timeout_s, headers=self._headers,
-                              params=self._params, error=RayStateError)
+        body = await get_json(
+            self._session,
+            self._url,
+            timeout_s=self._timeout_s,
+            headers=self._headers,
+            params=self._params,
+            error=RayStateError,
+        )
         found = parse_actors(body, **self._filters)
         self._log(found)
         return found.specs
@@ -241,7 +296,10 @@ class RayActorSource:
         down = {wid: state for wid, state in found.states.items() if state in DOWN_STATES}
         for wid, state in down.items():
             if self._logged_down.get(wid) != state:
-                log.warning("ray_actor_down", worker_id=wid, state=state,
-                            hint="kept as a member: its status reads fail, so it shows unreachable")
+                log.warning(
+                    "ray_actor_down",
+                    worker_id=wid,
+                    state=state,
+                    hint="kept as a member: its status reads fail, so it shows unreachable",
+                )
         self._logged_down = down
-

@@ -54,8 +54,9 @@ def load_source(desired: DesiredState) -> dict[str, str] | None:
 
 
 class DesiredKeeper:
-    def __init__(self, *, store: DesiredStore, changes: ChangeCounter,
-                 on_saved: Callable[[DesiredState], None] | None = None) -> None:
+    def __init__(
+        self, *, store: DesiredStore, changes: ChangeCounter, on_saved: Callable[[DesiredState], None] | None = None
+    ) -> None:
         self._store = store
         self._changes = changes
         self._on_saved = on_saved
@@ -70,6 +71,7 @@ class DesiredKeeper:
     # -- intents ----------------------------------------------------------------------------
     async def set_disk_weights(self, version: str, source: DiskSource) -> None:
         """Weights loaded from disk: the source is also the newest disk copy known."""
+
         def change(d: DesiredState) -> None:
             d.weight_version, d.weight_source = version, source
             d.checkpoint = Checkpoint(path=source.path, version=version)
@@ -79,6 +81,7 @@ class DesiredKeeper:
 
     async def set_broadcast_weights(self, version: str | None, checkpoint: Checkpoint | None) -> None:
         """Weights every member received over a weight-transfer group (a version may be named later)."""
+
         def change(d: DesiredState) -> None:
             d.weight_version, d.weight_source = version, BroadcastSource()
             if checkpoint is not None:
@@ -108,6 +111,7 @@ class DesiredKeeper:
 
     async def set_paused(self, paused: bool, mode: PauseMode | None = None) -> None:
         """The whole fleet paused or running: every hold is subsumed (paused) or released (running)."""
+
         def change(d: DesiredState) -> None:
             d.paused = paused
             d.held = {}
@@ -118,6 +122,7 @@ class DesiredKeeper:
 
     async def hold(self, worker_ids: list[str], mode: PauseMode) -> None:
         """These members stay paused (a selector-scoped pause) while the rest follow `paused`."""
+
         def change(d: DesiredState) -> None:
             d.held.update(dict.fromkeys(worker_ids, mode))
 
@@ -133,6 +138,7 @@ class DesiredKeeper:
     async def put_to_sleep(self, records: dict[str, SleepRecord]) -> None:
         """These members are kept asleep (out of the fence, left alone by the reconciler but
         for putting them back to sleep) until `wake` releases them."""
+
         def change(d: DesiredState) -> None:
             d.asleep.update(records)
 
@@ -140,6 +146,7 @@ class DesiredKeeper:
 
     async def wake(self, worker_ids: list[str]) -> None:
         """These members woke and passed verification: they follow the fleet again."""
+
         def change(d: DesiredState) -> None:
             for worker_id in worker_ids:
                 d.asleep.pop(worker_id, None)
@@ -161,8 +168,9 @@ class DesiredKeeper:
     # -- the operations kept beside it --------------------------------------------------------
     async def note_operation(self, op: OperationResult) -> None:
         """An operation begun (status running) or ended: its record replaces the one of the same id."""
-        kept = op.model_copy(update={"results": [r for r in op.results if r.status != "ok"][:_RESULTS_KEPT],
-                                     "bubble": None})
+        kept = op.model_copy(
+            update={"results": [r for r in op.results if r.status != "ok"][:_RESULTS_KEPT], "bubble": None}
+        )
 
         def change(d: DesiredState) -> None:
             d.operations = [kept, *(o for o in d.operations if o.id != op.id)][:OPERATIONS_KEPT]
@@ -177,8 +185,12 @@ class DesiredKeeper:
             return list(self._state.operations)
 
         def change(d: DesiredState) -> None:
-            d.operations = [o.model_copy(update={"status": "interrupted", "detail": o.detail | {"interrupted": why}})
-                            if o.status == "running" else o for o in d.operations]
+            d.operations = [
+                o.model_copy(update={"status": "interrupted", "detail": o.detail | {"interrupted": why}})
+                if o.status == "running"
+                else o
+                for o in d.operations
+            ]
 
         await self._write(change, desired=False)
         return list(self._state.operations)
@@ -202,8 +214,12 @@ class DesiredKeeper:
         stored = await self._store.load()
         if stored is not None:
             self._replace(stored)
-            log.info("desired_state_recovered", version=stored.weight_version, loras=sorted(stored.loras),
-                     paused=stored.paused)
+            log.info(
+                "desired_state_recovered",
+                version=stored.weight_version,
+                loras=sorted(stored.loras),
+                paused=stored.paused,
+            )
 
     async def reload_for_term(self, term: int) -> bool:
         """Reload once per leadership term; True when this call did."""
@@ -245,4 +261,4 @@ def admitted_versions(desired: str | None, applied: list[str], bound: int) -> li
             break
         if version not in out:
             out.append(version)
-    return out[:bound + 1]
+    return out[: bound + 1]

@@ -75,8 +75,13 @@ class FleetRegistry:
             self._records.pop(spec.id, None)
         for spec in (*change.added, *change.changed):
             self._records[spec.id] = WorkerRecord(spec=spec, driver=self._make_driver(spec))
-        log.info("membership_changed", epoch=change.epoch, added=[s.id for s in change.added],
-                 removed=[s.id for s in change.removed], changed=[s.id for s in change.changed])
+        log.info(
+            "membership_changed",
+            epoch=change.epoch,
+            added=[s.id for s in change.added],
+            removed=[s.id for s in change.removed],
+            changed=[s.id for s in change.changed],
+        )
         return change
 
     def members(self) -> list[WorkerRecord]:

@@ -47,10 +47,14 @@ class ModelNames:
         fleets) when another fleet serves it or holds it."""
         other = self.owner(name, besides=fleet)
         if other is not None:
-            raise ModelNameTaken(f"fleet {fleet!r} cannot serve {what} named {name!r}: fleet {other!r} serves that "
-                                 "model name, and a model name is served by exactly one fleet (the gateway routes "
-                                 "by it); choose another name, or unload it there first", model=name, serving=other,
-                                 asking=fleet)
+            raise ModelNameTaken(
+                f"fleet {fleet!r} cannot serve {what} named {name!r}: fleet {other!r} serves that "
+                "model name, and a model name is served by exactly one fleet (the gateway routes "
+                "by it); choose another name, or unload it there first",
+                model=name,
+                serving=other,
+                asking=fleet,
+            )
         mine = name not in self._claims
         self._claims[name] = fleet
         try:

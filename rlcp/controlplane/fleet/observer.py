@@ -13,18 +13,27 @@ from rlcp.controlplane.workers.fanout import FanOut, Outcome
 from rlcp.controlplane.workerspec import WorkerStatus
 
 
-async def poll_statuses(registry: FleetRegistry, fanout: FanOut, *, deadline_s: float,
-                        records: list[WorkerRecord] | None = None) -> None:
+async def poll_statuses(
+    registry: FleetRegistry, fanout: FanOut, *, deadline_s: float, records: list[WorkerRecord] | None = None
+) -> None:
     """Read `records` (default: every member) now, and record what they answered."""
     targets = records if records is not None else registry.members()
-    outcomes = await fanout.run([r.driver for r in targets], lambda d: d.status(), phase="status",
-                                deadline_s=deadline_s, quiet=True)
+    outcomes = await fanout.run(
+        [r.driver for r in targets], lambda d: d.status(), phase="status", deadline_s=deadline_s, quiet=True
+    )
     for outcome in outcomes:
         registry.observe(outcome)
 
 
-async def observe_statuses(*, registry: FleetRegistry, fanout: FanOut, interval_s: float, deadline_s: float,
-                           seen_refresh_s: float = 10.0, iterations: int | None = None) -> None:
+async def observe_statuses(
+    *,
+    registry: FleetRegistry,
+    fanout: FanOut,
+    interval_s: float,
+    deadline_s: float,
+    seen_refresh_s: float = 10.0,
+    iterations: int | None = None,
+) -> None:
     """Read every member's status every `interval_s`. A read still running at the end of its
     tick is left to finish (its result lands when it does) and its worker is skipped until
     then: a worker that hangs until its deadline delays only its own status, where waiting
@@ -49,8 +58,11 @@ async def observe_statuses(*, registry: FleetRegistry, fanout: FanOut, interval_
                     continue
                 if rec.id not in running:
                     running[rec.id] = asyncio.create_task(
-                        fanout.call(rec.driver, lambda d: d.status(), phase="status", deadline_s=deadline_s,
-                                    quiet=True), name=f"status-poll:{rec.id}")
+                        fanout.call(
+                            rec.driver, lambda d: d.status(), phase="status", deadline_s=deadline_s, quiet=True
+                        ),
+                        name=f"status-poll:{rec.id}",
+                    )
             if running:
                 await asyncio.wait(running.values(), timeout=interval_s)
             for worker_id, task in list(running.items()):

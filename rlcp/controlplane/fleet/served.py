@@ -33,8 +33,9 @@ class ServedModels:
         self._at = 0.0
         self._seen: FleetState | None = None  # the document the cards were read under
 
-    async def cards(self, state: FleetState | None, session: aiohttp.ClientSession, *,
-                    named: Mapping[str, str] | None = None) -> list[Card]:
+    async def cards(
+        self, state: FleetState | None, session: aiohttp.ClientSession, *, named: Mapping[str, str] | None = None
+    ) -> list[Card]:
         """`named`: worker id -> the model discovery named it, for members with no inference URL."""
         if self._cards is not None and state is self._seen and time.monotonic() - self._at < self._ttl_s:
             return self._cards

@@ -71,16 +71,28 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
     elif not at_desired:
         reason = f"at weight version {s.weight_version if s else None!r}, desired {desired.weight_version!r}"
     return WorkerView(
-        id=rec.spec.id, admin_url=rec.spec.admin_url, inference_url=rec.spec.inference_url,
-        flavor=rec.spec.flavor, world_size=rec.world_size, labels=dict(rec.spec.labels),
-        reachable=rec.reachable, ready=ready,
+        id=rec.spec.id,
+        admin_url=rec.spec.admin_url,
+        inference_url=rec.spec.inference_url,
+        flavor=rec.spec.flavor,
+        world_size=rec.world_size,
+        labels=dict(rec.spec.labels),
+        reachable=rec.reachable,
+        ready=ready,
         serving=ready and s is not None and s.paused is False and not rec.cordoned,
-        cordoned=rec.cordoned or asleep, paused=s.paused if s else None, held=rec.id in desired.held,
-        sleeping=asleep, requests=s.requests if s else None,
-        weight_version=s.weight_version if s else None, loras=s.loras if s else {},
+        cordoned=rec.cordoned or asleep,
+        paused=s.paused if s else None,
+        held=rec.id in desired.held,
+        sleeping=asleep,
+        requests=s.requests if s else None,
+        weight_version=s.weight_version if s else None,
+        loras=s.loras if s else {},
         engine_alive=s.engine_alive if s else None,
-        not_ready_reason=None if ready else reason, last_result=rec.last_result, last_seen=rec.last_seen,
-        last_error=rec.last_error)
+        not_ready_reason=None if ready else reason,
+        last_result=rec.last_result,
+        last_seen=rec.last_seen,
+        last_error=rec.last_error,
+    )
 
 
 def build_state(facts: FleetFacts) -> FleetState:
@@ -89,8 +101,11 @@ def build_state(facts: FleetFacts) -> FleetState:
     paused = [v.paused for v in known]
     pause_state: PauseState = "paused" if paused and all(paused) else ("running" if not any(paused) else "mixed")
     counts = [v.requests for v in views if v.requests is not None]
-    totals = RequestCounts(running=sum(c.running for c in counts), waiting=sum(c.waiting for c in counts),
-                           frozen=sum(c.frozen for c in counts))
+    totals = RequestCounts(
+        running=sum(c.running for c in counts),
+        waiting=sum(c.waiting for c in counts),
+        frozen=sum(c.frozen for c in counts),
+    )
     quiesced = bool(views) and all(v.reachable and v.paused for v in views) and totals.running == 0
     # Members asleep are out of service on purpose: the fleet's version, convergence and phase
     # are those of the members awake.
@@ -111,13 +126,22 @@ def build_state(facts: FleetFacts) -> FleetState:
     else:
         phase = "serving"
     return FleetState(
-        fleet=facts.fleet, models=facts.models, phase=phase, quiesced=quiesced, pause_state=pause_state, requests=totals,
+        fleet=facts.fleet,
+        models=facts.models,
+        phase=phase,
+        quiesced=quiesced,
+        pause_state=pause_state,
+        requests=totals,
         sleeping=len(views) - len(awake),
         desired=facts.desired.model_copy(update={"operations": []}),  # shown as last_operation, and listed apart
-        applied=AppliedState(weight_version=common, converged=all_converged,
-                             verified=facts.verified and all_converged),
-        membership_epoch=facts.membership_epoch, discovery_synced=facts.discovery_synced,
-        last_operation=facts.operation, update=facts.update, weight_transfer=facts.transfer, workers=views)
+        applied=AppliedState(weight_version=common, converged=all_converged, verified=facts.verified and all_converged),
+        membership_epoch=facts.membership_epoch,
+        discovery_synced=facts.discovery_synced,
+        last_operation=facts.operation,
+        update=facts.update,
+        weight_transfer=facts.transfer,
+        workers=views,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,8 +188,12 @@ class StateCache:
     entity tag (this cache's instance and the generation) and, once asked for, its gzip copy
     (`rlcp.core.cached`): both are made once per generation, never per request."""
 
-    def __init__(self, changes: ChangeCounter, build: Callable[[], FleetState],
-                 worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode()) -> None:
+    def __init__(
+        self,
+        changes: ChangeCounter,
+        build: Callable[[], FleetState],
+        worker_json: Callable[[WorkerView], bytes] = lambda v: v.model_dump_json().encode(),
+    ) -> None:
         self._changes = changes
         self._build = build
         self._worker_json = worker_json

@@ -62,14 +62,19 @@ REPLICA = web.AppKey("replica", FollowedDocument)
 CORE = web.AppKey("core", CoreLink)
 
 
-def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
-                replica: FollowedDocument) -> web.Application:
+def build_front(
+    settings: ControllerSettings, *, token: str, core: CoreLink, replica: FollowedDocument
+) -> web.Application:
     app = web.Application(
         # The body is forwarded exactly as it came, Content-Encoding and all: the core decodes it
         # (rlcp.core.body), so the two cannot disagree about what was sent.
-        client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS,
-        middlewares=[make_error_middleware(settings.api.max_body_bytes),
-                     make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS)])
+        client_max_size=settings.api.max_body_bytes,
+        handler_args=BODY_HANDLER_ARGS,
+        middlewares=[
+            make_error_middleware(settings.api.max_body_bytes),
+            make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+        ],
+    )
     app[REPLICA], app[CORE] = replica, core
     stale_s = settings.api.front_stale_s
 
@@ -83,8 +88,11 @@ def build_front(settings: ControllerSettings, *, token: str, core: CoreLink,
         age = replica.age_s()
         if age is not None and age <= stale_s:
             return json_response({"status": "ok"})
-        reason = (f"the controller core has not answered a state read for {age:.0f}s" if age is not None
-                  else "the controller core has not answered a state read yet")
+        reason = (
+            f"the controller core has not answered a state read for {age:.0f}s"
+            if age is not None
+            else "the controller core has not answered a state read yet"
+        )
         if replica.last_error:
             reason += f" (last error: {replica.last_error})"
         return json_response({"status": "core_unresponsive", "reason": reason}, status=503)
@@ -106,8 +114,9 @@ async def forward(request: web.Request) -> web.Response:
     what = f"{request.method} {request.path}"
     try:
         async with asyncio.timeout(core.timeout_s):
-            async with core.session.request(request.method, core.url + request.path_qs, data=data or None,
-                                            headers=headers, allow_redirects=False) as resp:
+            async with core.session.request(
+                request.method, core.url + request.path_qs, data=data or None, headers=headers, allow_redirects=False
+            ) as resp:
                 payload = await resp.read()
     except TimeoutError as exc:
         raise CoreTimeout(f"the controller core did not answer {what} within {core.timeout_s:g}s") from exc

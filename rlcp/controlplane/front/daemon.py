@@ -90,22 +90,32 @@ def write_port_file(path: Path | None, port: int) -> None:
         tmp.replace(path)
 
 
-async def serve(settings: ControllerSettings, *, token: str, config: Path | None, port_file: Path | None,
-                stop: asyncio.Event) -> int:
+async def serve(
+    settings: ControllerSettings, *, token: str, config: Path | None, port_file: Path | None, stop: asyncio.Event
+) -> int:
     """Run the core and the front until `stop` is set or the core exits; the exit code."""
     api = settings.api
     core = CoreProcess(config, start_timeout_s=api.core_start_timeout_s, stop_timeout_s=api.core_stop_timeout_s)
     url = await core.start()
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
-        replica = FollowedDocument(session=session, url=url + "/v1/rl/state",
-                                   token=token if api.auth_reads else None,
-                                   interval_s=api.front_follow_interval_s, timeout_s=settings.workers.timeout_s)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None)
+    ) as session:
+        replica = FollowedDocument(
+            session=session,
+            url=url + "/v1/rl/state",
+            token=token if api.auth_reads else None,
+            interval_s=api.front_follow_interval_s,
+            timeout_s=settings.workers.timeout_s,
+        )
         await replica.refresh()
         follower = asyncio.create_task(replica.run(), name="follow-core-state")
-        app = build_front(settings, token=token, core=CoreLink(url=url, session=session, timeout_s=api.front_timeout_s),
-                          replica=replica)
+        app = build_front(
+            settings,
+            token=token,
+            core=CoreLink(url=url, session=session, timeout_s=api.front_timeout_s),
+            replica=replica,
+        )
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         try:

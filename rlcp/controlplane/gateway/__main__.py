@@ -49,21 +49,39 @@ def main(argv: list[str] | None = None) -> int:
         async with new_session() as session:
             # One followed state document per fleet (the settings' `fleets`, as the controller
             # has them: the chart hands both processes one config), each at its fleet's path.
-            followed = {name: FollowedState(session=session, url=(g.follow_url or "").rstrip("/") + fleet_path(name),
-                                            interval_s=g.follow_interval_s, token=token)
-                        for name in (DEFAULT_FLEET, *settings.fleets)}
-            followers = [asyncio.create_task(f.run(), name=f"follow-controller-state:{name}")
-                         for name, f in followed.items()]
+            followed = {
+                name: FollowedState(
+                    session=session,
+                    url=(g.follow_url or "").rstrip("/") + fleet_path(name),
+                    interval_s=g.follow_interval_s,
+                    token=token,
+                )
+                for name in (DEFAULT_FLEET, *settings.fleets)
+            }
+            followers = [
+                asyncio.create_task(f.run(), name=f"follow-controller-state:{name}") for name, f in followed.items()
+            ]
             routes = {name: FleetRoute(name, Router(f)) for name, f in followed.items()}
             default, named = routes.pop(DEFAULT_FLEET), list(routes.values())
             # The token it follows the controller with is the controller's: inference takes it too.
-            gateway = Gateway(router=default.router, session=session, settings=g, metrics=GatewayMetrics(),
-                              admin_token=token, fleets=ModelRoutes(default, named) if named else None)
+            gateway = Gateway(
+                router=default.router,
+                session=session,
+                settings=g,
+                metrics=GatewayMetrics(),
+                admin_token=token,
+                fleets=ModelRoutes(default, named) if named else None,
+            )
             runner = await start_site(gateway)
             frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
             structlog.get_logger("rlcp.controlplane.gateway").info(
-                "gateway_serving", url=gateway.url, following=g.follow_url, fleets=list(followed), heap_frozen=frozen,
-                event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
+                "gateway_serving",
+                url=gateway.url,
+                following=g.follow_url,
+                fleets=list(followed),
+                heap_frozen=frozen,
+                event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0],
+            )
             if args.port_file:
                 args.port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
             try:
@@ -87,8 +105,10 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
         import uvloop
     except ImportError:
         if kind == "uvloop":
-            raise SystemExit("rl-gateway: gateway.event_loop is uvloop but uvloop is not installed "
-                             "(pip install 'rl-controlplane[gateway]')") from None
+            raise SystemExit(
+                "rl-gateway: gateway.event_loop is uvloop but uvloop is not installed "
+                "(pip install 'rl-controlplane[gateway]')"
+            ) from None
         return None
     return uvloop.new_event_loop
 

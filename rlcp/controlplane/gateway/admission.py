@@ -16,17 +16,20 @@ from collections.abc import Iterable, Mapping
 from rlcp.controlplane.gateway.breaker import Breakers
 
 
-def unavailable(workers: Iterable[str], *, in_flight: Mapping[str, int], limit: int | None,
-                breakers: Breakers) -> frozenset[str]:
+def unavailable(
+    workers: Iterable[str], *, in_flight: Mapping[str, int], limit: int | None, breakers: Breakers
+) -> frozenset[str]:
     """The workers among `workers` not to choose now (empty at once when nothing is limited or ejected)."""
     if limit is None and not breakers.ejected:
         return frozenset()
-    return frozenset(w for w in workers
-                     if (limit is not None and in_flight.get(w, 0) >= limit) or not breakers.available(w))
+    return frozenset(
+        w for w in workers if (limit is not None and in_flight.get(w, 0) >= limit) or not breakers.available(w)
+    )
 
 
-def why_unavailable(workers: Iterable[str], *, in_flight: Mapping[str, int], limit: int | None,
-                    breakers: Breakers) -> str:
+def why_unavailable(
+    workers: Iterable[str], *, in_flight: Mapping[str, int], limit: int | None, breakers: Breakers
+) -> str:
     """Said in the 503 when every member inside the fence was unavailable until the deadline."""
     full = sorted(w for w in workers if limit is not None and in_flight.get(w, 0) >= limit)
     out = sorted(w for w in workers if w not in full and not breakers.available(w))

@@ -59,15 +59,20 @@ def _policy(request: web.Request, body: dict[str, Any], gateway: Gateway) -> Req
     hold = _header_number(request, HOLD_HEADER, float, 0.0, 3600.0, exclusive_low=True)
     headers = request.headers
     session = headers.get(settings.affinity_header) or headers.get(SESSION_ID_HEADER) or body.get("user")
-    return RequestPolicy(bound=bound, hold_s=settings.hold_timeout_s if hold is None else hold, session=session,
-                         router=gateway.router_for(body.get("model")))
+    return RequestPolicy(
+        bound=bound,
+        hold_s=settings.hold_timeout_s if hold is None else hold,
+        session=session,
+        router=gateway.router_for(body.get("model")),
+    )
 
 
 N = TypeVar("N", int, float)
 
 
-def _header_number(request: web.Request, name: str, kind: type[N], low: float, high: float, *,
-                   exclusive_low: bool = False) -> N | None:
+def _header_number(
+    request: web.Request, name: str, kind: type[N], low: float, high: float, *, exclusive_low: bool = False
+) -> N | None:
     raw = request.headers.get(name)
     if raw is None:
         return None
@@ -123,25 +128,33 @@ for _path, _what in (*vllm_routes.FORWARDED, *vllm_routes.OTHER_ENGINES_FORWARDE
 def _refusal(method: str, path: str, why: str) -> Handler:
     async def refuse(request: web.Request) -> web.StreamResponse:
         raise NotSupportedError(f"{method} {path} is not forwarded by the gateway: {why}", field=path)
+
     refuse.__name__ = f"refuse_{path.strip('/').replace('/', '_')}"
     return refuse
 
 
 for _method, _path, _why in vllm_routes.REFUSED:
-    api.route(_method, _path, f"Not forwarded: {_why}.", errors=(501,), tag=_INFERENCE,
-              **({"path_params": {"response_id": {"type": "string", "minLength": 1}}} if "{" in _path else {}))(
-        _refusal(_method, _path, _why))
+    api.route(
+        _method,
+        _path,
+        f"Not forwarded: {_why}.",
+        errors=(501,),
+        tag=_INFERENCE,
+        **({"path_params": {"response_id": {"type": "string", "minLength": 1}}} if "{" in _path else {}),
+    )(_refusal(_method, _path, _why))
 
 
-@api.get("/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList,
-         tag=_INFERENCE)
+@api.get(
+    "/v1/models", "The union of the models and adapters the reachable members serve.", ok=ModelList, tag=_INFERENCE
+)
 async def models(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     if gateway.fleets is None:
         cards = await request.app[MODELS].cards(gateway.router.state(), gateway.session)
     else:  # every fleet's, each read (and kept) on its own
-        cards = merge_cards([await fleet.models.cards(fleet.router.state(), gateway.session)
-                             for fleet in gateway.fleets])
+        cards = merge_cards(
+            [await fleet.models.cards(fleet.router.state(), gateway.session) for fleet in gateway.fleets]
+        )
     return json_response({"object": "list", "data": cards})
 
 
@@ -150,11 +163,23 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-@api.get("/health", "What trainers probe on an inference server (vLLM's `/health`): 200 while some member is "
-         "inside the fence, else 503 with the reason.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True,
-         tag=_PROBES)
-@api.get("/readyz", "Ready while some member is inside the fence.", ok=ProbeAnswer, answers={503: ProbeAnswer},
-         probe=True, tag=_PROBES)
+@api.get(
+    "/health",
+    "What trainers probe on an inference server (vLLM's `/health`): 200 while some member is "
+    "inside the fence, else 503 with the reason.",
+    ok=ProbeAnswer,
+    answers={503: ProbeAnswer},
+    probe=True,
+    tag=_PROBES,
+)
+@api.get(
+    "/readyz",
+    "Ready while some member is inside the fence.",
+    ok=ProbeAnswer,
+    answers={503: ProbeAnswer},
+    probe=True,
+    tag=_PROBES,
+)
 async def readyz(request: web.Request) -> web.Response:
     gateway = request.app[GATEWAY]
     fleets = [(f.name, f.router) for f in gateway.fleets] if gateway.fleets else [("", gateway.router)]
@@ -175,16 +200,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 MODELS = web.AppKey("models", ServedModels)
 ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
-DESCRIPTION = ("The inference gateway of an RL fleet: the OpenAI and vLLM inference routes of the workers, sent only "
-               "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
-               "`X-RL-Weight-Version`. While nothing can serve, requests are held up to the hold deadline, then "
-               "answered 503 with `Retry-After`. Per request: `X-RL-Max-Staleness` (versions before the desired "
-               "one that may serve) and `X-RL-Hold-Timeout` (seconds).")
+DESCRIPTION = (
+    "The inference gateway of an RL fleet: the OpenAI and vLLM inference routes of the workers, sent only "
+    "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
+    "`X-RL-Weight-Version`. While nothing can serve, requests are held up to the hold deadline, then "
+    "answered 503 with `Retry-After`. Per request: `X-RL-Max-Staleness` (versions before the desired "
+    "one that may serve) and `X-RL-Hold-Timeout` (seconds)."
+)
 
 
 def gateway_document(*, secured: bool) -> dict[str, Any]:
-    return build_document(ROUTES, title="rl-controlplane gateway", description=DESCRIPTION,
-                          auth_reads=secured)
+    return build_document(ROUTES, title="rl-controlplane gateway", description=DESCRIPTION, auth_reads=secured)
 
 
 def build_gateway_app(gateway: Gateway) -> web.Application:
@@ -192,10 +218,14 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
     token = settings.resolved_token()
     middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
     if token:
-        middlewares.append(make_auth_middleware(token, auth_reads=True, open_paths=open_paths(ROUTES),
-                                                also_accepted=gateway.accepted_admin_tokens()))
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=middlewares,
-                          handler_args=BODY_HANDLER_ARGS)
+        middlewares.append(
+            make_auth_middleware(
+                token, auth_reads=True, open_paths=open_paths(ROUTES), also_accepted=gateway.accepted_admin_tokens()
+            )
+        )
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=middlewares, handler_args=BODY_HANDLER_ARGS
+    )
     app[GATEWAY] = gateway
     app[MODELS] = ServedModels()
     api.register(app)
@@ -206,8 +236,7 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
 async def start_site(gateway: Gateway) -> web.AppRunner:
     """Serve the gateway on its own port; a client that goes away cancels its handler."""
     s = gateway.settings
-    runner = web.AppRunner(build_gateway_app(gateway), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=1.0)
+    runner = web.AppRunner(build_gateway_app(gateway), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, s.host, s.port, backlog=1024, reuse_address=True)
     await site.start()
@@ -219,5 +248,8 @@ async def start_site(gateway: Gateway) -> web.AppRunner:
 def new_session() -> aiohttp.ClientSession:
     """The gateway's own client session: many concurrent requests per worker, no total deadline
     (each request carries its own)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
-                                 timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+    )

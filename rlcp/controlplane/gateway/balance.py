@@ -40,8 +40,15 @@ def bounded(ranked: list[str], outstanding: Mapping[str, int], load_factor: floa
     return under + [w for w in ranked if outstanding.get(w, 0) >= cap] if len(under) < len(ranked) else ranked
 
 
-def order(candidates: Sequence[str], outstanding: Mapping[str, int], *, session: str | None = None,
-          exclude: frozenset[str] = frozenset(), turn: int = 0, load_factor: float | None = None) -> list[str]:
+def order(
+    candidates: Sequence[str],
+    outstanding: Mapping[str, int],
+    *,
+    session: str | None = None,
+    exclude: frozenset[str] = frozenset(),
+    turn: int = 0,
+    load_factor: float | None = None,
+) -> list[str]:
     """Candidates in the order to try them, without those in `exclude` (already failed);
     `turn` rotates which of the least loaded comes first; `load_factor` bounds a session's
     worker's load (None: plain affinity)."""

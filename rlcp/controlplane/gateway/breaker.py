@@ -46,9 +46,15 @@ class CircuitView:
 class Breakers:
     """The circuits of every worker that has failed a request (the rest are closed)."""
 
-    def __init__(self, *, failures: int, backoff_s: float, max_backoff_s: float,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[str, CircuitState, float | None], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        failures: int,
+        backoff_s: float,
+        max_backoff_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[str, CircuitState, float | None], None] | None = None,
+    ) -> None:
         """`failures`: 0 never ejects. `on_change(worker, state, backoff_s)` sees each ejection
         ("open", its backoff) and each recovery ("closed", None)."""
         self.failures, self.backoff_s, self.max_backoff_s = failures, backoff_s, max_backoff_s
@@ -121,7 +127,7 @@ class Breakers:
         return CircuitView("half_open", circuit.consecutive, circuit.ejections, None)
 
     def _eject(self, worker: str, circuit: _Circuit) -> None:
-        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** circuit.streak)
+        backoff = min(self.max_backoff_s, self.backoff_s * 2**circuit.streak)
         circuit.streak += 1
         circuit.ejections += 1
         circuit.open_until = self.clock() + backoff

@@ -23,8 +23,13 @@ from rlcp.core.wire.versions import is_version_name
 
 
 def in_fence(view: WorkerView, desired: str | None, admitted: list[str]) -> bool:
-    if not (view.reachable and view.paused is False and not view.cordoned and view.inference_url
-            and view.engine_alive is not False):
+    if not (
+        view.reachable
+        and view.paused is False
+        and not view.cordoned
+        and view.inference_url
+        and view.engine_alive is not False
+    ):
         return False
     if view.weight_version is not None and not is_version_name(view.weight_version):
         return False
@@ -40,6 +45,7 @@ def in_fence(view: WorkerView, desired: str | None, admitted: list[str]) -> bool
 def fence(state: FleetState, bound: int | None = None) -> tuple[list[str], list[WorkerView]]:
     """(admitted versions, members inside the fence). `bound` overrides the desired state's."""
     desired = state.desired.weight_version
-    admitted = admitted_versions(desired, state.desired.applied_versions,
-                                 state.desired.staleness_bound if bound is None else bound)
+    admitted = admitted_versions(
+        desired, state.desired.applied_versions, state.desired.staleness_bound if bound is None else bound
+    )
     return admitted, [w for w in state.workers if in_fence(w, desired, admitted)]

@@ -41,6 +41,7 @@ class ModelRoutes:
         state = self.default.router.state()
         if state is not None and not state.workers:
             serves = "; ".join(f"{f.name}: {', '.join(sorted(f.router.served())) or 'nothing yet'}" for f in self.named)
-            raise NotFoundError(f"no fleet serves model {model!r} ({serves}; the default fleet has no members)",
-                                field="model")
+            raise NotFoundError(
+                f"no fleet serves model {model!r} ({serves}; the default fleet has no members)", field="model"
+            )
         return self.default.router

@@ -20,10 +20,17 @@ from rlcp.core.wire.controller import FleetState
 
 
 class FollowedState:
-    def __init__(self, *, session: aiohttp.ClientSession, url: str, token: str | None, interval_s: float,
-                 timeout_s: float = 5.0) -> None:
-        self._document = FollowedDocument(session=session, url=url.rstrip("/") + "/v1/rl/state", token=token,
-                                          interval_s=interval_s, timeout_s=timeout_s, accept=self._parse)
+    def __init__(
+        self, *, session: aiohttp.ClientSession, url: str, token: str | None, interval_s: float, timeout_s: float = 5.0
+    ) -> None:
+        self._document = FollowedDocument(
+            session=session,
+            url=url.rstrip("/") + "/v1/rl/state",
+            token=token,
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+            accept=self._parse,
+        )
         self._state: FleetState | None = None
         self._generation = 0
 

@@ -29,12 +29,19 @@ class ControllerState:
         return self._ctl.changes.generation, self._ctl.base_state()
 
 
-async def start_local_gateway(fleets: Fleets, settings: GatewaySettings, session: aiohttp.ClientSession, *,
-                              admin_token: str | None = None) -> tuple[Gateway, web.AppRunner]:
+async def start_local_gateway(
+    fleets: Fleets, settings: GatewaySettings, session: aiohttp.ClientSession, *, admin_token: str | None = None
+) -> tuple[Gateway, web.AppRunner]:
     every = {ctl.fleet: FleetRoute(ctl.fleet, Router(ControllerState(ctl))) for ctl in fleets}
     default, named = every[fleets.default.fleet], [every[name] for name in fleets.named]
-    gateway = Gateway(router=default.router, session=session, settings=settings, metrics=GatewayMetrics(),
-                      admin_token=admin_token, fleets=ModelRoutes(default, named) if named else None)
+    gateway = Gateway(
+        router=default.router,
+        session=session,
+        settings=settings,
+        metrics=GatewayMetrics(),
+        admin_token=admin_token,
+        fleets=ModelRoutes(default, named) if named else None,
+    )
     runner = await start_site(gateway)
     for ctl in fleets:
         ctl.gateway_view = partial(gateway.view, every[ctl.fleet].router)

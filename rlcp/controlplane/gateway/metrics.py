@@ -22,18 +22,34 @@ class GatewayMetrics:
         self._workers: dict[str, WorkerMetrics] = {}
         self.in_flight = Gauge("rlcp_gateway_in_flight", "Requests being served, per worker.", ["worker"], registry=r)
         self.routed = Counter("rlcp_gateway_routed", "Requests sent to a worker.", ["worker"], registry=r)
-        self.failed = Counter("rlcp_gateway_worker_failures", "Workers that failed a request, by stage "
-                              "(before_first_byte: retried elsewhere; mid_stream: ended with an error event).",
-                              ["worker", "stage"], registry=r)
-        self.ejected = Gauge("rlcp_gateway_worker_ejected", "1 while a worker is out of the rotation after failing "
-                             "requests in a row (from its ejection until a probe succeeds), per worker.", ["worker"],
-                             registry=r)
-        self.ejections = Counter("rlcp_gateway_worker_ejections", "Times a worker was ejected after failing requests "
-                                 "in a row (outlier detection), per worker.", ["worker"], registry=r)
+        self.failed = Counter(
+            "rlcp_gateway_worker_failures",
+            "Workers that failed a request, by stage "
+            "(before_first_byte: retried elsewhere; mid_stream: ended with an error event).",
+            ["worker", "stage"],
+            registry=r,
+        )
+        self.ejected = Gauge(
+            "rlcp_gateway_worker_ejected",
+            "1 while a worker is out of the rotation after failing "
+            "requests in a row (from its ejection until a probe succeeds), per worker.",
+            ["worker"],
+            registry=r,
+        )
+        self.ejections = Counter(
+            "rlcp_gateway_worker_ejections",
+            "Times a worker was ejected after failing requests in a row (outlier detection), per worker.",
+            ["worker"],
+            registry=r,
+        )
         self.held = Gauge("rlcp_gateway_held", "Requests waiting for a worker to serve.", registry=r)
         self.rejected = Counter("rlcp_gateway_rejected", "Requests answered 503, by reason.", ["reason"], registry=r)
-        self.overhead = Histogram("rlcp_gateway_added_seconds", "The gateway's own time before a request goes out "
-                                  "(holding excluded).", buckets=_OVERHEAD_BUCKETS, registry=r)
+        self.overhead = Histogram(
+            "rlcp_gateway_added_seconds",
+            "The gateway's own time before a request goes out (holding excluded).",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
 
     def worker(self, worker: str) -> WorkerMetrics:
         """The per-worker series a request moves, made once per worker: `labels()` per request

@@ -55,8 +55,10 @@ def check_client_nvext(body: dict[str, Any]) -> None:
     if not isinstance(nvext, dict):
         raise BadRequestError(f"nvext must be an object, got {type(nvext).__name__}", field="nvext")
     if nvext.get(PIN_FIELD) is not None:
-        raise BadRequestError(f"nvext.{PIN_FIELD} is chosen by the gateway (the weight-version fence picks the "
-                              "worker); leave it out", field=f"nvext.{PIN_FIELD}")
+        raise BadRequestError(
+            f"nvext.{PIN_FIELD} is chosen by the gateway (the weight-version fence picks the worker); leave it out",
+            field=f"nvext.{PIN_FIELD}",
+        )
 
 
 def instance_number(worker_id: str) -> int | None:

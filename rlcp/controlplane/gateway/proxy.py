@@ -121,8 +121,16 @@ class RequestPolicy:
 
 
 class Gateway:
-    def __init__(self, *, router: Router, session: aiohttp.ClientSession, settings: GatewaySettings,
-                 metrics: GatewayMetrics, admin_token: str | None = None, fleets: ModelRoutes | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        router: Router,
+        session: aiohttp.ClientSession,
+        settings: GatewaySettings,
+        metrics: GatewayMetrics,
+        admin_token: str | None = None,
+        fleets: ModelRoutes | None = None,
+    ) -> None:
         """`admin_token`: the controller's (the one it runs in, or follows), which inference
         accepts too with `settings.accept_admin_token`. `fleets`: several fleets, each with its
         router (`router` is the default fleet's), chosen per request by model."""
@@ -139,14 +147,21 @@ class Gateway:
         # Called when a worker is ejected or restored: the controller this gateway runs in shows it in
         # its state document at once (its gateway section is otherwise refreshed with each status poll).
         self.on_circuit_change: Callable[[], None] | None = None
-        self.breakers = Breakers(failures=settings.outlier_failures, backoff_s=settings.outlier_backoff_s,
-                                 max_backoff_s=settings.outlier_max_backoff_s, on_change=self._circuit_changed)
+        self.breakers = Breakers(
+            failures=settings.outlier_failures,
+            backoff_s=settings.outlier_backoff_s,
+            max_backoff_s=settings.outlier_max_backoff_s,
+            on_change=self._circuit_changed,
+        )
         # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
         # Authorization (a key a worker itself checks) passes. Resolved once, not per request
         # (with `token_file` that would be a file read on the hot path).
         # The request id and trace go on as this call's (`rlcp.core.tracing`): a new span per try.
-        self._drop_upstream = HOP_BY_HOP | {EXPECT_VERSION_HEADER.lower(), REQUEST_ID_HEADER.lower(),
-                                      TRACEPARENT_HEADER.lower()}
+        self._drop_upstream = HOP_BY_HOP | {
+            EXPECT_VERSION_HEADER.lower(),
+            REQUEST_ID_HEADER.lower(),
+            TRACEPARENT_HEADER.lower(),
+        }
         self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
         self._own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
 
@@ -168,25 +183,40 @@ class Gateway:
         if self.fleets is not None:  # the counters are the gateway's; each fleet shows its own members'
             known &= inside | {w.id for w in (state.workers if state else [])}
         return GatewayView(
-            url=self.url, allowed_versions=table.admitted if table else [],
+            url=self.url,
+            allowed_versions=table.admitted if table else [],
             staleness_bound=state.desired.staleness_bound if state else 0,
-            held=self.held, routed=sum(self.routed.values()), rejected=self.rejected,
+            held=self.held,
+            routed=sum(self.routed.values()),
+            rejected=self.rejected,
             max_in_flight_per_worker=self.settings.max_in_flight_per_worker,
-            workers=[self._worker_view(w, w in inside) for w in sorted(known)])
+            workers=[self._worker_view(w, w in inside) for w in sorted(known)],
+        )
 
     def _worker_view(self, worker: str, in_fence: bool) -> GatewayWorkerView:
         circuit = self.breakers.view(worker)
-        return GatewayWorkerView(worker_id=worker, in_fence=in_fence, in_flight=self.in_flight[worker],
-                                 routed=self.routed[worker], failed=self.failed[worker], circuit=circuit.state,
-                                 consecutive_failures=circuit.consecutive_failures, ejections=circuit.ejections,
-                                 back_in_s=None if circuit.back_in_s is None else round(circuit.back_in_s, 3))
+        return GatewayWorkerView(
+            worker_id=worker,
+            in_fence=in_fence,
+            in_flight=self.in_flight[worker],
+            routed=self.routed[worker],
+            failed=self.failed[worker],
+            circuit=circuit.state,
+            consecutive_failures=circuit.consecutive_failures,
+            ejections=circuit.ejections,
+            back_in_s=None if circuit.back_in_s is None else round(circuit.back_in_s, 3),
+        )
 
     def _circuit_changed(self, worker: str, state: CircuitState, backoff_s: float | None) -> None:
         if state == "open":
             self.metrics.ejected.labels(worker).set(1)
             self.metrics.ejections.labels(worker).inc()
-            log.warning("gateway_worker_ejected", worker_id=worker, backoff_s=backoff_s,
-                        failures=self.breakers.view(worker).consecutive_failures)
+            log.warning(
+                "gateway_worker_ejected",
+                worker_id=worker,
+                backoff_s=backoff_s,
+                failures=self.breakers.view(worker).consecutive_failures,
+            )
         else:
             self.metrics.ejected.labels(worker).set(0)
             log.info("gateway_worker_restored", worker_id=worker)
@@ -215,9 +245,11 @@ class Gateway:
                 self.failed[route.worker_id] += 1
                 self.metrics.failed.labels(route.worker_id, "engine_died").inc()
                 log.error("gateway_engine_died", worker_id=route.worker_id, status=exc.status, error=str(exc))
-                raise EngineDied(f"worker {route.worker_id}'s engine died while serving this request (HTTP "
-                                 f"{exc.status}: {exc}); it was not sent to another worker, since it may be what "
-                                 "killed the engine") from None
+                raise EngineDied(
+                    f"worker {route.worker_id}'s engine died while serving this request (HTTP "
+                    f"{exc.status}: {exc}); it was not sent to another worker, since it may be what "
+                    "killed the engine"
+                ) from None
             except _BeforeFirstByte as exc:
                 if exc.reason is RetryReason.ANSWER_AGAIN:
                     # Not the member's failure: an update took it out of service meanwhile. The
@@ -226,8 +258,10 @@ class Gateway:
                     tried.discard(route.worker_id)
                     if time.monotonic() >= deadline:
                         self._reject("deadline")
-                        raise NoCapacity(f"no answer within {policy.hold_s:g}s from a member still in service: "
-                                         f"{exc}", retry_after_s=1) from None
+                        raise NoCapacity(
+                            f"no answer within {policy.hold_s:g}s from a member still in service: {exc}",
+                            retry_after_s=1,
+                        ) from None
                     continue
                 if exc.reason is RetryReason.ENGINE_DEAD:
                     self.breakers.eject(route.worker_id)  # the verdict, given at once
@@ -238,8 +272,9 @@ class Gateway:
                 retrying = len(failures) < self.settings.attempts
                 log.warning("gateway_worker_failed", worker_id=route.worker_id, error=str(exc), retrying=retrying)
                 if not retrying:
-                    raise UpstreamFailed(f"{len(failures)} tries failed before an answer: {'; '.join(failures)}") \
-                        from None
+                    raise UpstreamFailed(
+                        f"{len(failures)} tries failed before an answer: {'; '.join(failures)}"
+                    ) from None
                 table = router.table(policy.bound)
                 if table is None or tried >= table.routes.keys():
                     # Every member was tried: try them again in a moment. A reused connection the
@@ -254,8 +289,9 @@ class Gateway:
                 else:
                     self.breakers.failed(route.worker_id, probe=probe)
 
-    async def _choose(self, router: Router, policy: RequestPolicy, deadline: float,
-                      tried: frozenset[str]) -> tuple[Target, float]:
+    async def _choose(
+        self, router: Router, policy: RequestPolicy, deadline: float, tried: frozenset[str]
+    ) -> tuple[Target, float]:
         """A route inside the fence and not yet tried, holding the request while there is none."""
         held_since: float | None = None
         try:
@@ -263,23 +299,35 @@ class Gateway:
                 table = router.table(policy.bound)
                 if table is not None:
                     self._turn += 1
-                    blocked = unavailable(table.routes, in_flight=self.in_flight,
-                                          limit=self.settings.max_in_flight_per_worker, breakers=self.breakers)
-                    candidates = order(sorted(table.routes), self.in_flight, session=policy.session,
-                                       exclude=tried | blocked, turn=self._turn,
-                                       load_factor=self.settings.affinity_load_factor)
+                    blocked = unavailable(
+                        table.routes,
+                        in_flight=self.in_flight,
+                        limit=self.settings.max_in_flight_per_worker,
+                        breakers=self.breakers,
+                    )
+                    candidates = order(
+                        sorted(table.routes),
+                        self.in_flight,
+                        session=policy.session,
+                        exclude=tried | blocked,
+                        turn=self._turn,
+                        load_factor=self.settings.affinity_load_factor,
+                    )
                     if candidates:
                         return table.routes[candidates[0]], (time.monotonic() - held_since if held_since else 0.0)
                 if time.monotonic() >= deadline:
                     self._reject("deadline")
-                    raise NoCapacity(f"no worker could serve within {policy.hold_s:g}s: {self._why_none(table)}",
-                                     retry_after_s=max(1, math.ceil(min(policy.hold_s, 30.0))))
+                    raise NoCapacity(
+                        f"no worker could serve within {policy.hold_s:g}s: {self._why_none(table)}",
+                        retry_after_s=max(1, math.ceil(min(policy.hold_s, 30.0))),
+                    )
                 if held_since is None:
                     if self.held >= self.settings.max_held:
                         self._reject("queue_full")
-                        raise NoCapacity(f"{self.held} requests are already waiting (gateway.max_held): "
-                                         f"{self._why_none(table)}",
-                                         retry_after_s=1)
+                        raise NoCapacity(
+                            f"{self.held} requests are already waiting (gateway.max_held): {self._why_none(table)}",
+                            retry_after_s=1,
+                        )
                     held_since = time.monotonic()
                     self.held += 1
                     self.metrics.held.inc()
@@ -293,8 +341,9 @@ class Gateway:
         """Why no member may take a request: said only when it is refused, not on each look of a held one."""
         if table is None:
             return "the gateway has no fleet state yet"
-        return table.why_empty or why_unavailable(table.routes, in_flight=self.in_flight,
-                                                  limit=self.settings.max_in_flight_per_worker, breakers=self.breakers)
+        return table.why_empty or why_unavailable(
+            table.routes, in_flight=self.in_flight, limit=self.settings.max_in_flight_per_worker, breakers=self.breakers
+        )
 
     def _reject(self, reason: str) -> None:
         self.rejected += 1
@@ -320,8 +369,13 @@ class Gateway:
                     raise _BeforeFirstByte(str(exc)) from exc
             try:
                 upstream = await self.session.request(
-                    request.method, route.url + request.rel_url.path_qs, data=body or None,
-                    headers=self._upstream_headers(request, route), timeout=timeout, allow_redirects=False)
+                    request.method,
+                    route.url + request.rel_url.path_qs,
+                    data=body or None,
+                    headers=self._upstream_headers(request, route),
+                    timeout=timeout,
+                    allow_redirects=False,
+                )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise _BeforeFirstByte(f"{type(exc).__name__}: {exc}") from exc
             async with upstream:
@@ -331,8 +385,7 @@ class Gateway:
                     raise _BeforeFirstByte(refusal, RetryReason.VERSION_REFUSED)
                 headers = self._client_headers(upstream.headers, route)
                 if upstream.content_type == "text/event-stream":
-                    return await self._stream(request, upstream, headers, route if pinned or named else None,
-                                              router)
+                    return await self._stream(request, upstream, headers, route if pinned or named else None, router)
                 try:
                     payload = await upstream.read()
                 except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -355,8 +408,14 @@ class Gateway:
             self.in_flight[worker] -= 1
             series.in_flight.dec()
 
-    async def _stream(self, request: web.Request, upstream: aiohttp.ClientResponse, headers: CIMultiDict[str],
-                      pinned: Target | None, router: Router) -> web.StreamResponse:
+    async def _stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        pinned: Target | None,
+        router: Router,
+    ) -> web.StreamResponse:
         worker = headers["X-RL-Worker"]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
@@ -369,8 +428,13 @@ class Gateway:
             self.metrics.failed.labels(worker, "mid_stream").inc()
             response[_BROKEN] = True
             log.warning("gateway_stream_broken", worker_id=worker, error=str(exc))
-            event = {"error": {"code": "worker_failed", "worker": worker,
-                               "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}"}}
+            event = {
+                "error": {
+                    "code": "worker_failed",
+                    "worker": worker,
+                    "message": f"worker {worker} failed mid-stream: {type(exc).__name__}: {exc}",
+                }
+            }
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         else:
             if pinned is not None and (changed := self._weights_changed(pinned, router)) is not None:
@@ -389,14 +453,22 @@ class Gateway:
         if in_service and now == route.weight_version:
             return None
         if now != route.weight_version:
-            return (f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it "
-                    "held the request, so its answer may come from either")
-        return (f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
-                "come from the next weights")
+            return (
+                f"worker {route.worker_id}'s weights changed from {route.weight_version!r} to {now!r} while it "
+                "held the request, so its answer may come from either"
+            )
+        return (
+            f"worker {route.worker_id} left service (an update) while it held the request, so its answer may "
+            "come from the next weights"
+        )
 
     def _upstream_headers(self, request: web.Request, route: Target) -> dict[str, str]:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in self._drop_upstream
-                   and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))}
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in self._drop_upstream
+            and not (k.lower() == "authorization" and presents_one_of(v, self._own_tokens))
+        }
         headers.update(outgoing_headers())
         if route.weight_version is not None:
             headers[EXPECT_VERSION_HEADER] = route.weight_version
@@ -522,6 +594,8 @@ def _other_version(payload: bytes, route: Target) -> str | None:
             meta = answer.get(key)
             said = meta.get("weight_version") if isinstance(meta, dict) else None
             if said is not None and str(said) != route.weight_version:
-                return (f"worker {route.worker_id} answered from weights {said!r}, not {route.weight_version!r} "
-                        "the fence chose it at (it restarted or moved since)")
+                return (
+                    f"worker {route.worker_id} answered from weights {said!r}, not {route.weight_version!r} "
+                    "the fence chose it at (it restarted or moved since)"
+                )
     return None

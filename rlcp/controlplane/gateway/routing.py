@@ -92,8 +92,10 @@ class Router:
             return False, None
         generation, state = current
         if self._members is None or self._members[0] != generation:
-            self._members = (generation, {w.id: (w.reachable and w.paused is False and not w.cordoned,
-                                                 w.weight_version) for w in state.workers})
+            self._members = (
+                generation,
+                {w.id: (w.reachable and w.paused is False and not w.cordoned, w.weight_version) for w in state.workers},
+            )
         return self._members[1].get(worker_id, (False, None))
 
     def served(self) -> frozenset[str]:

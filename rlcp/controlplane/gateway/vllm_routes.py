@@ -47,25 +47,51 @@ FORWARDED: tuple[tuple[str, str], ...] = (
 # Other engines' own inference routes the gateway forwards the same way (a member whose engine
 # does not serve one answers its own 404, passed through).
 OTHER_ENGINES_FORWARDED: tuple[tuple[str, str], ...] = (
-    ("/generate", "SGLang's native generate (text or input_ids in; output ids and meta_info with the weight "
-                  "version spans out)"),
+    (
+        "/generate",
+        "SGLang's native generate (text or input_ids in; output ids and meta_info with the weight version spans out)",
+    ),
 )
 
-_ONE_WORKER = ("request ids and stored responses live on the one worker that served them, and the gateway keeps no "
-               "map of them")
+_ONE_WORKER = (
+    "request ids and stored responses live on the one worker that served them, and the gateway keeps no map of them"
+)
 # (method, path, why and what instead): served by vLLM, answered 501 by the gateway.
 REFUSED: tuple[tuple[str, str, str], ...] = (
     ("GET", "/v1/responses/{response_id}", f"{_ONE_WORKER}; send `store: false` and keep the answer"),
-    ("POST", "/v1/responses/{response_id}/cancel", f"{_ONE_WORKER}; close the connection of a streamed response "
-                                                   "(the gateway cancels the worker's request)"),
-    ("POST", "/inference/v1/abort_requests", f"{_ONE_WORKER}; close the connection (the gateway cancels the worker's "
-                                             "request), or abort everything: the controller's POST /pause?mode=abort"),
-    ("POST", "/abort_requests", f"{_ONE_WORKER}; close the connection (the gateway cancels the worker's request), or "
-                                "abort everything: the controller's POST /pause?mode=abort"),
-    ("GET", "/v1/realtime", "speech-to-text's realtime websocket is not proxied; the gateway forwards JSON requests: "
-                            "connect to a worker's own server"),
-    ("POST", "/v1/audio/transcriptions", "speech-to-text takes multipart uploads; the gateway forwards JSON bodies "
-                                         "(the fence reads them): send audio to a worker's own server"),
-    ("POST", "/v1/audio/translations", "speech-to-text takes multipart uploads; the gateway forwards JSON bodies "
-                                       "(the fence reads them): send audio to a worker's own server"),
+    (
+        "POST",
+        "/v1/responses/{response_id}/cancel",
+        f"{_ONE_WORKER}; close the connection of a streamed response (the gateway cancels the worker's request)",
+    ),
+    (
+        "POST",
+        "/inference/v1/abort_requests",
+        f"{_ONE_WORKER}; close the connection (the gateway cancels the worker's "
+        "request), or abort everything: the controller's POST /pause?mode=abort",
+    ),
+    (
+        "POST",
+        "/abort_requests",
+        f"{_ONE_WORKER}; close the connection (the gateway cancels the worker's request), or "
+        "abort everything: the controller's POST /pause?mode=abort",
+    ),
+    (
+        "GET",
+        "/v1/realtime",
+        "speech-to-text's realtime websocket is not proxied; the gateway forwards JSON requests: "
+        "connect to a worker's own server",
+    ),
+    (
+        "POST",
+        "/v1/audio/transcriptions",
+        "speech-to-text takes multipart uploads; the gateway forwards JSON bodies "
+        "(the fence reads them): send audio to a worker's own server",
+    ),
+    (
+        "POST",
+        "/v1/audio/translations",
+        "speech-to-text takes multipart uploads; the gateway forwards JSON bodies "
+        "(the fence reads them): send audio to a worker's own server",
+    ),
 )

@@ -71,12 +71,16 @@ async def make_api_client(settings: KubernetesApiSettings, *, user_agent: str) -
     elif in_cluster():
         # Reads two small files (token, CA); re-reads the token when it rotates.
         config.load_incluster_config(  # type: ignore[no-untyped-call]  # the library's config module has no annotations
-            client_configuration=configuration)
+            client_configuration=configuration
+        )
     else:
         # persist_config=False: a refreshed token is never written back into the user's file.
-        await config.load_kube_config(config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-                                      context=settings.context, client_configuration=configuration,
-                                      persist_config=False)
+        await config.load_kube_config(
+            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
     api = client.ApiClient(configuration)
     # The API server's audit log and our fake tell replicas apart by this.
     api.user_agent = user_agent

@@ -63,8 +63,14 @@ class Leadership:
         for task in cancelled:
             self._lost_tasks.add(task)
             task.cancel()
-        log.warning("leadership_lost", identity=self.identity, term=self.term, leader=leader, reason=reason,
-                    cancelled=[t.get_name() for t in cancelled])
+        log.warning(
+            "leadership_lost",
+            identity=self.identity,
+            term=self.term,
+            leader=leader,
+            reason=reason,
+            cancelled=[t.get_name() for t in cancelled],
+        )
 
     def observed(self, leader: str | None) -> None:
         """A follower saw who holds the Lease (None: nobody)."""
@@ -94,8 +100,10 @@ class Leadership:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
             if task in self._lost_tasks and not _being_cancelled():
-                raise NotLeader(f"leadership was lost while {name} ran; it was stopped "
-                                      f"({self.refusal().message})", leader=self.leader_identity) from None
+                raise NotLeader(
+                    f"leadership was lost while {name} ran; it was stopped ({self.refusal().message})",
+                    leader=self.leader_identity,
+                ) from None
             task.cancel()  # our caller is being cancelled: take the work down with it
             raise
         finally:

@@ -54,14 +54,24 @@ class LeaseRecord:
     @classmethod
     def of(cls, lease: client.V1Lease) -> LeaseRecord:
         spec = lease.spec or client.V1LeaseSpec()
-        return cls(holder=spec.holder_identity or None, duration_s=int(spec.lease_duration_seconds or 0),
-                   acquire_time=spec.acquire_time, renew_time=spec.renew_time,
-                   transitions=int(spec.lease_transitions or 0))
+        return cls(
+            holder=spec.holder_identity or None,
+            duration_s=int(spec.lease_duration_seconds or 0),
+            acquire_time=spec.acquire_time,
+            renew_time=spec.renew_time,
+            transitions=int(spec.lease_transitions or 0),
+        )
 
 
 class LeaseElector:
-    def __init__(self, *, api: client.ApiClient, settings: LeaderElectionSettings, leadership: Leadership,
-                 request_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        api: client.ApiClient,
+        settings: LeaderElectionSettings,
+        leadership: Leadership,
+        request_timeout_s: float,
+    ) -> None:
         self._coord = client.CoordinationV1Api(api)
         self._s = settings
         self.leadership = leadership
@@ -139,13 +149,22 @@ class LeaseElector:
         started = self._loop.time()
         now = datetime.now(UTC)
         try:
-            lease = await call(f"get {self._what}", self._coord.read_namespaced_lease(
-                self._s.lease_name, self._s.namespace, _request_timeout=timeout_s), timeout_s=timeout_s)
+            lease = await call(
+                f"get {self._what}",
+                self._coord.read_namespaced_lease(self._s.lease_name, self._s.namespace, _request_timeout=timeout_s),
+                timeout_s=timeout_s,
+            )
         except K8sNotFound:
             body = self._body(None, now, transitions=0, acquire_time=now)
-            await call(f"create {self._what}", self._coord.create_namespaced_lease(
-                self._s.namespace, body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is
-                _request_timeout=timeout_s), timeout_s=timeout_s)
+            await call(
+                f"create {self._what}",
+                self._coord.create_namespaced_lease(
+                    self._s.namespace,
+                    body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is
+                    _request_timeout=timeout_s,
+                ),
+                timeout_s=timeout_s,
+            )
             self._saw(LeaseRecord(me, self._duration_s, now, now, 0), self._loop.time())
             self._renewed_at = started
             return "held"
@@ -162,10 +181,16 @@ class LeaseElector:
         else:  # expired or released: take it over
             transitions, acquire_time = record.transitions + (1 if record.holder else 0), now
         body = self._body(lease.metadata.resource_version, now, transitions=transitions, acquire_time=acquire_time)
-        await call(f"update {self._what}", self._coord.replace_namespaced_lease(
-            self._s.lease_name, self._s.namespace,
-            body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
-            _request_timeout=timeout_s), timeout_s=timeout_s)
+        await call(
+            f"update {self._what}",
+            self._coord.replace_namespaced_lease(
+                self._s.lease_name,
+                self._s.namespace,
+                body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
+                _request_timeout=timeout_s,
+            ),
+            timeout_s=timeout_s,
+        )
         self._saw(LeaseRecord(me, self._duration_s, acquire_time, now, transitions), self._loop.time())
         self._renewed_at = started
         if record.holder != me:
@@ -176,18 +201,34 @@ class LeaseElector:
         """Best effort, bounded: hand the Lease back so a successor can start at once."""
         try:
             async with asyncio.timeout(self._timeout_s):
-                lease = await call(f"get {self._what}", self._coord.read_namespaced_lease(
-                    self._s.lease_name, self._s.namespace, _request_timeout=self._timeout_s),
-                    timeout_s=self._timeout_s)
+                lease = await call(
+                    f"get {self._what}",
+                    self._coord.read_namespaced_lease(
+                        self._s.lease_name, self._s.namespace, _request_timeout=self._timeout_s
+                    ),
+                    timeout_s=self._timeout_s,
+                )
                 if LeaseRecord.of(lease).holder != self._s.identity:
                     return
                 now = datetime.now(UTC)
-                body = self._body(lease.metadata.resource_version, now, transitions=LeaseRecord.of(lease).transitions,
-                                  acquire_time=now, holder=None, duration_s=1)
-                await call(f"release {self._what}", self._coord.replace_namespaced_lease(
-                    self._s.lease_name, self._s.namespace,
-                    body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
-                    _request_timeout=self._timeout_s), timeout_s=self._timeout_s)
+                body = self._body(
+                    lease.metadata.resource_version,
+                    now,
+                    transitions=LeaseRecord.of(lease).transitions,
+                    acquire_time=now,
+                    holder=None,
+                    duration_s=1,
+                )
+                await call(
+                    f"release {self._what}",
+                    self._coord.replace_namespaced_lease(
+                        self._s.lease_name,
+                        self._s.namespace,
+                        body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
+                        _request_timeout=self._timeout_s,
+                    ),
+                    timeout_s=self._timeout_s,
+                )
                 self._log.info("lease_released")
         except (K8sError, TimeoutError) as exc:
             self._log.warning("lease_release_failed", reason=str(exc) or type(exc).__name__)
@@ -200,8 +241,16 @@ class LeaseElector:
     def _saw(self, record: LeaseRecord, at: float) -> None:
         self._observed, self._observed_at = record, at
 
-    def _body(self, resource_version: str | None, now: datetime, *, transitions: int, acquire_time: datetime | str,
-              holder: str | None | Literal[False] = False, duration_s: int | None = None) -> dict[str, Any]:
+    def _body(
+        self,
+        resource_version: str | None,
+        now: datetime,
+        *,
+        transitions: int,
+        acquire_time: datetime | str,
+        holder: str | None | Literal[False] = False,
+        duration_s: int | None = None,
+    ) -> dict[str, Any]:
         # A plain dict, not a V1Lease: the model would serialise times with isoformat(), which is not the
         # MicroTime the API server reads (no fraction at .0). The client's stubs name only the model as a
         # body, while its ApiClient sends a dict as it is: hence the `type: ignore`s where bodies are sent.
@@ -209,8 +258,15 @@ class LeaseElector:
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version  # the optimistic-concurrency guard
         acquired = acquire_time if isinstance(acquire_time, str) else micro_time(acquire_time)
-        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": metadata,
-                "spec": {"holderIdentity": self._s.identity if holder is False else holder,
-                         "leaseDurationSeconds": duration_s or self._duration_s,
-                         "acquireTime": acquired, "renewTime": micro_time(now),
-                         "leaseTransitions": transitions}}
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": self._s.identity if holder is False else holder,
+                "leaseDurationSeconds": duration_s or self._duration_s,
+                "acquireTime": acquired,
+                "renewTime": micro_time(now),
+                "leaseTransitions": transitions,
+            },
+        }

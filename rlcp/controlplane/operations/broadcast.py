@@ -95,8 +95,14 @@ def plan_ranks(sizes: dict[str, int]) -> list[tuple[str, int, int]]:
 class WeightTransfer:
     """The fleet's side of one trainer's weight-transfer group, and its open update."""
 
-    def __init__(self, ctx: OperationContext, *, settings: WeightTransferSettings, changes: ChangeCounter,
-                 is_leader: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        ctx: OperationContext,
+        *,
+        settings: WeightTransferSettings,
+        changes: ChangeCounter,
+        is_leader: Callable[[], bool],
+    ) -> None:
         self.ctx = ctx
         self.settings = settings
         self._changes = changes
@@ -132,10 +138,16 @@ class WeightTransfer:
         if g is None:
             return None
         return TransferGroupView(
-            membership_epoch=g.epoch, stale=self._change(g) is not None, world_size=g.world_size,
-            members=[TransferMember(worker_id=m.worker_id, rank_offset=m.rank_offset, world_size=m.world_size)
-                     for m in g.members],
-            updating=self.update is not None, chunks=self.update.chunks if self.update else 0)
+            membership_epoch=g.epoch,
+            stale=self._change(g) is not None,
+            world_size=g.world_size,
+            members=[
+                TransferMember(worker_id=m.worker_id, rank_offset=m.rank_offset, world_size=m.world_size)
+                for m in g.members
+            ],
+            updating=self.update is not None,
+            chunks=self.update.chunks if self.update else 0,
+        )
 
     # -- init ------------------------------------------------------------------------------
     async def init(self, req: TransferInitRequest) -> OperationResult:
@@ -146,32 +158,52 @@ class WeightTransfer:
         require_capability(members, "broadcast", "a broadcast weight transfer")
         if asleep := sorted(ctx.desired.state.asleep):
             # The group spans every member's ranks, and an engine asleep cannot take weights.
-            raise Conflict(f"members asleep cannot join a weight-transfer group: {', '.join(asleep)}; wake them "
-                           "(POST /v1/rl/wake_up) first")
+            raise Conflict(
+                f"members asleep cannot join a weight-transfer group: {', '.join(asleep)}; wake them "
+                "(POST /v1/rl/wake_up) first"
+            )
         ranks = plan_ranks({r.id: r.world_size for r in members})
         expected = 1 + sum(size for _, _, size in ranks)
         got = req.init_info.get("world_size")
         if not isinstance(got, int) or isinstance(got, bool) or got != expected:
             raise InconsistentInput(
                 f"init_info.world_size must be {expected}: the trainer (rank 0) plus the fleet's "
-                f"{expected - 1} inference ranks; got {got!r}", field="init_info.world_size")
+                f"{expected - 1} inference ranks; got {got!r}",
+                field="init_info.world_size",
+            )
         offsets = {worker_id: offset for worker_id, offset, _ in ranks}
         deadline = ctx.deadlines.transfer_init_s
 
         async def body(run: Run) -> None:
             self.group = None  # a new init replaces the old group, joined or not
-            joined = await run.step(None, "init_weight_transfer", run.members, BROADCAST,
-                                    lambda w: w.init_weight_transfer(req.init_info | {
-                                        "rank_offset": offsets[w.spec.id]}, deadline), ctx.deadlines.call_over(deadline))
+            joined = await run.step(
+                None,
+                "init_weight_transfer",
+                run.members,
+                BROADCAST,
+                lambda w: w.init_weight_transfer(req.init_info | {"rank_offset": offsets[w.spec.id]}, deadline),
+                ctx.deadlines.call_over(deadline),
+            )
             if len(joined) == len(run.members):
-                self.group = _Group(epoch=run.tracker.epoch, world_size=expected, members=[
-                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
-                    for r in run.members])
+                self.group = _Group(
+                    epoch=run.tracker.epoch,
+                    world_size=expected,
+                    members=[
+                        _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
+                        for r in run.members
+                    ],
+                )
                 log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
             else:
                 # The collective cannot form without every rank: release the ones that joined.
-                await run.step(None, "shutdown_weight_transfer", joined, BROADCAST,
-                               lambda w: w.shutdown_weight_transfer(), ctx.deadlines.control_s)
+                await run.step(
+                    None,
+                    "shutdown_weight_transfer",
+                    joined,
+                    BROADCAST,
+                    lambda w: w.shutdown_weight_transfer(),
+                    ctx.deadlines.control_s,
+                )
 
         detail = {"world_size": expected, "ranks": {worker_id: offset for worker_id, offset, _ in ranks}}
         return await run_operation(ctx, "weight_transfer_init", detail, body)
@@ -188,8 +220,14 @@ class WeightTransfer:
     async def _leave(self, run: Run) -> None:
         # Only members that can be in a group have one to leave.
         peers = [r for r in run.members if has(r.driver, "broadcast")]
-        await run.step(None, "shutdown_weight_transfer", peers, BROADCAST, lambda w: w.shutdown_weight_transfer(),
-                       self.ctx.deadlines.control_s)
+        await run.step(
+            None,
+            "shutdown_weight_transfer",
+            peers,
+            BROADCAST,
+            lambda w: w.shutdown_weight_transfer(),
+            self.ctx.deadlines.control_s,
+        )
 
     # -- the update session ------------------------------------------------------------------
     async def start(self) -> OperationResult:
@@ -208,12 +246,24 @@ class WeightTransfer:
             with run.bound():
                 if update.paused_by_us:
                     pause_s = d.pause()
-                    paused = await run.step("pausing", "pause", records, CONTROL,
-                                            lambda w: w.pause(self.settings.pause_mode, pause_s), d.call_over(pause_s))
+                    paused = await run.step(
+                        "pausing",
+                        "pause",
+                        records,
+                        CONTROL,
+                        lambda w: w.pause(self.settings.pause_mode, pause_s),
+                        d.call_over(pause_s),
+                    )
                     if len(paused) < len(records):
                         return await self._abort("a worker did not pause")
-                started = await run.step("updating", "start_weight_update", records, BROADCAST,
-                                         lambda w: w.start_weight_update(), d.transfer_chunk_s)
+                started = await run.step(
+                    "updating",
+                    "start_weight_update",
+                    records,
+                    BROADCAST,
+                    lambda w: w.start_weight_update(),
+                    d.transfer_chunk_s,
+                )
                 if len(started) < len(records):
                     return await self._abort("a worker did not start the update")
                 update.watchdog = asyncio.create_task(self._watch_idle(update), name="weight-transfer-idle")
@@ -227,10 +277,15 @@ class WeightTransfer:
         self._changes.bump()
         deadline = self.ctx.deadlines.transfer_chunk_s
         # The chunk's number is in its results (`update_weights[3]`), not in the step's name.
-        done = await update.run.step("updating", "update_weights", update.records, BROADCAST,
-                                     lambda w: w.update_weights(req.update_info, deadline),
-                                     self.ctx.deadlines.call_over(deadline),
-                                     shown_as=f"update_weights[{update.chunks}]")
+        done = await update.run.step(
+            "updating",
+            "update_weights",
+            update.records,
+            BROADCAST,
+            lambda w: w.update_weights(req.update_info, deadline),
+            self.ctx.deadlines.call_over(deadline),
+            shown_as=f"update_weights[{update.chunks}]",
+        )
         if len(done) < len(update.records):
             return await self._abort("a worker failed an update chunk")
         return update.run.tracker.snapshot()
@@ -239,19 +294,29 @@ class WeightTransfer:
         checkpoint = None
         if req.checkpoint_path is not None:
             if req.weight_version is None:
-                raise InvalidInput("checkpoint_path needs weight_version: a disk copy must name its version",
-                                   field="checkpoint_path")
-            checkpoint = Checkpoint(path=check_path(req.checkpoint_path, "checkpoint_path", self.ctx.allowed_roots),
-                                    version=req.weight_version)
+                raise InvalidInput(
+                    "checkpoint_path needs weight_version: a disk copy must name its version", field="checkpoint_path"
+                )
+            checkpoint = Checkpoint(
+                path=check_path(req.checkpoint_path, "checkpoint_path", self.ctx.allowed_roots),
+                version=req.weight_version,
+            )
         return await self._in_session("finish_weight_update", lambda u: self._finish(u, req, checkpoint))
 
-    async def _finish(self, update: _Update, req: TransferFinishRequest,
-                      checkpoint: Checkpoint | None) -> OperationResult:
+    async def _finish(
+        self, update: _Update, req: TransferFinishRequest, checkpoint: Checkpoint | None
+    ) -> OperationResult:
         ctx, run = self.ctx, update.run
         version = req.weight_version
         run.tracker.note(version=version, chunks=update.chunks)
-        finished = await run.step("updating", "finish_weight_update", update.records, BROADCAST,
-                                  lambda w: w.finish_weight_update(version), ctx.deadlines.transfer_chunk_s)
+        finished = await run.step(
+            "updating",
+            "finish_weight_update",
+            update.records,
+            BROADCAST,
+            lambda w: w.finish_weight_update(version),
+            ctx.deadlines.transfer_chunk_s,
+        )
         if len(finished) < len(update.records):
             return await self._abort("a worker failed to finish the update", finished=finished)
         # Every worker holds the new weights: they are the desired state now. Without a
@@ -261,12 +326,19 @@ class WeightTransfer:
         verified = update.records
         if version is not None and self.settings.verify:
             verified = await verify(run, update.records, version)
-        ctx.log.set_verified(version is not None and self.settings.verify
-                             and len(verified) == len(ctx.registry.members()))
+        ctx.log.set_verified(
+            version is not None and self.settings.verify and len(verified) == len(ctx.registry.members())
+        )
         if update.paused_by_us and not ctx.desired.state.paused:
             held = ctx.desired.state.held  # members an operator holds paused stay paused
-            await run.step("resuming", "resume", [r for r in verified if r.id not in held], CONTROL,
-                           lambda w: w.resume(), ctx.deadlines.control_s)
+            await run.step(
+                "resuming",
+                "resume",
+                [r for r in verified if r.id not in held],
+                CONTROL,
+                lambda w: w.resume(),
+                ctx.deadlines.control_s,
+            )
         return await self._close(update)
 
     async def update_weight_version(self, version: str) -> OperationResult:
@@ -276,8 +348,14 @@ class WeightTransfer:
 
         async def body(run: Run) -> None:
             await ctx.desired.rename_weights(version)
-            await run.step(None, "update_weight_version", run.members, BROADCAST,
-                           lambda w: w.update_weight_version(version), ctx.deadlines.control_s)
+            await run.step(
+                None,
+                "update_weight_version",
+                run.members,
+                BROADCAST,
+                lambda w: w.update_weight_version(version),
+                ctx.deadlines.control_s,
+            )
 
         return await run_operation(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
 
@@ -297,8 +375,7 @@ class WeightTransfer:
             update.run.close(interrupted=reason)
 
     # -- internals ----------------------------------------------------------------------------
-    async def _in_session(self, phase: str,
-                          call: Callable[[_Update], Awaitable[OperationResult]]) -> OperationResult:
+    async def _in_session(self, phase: str, call: Callable[[_Update], Awaitable[OperationResult]]) -> OperationResult:
         ctx = self.ctx
         if self.update is None:
             raise Conflict(f"{phase}: no weight update is open; call start_weight_update first")
@@ -352,8 +429,14 @@ class WeightTransfer:
         done = {r.id for r in finished or []}
         alive = [r for r in update.records if r.id not in done and run.tracker.ok_so_far(r.id)]
         # finish restores the engine's layers (a reload left open would kill the next forward pass).
-        await run.best_effort("finish_weight_update", alive, BROADCAST, lambda w: w.finish_weight_update(None),
-                              ctx.deadlines.transfer_chunk_s, shown_as="abort:finish_weight_update")
+        await run.best_effort(
+            "finish_weight_update",
+            alive,
+            BROADCAST,
+            lambda w: w.finish_weight_update(None),
+            ctx.deadlines.transfer_chunk_s,
+            shown_as="abort:finish_weight_update",
+        )
         if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
             intact = [r for r in update.records if run.tracker.ok_so_far(r.id) and r.id not in ctx.desired.state.held]
             await run.step("resuming", "resume", intact, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
@@ -389,7 +472,13 @@ class WeightTransfer:
 
 async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:
     """Tell workers that gate their readiness on it the desired version."""
-    told = await run.step(None, "set_desired", records, DESIRED_VERSION, lambda w: w.set_desired_version(version),
-                          run.ctx.deadlines.control_s)
+    told = await run.step(
+        None,
+        "set_desired",
+        records,
+        DESIRED_VERSION,
+        lambda w: w.set_desired_version(version),
+        run.ctx.deadlines.control_s,
+    )
     for r in told:
         run.ctx.registry.told(r.id, version)

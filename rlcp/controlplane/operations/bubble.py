@@ -17,8 +17,9 @@ _DIGITS = 4
 
 
 class BubbleRecorder:
-    def __init__(self, members: Iterable[str], serving: set[str],
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, members: Iterable[str], serving: set[str], clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self._clock = clock
         self._t0 = clock()
         self._members = sorted(members)
@@ -62,14 +63,21 @@ class BubbleRecorder:
         ends = [t for t, _ in self._points[1:]] + [elapsed]
         served = sum(count * (end - t) for (t, count), end in zip(self._points, ends, strict=True))
         mean = (served / (n * elapsed)) if n and elapsed > 0 else (self._serving_at_start / n if n else 0.0)
-        outs = {m: self._out_total[m] + (now - self._out_since[m] if m in self._out_since else 0.0)
-                for m in self._members}
+        outs = {
+            m: self._out_total[m] + (now - self._out_since[m] if m in self._out_since else 0.0) for m in self._members
+        }
         return BubbleReport(
-            members=n, serving_at_start=self._serving_at_start, min_serving=min(c for _, c in self._points),
-            mean_capacity=round(mean, _DIGITS), worker_seconds_out=round(sum(outs.values()), _DIGITS),
+            members=n,
+            serving_at_start=self._serving_at_start,
+            min_serving=min(c for _, c in self._points),
+            mean_capacity=round(mean, _DIGITS),
+            worker_seconds_out=round(sum(outs.values()), _DIGITS),
             capacity=[CapacityPoint(t_s=round(t, _DIGITS), serving=c) for t, c in self._points],
-            workers=[WorkerOutage(worker_id=m, out_of_service_s=round(outs[m], _DIGITS),
-                                  returned=m not in self._out_since) for m in self._members])
+            workers=[
+                WorkerOutage(worker_id=m, out_of_service_s=round(outs[m], _DIGITS), returned=m not in self._out_since)
+                for m in self._members
+            ],
+        )
 
 
 def resolve_max_unavailable(value: int | str, members: int) -> int:
@@ -80,4 +88,4 @@ def resolve_max_unavailable(value: int | str, members: int) -> int:
 
 
 def waves(worker_ids: list[str], size: int) -> list[list[str]]:
-    return [worker_ids[i:i + size] for i in range(0, len(worker_ids), size)]
+    return [worker_ids[i : i + size] for i in range(0, len(worker_ids), size)]

@@ -35,12 +35,17 @@ async def reset_prefix_cache(ctx: OperationContext, req: ResetPrefixCacheRequest
 
     async def body(run: Run) -> None:
         run.members = _targets(run.members, selector)
-        await run.step(None, "reset_prefix_cache", run.members, PREFIX_CACHE,
-                       lambda w: w.reset_prefix_cache(running=req.reset_running_requests,
-                                                      external=req.reset_external),
-                       ctx.deadlines.control_s)
+        await run.step(
+            None,
+            "reset_prefix_cache",
+            run.members,
+            PREFIX_CACHE,
+            lambda w: w.reset_prefix_cache(running=req.reset_running_requests, external=req.reset_external),
+            ctx.deadlines.control_s,
+        )
 
-    detail: dict[str, object] = {"reset_running_requests": req.reset_running_requests,
-                                 "reset_external": req.reset_external} | (
-        {"selector": req.selector} if req.selector is not None else {})
+    detail: dict[str, object] = {
+        "reset_running_requests": req.reset_running_requests,
+        "reset_external": req.reset_external,
+    } | ({"selector": req.selector} if req.selector is not None else {})
     return await run_operation(ctx, "reset_prefix_cache", detail, body)

@@ -45,8 +45,9 @@ class CheckpointCheck:
     loadable: frozenset[str]  # the workers that said they can: their pause for the update checks it again
 
 
-async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], path: str, *,
-                           field: str, kind: WeightsKind = "weights") -> CheckpointCheck:
+async def check_checkpoint(
+    ctx: OperationContext, members: list[WorkerRecord], path: str, *, field: str, kind: WeightsKind = "weights"
+) -> CheckpointCheck:
     """Who cannot load `path` (a checkpoint, or an adapter: `kind`), with why, and who can;
     raises `CheckpointUnavailable` when none can. A worker that answers neither way (an agent
     too old for the check: 404) is no evidence either way."""
@@ -58,9 +59,14 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
     latest: dict[str, WorkerResult] = {}
     pending = asked
     while True:
-        outcomes = await ctx.fanout.each([r.driver for r in pending], STAGED_UPDATE,
-                                         lambda w: w.check_weights(path, kind), phase="check",
-                                         deadline_s=ctx.deadlines.control_s, quiet=True)
+        outcomes = await ctx.fanout.each(
+            [r.driver for r in pending],
+            STAGED_UPDATE,
+            lambda w: w.check_weights(path, kind),
+            phase="check",
+            deadline_s=ctx.deadlines.control_s,
+            quiet=True,
+        )
         latest.update((o.worker_id, o.result) for o in outcomes)
         pending = [r for r in pending if latest[r.id].code in _MAY_APPEAR]
         if not pending or loop.time() + RETRY_S > give_up:
@@ -75,5 +81,8 @@ async def check_checkpoint(ctx: OperationContext, members: list[WorkerRecord], p
         what = "adapter" if kind == "adapter" else "checkpoint"
         raise CheckpointUnavailable(
             f"{field}: no worker can load the {what} at {path!r} (looked for {ctx.deadlines.checkpoint_wait_s:g}s); "
-            f"nothing was touched. {first_id}: {first_reason}", field=field, workers=reasons)
+            f"nothing was touched. {first_id}: {first_reason}",
+            field=field,
+            workers=reasons,
+        )
     return CheckpointCheck(refused, frozenset(loadable))

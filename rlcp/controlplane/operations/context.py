@@ -47,8 +47,9 @@ _PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False, "sleep": True}
 # (skipped): an engine asleep has no memory to update, adapt or resume, and a wake converges
 # it to what the fleet became meanwhile. (A broadcast's init refuses them: its group spans
 # every member's ranks.)
-_SEES_ASLEEP: frozenset[OperationKind] = frozenset({"sleep", "wake_up", "engine", "weight_transfer_init",
-                                                     "weight_transfer_update", "weight_transfer_shutdown"})
+_SEES_ASLEEP: frozenset[OperationKind] = frozenset(
+    {"sleep", "wake_up", "engine", "weight_transfer_init", "weight_transfer_update", "weight_transfer_shutdown"}
+)
 ASLEEP_SKIPPED = "asleep: left out until woken (POST /v1/rl/wake_up converges and verifies it)"
 CANCELLED = "cancelled before its end (the controller stopped, or lost leadership)"
 NOT_BEGUN = "not begun: its record could not be kept in the desired state's store"
@@ -77,8 +78,9 @@ def require_capability(records: list[WorkerRecord], capability: Capability, oper
     lacking: dict[str, str] = {r.id: capability for r in records if not has(r.driver, capability)}
     if lacking:
         names = ", ".join(f"{worker_id} ({records_flavor(records, worker_id)})" for worker_id in sorted(lacking))
-        raise MissingCapability(f"{operation} needs the {capability!r} capability, which these members lack: "
-                                f"{names}", workers=lacking)
+        raise MissingCapability(
+            f"{operation} needs the {capability!r} capability, which these members lack: {names}", workers=lacking
+        )
 
 
 def records_flavor(records: list[WorkerRecord], worker_id: str) -> str:
@@ -115,15 +117,32 @@ class Run:
         self.reported: set[str] = set()
         self.fence_records: list[dict[str, object]] = []  # `publish_fence`'s, in order
 
-    async def step(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
-                   call: Callable[[P], Awaitable[object]], deadline_s: float, *,
-                   shown_as: str | None = None) -> list[WorkerRecord]:
+    async def step(
+        self,
+        phase: Phase | None,
+        step: Step,
+        records: list[WorkerRecord],
+        can: Can[P],
+        call: Callable[[P], Awaitable[object]],
+        deadline_s: float,
+        *,
+        shown_as: str | None = None,
+    ) -> list[WorkerRecord]:
         """Run `call` on `records`; record results; return the records that succeeded."""
         return (await self.step_values(phase, step, records, can, call, deadline_s, shown_as=shown_as)).ok
 
-    async def step_values(self, phase: Phase | None, step: Step, records: list[WorkerRecord], can: Can[P],
-                          call: Callable[[P], Awaitable[T]], deadline_s: float, *,
-                          shown_as: str | None = None, after_failure: bool = False) -> StepDone[T]:
+    async def step_values(
+        self,
+        phase: Phase | None,
+        step: Step,
+        records: list[WorkerRecord],
+        can: Can[P],
+        call: Callable[[P], Awaitable[T]],
+        deadline_s: float,
+        *,
+        shown_as: str | None = None,
+        after_failure: bool = False,
+    ) -> StepDone[T]:
         """`step`, also keeping what each call that succeeded answered.
 
         `call` is typed over the Protocol of `can`, the capability the operation checked its
@@ -134,8 +153,9 @@ class Run:
         failure added to the message."""
         if phase is not None:
             self.ctx.log.set_phase(phase)
-        outcomes = await self.ctx.fanout.each([r.driver for r in records], can, call, phase=shown_as or step,
-                                              deadline_s=deadline_s)
+        outcomes = await self.ctx.fanout.each(
+            [r.driver for r in records], can, call, phase=shown_as or step, deadline_s=deadline_s
+        )
         if after_failure:
             self._note_after_failure(outcomes, shown_as or step)
         else:
@@ -176,8 +196,9 @@ class Run:
         before the operation answers skips it too."""
         if status is None:
             return
-        self.ctx.registry.observe(Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"),
-                                          status), reported=True)
+        self.ctx.registry.observe(
+            Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"), status), reported=True
+        )
         if final:
             self.reported.add(worker_id)
 
@@ -188,11 +209,20 @@ class Run:
             self.tracker.set_result(result)
             self.ctx.registry.record_result(result)
 
-    async def best_effort(self, step: Step, records: list[WorkerRecord], can: Can[P],
-                          call: Callable[[P], Awaitable[object]], deadline_s: float, *, shown_as: str) -> None:
+    async def best_effort(
+        self,
+        step: Step,
+        records: list[WorkerRecord],
+        can: Can[P],
+        call: Callable[[P], Awaitable[object]],
+        deadline_s: float,
+        *,
+        shown_as: str,
+    ) -> None:
         """A clean-up step whose failures do not replace a worker's first error."""
-        outcomes = await self.ctx.fanout.each([r.driver for r in records], can, call, phase=shown_as,
-                                              deadline_s=deadline_s)
+        outcomes = await self.ctx.fanout.each(
+            [r.driver for r in records], can, call, phase=shown_as, deadline_s=deadline_s
+        )
         for o in outcomes:
             first = self.tracker.results.get(o.worker_id)
             if not o.ok and first is not None and first.status != "ok":
@@ -217,7 +247,8 @@ class Run:
             await self.ctx.desired.note_operation(result)
         except (ControlPlaneError, OSError) as exc:
             structlog.get_logger("rlcp.controlplane.operations").warning(
-                "operation_end_not_kept", error=getattr(exc, "message", None) or repr(exc))
+                "operation_end_not_kept", error=getattr(exc, "message", None) or repr(exc)
+            )
         return result
 
     def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
@@ -244,8 +275,11 @@ class Run:
         self.tracker.note(fence_published=self.fence_records)
         if published.unacked:
             structlog.get_logger("rlcp.controlplane.operations").warning(
-                "fence_not_acknowledged", version=published.version, waited_s=round(published.waited_s, 3),
-                unacked=published.unacked)
+                "fence_not_acknowledged",
+                version=published.version,
+                waited_s=round(published.waited_s, 3),
+                unacked=published.unacked,
+            )
 
     def bound(self) -> AbstractContextManager[None]:
         """Log context of this operation (operation id and kind on every line)."""
@@ -275,8 +309,14 @@ class Detached:
                 await task
 
 
-async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict[str, Any],
-                        body: Callable[[Run], Awaitable[None]], *, wait: bool = True) -> OperationResult:
+async def run_operation(
+    ctx: OperationContext,
+    kind: OperationKind,
+    detail: dict[str, Any],
+    body: Callable[[Run], Awaitable[None]],
+    *,
+    wait: bool = True,
+) -> OperationResult:
     """`body` as one gated operation; answers once the workers' fresh statuses are read, or,
     with `wait=False`, as soon as it has begun (its record says "running")."""
     begun: asyncio.Future[OperationTracker] = asyncio.get_running_loop().create_future()
@@ -316,4 +356,5 @@ async def run_operation(ctx: OperationContext, kind: OperationKind, detail: dict
 def _log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         structlog.get_logger("rlcp.controlplane.operations").error(
-            "detached_operation_failed", task=task.get_name(), error=repr(task.exception()))
+            "detached_operation_failed", task=task.get_name(), error=repr(task.exception())
+        )

@@ -55,11 +55,17 @@ def method_for(route: str, records: list[WorkerRecord], allow: Allowlist) -> Eng
     refused = sorted(f for f, m in methods.items() if m is None)
     if refused:
         allowed = "; ".join(f"{f}: {', '.join(sorted(allow.get(f, {}))) or 'none'}" for f in refused)
-        raise RouteNotAllowed(f"engine route {route!r} is not allowed for flavor {', '.join(refused)} "
-                              f"(allowed: {allowed}; settings engine_routes.allow)", field="route")
+        raise RouteNotAllowed(
+            f"engine route {route!r} is not allowed for flavor {', '.join(refused)} "
+            f"(allowed: {allowed}; settings engine_routes.allow)",
+            field="route",
+        )
     if len(set(methods.values())) > 1:
-        raise RouteNotAllowed(f"engine route {route!r} is allowed with different methods per flavor "
-                              f"({methods}); name one flavor's members with a selector", field="route")
+        raise RouteNotAllowed(
+            f"engine route {route!r} is allowed with different methods per flavor "
+            f"({methods}); name one flavor's members with a selector",
+            field="route",
+        )
     method = next(iter(methods.values()))
     return method if method is not None else "POST"  # unreachable: refused above
 
@@ -85,8 +91,9 @@ def _kept(answer: Any) -> Any:
     return answer if len(text) <= ANSWER_KEPT_BYTES else f"<{len(text)} bytes, not kept>"
 
 
-async def run_engine_route(ctx: OperationContext, route: str, req: EngineRouteRequest,
-                           allow: Allowlist) -> OperationResult:
+async def run_engine_route(
+    ctx: OperationContext, route: str, req: EngineRouteRequest, allow: Allowlist
+) -> OperationResult:
     if req.worker is not None and req.selector is not None:
         raise InvalidInput("give worker or selector, not both", field="selector")
     selector = read_selector(req.selector)
@@ -108,19 +115,32 @@ async def run_engine_route(ctx: OperationContext, route: str, req: EngineRouteRe
         run.tracker.note(workers=[r.id for r in run.members], method=method)
         # Every flavor's driver implements ENGINE_ROUTES (`DriverBase`); one that did not would fail
         # its step, named, rather than be skipped silently.
-        done = await run.step_values(None, "engine", run.members, ENGINE_ROUTES,
-                                     lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
-                                     ctx.deadlines.control_s, shown_as=f"engine:{route}")
+        done = await run.step_values(
+            None,
+            "engine",
+            run.members,
+            ENGINE_ROUTES,
+            lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
+            ctx.deadlines.control_s,
+            shown_as=f"engine:{route}",
+        )
         refused.update(done.refused)
         run.tracker.note(answers={worker_id: _kept(answer) for worker_id, answer in done.answers.items()})
 
-    detail: dict[str, Any] = {"route": route} | ({"selector": req.selector} if req.selector is not None else {}) \
+    detail: dict[str, Any] = (
+        {"route": route}
+        | ({"selector": req.selector} if req.selector is not None else {})
         | ({"worker": req.worker} if req.worker is not None else {})
+    )
     result = await run_operation(ctx, "engine", detail, body)
     status = refusal_status(result, refused)
     if status is not None:
         workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}
         named = "; ".join(f"{worker_id}: {why}" for worker_id, why in sorted(workers.items()))
-        raise EngineRefused(f"engine route {route!r} was refused by every member it reached ({named})",
-                            status=status, workers=workers, operation=result)
+        raise EngineRefused(
+            f"engine route {route!r} was refused by every member it reached ({named})",
+            status=status,
+            workers=workers,
+            operation=result,
+        )
     return result

@@ -28,7 +28,9 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
         return await _load_lora(ctx, req, path, members)
 
 
-async def _load_lora(ctx: OperationContext, req: LoraRequest, path: str, members: list[WorkerRecord]) -> OperationResult:
+async def _load_lora(
+    ctx: OperationContext, req: LoraRequest, path: str, members: list[WorkerRecord]
+) -> OperationResult:
     # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
     # it is desired; workers that cannot load it are left out, reported.
     refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
@@ -40,11 +42,19 @@ async def _load_lora(ctx: OperationContext, req: LoraRequest, path: str, members
         # Verifying, a worker whose checksums cover adapters answers the adapter's in the load (the
         # agent): hashing time on top of the load's.
         deadline_s = ctx.deadlines.lora_s + (ctx.deadlines.checksums_s if req.verify else 0.0)
-        loaded = await run.step_values(None, "load_lora", targets, LORA,
-                                       lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
-                                       deadline_s)
-        held = {worker_id: a.checksums for worker_id, a in loaded.answers.items()
-                if a is not None and a.checksums is not None}
+        loaded = await run.step_values(
+            None,
+            "load_lora",
+            targets,
+            LORA,
+            lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
+            deadline_s,
+        )
+        held = {
+            worker_id: a.checksums
+            for worker_id, a in loaded.answers.items()
+            if a is not None and a.checksums is not None
+        }
         verified = await verify_adapter(run, loaded.ok, req.name, held) if req.verify else loaded.ok
         for r in verified:
             answer = loaded.answers.get(r.id)
@@ -53,11 +63,13 @@ async def _load_lora(ctx: OperationContext, req: LoraRequest, path: str, members
             elif r.status is not None:
                 # Known without a read (a stock server answers a load with nothing): its last
                 # status, holding the adapter at this version.
-                run.observe_status(r.id, r.status.model_copy(update={"loras": {**r.status.loras,
-                                                                                req.name: req.version}}), final=True)
+                run.observe_status(
+                    r.id, r.status.model_copy(update={"loras": {**r.status.loras, req.name: req.version}}), final=True
+                )
 
-    return await run_operation(ctx, "load_lora", {"name": req.name, "version": req.version, "path": path,
-                                                  "verify": req.verify}, body)
+    return await run_operation(
+        ctx, "load_lora", {"name": req.name, "version": req.version, "path": path, "verify": req.verify}, body
+    )
 
 
 async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:

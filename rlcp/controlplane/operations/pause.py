@@ -29,8 +29,7 @@ def _targets(records: list[WorkerRecord], selector: Selector) -> list[WorkerReco
     """The matching members; none is a 422 naming `selector` (an empty fleet is left to `Run`: 503)."""
     chosen = selected(records, selector)
     if records and not chosen:
-        raise InvalidInput(f"selector {selector.text!r} matches none of the {len(records)} members",
-                           field="selector")
+        raise InvalidInput(f"selector {selector.text!r} matches none of the {len(records)} members", field="selector")
     return chosen
 
 
@@ -47,8 +46,14 @@ async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
             run.members = _targets(run.members, selector)
             run.tracker.note(workers=[r.id for r in run.members])
             await ctx.desired.hold([r.id for r in run.members], req.mode)
-        await run.step("pausing", "pause", run.members, CONTROL, lambda w: w.pause(req.mode, deadline),
-                       ctx.deadlines.call_over(deadline))
+        await run.step(
+            "pausing",
+            "pause",
+            run.members,
+            CONTROL,
+            lambda w: w.pause(req.mode, deadline),
+            ctx.deadlines.call_over(deadline),
+        )
         # A data plane with its own copy of the fence (Envoy) stops routing to them before the
         # caller hears "paused" (what it routed meanwhile is held, or aborted, by the pause).
         await run.publish_fence()
@@ -61,8 +66,10 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
     selector = read_selector(req.selector if req is not None else None)
     if selector is not None:
         if ctx.desired.state.paused:
-            raise Conflict("the whole fleet is paused: resume it without a selector, then pause the members to keep "
-                           "paused with one")
+            raise Conflict(
+                "the whole fleet is paused: resume it without a selector, then pause the members to keep "
+                "paused with one"
+            )
         _targets(ctx.registry.members(), selector)
 
     async def body(run: Run) -> None:
@@ -75,5 +82,4 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
         await run.step("resuming", "resume", run.members, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
         await run.publish_fence()  # and routes to them again before the caller hears "resumed"
 
-    return await run_operation(ctx, "resume", {"selector": req.selector} if req is not None and selector else {},
-                               body)
+    return await run_operation(ctx, "resume", {"selector": req.selector} if req is not None and selector else {}, body)

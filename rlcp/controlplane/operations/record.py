@@ -39,8 +39,9 @@ log = structlog.get_logger("rlcp.controlplane.operations")
 
 
 class OperationTracker:
-    def __init__(self, kind: OperationKind, *, epoch: int, changes: ChangeCounter,
-                 detail: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, kind: OperationKind, *, epoch: int, changes: ChangeCounter, detail: dict[str, Any] | None = None
+    ) -> None:
         self.id = uuid.uuid4().hex[:12]
         self.kind = kind
         self.epoch = epoch
@@ -89,10 +90,17 @@ class OperationTracker:
     def snapshot(self) -> OperationResult:
         if self.finished is not None:
             return self.finished
-        return OperationResult(id=self.id, kind=self.kind, status="running", started_at=self.started_at,
-                               membership_epoch=self.epoch, detail=dict(self._detail),
-                               results=sorted(self._results.values(), key=lambda r: r.worker_id),
-                               progress=self.progress, bubble=self.bubble.report() if self.bubble else None)
+        return OperationResult(
+            id=self.id,
+            kind=self.kind,
+            status="running",
+            started_at=self.started_at,
+            membership_epoch=self.epoch,
+            detail=dict(self._detail),
+            results=sorted(self._results.values(), key=lambda r: r.worker_id),
+            progress=self.progress,
+            bubble=self.bubble.report() if self.bubble else None,
+        )
 
     def finish(self, *, interrupted: str | None = None) -> OperationResult:
         """`interrupted`: why it did not run to its end (it was cancelled); its status says so."""
@@ -102,11 +110,18 @@ class OperationTracker:
             status = "interrupted"
             self._detail["interrupted"] = interrupted
         self.finished = OperationResult(
-            id=self.id, kind=self.kind, status=status, started_at=self.started_at,
-            finished_at=datetime.now(UTC), duration_s=round(time.perf_counter() - self._t0, 6),
-            membership_epoch=self.epoch, detail=dict(self._detail),
+            id=self.id,
+            kind=self.kind,
+            status=status,
+            started_at=self.started_at,
+            finished_at=datetime.now(UTC),
+            duration_s=round(time.perf_counter() - self._t0, 6),
+            membership_epoch=self.epoch,
+            detail=dict(self._detail),
             results=sorted(self._results.values(), key=lambda r: r.worker_id),
-            progress=self.progress, bubble=self.bubble.report() if self.bubble else None)
+            progress=self.progress,
+            bubble=self.bubble.report() if self.bubble else None,
+        )
         self._changes.bump()
         return self.finished
 
@@ -163,8 +178,12 @@ class OperationLog:
         self.history.append(result)
         self.set_phase(None)
         self._metrics.operation_finished(result.kind, result.status, result.duration_s or 0)
-        log.info("operation", status=result.status, duration_s=result.duration_s,
-                 failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")])
+        log.info(
+            "operation",
+            status=result.status,
+            duration_s=result.duration_s,
+            failed=[r.worker_id for r in result.results if r.status in ("error", "timeout")],
+        )
         return result
 
     def running_or_last(self) -> OperationResult | None:
@@ -183,8 +202,13 @@ class OperationLog:
             op = shown if shown is not None and shown.id == self.current.id else self.current.snapshot()
         if op is None:
             return None
-        return UpdateView(operation_id=op.id, status=op.status, version=op.detail.get("version"),
-                          progress=op.progress, bubble=op.bubble)
+        return UpdateView(
+            operation_id=op.id,
+            status=op.status,
+            version=op.detail.get("version"),
+            progress=op.progress,
+            bubble=op.bubble,
+        )
 
     def recent(self, limit: int) -> list[OperationResult]:
         """Newest first, the running one included."""

@@ -85,8 +85,9 @@ def _named(records: list[WorkerRecord], selector_text: str | None, worker_ids: l
 
 
 def _detail(req: SleepRequest | WakeUpRequest) -> dict[str, Any]:
-    return ({"selector": req.selector} if req.selector is not None else {}) | \
-        ({"worker_ids": req.worker_ids} if req.worker_ids is not None else {})
+    return ({"selector": req.selector} if req.selector is not None else {}) | (
+        {"worker_ids": req.worker_ids} if req.worker_ids is not None else {}
+    )
 
 
 def is_asleep(ctx: OperationContext, rec: WorkerRecord) -> bool:
@@ -122,26 +123,43 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
     try:
         await run.publish_fence()  # nor by a data plane holding its own copy of the fence
         hashing = [r for r in records if has(r.driver, "checksums")]
-        hashed = await run.step_values("sleeping", "checksums", hashing, CHECKSUMS, lambda w: w.weight_checksums(),
-                                       ctx.deadlines.checksums_s)
+        hashed = await run.step_values(
+            "sleeping", "checksums", hashing, CHECKSUMS, lambda w: w.weight_checksums(), ctx.deadlines.checksums_s
+        )
         failed = {r.id for r in hashing} - {r.id for r in hashed.ok}
         going = [r for r in records if r.id not in failed]
         now = datetime.now(UTC)
-        await ctx.desired.put_to_sleep({r.id: SleepRecord(
-            level=req.level, weight_version=r.status.weight_version if r.status is not None else None,
-            checksums_digest=checksums_digest(sums) if (sums := hashed.answers.get(r.id)) else None, since=now)
-            for r in going})
+        await ctx.desired.put_to_sleep(
+            {
+                r.id: SleepRecord(
+                    level=req.level,
+                    weight_version=r.status.weight_version if r.status is not None else None,
+                    checksums_digest=checksums_digest(sums) if (sums := hashed.answers.get(r.id)) else None,
+                    since=now,
+                )
+                for r in going
+            }
+        )
     finally:
         # From here the desired state keeps them out; one that could not be hashed serves again.
         ctx.registry.cordon(ids, False)
     if not going:
         return
     deadline = ctx.deadlines.pause(req.timeout_s)
-    slept = await run.step("sleeping", "sleep", going, SLEEP, lambda w: w.sleep(req.level, req.mode, deadline),
-                           ctx.deadlines.call_over(deadline))
-    _note_kept_asleep(run, [r.id for r in going if r not in slept],
-                      "; kept asleep in the desired state (out of the fence): the reconciler puts it to sleep when "
-                      "it answers, and POST /v1/rl/wake_up brings it back")
+    slept = await run.step(
+        "sleeping",
+        "sleep",
+        going,
+        SLEEP,
+        lambda w: w.sleep(req.level, req.mode, deadline),
+        ctx.deadlines.call_over(deadline),
+    )
+    _note_kept_asleep(
+        run,
+        [r.id for r in going if r not in slept],
+        "; kept asleep in the desired state (out of the fence): the reconciler puts it to sleep when "
+        "it answers, and POST /v1/rl/wake_up brings it back",
+    )
 
 
 # -- wake_up ----------------------------------------------------------------------------------
@@ -162,8 +180,14 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
                 run.tracker.skip(r.id, "wake_up", "not asleep")
         if not sleepers:
             return
-        woke = await run.step("waking", "wake_up", sleepers, SLEEP, lambda w: w.wake_up(list(req.tags) if partial and req.tags else None),
-                              ctx.deadlines.call_over(ctx.deadlines.weight_load_s))
+        woke = await run.step(
+            "waking",
+            "wake_up",
+            sleepers,
+            SLEEP,
+            lambda w: w.wake_up(list(req.tags) if partial and req.tags else None),
+            ctx.deadlines.call_over(ctx.deadlines.weight_load_s),
+        )
         _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
         if partial:
             woke = await _fully_awake(run, woke)
@@ -178,8 +202,7 @@ async def _fully_awake(run: Run, records: list[WorkerRecord]) -> list[WorkerReco
     """After a partial wake, the members it left fully awake: vLLM's wakes add up (`weights`,
     then `kv_cache`, as a colocated trainer wakes), so the one that wakes the last allocation
     is a full wake, verified and returned like any. The others stay asleep, not verified."""
-    read = await run.step_values("waking", "status", records, DRIVER, lambda w: w.status(),
-                                 run.ctx.deadlines.control_s)
+    read = await run.step_values("waking", "status", records, DRIVER, lambda w: w.status(), run.ctx.deadlines.control_s)
     awake = [r for r in read.ok if (status := read.answers.get(r.id)) is not None and status.sleeping is False]
     if len(awake) < len(records):
         run.tracker.note(partial=True)  # some still asleep: neither verified nor returned
@@ -193,8 +216,11 @@ def _require_wake(sleepers: list[WorkerRecord], partial: bool) -> None:
     whole = [r for r in sleepers if implements(r.driver, SLEEP) and not r.driver.partial_wake] if partial else []
     if whole:
         names = ", ".join(f"{r.id} ({r.spec.flavor})" for r in whole)
-        raise MissingCapability(f"a partial wake (tags) needs a flavor that can finish it later; these members "
-                                f"wake everything at once: {names}", workers={r.id: "partial_wake" for r in whole})
+        raise MissingCapability(
+            f"a partial wake (tags) needs a flavor that can finish it later; these members "
+            f"wake everything at once: {names}",
+            workers={r.id: "partial_wake" for r in whole},
+        )
 
 
 async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
@@ -220,9 +246,14 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
 
     reloading = [r for r in read.ok if behind(r)]
     if reloading and source is not None:
-        loaded = await run.step("updating", "update", reloading, DISK_WEIGHTS,
-                                lambda w: w.update_weights_from_disk(source["path"], source["version"]),
-                                ctx.deadlines.load_step(None, checksums=False))
+        loaded = await run.step(
+            "updating",
+            "update",
+            reloading,
+            DISK_WEIGHTS,
+            lambda w: w.update_weights_from_disk(source["path"], source["version"]),
+            ctx.deadlines.load_step(None, checksums=False),
+        )
         _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
         checked = [r for r in read.ok if r not in reloading or r in loaded]
     else:
@@ -239,13 +270,20 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
         _check_awake(worker_id, status, expected_version(desired.weight_version, record))
         # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
         # the same tensors), its weights must be the ones it slept with.
-        if record is None or record.checksums_digest is None or status.weight_version != record.weight_version \
-                or not (has(driver, "checksums") and implements(driver, CHECKSUMS)):
+        if (
+            record is None
+            or record.checksums_digest is None
+            or status.weight_version != record.weight_version
+            or not (has(driver, "checksums") and implements(driver, CHECKSUMS))
+        ):
             return
         sums = await driver.weight_checksums()
         if sums is not None and checksums_digest(sums) != record.checksums_digest:
-            raise WorkerRejected(worker_id, "weight checksums differ from those it had when it went to sleep "
-                                 f"(version {record.weight_version!r})", status=200)
+            raise WorkerRejected(
+                worker_id,
+                f"weight checksums differ from those it had when it went to sleep (version {record.weight_version!r})",
+                status=200,
+            )
 
     verified = await run.step("verifying", "verify", checked, DRIVER, check, ctx.deadlines.checksums_s)
     failed = [r.id for r in records if r not in verified]
@@ -271,8 +309,9 @@ def _check_awake(worker_id: str, status: WorkerStatus, version: str | None) -> N
     if status.sleeping:
         raise WorkerRejected(worker_id, "still reports itself asleep after a full wake", status=200)
     if version is not None and status.weight_version != version:
-        raise WorkerRejected(worker_id, f"reports weight version {status.weight_version!r}, expected {version!r}",
-                             status=200)
+        raise WorkerRejected(
+            worker_id, f"reports weight version {status.weight_version!r}, expected {version!r}", status=200
+        )
 
 
 async def _return_to_service(run: Run, records: list[WorkerRecord]) -> None:

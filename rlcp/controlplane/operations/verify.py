@@ -45,9 +45,15 @@ class Agreement:
     checksums: dict[str, str] | None = None
 
 
-async def verify(run: Run, records: list[WorkerRecord], version: str, reports: dict[str, LoadReport] | None = None,
-                 *, manifest: dict[str, str] | None = None,
-                 agreement: Agreement | None = None) -> list[WorkerRecord]:
+async def verify(
+    run: Run,
+    records: list[WorkerRecord],
+    version: str,
+    reports: dict[str, LoadReport] | None = None,
+    *,
+    manifest: dict[str, str] | None = None,
+    agreement: Agreement | None = None,
+) -> list[WorkerRecord]:
     """The records that passed; failures are recorded in the run."""
     deadlines = run.ctx.deadlines
     reports = reports or {}
@@ -60,18 +66,27 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
 
     at_version = await run.step("verifying", "verify", records, DRIVER, reports_version, deadlines.control_s)
     hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
-    outcomes = await run.ctx.fanout.each([r.driver for r in hashing], CHECKSUMS, lambda w: w.weight_checksums(),
-                                         phase="verify", deadline_s=deadlines.checksums_s)
+    outcomes = await run.ctx.fanout.each(
+        [r.driver for r in hashing],
+        CHECKSUMS,
+        lambda w: w.weight_checksums(),
+        phase="verify",
+        deadline_s=deadlines.checksums_s,
+    )
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
     checksums = {o.worker_id: o.value for o in outcomes if o.ok and o.value}
-    checksums |= {r.id: report.checksums for r in at_version
-                  if (report := reports.get(r.id)) is not None and report.checksums}
+    checksums |= {
+        r.id: report.checksums for r in at_version if (report := reports.get(r.id)) is not None and report.checksums
+    }
 
     def fail(worker_id: str, message: str) -> None:
         failed.add(worker_id)
-        run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
-            "status": "error", "phase": "verify", "message": message, "code": "verify_failed"}))
+        run.tracker.set_result(
+            run.tracker.results[worker_id].model_copy(
+                update={"status": "error", "phase": "verify", "message": message, "code": "verify_failed"}
+            )
+        )
 
     if manifest:
         for worker_id, sums in checksums.items():
@@ -82,7 +97,9 @@ async def verify(run: Run, records: list[WorkerRecord], version: str, reports: d
                 fail(r.id, "gave no weight checksums to check against the manifest")
     pool = {wid: sums for wid, sums in checksums.items() if wid not in failed}
     reference = agreement.checksums if agreement is not None else None
-    uncovered = _not_compared(run, [*pool.values(), *([reference] if reference else []), *([manifest] if manifest else [])])
+    uncovered = _not_compared(
+        run, [*pool.values(), *([reference] if reference else []), *([manifest] if manifest else [])]
+    )
 
     def compared(sums: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in sums.items() if k not in uncovered and not (manifest and k in manifest)}
@@ -110,10 +127,13 @@ def _not_compared(run: Run, sums: list[dict[str, str]]) -> set[str]:
     empty = {k for one in sums for k, v in one.items() if v == EMPTY_TENSOR_SHA256}
     if empty:
         noted = set(run.tracker.detail.get("checksums_not_compared", {}).get("tensors", []))  # earlier waves'
-        run.tracker.note(checksums_not_compared={
-            "tensors": sorted(noted | empty),
-            "why": "a checksum of no bytes (sha256 of b''), such as a stock vLLM server's on the CPU for the "
-                   "linear layers it repacks into its kernels"})
+        run.tracker.note(
+            checksums_not_compared={
+                "tensors": sorted(noted | empty),
+                "why": "a checksum of no bytes (sha256 of b''), such as a stock vLLM server's on the CPU for the "
+                "linear layers it repacks into its kernels",
+            }
+        )
     return empty
 
 
@@ -122,8 +142,9 @@ def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
     return f"{len(differ)} tensor(s) differ ({', '.join(differ[:_NAMED])}{', ...' if len(differ) > _NAMED else ''})"
 
 
-async def verify_adapter(run: Run, records: list[WorkerRecord], name: str,
-                         held: dict[str, dict[str, str]] | None = None) -> list[WorkerRecord]:
+async def verify_adapter(
+    run: Run, records: list[WorkerRecord], name: str, held: dict[str, dict[str, str]] | None = None
+) -> list[WorkerRecord]:
     """The records whose copy of adapter `name` agrees with the majority's (or that cannot
     say: no checksums, or none covering adapters); failures are recorded in the run. `held`:
     the adapter's checksums some loads answered, by worker id; the others whose checksums cover
@@ -131,23 +152,39 @@ async def verify_adapter(run: Run, records: list[WorkerRecord], name: str,
     prefix = lora_checksum_key(name, "")
     held = dict(held or {})
     run.ctx.log.set_phase("verifying")
-    hashing = [r for r in records if r.id not in held and has(r.driver, "checksums")
-               and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))]
-    outcomes = await run.ctx.fanout.each([r.driver for r in hashing], CHECKSUMS, lambda w: w.weight_checksums(),
-                                         phase="verify", deadline_s=run.ctx.deadlines.checksums_s)
+    hashing = [
+        r
+        for r in records
+        if r.id not in held
+        and has(r.driver, "checksums")
+        and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))
+    ]
+    outcomes = await run.ctx.fanout.each(
+        [r.driver for r in hashing],
+        CHECKSUMS,
+        lambda w: w.weight_checksums(),
+        phase="verify",
+        deadline_s=run.ctx.deadlines.checksums_s,
+    )
     run.tracker.record(o for o in outcomes if not o.ok)
     failed = {o.worker_id for o in outcomes if not o.ok}
-    held |= {o.worker_id: {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)}
-             for o in outcomes if o.ok}
+    held |= {o.worker_id: {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} for o in outcomes if o.ok}
     digests = {worker_id: checksums_digest(sums) for worker_id, sums in held.items() if sums}
     if digests:
         majority, count = _majority(digests)
         for worker_id, digest in digests.items():
             if digest != majority:
                 failed.add(worker_id)
-                run.tracker.set_result(run.tracker.results[worker_id].model_copy(update={
-                    "status": "error", "phase": "verify", "code": "verify_failed",
-                    "message": f"adapter {name!r} checksums differ from {count} other worker(s)"}))
+                run.tracker.set_result(
+                    run.tracker.results[worker_id].model_copy(
+                        update={
+                            "status": "error",
+                            "phase": "verify",
+                            "code": "verify_failed",
+                            "message": f"adapter {name!r} checksums differ from {count} other worker(s)",
+                        }
+                    )
+                )
     return [r for r in records if r.id not in failed]
 
 

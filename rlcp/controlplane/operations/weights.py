@@ -65,8 +65,13 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
     asleep = ctx.desired.state.asleep
     members = [r for r in ctx.registry.members() if r.id not in asleep]  # the asleep: skipped (`Run`)
     require_capability(members, "disk_weights", "a disk weight update")
-    detail = {"version": req.version, "path": path, "pause_mode": req.pause_mode, "verify": req.verify,
-              "strategy": req.strategy.model_dump()}
+    detail = {
+        "version": req.version,
+        "path": path,
+        "pause_mode": req.pause_mode,
+        "verify": req.verify,
+        "strategy": req.strategy.model_dump(),
+    }
     if req.expected_checksums is not None:
         require_capability(members, "checksums", "checking weights against a manifest")
         detail["manifest_tensors"] = len(req.expected_checksums)
@@ -85,8 +90,9 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         if ctx.desired.state.weight_version == req.version:
             # Read fresh: the cache may predate a worker's restart onto base weights.
             await ctx.refresh(members)
-        already = [r for r in members if r.reachable and r.status is not None
-                   and r.status.weight_version == req.version]
+        already = [
+            r for r in members if r.reachable and r.status is not None and r.status.weight_version == req.version
+        ]
         if ctx.desired.state.weight_version == req.version and len(already) == len(members):
             for r in members:
                 run.tracker.skip(r.id, "gate", f"already at version {req.version!r}")
@@ -103,8 +109,9 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         size = len(members)
         if isinstance(req.strategy, Rolling):
             size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(run=run, req=req, path=path, size=size, serving_before=serving_before, members=members,
-                   bubble=bubble).execute()
+        await Roll(
+            run=run, req=req, path=path, size=size, serving_before=serving_before, members=members, bubble=bubble
+        ).execute()
 
     return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
 
@@ -144,8 +151,15 @@ class Roll:
         plan = self.plan(list(by_id))
         bubble = self.bubble
         agreement = Agreement()
-        progress = RollProgress(strategy=req.strategy.type, max_unavailable=self.size, waves=len(plan), waves_done=0,
-                                wave=[], updated=0, failed=0)
+        progress = RollProgress(
+            strategy=req.strategy.type,
+            max_unavailable=self.size,
+            waves=len(plan),
+            waves_done=0,
+            wave=[],
+            updated=0,
+            failed=0,
+        )
         for i, wave_ids in enumerate(plan):
             progress = progress.model_copy(update={"wave": wave_ids})
             run.tracker.set_progress(progress)
@@ -165,13 +179,20 @@ class Roll:
             bubble.back(r.id for r in resumed)
             done = {r.id for r in verified}
             failed = [w for w in wave_ids if w not in done]
-            progress = progress.model_copy(update={"waves_done": i + 1, "wave": [],
-                                                   "updated": progress.updated + len(verified),
-                                                   "failed": progress.failed + len(failed)})
-            rest = [w for later in plan[i + 1:] for w in later]
+            progress = progress.model_copy(
+                update={
+                    "waves_done": i + 1,
+                    "wave": [],
+                    "updated": progress.updated + len(verified),
+                    "failed": progress.failed + len(failed),
+                }
+            )
+            rest = [w for later in plan[i + 1 :] for w in later]
             if rest and any(w in self.serving_before for w in failed):
-                why = (f"wave {i + 1} of {len(plan)} failed on {', '.join(failed)}: the roll stopped, and "
-                       f"{len(rest)} member(s) were left as they were")
+                why = (
+                    f"wave {i + 1} of {len(plan)} failed on {', '.join(failed)}: the roll stopped, and "
+                    f"{len(rest)} member(s) were left as they were"
+                )
                 for worker_id in rest:
                     run.tracker.skip(worker_id, "update", f"not updated: {why}")
                 progress = progress.model_copy(update={"halted": why})
@@ -197,14 +218,27 @@ class Roll:
         reference = (agreement.checksums or req.expected_checksums) if req.verify else None
 
         def plan(worker_id: str) -> UpdatePlan:
-            return UpdatePlan(path=self.path, version=req.version, mode=req.pause_mode, pause_timeout_s=pause_s,
-                              checksums=req.verify, resume=not leave_paused and worker_id not in held,
-                              expected_checksums=reference)
+            return UpdatePlan(
+                path=self.path,
+                version=req.version,
+                mode=req.pause_mode,
+                pause_timeout_s=pause_s,
+                checksums=req.verify,
+                resume=not leave_paused and worker_id not in held,
+                expected_checksums=reference,
+            )
 
         one, stepped = await asyncio.gather(
-            run.step_values("updating", "update", in_one, STAGED_UPDATE, lambda w: w.update_in_one_call(plan(w.spec.id)),
-                            d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify)),
-            self._in_steps(in_steps, pause_s))
+            run.step_values(
+                "updating",
+                "update",
+                in_one,
+                STAGED_UPDATE,
+                lambda w: w.update_in_one_call(plan(w.spec.id)),
+                d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify),
+            ),
+            self._in_steps(in_steps, pause_s),
+        )
         reports: dict[str, LoadReport] = {}
         for worker_id, answer in one.answers.items():
             assert answer is not None
@@ -214,16 +248,23 @@ class Roll:
         reports |= {worker_id: report for worker_id, report in stepped.answers.items() if report is not None}
         verified = [*one.ok, *stepped.ok]
         if req.verify:
-            verified = await verify(run, verified, req.version, reports, manifest=req.expected_checksums,
-                                    agreement=agreement)
+            verified = await verify(
+                run, verified, req.version, reports, manifest=req.expected_checksums, agreement=agreement
+            )
         passed = {r.id for r in verified}
         resumed_in_call = {worker_id for worker_id, a in one.answers.items() if a is not None and a.resumed}
         relapsed = [r for r in one.ok if r.id in resumed_in_call and r.id not in passed]
         still_out: set[str] = set()
         if relapsed:
-            again = await run.step_values("pausing", "pause", relapsed, CONTROL,
-                                          lambda w: w.pause(req.pause_mode, pause_s), d.call_over(pause_s),
-                                          after_failure=True)
+            again = await run.step_values(
+                "pausing",
+                "pause",
+                relapsed,
+                CONTROL,
+                lambda w: w.pause(req.pause_mode, pause_s),
+                d.call_over(pause_s),
+                after_failure=True,
+            )
             still_out = {r.id for r in relapsed} - {r.id for r in again.ok}
         for r in verified:
             answer = one.answers.get(r.id)
@@ -254,9 +295,13 @@ class Roll:
         # Hashing time is allowed only in a wave where a load answers checksums.
         hashing = req.verify and any(w.loads_with_checksums for w in capable((r.driver for r in records), DISK_WEIGHTS))
         return await run.step_values(
-            "updating", "update", paused.ok, DISK_WEIGHTS,
+            "updating",
+            "update",
+            paused.ok,
+            DISK_WEIGHTS,
             lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
-            d.load_step(req.timeout_s, checksums=hashing))
+            d.load_step(req.timeout_s, checksums=hashing),
+        )
 
     async def _after_one_call_failures(self, records: list[WorkerRecord], one: StepDone[UpdateReport]) -> None:
         """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
@@ -302,13 +347,18 @@ async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadRe
     without a read: its last status, at that version and running -- what the calls it answered
     ok made of it -- so the read before the operation answers skips it too; the status poll
     reads it again within its interval."""
-    resumed = await run.step_values("resuming", "resume", records, DISK_WEIGHTS,
-                                    lambda w: w.resume_after_update(), run.ctx.deadlines.control_s)
+    resumed = await run.step_values(
+        "resuming", "resume", records, DISK_WEIGHTS, lambda w: w.resume_after_update(), run.ctx.deadlines.control_s
+    )
     for r in resumed.ok:
         status = resumed.answers.get(r.id)
         report = loaded.get(r.id)
         if status is None and r.status is not None and report is not None and report.weight_version is not None:
-            status = r.status.model_copy(update={"weight_version": report.weight_version,
-                                                 "paused": False if r.status.paused is not None else None})
+            status = r.status.model_copy(
+                update={
+                    "weight_version": report.weight_version,
+                    "paused": False if r.status.paused is not None else None,
+                }
+            )
         run.observe_status(r.id, status, final=True)
     return resumed.ok

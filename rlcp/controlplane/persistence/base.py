@@ -1,9 +1,9 @@
 """Persistence of the desired state, so a restarted controller loses nothing.
 
-    DesiredStore (Protocol)  load / save
-    ├── FileStore            a local file, written atomically (the default)    file.py
-    ├── MemoryStore          nothing survives the process (tests, --no-persist) memory.py
-    └── ConfigMapStore       a Kubernetes ConfigMap, optimistic concurrency     configmap.py
+DesiredStore (Protocol)  load / save
+├── FileStore            a local file, written atomically (the default)    file.py
+├── MemoryStore          nothing survives the process (tests, --no-persist) memory.py
+└── ConfigMapStore       a Kubernetes ConfigMap, optimistic concurrency     configmap.py
 """
 
 from __future__ import annotations

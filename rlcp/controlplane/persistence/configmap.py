@@ -30,8 +30,9 @@ _ATTEMPTS = 3
 
 
 class ConfigMapStore:
-    def __init__(self, *, api: client.ApiClient, name: str, namespace: str, leadership: Leadership,
-                 request_timeout_s: float) -> None:
+    def __init__(
+        self, *, api: client.ApiClient, name: str, namespace: str, leadership: Leadership, request_timeout_s: float
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self.name, self.namespace = name, namespace
         self._leadership = leadership
@@ -74,8 +75,10 @@ class ConfigMapStore:
                 raise StoreUnavailable(f"cannot save the desired state: {exc}") from exc
             self._version = written.metadata.resource_version
             return
-        raise StoreConflict(f"{self._what} kept changing under this controller ({_ATTEMPTS} conflicting "
-                                        "writes); is another controller writing it?")
+        raise StoreConflict(
+            f"{self._what} kept changing under this controller ({_ATTEMPTS} conflicting "
+            "writes); is another controller writing it?"
+        )
 
     async def _refresh_version(self) -> None:
         try:
@@ -86,20 +89,36 @@ class ConfigMapStore:
             raise StoreUnavailable(f"cannot re-read the desired state after a conflict: {exc}") from exc
 
     async def _read(self) -> client.V1ConfigMap:
-        return await call(f"get {self._what}", self._core.read_namespaced_config_map(
-            self.name, self.namespace, _request_timeout=self._timeout_s), timeout_s=self._timeout_s)
+        return await call(
+            f"get {self._what}",
+            self._core.read_namespaced_config_map(self.name, self.namespace, _request_timeout=self._timeout_s),
+            timeout_s=self._timeout_s,
+        )
 
     async def _create(self, document: str) -> client.V1ConfigMap:
-        return await call(f"create {self._what}", self._core.create_namespaced_config_map(
-            self.namespace, self._body(document, None), _request_timeout=self._timeout_s), timeout_s=self._timeout_s)
+        return await call(
+            f"create {self._what}",
+            self._core.create_namespaced_config_map(
+                self.namespace, self._body(document, None), _request_timeout=self._timeout_s
+            ),
+            timeout_s=self._timeout_s,
+        )
 
     async def _replace(self, document: str) -> client.V1ConfigMap:
-        return await call(f"update {self._what}", self._core.replace_namespaced_config_map(
-            self.name, self.namespace, self._body(document, self._version), _request_timeout=self._timeout_s),
-            timeout_s=self._timeout_s)
+        return await call(
+            f"update {self._what}",
+            self._core.replace_namespaced_config_map(
+                self.name, self.namespace, self._body(document, self._version), _request_timeout=self._timeout_s
+            ),
+            timeout_s=self._timeout_s,
+        )
 
     def _body(self, document: str, version: str | None) -> client.V1ConfigMap:
         # resourceVersion (the optimistic-concurrency guard) is left out when None, as every unset field.
-        metadata = client.V1ObjectMeta(name=self.name, namespace=self.namespace, resource_version=version,
-                                       labels={"app.kubernetes.io/managed-by": "rl-controlplane"})
+        metadata = client.V1ObjectMeta(
+            name=self.name,
+            namespace=self.namespace,
+            resource_version=version,
+            labels={"app.kubernetes.io/managed-by": "rl-controlplane"},
+        )
         return client.V1ConfigMap(api_version="v1", kind="ConfigMap", metadata=metadata, data={DATA_KEY: document})

@@ -18,8 +18,13 @@ if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
 
 
-def make_store(settings: ControllerSettings, *, kube_api: ApiClient | None = None,
-               leadership: Leadership | None = None, fleet: str = DEFAULT_FLEET) -> DesiredStore:
+def make_store(
+    settings: ControllerSettings,
+    *,
+    kube_api: ApiClient | None = None,
+    leadership: Leadership | None = None,
+    fleet: str = DEFAULT_FLEET,
+) -> DesiredStore:
     own = fleet != DEFAULT_FLEET
     if settings.store.kind == "memory":
         return MemoryStore()
@@ -31,6 +36,11 @@ def make_store(settings: ControllerSettings, *, kube_api: ApiClient | None = Non
 
         assert kube_api is not None and leadership is not None
         name = settings.store.configmap_name + (f"-{fleet}" if own else "")
-        return ConfigMapStore(api=kube_api, name=name, namespace=settings.store.namespace, leadership=leadership,
-                              request_timeout_s=settings.kubernetes.request_timeout_s)
+        return ConfigMapStore(
+            api=kube_api,
+            name=name,
+            namespace=settings.store.namespace,
+            leadership=leadership,
+            request_timeout_s=settings.kubernetes.request_timeout_s,
+        )
     raise ValueError(f"store kind {settings.store.kind!r} is not available in this build")

@@ -66,10 +66,13 @@ class AgentActor:
         with os.fdopen(os.open(config_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump(config, f)  # JSON is YAML: the agent's --config reads it; it may hold a token
         self.log = (self.workdir / "agent.log").open("ab")
-        self.child = subprocess.Popen([sys.executable, "-m", "rlcp.agent", "--config", str(config_path),
-                                       "--ports-file", str(ports_path)],
-                                      stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=_die_with_parent)
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "rlcp.agent", "--config", str(config_path), "--ports-file", str(ports_path)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
         deadline = time.monotonic() + start_timeout_s
         while not ports_path.exists():
             if self.child.poll() is not None or time.monotonic() > deadline:
@@ -78,10 +81,15 @@ class AgentActor:
                 raise RuntimeError(f"the agent did not start (exit {self.child.poll()}): {tail}")
             time.sleep(0.05)
         ports = json.loads(ports_path.read_text())
-        self.described = {"rlcp": CONVENTION_VERSION, "admin_url": f"http://{host}:{ports['admin_port']}",
-                          "inference_url": f"http://{host}:{ports['inference_port']}", "flavor": "agent",
-                          "world_size": 1, "model": config.get("engine", {}).get("model", ""),
-                          "agent_pid": ports["pid"]}
+        self.described = {
+            "rlcp": CONVENTION_VERSION,
+            "admin_url": f"http://{host}:{ports['admin_port']}",
+            "inference_url": f"http://{host}:{ports['inference_port']}",
+            "flavor": "agent",
+            "world_size": 1,
+            "model": config.get("engine", {}).get("model", ""),
+            "agent_pid": ports["pid"],
+        }
         threading.Thread(target=self._exit_with_child, name="agent-watch", daemon=True).start()
 
     def _exit_with_child(self) -> None:

@@ -80,9 +80,14 @@ async def _call(thread: PlacementThread, fn: Callable[[], T], timeout_s: float) 
     return await asyncio.wait_for(asyncio.wrap_future(thread.submit(fn)), timeout_s)
 
 
-async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[], bool],
-                        placer: Placer | None = None, status: PlacementStatus | None = None,
-                        passes: int | None = None) -> None:
+async def run_placement(
+    *,
+    settings: RayPlacementSettings,
+    is_leader: Callable[[], bool],
+    placer: Placer | None = None,
+    status: PlacementStatus | None = None,
+    passes: int | None = None,
+) -> None:
     """Forever (or `passes` times, a test seam): keep `status.replicas()` agents placed."""
     thread = PlacementThread()
     if placer is None:
@@ -95,15 +100,13 @@ async def run_placement(*, settings: RayPlacementSettings, is_leader: Callable[[
             if is_leader():
                 replicas, t0 = status.replicas(), time.monotonic()
                 try:
-                    placed = await _call(thread, functools.partial(placer.reconcile, replicas),
-                                         settings.call_timeout_s)
+                    placed = await _call(thread, functools.partial(placer.reconcile, replicas), settings.call_timeout_s)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # Ray's errors are many and untyped for us: log, retry
                     error = _describe(exc)
                     status.failed(error, time.monotonic() - t0)
-                    log.warning("placement_pass_failed", error=error, replicas=replicas,
-                                retry_in_s=settings.interval_s)
+                    log.warning("placement_pass_failed", error=error, replicas=replicas, retry_in_s=settings.interval_s)
                 else:
                     status.passed(placed, time.monotonic() - t0)
             done += 1
@@ -123,9 +126,14 @@ async def _stop(thread: PlacementThread, placer: Placer, settings: RayPlacementS
             await asyncio.shield(_call(thread, placer.teardown, settings.teardown_timeout_s))
         except Exception as exc:  # Ray's errors are many and untyped for us; a timeout is one of them here
             stuck = isinstance(exc, TimeoutError)
-            log.error("placement_teardown_failed", error=_describe(exc),
-                      duration_s=round(time.monotonic() - t0, 3), timeout_s=settings.teardown_timeout_s,
-                      namespace=settings.namespace, left=f"actors and groups named {settings.name_prefix}*")
+            log.error(
+                "placement_teardown_failed",
+                error=_describe(exc),
+                duration_s=round(time.monotonic() - t0, 3),
+                timeout_s=settings.teardown_timeout_s,
+                namespace=settings.namespace,
+                left=f"actors and groups named {settings.name_prefix}*",
+            )
     if not stuck:  # a close queued behind a stuck call would only wait out its own deadline
         with contextlib.suppress(Exception):
             await asyncio.shield(_call(thread, placer.close, CLOSE_TIMEOUT_S))

@@ -25,10 +25,10 @@ class Group:
 
 @dataclass
 class PlacementPlan:
-    kill: list[int] = field(default_factory=list)        # actor indices to kill for good
-    remove: list[Group] = field(default_factory=list)    # groups to remove
-    create_group: Group | None = None                    # one new group, for the uncovered indices
-    start: list[int] = field(default_factory=list)       # actor indices to create
+    kill: list[int] = field(default_factory=list)  # actor indices to kill for good
+    remove: list[Group] = field(default_factory=list)  # groups to remove
+    create_group: Group | None = None  # one new group, for the uncovered indices
+    start: list[int] = field(default_factory=list)  # actor indices to create
 
     @property
     def empty(self) -> bool:
@@ -63,8 +63,10 @@ def parse_group(prefix: str, name: str) -> Group | None:
 
 
 def plan_placement(replicas: int, actors: set[int], groups: set[Group]) -> PlacementPlan:
-    plan = PlacementPlan(kill=sorted(i for i in actors if i >= replicas),
-                         remove=sorted((g for g in groups if g.first >= replicas), key=lambda g: g.first))
+    plan = PlacementPlan(
+        kill=sorted(i for i in actors if i >= replicas),
+        remove=sorted((g for g in groups if g.first >= replicas), key=lambda g: g.first),
+    )
     kept = groups - set(plan.remove)
     uncovered = [i for i in range(replicas) if not any(g.covers(i) for g in kept)]
     if uncovered:

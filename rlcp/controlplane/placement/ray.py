@@ -60,8 +60,9 @@ def import_ray() -> Any:
         import ray
         import ray._private.ray_constants as ray_constants
     except ImportError as exc:
-        raise PlacementUnavailable("placement.kind=ray needs the `ray` package: install the `ray` extra "
-                                   "(pip install 'rl-controlplane[ray]')") from exc
+        raise PlacementUnavailable(
+            "placement.kind=ray needs the `ray` package: install the `ray` extra (pip install 'rl-controlplane[ray]')"
+        ) from exc
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
     return ray  # untyped for us (pyproject: follow_imports skip)
 
@@ -93,8 +94,13 @@ class RayPlacer:
     def connect(self) -> None:
         if self.ray.is_initialized():
             return
-        self.ray.init(address=self.settings.address, namespace=self.settings.namespace, logging_level="warning",
-                      log_to_driver=False, configure_logging=False)
+        self.ray.init(
+            address=self.settings.address,
+            namespace=self.settings.namespace,
+            logging_level="warning",
+            log_to_driver=False,
+            configure_logging=False,
+        )
         self._connected_here = True
         log.info("placement_connected", address=self.settings.address, namespace=self.settings.namespace)
 
@@ -142,9 +148,14 @@ class RayPlacer:
             kept.add(plan.create_group)
         for index in plan.start:
             self._start(index, group_of(index, kept))
-        log.info("placement_reconciled", replicas=replicas, killed=plan.kill, started=plan.start,
-                 removed_groups=[group_name(prefix, g) for g in plan.remove],
-                 created_group=group_name(prefix, plan.create_group) if plan.create_group else None)
+        log.info(
+            "placement_reconciled",
+            replicas=replicas,
+            killed=plan.kill,
+            started=plan.start,
+            removed_groups=[group_name(prefix, g) for g in plan.remove],
+            created_group=group_name(prefix, plan.create_group) if plan.create_group else None,
+        )
         return after(plan, actors, groups)
 
     def _kill(self, name: str) -> None:
@@ -155,25 +166,34 @@ class RayPlacer:
 
     def _remove_group(self, group: Group) -> None:
         try:
-            self.ray.util.remove_placement_group(self.ray.util.get_placement_group(
-                group_name(self.settings.name_prefix, group)))
+            self.ray.util.remove_placement_group(
+                self.ray.util.get_placement_group(group_name(self.settings.name_prefix, group))
+            )
         except ValueError:
             pass
 
     def _create_group(self, group: Group) -> None:
         b = self.settings.bundle
         bundle = {k: v for k, v in (("CPU", b.CPU), ("GPU", b.GPU)) if v > 0}
-        pg = self.ray.util.placement_group([dict(bundle) for _ in range(group.count)], strategy=self.settings.strategy,
-                                           name=group_name(self.settings.name_prefix, group), lifetime="detached")
+        pg = self.ray.util.placement_group(
+            [dict(bundle) for _ in range(group.count)],
+            strategy=self.settings.strategy,
+            name=group_name(self.settings.name_prefix, group),
+            lifetime="detached",
+        )
         # Reserved, or this pass fails (and the next one finds the group and waits again); in
         # slices, so a stop does not wait behind a group that cannot be reserved.
         ready, deadline = pg.ready(), time.monotonic() + self.settings.call_timeout_s
         while not self.ray.wait([ready], timeout=GROUP_POLL_S)[0]:
             if self._stopping.is_set():
-                raise PassInterrupted(f"stopping while waiting for group {group_name(self.settings.name_prefix, group)}")
+                raise PassInterrupted(
+                    f"stopping while waiting for group {group_name(self.settings.name_prefix, group)}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"group {group_name(self.settings.name_prefix, group)} not reserved within "
-                                   f"{self.settings.call_timeout_s:g}s")
+                raise TimeoutError(
+                    f"group {group_name(self.settings.name_prefix, group)} not reserved within "
+                    f"{self.settings.call_timeout_s:g}s"
+                )
 
     def _start(self, index: int, group: Group) -> None:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -181,11 +201,18 @@ class RayPlacer:
         b = self.settings.bundle
         pg = self.ray.util.get_placement_group(group_name(self.settings.name_prefix, group))
         cls = self.ray.remote(AgentActor)
-        cls.options(name=actor_name(self.settings.name_prefix, index), namespace=self.settings.namespace,
-                    lifetime="detached", max_restarts=-1, max_task_retries=0, num_cpus=b.CPU, num_gpus=b.GPU,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=pg, placement_group_bundle_index=index - group.first),
-                    ).remote(agent_config(self.settings, index), self.settings.agent_host, AGENT_START_TIMEOUT_S)
+        cls.options(
+            name=actor_name(self.settings.name_prefix, index),
+            namespace=self.settings.namespace,
+            lifetime="detached",
+            max_restarts=-1,
+            max_task_retries=0,
+            num_cpus=b.CPU,
+            num_gpus=b.GPU,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=index - group.first
+            ),
+        ).remote(agent_config(self.settings, index), self.settings.agent_host, AGENT_START_TIMEOUT_S)
 
     def teardown(self) -> None:
         """Kill every placed actor and remove every group (placement.ray.teardown)."""

@@ -54,8 +54,14 @@ class PlacementStatus:
     def view(self, *, leading: bool) -> PlacementView:
         prefix, placed = self.settings.name_prefix, self._placed
         return PlacementView(
-            kind="ray", replicas=self.replicas(), replicas_from="settings" if self._desired() is None else "api",
-            max_replicas=self.settings.max_replicas, leading=leading,
+            kind="ray",
+            replicas=self.replicas(),
+            replicas_from="settings" if self._desired() is None else "api",
+            max_replicas=self.settings.max_replicas,
+            leading=leading,
             placed=[actor_name(prefix, i) for i in sorted(placed.actors)] if placed else [],
             groups=[group_name(prefix, g) for g in sorted(placed.groups, key=lambda g: g.first)] if placed else [],
-            last_pass_at=self._last_pass_at, last_pass_s=self._last_pass_s, last_error=self._last_error)
+            last_pass_at=self._last_pass_at,
+            last_pass_s=self._last_pass_s,
+            last_error=self._last_error,
+        )

@@ -32,10 +32,20 @@ log = structlog.get_logger("rlcp.controlplane.reconcile")
 
 
 class Reconciler:
-    def __init__(self, *, registry: FleetRegistry, desired: DesiredKeeper, gate: OperationGate, fanout: FanOut,
-                 deadlines: Deadlines, leadership: Leadership, limiter: WorkerRateLimiter,
-                 metrics: ControllerMetrics, refresh: Callable[[list[WorkerRecord]], Awaitable[None]],
-                 ensure_leading: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        *,
+        registry: FleetRegistry,
+        desired: DesiredKeeper,
+        gate: OperationGate,
+        fanout: FanOut,
+        deadlines: Deadlines,
+        leadership: Leadership,
+        limiter: WorkerRateLimiter,
+        metrics: ControllerMetrics,
+        refresh: Callable[[list[WorkerRecord]], Awaitable[None]],
+        ensure_leading: Callable[[], Awaitable[None]],
+    ) -> None:
         self.registry, self.desired, self.gate, self.fanout = registry, desired, gate, fanout
         self.deadlines, self.leadership, self.limiter, self.metrics = deadlines, leadership, limiter, metrics
         self._refresh, self._ensure_leading = refresh, ensure_leading
@@ -43,8 +53,13 @@ class Reconciler:
     def plan_for(self, rec: WorkerRecord) -> list[Action]:
         if not rec.reachable or rec.status is None:
             return []
-        return plan(self.desired.state, rec.status, told_desired=rec.told_desired, tracks_desired=rec.tracks_desired,
-                    worker_id=rec.id)
+        return plan(
+            self.desired.state,
+            rec.status,
+            told_desired=rec.told_desired,
+            tracks_desired=rec.tracks_desired,
+            worker_id=rec.id,
+        )
 
     def needs_work(self, rec: WorkerRecord) -> bool:
         return bool(self.plan_for(rec))
@@ -68,17 +83,21 @@ class Reconciler:
 
     async def _reconcile_worker(self, rec: WorkerRecord) -> None:
         with structlog.contextvars.bound_contextvars(worker_id=rec.id, operation="reconcile"):
-            fresh = await self.fanout.call(rec.driver, lambda d: d.status(), phase="status",
-                                           deadline_s=self.deadlines.control_s, quiet=True)
+            fresh = await self.fanout.call(
+                rec.driver, lambda d: d.status(), phase="status", deadline_s=self.deadlines.control_s, quiet=True
+            )
             self.registry.observe(fresh)
             if not fresh.ok or rec.status is None:
                 return
             for action in self.plan_for(rec):
                 if self.gate.api_waiting:
                     return  # an API operation is waiting: finish later
-                outcome = await self.fanout.call(rec.driver, functools.partial(self._act, action=action),
-                                                 phase=f"reconcile:{action.kind}",
-                                                 deadline_s=self.deadlines.reconcile_action(action.kind))
+                outcome = await self.fanout.call(
+                    rec.driver,
+                    functools.partial(self._act, action=action),
+                    phase=f"reconcile:{action.kind}",
+                    deadline_s=self.deadlines.reconcile_action(action.kind),
+                )
                 self.registry.record_result(outcome.result)
                 if not outcome.ok:
                     self.limiter.when(rec.id)
@@ -110,12 +129,17 @@ class Reconciler:
                 # Back to sleep: what it runs is nobody's rollout (it is outside the fence).
                 await d.sleep(level, "abort", self.deadlines.pause())
             case _:
-                raise TypeError(f"a {type(d).__name__} cannot {action.kind}: the plan asked for a capability "
-                                "it lacks")
+                raise TypeError(f"a {type(d).__name__} cannot {action.kind}: the plan asked for a capability it lacks")
 
 
-async def run_reconciler(*, reconciler: Reconciler, desired: DesiredKeeper, leadership: Leadership,
-                         interval_s: float, iterations: int | None = None) -> None:
+async def run_reconciler(
+    *,
+    reconciler: Reconciler,
+    desired: DesiredKeeper,
+    leadership: Leadership,
+    interval_s: float,
+    iterations: int | None = None,
+) -> None:
     """Reconcile every `interval_s` while leading; follow the leader's desired state otherwise."""
     n = 0
     while iterations is None or n < iterations:

@@ -70,8 +70,14 @@ class Sleep:
 Action = SetDesired | UpdateWeights | LoadLora | UnloadLora | Pause | Resume | Sleep
 
 
-def plan(desired: DesiredState, status: WorkerStatus, *, told_desired: str | None | object,
-         tracks_desired: bool, worker_id: str = "") -> list[Action]:
+def plan(
+    desired: DesiredState,
+    status: WorkerStatus,
+    *,
+    told_desired: str | None | object,
+    tracks_desired: bool,
+    worker_id: str = "",
+) -> list[Action]:
     """Actions that bring one reachable worker to `desired`, in order; [] when it is there.
 
     `told_desired` is the version this worker was last told (a sentinel when never);

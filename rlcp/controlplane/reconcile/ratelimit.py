@@ -14,8 +14,14 @@ from collections.abc import Callable
 
 
 class WorkerRateLimiter:
-    def __init__(self, *, initial_s: float, max_s: float, clock: Callable[[], float] = time.monotonic,
-                 jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0)) -> None:
+    def __init__(
+        self,
+        *,
+        initial_s: float,
+        max_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        jitter: Callable[[], float] = lambda: random.uniform(0.5, 1.0),
+    ) -> None:
         self._initial_s, self._max_s = initial_s, max_s
         self._clock, self._jitter = clock, jitter
         self._failures: dict[str, int] = {}

@@ -42,8 +42,17 @@ from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
 WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
-Capability = Literal["control", "disk_weights", "checksums", "desired_version", "staged_update", "lora",
-                     "broadcast", "sleep", "prefix_cache"]
+Capability = Literal[
+    "control",
+    "disk_weights",
+    "checksums",
+    "desired_version",
+    "staged_update",
+    "lora",
+    "broadcast",
+    "sleep",
+    "prefix_cache",
+]
 SleepMode = Literal["abort", "wait"]  # vLLM's sleep takes keep too; a kept request's KV would be dropped
 
 
@@ -83,8 +92,9 @@ class DiskWeights(Driver, Protocol):
 
     async def update_weights_from_disk(self, path: str, version: str) -> None: ...
 
-    async def pause_for_update(self, version: str, mode: PauseMode, timeout_s: float, *,
-                               weights_path: str | None = None) -> WorkerStatus | None:
+    async def pause_for_update(
+        self, version: str, mode: PauseMode, timeout_s: float, *, weights_path: str | None = None
+    ) -> WorkerStatus | None:
         """Out of service for an update to `version`: told the version where the worker gates
         its readiness on it, then paused (`mode`, bounded by `timeout_s`). `weights_path`: the
         checkpoint, checked once more where the worker can (refused, nothing changed, if it is
@@ -162,8 +172,9 @@ class LoraLoaded:
 
 @runtime_checkable
 class Lora(Driver, Protocol):
-    async def load_lora(self, name: str, path: str, version: str | None, *,
-                        checksums: bool = False) -> LoraLoaded | None:
+    async def load_lora(
+        self, name: str, path: str, version: str | None, *, checksums: bool = False
+    ) -> LoraLoaded | None:
         """Load or hot-swap `name`. With `checksums`, answers the adapter's checksums where the
         worker's checksums cover adapters and its call can carry them; None: nothing answered."""
 
@@ -296,9 +307,16 @@ SLEEP = Can("sleep", _sleep)
 PREFIX_CACHE = Can("prefix_cache", _prefix_cache)
 
 _ALL: dict[Capability, Can[Driver]] = {
-    "control": CONTROL, "disk_weights": DISK_WEIGHTS, "checksums": CHECKSUMS, "desired_version": DESIRED_VERSION,
-    "staged_update": STAGED_UPDATE, "lora": LORA, "broadcast": BROADCAST, "sleep": SLEEP,
-    "prefix_cache": PREFIX_CACHE}
+    "control": CONTROL,
+    "disk_weights": DISK_WEIGHTS,
+    "checksums": CHECKSUMS,
+    "desired_version": DESIRED_VERSION,
+    "staged_update": STAGED_UPDATE,
+    "lora": LORA,
+    "broadcast": BROADCAST,
+    "sleep": SLEEP,
+    "prefix_cache": PREFIX_CACHE,
+}
 # isinstance against a runtime-checkable Protocol inspects every member each time (~5% of
 # an update's CPU at 1,024 workers); what a class implements does not change.
 _IMPLEMENTS: dict[tuple[type, str], bool] = {}

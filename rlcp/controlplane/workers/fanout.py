@@ -41,8 +41,9 @@ class FanOut:
     def __init__(self, max_concurrency: int) -> None:
         self._slots = asyncio.Semaphore(max_concurrency)
 
-    async def call(self, driver: D, fn: Callable[[D], Awaitable[T]], *, phase: str,
-                   deadline_s: float, quiet: bool = False) -> Outcome[T]:
+    async def call(
+        self, driver: D, fn: Callable[[D], Awaitable[T]], *, phase: str, deadline_s: float, quiet: bool = False
+    ) -> Outcome[T]:
         """`quiet`: do not log a failure (status polls log reachability changes instead)."""
         worker_id = driver.spec.id
         async with self._slots:
@@ -69,27 +70,57 @@ class FanOut:
                 status, message, code = "error", f"{type(exc).__name__}: {exc}", "internal"
         duration = round(time.perf_counter() - t0, 6)
         if status != "ok" and not quiet:
-            log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, code=code,
-                        error=message)
-        return Outcome(worker_id, WorkerResult(worker_id=worker_id, status=status, phase=phase,
-                                               duration_s=duration, message=message, code=code), value,
-                       refused_with)
+            log.warning("worker_call_failed", worker_id=worker_id, phase=phase, status=status, code=code, error=message)
+        return Outcome(
+            worker_id,
+            WorkerResult(
+                worker_id=worker_id, status=status, phase=phase, duration_s=duration, message=message, code=code
+            ),
+            value,
+            refused_with,
+        )
 
-    async def run(self, drivers: Sequence[D], fn: Callable[[D], Awaitable[T]], *, phase: str,
-                  deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:
-        return list(await asyncio.gather(*(self.call(d, fn, phase=phase, deadline_s=deadline_s, quiet=quiet)
-                                           for d in drivers)))
+    async def run(
+        self,
+        drivers: Sequence[D],
+        fn: Callable[[D], Awaitable[T]],
+        *,
+        phase: str,
+        deadline_s: float,
+        quiet: bool = False,
+    ) -> list[Outcome[T]]:
+        return list(
+            await asyncio.gather(*(self.call(d, fn, phase=phase, deadline_s=deadline_s, quiet=quiet) for d in drivers))
+        )
 
-    async def each(self, drivers: Sequence[Driver], can: Can[P], fn: Callable[[P], Awaitable[T]], *, phase: str,
-                   deadline_s: float, quiet: bool = False) -> list[Outcome[T]]:
+    async def each(
+        self,
+        drivers: Sequence[Driver],
+        can: Can[P],
+        fn: Callable[[P], Awaitable[T]],
+        *,
+        phase: str,
+        deadline_s: float,
+        quiet: bool = False,
+    ) -> list[Outcome[T]]:
         """`run` over the drivers that implement `can`, `fn` typed over its Protocol; a driver
         that does not is sent nothing and fails at once, naming what it lacks (operations
         refuse such a member up front: this is the member that joined since)."""
         able = [d for d in drivers if implements(d, can)]
         outcomes = await self.run(able, fn, phase=phase, deadline_s=deadline_s, quiet=quiet)
         if len(able) < len(drivers):
-            outcomes += [Outcome(d.spec.id, WorkerResult(
-                worker_id=d.spec.id, status="error", phase=phase, code="capability_missing",
-                message=f"{d.spec.id} ({d.spec.flavor}) lacks the {can.name!r} capability"))
-                for d in drivers if not implements(d, can)]
+            outcomes += [
+                Outcome(
+                    d.spec.id,
+                    WorkerResult(
+                        worker_id=d.spec.id,
+                        status="error",
+                        phase=phase,
+                        code="capability_missing",
+                        message=f"{d.spec.id} ({d.spec.flavor}) lacks the {can.name!r} capability",
+                    ),
+                )
+                for d in drivers
+                if not implements(d, can)
+            ]
         return outcomes

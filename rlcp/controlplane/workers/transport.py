@@ -116,8 +116,16 @@ class WorkerTransport:
         or `WorkerConnectionLost` (the answer broke off). The deadline is the caller's."""
         raise NotImplementedError
 
-    async def request(self, method: str, path: str, *, json_body: Any = None, params: dict[str, Any] | None = None,
-                      timeout_s: float | None = None, retry: bool = True) -> Any:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        retry: bool = True,
+    ) -> Any:
         """One logical call; returns the parsed JSON body (or None when empty).
 
         `retry=False` for collective calls (the peer may already be in the group) and for
@@ -148,8 +156,9 @@ class WorkerTransport:
                 return await self._once(method, path, json_body, params, timeout_s)
         raise AssertionError("unreachable")  # AsyncRetrying re-raises the last error
 
-    async def _once(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None,
-                    timeout_s: float | None) -> Any:
+    async def _once(
+        self, method: str, path: str, json_body: Any, params: dict[str, Any] | None, timeout_s: float | None
+    ) -> Any:
         deadline = timeout_s if timeout_s is not None else self.policy.timeout_s
         try:
             async with asyncio.timeout(deadline):
@@ -157,16 +166,21 @@ class WorkerTransport:
         except TimeoutError as exc:
             raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {deadline:g}s") from exc
         if status >= 400:
-            raise WorkerRejected(self.worker_id, f"{method} {path} answered {status}: {_message(body, text)}",
-                                 status=status, code=_error_code(body))
+            raise WorkerRejected(
+                self.worker_id,
+                f"{method} {path} answered {status}: {_message(body, text)}",
+                status=status,
+                code=_error_code(body),
+            )
         return body
 
 
 class HttpTransport(WorkerTransport):
     """Over the process's one aiohttp session, with the worker's bearer token."""
 
-    def __init__(self, *, session: aiohttp.ClientSession, worker_id: str, base_url: str,
-                 token: str | None, policy: CallPolicy) -> None:
+    def __init__(
+        self, *, session: aiohttp.ClientSession, worker_id: str, base_url: str, token: str | None, policy: CallPolicy
+    ) -> None:
         super().__init__(worker_id=worker_id, policy=policy)
         self.session = session
         self.base_url = base_url.rstrip("/")
@@ -177,15 +191,19 @@ class HttpTransport(WorkerTransport):
         try:
             # The request id and trace of the call this one serves, if any (`rlcp.core.tracing`).
             headers = self._headers | outgoing_headers()
-            async with self.session.request(method, self.base_url + path, json=json_body, params=params,
-                                            headers=headers) as resp:
+            async with self.session.request(
+                method, self.base_url + path, json=json_body, params=params, headers=headers
+            ) as resp:
                 answered = resp.status
                 text = await resp.text()
         except aiohttp.ClientError as exc:
             if answered is not None:
                 raise WorkerConnectionLost(
-                    self.worker_id, f"{method} {path}: the connection broke after the worker answered {answered} "
-                                    f"(the request reached it): {type(exc).__name__}: {exc}", status=answered) from exc
+                    self.worker_id,
+                    f"{method} {path}: the connection broke after the worker answered {answered} "
+                    f"(the request reached it): {type(exc).__name__}: {exc}",
+                    status=answered,
+                ) from exc
             unreachable = WorkerRefused if _refused(exc) else WorkerUnreachable
             raise unreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         return answered, _parse(text), text
@@ -211,8 +229,7 @@ class MemoryTransport(WorkerTransport):
 
     async def exchange(self, method: str, path: str, json_body: Any, params: dict[str, Any] | None) -> Exchange:
         try:
-            status, body = await self.handler(method, path, {k: str(v) for k, v in (params or {}).items()},
-                                              json_body)
+            status, body = await self.handler(method, path, {k: str(v) for k, v in (params or {}).items()}, json_body)
         except ConnectionError as exc:
             unreachable = WorkerRefused if isinstance(exc, ConnectionRefusedError) else WorkerUnreachable
             raise unreachable(self.worker_id, f"{method} {path}: {type(exc).__name__}: {exc}") from exc

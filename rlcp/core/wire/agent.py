@@ -38,22 +38,34 @@ EXIT_ENGINE_DIED = 3
 
 def weight_versions_header(choices: list[list[tuple[str, int, int]]]) -> str:
     """The `X-RL-Weight-Versions` value for these (version, start, end) spans, per choice."""
-    return json.dumps([[{"version": v, "start": start, "end": end} for v, start, end in spans] for spans in choices],
-                      separators=(",", ":"))
+    return json.dumps(
+        [[{"version": v, "start": start, "end": end} for v, start, end in spans] for spans in choices],
+        separators=(",", ":"),
+    )
 
 
 def version_mismatch_body(expected: str, served: str | None) -> dict[str, dict[str, str]]:
-    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
-                      "message": f"this worker's weights are at {served!r}, not {expected!r}"}}
+    return {
+        "error": {
+            "code": VERSION_MISMATCH,
+            "field": EXPECT_VERSION_HEADER,
+            "message": f"this worker's weights are at {served!r}, not {expected!r}",
+        }
+    }
 
 
 def paused_refusal_body(expected: str) -> dict[str, dict[str, str]]:
     """A request for named weights arriving while the worker is paused: it would wait in the
     queue and may run after an update, on other weights; refused as a mismatch, so the gateway
     (or Envoy's retry) sends it to a worker in service."""
-    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
-                      "message": f"this worker is paused (an update may change its weights before the request "
-                                 f"runs): not taken for weights {expected!r}"}}
+    return {
+        "error": {
+            "code": VERSION_MISMATCH,
+            "field": EXPECT_VERSION_HEADER,
+            "message": f"this worker is paused (an update may change its weights before the request "
+            f"runs): not taken for weights {expected!r}",
+        }
+    }
 
 
 def weights_changed_body(expected: str, served: str | None) -> dict[str, dict[str, str]]:
@@ -61,20 +73,43 @@ def weights_changed_body(expected: str, served: str | None) -> dict[str, dict[st
     while the weights changed: it would be computed by the new ones under the old label, so it
     is refused before its first token goes out, as a mismatch (the gateway, or Envoy's retry,
     sends it to a worker with the weights it was admitted for)."""
-    return {"error": {"code": VERSION_MISMATCH, "field": EXPECT_VERSION_HEADER,
-                      "message": f"this worker's weights changed to {served!r} before the request's first token: "
-                                 f"not computed for weights {expected!r}"}}
+    return {
+        "error": {
+            "code": VERSION_MISMATCH,
+            "field": EXPECT_VERSION_HEADER,
+            "message": f"this worker's weights changed to {served!r} before the request's first token: "
+            f"not computed for weights {expected!r}",
+        }
+    }
 
 
 def engine_dead_body() -> dict[str, dict[str, str]]:
-    return {"error": {"code": ENGINE_DEAD, "message": "this worker's engine has died (it is being restarted); the "
-                                                      "request did not reach it"}}
+    return {
+        "error": {
+            "code": ENGINE_DEAD,
+            "message": "this worker's engine has died (it is being restarted); the request did not reach it",
+        }
+    }
+
 
 OperationKind = Literal[
-    "pause", "resume", "abort_requests", "update_weights_from_disk", "load_lora",
-    "unload_lora", "update_weight_version", "init_weight_transfer", "start_weight_update",
-    "update_weights", "finish_weight_update", "shutdown_weight_transfer", "weight_checker", "set_desired",
-    "sleep", "wake_up", "reset_prefix_cache",
+    "pause",
+    "resume",
+    "abort_requests",
+    "update_weights_from_disk",
+    "load_lora",
+    "unload_lora",
+    "update_weight_version",
+    "init_weight_transfer",
+    "start_weight_update",
+    "update_weights",
+    "finish_weight_update",
+    "shutdown_weight_transfer",
+    "weight_checker",
+    "set_desired",
+    "sleep",
+    "wake_up",
+    "reset_prefix_cache",
 ]
 OperationStatus = Literal["ok", "error", "timeout", "cancelled"]
 
@@ -89,16 +124,20 @@ class DiskUpdateRequest(_Body):
     path: str = Field(min_length=1, description="Directory with *.safetensors files, under an allowed root.")
     version: VersionName = Field(description="Weight version to report after the reload.")
     reset_prefix_cache: bool = Field(True, description="Drop prefix-cache blocks computed with the old weights.")
-    checksums: bool = Field(False, description="Also compute the new weights' checksums and answer them (saves "
-                                               "the controller a round trip when it verifies).")
+    checksums: bool = Field(
+        False,
+        description="Also compute the new weights' checksums and answer them (saves "
+        "the controller a round trip when it verifies).",
+    )
 
 
 class WeightsCheckRequest(_Body):
     """Could a load of this directory start now? Read-only: no engine call, no lock."""
 
     path: str = Field(min_length=1, description="As `POST /v1/agent/weights/disk` (or `/v1/agent/loras`).")
-    kind: Literal["weights", "adapter"] = Field("weights", description="A safetensors checkpoint of the model, "
-                                                "or a PEFT adapter directory.")
+    kind: Literal["weights", "adapter"] = Field(
+        "weights", description="A safetensors checkpoint of the model, or a PEFT adapter directory."
+    )
 
 
 class WeightsCheckAnswer(BaseModel):
@@ -110,13 +149,20 @@ class WeightsCheckAnswer(BaseModel):
 class LoraLoadRequest(_Body):
     """Load an adapter, or hot-swap the one already loaded under `name`."""
 
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$",
-                      description="Adapter name; inference requests select it as `model`.")
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9._:/-]+$",
+        description="Adapter name; inference requests select it as `model`.",
+    )
     path: str = Field(min_length=1, description="PEFT adapter directory, under an allowed root.")
     version: VersionName | None = Field(None, description="Version label carried in state.")
-    checksums: bool = Field(False, description="Also answer the adapter's checksums as the engine holds it (the "
-                                               "`lora:<name>:` keys of `ChecksumsAnswer`) and the agent's state: "
-                                               "a controller verifying the load needs no other call.")
+    checksums: bool = Field(
+        False,
+        description="Also answer the adapter's checksums as the engine holds it (the "
+        "`lora:<name>:` keys of `ChecksumsAnswer`) and the agent's state: "
+        "a controller verifying the load needs no other call.",
+    )
 
 
 class DesiredVersionRequest(_Body):
@@ -129,9 +175,13 @@ class PrepareRequest(_Body):
     """The first step of a controller's update: learn the desired version, then pause."""
 
     desired_weight_version: VersionName | None = Field(description="As `PUT /v1/agent/desired`.")
-    weights_path: str | None = Field(None, min_length=1, description="A checkpoint about to be loaded: checked "
-                                     "as `POST /v1/agent/weights/check` first, and nothing changes (no desired "
-                                     "version, no pause) unless it is loadable.")
+    weights_path: str | None = Field(
+        None,
+        min_length=1,
+        description="A checkpoint about to be loaded: checked "
+        "as `POST /v1/agent/weights/check` first, and nothing changes (no desired "
+        "version, no pause) unless it is loadable.",
+    )
     mode: PauseMode = Field("keep", description="abort | wait | keep, as `POST /pause`.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the pause, in seconds.")
 
@@ -149,9 +199,11 @@ class WeightsUpdateRequest(_Body):
     checksums: bool = Field(False, description="Answer the new weights' checksums.")
     resume: bool = Field(False, description="Resume once loaded (false: stay paused until told).")
     expected_checksums: dict[str, str] | None = Field(
-        None, description="With `resume`: resume only if the new weights agree with these, tensor by tensor "
-                          "(each one named here present and equal; a checksum of no bytes on either side is not "
-                          "compared). Otherwise stay paused and say why (`held_back`).")
+        None,
+        description="With `resume`: resume only if the new weights agree with these, tensor by tensor "
+        "(each one named here present and equal; a checksum of no bytes on either side is not "
+        "compared). Otherwise stay paused and say why (`held_back`).",
+    )
 
 
 class UpdateWeightVersionRequest(_Body):
@@ -164,7 +216,8 @@ class InitWeightTransferRequest(_Body):
 
 class WeightTransferUpdateRequest(_Body):
     update_info: dict[str, Any] | list[dict[str, Any]] = Field(
-        description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest).")
+        description="Backend-specific update chunk, or a list of them (vLLM's WeightTransferUpdateRequest)."
+    )
 
 
 class FinishWeightUpdateRequest(_Body):
@@ -219,8 +272,11 @@ class AgentState(BaseModel):
     ready: bool
     not_ready_reason: str | None = None
     paused: bool
-    sleeping: bool = Field(False, description="The engine is asleep (`POST /sleep` at level 1 or 2, not yet fully "
-                           "woken): its memory is released, it serves nothing, and it reports not ready.")
+    sleeping: bool = Field(
+        False,
+        description="The engine is asleep (`POST /sleep` at level 1 or 2, not yet fully "
+        "woken): its memory is released, it serves nothing, and it reports not ready.",
+    )
     requests: RequestCounts
     weight_version: str | None
     desired_weight_version: str | None = None
@@ -244,10 +300,15 @@ class PauseQuery(_Query):
 class SleepQuery(_Query):
     """vLLM's `POST /sleep` query (its dev route), plus a deadline."""
 
-    level: int = Field(1, ge=0, le=2, description="0 pauses scheduling only; 1 offloads the weights and drops the "
-                       "KV cache; 2 discards both.")
-    mode: PauseMode = Field("abort", description="What happens to running requests as the engine pauses (vLLM's "
-                            "default is abort).")
+    level: int = Field(
+        1,
+        ge=0,
+        le=2,
+        description="0 pauses scheduling only; 1 offloads the weights and drops the KV cache; 2 discards both.",
+    )
+    mode: PauseMode = Field(
+        "abort", description="What happens to running requests as the engine pauses (vLLM's default is abort)."
+    )
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of the sleep, in seconds.")
 
 
@@ -261,9 +322,12 @@ class WakeUpQuery(BaseModel):
 class ResetPrefixCacheQuery(_Query):
     """vLLM's `POST /reset_prefix_cache` query (its dev route)."""
 
-    reset_running_requests: bool = Field(False, description="Preempt running requests so their blocks can be "
-                                         "dropped too (they are recomputed); without it the reset fails while any "
-                                         "request holds blocks.")
+    reset_running_requests: bool = Field(
+        False,
+        description="Preempt running requests so their blocks can be "
+        "dropped too (they are recomputed); without it the reset fails while any "
+        "request holds blocks.",
+    )
     reset_external: bool = Field(False, description="Also reset an external (KV-connector) prefix cache.")
 
 
@@ -299,8 +363,9 @@ class WakeUpAnswer(BaseModel):
 
 
 class IsSleepingAnswer(BaseModel):
-    is_sleeping: bool = Field(description="Memory released and not yet woken (unlike vLLM's own route, false "
-                              "while merely paused).")
+    is_sleeping: bool = Field(
+        description="Memory released and not yet woken (unlike vLLM's own route, false while merely paused)."
+    )
 
 
 class AbortedAnswer(BaseModel):
@@ -328,10 +393,12 @@ class WorldSizeAnswer(BaseModel):
 # no base key starts with `lora:` (parameter names have no ':'). Adapter names may contain ':';
 # tensor names never do.
 LORA_CHECKSUM_PREFIX = "lora:"
-CHECKSUMS_DESCRIPTION = ("Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys; on vLLM's CPU engine "
-                         "a linear layer's weight is read back from its kernel, laid out as vLLM loads it) and every "
-                         "LoRA adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
-                         "copy in memory.")
+CHECKSUMS_DESCRIPTION = (
+    "Per tensor, a sha256 of its bytes: the base weights (as vLLM's keys; on vLLM's CPU engine "
+    "a linear layer's weight is read back from its kernel, laid out as vLLM loads it) and every "
+    "LoRA adapter the engine holds, as `lora:<adapter name>:<tensor key>`, from the engine's "
+    "copy in memory."
+)
 # sha256(b""): the checksum of a tensor of no bytes, such as the parameters vLLM's CPU engine empties
 # when it moves a linear layer's weight into its kernel. It tells no two weight versions apart, so
 # verification counts such a tensor as not compared rather than as agreeing.
@@ -348,17 +415,24 @@ def checksums_disagree(sums: dict[str, str], expected: dict[str, str], *, named:
     rule for a manifest: the controller's verification holds every worker to it, and an agent told
     to resume only on agreement holds itself to it."""
     missing = sorted(k for k in expected if k not in sums)
-    differ = sorted(k for k in expected if k in sums and sums[k] != expected[k]
-                    and EMPTY_TENSOR_SHA256 not in (sums[k], expected[k]))
+    differ = sorted(
+        k
+        for k in expected
+        if k in sums and sums[k] != expected[k] and EMPTY_TENSOR_SHA256 not in (sums[k], expected[k])
+    )
     if not missing and not differ:
         return None
     parts = []
     if differ:
-        parts.append(f"{len(differ)} of {len(expected)} tensors differ ({', '.join(differ[:named])}"
-                     f"{', ...' if len(differ) > named else ''})")
+        parts.append(
+            f"{len(differ)} of {len(expected)} tensors differ ({', '.join(differ[:named])}"
+            f"{', ...' if len(differ) > named else ''})"
+        )
     if missing:
-        parts.append(f"{len(missing)} named tensors are missing ({', '.join(missing[:named])}"
-                     f"{', ...' if len(missing) > named else ''})")
+        parts.append(
+            f"{len(missing)} named tensors are missing ({', '.join(missing[:named])}"
+            f"{', ...' if len(missing) > named else ''})"
+        )
     return "; ".join(parts)
 
 
@@ -374,9 +448,12 @@ class CompareAnswer(BaseModel):
 class DiskUpdatedAnswer(BaseModel):
     status: Literal["updated"]
     weight_version: str | None
-    checksums: dict[str, str] | None = Field(None, description="The new weights' checksums, when asked for ("
-                                                               "the keys of `ChecksumsAnswer`; a weight reload "
-                                                               "evicts adapters, so none are held here).")
+    checksums: dict[str, str] | None = Field(
+        None,
+        description="The new weights' checksums, when asked for ("
+        "the keys of `ChecksumsAnswer`; a weight reload "
+        "evicts adapters, so none are held here).",
+    )
 
 
 class WeightsUpdatedAnswer(BaseModel):
@@ -384,8 +461,10 @@ class WeightsUpdatedAnswer(BaseModel):
     weight_version: str | None
     checksums: dict[str, str] | None = Field(None, description="As in `DiskUpdatedAnswer`, when asked for.")
     resumed: bool = Field(description="Whether generation was resumed in this call.")
-    held_back: str | None = Field(None, description="Why it was not resumed although asked to: the checksums "
-                                                    "that disagree with `expected_checksums`.")
+    held_back: str | None = Field(
+        None,
+        description="Why it was not resumed although asked to: the checksums that disagree with `expected_checksums`.",
+    )
     state: AgentState = Field(description="The agent's state after the call, as `GET /v1/agent/state`.")
 
 

@@ -16,13 +16,26 @@ from rlcp.core.labels import MAX_SELECTOR_CHARS
 from rlcp.core.wire.agent import PauseMode, RequestCounts
 from rlcp.core.wire.versions import VersionName
 
-Phase = Literal["serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed", "sleeping",
-                "waking"]
+Phase = Literal[
+    "serving", "pausing", "paused", "updating", "verifying", "resuming", "degraded", "failed", "sleeping", "waking"
+]
 PauseState = Literal["running", "paused", "mixed"]
 ResultStatus = Literal["ok", "error", "timeout", "skipped"]
-OperationKind = Literal["pause", "resume", "update_weights", "load_lora", "unload_lora", "reconcile", "engine",
-                        "sleep", "wake_up", "weight_transfer_init", "weight_transfer_update",
-                        "weight_transfer_shutdown", "reset_prefix_cache"]
+OperationKind = Literal[
+    "pause",
+    "resume",
+    "update_weights",
+    "load_lora",
+    "unload_lora",
+    "reconcile",
+    "engine",
+    "sleep",
+    "wake_up",
+    "weight_transfer_init",
+    "weight_transfer_update",
+    "weight_transfer_shutdown",
+    "reset_prefix_cache",
+]
 # `interrupted`: the operation did not end (the controller stopped, or lost leadership, while it
 # ran); its steps' effects are whatever the workers were left with, which the reconciler converges.
 OperationStatus = Literal["running", "ok", "partial", "failed", "interrupted"]
@@ -69,9 +82,13 @@ class Rolling(_Body):
     (at the version the staleness bound admits)."""
 
     type: Literal["rolling"] = "rolling"
-    max_unavailable: Annotated[int, Field(strict=True, ge=1, le=100_000)] | Annotated[str, Field(pattern=r"^(100|[1-9][0-9]?)%$")] \
-        = Field(1, description="Members out of service at once: a count, or a percentage of the members "
-                               "('25%', rounded down, at least 1).")
+    max_unavailable: (
+        Annotated[int, Field(strict=True, ge=1, le=100_000)] | Annotated[str, Field(pattern=r"^(100|[1-9][0-9]?)%$")]
+    ) = Field(
+        1,
+        description="Members out of service at once: a count, or a percentage of the members "
+        "('25%', rounded down, at least 1).",
+    )
 
 
 UpdateStrategy = Annotated[AllAtOnce | Rolling, Field(discriminator="type")]
@@ -84,12 +101,17 @@ class UpdateWeightsRequest(_Body):
     verify: bool = Field(True, description="Check every member reports the version and checksums agree.")
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each phase, in seconds.")
     strategy: UpdateStrategy = Field(default_factory=AllAtOnce, description="All members at once, or rolling waves.")
-    wait: bool = Field(True, description="false: answer 202 at once with the running operation; follow it at "
-                                         "`GET /v1/rl/operations/{id}`.")
+    wait: bool = Field(
+        True,
+        description="false: answer 202 at once with the running operation; follow it at `GET /v1/rl/operations/{id}`.",
+    )
     expected_checksums: dict[str, str] | None = Field(
-        None, min_length=1, description="A manifest of this version's weight checksums, as the workers name them "
+        None,
+        min_length=1,
+        description="A manifest of this version's weight checksums, as the workers name them "
         "(`POST /weight_checker` `checksum`): every member is checked against it, not only against the others. "
-        "Needs `verify`.")
+        "Needs `verify`.",
+    )
 
     @field_validator("expected_checksums")
     @classmethod
@@ -99,9 +121,13 @@ class UpdateWeightsRequest(_Body):
         return value
 
 
-SELECTOR_FIELD = Field(None, max_length=MAX_SELECTOR_CHARS, description="A Kubernetes label selector (`role=policy`, `tier in "
-                       "(a,b)`, `!canary`, comma = AND): only the matching members are touched, and held so (paused) "
-                       "or released (resumed) in the desired state; none matching is a 422.")
+SELECTOR_FIELD = Field(
+    None,
+    max_length=MAX_SELECTOR_CHARS,
+    description="A Kubernetes label selector (`role=policy`, `tier in "
+    "(a,b)`, `!canary`, comma = AND): only the matching members are touched, and held so (paused) "
+    "or released (resumed) in the desired state; none matching is a 422.",
+)
 
 
 class PauseRequest(_Body):
@@ -113,8 +139,12 @@ class PauseRequest(_Body):
 class SelectorQuery(BaseModel):
     """A read of the members, narrowed by label."""
 
-    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A Kubernetes label selector (`role=policy`, "
-                                 "`tier in (a,b)`, `!canary`, comma = AND): only matching members are shown.")
+    selector: str | None = Field(
+        None,
+        max_length=MAX_SELECTOR_CHARS,
+        description="A Kubernetes label selector (`role=policy`, "
+        "`tier in (a,b)`, `!canary`, comma = AND): only matching members are shown.",
+    )
 
 
 class EngineRouteRequest(_Body):
@@ -122,18 +152,25 @@ class EngineRouteRequest(_Body):
     selector names, or (neither given) the whole fleet."""
 
     worker: str | None = Field(None, min_length=1, max_length=253, description="One member, by id.")
-    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: the "
-                                 "matching members.")
-    body: dict[str, Any] | None = Field(None, description="The JSON body sent to a POST route as it is (none for a "
-                                        "GET route).")
+    selector: str | None = Field(
+        None, max_length=MAX_SELECTOR_CHARS, description="A label selector: the matching members."
+    )
+    body: dict[str, Any] | None = Field(
+        None, description="The JSON body sent to a POST route as it is (none for a GET route)."
+    )
 
 
 # A strict int, not `Literal[1, 2]`: a literal of ints matches `true` and `1.0` (they compare
 # and hash equal to 1), so `{"level": true}` would put members to sleep.
 SleepLevel = Annotated[int, Field(strict=True, ge=1, le=2, json_schema_extra={"enum": [1, 2]})]
 WakeTag = Literal["weights", "kv_cache"]
-WORKER_IDS_FIELD = Field(None, min_length=1, max_length=1024, description="Members by id (every one must be a "
-                         "member: an unknown id is a 404 naming it); give this or `selector`, not both.")
+WORKER_IDS_FIELD = Field(
+    None,
+    min_length=1,
+    max_length=1024,
+    description="Members by id (every one must be a "
+    "member: an unknown id is a 404 naming it); give this or `selector`, not both.",
+)
 
 
 class SleepRequest(_Body):
@@ -141,15 +178,24 @@ class SleepRequest(_Body):
     member) leave the gateway's fence, are put to sleep, and are kept asleep in the desired
     state until `POST /v1/rl/wake_up` wakes and verifies them."""
 
-    level: SleepLevel = Field(1, description="vLLM's sleep level: 1 offloads the weights to host memory and drops "
-                              "the KV cache; 2 discards both (the weights are reloaded from the fleet's checkpoint "
-                              "on wake).")
-    mode: Literal["abort", "wait"] = Field("abort", description="What happens to requests still running on the "
-                                           "member as it falls asleep (vLLM's sleep `mode`): abort them, or wait "
-                                           "for them to finish (bounded by `timeout_s`).")
+    level: SleepLevel = Field(
+        1,
+        description="vLLM's sleep level: 1 offloads the weights to host memory and drops "
+        "the KV cache; 2 discards both (the weights are reloaded from the fleet's checkpoint "
+        "on wake).",
+    )
+    mode: Literal["abort", "wait"] = Field(
+        "abort",
+        description="What happens to requests still running on the "
+        "member as it falls asleep (vLLM's sleep `mode`): abort them, or wait "
+        "for them to finish (bounded by `timeout_s`).",
+    )
     timeout_s: float | None = Field(None, gt=0, le=3600, description="Deadline of each member's sleep, in seconds.")
-    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
-                                 "matching members (none matching is a 422).")
+    selector: str | None = Field(
+        None,
+        max_length=MAX_SELECTOR_CHARS,
+        description="A label selector: only the matching members (none matching is a 422).",
+    )
     worker_ids: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = WORKER_IDS_FIELD
 
 
@@ -157,11 +203,19 @@ class WakeUpRequest(_Body):
     """`POST /v1/rl/wake_up`: wake the members named (neither `selector` nor `worker_ids`:
     every sleeping member), verify each, and return those that pass to service."""
 
-    tags: list[WakeTag] | None = Field(None, min_length=1, max_length=2, description="vLLM's wake_up `tags`: wake "
-                                       "only these allocations (`weights`, `kv_cache`). A partial wake leaves the "
-                                       "members asleep (out of the fence, not verified); null or both: a full wake.")
-    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
-                                 "matching sleeping members (none matching is a 422).")
+    tags: list[WakeTag] | None = Field(
+        None,
+        min_length=1,
+        max_length=2,
+        description="vLLM's wake_up `tags`: wake "
+        "only these allocations (`weights`, `kv_cache`). A partial wake leaves the "
+        "members asleep (out of the fence, not verified); null or both: a full wake.",
+    )
+    selector: str | None = Field(
+        None,
+        max_length=MAX_SELECTOR_CHARS,
+        description="A label selector: only the matching sleeping members (none matching is a 422).",
+    )
     worker_ids: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = WORKER_IDS_FIELD
 
 
@@ -169,12 +223,18 @@ class ResetPrefixCacheRequest(_Body):
     """`POST /v1/rl/reset_prefix_cache`: every member in service (with `selector`, the matching
     ones) drops its prefix cache."""
 
-    reset_running_requests: StrictBool = Field(False, description="Preempt running requests so their blocks are "
-                                               "dropped too (vLLM recomputes them); without it a member whose "
-                                               "requests hold blocks fails the reset.")
+    reset_running_requests: StrictBool = Field(
+        False,
+        description="Preempt running requests so their blocks are "
+        "dropped too (vLLM recomputes them); without it a member whose "
+        "requests hold blocks fails the reset.",
+    )
     reset_external: StrictBool = Field(False, description="Also reset an external (KV-connector) prefix cache.")
-    selector: str | None = Field(None, max_length=MAX_SELECTOR_CHARS, description="A label selector: only the "
-                                 "matching members (none matching is a 422).")
+    selector: str | None = Field(
+        None,
+        max_length=MAX_SELECTOR_CHARS,
+        description="A label selector: only the matching members (none matching is a 422).",
+    )
 
 
 class OperationsQuery(BaseModel):
@@ -193,25 +253,34 @@ class LoraRequest(_Body):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:/-]+$")
     path: str = Field(min_length=1)
     version: VersionName | None = None
-    verify: bool = Field(True, description="Check the adapter's tensors agree across the workers whose checksums "
-                                           "cover adapters (the agent's).")
+    verify: bool = Field(
+        True,
+        description="Check the adapter's tensors agree across the workers whose checksums "
+        "cover adapters (the agent's).",
+    )
 
 
 class TransferInitRequest(_Body):
-    init_info: dict[str, Any] = Field(description="The trainer's init info for the workers (vLLM's "
-                                                  "WeightTransferInitRequest). `world_size` must be 1 + the fleet's "
-                                                  "inference ranks; the controller sets each worker's `rank_offset`.")
+    init_info: dict[str, Any] = Field(
+        description="The trainer's init info for the workers (vLLM's "
+        "WeightTransferInitRequest). `world_size` must be 1 + the fleet's "
+        "inference ranks; the controller sets each worker's `rank_offset`."
+    )
 
 
 class TransferUpdateRequest(_Body):
     update_info: dict[str, Any] | list[dict[str, Any]] = Field(
-        description="One update chunk (or a list), passed to every worker.")
+        description="One update chunk (or a list), passed to every worker."
+    )
 
 
 class TransferFinishRequest(_Body):
     weight_version: VersionName | None = Field(None, description="Names the new weights on every worker.")
-    checkpoint_path: str | None = Field(None, min_length=1, description="A disk copy of these weights, loaded into "
-                                                                        "workers that join before the next init.")
+    checkpoint_path: str | None = Field(
+        None,
+        min_length=1,
+        description="A disk copy of these weights, loaded into workers that join before the next init.",
+    )
 
 
 # -- desired state ----------------------------------------------------------------------
@@ -225,9 +294,12 @@ class SleepRecord(BaseModel):
 
     level: SleepLevel
     weight_version: str | None = Field(description="The version it held when it went to sleep.")
-    checksums_digest: str | None = Field(None, description="A digest of its weight checksums taken just before it "
-                                         "slept, where its flavor computes them: a wake at the same version must "
-                                         "give the same digest.")
+    checksums_digest: str | None = Field(
+        None,
+        description="A digest of its weight checksums taken just before it "
+        "slept, where its flavor computes them: a wake at the same version must "
+        "give the same digest.",
+    )
     since: datetime
 
 
@@ -240,29 +312,50 @@ class DesiredState(BaseModel):
     loras: dict[str, LoraSpec] = Field(default_factory=dict)
     paused: bool = False
     pause_mode: PauseMode = "keep"
-    held: dict[str, PauseMode] = Field(default_factory=dict, description="Members held paused by a selector-scoped "
-                                       "pause, by worker id, with its mode: kept paused (by the reconciler too, after "
-                                       "a restart) while the rest follow `paused`, until a resume naming them, or a "
-                                       "resume of the whole fleet, releases them.")
-    asleep: dict[str, SleepRecord] = Field(default_factory=dict, description="Members put to sleep (`POST "
-                                           "/v1/rl/sleep`), by worker id: outside the gateway's fence, left alone by "
-                                           "other operations and by the reconciler (which puts a restarted one back "
-                                           "to sleep), until `POST /v1/rl/wake_up` wakes and verifies them.")
-    applied_versions: list[VersionName] = Field(default_factory=list, description="Weight versions in the order the "
-                                        f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
-                                        "the gateway's staleness bound counts back along this list.")
-    staleness_bound: int = Field(0, ge=0, le=STALENESS_BOUND_MAX, description="The gateway may route to a member at "
-                                 "one of the last `staleness_bound` versions before the desired one (0: the desired "
-                                 "only).")
-    placement_replicas: int | None = Field(None, ge=0, description="Agents placement keeps running, as last set "
-                                           "through the API; null: placement.ray.replicas from the settings.")
-    operations: list[OperationResult] = Field(default_factory=list, description="The operation running when this "
-                                              "was written (status `running`) and the last ones to end, newest "
-                                              f"first (at most {OPERATIONS_KEPT}; per-worker results only of the "
-                                              "workers that were not ok): written when an operation begins and "
-                                              "when it ends, so a restarted controller lists one it finds running "
-                                              "as `interrupted`. Empty in the state document (see "
-                                              "`last_operation` and `GET /v1/rl/operations`).")
+    held: dict[str, PauseMode] = Field(
+        default_factory=dict,
+        description="Members held paused by a selector-scoped "
+        "pause, by worker id, with its mode: kept paused (by the reconciler too, after "
+        "a restart) while the rest follow `paused`, until a resume naming them, or a "
+        "resume of the whole fleet, releases them.",
+    )
+    asleep: dict[str, SleepRecord] = Field(
+        default_factory=dict,
+        description="Members put to sleep (`POST "
+        "/v1/rl/sleep`), by worker id: outside the gateway's fence, left alone by "
+        "other operations and by the reconciler (which puts a restarted one back "
+        "to sleep), until `POST /v1/rl/wake_up` wakes and verifies them.",
+    )
+    applied_versions: list[VersionName] = Field(
+        default_factory=list,
+        description="Weight versions in the order the "
+        f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
+        "the gateway's staleness bound counts back along this list.",
+    )
+    staleness_bound: int = Field(
+        0,
+        ge=0,
+        le=STALENESS_BOUND_MAX,
+        description="The gateway may route to a member at "
+        "one of the last `staleness_bound` versions before the desired one (0: the desired "
+        "only).",
+    )
+    placement_replicas: int | None = Field(
+        None,
+        ge=0,
+        description="Agents placement keeps running, as last set "
+        "through the API; null: placement.ray.replicas from the settings.",
+    )
+    operations: list[OperationResult] = Field(
+        default_factory=list,
+        description="The operation running when this "
+        "was written (status `running`) and the last ones to end, newest "
+        f"first (at most {OPERATIONS_KEPT}; per-worker results only of the "
+        "workers that were not ok): written when an operation begins and "
+        "when it ends, so a restarted controller lists one it finds running "
+        "as `interrupted`. Empty in the state document (see "
+        "`last_operation` and `GET /v1/rl/operations`).",
+    )
     updated_at: datetime | None = None
 
 
@@ -273,10 +366,13 @@ class WorkerResult(BaseModel):
     phase: str = Field(description="The step this result belongs to (pause, update, verify, resume, ...).")
     duration_s: float = 0.0
     message: str | None = None
-    code: str | None = Field(None, description="Why it failed, stable for programs: `timeout`, `unreachable`, "
-                             "`connection_lost`, `rejected` (or the worker's own error code, e.g. "
-                             "`path_unavailable`, `path_forbidden`, `conflict`), `verify_failed`, `internal`. "
-                             "Null when ok.")
+    code: str | None = Field(
+        None,
+        description="Why it failed, stable for programs: `timeout`, `unreachable`, "
+        "`connection_lost`, `rejected` (or the worker's own error code, e.g. "
+        "`path_unavailable`, `path_forbidden`, `conflict`), `verify_failed`, `internal`. "
+        "Null when ok.",
+    )
 
 
 class WorkerOutage(BaseModel):
@@ -354,13 +450,19 @@ class WorkerView(BaseModel):
     reachable: bool
     ready: bool
     serving: bool = Field(description="Reachable, ready, at the desired state, not paused and not cordoned.")
-    cordoned: bool = Field(False, description="Taken out of the gateway's serving set by the controller (a weight "
-                                              "update's wave, or a member asleep) until it has been updated or "
-                                              "woken, and verified.")
+    cordoned: bool = Field(
+        False,
+        description="Taken out of the gateway's serving set by the controller (a weight "
+        "update's wave, or a member asleep) until it has been updated or "
+        "woken, and verified.",
+    )
     paused: bool | None
     held: bool = Field(False, description="Held paused by a selector-scoped pause (`desired.held`).")
-    sleeping: bool = Field(False, description="Asleep: kept so by the controller (`desired.asleep`), or reported so "
-                           "by the worker. Out of the gateway's fence (`cordoned`) until woken and verified.")
+    sleeping: bool = Field(
+        False,
+        description="Asleep: kept so by the controller (`desired.asleep`), or reported so "
+        "by the worker. Out of the gateway's fence (`cordoned`) until woken and verified.",
+    )
     requests: RequestCounts | None
     weight_version: str | None
     loras: dict[str, str | None]
@@ -395,8 +497,10 @@ class GatewayWorkerView(BaseModel):
     routed: int = Field(description="Requests sent to it since the gateway started.")
     failed: int = Field(description="Requests it failed before (retried elsewhere) or after the first byte.")
     circuit: Literal["closed", "open", "half_open"] = Field(
-        "closed", description="Outlier detection: closed (in rotation), open (ejected after failing requests in a "
-                              "row, until `back_in_s`), half_open (its backoff is over: the next request probes it).")
+        "closed",
+        description="Outlier detection: closed (in rotation), open (ejected after failing requests in a "
+        "row, until `back_in_s`), half_open (its backoff is over: the next request probes it).",
+    )
     consecutive_failures: int = Field(0, description="Requests it failed in a row.")
     ejections: int = Field(0, description="Times it was ejected since the gateway started.")
     back_in_s: float | None = Field(None, description="Open: seconds until a request may probe it again.")
@@ -436,13 +540,17 @@ class EnvoyPlaneView(BaseModel):
 
 
 class StalenessRequest(_Body):
-    bound: int = Field(ge=0, le=STALENESS_BOUND_MAX,
-                       description="How many versions before the desired one the gateway may serve.")
+    bound: int = Field(
+        ge=0, le=STALENESS_BOUND_MAX, description="How many versions before the desired one the gateway may serve."
+    )
 
 
 class PlacementRequest(_Body):
-    replicas: int | None = Field(ge=0, description="Agents to keep placed (at most placement.ray.max_replicas); null "
-                                 "hands the count back to the settings' placement.ray.replicas.")
+    replicas: int | None = Field(
+        ge=0,
+        description="Agents to keep placed (at most placement.ray.max_replicas); null "
+        "hands the count back to the settings' placement.ray.replicas.",
+    )
 
 
 class PlacementView(BaseModel):
@@ -451,26 +559,33 @@ class PlacementView(BaseModel):
     kind: Literal["none", "ray"]
     replicas: int | None = Field(description="Agents to keep placed; null when placement.kind is none.")
     replicas_from: Literal["settings", "api"] | None = Field(
-        description="Where `replicas` comes from: the settings, or the desired state an API call set.")
+        description="Where `replicas` comes from: the settings, or the desired state an API call set."
+    )
     max_replicas: int | None = None
-    placed: list[str] = Field(default_factory=list, description="Agent actors alive after the last pass, by name "
-                              "(discovery's members say which of them serve).")
+    placed: list[str] = Field(
+        default_factory=list,
+        description="Agent actors alive after the last pass, by name (discovery's members say which of them serve).",
+    )
     groups: list[str] = Field(default_factory=list, description="Placement groups after the last pass.")
     leading: bool = Field(description="Only the leader places; a follower's view is what it last saw leading.")
     last_pass_at: datetime | None = None
     last_pass_s: float | None = Field(None, description="How long the last pass took.")
-    last_error: str | None = Field(None, description="Why the last pass failed (retried at the next interval); null "
-                                   "when it succeeded.")
+    last_error: str | None = Field(
+        None, description="Why the last pass failed (retried at the next interval); null when it succeeded."
+    )
 
 
 class FleetSummary(BaseModel):
     """One fleet of a controller, as `GET /v1/rl/fleets` lists it (docs/controller.md, "Fleets")."""
 
     name: str = Field(description="`default`, or a name from settings `fleets`.")
-    path: str = Field(description="Where its API is served: `` for the default fleet (the root), else "
-                                  "`/fleets/<name>`; a trainer's admin base URL for it is the controller's plus this.")
-    selector: str | None = Field(description="Its members' label selector; null for the default fleet (every "
-                                             "member no named fleet matches).")
+    path: str = Field(
+        description="Where its API is served: `` for the default fleet (the root), else "
+        "`/fleets/<name>`; a trainer's admin base URL for it is the controller's plus this."
+    )
+    selector: str | None = Field(
+        description="Its members' label selector; null for the default fleet (every member no named fleet matches)."
+    )
     models: list[str] = Field(description="Model names the gateway routes to it.")
     members: int
     serving: int = Field(description="Members inside its fence now.")
@@ -485,16 +600,24 @@ class FleetsListing(BaseModel):
 
 
 class FleetState(BaseModel):
-    fleet: str = Field("default", description="Which fleet this is: `default`, or a name from settings `fleets` "
-                                               "(served under `/fleets/<name>/`).")
-    models: list[str] = Field(default_factory=list, description="The model names the gateway routes to this fleet: "
-                              "its settings' `models`, its members' base models, the adapters it keeps or they have.")
+    fleet: str = Field(
+        "default",
+        description="Which fleet this is: `default`, or a name from settings `fleets` "
+        "(served under `/fleets/<name>/`).",
+    )
+    models: list[str] = Field(
+        default_factory=list,
+        description="The model names the gateway routes to this fleet: "
+        "its settings' `models`, its members' base models, the adapters it keeps or they have.",
+    )
     phase: Phase
     quiesced: bool = Field(description="Every member is paused and none has a request running.")
     pause_state: PauseState
     requests: RequestCounts
-    sleeping: int = Field(0, description="Members asleep (out of service on purpose: not counted against "
-                          "`applied.converged` or the phase).")
+    sleeping: int = Field(
+        0,
+        description="Members asleep (out of service on purpose: not counted against `applied.converged` or the phase).",
+    )
     desired: DesiredState
     applied: AppliedState
     membership_epoch: int
@@ -503,8 +626,11 @@ class FleetState(BaseModel):
     update: UpdateView | None = Field(None, description="The running weight update, else the last one.")
     weight_transfer: TransferGroupView | None = None
     gateway: GatewayView | None = Field(None, description="The inference gateway in this process, if it runs.")
-    envoy: EnvoyPlaneView | None = Field(None, description="Envoy as the data plane (`gateway.data_plane: envoy`): "
-                                         "the fence version and each Envoy's last acknowledged one.")
+    envoy: EnvoyPlaneView | None = Field(
+        None,
+        description="Envoy as the data plane (`gateway.data_plane: envoy`): "
+        "the fence version and each Envoy's last acknowledged one.",
+    )
     workers: list[WorkerView]
 
 

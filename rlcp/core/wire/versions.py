@@ -26,10 +26,11 @@ VERSION_MAX_LENGTH = 256
 # The one home of a version name's shape: the models below validate with it and the OpenAPI
 # documents publish it, so a fuzzer generating from the documents learns the same rule.
 VERSION_PATTERN = r"^[\x21-\x7e]+$"
-VERSION_RULE = (f"visible ASCII (0x21-0x7E: no whitespace, control or non-ASCII characters), "
-                f"1 to {VERSION_MAX_LENGTH} characters, so it is safe in an HTTP header")
+VERSION_RULE = (
+    f"visible ASCII (0x21-0x7E: no whitespace, control or non-ASCII characters), "
+    f"1 to {VERSION_MAX_LENGTH} characters, so it is safe in an HTTP header"
+)
 _VERSION = re.compile(r"[\x21-\x7e]{1,%d}" % VERSION_MAX_LENGTH)
-
 
 
 def _check_version(value: str) -> str:
@@ -40,10 +41,16 @@ def _check_version(value: str) -> str:
     return value
 
 
-VersionName = Annotated[str, Field(min_length=1, max_length=VERSION_MAX_LENGTH,
-                                   json_schema_extra={"pattern": VERSION_PATTERN},
-                                   description=f"A weight or LoRA version name: {VERSION_RULE}."),
-                        AfterValidator(_check_version)]
+VersionName = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=VERSION_MAX_LENGTH,
+        json_schema_extra={"pattern": VERSION_PATTERN},
+        description=f"A weight or LoRA version name: {VERSION_RULE}.",
+    ),
+    AfterValidator(_check_version),
+]
 
 
 def is_version_name(value: object) -> bool:
@@ -62,7 +69,14 @@ def describe_bad_version(value: str) -> str:
         return f"{len(value)} characters (at most {VERSION_MAX_LENGTH})"
     for i, ch in enumerate(value):
         if not "\x21" <= ch <= "\x7e":
-            kind = ("whitespace" if ch.isspace() else "a control character" if ord(ch) < 0x20 or ord(ch) == 0x7f
-                    else "a lone surrogate" if 0xD800 <= ord(ch) <= 0xDFFF else "a non-ASCII character")
+            kind = (
+                "whitespace"
+                if ch.isspace()
+                else "a control character"
+                if ord(ch) < 0x20 or ord(ch) == 0x7F
+                else "a lone surrogate"
+                if 0xD800 <= ord(ch) <= 0xDFFF
+                else "a non-ASCII character"
+            )
             return f"{value[:64]!r} has {kind} ({ch!r}) at index {i}"
     return f"{value[:64]!r} is not a version name"

@@ -17,8 +17,9 @@ from pathlib import Path
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlcp.controlplane.gateway.envoy", description=__doc__)
     parser.add_argument("--config", type=Path, help="the controller's YAML settings file (env RLCP_* overrides it)")
-    parser.add_argument("--xds-host", required=True,
-                        help="where Envoy reaches the controller's xDS port: an IP address or a DNS name")
+    parser.add_argument(
+        "--xds-host", required=True, help="where Envoy reaches the controller's xDS port: an IP address or a DNS name"
+    )
     parser.add_argument("--node-id", required=True, help="this Envoy's node id (the controller tracks its ACKs by it)")
     parser.add_argument("--listen-host", default="0.0.0.0", help="address of Envoy's inference listener")
     parser.add_argument("--out", type=Path, required=True, help="the bootstrap file to write (YAML)")
@@ -43,12 +44,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    boot = envoy_bootstrap(settings, xds_host=args.xds_host, xds_port=settings.gateway.envoy.xds_port,
-                           node_id=args.node_id, listen_host=args.listen_host, admin_token=admin_token)
+    boot = envoy_bootstrap(
+        settings,
+        xds_host=args.xds_host,
+        xds_port=settings.gateway.envoy.xds_port,
+        node_id=args.node_id,
+        listen_host=args.listen_host,
+        admin_token=admin_token,
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(yaml.safe_dump(boot, sort_keys=False))
-    print(f"wrote {args.out} (node {args.node_id}, xDS at {args.xds_host}:{settings.gateway.envoy.xds_port})",
-          file=sys.stderr)
+    print(
+        f"wrote {args.out} (node {args.node_id}, xDS at {args.xds_host}:{settings.gateway.envoy.xds_port})",
+        file=sys.stderr,
+    )
     return 0
 
 

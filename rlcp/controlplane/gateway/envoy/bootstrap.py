@@ -68,19 +68,34 @@ def _json_error(code: str, message: str) -> dict[str, Any]:
 
 def _upstream_filters() -> dict[str, Any]:
     """After host selection: the chosen endpoint's version on the request (the agents' check)."""
-    stamp = {"append": {"header": {"key": EXPECT_VERSION_HEADER.lower(),
-                                   "value": f"%UPSTREAM_METADATA({METADATA_NAMESPACE}:version)%"},
-                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}}
-    return {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-        "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-        "explicit_http_config": {"http_protocol_options": {}},
-        "http_filters": [
-            {"name": "envoy.filters.http.header_mutation", "typed_config": {
-                "@type": _T + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                "mutations": {"request_mutations": [stamp]}}},
-            {"name": "envoy.filters.http.upstream_codec", "typed_config": {
-                "@type": _T + "envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"}},
-        ]}}
+    stamp = {
+        "append": {
+            "header": {
+                "key": EXPECT_VERSION_HEADER.lower(),
+                "value": f"%UPSTREAM_METADATA({METADATA_NAMESPACE}:version)%",
+            },
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    }
+    return {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http_protocol_options": {}},
+            "http_filters": [
+                {
+                    "name": "envoy.filters.http.header_mutation",
+                    "typed_config": {
+                        "@type": _T + "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                        "mutations": {"request_mutations": [stamp]},
+                    },
+                },
+                {
+                    "name": "envoy.filters.http.upstream_codec",
+                    "typed_config": {"@type": _T + "envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"},
+                },
+            ],
+        }
+    }
 
 
 def _ring_hash(settings: ControllerSettings) -> dict[str, Any]:
@@ -90,24 +105,38 @@ def _ring_hash(settings: ControllerSettings) -> dict[str, Any]:
     config: dict[str, Any] = {"@type": _T + "envoy.extensions.load_balancing_policies.ring_hash.v3.RingHash"}
     if factor is not None:
         config["consistent_hashing_lb_config"] = {"hash_balance_factor": round(factor * 100)}
-    return {"policies": [{"typed_extension_config": {"name": "envoy.load_balancing_policies.ring_hash",
-                                                     "typed_config": config}}]}
+    return {
+        "policies": [
+            {"typed_extension_config": {"name": "envoy.load_balancing_policies.ring_hash", "typed_config": config}}
+        ]
+    }
 
 
 def _fleet_cluster(fleet: str, settings: ControllerSettings, *, sessions: bool = False) -> dict[str, Any]:
     g = settings.gateway
-    breakers: dict[str, Any] = {"thresholds": [{"max_retries": g.envoy.max_retries, "max_requests": 1 << 20,
-                                                "max_pending_requests": 1 << 20, "max_connections": 1 << 20}]}
+    breakers: dict[str, Any] = {
+        "thresholds": [
+            {
+                "max_retries": g.envoy.max_retries,
+                "max_requests": 1 << 20,
+                "max_pending_requests": 1 << 20,
+                "max_connections": 1 << 20,
+            }
+        ]
+    }
     if g.max_in_flight_per_worker is not None:
         breakers["per_host_thresholds"] = [{"max_connections": g.max_in_flight_per_worker}]
     cluster: dict[str, Any] = {
-        "name": cluster_name(fleet) + (SESSIONS_SUFFIX if sessions else ""), "type": "EDS",
+        "name": cluster_name(fleet) + (SESSIONS_SUFFIX if sessions else ""),
+        "type": "EDS",
         "connect_timeout": _seconds(g.connect_timeout_s),
         # One assignment for both of a fleet's clusters (`service_name`), so one ACK covers both.
         # initial_fetch_timeout 0: Envoy waits for the controller's fence before it serves at
         # all (its default, 15 s, would then serve an empty cluster).
-        "eds_cluster_config": {"service_name": cluster_name(fleet),
-                               "eds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"}},
+        "eds_cluster_config": {
+            "service_name": cluster_name(fleet),
+            "eds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
+        },
         "circuit_breakers": breakers,
         "typed_extension_protocol_options": _upstream_filters(),
     }
@@ -117,9 +146,13 @@ def _fleet_cluster(fleet: str, settings: ControllerSettings, *, sessions: bool =
         cluster["lb_policy"] = "LEAST_REQUEST"
     if g.outlier_failures:
         cluster["outlier_detection"] = {
-            "consecutive_5xx": g.outlier_failures, "consecutive_gateway_failure": g.outlier_failures,
-            "base_ejection_time": _seconds(g.outlier_backoff_s), "max_ejection_time": _seconds(g.outlier_max_backoff_s),
-            "interval": _seconds(min(1.0, g.outlier_backoff_s)), "max_ejection_percent": 100}
+            "consecutive_5xx": g.outlier_failures,
+            "consecutive_gateway_failure": g.outlier_failures,
+            "base_ejection_time": _seconds(g.outlier_backoff_s),
+            "max_ejection_time": _seconds(g.outlier_max_backoff_s),
+            "interval": _seconds(min(1.0, g.outlier_backoff_s)),
+            "max_ejection_percent": 100,
+        }
     return cluster
 
 
@@ -129,8 +162,9 @@ def _routes(fleet: str, settings: ControllerSettings, header: bool) -> list[dict
     fleet_match = [{"name": FLEET_HEADER, "string_match": {"exact": fleet}}] if header else []
     routes = []
     for session in (settings.gateway.affinity_header.lower(), *SESSION_HEADERS_AFTER):
-        route = _route(cluster_name(fleet) + SESSIONS_SUFFIX, settings,
-                       [*fleet_match, {"name": session, "present_match": True}])
+        route = _route(
+            cluster_name(fleet) + SESSIONS_SUFFIX, settings, [*fleet_match, {"name": session, "present_match": True}]
+        )
         route["route"]["hash_policy"] = [{"header": {"header_name": session}}]
         routes.append(route)
     routes.append(_route(cluster_name(fleet), settings, fleet_match))
@@ -146,38 +180,66 @@ def _route(cluster: str, settings: ControllerSettings, headers: list[dict[str, A
     return {
         "match": match,
         "route": {
-            "cluster": cluster, "timeout": _seconds(g.request_timeout_s),
+            "cluster": cluster,
+            "timeout": _seconds(g.request_timeout_s),
             "retry_policy": {
                 "retry_on": "connect-failure,refused-stream,reset-before-request,retriable-status-codes",
-                "retriable_status_codes": [409], "num_retries": g.attempts - 1,
-                "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
-                    "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+                "retriable_status_codes": [409],
+                "num_retries": g.attempts - 1,
+                "retry_host_predicate": [
+                    {
+                        "name": "envoy.retry_host_predicates.previous_hosts",
+                        "typed_config": {
+                            "@type": _T + "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                        },
+                    }
+                ],
                 # Least-request favours the refusing worker (its 409s are quick): choose again, often.
                 "host_selection_retry_max_attempts": 50,
-                "retry_back_off": {"base_interval": _seconds(g.envoy.retry_back_off_s),
-                                   "max_interval": _seconds(g.envoy.retry_back_off_s * 10)},
+                "retry_back_off": {
+                    "base_interval": _seconds(g.envoy.retry_back_off_s),
+                    "max_interval": _seconds(g.envoy.retry_back_off_s * 10),
+                },
             },
         },
         "response_headers_to_add": [
-            {"header": {"key": "x-rl-worker", "value": meta.format("worker")},
-             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
-            {"header": {"key": "x-rl-weight-version", "value": meta.format("version")},
-             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"},
+            {
+                "header": {"key": "x-rl-worker", "value": meta.format("worker")},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
+            {
+                "header": {"key": "x-rl-weight-version", "value": meta.format("version")},
+                "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+            },
         ],
     }
 
 
 def _rbac(tokens: list[str]) -> dict[str, Any]:
     principals = [{"header": {"name": "authorization", "string_match": {"exact": f"Bearer {t}"}}} for t in tokens]
-    return {"name": "envoy.filters.http.rbac", "typed_config": {
-        "@type": _T + "envoy.extensions.filters.http.rbac.v3.RBAC",
-        "rules": {"action": "ALLOW", "policies": {"token": {"permissions": [{"any": True}],
-                                                            "principals": principals}}}}}
+    return {
+        "name": "envoy.filters.http.rbac",
+        "typed_config": {
+            "@type": _T + "envoy.extensions.filters.http.rbac.v3.RBAC",
+            "rules": {
+                "action": "ALLOW",
+                "policies": {"token": {"permissions": [{"any": True}], "principals": principals}},
+            },
+        },
+    }
 
 
-def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: int, node_id: str = "envoy-0",
-                    listen_host: str = "127.0.0.1", listen_port: int | None = None, admin_port: int | None = None,
-                    admin_token: str | None = None) -> dict[str, Any]:
+def envoy_bootstrap(
+    settings: ControllerSettings,
+    *,
+    xds_host: str,
+    xds_port: int,
+    node_id: str = "envoy-0",
+    listen_host: str = "127.0.0.1",
+    listen_port: int | None = None,
+    admin_port: int | None = None,
+    admin_token: str | None = None,
+) -> dict[str, Any]:
     """The bootstrap of one Envoy in front of every fleet of `settings`, fed by the controller's
     xDS server at `xds_host:xds_port`. Ports default to the `gateway.envoy` settings."""
     g, e = settings.gateway, settings.gateway.envoy
@@ -189,47 +251,95 @@ def envoy_bootstrap(settings: ControllerSettings, *, xds_host: str, xds_port: in
     own = g.resolved_token()
     tokens = [t for t in (own, admin_token if g.accept_admin_token else None) if t] if own else []
     http_filters = ([_rbac(tokens)] if tokens else []) + [
-        {"name": "envoy.filters.http.router",
-         "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"}}]
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {"@type": _T + "envoy.extensions.filters.http.router.v3.Router"},
+        }
+    ]
     manager = {
         "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "rl", "codec_type": "AUTO",
-        "route_config": {"name": "rl", "virtual_hosts": [{
-            "name": "fleet", "domains": ["*"], "routes": routes,
-            "request_headers_to_remove": ["authorization"] if tokens else []}]},
+        "stat_prefix": "rl",
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": "rl",
+            "virtual_hosts": [
+                {
+                    "name": "fleet",
+                    "domains": ["*"],
+                    "routes": routes,
+                    "request_headers_to_remove": ["authorization"] if tokens else [],
+                }
+            ],
+        },
         "http_filters": http_filters,
-        "local_reply_config": {"mappers": [
-            {"filter": {"response_flag_filter": {"flags": ["UH", "NR"]}}, "status_code": 503,
-             "headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
-                                 "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
-             "body_format_override": _json_error(
-                 "no_capacity", "no member of the fleet is inside the weight-version fence now (paused, updating, "
-                 "or converging); retry after Retry-After")},
-            # Envoy's own 403s are RBAC's (local replies only: a worker's 403 passes as it is).
-            {"filter": {"status_code_filter": {"comparison": {
-                "op": "EQ", "value": {"default_value": 403, "runtime_key": "rl.local_403"}}}}, "status_code": 401,
-             "body_format_override": _json_error("unauthorized", "missing or wrong bearer token")},
-        ]},
+        "local_reply_config": {
+            "mappers": [
+                {
+                    "filter": {"response_flag_filter": {"flags": ["UH", "NR"]}},
+                    "status_code": 503,
+                    "headers_to_add": [
+                        {"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+                    ],
+                    "body_format_override": _json_error(
+                        "no_capacity",
+                        "no member of the fleet is inside the weight-version fence now (paused, updating, "
+                        "or converging); retry after Retry-After",
+                    ),
+                },
+                # Envoy's own 403s are RBAC's (local replies only: a worker's 403 passes as it is).
+                {
+                    "filter": {
+                        "status_code_filter": {
+                            "comparison": {"op": "EQ", "value": {"default_value": 403, "runtime_key": "rl.local_403"}}
+                        }
+                    },
+                    "status_code": 401,
+                    "body_format_override": _json_error("unauthorized", "missing or wrong bearer token"),
+                },
+            ]
+        },
     }
     return {
         "node": {"id": node_id, "cluster": "rlcp-gateway"},
         "admin": {"address": _address("127.0.0.1", e.admin_port if admin_port is None else admin_port)},
-        "dynamic_resources": {"ads_config": {
-            "api_type": "GRPC", "transport_api_version": "V3", "set_node_on_first_message_only": True,
-            "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}]}},
+        "dynamic_resources": {
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "set_node_on_first_message_only": True,
+                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+            }
+        },
         "static_resources": {
-            "listeners": [{
-                "name": "rl-inference",
-                "address": _address(listen_host, e.listen_port if listen_port is None else listen_port),
-                "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                                "typed_config": manager}]}]}],
+            "listeners": [
+                {
+                    "name": "rl-inference",
+                    "address": _address(listen_host, e.listen_port if listen_port is None else listen_port),
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
+                            ]
+                        }
+                    ],
+                }
+            ],
             "clusters": [
-                {"name": XDS_CLUSTER, "type": _address_type(xds_host), "connect_timeout": "1s",
-                 "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                     "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                     "explicit_http_config": {"http2_protocol_options": {}}}},
-                 "load_assignment": {"cluster_name": XDS_CLUSTER, "endpoints": [{"lb_endpoints": [
-                     {"endpoint": {"address": _address(xds_host, xds_port)}}]}]}},
+                {
+                    "name": XDS_CLUSTER,
+                    "type": _address_type(xds_host),
+                    "connect_timeout": "1s",
+                    "typed_extension_protocol_options": {
+                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                            "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                            "explicit_http_config": {"http2_protocol_options": {}},
+                        }
+                    },
+                    "load_assignment": {
+                        "cluster_name": XDS_CLUSTER,
+                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(xds_host, xds_port)}}]}],
+                    },
+                },
                 *(_fleet_cluster(name, settings, sessions=sessions) for name in fleets for sessions in (False, True)),
             ],
         },

@@ -62,8 +62,7 @@ def address(url: str) -> tuple[str, int] | None:
 def endpoint(view: WorkerView) -> Endpoint | str:
     """The member as an endpoint, or why it cannot be one."""
     if pins(view.flavor):
-        return (f"a {view.flavor} member is reached through its frontend, pinned by a body field Envoy cannot "
-                "set")
+        return f"a {view.flavor} member is reached through its frontend, pinned by a body field Envoy cannot set"
     where = address(view.inference_url or "")
     if where is None:
         return f"inference URL {view.inference_url!r} is not http://<IP>:<port> (EDS takes addresses)"
@@ -87,4 +86,5 @@ def observed(state: FleetState) -> bool:
     been read (or failed a read) once. A controller just started knows none of its members'
     versions; serving Envoy its empty fence then would empty the fence Envoy kept."""
     return state.discovery_synced and all(
-        w.last_seen is not None or w.last_error is not None or w.last_result is not None for w in state.workers)
+        w.last_seen is not None or w.last_error is not None or w.last_result is not None for w in state.workers
+    )

@@ -47,8 +47,9 @@ async def start_envoy_plane(fleets: Fleets, settings: EnvoySettings) -> EnvoyPla
         for ctl in every:
             ctl.changes.bump()
 
-    server = XdsServer(states=lambda: [ctl.base_state() for ctl in every], ack_timeout_s=settings.ack_timeout_s,
-                       on_ack=bump_all)
+    server = XdsServer(
+        states=lambda: [ctl.base_state() for ctl in every], ack_timeout_s=settings.ack_timeout_s, on_ack=bump_all
+    )
     changed = asyncio.Event()
     for ctl in every:
         ctl.changes.listeners.append(changed.set)

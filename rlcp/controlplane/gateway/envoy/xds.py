@@ -47,13 +47,20 @@ def load_assignment(cluster: Cluster) -> endpoint_pb2.ClusterLoadAssignment:
     for e in cluster.endpoints:
         meta = struct_pb2.Struct()
         meta.update({"version": e.version, "worker": e.worker})
-        endpoints.append(endpoint_components_pb2.LbEndpoint(
-            endpoint=endpoint_components_pb2.Endpoint(address=address_pb2.Address(
-                socket_address=address_pb2.SocketAddress(address=e.host, port_value=e.port))),
-            health_status=health_check_pb2.HEALTHY,
-            metadata=base_pb2.Metadata(filter_metadata={METADATA_NAMESPACE: meta})))
+        endpoints.append(
+            endpoint_components_pb2.LbEndpoint(
+                endpoint=endpoint_components_pb2.Endpoint(
+                    address=address_pb2.Address(
+                        socket_address=address_pb2.SocketAddress(address=e.host, port_value=e.port)
+                    )
+                ),
+                health_status=health_check_pb2.HEALTHY,
+                metadata=base_pb2.Metadata(filter_metadata={METADATA_NAMESPACE: meta}),
+            )
+        )
     return endpoint_pb2.ClusterLoadAssignment(
-        cluster_name=cluster.name, endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=endpoints)])
+        cluster_name=cluster.name, endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=endpoints)]
+    )
 
 
 @dataclass
@@ -72,15 +79,27 @@ class EnvoyStream:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def view(self) -> EnvoyView:
-        return EnvoyView(node=self.node, connected=self.connected, acked_version=self.acked_version,
-                         sent_version=self.sent_version, nacked=self.nacked, acked_at=self.acked_at)
+        return EnvoyView(
+            node=self.node,
+            connected=self.connected,
+            acked_version=self.acked_version,
+            sent_version=self.sent_version,
+            nacked=self.nacked,
+            acked_at=self.acked_at,
+        )
 
 
 class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]  # generated servicer: untyped (Any)
     """ADS over the fleets' states: `states` gives each fleet's current document (base state)."""
 
-    def __init__(self, *, states: Callable[[], Iterable[FleetState]], ack_timeout_s: float,
-                 on_ack: Callable[[], None] = lambda: None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        states: Callable[[], Iterable[FleetState]],
+        ack_timeout_s: float,
+        on_ack: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._states, self.ack_timeout_s, self._on_ack, self._clock = states, ack_timeout_s, on_ack, clock
         self._boot = secrets.token_hex(3)  # versions from another run of the controller never compare equal
         self._serial = 0
@@ -109,8 +128,11 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             self._serial += 1
             self.version = f"{self._boot}-{self._serial}"
             self._serialized, self._assignments = serialized, assignments
-            log.info("envoy_fence_changed", version=self.version,
-                     endpoints={c.name: [e.worker for e in c.endpoints] for c in clusters})
+            log.info(
+                "envoy_fence_changed",
+                version=self.version,
+                endpoints={c.name: [e.worker for e in c.endpoints] for c in clusters},
+            )
             for stream in self._streams.values():
                 stream.wake.set()
         return self.version
@@ -120,8 +142,11 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
         out = {}
         for s in self._streams.values():
             if s.connected and s.subscribed and s.acked_version != version:
-                out[s.node] = (f"refused it: {s.nacked}" if s.nacked and s.sent_version == version
-                               else f"last acknowledged {s.acked_version!r}")
+                out[s.node] = (
+                    f"refused it: {s.nacked}"
+                    if s.nacked and s.sent_version == version
+                    else f"last acknowledged {s.acked_version!r}"
+                )
         return out
 
     async def publish(self) -> Published:
@@ -134,14 +159,19 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
                 await asyncio.wait_for(self._acked.wait(), min(left, 0.25))
             except TimeoutError:
                 version = self.recompute()  # not ready yet when first asked: may be now
-        acked = sorted(s.node for s in self._streams.values()
-                       if s.connected and s.subscribed and s.acked_version == version)
+        acked = sorted(
+            s.node for s in self._streams.values() if s.connected and s.subscribed and s.acked_version == version
+        )
         unacked = {node: f"{why} after {self.ack_timeout_s:g} s" for node, why in self._pending(version).items()}
         return Published(version=version, waited_s=self._clock() - start, acked=acked, unacked=unacked)
 
     def view(self) -> EnvoyPlaneView:
-        return EnvoyPlaneView(xds_url=self.url, fence_version=self.version, ack_timeout_s=self.ack_timeout_s,
-                              envoys=[s.view() for s in sorted(self._streams.values(), key=lambda s: s.node)])
+        return EnvoyPlaneView(
+            xds_url=self.url,
+            fence_version=self.version,
+            ack_timeout_s=self.ack_timeout_s,
+            envoys=[s.view() for s in sorted(self._streams.values(), key=lambda s: s.node)],
+        )
 
     # -- the stream ---------------------------------------------------------------------------
     def _response(self, stream: EnvoyStream) -> discovery_pb2.DiscoveryResponse:
@@ -152,8 +182,9 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             packed.Pack(assignment)
             resources.append(packed)
         stream.sent_version, stream.sent_nonce = self.version, secrets.token_hex(8)
-        return discovery_pb2.DiscoveryResponse(version_info=self.version, resources=resources, type_url=EDS_TYPE,
-                                               nonce=stream.sent_nonce)
+        return discovery_pb2.DiscoveryResponse(
+            version_info=self.version, resources=resources, type_url=EDS_TYPE, nonce=stream.sent_nonce
+        )
 
     def _read(self, stream: EnvoyStream, request: Any) -> None:
         if request.type_url != EDS_TYPE:
@@ -175,8 +206,11 @@ class XdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignor
             stream.subscribed, stream.names = True, names
             stream.wake.set()
 
-    async def StreamAggregatedResources(self, request_iterator: AsyncIterator[Any],  # noqa: N802 (gRPC's name)
-                                        context: Any) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
+    async def StreamAggregatedResources(
+        self,
+        request_iterator: AsyncIterator[Any],  # noqa: N802 (gRPC's name)
+        context: Any,
+    ) -> AsyncIterator[discovery_pb2.DiscoveryResponse]:
         first = await anext(request_iterator, None)
         if first is None:
             return

@@ -45,8 +45,20 @@ from rlcp.core.wire.agent import (
 
 
 @final
-class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, StagedUpdate, DiskWeights,
-                  DesiredVersion, Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
+class AgentDriver(
+    VllmWeightTransferRoutes,
+    VllmSleepRoutes,
+    VllmCacheRoutes,
+    Control,
+    StagedUpdate,
+    DiskWeights,
+    DesiredVersion,
+    Checksums,
+    Lora,
+    BroadcastPeer,
+    Sleep,
+    PrefixCache,
+):
     """Speaks to one agent's admin port."""
 
     flavor = "agent"
@@ -55,8 +67,7 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
     covers_adapters = True  # its checksums hold each adapter's tensors (`lora:<name>:...`)
 
     async def status(self) -> WorkerStatus:
-        return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state",
-                                                                                retry=False))
+        return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state", retry=False))
 
     def _status(self, call: str, body: Any) -> WorkerStatus:
         try:
@@ -65,15 +76,26 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
             # A 200 we cannot read is the worker's fault, not the network's: no retry.
             raise WorkerRejected(self.spec.id, f"{call} answered a malformed state: {exc}", status=200) from exc
         return WorkerStatus(
-            paused=state.paused, weight_version=state.weight_version, requests=state.requests,
-            loras={lora.name: lora.version for lora in state.loras}, ready=state.ready,
-            not_ready_reason=state.not_ready_reason, engine_alive=state.engine_alive, sleeping=state.sleeping,
-            world_size=state.world_size, instance_id=state.instance_id, model=state.model,
+            paused=state.paused,
+            weight_version=state.weight_version,
+            requests=state.requests,
+            loras={lora.name: lora.version for lora in state.loras},
+            ready=state.ready,
+            not_ready_reason=state.not_ready_reason,
+            engine_alive=state.engine_alive,
+            sleeping=state.sleeping,
+            world_size=state.world_size,
+            instance_id=state.instance_id,
+            model=state.model,
         )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
-        await self.transport.request("POST", "/pause", params={"mode": mode, "timeout_s": timeout_s},
-                                timeout_s=timeout_s + self.deadlines.grace_s)
+        await self.transport.request(
+            "POST",
+            "/pause",
+            params={"mode": mode, "timeout_s": timeout_s},
+            timeout_s=timeout_s + self.deadlines.grace_s,
+        )
 
     async def resume(self) -> None:
         await self.transport.request("POST", "/resume")
@@ -81,28 +103,44 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
     async def update_weights_from_disk(self, path: str, version: str) -> None:
         # Reloading the same directory under the same version is idempotent, so a 5xx
         # is retried; the agent answers 409 while a previous attempt is still running.
-        await self.transport.request("POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version},
-                                timeout_s=self.deadlines.weight_load_s)
+        await self.transport.request(
+            "POST",
+            "/v1/agent/weights/disk",
+            json_body={"path": path, "version": version},
+            timeout_s=self.deadlines.weight_load_s,
+        )
 
     # -- a staged update: a check, then three calls, each answering what would otherwise be a read --
     async def check_weights(self, path: str, kind: WeightsKind = "weights") -> None:
         # Not retried here: the caller retries a checkpoint that is not there yet on its own
         # schedule, and a worker that cannot be reached will fail its pause just as fast.
-        await self.transport.request("POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind},
-                                     retry=False)
+        await self.transport.request(
+            "POST", "/v1/agent/weights/check", json_body={"path": path, "kind": kind}, retry=False
+        )
 
     async def update_in_one_call(self, plan: UpdatePlan) -> UpdateReport:
         """`POST /v1/agent/weights/update`: the update after the check, in one round trip. Not
         retried: a retry after a lost answer could resume a worker the first attempt held back."""
-        body: dict[str, Any] = {"path": plan.path, "version": plan.version, "mode": plan.mode,
-                                "timeout_s": plan.pause_timeout_s, "checksums": plan.checksums, "resume": plan.resume,
-                                "expected_checksums": plan.expected_checksums}
+        body: dict[str, Any] = {
+            "path": plan.path,
+            "version": plan.version,
+            "mode": plan.mode,
+            "timeout_s": plan.pause_timeout_s,
+            "checksums": plan.checksums,
+            "resume": plan.resume,
+            "expected_checksums": plan.expected_checksums,
+        }
         hashing = plan.checksums or plan.expected_checksums is not None
         try:
             answer = await self.transport.request(
-                "POST", "/v1/agent/weights/update", json_body=body, retry=False,
-                timeout_s=plan.pause_timeout_s + self.deadlines.grace_s
-                + (self.deadlines.load_and_hash_s if hashing else self.deadlines.weight_load_s))
+                "POST",
+                "/v1/agent/weights/update",
+                json_body=body,
+                retry=False,
+                timeout_s=plan.pause_timeout_s
+                + self.deadlines.grace_s
+                + (self.deadlines.load_and_hash_s if hashing else self.deadlines.weight_load_s),
+            )
         except WorkerRejected as exc:
             if exc.status != 404:
                 raise
@@ -110,11 +148,13 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
         try:
             done = WeightsUpdatedAnswer.model_validate(answer)
         except ValidationError as exc:
-            raise WorkerRejected(self.spec.id, f"POST /v1/agent/weights/update answered malformed: {exc}",
-                                 status=200) from exc
+            raise WorkerRejected(
+                self.spec.id, f"POST /v1/agent/weights/update answered malformed: {exc}", status=200
+            ) from exc
         if plan.checksums and done.checksums is None:
-            raise WorkerRejected(self.spec.id, "POST /v1/agent/weights/update answered without the checksums asked "
-                                 "for", status=200)
+            raise WorkerRejected(
+                self.spec.id, "POST /v1/agent/weights/update answered without the checksums asked for", status=200
+            )
         status = self._status("POST /v1/agent/weights/update", done.state.model_dump(mode="json"))
         return UpdateReport(LoadReport(done.weight_version, done.checksums), status, done.resumed, done.held_back)
 
@@ -123,8 +163,9 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
         prepare does not name the checkpoint: the oldest agents refuse the field (the check before
         the update asked those that can answer)."""
         await self.pause_for_update(plan.version, plan.mode, plan.pause_timeout_s)
-        load = await self.load_from_disk(plan.path, plan.version,
-                                         checksums=plan.checksums or plan.expected_checksums is not None)
+        load = await self.load_from_disk(
+            plan.path, plan.version, checksums=plan.checksums or plan.expected_checksums is not None
+        )
         held_back = None
         if plan.resume and plan.expected_checksums is not None and load.checksums is not None:
             if problem := checksums_disagree(load.checksums, plan.expected_checksums):
@@ -133,29 +174,39 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
             return UpdateReport(load, await self.resume_after_update(), True, None)
         return UpdateReport(load, await self.status(), False, held_back)
 
-    async def pause_for_update(self, version: str, mode: PauseMode, timeout_s: float, *,
-                               weights_path: str | None = None) -> WorkerStatus:
+    async def pause_for_update(
+        self, version: str, mode: PauseMode, timeout_s: float, *, weights_path: str | None = None
+    ) -> WorkerStatus:
         """One call: told the desired version, then paused (refused, nothing changed, when the
         checkpoint at `weights_path` is not loadable after all); answers the state."""
         body: dict[str, Any] = {"desired_weight_version": version, "mode": mode, "timeout_s": timeout_s}
         if weights_path is not None:
             body["weights_path"] = weights_path
-        return self._status("POST /v1/agent/prepare", await self.transport.request(
-            "POST", "/v1/agent/prepare", json_body=body, timeout_s=timeout_s + self.deadlines.grace_s))
+        return self._status(
+            "POST /v1/agent/prepare",
+            await self.transport.request(
+                "POST", "/v1/agent/prepare", json_body=body, timeout_s=timeout_s + self.deadlines.grace_s
+            ),
+        )
 
     async def load_from_disk(self, path: str, version: str, *, checksums: bool) -> LoadReport:
         # As update_weights_from_disk (a 5xx is retried: the reload is idempotent).
         body = await self.transport.request(
-            "POST", "/v1/agent/weights/disk", json_body={"path": path, "version": version, "checksums": checksums},
-            timeout_s=self.deadlines.load_and_hash_s if checksums else self.deadlines.weight_load_s)
+            "POST",
+            "/v1/agent/weights/disk",
+            json_body={"path": path, "version": version, "checksums": checksums},
+            timeout_s=self.deadlines.load_and_hash_s if checksums else self.deadlines.weight_load_s,
+        )
         try:
             answer = DiskUpdatedAnswer.model_validate(body)
         except ValidationError as exc:
-            raise WorkerRejected(self.spec.id, f"POST /v1/agent/weights/disk answered malformed: {exc}",
-                                 status=200) from exc
+            raise WorkerRejected(
+                self.spec.id, f"POST /v1/agent/weights/disk answered malformed: {exc}", status=200
+            ) from exc
         if checksums and answer.checksums is None:
-            raise WorkerRejected(self.spec.id, "POST /v1/agent/weights/disk answered without the checksums asked for",
-                                 status=200)
+            raise WorkerRejected(
+                self.spec.id, "POST /v1/agent/weights/disk answered without the checksums asked for", status=200
+            )
         return LoadReport(weight_version=answer.weight_version, checksums=answer.checksums)
 
     async def resume_after_update(self) -> WorkerStatus:
@@ -166,18 +217,24 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
 
     async def weight_checksums(self) -> dict[str, str] | None:
         # Hashing every parameter of a large model takes far longer than a control call.
-        body = await self.transport.request("POST", "/weight_checker", json_body={"action": "checksum"},
-                                       timeout_s=self.deadlines.weight_load_s)
+        body = await self.transport.request(
+            "POST", "/weight_checker", json_body={"action": "checksum"}, timeout_s=self.deadlines.weight_load_s
+        )
         return _checksums(self.spec.id, body)
 
-    async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> LoraLoaded | None:
+    async def load_lora(
+        self, name: str, path: str, version: str | None, *, checksums: bool = False
+    ) -> LoraLoaded | None:
         # Reads the adapter from disk, so it gets the weight-load deadline (and hashing time when asked).
         body: dict[str, Any] = {"name": name, "path": path, "version": version}
         if checksums:
             body["checksums"] = True  # only when asked: an agent older than the field refuses it
-        answer = await self.transport.request("POST", "/v1/agent/loras", json_body=body,
-                                              timeout_s=self.deadlines.load_and_hash_s if checksums
-                                              else self.deadlines.weight_load_s)
+        answer = await self.transport.request(
+            "POST",
+            "/v1/agent/loras",
+            json_body=body,
+            timeout_s=self.deadlines.load_and_hash_s if checksums else self.deadlines.weight_load_s,
+        )
         if not checksums:
             return None
         try:
@@ -185,8 +242,9 @@ class AgentDriver(VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Co
         except ValidationError as exc:
             raise WorkerRejected(self.spec.id, f"POST /v1/agent/loras answered malformed: {exc}", status=200) from exc
         if loaded.checksums is None or loaded.state is None:
-            raise WorkerRejected(self.spec.id, "POST /v1/agent/loras answered without the checksums and state asked "
-                                 "for", status=200)
+            raise WorkerRejected(
+                self.spec.id, "POST /v1/agent/loras answered without the checksums and state asked for", status=200
+            )
         return LoraLoaded(loaded.checksums, self._status("POST /v1/agent/loras", loaded.state.model_dump(mode="json")))
 
     async def unload_lora(self, name: str) -> None:

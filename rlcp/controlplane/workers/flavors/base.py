@@ -27,9 +27,12 @@ from rlcp.core.wire.agent import PauseMode
 # What a member can do, advertised as `routes` per capability in this controller's listing
 # (`discovery/http_listing.py`), for the flavors that publish no route list of their own.
 OUR_ROUTES: Mapping[Capability, tuple[str, ...]] = {
-    "control": ("pause", "resume"), "disk_weights": ("update_weights",),
-    "lora": ("load_lora", "unload_lora"), "checksums": ("weight_checksums",),
-    "desired_version": ("set_desired_version",), "staged_update": ("prepare_update",),
+    "control": ("pause", "resume"),
+    "disk_weights": ("update_weights",),
+    "lora": ("load_lora", "unload_lora"),
+    "checksums": ("weight_checksums",),
+    "desired_version": ("set_desired_version",),
+    "staged_update": ("prepare_update",),
     "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
 }
 # How the gateway reaches a member of a flavor (`gateway/proxy.py`):
@@ -81,13 +84,23 @@ class VllmSleepRoutes(DriverBase):
 
     async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
         # The agent bounds the engine's sleep itself with `timeout_s`; stock vLLM ignores it.
-        await self.transport.request("POST", "/sleep", params={"level": level, "mode": mode, "timeout_s": timeout_s},
-                                     timeout_s=timeout_s + self.deadlines.grace_s, retry=False)
+        await self.transport.request(
+            "POST",
+            "/sleep",
+            params={"level": level, "mode": mode, "timeout_s": timeout_s},
+            timeout_s=timeout_s + self.deadlines.grace_s,
+            retry=False,
+        )
 
     async def wake_up(self, tags: list[str] | None) -> None:
         # Waking moves the weights back into accelerator memory: a load's deadline, not a control call's.
-        await self.transport.request("POST", "/wake_up", params={"tags": tags} if tags else None,
-                                     timeout_s=self.deadlines.weight_load_s, retry=False)
+        await self.transport.request(
+            "POST",
+            "/wake_up",
+            params={"tags": tags} if tags else None,
+            timeout_s=self.deadlines.weight_load_s,
+            retry=False,
+        )
 
 
 class VllmCacheRoutes(DriverBase):
@@ -100,8 +113,11 @@ class VllmCacheRoutes(DriverBase):
         body = await self.transport.request("POST", "/reset_prefix_cache", params=params)
         if isinstance(body, dict) and body.get("success") is False:
             held = "" if running else "; reset_running_requests=true preempts them"
-            raise WorkerRejected(self.spec.id, "POST /reset_prefix_cache answered success=false (blocks still held "
-                                 f"by running requests){held}", status=200)
+            raise WorkerRejected(
+                self.spec.id,
+                f"POST /reset_prefix_cache answered success=false (blocks still held by running requests){held}",
+                status=200,
+            )
 
 
 class _Reloads(Control, Protocol):
@@ -116,8 +132,9 @@ class SeparateUpdateCalls:
 
     loads_with_checksums = False
 
-    async def pause_for_update(self: _Reloads, version: str, mode: PauseMode, timeout_s: float, *,
-                               weights_path: str | None = None) -> None:
+    async def pause_for_update(
+        self: _Reloads, version: str, mode: PauseMode, timeout_s: float, *, weights_path: str | None = None
+    ) -> None:
         # `weights_path` is for a worker that checks the checkpoint again as it pauses: these cannot.
         if implements(self, DESIRED_VERSION):
             await self.set_desired_version(version)

@@ -103,20 +103,26 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         return None if self.spec.routes is None else capabilities_from_routes(self.spec.routes)
 
     async def status(self) -> WorkerStatus:
-        body, alive, ready = await asyncio.gather(self._engine("get_weight_version", {}), self._engine_alive(),
-                                                  self._ready())
-        return WorkerStatus(weight_version=_weight_version(body), engine_alive=alive, paused=self._paused,
-                            sleeping=self._asleep,
-                            ready=ready if alive is not False else False,
-                            not_ready_reason=None if ready is not False else "Dynamo /health: not ready")
+        body, alive, ready = await asyncio.gather(
+            self._engine("get_weight_version", {}), self._engine_alive(), self._ready()
+        )
+        return WorkerStatus(
+            weight_version=_weight_version(body),
+            engine_alive=alive,
+            paused=self._paused,
+            sleeping=self._asleep,
+            ready=ready if alive is not False else False,
+            not_ready_reason=None if ready is not False else "Dynamo /health: not ready",
+        )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
         # Dynamo's pause takes no deadline; ours bounds the call. The KV cache is kept so
         # a keep-mode pause can resume without recomputing.
         # Paused from the moment it is asked: a pause that timed out may still take hold.
         self._paused = True
-        await self._engine("pause_generation", {"mode": mode, "clear_cache": False},
-                           timeout_s=timeout_s + self.deadlines.grace_s)
+        await self._engine(
+            "pause_generation", {"mode": mode, "clear_cache": False}, timeout_s=timeout_s + self.deadlines.grace_s
+        )
 
     async def resume(self) -> None:
         await self._engine("resume_generation", {})
@@ -155,8 +161,11 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
 
     async def _reload(self, path: str, version: str) -> None:
         # Dynamo resets the prefix cache inside this call, under its pause lock.
-        await self._engine("update_weights_from_disk", {"model_path": path, "weight_version": version},
-                           timeout_s=self.deadlines.weight_load_s)
+        await self._engine(
+            "update_weights_from_disk",
+            {"model_path": path, "weight_version": version},
+            timeout_s=self.deadlines.weight_load_s,
+        )
 
     async def resume_after_update(self) -> WorkerStatus:
         # The update's last step answers a fresh status, so the controller holds the new
@@ -170,8 +179,9 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
 
     async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
         # No checksums: not a capability of this flavor (the module docstring).
-        await self._engine("load_lora", {"lora_name": name, "source": {"uri": path}},
-                           timeout_s=self.deadlines.weight_load_s)
+        await self._engine(
+            "load_lora", {"lora_name": name, "source": {"uri": path}}, timeout_s=self.deadlines.weight_load_s
+        )
 
     async def unload_lora(self, name: str) -> None:
         await self._engine("unload_lora", {"lora_name": name})

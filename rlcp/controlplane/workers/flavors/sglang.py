@@ -78,27 +78,41 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
 
     async def status(self) -> WorkerStatus:
         info, loads, models = await asyncio.gather(
-            self.transport.request("GET", "/model_info"), self.transport.request("GET", "/v1/loads"),
-            self.transport.request("GET", "/v1/models"))
+            self.transport.request("GET", "/model_info"),
+            self.transport.request("GET", "/v1/loads"),
+            self.transport.request("GET", "/v1/models"),
+        )
         version = self.answer_field(info, "weight_version", "GET /model_info")
         served = self.answer_field(info, "served_model_name", "GET /model_info")
         renamed = served == self.answer_field(info, "model_path", "GET /model_info")  # a directory, not a name
         if self._served_name is None and not renamed:
             self._served_name = str(served)
         return WorkerStatus(
-            paused=self._paused, sleeping=self._asleep, weight_version=None if version is None else str(version),
-            requests=_counts(loads, self.spec.id), loras=self._loras(models), engine_alive=True, ready=True,
-            model=self.spec.model or self._served_name or (None if renamed else str(served)))
+            paused=self._paused,
+            sleeping=self._asleep,
+            weight_version=None if version is None else str(version),
+            requests=_counts(loads, self.spec.id),
+            loras=self._loras(models),
+            engine_alive=True,
+            ready=True,
+            model=self.spec.model or self._served_name or (None if renamed else str(served)),
+        )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
         self._paused = True  # paused from the moment it is asked: a pause that timed out may still take hold
         drained = True
         if mode == "wait":
             drained = await self._drain(timeout_s)
-        await self._post("/pause_generation", {"mode": _SGLANG_MODE[mode]}, timeout_s=timeout_s + self.deadlines.grace_s)
+        await self._post(
+            "/pause_generation", {"mode": _SGLANG_MODE[mode]}, timeout_s=timeout_s + self.deadlines.grace_s
+        )
         if not drained:
-            raise WorkerRejected(self.spec.id, f"wait-mode pause: requests still ran after {timeout_s:g}s; paused "
-                                 "with them kept (SGLang's retract), to finish after the resume", status=200)
+            raise WorkerRejected(
+                self.spec.id,
+                f"wait-mode pause: requests still ran after {timeout_s:g}s; paused "
+                "with them kept (SGLang's retract), to finish after the resume",
+                status=200,
+            )
 
     async def resume(self) -> None:
         await self._post("/continue_generation", {})
@@ -116,17 +130,24 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     async def _load(self, path: str, version: str) -> None:
         # Unpaused (the reconciler's call on a member outside the fence), SGLang itself waits for
         # what runs before loading, under its model-update lock; paused, it loads at once.
-        await self._post("/update_weights_from_disk", {"model_path": path, "weight_version": version,
-                                                       "flush_cache": True, "abort_all_requests": False},
-                         timeout_s=self.deadlines.weight_load_s, retry=False)
+        await self._post(
+            "/update_weights_from_disk",
+            {"model_path": path, "weight_version": version, "flush_cache": True, "abort_all_requests": False},
+            timeout_s=self.deadlines.weight_load_s,
+            retry=False,
+        )
 
     async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
         # No checksums answered: SGLang has none per adapter (verified by the adapter's name listed).
         loaded = self._loras(await self.transport.request("GET", "/v1/models"))
         if name in loaded:  # SGLang refuses a name already loaded: a swap is unload, then load
             await self.unload_lora(name)
-        await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path},
-                         timeout_s=self.deadlines.weight_load_s, retry=False)
+        await self._post(
+            "/load_lora_adapter",
+            {"lora_name": name, "lora_path": path},
+            timeout_s=self.deadlines.weight_load_s,
+            retry=False,
+        )
 
     async def unload_lora(self, name: str) -> None:
         try:
@@ -143,16 +164,18 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         await self._post("/release_memory_occupation", {}, timeout_s=timeout_s + self.deadlines.grace_s)
 
     async def wake_up(self, tags: list[str] | None) -> None:
-        await self._post("/resume_memory_occupation", {"tags": tags} if tags else {},
-                         timeout_s=self.deadlines.weight_load_s)
+        await self._post(
+            "/resume_memory_occupation", {"tags": tags} if tags else {}, timeout_s=self.deadlines.weight_load_s
+        )
         if not tags or {"weights", "kv_cache"} <= set(tags):
             self._asleep = False  # still paused: the controller resumes a woken member once verified
 
     async def reset_prefix_cache(self, *, running: bool, external: bool) -> None:
         # 400 while requests run, unless SGLang is given time to wait for them (`timeout`).
         params = {"timeout": str(self.deadlines.weight_load_s)} if running else None
-        await self.transport.request("POST", "/flush_cache", params=params,
-                                     timeout_s=self.deadlines.weight_load_s + self.deadlines.grace_s)
+        await self.transport.request(
+            "POST", "/flush_cache", params=params, timeout_s=self.deadlines.weight_load_s + self.deadlines.grace_s
+        )
 
     # -- helpers ------------------------------------------------------------------------
     async def _drain(self, timeout_s: float) -> bool:
@@ -165,13 +188,13 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
                 return False
             await asyncio.sleep(_DRAIN_POLL_S)
 
-    async def _post(self, path: str, body: dict[str, Any], *, timeout_s: float | None = None,
-                    retry: bool = True) -> Any:
+    async def _post(
+        self, path: str, body: dict[str, Any], *, timeout_s: float | None = None, retry: bool = True
+    ) -> Any:
         answer = await self.transport.request("POST", path, json_body=body, timeout_s=timeout_s, retry=retry)
         if isinstance(answer, dict) and answer.get("success") is False:  # SGLang's refusals say so in the body
             raise WorkerRejected(self.spec.id, f"POST {path}: {answer.get('message') or 'success=false'}", status=200)
         return answer
-
 
     def _loras(self, body: Any) -> dict[str, str | None]:
         # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions.
@@ -184,5 +207,7 @@ def _counts(body: Any, worker_id: str) -> RequestCounts:
     loads = body.get("loads") if isinstance(body, dict) else None
     if not isinstance(loads, list):
         raise WorkerRejected(worker_id, "GET /v1/loads answered without 'loads'", status=200)
-    return RequestCounts(running=sum(int(r.get("num_running_reqs") or 0) for r in loads if isinstance(r, dict)),
-                         waiting=sum(int(r.get("num_waiting_reqs") or 0) for r in loads if isinstance(r, dict)))
+    return RequestCounts(
+        running=sum(int(r.get("num_running_reqs") or 0) for r in loads if isinstance(r, dict)),
+        waiting=sum(int(r.get("num_waiting_reqs") or 0) for r in loads if isinstance(r, dict)),
+    )

@@ -64,8 +64,19 @@ from rlcp.core.wire.agent import PauseMode
 
 
 @final
-class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes, VllmCacheRoutes, Control, DiskWeights,
-                 Checksums, Lora, BroadcastPeer, Sleep, PrefixCache):
+class VllmDriver(
+    SeparateUpdateCalls,
+    VllmWeightTransferRoutes,
+    VllmSleepRoutes,
+    VllmCacheRoutes,
+    Control,
+    DiskWeights,
+    Checksums,
+    Lora,
+    BroadcastPeer,
+    Sleep,
+    PrefixCache,
+):
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, the composed reload below (answering the version and
     checksums), resume."""
@@ -116,7 +127,9 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         )
 
     async def pause(self, mode: PauseMode, timeout_s: float) -> None:
-        await self.transport.request("POST", "/pause", params={"mode": mode}, timeout_s=timeout_s + self.deadlines.grace_s)
+        await self.transport.request(
+            "POST", "/pause", params={"mode": mode}, timeout_s=timeout_s + self.deadlines.grace_s
+        )
 
     async def resume(self) -> None:
         await self.transport.request("POST", "/resume")
@@ -133,20 +146,29 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         # it without draining the late reply, which the next collective_rpc would then read.
         # Not retried: a 500 here is the worker's own exception (a path without this model's
         # tensors, say), the same on every try; the reconciler's backoff is the retry.
-        await self.transport.request("POST", "/collective_rpc",
-                                     json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
-                                     timeout_s=self.deadlines.weight_load_s, retry=False)
+        await self.transport.request(
+            "POST",
+            "/collective_rpc",
+            json_body={"method": "reload_weights", "kwargs": {"weights_path": path}},
+            timeout_s=self.deadlines.weight_load_s,
+            retry=False,
+        )
         # vLLM's reload keeps the prefix cache: blocks computed with the old weights would be served.
         named, _, sums = await _all(
             self.transport.request("POST", "/update_weight_version", json_body={"new_version": version}),
-            self._reset_prefix_cache(), self.weight_checksums() if checksums else _nothing())
-        return LoadReport(weight_version=_str_or_none(self.answer_field(named, "new_version", "POST /update_weight_version")),
-                          checksums=sums)
+            self._reset_prefix_cache(),
+            self.weight_checksums() if checksums else _nothing(),
+        )
+        return LoadReport(
+            weight_version=_str_or_none(self.answer_field(named, "new_version", "POST /update_weight_version")),
+            checksums=sums,
+        )
 
     async def weight_checksums(self) -> dict[str, str] | None:
         try:
-            body = await self.transport.request("POST", "/weight_checker", json_body={"action": "checksum"},
-                                           timeout_s=self.deadlines.weight_load_s)
+            body = await self.transport.request(
+                "POST", "/weight_checker", json_body={"action": "checksum"}, timeout_s=self.deadlines.weight_load_s
+            )
         except WorkerRejected as exc:
             if exc.status == 404:
                 return None  # a vLLM without the weight checker: verify by version only
@@ -161,9 +183,12 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
     async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
         # No checksums answered: this flavor's do not cover adapters (`covers_adapters`).
         # load_inplace makes a second load under the same name a hot swap instead of a 400.
-        await self.transport.request("POST", "/v1/load_lora_adapter",
-                                json_body={"lora_name": name, "lora_path": path, "load_inplace": True},
-                                timeout_s=self.deadlines.weight_load_s)
+        await self.transport.request(
+            "POST",
+            "/v1/load_lora_adapter",
+            json_body={"lora_name": name, "lora_path": path, "load_inplace": True},
+            timeout_s=self.deadlines.weight_load_s,
+        )
         self._lora_loads[name] = (path, version)
         # Prefix blocks are keyed by (name, path): a swap from the same path would reuse stale blocks.
         await self._reset_prefix_cache()
@@ -198,12 +223,14 @@ class VllmDriver(SeparateUpdateCalls, VllmWeightTransferRoutes, VllmSleepRoutes,
         # new weights and the reset cannot fail on blocks they hold.
         await self.reset_prefix_cache(running=True, external=False)
 
-
     def _loras(self, body: Any) -> dict[str, str | None]:
         cards = self.answer_field(body, "data", "GET /v1/models")
         # The base model's card has no parent; each adapter's parent is its base model.
-        return {card["id"]: self._lora_version(card["id"], card.get("root"))
-                for card in cards if isinstance(card, dict) and card.get("parent")}
+        return {
+            card["id"]: self._lora_version(card["id"], card.get("root"))
+            for card in cards
+            if isinstance(card, dict) and card.get("parent")
+        }
 
     def _lora_version(self, name: str, root: Any) -> str | None:
         path, version = self._lora_loads.get(name, (None, None))

@@ -13,19 +13,22 @@ class VllmWeightTransferRoutes(DriverBase):
     """The broadcast-peer capability over vLLM's own routes."""
 
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
-        await self.transport.request("POST", "/init_weight_transfer_engine", json_body={"init_info": init_info},
-                                timeout_s=timeout_s, retry=False)
+        await self.transport.request(
+            "POST", "/init_weight_transfer_engine", json_body={"init_info": init_info}, timeout_s=timeout_s, retry=False
+        )
 
     async def start_weight_update(self) -> None:
         await self.transport.request("POST", "/start_weight_update", retry=False)
 
     async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None:
-        await self.transport.request("POST", "/update_weights", json_body={"update_info": update_info},
-                                timeout_s=timeout_s, retry=False)
+        await self.transport.request(
+            "POST", "/update_weights", json_body={"update_info": update_info}, timeout_s=timeout_s, retry=False
+        )
 
     async def finish_weight_update(self, version: str | None) -> None:
-        await self.transport.request("POST", "/finish_weight_update", json_body={"weight_version": version},
-                                retry=False)
+        await self.transport.request(
+            "POST", "/finish_weight_update", json_body={"weight_version": version}, retry=False
+        )
 
     async def shutdown_weight_transfer(self) -> None:
         # Leaving a group twice is harmless, so this one is retried.
