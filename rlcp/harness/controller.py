@@ -166,6 +166,17 @@ class Ctl:
     async def wait_reachable(self, timeout_s: float = 10.0) -> dict[str, Any]:
         return await wait_reachable(self.client.session, self.url, timeout_s=timeout_s, headers=AUTH)
 
+    async def wait_settled(self, timeout_s: float = 10.0) -> None:
+        """Every member's status read and nothing left for the reconciler to do: its first pass
+        (which tells each agent the desired version, a PUT that counts as touching it) is over."""
+        members = self.ctl.members()
+        reconciler = self.ctl.reconciler
+        await wait_for(
+            lambda: all(r.status is not None and not reconciler.needs_work(r) for r in members),
+            timeout_s=timeout_s,
+            what="the reconciler's first pass over every member",
+        )
+
 
 async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) -> Ctl:
     """A controller over `agents` (anything with `.spec()`), once every one is reachable."""

@@ -145,8 +145,7 @@ class Agent:
 @pytest.fixture
 async def settled_fleet(sim_fleet: SimFleet) -> SimFleet:
     """`sim_fleet` once the reconciler's first pass has told every worker the desired version."""
-    ctl = sim_fleet.ctl
-    await wait_for(lambda: not any(ctl.ctl.reconciler.needs_work(r) for r in ctl.ctl.members()), what="settled")
+    await sim_fleet.ctl.wait_settled()
     return sim_fleet
 
 

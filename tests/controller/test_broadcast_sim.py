@@ -33,6 +33,7 @@ async def broadcast_fleet(tmp_path):
     ]
     ctl = await start_controller(tmp_path, agents, weight_transfer={"init_timeout_s": 2, "chunk_timeout_s": 2})
     await wait_for(lambda: all(r.status and r.status.world_size for r in ctl.ctl.members()), what="world sizes")
+    await ctl.wait_settled()  # the reconciler's first PUT to each agent is not a test's touch
     yield ctl, agents, tmp_path
     await ctl.client.close()
     for a in agents:
@@ -101,6 +102,7 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
 
 async def test_bad_init_is_refused_before_any_worker_is_touched(broadcast_fleet):
     ctl, agents, _ = broadcast_fleet
+    touched = [list(a.touched) for a in agents]  # the reconciler's first pass, before the test
     for init_info, field in (
         ({"world_size": 4}, "init_info.world_size"),
         ({}, "init_info.world_size"),
@@ -116,7 +118,7 @@ async def test_bad_init_is_refused_before_any_worker_is_touched(broadcast_fleet)
     assert status == 409 and "init_weight_transfer_engine first" in body["error"]["message"]
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK})
     assert status == 409 and "start_weight_update first" in body["error"]["message"]
-    assert all(a.touched == [] for a in agents)
+    assert [a.touched for a in agents] == touched
 
 
 async def test_an_open_update_excludes_other_operations_and_the_reconciler(broadcast_fleet):

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(120)
 async def fleet(tmp_path: Path) -> Any:
     agents = [await SimAgent(wid, [tmp_path]).start() for wid in ROLES]
     ctl = await start_controller(tmp_path, [Labelled(a, ROLES[a.agent_id]) for a in agents])
+    await ctl.wait_settled()  # the reconciler's first PUT to each agent is not a test's touch
     yield ctl, {a.agent_id: a for a in agents}
     await ctl.client.close()
     for a in agents:
