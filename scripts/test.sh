@@ -15,7 +15,7 @@ fi
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -eq 0 ]; then
   # The whole suite, in three parts; all of them run, and any failing fails the command.
-  # 1. Modules marked `alone`, in a pytest process of their own: their premise is timing (the
+  # 1. Tests marked `alone`, in a pytest process of their own: their premise is timing (the
   #    test process reads two engines' streams fast enough to pause them mid-way), and in one
   #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
   # 2. The tests that start real engines (vLLM, SGLang) or build images, in one process: they share
