@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.app import GATEWAY, build_app
+from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
 from rlcp.harness.http import call
 from rlcp.harness.processes import VllmServeProcess
@@ -114,7 +114,7 @@ async def ctl(http, server, tiny_models, refs, tmp_path):
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         gateway={"port": 0, "hold_timeout_s": 120},
     )
-    client = TestClient(TestServer(build_app(settings, token=CTL_TOKEN)))
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     try:
         ctl = Ctl(client)
@@ -355,7 +355,7 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
             },
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         )
-        async with TestClient(TestServer(build_app(settings, token=CTL_TOKEN))) as client:
+        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
             ctl = Ctl(client)
             await ctl.wait_reachable(timeout_s=120)
             vllm_urls = [vllm_agent.inference_url, stock.url]
