@@ -1,4 +1,4 @@
-"""The guarded engine passthrough (`POST /v1/rl/engine/{route}`, DESIGN §2.6): one engine route
+"""The guarded engine passthrough (`POST /v1/rl/engine/{route}`, docs/controller.md): one engine route
 on one member, the members a selector names, or the whole fleet.
 
 Unlike an unguarded gateway passthrough (any route, any body), a route runs only if the

@@ -1,4 +1,4 @@
-"""Sleep and wake_up as fleet operations (DESIGN §2.6; vLLM's sleep mode, `AsyncLLM.sleep` /
+"""Sleep and wake_up as fleet operations (docs/controller.md, "Sleep and wake_up"; vLLM's sleep mode, `AsyncLLM.sleep` /
 `wake_up`): a member asleep has released its accelerator memory, serves nothing, and is kept
 out of the gateway's fence until a wake has verified it.
 
