@@ -221,8 +221,12 @@ async def test_pause_in_each_mode_with_requests_in_flight(http, server, ctl):
     streams = await start_streams(http, server, "keep")
     status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
     assert status == 200, result
+    at_pause = [st.tokens for st in streams]
+    # A token the scheduler computed before it paused can still be on its way (SGLang's detokenizer
+    # process, then the HTTP stream): seen in CI, one more token per stream after the pause answered.
+    await asyncio.sleep(0.5)
     frozen = [st.tokens for st in streams]
-    assert all(t < STREAM_TOKENS for t in frozen)
+    assert all(t - p <= 2 and t < STREAM_TOKENS for t, p in zip(frozen, at_pause, strict=True)), (at_pause, frozen)
     await asyncio.sleep(1.0)  # the observation window of an absence (no token while paused), not a pace
     assert [st.tokens for st in streams] == frozen and not any(st.task.done() for st in streams)
     assert ctl.worker(await ctl.state(), "sglang-0")["paused"] is True
