@@ -14,30 +14,42 @@ if [ "${1:-}" = "--fast" ]; then
 fi
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -eq 0 ]; then
-  # The whole suite, in four parts; all of them run, and any failing fails the command.
+  # The whole suite, in three parts; all of them run, and any failing fails the command.
   # 1. Tests marked `alone`, in a pytest process of their own: their premise is timing (the
   #    test process reads two engines' streams fast enough to pause them mid-way), and in one
   #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
   # 2. The tests that start real engines (vLLM, SGLang) or build images, in one process: they share
   #    the session's engines (tests/conftest.py), and two cores run two engines at a time at most.
-  # 3. The rest in four processes (they mostly wait on sockets and child processes), but for
-  # 4. the API fuzzing, alone (beside part 3 it failed), in two processes side by side: the
-  #    controller's cases with its closing check, and the rest (the agent's with its check, the
-  #    gateway's, the runs without a token). Each check needs every case of its server in its own
-  #    process, which pytest-xdist cannot promise here (test_fuzz_api.py), so two plain pytest runs.
+  #    That process keeps about a third of the two cores busy (it mostly waits for engines
+  #    to start and for rollouts to end), so beside it, in the background:
+  # 3. the rest in two processes (they mostly wait on sockets and child processes), then the API
+  #    fuzzing in two processes side by side: the controller's cases with its closing check, and
+  #    the rest (the agent's with its check, the gateway's, the runs without a token). Each check
+  #    needs every case of its server in its own process, which pytest-xdist cannot promise here
+  #    (test_fuzz_api.py), so two plain pytest runs; beside four other test processes it failed,
+  #    so it waits for them.
   rc=0
   fuzz=tests/controller/test_fuzz_api.py
   fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
+  rest="not alone and not vllm and not sglang and not images"
   "${pytest[@]}" -m alone || rc=$?
+  logs=$(mktemp -d)
+  (
+    brc=0
+    "${pytest[@]}" -n 2 -m "$rest" --ignore "$fuzz" >"$logs/rest" 2>&1 || brc=$?
+    "${pytest[@]}" -m "$rest" "$fuzz" -k "not ($fuzz_controller)" >"$logs/fuzz-rest" 2>&1 &
+    "${pytest[@]}" -m "$rest" "$fuzz" -k "$fuzz_controller" >"$logs/fuzz-controller" 2>&1 || brc=$?
+    wait $! || brc=$?
+    exit $brc
+  ) &
+  background=$!
   "${pytest[@]}" -m "not alone and (vllm or sglang or images)" || rc=$?
-  "${pytest[@]}" -n 4 -m "not alone and not vllm and not sglang and not images" --ignore "$fuzz" || rc=$?
-  fuzz_log=$(mktemp)
-  "${pytest[@]}" -m "not alone and not vllm and not sglang and not images" "$fuzz" -k "not ($fuzz_controller)" >"$fuzz_log" 2>&1 &
-  fuzz_rest=$!
-  "${pytest[@]}" -m "not alone and not vllm and not sglang and not images" "$fuzz" -k "$fuzz_controller" || rc=$?
-  wait "$fuzz_rest" || rc=$?
-  cat "$fuzz_log"
-  rm -f "$fuzz_log"
+  wait "$background" || rc=$?
+  for part in rest fuzz-controller fuzz-rest; do
+    echo "=== $part"
+    cat "$logs/$part"
+  done
+  rm -rf "$logs"
   exit $rc
 fi
 exec "${pytest[@]}" "$@"
