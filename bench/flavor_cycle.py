@@ -42,6 +42,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from bench.common import median, quiet_logs, table, write_json
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.assembly import assemble
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
 from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
@@ -166,7 +167,7 @@ def _agree(infos: dict[str, Any], sums: dict[str, Any], version: str) -> None:
         raise RuntimeError(f"SMG cycle: the workers' checksums disagree or are empty ({len(compared[0])} tensors)")
 
 
-async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]:
+async def run(flavors: list[str], repeats: int, workdir: Path, *, poll_interval_s: float) -> dict[str, Any]:
     from rlcp.harness.tiny_model import make_model_family
 
     flavors, with_smg = _with_smg(flavors)
@@ -191,7 +192,12 @@ async def run(flavors: list[str], repeats: int, workdir: Path) -> dict[str, Any]
                 allowed_roots=[str(models["base"].parent)],
                 log_level="error",
                 workers={"token": token, "timeout_s": 30, "pause_timeout_s": 60, "weight_load_timeout_s": 120},
-                reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.5, "backoff_max_s": 5},
+                reconcile={
+                    "poll_interval_s": poll_interval_s,
+                    "interval_s": 0.1,
+                    "backoff_initial_s": 0.5,
+                    "backoff_max_s": 5,
+                },
             )
             clients[flavor] = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
             await clients[flavor].start_server()
@@ -264,6 +270,13 @@ def main() -> None:
         "fleet's servers); the ratio column is against agent when it runs, else the first",
     )
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument(
+        "--poll-interval-s",
+        type=float,
+        default=ControllerSettings().reconcile.poll_interval_s,
+        help="how often the controller reads every member's status (its default); those reads reach "
+        "the same servers during the cycles, SMG's too",
+    )
     args = parser.parse_args()
     flavors = [f.strip() for f in args.flavors.split(",") if f.strip()]
     unknown = sorted(set(flavors) - set(FLEETS) - {"smg"})
@@ -271,7 +284,7 @@ def main() -> None:
         parser.error(f"--flavors: unknown {unknown}; known: {', '.join([*FLEETS, 'smg'])}")
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="flavor-cycle-") as tmp:
-        figures = asyncio.run(run(flavors, args.repeats, Path(tmp)))
+        figures = asyncio.run(run(flavors, args.repeats, Path(tmp), poll_interval_s=args.poll_interval_s))
     if not figures:
         raise SystemExit("flavor_cycle: nothing was measured (see above)")
     base = "agent" if "agent" in figures else next(iter(figures))
@@ -287,7 +300,16 @@ def main() -> None:
             f"x{ratio['of_medians']:.2f} (ratio of medians), x{ratio['paired']:.2f} (median of the rounds' ratios)"
         )
     print(
-        "written to", write_json("flavor_cycle", {"repeats": args.repeats, "figures": figures, "vllm_over_smg": ratios})
+        "written to",
+        write_json(
+            "flavor_cycle",
+            {
+                "repeats": args.repeats,
+                "poll_interval_s": args.poll_interval_s,
+                "figures": figures,
+                "vllm_over_smg": ratios,
+            },
+        ),
     )
 
 
