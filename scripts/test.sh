@@ -32,7 +32,7 @@ if [ $# -eq 0 ]; then
   fuzz=tests/controller/test_fuzz_api.py
   fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
   rest="not alone and not vllm and not sglang and not images"
-  "${pytest[@]}" -m alone || rc=$?
+  "${pytest[@]}" -m alone --durations=5 || rc=$?
   logs=$(mktemp -d)
   (
     brc=0
@@ -43,7 +43,7 @@ if [ $# -eq 0 ]; then
     exit $brc
   ) &
   background=$!
-  "${pytest[@]}" -m "not alone and (vllm or sglang or images)" || rc=$?
+  "${pytest[@]}" -m "not alone and (vllm or sglang or images)" --durations=20 || rc=$?
   wait "$background" || rc=$?
   for part in rest fuzz-controller fuzz-rest; do
     echo "=== $part"
