@@ -18,7 +18,7 @@ import subprocess
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from rlcp.harness.processes import REPO, HttpServerProcess, ProcessError, child_env
 from rlcp.harness.tiny_model import serve_flags
@@ -87,7 +87,7 @@ class DynamoVllmProcess(HttpServerProcess):
         self.model, self.target, self.kv_dir, self.namespace, self.core = model, target, kv_dir, namespace, core
         self.port = low_port()
 
-    def spawn(self) -> DynamoVllmProcess:
+    def spawn(self) -> Self:
         self.port = low_port()  # a restarted worker is a new process: a new port, as a new pod would have
         return super().spawn()
 

@@ -81,7 +81,7 @@ class ChildProcess:
         """What goes into the config file (subclasses add their defaults)."""
         return self.config
 
-    def spawn(self) -> ChildProcess:
+    def spawn(self) -> Self:
         """Start the child and return at once; `wait_ready` waits for it to serve. The config
         file may hold tokens: it is readable by this user only."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ class ChildProcess:
         self.stop()
         return self.failure(f"did not start within {self.start_timeout_s:g}s")
 
-    def wait_ready(self) -> ChildProcess:
+    def wait_ready(self) -> Self:
         deadline = time.monotonic() + self.start_timeout_s
         while (text := self._ready_text()) is None:
             if time.monotonic() > deadline:
@@ -143,7 +143,7 @@ class ChildProcess:
         self._on_ready(text)
         return self
 
-    async def wait_ready_async(self) -> ChildProcess:
+    async def wait_ready_async(self) -> Self:
         deadline = time.monotonic() + self.start_timeout_s
         while (text := self._ready_text()) is None:
             if time.monotonic() > deadline:
@@ -152,7 +152,7 @@ class ChildProcess:
         self._on_ready(text)
         return self
 
-    def start(self) -> ChildProcess:
+    def start(self) -> Self:
         return self.spawn().wait_ready()
 
     @property
@@ -289,7 +289,7 @@ class AgentProcess(ChildProcess):
     def _on_ready(self, text: str) -> None:
         self.ports = json.loads(text)
 
-    def spawn(self) -> AgentProcess:
+    def spawn(self) -> Self:
         """Start the agent; once it has served, again on the ports it bound the first time (a
         restarted pod keeps its address: the controller's static list and the gateway's routes
         still name it)."""
