@@ -16,7 +16,8 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
 from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
 from rlcp.harness.controller import Ctl
 from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.simfleet import SimAgent
