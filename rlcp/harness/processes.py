@@ -435,6 +435,10 @@ class HttpServerProcess(ChildProcess):
         """The command line; every subclass says it."""
         raise NotImplementedError(f"{type(self).__name__} does not say what it runs")
 
+    def listen_args(self) -> list[str]:
+        """`--host 127.0.0.1 --port <port>`: loopback only, on the port picked for it."""
+        return ["--host", "127.0.0.1", "--port", str(self.port)]
+
     def environment(self) -> dict[str, str]:
         """The child's environment: `child_env` and the extra variables it was given."""
         return child_env(**self.extra_env)
@@ -518,10 +522,7 @@ class VllmServeProcess(HttpServerProcess):
             "--model",
             str(self.model),
             *serve_flags(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.listen_args(),
             *self.extra_args,
         ]
 

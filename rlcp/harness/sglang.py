@@ -108,10 +108,7 @@ class SglangServerProcess(HttpServerProcess):
             "sglang.launch_server",
             "--model-path",
             str(self.model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.listen_args(),
             *SERVE_FLAGS,
             *(LORA_FLAGS if self.lora else []),
         ]
