@@ -99,7 +99,7 @@ def run(shapes: dict[str, list[tuple[int, ...]]], repeats: int, buffer_bytes: in
     ]
     for p in procs:
         p.start()
-    got = {}
+    got: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + 600
     while len(got) < 2:
         if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):

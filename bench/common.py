@@ -80,7 +80,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table (what docs/performance.md holds), printed as is."""
     cells = [[_fmt(c) for c in row] for row in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    line = lambda vals: "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
+
+    def line(vals: Sequence[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) for v, w in zip(vals, widths)) + " |"
+
     out = [line(list(headers)), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)

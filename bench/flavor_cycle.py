@@ -32,11 +32,12 @@ import argparse
 import asyncio
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.common import median, quiet_logs, table, write_json
@@ -51,7 +52,7 @@ from rlcp.harness.tiny_model import agent_engine
 
 AGENT_TOKEN = "bench-agent-token"
 # A fleet: (worker specs for the controller, the processes behind them, the workers' admin token).
-Fleet = tuple[list[dict[str, Any]], list[ChildProcess], str]
+Fleet = tuple[list[dict[str, Any]], Sequence[ChildProcess], str]
 
 
 def agent_fleet(models: dict[str, Path], workdir: Path) -> Fleet:
@@ -109,7 +110,7 @@ def _start(procs: list[Any]) -> list[Any]:
     return procs
 
 
-async def cycle(client: TestClient, models: dict[str, Path], n: int) -> float:
+async def cycle(client: TestClient[web.Request, web.Application], models: dict[str, Path], n: int) -> float:
     """One update transaction; returns its wall time in seconds."""
     path, version = _weights(models, n)
     t0 = time.perf_counter()
@@ -173,7 +174,7 @@ async def run(flavors: list[str], repeats: int, workdir: Path, *, poll_interval_
     flavors, with_smg = _with_smg(flavors)
     models = make_model_family(workdir / "models")
     fleets: dict[str, Fleet] = {}
-    clients: dict[str, TestClient] = {}
+    clients: dict[str, TestClient[web.Request, web.Application]] = {}
     smg: SmgProcess | None = None
     http = aiohttp.ClientSession()
     try:
@@ -248,7 +249,12 @@ def _with_smg(flavors: list[str]) -> tuple[list[str], bool]:
 
 
 async def _smg_round(
-    client: TestClient, http: aiohttp.ClientSession, smg_url: str, models: dict[str, Path], n: int, workers: int
+    client: TestClient[web.Request, web.Application],
+    http: aiohttp.ClientSession,
+    smg_url: str,
+    models: dict[str, Path],
+    n: int,
+    workers: int,
 ) -> dict[str, float]:
     """SMG's cycles of round `n`, right after the controller's over the same servers. That
     controller's reconciler would resume a worker SMG paused (its desired state says running), so

@@ -62,8 +62,8 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, RequestCounts, version_mismatch_body
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
 from rlcp.harness.http import free_port
 from rlcp.harness.processes import REPO, cpu_seconds
 
@@ -214,7 +214,7 @@ class StateServer:
     followers = 1
 
 
-def _wait_file(path: Path, proc: subprocess.Popen, what: str, timeout_s: float = 30.0) -> Any:
+def _wait_file(path: Path, proc: subprocess.Popen[bytes], what: str, timeout_s: float = 30.0) -> Any:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if proc.poll() is not None:
@@ -291,8 +291,9 @@ class EnvoyFence:
 
         self.grpc, port = await serve(self.server, "127.0.0.1", 0)
         self.server.recompute()
+        envoy_plane: dict[str, Any] = {"gateway": {"data_plane": "envoy"}}  # as a config file gives it
         boot = envoy_bootstrap(
-            ControllerSettings(gateway={"data_plane": "envoy"}),
+            ControllerSettings(**envoy_plane),
             xds_host="127.0.0.1",
             xds_port=port,
             listen_port=0,
@@ -439,9 +440,9 @@ def _pct(values: list[float], q: int) -> float:
 # -- the processes --------------------------------------------------------------------------------------
 class Procs:
     def __init__(self) -> None:
-        self.all: list[subprocess.Popen] = []
+        self.all: list[subprocess.Popen[bytes]] = []
 
-    def start(self, cmd: list[str], **kw: Any) -> subprocess.Popen:
+    def start(self, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(cmd, **kw)
         self.all.append(proc)
         return proc
@@ -459,7 +460,7 @@ class Procs:
 
 def start_gateway(
     procs: Procs, workdir: Path, name: str, ctl_port: int, env: dict[str, str], **gateway: Any
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen[bytes], str]:
     config, port_file = workdir / f"{name}.yaml", workdir / f"{name}.port.json"
     config.write_text(
         json.dumps(
@@ -565,9 +566,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             )
         else:
             envoy = EnvoyFence(fleet_state(ports))
-            proc = await envoy.start(workdir)
-            assert proc.pid is not None
-            pids["envoy"], urls["envoy"] = proc.pid, proc.url
+            envoy_proc = await envoy.start(workdir)
+            assert envoy_proc.pid is not None
+            pids["envoy"], urls["envoy"] = envoy_proc.pid, envoy_proc.url
         proxies = [k for k in urls if k != "direct"]
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30)) as session:

@@ -130,7 +130,9 @@ async def measure(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     return table_ is not None and len(table_.routes) == 2
 
                 await wait_for(both_inside, timeout_s=120, what="both Dynamo workers inside the fence")
-                instance = int(next(iter(gateway.router.table().routes)))  # type: ignore[union-attr]
+                fenced = gateway.router.table()
+                assert fenced is not None  # both_inside saw it
+                instance = int(next(iter(fenced.routes)))
                 paths = {
                     "frontend": (frontend.url, _body()),
                     "frontend, pinned": (frontend.url, _body(instance)),

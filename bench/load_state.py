@@ -247,7 +247,10 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     raise_fd_limit()
     fronts = args.front
-    keyed = lambda front, reader: f"front {front}: {reader}" if len(fronts) > 1 else reader  # noqa: E731
+
+    def keyed(front: int, reader: str) -> str:
+        return f"front {front}: {reader}" if len(fronts) > 1 else reader
+
     keys = [keyed(front, reader) for front in fronts for reader in args.readers]
     stats = {key: LoadStats() for key in keys}
     took = dict.fromkeys(keys, 0.0)

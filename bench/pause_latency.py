@@ -43,12 +43,14 @@ async def complete(s: aiohttp.ClientSession, url: str, i: int, max_tokens: int) 
         answer = await resp.json()
         if resp.status != 200:
             raise RuntimeError(f"completion answered {resp.status}: {answer}")
-        return answer["choices"][0]
+        choice: dict[str, Any] = answer["choices"][0]
+        return choice
 
 
 async def agent_state(s: aiohttp.ClientSession, agent: Any) -> dict[str, Any]:
     async with s.get(agent.admin_url + "/v1/agent/state", headers=agent.auth) as resp:
-        return await resp.json()
+        state: dict[str, Any] = await resp.json()
+        return state
 
 
 async def batch_wall(s: aiohttp.ClientSession, agent: Any, batch: int, tokens: int) -> float:

@@ -71,7 +71,10 @@ async def load(
     await asyncio.gather(*(client() for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
     latencies.sort()
-    pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
+
+    def pick(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))]
+
     return {
         "requests": len(latencies),
         "rps": len(latencies) / elapsed,

@@ -10,7 +10,9 @@ internals, so this module holds whatever the controller's insides become.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -178,18 +180,33 @@ class Ctl:
         )
 
 
-async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) -> Ctl:
-    """A controller over `agents` (anything with `.spec()`), once every one is reachable."""
-    app = assemble(controller_settings(tmp_path, [a.spec() for a in agents], **overrides), token=CTL_TOKEN)
-    client = TestClient(TestServer(app))
+async def serve_controller(settings: ControllerSettings, *, reachable_timeout_s: float = 10.0) -> Ctl:
+    """The controller of `settings` (with its gateway) served in this process, once every
+    member is reachable; the caller closes `ctl.client`."""
+    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
     await client.start_server()
     ctl = Ctl(client)
     try:
-        await ctl.wait_reachable()
+        await ctl.wait_reachable(timeout_s=reachable_timeout_s)
     except BaseException:
         await client.close()
         raise
     return ctl
+
+
+@contextlib.asynccontextmanager
+async def serving_controller(settings: ControllerSettings, *, reachable_timeout_s: float = 10.0) -> AsyncIterator[Ctl]:
+    """`serve_controller`, closed on the way out."""
+    ctl = await serve_controller(settings, reachable_timeout_s=reachable_timeout_s)
+    try:
+        yield ctl
+    finally:
+        await ctl.client.close()
+
+
+async def start_controller(tmp_path: Path, agents: list[Any], **overrides: Any) -> Ctl:
+    """A controller over `agents` (anything with `.spec()`), once every one is reachable."""
+    return await serve_controller(controller_settings(tmp_path, [a.spec() for a in agents], **overrides))
 
 
 def update_body(version: str, path: Path, **extra: Any) -> dict[str, Any]:

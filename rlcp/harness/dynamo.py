@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 import types
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from rlcp.harness.processes import REPO, ChildProcess, ProcessError, child_env
+from rlcp.harness.processes import REPO, HttpServerProcess, ProcessError, child_env
 from rlcp.harness.tiny_model import serve_flags
 
 DYNAMO_VERSION = "1.6.1"
@@ -67,32 +64,7 @@ def dynamo_env(target: Path, kv_dir: Path, **extra: str) -> dict[str, str]:
     )
 
 
-class _HttpReady(ChildProcess):
-    """Ready when GET `ready_path` answers 200 (these processes write no ready file)."""
-
-    port: int
-    ready_path: str
-
-    def _ready_text(self) -> str | None:
-        assert self.proc is not None, f"{self.name} was never spawned"
-        if self.proc.poll() is not None:
-            raise self.failure(f"exited with {self.proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{self.ready_path}", timeout=2) as resp:
-                return "up" if resp.status == 200 else None
-        except (OSError, urllib.error.URLError):
-            return None
-
-    def wait_ready(self) -> Any:
-        deadline = time.monotonic() + self.start_timeout_s
-        while self._ready_text() is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(0.5)
-        return self
-
-
-class DynamoVllmProcess(_HttpReady):
+class DynamoVllmProcess(HttpServerProcess):
     """Dynamo's own `python -m dynamo.vllm` over the tiny model on a vLLM CPU engine, served
     as `SERVED_NAME`; ready when its system port's `/health` says its endpoints serve."""
 
@@ -115,14 +87,12 @@ class DynamoVllmProcess(_HttpReady):
         self.model, self.target, self.kv_dir, self.namespace, self.core = model, target, kv_dir, namespace, core
         self.port = low_port()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def spawn(self) -> DynamoVllmProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def spawn(self) -> Self:
         self.port = low_port()  # a restarted worker is a new process: a new port, as a new pod would have
-        env = dynamo_env(
+        return super().spawn()
+
+    def environment(self) -> dict[str, str]:
+        return dynamo_env(
             self.target,
             self.kv_dir,
             DYN_SYSTEM_PORT=str(self.port),
@@ -131,7 +101,9 @@ class DynamoVllmProcess(_HttpReady):
             DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS='["generate"]',
             VLLM_CPU_OMP_THREADS_BIND=str(self.core),
         )
-        argv = [
+
+    def argv(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "rlcp.harness.dynamo",
@@ -145,20 +117,9 @@ class DynamoVllmProcess(_HttpReady):
             str(self.model),
             *serve_flags(lora=False),
         ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
 
 
-class DynamoFrontendProcess(_HttpReady):
+class DynamoFrontendProcess(HttpServerProcess):
     """`python -m dynamo.frontend` with RL on: `GET /v1/rl/workers` on `rl_port`."""
 
     ready_path = "/v1/rl/workers"
@@ -189,10 +150,11 @@ class DynamoFrontendProcess(_HttpReady):
         """The OpenAI base URL (`/v1/chat/completions`, `/v1/models`)."""
         return f"http://127.0.0.1:{self.http_port}"
 
-    def spawn(self) -> DynamoFrontendProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port))
-        argv = [
+    def environment(self) -> dict[str, str]:
+        return dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port))
+
+    def argv(self) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "dynamo.frontend",
@@ -205,17 +167,6 @@ class DynamoFrontendProcess(_HttpReady):
             "--http-port",
             str(self.http_port),
         ]
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                cwd=self.workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
 
 
 # -- the worker (runs in the child, with Dynamo's wheels importable) -----------------------

@@ -81,7 +81,7 @@ class ChildProcess:
         """What goes into the config file (subclasses add their defaults)."""
         return self.config
 
-    def spawn(self) -> ChildProcess:
+    def spawn(self) -> Self:
         """Start the child and return at once; `wait_ready` waits for it to serve. The config
         file may hold tokens: it is readable by this user only."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -90,25 +90,33 @@ class ChildProcess:
         fd = os.open(self.config_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(self.settings(), f)
+        argv = [
+            sys.executable,
+            "-m",
+            self.module,
+            "--config",
+            str(self.config_path),
+            self.ready_flag,
+            str(self.ready_file),
+        ]
+        self.launch(argv, env=child_env(**self.extra_env), cwd=REPO)
+        return self
+
+    def launch(self, argv: list[str], *, env: dict[str, str], cwd: Path) -> None:
+        """How every child starts, whatever it runs: its output appended to its log (a restart
+        adds to the same file), nothing on its stdin, and a session of its own, so a stop or a
+        kill of its group reaches the processes it starts in turn (an engine's)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    self.module,
-                    "--config",
-                    str(self.config_path),
-                    self.ready_flag,
-                    str(self.ready_file),
-                ],
-                cwd=REPO,
-                env=child_env(**self.extra_env),
+                argv,
+                cwd=cwd,
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        return self
 
     def _ready_text(self) -> str | None:
         """The ready file's text once written; raises if the child died first."""
@@ -126,7 +134,7 @@ class ChildProcess:
         self.stop()
         return self.failure(f"did not start within {self.start_timeout_s:g}s")
 
-    def wait_ready(self) -> ChildProcess:
+    def wait_ready(self) -> Self:
         deadline = time.monotonic() + self.start_timeout_s
         while (text := self._ready_text()) is None:
             if time.monotonic() > deadline:
@@ -135,7 +143,7 @@ class ChildProcess:
         self._on_ready(text)
         return self
 
-    async def wait_ready_async(self) -> ChildProcess:
+    async def wait_ready_async(self) -> Self:
         deadline = time.monotonic() + self.start_timeout_s
         while (text := self._ready_text()) is None:
             if time.monotonic() > deadline:
@@ -144,7 +152,7 @@ class ChildProcess:
         self._on_ready(text)
         return self
 
-    def start(self) -> ChildProcess:
+    def start(self) -> Self:
         return self.spawn().wait_ready()
 
     @property
@@ -281,7 +289,7 @@ class AgentProcess(ChildProcess):
     def _on_ready(self, text: str) -> None:
         self.ports = json.loads(text)
 
-    def spawn(self) -> AgentProcess:
+    def spawn(self) -> Self:
         """Start the agent; once it has served, again on the ports it bound the first time (a
         restarted pod keeps its address: the controller's static list and the gateway's routes
         still name it)."""
@@ -409,36 +417,62 @@ def controller_pids(pid: int) -> dict[str, int]:
 
 
 class HttpServerProcess(ChildProcess):
-    """A server that writes no ready file: ready when GET `ready_path` answers 200 on `port`
-    (picked once, so `kill` then `start` brings it back on the same address)."""
+    """A server that writes no ready file, started as `argv()` in `environment()` from its
+    workdir: ready when `probe()` says so, by default when GET `ready_path` on `port` answers
+    200. A subclass changes what it runs, its environment and, where readiness means more than
+    one route's 200, the probe; the loop that waits for it is this one."""
 
     ready_path: ClassVar[str] = "/health"
     ready_timeout_s: ClassVar[float] = 2.0  # one readiness probe's deadline
+    ready_poll_s: ClassVar[float] = 0.5  # between probes
     port: int
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def _ready_text(self) -> str | None:
+    def argv(self) -> list[str]:
+        """The command line; every subclass says it."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what it runs")
+
+    def listen_args(self) -> list[str]:
+        """`--host 127.0.0.1 --port <port>`: loopback only, on the port picked for it."""
+        return ["--host", "127.0.0.1", "--port", str(self.port)]
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: `child_env` and the extra variables it was given."""
+        return child_env(**self.extra_env)
+
+    def spawn(self) -> Self:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.launch(self.argv(), env=self.environment(), cwd=self.workdir)
+        return self
+
+    def probe(self) -> bool:
+        """Whether the server is ready now (a probe that fails for any reason is a no: not
+        listening yet, or its engine still starting)."""
         import urllib.error
         import urllib.request
 
+        try:
+            ready_url = f"http://127.0.0.1:{self.port}{self.ready_path}"
+            with urllib.request.urlopen(ready_url, timeout=self.ready_timeout_s) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _ready_text(self) -> str | None:
         assert self.proc is not None, f"{self.name} was never spawned"
         if self.proc.poll() is not None:
             raise self.failure(f"exited with {self.proc.returncode} while starting")
-        try:
-            with urllib.request.urlopen(self.url + self.ready_path, timeout=self.ready_timeout_s) as resp:
-                return "up" if resp.status == 200 else None
-        except (OSError, urllib.error.URLError):
-            return None  # not listening yet, or the engine is still starting
+        return "up" if self.probe() else None
 
     def wait_ready(self) -> Self:
         deadline = time.monotonic() + self.start_timeout_s
         while self._ready_text() is None:
             if time.monotonic() > deadline:
                 raise self._timed_out()
-            time.sleep(0.5)
+            time.sleep(self.ready_poll_s)
         return self
 
     async def wait_ready_async(self) -> Self:
@@ -446,7 +480,7 @@ class HttpServerProcess(ChildProcess):
         while await asyncio.to_thread(self._ready_text) is None:
             if time.monotonic() > deadline:
                 raise self._timed_out()
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(self.ready_poll_s)
         return self
 
 
@@ -488,32 +522,17 @@ class VllmServeProcess(HttpServerProcess):
             "--model",
             str(self.model),
             *serve_flags(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.listen_args(),
             *self.extra_args,
         ]
 
-    def spawn(self) -> VllmServeProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = child_env(
+    def environment(self) -> dict[str, str]:
+        return child_env(
             VLLM_SERVER_DEV_MODE="1",
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
             VLLM_CPU_OMP_THREADS_BIND=str(self.core),
             **self.extra_env,
         )
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                cwd=self.workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
 
     def spec(self, worker_id: str) -> dict[str, Any]:
         """This server as a static worker of a controller with flavor `vllm`."""

@@ -108,30 +108,16 @@ class SglangServerProcess(HttpServerProcess):
             "sglang.launch_server",
             "--model-path",
             str(self.model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.listen_args(),
             *SERVE_FLAGS,
             *(LORA_FLAGS if self.lora else []),
         ]
 
-    def spawn(self) -> SglangServerProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def environment(self) -> dict[str, str]:
         # The project's PYTHONPATH must not leak in (its packages are built for another torch).
         # GLOO_SOCKET_IFNAME: SGLang's broadcast group is gloo on the CPU, kept on loopback.
         env = child_env(
             PYTHONPATH=str(self.venv / "extra"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **self.extra_env
         )
         env.pop("VIRTUAL_ENV", None)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                cwd=self.workdir,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
+        return env

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import subprocess
 import sys
 import urllib.error
 import urllib.parse
@@ -34,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from rlcp.harness.http import call, free_port
-from rlcp.harness.processes import REPO, ChildProcess, child_env
+from rlcp.harness.processes import REPO, HttpServerProcess, child_env
 
 SMG_VERSION = "1.13.0"
 INSTALL = f"python -m pip install --no-deps --target .venv/smg-{SMG_VERSION} smg=={SMG_VERSION}"
@@ -64,10 +63,13 @@ def smg_home() -> Path | None:
     )
 
 
-class SmgProcess(ChildProcess):
+class SmgProcess(HttpServerProcess):
     """`smg launch` with its RL routes on, over `worker_urls`, round robin, on loopback; ready
     when `GET /v1/rl/workers` lists every one of them. `control_timeout_s` is SMG's own deadline
     for one relayed engine call (`--rl-control-timeout-secs`)."""
+
+    ready_path = "/v1/rl/workers"
+    ready_poll_s = 0.05
 
     def __init__(
         self,
@@ -84,20 +86,13 @@ class SmgProcess(ChildProcess):
         self.home = smg_home()  # refuses before anything starts when SMG is missing
         self.port, self.metrics_port = free_port(), free_port()
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
     def argv(self) -> list[str]:
         return [
             sys.executable,
             "-m",
             "smg",
             "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+            *self.listen_args(),
             "--prometheus-host",
             "127.0.0.1",
             "--prometheus-port",
@@ -118,31 +113,18 @@ class SmgProcess(ChildProcess):
             "warn",
         ]
 
-    def spawn(self) -> SmgProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def environment(self) -> dict[str, str]:
         extra = {} if self.home is None else {"PYTHONPATH": str(self.home)}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(),
-                cwd=self.workdir,
-                env=child_env(**extra, **self.extra_env),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        return self
+        return child_env(**extra, **self.extra_env)
 
-    def _ready_text(self) -> str | None:
-        assert self.proc is not None, f"{self.name} was never spawned"
-        if self.proc.poll() is not None:
-            raise self.failure(f"exited with {self.proc.returncode} while starting")
+    def probe(self) -> bool:
+        """Ready once `GET /v1/rl/workers` lists every worker (its HTTP server alone is not enough)."""
         try:
-            with urllib.request.urlopen(self.url + "/v1/rl/workers", timeout=2) as resp:
+            with urllib.request.urlopen(self.url + self.ready_path, timeout=self.ready_timeout_s) as resp:
                 listed = {w.get("url") for w in json.loads(resp.read()).get("workers", [])}
         except (OSError, urllib.error.URLError, ValueError):
-            return None
-        return "up" if listed >= set(self.worker_urls) else None  # `ChildProcess.wait_ready` polls this
+            return False
+        return listed >= set(self.worker_urls)
 
 
 class FanoutFailed(RuntimeError):

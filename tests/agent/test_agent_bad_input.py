@@ -59,6 +59,48 @@ def _cases(models: dict) -> list[tuple[str, str, str, object, int, str | None]]:
         ("desired wrong type", "PUT", "/v1/agent/desired", {"weight_version": 5}, 422, "weight_version"),
         ("init without info", "POST", "/init_weight_transfer_engine", {}, 422, "init_info"),
         ("oversized body", "POST", "/v1/agent/weights/disk", b"{" + b" " * (2 << 20) + b"}", 413, "body"),
+        # The whole update in one call: refused before the desired version is learnt or anything pauses.
+        *[(f"update: {name}", "POST", UPDATE, body, status, field) for name, body, status, field in _update(models)],
+    ]
+
+
+UPDATE = "/v1/agent/weights/update"
+
+
+def _update(models: dict) -> list[tuple[str, object, int, str]]:
+    root, good = models["base"].parent, str(models["weights-2"])
+    return [
+        # (id, body, status, field)
+        ("path missing", {"version": "x"}, 422, "path"),
+        ("path empty", {"path": "", "version": "x"}, 422, "path"),
+        ("path not a string", {"path": ["/w"], "version": "x"}, 422, "path"),
+        ("path a file", {"path": str(models["weights-2"] / "config.json"), "version": "x"}, 400, "path"),
+        ("path missing dir", {"path": f"{root}/nope", "version": "x"}, 400, "path"),
+        ("path relative", {"path": "weights-2", "version": "x"}, 403, "path"),
+        ("path outside roots", {"path": "/etc", "version": "x"}, 403, "path"),
+        ("path traversal", {"path": f"{root}/../../../etc", "version": "x"}, 403, "path"),
+        ("path NUL", {"path": f"{good}\x00", "version": "x"}, 400, "path"),
+        ("no safetensors", {"path": str(models["lora-11"]), "version": "x"}, 400, "path"),
+        ("version missing", {"path": good}, 422, "version"),
+        ("version with a space", {"path": good, "version": "v 2"}, 422, "version"),
+        ("version non-ASCII", {"path": good, "version": "v\u00e9"}, 422, "version"),
+        ("version too long", {"path": good, "version": "v" * 257}, 422, "version"),
+        ("version not a string", {"path": good, "version": 2}, 422, "version"),
+        ("mode unknown", {"path": good, "version": "x", "mode": "bogus"}, 422, "mode"),
+        ("timeout negative", {"path": good, "version": "x", "timeout_s": -1}, 422, "timeout_s"),
+        ("resume not a bool", {"path": good, "version": "x", "resume": "yes"}, 422, "resume"),
+        ("checksums a list", {"path": good, "version": "x", "expected_checksums": ["a"]}, 422, "expected_checksums"),
+        ("checksums a string", {"path": good, "version": "x", "expected_checksums": "a"}, 422, "expected_checksums"),
+        (
+            "checksum not a string",
+            {"path": good, "version": "x", "resume": True, "expected_checksums": {"w": 1}},
+            422,
+            "expected_checksums.w",
+        ),
+        ("unknown field", {"path": good, "version": "x", "resum": True}, 422, "resum"),
+        ("not json", b"{not json", 400, "body"),
+        ("json array", b"[1, 2]", 400, "body"),
+        ("empty body", b"", 400, "body"),
     ]
 
 
@@ -78,12 +120,16 @@ async def _snapshot(http, agent: AgentProcess) -> dict:
     }
 
 
-@pytest.mark.parametrize("case", range(24))
+# The cases need the session's models, made once the session starts: parametrized by index.
+N_CASES = 49
+
+
+@pytest.mark.parametrize("case", range(N_CASES))
 async def test_bad_input_is_a_4xx_naming_the_field_and_touches_nothing(
     case, http, vllm_agent, tiny_models, escape_link
 ):
     cases = _cases(tiny_models)
-    assert len(cases) == 24
+    assert len(cases) == N_CASES
     name, method, path, body, want_status, want_field = cases[case]
     before = await _snapshot(http, vllm_agent)
     kwargs = {"data": body} if isinstance(body, bytes) else {"body": body}
@@ -105,6 +151,7 @@ async def test_bad_input_is_a_4xx_naming_the_field_and_touches_nothing(
         ("POST", "/pause?mode=abort"),
         ("POST", "/resume"),
         ("POST", "/v1/agent/weights/disk"),
+        ("POST", UPDATE),
         ("POST", "/v1/agent/loras"),
         ("DELETE", "/v1/agent/loras/x"),
         ("PUT", "/v1/agent/desired"),

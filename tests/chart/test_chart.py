@@ -511,3 +511,19 @@ def test_envoy_pods_are_bootstrapped_at_the_controllers_xds_port(helm: str, tmp_
         timeout=60,
     )
     assert checked.returncode == 0, checked.stdout[-2000:] + checked.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [None, "standalone-gateway-values.yaml", "envoy-values.yaml"],
+    ids=["gateway-in-the-controller-pod", "gateway-replicas", "envoy"],
+)
+def test_the_controllers_network_policy_opens_each_port_its_pod_serves(helm: str, values: str | None) -> None:
+    # A port the pod serves and no rule opens is dropped by the policy: with the gateway in the
+    # controller pod, its rollouts would never arrive.
+    docs = render(helm, "--set", "networkPolicy.enabled=true", *(["-f", str(CHART / "ci" / values)] if values else []))
+    served = {p["name"] for p in pod_spec(one(docs, "Deployment", FULLNAME))["containers"][0]["ports"]}
+    ingress = one(docs, "NetworkPolicy", FULLNAME)["spec"]["ingress"]
+    assert {p["port"] for rule in ingress for p in rule["ports"]} == served
+    gateway_rules = [r for r in ingress if any(p["port"] == "gateway" for p in r["ports"])]
+    assert all("from" not in r for r in gateway_rules)  # rollouts come from wherever the trainers run

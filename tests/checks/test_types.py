@@ -1,6 +1,6 @@
 """The type checker finds nothing: mypy, strict, over the packages `[tool.mypy]` in pyproject.toml
-names (rlcp.core, rlcp.controlplane, rlcp.agent, rlcp.client, rlcp.harness), and every `# type: ignore` in them
-says which error it silences and why.
+names (rlcp.core, rlcp.controlplane, rlcp.agent, rlcp.client, rlcp.harness, bench), and every
+`# type: ignore` in them says which error it silences and why.
 
 mypy keeps its incremental cache in the repository's `.mypy_cache/` (which mypy itself keeps out of
 git), the one a run by hand uses too: a fresh checkout checks everything (~5 s), a run after that

@@ -16,13 +16,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.gateway.app import build_gateway_app, new_session
-from rlcp.controlplane.gateway.metrics import GatewayMetrics
+from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.pinning import instance_number, pin_refused, pinned_body
-from rlcp.controlplane.gateway.proxy import Gateway
-from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.controller import FleetState
+from tests.controller.fleets import FixedState, gateway_client, serving_fleet, serving_worker
 
 pytestmark = pytest.mark.timeout(60)
 LIVE, GONE = "17331665436039265135", "5345159356521062744"  # Dynamo ids are u64, above i64's range
@@ -53,47 +50,9 @@ def test_only_the_frontends_own_refusal_is_a_refused_pin() -> None:
     assert pin_refused(404, json.dumps(REFUSAL).encode()) is None and pin_refused(400, b"not json") is None
 
 
-class FixedState:
-    def __init__(self, state: FleetState) -> None:
-        self.state, self.generation = state, 1
-
-    def set(self, state: FleetState) -> None:
-        self.state, self.generation = state, self.generation + 1
-
-    def current(self) -> tuple[int, FleetState]:
-        return self.generation, self.state
-
-
 def dynamo_fleet(frontend: str, ids: list[str]) -> FleetState:
-    workers = [
-        WorkerView(
-            id=i,
-            admin_url=f"http://127.0.0.1:{n + 1}",
-            inference_url=frontend,
-            flavor="dynamo",
-            world_size=1,
-            reachable=True,
-            ready=True,
-            serving=True,
-            paused=False,
-            requests=None,
-            weight_version="v1",
-            loras={},
-            engine_alive=True,
-        )
-        for n, i in enumerate(ids)
-    ]
-    return FleetState(
-        phase="serving",
-        quiesced=False,
-        pause_state="running",
-        requests=RequestCounts(running=0, waiting=0, frozen=0),
-        desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
-        applied=AppliedState(weight_version="v1", converged=True, verified=True),
-        membership_epoch=1,
-        discovery_synced=True,
-        last_operation=None,
-        workers=workers,
+    return serving_fleet(
+        [serving_worker(i, frontend, flavor="dynamo", admin_url=f"http://127.0.0.1:{n + 1}") for n, i in enumerate(ids)]
     )
 
 
@@ -114,14 +73,8 @@ async def frontend() -> AsyncIterator[tuple[str, list[dict]]]:
         yield str(server.make_url("")).rstrip("/"), seen
 
 
-async def gateway_client(frontend_url: str, session: aiohttp.ClientSession, ids: list[str]) -> TestClient:
-    gateway = Gateway(
-        router=Router(FixedState(dynamo_fleet(frontend_url, ids))),
-        session=session,
-        settings=GatewaySettings(hold_timeout_s=1.0),
-        metrics=GatewayMetrics(),
-    )
-    return TestClient(TestServer(build_gateway_app(gateway)))
+def dynamo_gateway(frontend_url: str, session: aiohttp.ClientSession, ids: list[str]) -> TestClient:
+    return gateway_client(FixedState(dynamo_fleet(frontend_url, ids)), session, hold_timeout_s=1.0)
 
 
 CHAT = {
@@ -133,7 +86,7 @@ CHAT = {
 
 async def test_a_refused_pin_fails_over_to_a_member_the_frontend_knows(frontend) -> None:
     url, seen = frontend
-    async with new_session() as session, await gateway_client(url, session, [GONE, LIVE]) as client:
+    async with new_session() as session, dynamo_gateway(url, session, [GONE, LIVE]) as client:
         for _ in range(4):
             resp = await client.post("/v1/chat/completions", json=CHAT, headers={"X-Session-ID": "s"})
             assert resp.status == 200, await resp.text()
@@ -144,7 +97,7 @@ async def test_a_refused_pin_fails_over_to_a_member_the_frontend_knows(frontend)
 
 async def test_when_every_pin_is_refused_the_answer_names_the_workers(frontend) -> None:
     url, _ = frontend
-    async with new_session() as session, await gateway_client(url, session, [GONE]) as client:
+    async with new_session() as session, dynamo_gateway(url, session, [GONE]) as client:
         resp = await client.post("/v1/chat/completions", json=CHAT)
         body = await resp.json()
     assert resp.status == 502, body
@@ -153,7 +106,7 @@ async def test_when_every_pin_is_refused_the_answer_names_the_workers(frontend) 
 
 async def test_the_client_does_not_choose_the_instance(frontend) -> None:
     url, seen = frontend
-    async with new_session() as session, await gateway_client(url, session, [LIVE]) as client:
+    async with new_session() as session, dynamo_gateway(url, session, [LIVE]) as client:
         resp = await client.post("/v1/chat/completions", json={**CHAT, "nvext": {"backend_instance_id": 1}})
         body = await resp.json()
         assert resp.status == 400 and body["error"]["field"] == "nvext.backend_instance_id", body
@@ -189,13 +142,7 @@ async def test_an_answer_from_a_member_that_left_service_meanwhile_is_not_handed
     async with TestServer(app) as server, new_session() as session:
         url = str(server.make_url("")).rstrip("/")
         state.set(dynamo_fleet(url, [LIVE, GONE]))
-        gateway = Gateway(
-            router=Router(state),
-            session=session,
-            settings=GatewaySettings(hold_timeout_s=1.0),
-            metrics=GatewayMetrics(),
-        )
-        async with TestClient(TestServer(build_gateway_app(gateway))) as client:
+        async with gateway_client(state, session, hold_timeout_s=1.0) as client:
             resp = await client.post("/v1/chat/completions", json=CHAT)
             body = await resp.json()
     assert resp.status == 200, body

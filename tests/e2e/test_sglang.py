@@ -17,10 +17,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.assembly import GATEWAY, assemble
-from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.controlplane.assembly import GATEWAY
+from rlcp.harness.controller import controller_settings, serving_controller, update_body
 from rlcp.harness.http import call
 from rlcp.harness.processes import VllmServeProcess
 from rlcp.harness.sglang import SglangServerProcess, sglang_venv
@@ -114,14 +113,10 @@ async def ctl(http, server, tiny_models, refs, tmp_path):
         reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         gateway={"port": 0, "hold_timeout_s": 120},
     )
-    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
-    await client.start_server()
     try:
-        ctl = Ctl(client)
-        await ctl.wait_reachable(timeout_s=180)
-        yield ctl
+        async with serving_controller(settings, reachable_timeout_s=180) as ctl:
+            yield ctl
     finally:
-        await client.close()
         if server.running():
             with contextlib.suppress(Exception):
                 await post(http, server, "/continue_generation")
@@ -359,9 +354,7 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
             },
             reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         )
-        async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
-            ctl = Ctl(client)
-            await ctl.wait_reachable(timeout_s=120)
+        async with serving_controller(settings, reachable_timeout_s=120) as ctl:
             vllm_urls = [vllm_agent.inference_url, stock.url]
             before = [await complete(http, u) for u in vllm_urls]
             assert before[0] == before[1] and (await generate(http, server))[0] == refs[1]

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.assembly import assemble
 from rlcp.harness import access_log
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, serving_controller, update_body
 from rlcp.harness.figures import record_figures
 from rlcp.harness.http import CompletionStream, call, free_port
 from rlcp.harness.processes import VllmServeProcess, stop_all
@@ -188,14 +186,10 @@ async def _controller(http, servers, tiny_models, tmp_path, *, poll_s: float):
         reconcile={"poll_interval_s": poll_s, "interval_s": poll_s, "backoff_initial_s": 0.5, "backoff_max_s": 4},
         weight_transfer={"init_timeout_s": 150, "chunk_timeout_s": 150},
     )
-    client = TestClient(TestServer(assemble(settings, token=CTL_TOKEN)))
-    await client.start_server()
     try:
-        ctl = Ctl(client)
-        await ctl.wait_reachable(timeout_s=30)
-        yield ctl
+        async with serving_controller(settings, reachable_timeout_s=30) as ctl:
+            yield ctl
     finally:
-        await client.close()
         if all(s.running() for s in servers):
             await restore(http, servers, tiny_models)
 

@@ -13,14 +13,18 @@ which the handlers build as dicts, are described by models in `rlcp.core.wire.ag
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
 from aiohttp import web
+from pydantic import BaseModel
 
 from rlcp.agent.operations.control import prepare as prepare_update
 from rlcp.agent.operations.update import update_from_disk
 from rlcp.agent.service import AgentService
 from rlcp.core.errors import ValidationFailedError
 from rlcp.core.http import json_response, parse_body, validate
-from rlcp.core.openapi import RouteTable
+from rlcp.core.openapi import Handler, RouteTable
 from rlcp.core.wire.agent import (
     AbortedAnswer,
     AbortRequestsRequest,
@@ -73,6 +77,26 @@ _VLLM, _EXTRA, _PROBES = "vLLM RL routes", "agent", "probes"
 
 def _service(request: web.Request) -> AgentService:
     return request.app[SERVICE]
+
+
+B = TypeVar("B", bound=BaseModel)
+
+
+def _loads(
+    path: str, summary: str, *, body: type[B], ok: Any
+) -> Callable[[Callable[[B, AgentService], Awaitable[web.Response]]], Handler]:
+    """An extra route that takes a directory to load from and drives the engine with it: its JSON
+    body parsed strictly (422 naming the field) before `operation(body, service)` runs; 403 for a
+    directory outside the roots, 409 and 5xx from the engine. The disk load, the one-call update,
+    prepare and the adapter load share this shape; only what they do differs."""
+
+    def declare(operation: Callable[[B, AgentService], Awaitable[web.Response]]) -> Handler:
+        async def handler(request: web.Request) -> web.Response:
+            return await operation(await parse_body(request, body), _service(request))
+
+        return api.post(path, summary, body=body, ok=ok, errors=(403, *_ENGINE), tag=_EXTRA)(handler)
+
+    return declare
 
 
 # -- vLLM RL route shapes ------------------------------------------------------------
@@ -287,17 +311,13 @@ async def state(request: web.Request) -> web.Response:
     return json_response(_service(request).state())
 
 
-@api.post(
+@_loads(
     "/v1/agent/weights/disk",
     "Reload every weight from a safetensors directory and name them.",
     body=DiskUpdateRequest,
     ok=DiskUpdatedAnswer,
-    errors=(403, *_ENGINE),
-    tag=_EXTRA,
 )
-async def update_weights_from_disk(request: web.Request) -> web.Response:
-    body = await parse_body(request, DiskUpdateRequest)
-    service = _service(request)
+async def update_weights_from_disk(body: DiskUpdateRequest, service: AgentService) -> web.Response:
     await service.disk.load(body)
     checksums = await service.weights.checksums() if body.checksums else None
     return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
@@ -321,19 +341,15 @@ async def check_weights(request: web.Request) -> web.Response:
     return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
 
 
-@api.post(
+@_loads(
     "/v1/agent/weights/update",
     "A whole disk update in one call: check the checkpoint, learn the desired "
     "version, pause (unless paused), reload and name the weights, answer their checksums, and resume if told "
     "(only on agreement with `expected_checksums`, when given); answers the state.",
     body=WeightsUpdateRequest,
     ok=WeightsUpdatedAnswer,
-    errors=(403, *_ENGINE),
-    tag=_EXTRA,
 )
-async def update_weights_in_one_call(request: web.Request) -> web.Response:
-    body = await parse_body(request, WeightsUpdateRequest)
-    service = _service(request)
+async def update_weights_in_one_call(body: WeightsUpdateRequest, service: AgentService) -> web.Response:
     done = await update_from_disk(service.control, service.disk, service.weights, service.readiness, body)
     return json_response(
         WeightsUpdatedAnswer(
@@ -350,17 +366,13 @@ async def update_weights_in_one_call(request: web.Request) -> web.Response:
 # The same update in three calls (prepare, the disk load with its checksums, resume), each
 # answering what the controller would otherwise read in a call of its own: kept for clients
 # that drive the steps themselves.
-@api.post(
+@_loads(
     "/v1/agent/prepare",
     "Learn the desired weight version, then pause; answers the state.",
     body=PrepareRequest,
     ok=AgentState,
-    errors=(403, *_ENGINE),
-    tag=_EXTRA,
 )
-async def prepare(request: web.Request) -> web.Response:
-    body = await parse_body(request, PrepareRequest)
-    service = _service(request)
+async def prepare(body: PrepareRequest, service: AgentService) -> web.Response:
     await prepare_update(
         service.control,
         service.disk,
@@ -380,17 +392,13 @@ async def resume_reporting(request: web.Request) -> web.Response:
     return json_response(service.state())
 
 
-@api.post(
+@_loads(
     "/v1/agent/loras",
     "Load an adapter, or hot-swap the one under its name; with `checksums`, answers its checksums and the state too.",
     body=LoraLoadRequest,
     ok=LoraLoadedAnswer,
-    errors=(403, *_ENGINE),
-    tag=_EXTRA,
 )
-async def load_lora(request: web.Request) -> web.Response:
-    body = await parse_body(request, LoraLoadRequest)
-    service = _service(request)
+async def load_lora(body: LoraLoadRequest, service: AgentService) -> web.Response:
     info = await service.lora.load(body)
     if not body.checksums:
         return json_response(info)
