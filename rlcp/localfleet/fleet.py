@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -67,6 +67,9 @@ class FleetError(Exception):
     """The fleet could not be brought up or kept up; the message says which part and why."""
 
 
+_Child = TypeVar("_Child", bound=ChildProcess)
+
+
 @dataclass
 class Processes:
     """Every subprocess this run started; their pids go to pids.json for tools and tests."""
@@ -82,7 +85,7 @@ class Processes:
         self._write_pids()
         return envoy
 
-    def spawn(self, child: ChildProcess) -> ChildProcess:
+    def spawn(self, child: _Child) -> _Child:
         """Start `child` (its config, which holds tokens, readable by this user only)."""
         self.children.append(child.spawn())
         self._write_pids()
@@ -159,8 +162,8 @@ class Rollouts:
     version: str | None  # the version rollouts are tallied under before the first answer names one
     ok: int = 0
     failed: int = 0
-    by_version: collections.Counter = field(default_factory=collections.Counter)
-    turn: itertools.count = field(default_factory=itertools.count)
+    by_version: collections.Counter[str | None] = field(default_factory=collections.Counter)
+    turn: itertools.count[int] = field(default_factory=itertools.count)
 
     async def run(self) -> None:
         await asyncio.gather(*(self._loop() for _ in range(self.streams)))
@@ -190,7 +193,7 @@ class Rollouts:
             await asyncio.sleep(0.05)
 
 
-def print_workers(state: dict) -> None:
+def print_workers(state: dict[str, Any]) -> None:
     for w in state["workers"]:
         say(
             f"    {w['id']:<10} version={w['weight_version']}  ready={_YN[w['ready']]}  paused={_YN[w['paused']]}"
@@ -222,13 +225,14 @@ class Trainer:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             raise FleetError(f"{method} {self.url}{path} failed: {type(exc).__name__}: {exc}") from exc
 
-    async def wait_for_fleet(self, procs: Processes, deadline_s: float = 60.0) -> dict:
+    async def wait_for_fleet(self, procs: Processes, deadline_s: float = 60.0) -> dict[str, Any]:
         """Until the controller sees every agent reachable and ready; returns its state."""
-        deadline, state = time.monotonic() + deadline_s, {}
+        deadline, state = time.monotonic() + deadline_s, dict[str, Any]()
         while time.monotonic() < deadline:
             procs.check_alive()
             try:
-                status, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
+                status, body = await self.call("GET", "/v1/rl/state", timeout_s=5)
+                state = body if isinstance(body, dict) else {"answer": body}
                 workers = state.get("workers", []) if status == 200 else []
                 if len(workers) == self.args.agents and all(w["reachable"] and w["ready"] for w in workers):
                     return state
@@ -289,7 +293,7 @@ class Trainer:
             + "(X-RL-Weight-Version): "
             + " ".join(f"{v}={n}" for v, n in rollouts.by_version.items())
         )
-        return n_ok == self.args.steps
+        return bool(n_ok == self.args.steps)
 
 
 async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, base: Path | None) -> bool:
@@ -332,7 +336,7 @@ def gateway_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"host": "127.0.0.1", "port": args.gateway_port}
 
 
-async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -> EnvoyProcess:
+async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict[str, Any]) -> EnvoyProcess:
     """One real Envoy, bootstrapped at the controller's xDS server, listening on `--gateway-port`;
     returns once it serves (it has the controller's first fence)."""
     from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
@@ -342,7 +346,9 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -
     if not xds_url:
         raise FleetError("the controller serves no xDS (gateway.data_plane is not envoy)")
     host, _, port = xds_url.removeprefix("grpc://").rpartition(":")
-    settings = ControllerSettings(gateway=gateway_section(args))  # all the bootstrap reads: the gateway's
+    settings = ControllerSettings.model_validate(
+        {"gateway": gateway_section(args)}
+    )  # all the bootstrap reads: the gateway's
     boot = envoy_bootstrap(settings, xds_host=host, xds_port=int(port), listen_port=args.gateway_port, admin_port=0)
     envoy = procs.add_envoy(EnvoyProcess(boot, args.workdir / "run", log_path=args.workdir / "logs" / "envoy.log"))
     try:
@@ -356,7 +362,7 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict) -
 
 async def start_ray_fleet(
     args: argparse.Namespace, procs: Processes, base: Path | None, head: Any
-) -> tuple[list[dict], str, str]:
+) -> tuple[list[dict[str, Any]], str, str]:
     """A controller that places `args.agents` agents on the Ray head `head` (a started
     `rlcp.harness.raycluster.RayHead`): ([], URL, API token); its state shows the agents."""
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
@@ -427,7 +433,9 @@ async def start_ray_fleet(
     return [], f"http://127.0.0.1:{port}", api_token
 
 
-async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | None) -> tuple[list[dict], str, str]:
+async def start_fleet(
+    args: argparse.Namespace, procs: Processes, base: Path | None
+) -> tuple[list[dict[str, Any]], str, str]:
     """The agents (concurrently), then the controller over them: (specs, URL, API token)."""
     # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
     # token left exported by an earlier shell would override the generated ones.
@@ -441,7 +449,7 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 
-    async def start_agent(name: str, index: int) -> dict:
+    async def start_agent(name: str, index: int) -> dict[str, Any]:
         # vLLM's CPU backend binds every engine's threads to the same cores by default
         # ("auto"); one core each lets N engines on one machine run side by side.
         bind = (
@@ -507,14 +515,16 @@ async def start_fleet(args: argparse.Namespace, procs: Processes, base: Path | N
 
 async def run(args: argparse.Namespace, base: Path | None) -> int:
     """Bring the fleet up, run the steps, and stop every process it started, whatever happens."""
-    procs, task, got, t0 = Processes(args.workdir), asyncio.current_task(), [], time.monotonic()
+    procs, task, t0 = Processes(args.workdir), asyncio.current_task(), time.monotonic()
+    got: list[signal.Signals] = []
     model = "sim" if base is None else "tiny"
     head, supervision = None, None
 
     def on_signal(sig: signal.Signals) -> None:
         if not got:  # later signals: the stop is already on its way
             say(f"\n{sig.name}: stopping the fleet ...")
-            task.cancel()
+            if task is not None:
+                task.cancel()
         got.append(sig)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -534,6 +544,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             trainer = Trainer(session, url, token, args, base)
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
+            gateway: str | None
             if args.envoy:
                 gateway = (await start_envoy(args, procs, state)).url
                 what = "Envoy: the fleet's one inference endpoint, fenced by weight version over xDS"

@@ -95,7 +95,7 @@ class Sampler:
     timeout_s: float = 120.0  # one request's deadline
     attempts: int = 4  # a request refused (503 while nothing can serve, a dead server) is sent again
     failed: int = 0  # requests that failed and were sent again
-    _turn: itertools.count = field(default_factory=itertools.count)
+    _turn: itertools.count[int] = field(default_factory=itertools.count)
 
     async def sample(self, prompts: Sequence[tuple[int, ...]], group: int, seed: int) -> list[Completion]:
         """`group` completions of each prompt, in prompt order; seeds fixed by `seed`."""

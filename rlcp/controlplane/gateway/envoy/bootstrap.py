@@ -253,11 +253,10 @@ def envoy_bootstrap(
     http_filters = ([_rbac(tokens)] if tokens else []) + [
         {
             "name": "envoy.filters.http.router",
-            # No per-request stats by upstream zone or canary, no x-envoy-* headers to the worker:
-            # the fence's hot path pays for neither (the cluster's own counters stay).
+            # No x-envoy-* headers to the worker or the client. (Its dynamic stats stay on: they
+            # count the requests routed, per response class, which `rlctl` and the local fleet read.)
             "typed_config": {
                 "@type": _T + "envoy.extensions.filters.http.router.v3.Router",
-                "dynamic_stats": False,
                 "suppress_envoy_headers": True,
             },
         }
