@@ -21,7 +21,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -232,12 +231,15 @@ def trainer_main() -> None:
 
 
 async def run_sglang_trainer(spec: dict[str, Any], log: Path, *, venv: Path) -> int:
-    """Run the trainer in SGLang's venv to its end (at most `TRAINER_S`); its exit code."""
+    """Run the trainer in SGLang's venv to its end (killed after `TRAINER_S`); its exit code."""
     env = child_env(PYTHONPATH=f"{REPO}:{venv / 'extra'}", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
     env.pop("VIRTUAL_ENV", None)
     with log.open("ab") as out:
-        proc = subprocess.Popen(
-            [str(venv / "bin" / "python"), "-m", "rlcp.harness.sglang", json.dumps(spec)],
+        proc = await asyncio.create_subprocess_exec(
+            str(venv / "bin" / "python"),
+            "-m",
+            "rlcp.harness.sglang",
+            json.dumps(spec),
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -245,14 +247,11 @@ async def run_sglang_trainer(spec: dict[str, Any], log: Path, *, venv: Path) -> 
             env=env,
         )
     try:
-        deadline = time.monotonic() + TRAINER_S
-        while proc.poll() is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        return await asyncio.wait_for(proc.wait(), TRAINER_S)
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
+            await proc.wait()
 
 
 if __name__ == "__main__":
