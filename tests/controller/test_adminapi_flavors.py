@@ -23,6 +23,7 @@ from rlcp.controlplane.settings import WorkerCallSettings
 from rlcp.controlplane.workers.capabilities import LoadReport, UpdatePlan, capabilities
 from rlcp.controlplane.workers.flavors.agent import AgentDriver
 from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver
+from rlcp.controlplane.workers.flavors.sglang import UNNAMED_WEIGHTS
 from rlcp.controlplane.workers.flavors.vllm import VllmDriver
 from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import (
@@ -481,6 +482,32 @@ async def test_sglang_refuses_a_vllm_wire_trainer_and_a_trainer_that_never_liste
     assert [path for _, path, _ in sent(wire)] == [f"{BASE}/destroy_weights_update_group"]  # never the join
     with pytest.raises(WorkerRejected, match="no weight-update group joined"):
         await api.update_weights({"names": [], "dtype_names": [], "shapes": []}, 1.0)
+
+
+async def test_sglang_chunk_that_failed_ends_the_session_and_withdraws_the_old_version(session, wire):
+    """The operation calls no finish on a worker whose chunk failed; SGLang keeps what loaded, so the
+    driver ends the session itself and names the weights as no version (what its status reads)."""
+    api = make("sglang", session)
+    api._group = "weight_update_group"  # joined (the join itself: the test above)
+    wire.post(f"{BASE}/begin_weight_update", payload={"success": True, "message": "ok"})
+    wire.post(
+        f"{BASE}/update_weights_from_distributed",
+        status=400,
+        payload={"success": False, "message": "Failed to update parameter online: ... partially updated"},
+    )
+    wire.post(f"{BASE}/update_weights_from_distributed", payload={"success": True, "message": "ok"})
+    wire.post(f"{BASE}/end_weight_update", payload={"success": True, "message": "ok"})
+    await api.start_weight_update()
+    with pytest.raises(WorkerRejected, match="partially updated"):
+        await api.update_weights({"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}, 5.0)
+    withdrawn = [body for _, path, body in sent(wire) if path.endswith("/update_weights_from_distributed")][-1]
+    assert (withdrawn["names"], withdrawn["weight_version"], withdrawn["flush_cache"]) == ([], UNNAMED_WEIGHTS, True)
+    assert sent(wire)[-1][1] == f"{BASE}/end_weight_update"
+    info = {"weight_version": UNNAMED_WEIGHTS, "served_model_name": "tiny", "model_path": "/m/base"}
+    wire.get(f"{BASE}/model_info", payload=info)
+    wire.get(f"{BASE}/v1/loads", payload={"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
+    wire.get(f"{BASE}/v1/models", payload={"data": [{"id": "tiny", "parent": None}]})
+    assert (await api.status()).weight_version is None
 
 
 # -- vllm ----------------------------------------------------------------------------------
