@@ -199,6 +199,23 @@ async def test_an_operation_a_member_cannot_do_is_refused_up_front_naming_it(
     assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
 
 
+async def test_a_broadcast_over_agents_and_sglang_members_is_refused_up_front_saying_why(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
+    """SGLang members can broadcast, agents can: not in one group (their wires differ)."""
+    ctl = memory_fleet.controller(tmp_path)
+    # w2 is driven as an SGLang server (its memory:// address answers nothing: it must not be called).
+    ctl.apply_membership([*memory_fleet.specs()[:2], WorkerSpec(id="w2", admin_url="memory://w2", flavor="sglang")])
+    with pytest.raises(MissingCapability) as refused:
+        await ctl.transfer.init(TransferInitRequest(init_info={"world_size": 4}))
+    assert list(refused.value.workers) == ["w2"]
+    assert "cannot mix SGLang members (w2) with members on vLLM's weight-transfer wire (w0, w1)" in (
+        refused.value.message
+    )
+    assert to_api_error(refused.value).status == 409
+    assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
+
+
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(
     memory_fleet: MemoryFleet, tmp_path: Path
 ) -> None:

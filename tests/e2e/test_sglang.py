@@ -19,10 +19,12 @@ import aiohttp
 import pytest
 
 from rlcp.controlplane.assembly import GATEWAY
-from rlcp.harness.controller import controller_settings, serving_controller, update_body
-from rlcp.harness.http import call
+from rlcp.controlplane.workers.flavors.sglang import UNNAMED_WEIGHTS
+from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.harness.controller import CTL_TOKEN, controller_settings, serving_controller, update_body
+from rlcp.harness.http import call, free_port
 from rlcp.harness.processes import VllmServeProcess
-from rlcp.harness.sglang import SglangServerProcess, sglang_venv
+from rlcp.harness.sglang import SglangServerProcess, run_sglang_trainer, sglang_venv
 from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
@@ -306,6 +308,98 @@ async def test_sleep_keeps_the_server_out_and_a_wake_returns_it_unchanged(http, 
     assert (await generate(http, server))[0] == refs[1]
 
 
+# -- broadcast from a trainer on SGLang's wire --------------------------------------------------
+async def broadcast(ctl, tiny_models, tmp_path, version: str, *, corrupt: bool = False) -> tuple[int, str]:
+    """A trainer process (SGLang's venv, rank 0 of SGLang's kind of group) broadcasts weights-2
+    through the controller: its exit code and log."""
+    log = tmp_path / f"trainer-{version}.log"
+    spec = {
+        "url": str(ctl.client.make_url("")).rstrip("/"),
+        "token": CTL_TOKEN,
+        "model_dir": str(tiny_models["weights-2"]),
+        "port": free_port(),
+        "version": version,
+        "corrupt": corrupt,
+    }
+    code = await run_sglang_trainer(spec, log, venv=sglang_venv())
+    return code, log.read_text()[-4000:]
+
+
+async def test_a_broadcast_from_a_trainer_changes_greedy_output_and_the_state_shows_the_version(
+    http, server, ctl, refs, tiny_models, tmp_path
+):
+    assert (await generate(http, server))[0] == refs[1]
+    # Fills SGLang's radix cache with the old weights' KV: unflushed, the output below would mix.
+    assert (await generate(http, server, LONG_PROMPT))[0] == refs["long", 1]
+    code, log = await broadcast(ctl, tiny_models, tmp_path, "bcast-2")
+    assert code == 0, log
+
+    ids, meta = await generate(http, server)
+    assert ids == refs[2] and meta["weight_version"] == "bcast-2"
+    assert (await generate(http, server, LONG_PROMPT))[0] == refs["long", 2]
+    state = await ctl.state()
+    assert state["applied"] == {"weight_version": "bcast-2", "converged": True, "verified": True}
+    worker = ctl.worker(state, "sglang-0")
+    assert (worker["weight_version"], worker["serving"], worker["paused"]) == ("bcast-2", True, False)
+    assert state["weight_transfer"]["members"] == [{"worker_id": "sglang-0", "rank_offset": 1, "world_size": 1}]
+    last = state["last_operation"]
+    assert (last["kind"], last["status"], last["detail"]["chunks"]) == ("weight_transfer_update", "ok", 1)
+    status, info = await call(http, "GET", server.url + "/model_info")
+    assert info["weight_version"] == "bcast-2"  # SGLang's own read agrees
+    # Leaving the group: SGLang destroys it (a second destroy answers "does not exist").
+    status, result = await ctl.call("POST", "/v1/rl/weight_transfer/shutdown", {})
+    assert status == 200 and by_worker(result) == {"sglang-0": ("ok", "shutdown_weight_transfer")}, result
+    status, answer = await call(
+        http, "POST", server.url + "/destroy_weights_update_group", body={"group_name": "weight_update_group"}
+    )
+    assert status == 400 and "does not exist" in answer["message"], answer
+
+
+async def test_a_broadcast_that_fails_to_load_never_names_its_version_and_the_disk_copy_is_restored(
+    http, server, ctl, refs, tiny_models, tmp_path
+):
+    status, result = await ctl.call("POST", "/v1/rl/update_weights", update_body("disk-1", tiny_models["weights-1"]))
+    assert status == 200, result
+    # The trainer declares and sends one tensor an element short: SGLang receives every tensor, loads
+    # those before it (weights-2's), then refuses that one ("the full weights ... are partially updated").
+    code, log = await broadcast(ctl, tiny_models, tmp_path, "bcast-bad", corrupt=True)
+    assert code != 0 and "update -> 502" in log and "partially updated" in log, log
+    status, info = await call(http, "GET", server.url + "/model_info")
+    # The half-loaded weights are not reported as disk-1 any more (nor as bcast-bad), unless the
+    # reconciler already reloaded disk-1 from its disk copy.
+    assert info["weight_version"] in (UNNAMED_WEIGHTS, "disk-1"), info
+    state = await ctl.state()
+    assert state["applied"]["weight_version"] == "disk-1"
+    last = state["last_operation"]
+    assert last["kind"] == "weight_transfer_update" and last["status"] != "ok", last
+    assert "failed an update chunk" in last["detail"]["aborted"], last
+
+    async def restored() -> bool:
+        worker = ctl.worker(await ctl.state(), "sglang-0")
+        return (worker["weight_version"], worker["serving"]) == ("disk-1", True)
+
+    await wait_for(restored, timeout_s=120, what="the reconciler reloading disk-1 into the half-loaded server")
+    ids, meta = await generate(http, server)
+    assert ids == refs[1] and meta["weight_version"] == "disk-1"
+
+
+async def test_a_trainer_that_never_listens_fails_the_join_in_its_deadline_and_sglang_keeps_serving(
+    http, server, ctl, refs
+):
+    """SGLang's own join would wait 30 minutes for the rendezvous, its scheduler blocked: the driver
+    waits for the trainer's port within the init's deadline and never asks SGLang to join."""
+    driver = ctl.ctl.registry.get("sglang-0").driver
+    info = {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 2, "backend": "gloo"}
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(WorkerRejected, match="did not accept a connection"):
+        await driver.init_weight_transfer(info | {"rank_offset": 1}, 2.0)
+    assert asyncio.get_running_loop().time() - started < 10
+    assert (await generate(http, server))[0] == refs[1]  # the scheduler was never blocked
+    # A trainer on vLLM's wire (its gloo backend's keys) is refused before SGLang is called.
+    with pytest.raises(WorkerRejected, match="buffer_size_bytes, timeout_s"):
+        await driver.init_weight_transfer(info | {"rank_offset": 1, "timeout_s": 3.0, "buffer_size_bytes": 64}, 2.0)
+
+
 # -- a mixed fleet ------------------------------------------------------------------------------
 async def complete(http, url: str) -> list[int]:
     status, body = await call(
@@ -374,6 +468,15 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
                 outputs = [await complete(http, u) for u in vllm_urls]
                 assert outputs[0] == outputs[1] and (outputs[0] == before[0]) == (seed == 1)
                 assert (await generate(http, server))[0] == refs[seed]
+            # One broadcast group cannot span both wires: refused up front, saying why, nothing touched.
+            init = {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 4}
+            status, refused = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init})
+            assert status == 409 and refused["error"]["code"] == "capability_missing", refused
+            assert "cannot mix SGLang members (sglang-0)" in refused["error"]["message"], refused
+            assert "(agent-0, vllm-0)" in refused["error"]["message"] and list(refused["error"]["workers"]) == [
+                "sglang-0"
+            ]
+            assert (await ctl.state())["weight_transfer"] is None
     finally:
         stock.stop()
 

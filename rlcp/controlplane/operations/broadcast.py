@@ -40,7 +40,7 @@ from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings import WeightTransferSettings
-from rlcp.controlplane.workers.capabilities import BROADCAST, CONTROL, DESIRED_VERSION, has
+from rlcp.controlplane.workers.capabilities import BROADCAST, CONTROL, DESIRED_VERSION, has, require_one_transfer_wire
 from rlcp.core.wire.controller import (
     Checkpoint,
     OperationKind,
@@ -156,6 +156,7 @@ class WeightTransfer:
         if not members:
             raise NoMembers("the fleet has no members")
         require_capability(members, "broadcast", "a broadcast weight transfer")
+        require_one_transfer_wire(r.driver for r in members)
         if asleep := sorted(ctx.desired.state.asleep):
             # The group spans every member's ranks, and an engine asleep cannot take weights.
             raise Conflict(

@@ -12,7 +12,8 @@
     ├── Lora            load / hot-swap and unload adapters
     ├── Sleep           vLLM's sleep mode: sleep (level, mode), wake_up (tags)
     ├── PrefixCache     drop the engine's prefix cache (vLLM's `/reset_prefix_cache`)
-    └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...)
+    └── BroadcastPeer   vLLM's weight-transfer protocol (init, start, chunks, finish, ...),
+                        spoken on the group by the peer's wire (`TransferWire`): vLLM's or SGLang's
 
 A flavor implements the capabilities its engine has and no others: there is no method whose
 only body is "not supported". Each flavor's class names the Protocols it implements among its
@@ -38,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
+from rlcp.controlplane.errors import MissingCapability
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
@@ -53,6 +55,10 @@ Capability = Literal[
     "sleep",
     "prefix_cache",
 ]
+TransferWire = Literal["vllm", "sglang"]
+"""How a broadcast peer joins the trainer's group and cuts the stream it receives: `vllm`, vLLM's
+weight-transfer engines (the agent, stock vLLM); `sglang`, SGLang's `/init_weights_update_group`.
+A trainer is rank 0 of a group of one wire, never of both (`require_one_transfer_wire`)."""
 SleepMode = Literal["abort", "wait"]  # vLLM's sleep takes keep too; a kept request's KV would be dropped
 
 
@@ -183,6 +189,9 @@ class Lora(Driver, Protocol):
 
 @runtime_checkable
 class BroadcastPeer(Driver, Protocol):
+    transfer_wire: TransferWire
+    """The group this peer joins and the stream it expects (`TransferWire`)."""
+
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None: ...
 
     async def start_weight_update(self) -> None: ...
@@ -354,3 +363,32 @@ def has(driver: Driver, capability: Capability) -> bool:
         return True
     published = driver.published_capabilities()
     return published is None or capability in published
+
+
+def require_one_transfer_wire(drivers: Iterable[Driver]) -> None:
+    """Refuse, before any worker is touched, a broadcast group whose peers speak different wires.
+
+    They cannot meet in one group (checked against vLLM 0.32 and SGLang 0.5.23's code): SGLang
+    joins a `torch.distributed` process group (`init_custom_process_group`: the group's gloo or
+    NCCL keys under `<group>/<group>//<device>/` in the trainer's TCP store) and receives one
+    broadcast per tensor, in its dtype; vLLM's engines join through vLLM's `StatelessProcessGroup`
+    (gloo under its own store prefix, NCCL through PyNccl's unique id and a warm-up all-reduce),
+    and its gloo and packed NCCL backends cut the tensors into shared byte buffers. No trainer is
+    rank 0 of both rendezvous at once, and the bytes would not line up if it were."""
+    wires: dict[TransferWire, list[str]] = {}
+    for d in drivers:
+        if implements(d, BROADCAST):
+            wires.setdefault(d.transfer_wire, []).append(d.spec.id)
+    if len(wires) < 2:
+        return
+    sglang = sorted(wires.get("sglang", []))
+    others = sorted(w for wire, ids in wires.items() if wire != "sglang" for w in ids)
+    raise MissingCapability(
+        f"a broadcast weight transfer cannot mix SGLang members ({', '.join(sglang)}) with members on "
+        f"vLLM's weight-transfer wire ({', '.join(others)}): SGLang joins a torch.distributed group "
+        "(its init_weights_update_group) and takes one broadcast per tensor, vLLM's engines join through "
+        "vLLM's StatelessProcessGroup (and its gloo backend packs tensors into shared buffers), so no "
+        "trainer can be rank 0 of both. Broadcast to a fleet of one kind, or update a mixed fleet from "
+        "disk (POST /v1/rl/update_weights)",
+        workers=dict.fromkeys(sglang, "broadcast on vLLM's weight-transfer wire"),
+    )

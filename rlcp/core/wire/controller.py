@@ -263,8 +263,10 @@ class LoraRequest(_Body):
 class TransferInitRequest(_Body):
     init_info: dict[str, Any] = Field(
         description="The trainer's init info for the workers (vLLM's "
-        "WeightTransferInitRequest). `world_size` must be 1 + the fleet's "
-        "inference ranks; the controller sets each worker's `rank_offset`."
+        "WeightTransferInitRequest; for a fleet of SGLang servers, SGLang's group fields: "
+        "master_address, master_port, world_size, and optionally backend and group_name). "
+        "`world_size` must be 1 + the fleet's inference ranks; the controller sets each "
+        "worker's `rank_offset`."
     )
 
 

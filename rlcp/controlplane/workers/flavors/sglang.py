@@ -27,7 +27,8 @@ SGLang's RL surface, and what this driver does about each of its traps (none may
   `/weights_checker` answers one opaque checksum per engine, computed only on GPU builds), so
   verification is by version.
 - `/update_weight_version` aborts everything in flight unless told `abort_all_requests: false`:
-  this driver never calls it (the version travels with the load).
+  versions travel with the loads; the driver calls it only to name broadcast weights after a finish
+  that named none, and then with `abort_all_requests: false`.
 - After a disk update SGLang serves the model under the new path's name (`/model_info`
   `served_model_name` and `/v1/models` become the directory), yet still answers the old name: the
   status reports the spec's `model` where discovery named one, else the name this driver saw before
@@ -42,31 +43,82 @@ SGLang's RL surface, and what this driver does about each of its traps (none may
 - versions per answer: `meta_info.weight_version` (native `/generate`) or `metadata.weight_version`
   (OpenAI routes), and `weight_versions` spans `[{version, start, end}]`: the gateway holds an
   answer to the version the fence chose (`answers_name_version`).
-- broadcast (`/init_weights_update_group`, `/begin_weight_update`, `/update_weights_from_distributed`,
-  `/end_weight_update`, `/destroy_weights_update_group`): not a capability of this driver yet (its
-  group takes names, dtypes and shapes per call, not vLLM's transfer plan); a broadcast over a
-  fleet with SGLang members is refused up front, naming them.
+- broadcast: vLLM's weight-transfer calls (the controller's API) translated onto SGLang's group:
+    init   -> `POST /init_weights_update_group {master_address, master_port, world_size, rank_offset,
+              group_name, backend}`: the rank offset the controller gave this member; `backend` and
+              `group_name` from the trainer's `init_info` (defaults SGLang's: `nccl`,
+              `weight_update_group`), the group name then kept by the driver for every later call.
+              A group of that name left from an earlier trainer is destroyed first (SGLang refuses a
+              second one). SGLang's join has no deadline of its own (torch's default, 30 minutes)
+              and blocks its scheduler meanwhile, so the driver first waits, within the init's
+              deadline, until the trainer's rendezvous port accepts a connection; a trainer that
+              never listens fails the init without SGLang being asked. `init_info` keys SGLang's
+              group does not take (vLLM backends' `buffer_size_bytes`, `packed`, ...) are refused
+              before any call: such a trainer speaks vLLM's wire;
+    start  -> `POST /begin_weight_update` (a session left open by an earlier controller is ended
+              first: SGLang refuses a second one);
+    chunk  -> `POST /update_weights_from_distributed {names, dtypes (vLLM's dtype_names), shapes,
+              group_name, flush_cache: false}`, one per chunk, only inside begin/end as SGLang
+              requires. SGLang receives each named tensor as one broadcast from rank 0, in order,
+              in its declared dtype, and loads it at once;
+    finish -> one more `update_weights_from_distributed` naming no tensor, with `flush_cache: true`
+              and the finish's `weight_version`: the version declared and the radix cache flushed
+              in the scheduler step that records the load (not a separate `/update_weight_version`,
+              which would leave a window with new weights under the old name), then `POST
+              /end_weight_update`. The operation
+              verifies by the version `/model_info` then reports. A finish without a version
+              after chunks (or a chunk that failed: the operation calls no finish on that worker,
+              so the driver ends the session itself) declares `UNNAMED_WEIGHTS`, which the status
+              reports as no version: SGLang keeps whatever part of the chunk loaded, and the old
+              version no longer describes it, so the reconciler reloads the disk copy (or the
+              member stays out until the next broadcast) instead of resuming it as converged;
+    naming -> `/update_weight_version {new_version, abort_all_requests: false}` (after a finish that
+              named none); shutdown -> `/destroy_weights_update_group {group_name}`.
+  The trainer is rank 0 of SGLang's kind of group (`sglang.srt.utils.init_custom_process_group`;
+  slime's trainer uses a copy of it, `slime.utils.distributed_utils.init_process_group`) and
+  broadcasts each tensor alone; vLLM's trainer-side engines cannot be
+  (`capabilities.require_one_transfer_wire`): a fleet that mixes SGLang members with vLLM-wire
+  members is refused a broadcast up front with a 409 saying why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, ClassVar, final
 
-from rlcp.controlplane.workers.capabilities import Control, DiskWeights, LoadReport, Lora, PrefixCache, Sleep, SleepMode
+from rlcp.controlplane.workers.capabilities import (
+    BroadcastPeer,
+    Control,
+    DiskWeights,
+    LoadReport,
+    Lora,
+    PrefixCache,
+    Sleep,
+    SleepMode,
+    TransferWire,
+)
 from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
-from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import PauseMode, RequestCounts
 
 # Ours -> SGLang's (see the module docstring); `wait` drains first, then pauses so.
 _SGLANG_MODE: dict[PauseMode, str] = {"abort": "abort", "keep": "retract", "wait": "retract"}
 _DRAIN_POLL_S = 0.2
+# SGLang's defaults for a group (`InitWeightsUpdateGroupReqInput`), and the keys its group takes.
+_GROUP_DEFAULTS = {"group_name": "weight_update_group", "backend": "nccl"}
+_GROUP_KEYS = frozenset({"master_address", "master_port", "world_size", "rank_offset", *_GROUP_DEFAULTS})
+_CHUNK_KEYS = frozenset({"names", "dtype_names", "shapes"})
+_RENDEZVOUS_POLL_S = 0.2
+# Declared when a broadcast changed weights without naming them (a failed or unnamed update): the
+# old version no longer describes them. A space: no version a client can name (`VERSION_PATTERN`).
+UNNAMED_WEIGHTS = "unnamed weights (rlcp)"
 
 
 @final
-class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, Sleep, PrefixCache):
+class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, Sleep, PrefixCache, BroadcastPeer):
     """Speaks to one SGLang server (its HTTP port is both its admin and its inference URL)."""
 
     flavor = "sglang"
@@ -75,6 +127,10 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     _paused = False  # SGLang has no read of its pause: what this driver's calls left it in
     _asleep = False  # likewise for memory occupation
     _served_name: str | None = None  # the name it served before a disk update renamed it
+    transfer_wire: TransferWire = "sglang"
+    _group: str | None = None  # the weight-update group this driver had the server join
+    _session = False  # between this driver's begin_weight_update and end_weight_update
+    _changed = False  # a chunk was sent in this session: the weights may differ from the version's
 
     async def status(self) -> WorkerStatus:
         info, loads, models = await asyncio.gather(
@@ -90,7 +146,7 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         return WorkerStatus(
             paused=self._paused,
             sleeping=self._asleep,
-            weight_version=None if version is None else str(version),
+            weight_version=None if version is None or version == UNNAMED_WEIGHTS else str(version),
             requests=_counts(loads, self.spec.id),
             loras=self._loras(models),
             engine_alive=True,
@@ -177,6 +233,148 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
             "POST", "/flush_cache", params=params, timeout_s=self.deadlines.weight_load_s + self.deadlines.grace_s
         )
 
+    # -- broadcast: vLLM's calls onto SGLang's group (see the module docstring) ---------------
+    async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
+        body = self._group_body(init_info)
+        deadline = time.monotonic() + timeout_s
+        await self._destroy_group(body["group_name"])  # SGLang refuses a second group of one name
+        self._group = None
+        await self._await_rendezvous(str(body["master_address"]), int(body["master_port"]), deadline)
+        await self._post(
+            "/init_weights_update_group",
+            body,
+            timeout_s=max(deadline - time.monotonic(), 0.0) + self.deadlines.grace_s,
+            retry=False,
+        )
+        self._group = str(body["group_name"])
+
+    async def start_weight_update(self) -> None:
+        try:
+            await self._post("/begin_weight_update", {}, retry=False)
+        except WorkerRejected as exc:
+            if "already open" not in str(exc):
+                raise
+            # A session an earlier controller (or a failed update) left open: end it, begin again.
+            await self._post("/end_weight_update", {}, retry=False)
+            await self._post("/begin_weight_update", {}, retry=False)
+        self._session, self._changed = True, False
+
+    async def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]], timeout_s: float) -> None:
+        group = self._require_group()
+        try:
+            for chunk in update_info if isinstance(update_info, list) else [update_info]:
+                body = self._chunk_body(chunk, group)
+                self._changed = True  # from here SGLang may have loaded part of it
+                await self._post(
+                    "/update_weights_from_distributed",
+                    body,
+                    timeout_s=timeout_s + self.deadlines.grace_s,
+                    retry=False,
+                )
+        except WorkerCallError:
+            # The operation calls no finish on a worker whose chunk failed: end the session here,
+            # the cache flushed and, if anything may have loaded, the old version withdrawn
+            # (SGLang keeps what loaded: "the full weights are partially updated").
+            with contextlib.suppress(WorkerCallError):
+                await self.finish_weight_update(None)
+            raise
+
+    async def finish_weight_update(self, version: str | None) -> None:
+        if not self._session:
+            return  # nothing begun here: nothing loaded to flush or to name
+        # A load of no tensor: the version declared and the cache flushed in the scheduler step
+        # that records a load, inside the session as SGLang requires. Without a version, weights
+        # a chunk changed are no longer reported under the old one.
+        named = version if version is not None else UNNAMED_WEIGHTS if self._changed else None
+        await self._post(
+            "/update_weights_from_distributed",
+            {
+                "names": [],
+                "dtypes": [],
+                "shapes": [],
+                "group_name": self._group or _GROUP_DEFAULTS["group_name"],
+                "flush_cache": True,
+                "weight_version": named,
+                "abort_all_requests": False,
+            },
+            timeout_s=self.deadlines.weight_load_s,
+            retry=False,
+        )
+        await self._post("/end_weight_update", {}, retry=False)
+        self._session = self._changed = False
+
+    async def shutdown_weight_transfer(self) -> None:
+        if self._group is not None:
+            await self._destroy_group(self._group)
+            self._group = None
+
+    async def update_weight_version(self, version: str) -> None:
+        # Never SGLang's default (`abort_all_requests: true` aborts everything in flight).
+        await self._post("/update_weight_version", {"new_version": version, "abort_all_requests": False})
+
+    def _group_body(self, init_info: dict[str, Any]) -> dict[str, Any]:
+        if unknown := sorted(set(init_info) - _GROUP_KEYS):
+            raise WorkerRejected(
+                self.spec.id,
+                f"init_info keys SGLang's weight-update group does not take: {', '.join(unknown)} "
+                "(a trainer on vLLM's weight-transfer wire?); it takes master_address, master_port, "
+                "world_size, backend and group_name",
+            )
+        body = _GROUP_DEFAULTS | dict(init_info)
+        kinds = {"master_address": str, "master_port": int, "world_size": int, "rank_offset": int}
+        kinds |= dict.fromkeys(_GROUP_DEFAULTS, str)
+        if wrong := sorted(k for k, kind in kinds.items() if not _is(body.get(k), kind)):
+            raise WorkerRejected(self.spec.id, f"init_info for SGLang's group: {', '.join(wrong)} missing or mistyped")
+        return body
+
+    def _chunk_body(self, chunk: dict[str, Any], group: str) -> dict[str, Any]:
+        if sorted(chunk) != sorted(_CHUNK_KEYS):
+            raise WorkerRejected(
+                self.spec.id,
+                "an update chunk for SGLang names names, dtype_names and shapes only; got "
+                f"{', '.join(sorted(chunk))} (SGLang receives each tensor alone: no packed buffers)",
+            )
+        return {
+            "names": chunk["names"],
+            "dtypes": chunk["dtype_names"],
+            "shapes": chunk["shapes"],
+            "group_name": group,
+            "flush_cache": False,  # once, at finish: the engine is paused meanwhile
+            "abort_all_requests": False,
+        }
+
+    def _require_group(self) -> str:
+        if self._group is None:
+            raise WorkerRejected(self.spec.id, "no weight-update group joined: initialise the weight transfer first")
+        return self._group
+
+    async def _destroy_group(self, name: str) -> None:
+        # Leaving a group twice is harmless: a refusal ("does not exist") is success here; an
+        # unreachable server or a timeout is not, and fails the call.
+        with contextlib.suppress(WorkerRejected):
+            await self._post("/destroy_weights_update_group", {"group_name": name}, retry=False)
+
+    async def _await_rendezvous(self, host: str, port: int, deadline: float) -> None:
+        """Until `deadline`, wait for the trainer's rendezvous (rank 0's TCP store) to accept a
+        connection: SGLang's own join would wait 30 minutes for it, its scheduler blocked."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), max(left, 0.05))
+            except (OSError, TimeoutError):
+                if time.monotonic() + _RENDEZVOUS_POLL_S >= deadline:
+                    raise WorkerRejected(
+                        self.spec.id,
+                        f"the trainer's rendezvous at {host}:{port} did not accept a connection in time; "
+                        "SGLang was not asked to join (its join would block its scheduler for 30 minutes)",
+                    ) from None
+                await asyncio.sleep(_RENDEZVOUS_POLL_S)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+
     # -- helpers ------------------------------------------------------------------------
     async def _drain(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -200,6 +398,11 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions.
         cards = self.answer_field(body, "data", "GET /v1/models")
         return {str(card["id"]): None for card in cards if isinstance(card, dict) and card.get("parent")}
+
+
+def _is(value: Any, kind: type) -> bool:
+    """A JSON value of that kind (a bool is no int here), a string not empty."""
+    return isinstance(value, kind) and not isinstance(value, bool) and value != ""
 
 
 def _counts(body: Any, worker_id: str) -> RequestCounts:

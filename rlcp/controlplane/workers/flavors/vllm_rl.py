@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlcp.controlplane.workers.capabilities import TransferWire
 from rlcp.controlplane.workers.flavors.base import DriverBase
 
 
 class VllmWeightTransferRoutes(DriverBase):
     """The broadcast-peer capability over vLLM's own routes."""
+
+    transfer_wire: TransferWire = "vllm"  # vLLM's weight-transfer engines on the worker side
 
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
         await self.transport.request(
