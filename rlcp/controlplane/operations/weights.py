@@ -106,7 +106,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
             return
         ctx.log.set_verified(False)
         serving_before = {r.id for r in members if serving(r)}
-        bubble = run.tracker.bubble = BubbleRecorder([r.id for r in members], serving_before)
+        bubble = run.tracker.measure_bubble([r.id for r in members], serving_before)
         await ctx.desired.set_disk_weights(req.version, req.source.model_copy(update={"path": path}))
         d = ctx.desired.state
         # Members the fence stops admitting now (every other version, at staleness 0) leave service.
@@ -142,7 +142,7 @@ class Roll:
     size: int
     serving_before: set[str]
     members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
-    bubble: BubbleRecorder  # the record's too (`tracker.bubble`), which reports it
+    bubble: BubbleRecorder  # the record's (`tracker.measure_bubble`), which reports it
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
