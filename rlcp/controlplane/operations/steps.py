@@ -9,9 +9,8 @@ the fan-out (`workers/fanout.py`), each worker's result in the operation's recor
 worker, the failure metric, the pause state a pause, resume or sleep leaves, and the answers
 that are a worker's status recorded as fresh reads. The operations (`weights`, `verify`,
 `pause`, `sleep`, `lora`, `broadcast`, `engine`, `caches`) and the reconciler's actions run
-on it; only reads outside any operation's record call the fan-out themselves (the checkpoint
-check before the gate, the status polls). SGLang's model gateway declares its workflows'
-steps the same way.
+on it, and the checkpoint check before the gate (`ask`); only the status polls call the
+fan-out themselves. SGLang's model gateway declares its workflows' steps the same way.
 
 What a failure does (`on_failure`):
 - `drop` (the default): the worker's result says why, and it is left out of what the step
@@ -22,9 +21,14 @@ What a failure does (`on_failure`):
 - `amend`: a step that makes good an earlier failure (a pause after a failed verification,
   a broadcast's abort): a worker's first failure stays its result, this step's own failure
   added to its message.
-Retries are not a step's: the transport retries an idempotent request (tenacity, with
-backoff and jitter) and never a collective one, and the reconciler's rate limiter retries a
-worker that failed (`reconcile/ratelimit.py`).
+Retries (`retry`): the transport already retries an idempotent request on a transient
+failure (tenacity, backoff and jitter) and never a collective one; a step's own `Retry` calls a
+worker again while its answer says a later call may pass (a checkpoint not there yet), within
+the step's deadline, which covers every attempt. A worker that failed an operation is retried
+by the reconciler, its backoff in the rate limiter (`reconcile/ratelimit.py`).
+
+`Executor.ask` runs a read before any operation exists (a pre-check: the checkpoint check),
+with the same fan-out, typing and retries, and records nothing: nothing has happened yet.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
+
 from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, FailedStep
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker
 from rlcp.controlplane.workers.capabilities import Can, Driver
 from rlcp.controlplane.workers.fanout import FanOut, Outcome
+from rlcp.controlplane.workers.transport import WorkerCallError
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import Phase, WorkerResult
 
@@ -63,6 +70,35 @@ PAUSE_STATE: dict[FailedStep, bool] = {"pause": True, "resume": False, "sleep": 
 
 
 @dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Call a worker again while it fails with one of `codes` (what it answered: the failure
+    may pass), every `wait_s`, for at most `within_s`; its last failure is its result."""
+
+    codes: frozenset[str]
+    wait_s: float
+    within_s: float
+
+    def around(self, call: Callable[[P], Awaitable[T]]) -> Callable[[P], Awaitable[T]]:
+        codes = self.codes
+
+        def passing(exc: BaseException) -> bool:
+            return isinstance(exc, WorkerCallError) and exc.code in codes
+
+        async def retried(driver: P) -> T:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(passing),
+                wait=wait_fixed(self.wait_s),
+                stop=stop_after_delay(self.within_s),
+                reraise=True,
+            ):
+                with attempt:
+                    return await call(driver)
+            raise AssertionError("unreachable: tenacity reraises the last failure")
+
+        return retried
+
+
+@dataclass(frozen=True, kw_only=True)
 class Step(Generic[P, T]):
     """One call to each of a set of workers, declared.
 
@@ -79,10 +115,15 @@ class Step(Generic[P, T]):
     label: str | None = None
     on_failure: OnFailure = "drop"
     observe: Callable[[T], WorkerStatus | None] | None = None
+    retry: Retry | None = None
 
     @property
     def shown_as(self) -> str:
         return self.label or self.name
+
+    def calling(self) -> Callable[[P], Awaitable[T]]:
+        """The call as sent to each worker: with its retries, if it has any."""
+        return self.call if self.retry is None else self.retry.around(self.call)
 
 
 @dataclass(frozen=True)
@@ -138,7 +179,7 @@ class Executor:
         if phase is not None and self._log is not None:
             self._log.set_phase(phase)
         outcomes = await self._fanout.each(
-            [r.driver for r in records], step.can, step.call, phase=step.shown_as, deadline_s=step.deadline_s
+            [r.driver for r in records], step.can, step.calling(), phase=step.shown_as, deadline_s=step.deadline_s
         )
         if step.on_failure == "amend":
             self._amend(outcomes, step.shown_as)
@@ -163,6 +204,18 @@ class Executor:
         if step.on_failure == "abort" and len(done.ok) < len(records):
             raise StepIncomplete(step, done)
         return done
+
+    async def ask(self, step: Step[P, T], records: list[WorkerRecord]) -> list[Outcome[T]]:
+        """A read before any operation exists (a pre-check): each worker's outcome, nothing
+        recorded and no failure logged -- the pre-check reports what it decides."""
+        return await self._fanout.each(
+            [r.driver for r in records],
+            step.can,
+            step.calling(),
+            phase=step.shown_as,
+            deadline_s=step.deadline_s,
+            quiet=True,
+        )
 
     async def ok(self, step: Step[P, Any], records: list[WorkerRecord]) -> list[WorkerRecord]:
         """`run`, for a step whose answers nobody reads: the records it succeeded on."""
