@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from rlcp.controlplane.controller import Controller
-from rlcp.controlplane.operations.steps import Executor, Step, StepIncomplete, status_answer
+from rlcp.controlplane.operations.steps import Executor, Retry, Step, StepIncomplete, status_answer
 from rlcp.controlplane.operations.verify import judge, judge_adapter
-from rlcp.controlplane.workers.capabilities import CONTROL, DRIVER
+from rlcp.controlplane.workers.capabilities import CONTROL, DRIVER, STAGED_UPDATE, StagedUpdate
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.harness.faults import Fault
 from rlcp.harness.memory import MemoryFleet
@@ -113,3 +113,33 @@ def test_an_adapter_is_judged_by_the_majority_and_a_worker_without_its_checksums
     held = {"w0": {"lora:x:a": "1"}, "w1": {"lora:x:a": "1"}, "w2": {"lora:x:a": "2"}, "w3": {}}
     assert judge_adapter(held, "x") == {"w2": "adapter 'x' checksums differ from 2 other worker(s)"}
     assert judge_adapter({"w3": {}}, "x") == {}
+
+
+async def test_a_retried_step_asks_again_only_while_the_failure_may_pass_and_a_pre_check_records_nothing(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
+    ctl = memory_fleet.controller(tmp_path)
+    steps = Executor(fanout=ctl.fanout, registry=ctl.registry, metrics=ctl.metrics)
+    missing = str(tmp_path / "not-there-yet")
+    w0 = [r for r in ctl.members() if r.id == "w0"]
+
+    def checks() -> int:
+        return sum("/v1/agent/weights/check" in call for call in memory_fleet["w0"].calls)
+
+    def check(retry: Retry | None) -> Step[StagedUpdate, None]:
+        return Step(
+            name="check",
+            can=STAGED_UPDATE,
+            call=lambda w: w.check_weights(missing, "weights"),
+            deadline_s=5,
+            retry=retry,
+        )
+
+    once = await steps.ask(check(None), w0)
+    assert [o.result.code for o in once] == ["path_unavailable"] and checks() == 1
+    again = await steps.ask(check(Retry(codes=frozenset({"path_unavailable"}), wait_s=0.05, within_s=0.3)), w0)
+    assert [o.result.code for o in again] == ["path_unavailable"] and checks() >= 4
+    before = checks()
+    other = await steps.ask(check(Retry(codes=frozenset({"path_forbidden"}), wait_s=0.05, within_s=0.3)), w0)
+    assert [o.result.code for o in other] == ["path_unavailable"] and checks() == before + 1
+    assert all(r.last_result is None for r in ctl.members())  # a pre-check's read records nothing
