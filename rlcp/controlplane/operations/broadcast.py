@@ -37,10 +37,20 @@ from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, 
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
+from rlcp.controlplane.metrics import FailedStep
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.steps import Step, StepIncomplete
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings import WeightTransferSettings
-from rlcp.controlplane.workers.capabilities import BROADCAST, CONTROL, DESIRED_VERSION, has, require_one_transfer_wire
+from rlcp.controlplane.workers.capabilities import (
+    BROADCAST,
+    CONTROL,
+    DESIRED_VERSION,
+    BroadcastPeer,
+    Control,
+    has,
+    require_one_transfer_wire,
+)
 from rlcp.core.wire.controller import (
     Checkpoint,
     OperationKind,
@@ -54,6 +64,13 @@ from rlcp.core.wire.controller import (
 
 log = structlog.get_logger("rlcp.controlplane.operations.broadcast")
 SESSION: OperationKind = "weight_transfer_update"
+# Why an update ends when one of its collective steps (declared `abort`) fails on some worker.
+_ABORTED_BY: dict[FailedStep, str] = {
+    "pause": "a worker did not pause",
+    "start_weight_update": "a worker did not start the update",
+    "update_weights": "a worker failed an update chunk",
+    "finish_weight_update": "a worker failed to finish the update",
+}
 
 
 @dataclass(frozen=True)
@@ -175,36 +192,31 @@ class WeightTransfer:
         offsets = {worker_id: offset for worker_id, offset, _ in ranks}
         deadline = ctx.deadlines.transfer_init_s
 
+        joining = Step(
+            name="init_weight_transfer",
+            can=BROADCAST,
+            call=lambda w: w.init_weight_transfer(req.init_info | {"rank_offset": offsets[w.spec.id]}, deadline),
+            deadline_s=ctx.deadlines.call_over(deadline),
+            on_failure="abort",
+        )
+
         async def body(run: Run) -> None:
             self.group = None  # a new init replaces the old group, joined or not
-            joined = await run.step(
-                None,
-                "init_weight_transfer",
-                run.members,
-                BROADCAST,
-                lambda w: w.init_weight_transfer(req.init_info | {"rank_offset": offsets[w.spec.id]}, deadline),
-                ctx.deadlines.call_over(deadline),
-            )
-            if len(joined) == len(run.members):
-                self.group = _Group(
-                    epoch=run.tracker.epoch,
-                    world_size=expected,
-                    members=[
-                        _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
-                        for r in run.members
-                    ],
-                )
-                log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
-            else:
+            try:
+                await run.steps.run(joining, run.members)
+            except StepIncomplete as exc:
                 # The collective cannot form without every rank: release the ones that joined.
-                await run.step(
-                    None,
-                    "shutdown_weight_transfer",
-                    joined,
-                    BROADCAST,
-                    lambda w: w.shutdown_weight_transfer(),
-                    ctx.deadlines.control_s,
-                )
+                await run.steps.run(self._leaving(), exc.done.ok)
+                return
+            self.group = _Group(
+                epoch=run.tracker.epoch,
+                world_size=expected,
+                members=[
+                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
+                    for r in run.members
+                ],
+            )
+            log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
 
         detail = {"world_size": expected, "ranks": {worker_id: offset for worker_id, offset, _ in ranks}}
         return await run_operation(ctx, "weight_transfer_init", detail, body)
@@ -220,14 +232,14 @@ class WeightTransfer:
 
     async def _leave(self, run: Run) -> None:
         # Only members that can be in a group have one to leave.
-        peers = [r for r in run.members if has(r.driver, "broadcast")]
-        await run.step(
-            None,
-            "shutdown_weight_transfer",
-            peers,
-            BROADCAST,
-            lambda w: w.shutdown_weight_transfer(),
-            self.ctx.deadlines.control_s,
+        await run.steps.run(self._leaving(), [r for r in run.members if has(r.driver, "broadcast")])
+
+    def _leaving(self) -> Step[BroadcastPeer, None]:
+        return Step(
+            name="shutdown_weight_transfer",
+            can=BROADCAST,
+            call=lambda w: w.shutdown_weight_transfer(),
+            deadline_s=self.ctx.deadlines.control_s,
         )
 
     # -- the update session ------------------------------------------------------------------
@@ -244,29 +256,28 @@ class WeightTransfer:
             records = [r for r in (ctx.registry.get(m.worker_id) for m in group.members) if r is not None]
             update = self.update = _Update(run=run, records=records, paused_by_us=not ctx.desired.state.paused)
             ctx.gate.begin_session(SESSION)
+            pause_s = d.pause()
+            pausing = Step(
+                name="pause",
+                can=CONTROL,
+                call=lambda w: w.pause(self.settings.pause_mode, pause_s),
+                deadline_s=d.call_over(pause_s),
+                on_failure="abort",
+            )
+            starting = Step(
+                name="start_weight_update",
+                can=BROADCAST,
+                call=lambda w: w.start_weight_update(),
+                deadline_s=d.transfer_chunk_s,
+                on_failure="abort",
+            )
             with run.bound():
-                if update.paused_by_us:
-                    pause_s = d.pause()
-                    paused = await run.step(
-                        "pausing",
-                        "pause",
-                        records,
-                        CONTROL,
-                        lambda w: w.pause(self.settings.pause_mode, pause_s),
-                        d.call_over(pause_s),
-                    )
-                    if len(paused) < len(records):
-                        return await self._abort("a worker did not pause")
-                started = await run.step(
-                    "updating",
-                    "start_weight_update",
-                    records,
-                    BROADCAST,
-                    lambda w: w.start_weight_update(),
-                    d.transfer_chunk_s,
-                )
-                if len(started) < len(records):
-                    return await self._abort("a worker did not start the update")
+                try:
+                    if update.paused_by_us:
+                        await run.steps.run(pausing, records)
+                    await run.steps.run(starting, records)
+                except StepIncomplete as exc:
+                    return await self._abort(_ABORTED_BY[exc.step.name])
                 update.watchdog = asyncio.create_task(self._watch_idle(update), name="weight-transfer-idle")
                 return run.tracker.snapshot()
 
@@ -278,17 +289,18 @@ class WeightTransfer:
         self._changes.bump()
         deadline = self.ctx.deadlines.transfer_chunk_s
         # The chunk's number is in its results (`update_weights[3]`), not in the step's name.
-        done = await update.run.step(
-            "updating",
-            "update_weights",
-            update.records,
-            BROADCAST,
-            lambda w: w.update_weights(req.update_info, deadline),
-            self.ctx.deadlines.call_over(deadline),
-            shown_as=f"update_weights[{update.chunks}]",
+        chunk = Step(
+            name="update_weights",
+            label=f"update_weights[{update.chunks}]",
+            can=BROADCAST,
+            call=lambda w: w.update_weights(req.update_info, deadline),
+            deadline_s=self.ctx.deadlines.call_over(deadline),
+            on_failure="abort",
         )
-        if len(done) < len(update.records):
-            return await self._abort("a worker failed an update chunk")
+        try:
+            await update.run.steps.run(chunk, update.records)
+        except StepIncomplete as exc:
+            return await self._abort(_ABORTED_BY[exc.step.name])
         return update.run.tracker.snapshot()
 
     async def finish(self, req: TransferFinishRequest) -> OperationResult:
@@ -310,16 +322,17 @@ class WeightTransfer:
         ctx, run = self.ctx, update.run
         version = req.weight_version
         run.tracker.note(version=version, chunks=update.chunks)
-        finished = await run.step(
-            "updating",
-            "finish_weight_update",
-            update.records,
-            BROADCAST,
-            lambda w: w.finish_weight_update(version),
-            ctx.deadlines.transfer_chunk_s,
+        finishing = Step(
+            name="finish_weight_update",
+            can=BROADCAST,
+            call=lambda w: w.finish_weight_update(version),
+            deadline_s=ctx.deadlines.transfer_chunk_s,
+            on_failure="abort",
         )
-        if len(finished) < len(update.records):
-            return await self._abort("a worker failed to finish the update", finished=finished)
+        try:
+            await run.steps.run(finishing, update.records)
+        except StepIncomplete as exc:
+            return await self._abort(_ABORTED_BY[exc.step.name], finished=exc.done.ok)
         # Every worker holds the new weights: they are the desired state now. Without a
         # version nothing names them yet (the trainer may call update_weight_version).
         await ctx.desired.set_broadcast_weights(version, checkpoint)
@@ -332,14 +345,7 @@ class WeightTransfer:
         )
         if update.paused_by_us and not ctx.desired.state.paused:
             held = ctx.desired.state.held  # members an operator holds paused stay paused
-            await run.step(
-                "resuming",
-                "resume",
-                [r for r in verified if r.id not in held],
-                CONTROL,
-                lambda w: w.resume(),
-                ctx.deadlines.control_s,
-            )
+            await run.steps.run(_resuming(ctx), [r for r in verified if r.id not in held])
         return await self._close(update)
 
     async def update_weight_version(self, version: str) -> OperationResult:
@@ -349,14 +355,13 @@ class WeightTransfer:
 
         async def body(run: Run) -> None:
             await ctx.desired.rename_weights(version)
-            await run.step(
-                None,
-                "update_weight_version",
-                run.members,
-                BROADCAST,
-                lambda w: w.update_weight_version(version),
-                ctx.deadlines.control_s,
+            naming = Step(
+                name="update_weight_version",
+                can=BROADCAST,
+                call=lambda w: w.update_weight_version(version),
+                deadline_s=ctx.deadlines.control_s,
             )
+            await run.steps.run(naming, run.members)
 
         return await run_operation(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
 
@@ -430,17 +435,18 @@ class WeightTransfer:
         done = {r.id for r in finished or []}
         alive = [r for r in update.records if r.id not in done and run.tracker.ok_so_far(r.id)]
         # finish restores the engine's layers (a reload left open would kill the next forward pass).
-        await run.best_effort(
-            "finish_weight_update",
-            alive,
-            BROADCAST,
-            lambda w: w.finish_weight_update(None),
-            ctx.deadlines.transfer_chunk_s,
-            shown_as="abort:finish_weight_update",
+        restoring = Step(
+            name="finish_weight_update",
+            label="abort:finish_weight_update",
+            can=BROADCAST,
+            call=lambda w: w.finish_weight_update(None),
+            deadline_s=ctx.deadlines.transfer_chunk_s,
+            on_failure="amend",
         )
+        await run.steps.run(restoring, alive)
         if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
             intact = [r for r in update.records if run.tracker.ok_so_far(r.id) and r.id not in ctx.desired.state.held]
-            await run.step("resuming", "resume", intact, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
+            await run.steps.run(_resuming(ctx), intact)
         return await self._close(update)
 
     async def _close(self, update: _Update) -> OperationResult:
@@ -471,15 +477,18 @@ class WeightTransfer:
             await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it
 
 
+def _resuming(ctx: OperationContext) -> Step[Control, None]:
+    return Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=ctx.deadlines.control_s)
+
+
 async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:
     """Tell workers that gate their readiness on it the desired version."""
-    told = await run.step(
-        None,
-        "set_desired",
-        records,
-        DESIRED_VERSION,
-        lambda w: w.set_desired_version(version),
-        run.ctx.deadlines.control_s,
+    telling = Step(
+        name="set_desired",
+        can=DESIRED_VERSION,
+        call=lambda w: w.set_desired_version(version),
+        deadline_s=run.ctx.deadlines.control_s,
     )
+    told = await run.steps.ok(telling, records)
     for r in told:
         run.ctx.registry.told(r.id, version)

@@ -16,6 +16,7 @@ from rlcp.controlplane.errors import InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.workers.capabilities import PREFIX_CACHE
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, ResetPrefixCacheRequest
@@ -33,19 +34,20 @@ async def reset_prefix_cache(ctx: OperationContext, req: ResetPrefixCacheRequest
     selector = read_selector(req.selector)
     _targets(ctx.registry.members(), selector)  # every refusal before the gate, the log and any worker
 
+    resetting = Step(
+        name="reset_prefix_cache",
+        can=PREFIX_CACHE,
+        call=lambda w: w.reset_prefix_cache(running=req.reset_running_requests, external=req.reset_external),
+        deadline_s=ctx.deadlines.control_s,
+    )
+
     async def body(run: Run) -> None:
-        run.members = _targets(run.members, selector)
-        await run.step(
-            None,
-            "reset_prefix_cache",
-            run.members,
-            PREFIX_CACHE,
-            lambda w: w.reset_prefix_cache(running=req.reset_running_requests, external=req.reset_external),
-            ctx.deadlines.control_s,
-        )
+        await run.steps.run(resetting, run.members)
 
     detail: dict[str, object] = {
         "reset_running_requests": req.reset_running_requests,
         "reset_external": req.reset_external,
     } | ({"selector": req.selector} if req.selector is not None else {})
-    return await run_operation(ctx, "reset_prefix_cache", detail, body)
+    return await run_operation(
+        ctx, "reset_prefix_cache", detail, body, members=lambda records: _targets(records, selector)
+    )

@@ -18,19 +18,20 @@ A LoRA load asks the same of its adapter directory before its desired state is s
 adapter no worker can load would otherwise be desired for good, the reconciler retrying it.
 
 A checkpoint not there yet (`path_unavailable`) is asked about again every `RETRY_S` until
-`checkpoint_wait_s` has passed; one that resolves outside the roots (`path_forbidden`) will
-not fix itself and is final at once. A member that does not answer the check is no evidence
-against the checkpoint: it stays in the update, whose pause finds it as it finds it.
+`checkpoint_wait_s` has passed (the check step's `Retry`, run by the operations' executor);
+one that resolves outside the roots (`path_forbidden`) will not fix itself and is final at once.
+A member that does not answer the check is no evidence against the checkpoint: it stays in the
+update, whose pause finds it as it finds it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from rlcp.controlplane.errors import CheckpointUnavailable
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
+from rlcp.controlplane.operations.steps import Executor, Retry, Step
 from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, WeightsKind, has
 from rlcp.core.wire.controller import WorkerResult
 
@@ -54,24 +55,17 @@ async def check_checkpoint(
     asked = [r for r in members if r.reachable and has(r.driver, "staged_update")]
     if not asked:
         return CheckpointCheck({}, frozenset())
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + ctx.deadlines.checkpoint_wait_s
-    latest: dict[str, WorkerResult] = {}
-    pending = asked
-    while True:
-        outcomes = await ctx.fanout.each(
-            [r.driver for r in pending],
-            STAGED_UPDATE,
-            lambda w: w.check_weights(path, kind),
-            phase="check",
-            deadline_s=ctx.deadlines.control_s,
-            quiet=True,
-        )
-        latest.update((o.worker_id, o.result) for o in outcomes)
-        pending = [r for r in pending if latest[r.id].code in _MAY_APPEAR]
-        if not pending or loop.time() + RETRY_S > give_up:
-            break
-        await asyncio.sleep(RETRY_S)
+    d = ctx.deadlines
+    check = Step(
+        name="check",
+        can=STAGED_UPDATE,
+        call=lambda w: w.check_weights(path, kind),
+        # Every attempt's: the last one may begin just before the wait is over.
+        deadline_s=d.checkpoint_wait_s + RETRY_S + d.control_s,
+        retry=Retry(codes=_MAY_APPEAR, wait_s=RETRY_S, within_s=d.checkpoint_wait_s),
+    )
+    executor = Executor(fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics)
+    latest = {o.worker_id: o.result for o in await executor.ask(check, asked)}
     refused = {worker_id: result for worker_id, result in latest.items() if result.code in _NOT_LOADABLE}
     loadable = [worker_id for worker_id, result in latest.items() if result.status == "ok"]
     unasked = [r for r in members if not has(r.driver, "staged_update")]

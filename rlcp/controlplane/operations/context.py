@@ -1,27 +1,24 @@
 """What an operation may use, and the machinery every operation shares.
 
-Operations (`weights`, `pause`, `lora`, `broadcast`) see the controller through
+Operations (`weights`, `pause`, `lora`, `broadcast`, ...) see the controller through
 `OperationContext`, a narrow Protocol -- the members, the fan-out, the gate, the desired
 state keeper, named deadlines, the operation log -- never the whole controller. `Run` is one
-operation in progress: its tracker, its phase, and `step`, one fan-out over a set of
-workers whose results it records. A step is one call per worker, typed over the Protocol of
-the capability the workers were checked for (`workers/capabilities.py`); which of its
-engine's routes a flavor sends for it is the driver's business, never the operation's.
-`run_operation` wraps a body in the gate, the log context, and a final status refresh, and
-runs it to the end -- or, for a caller that does not wait, answers once the gate is held and
-the record exists, the body going on as a task of `Detached` (a 409 or a 503 still comes
-before any answer).
+operation in progress: its record, the members it is about (`operating_on`, narrowed by what
+the operation declares), and `steps`, the executor its declared steps run on (`steps.py`).
+`run_operation` wraps an operation's steps in the gate, the log context, and a final status
+refresh, and runs them to the end -- or, for a caller that does not wait, answers once the
+gate is held and the record exists, the rest going on as a task of `Detached` (a 409 or a
+503 still comes before any answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import structlog
 
@@ -31,18 +28,15 @@ from rlcp.controlplane.fleet.desired import DesiredKeeper
 from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.publish import FenceSync
-from rlcp.controlplane.metrics import ControllerMetrics, Step
+from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.gate import OperationGate
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker
-from rlcp.controlplane.workers.capabilities import Can, Capability, Driver, has
-from rlcp.controlplane.workers.fanout import FanOut, Outcome
-from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.controller import OperationKind, OperationResult, Phase, WorkerResult
+from rlcp.controlplane.operations.steps import Executor
+from rlcp.controlplane.workers.capabilities import Capability, has
+from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.core.wire.controller import OperationKind, OperationResult
 
 T = TypeVar("T")
-P = TypeVar("P", bound=Driver)
-# Steps whose success says the pause state (a sleep pauses first).
-_PAUSE_STEPS: dict[Step, bool] = {"pause": True, "resume": False, "sleep": True}
 # Operations that see members asleep. Every other one leaves them out, each named in its result
 # (skipped): an engine asleep has no memory to update, adapt or resume, and a wake converges
 # it to what the fleet became meanwhile. (A broadcast's init refuses them: its group spans
@@ -83,153 +77,49 @@ def require_capability(records: list[WorkerRecord], capability: Capability, oper
         )
 
 
+def operating_on(ctx: OperationContext, kind: OperationKind) -> list[WorkerRecord]:
+    """The members an operation of `kind` is about: all of them, less those asleep unless it
+    is one that sees them (`_SEES_ASLEEP`). Its pre-checks and its `Run` both ask here."""
+    members = ctx.registry.members()
+    if kind in _SEES_ASLEEP:
+        return members
+    asleep = ctx.desired.state.asleep
+    return [r for r in members if r.id not in asleep]
+
+
 def records_flavor(records: list[WorkerRecord], worker_id: str) -> str:
     return next(r.spec.flavor for r in records if r.id == worker_id)
 
 
-@dataclass(frozen=True)
-class StepDone(Generic[T]):
-    """The records a step succeeded on, and what each of their calls answered, by worker id;
-    and the HTTP status each worker that refused its call answered, by worker id."""
-
-    ok: list[WorkerRecord]
-    answers: dict[str, T | None]
-    refused: dict[str, int]
-
-
 class Run:
-    """One operation in progress: tracker, phase, and fan-out over a set of workers."""
+    """One operation in progress: its record, the members it is about, and the executor its
+    steps run on (`steps.py`)."""
 
-    def __init__(self, ctx: OperationContext, kind: OperationKind, detail: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        ctx: OperationContext,
+        kind: OperationKind,
+        detail: dict[str, Any],
+        *,
+        members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
+    ) -> None:
         self.ctx = ctx
-        self.members = ctx.registry.members()
-        if not self.members:
+        if not ctx.registry.members():
             raise NoMembers("the fleet has no members")
+        seen = operating_on(ctx, kind)
+        # Declared by the operation (a selector's members), read once the gate is held: a
+        # refusal here comes before the record is begun, as one before the gate would.
+        self.members: list[WorkerRecord] = members(seen) if members is not None else seen
         self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
+        self.steps = Executor(
+            fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics, tracker=self.tracker, log=ctx.log
+        )
         asleep = ctx.desired.state.asleep
-        if asleep and kind not in _SEES_ASLEEP:
-            for r in self.members:
+        if kind not in _SEES_ASLEEP:
+            for r in ctx.registry.members():
                 if r.id in asleep:
                     self.tracker.skip(r.id, "gate", ASLEEP_SKIPPED)
-            self.members = [r for r in self.members if r.id not in asleep]
-        # Workers whose last call in this run answered their status (an update's resume, for a
-        # driver whose resume answers it): already fresh, so the final read skips them.
-        self.reported: set[str] = set()
         self.fence_records: list[dict[str, object]] = []  # `publish_fence`'s, in order
-
-    async def step(
-        self,
-        phase: Phase | None,
-        step: Step,
-        records: list[WorkerRecord],
-        can: Can[P],
-        call: Callable[[P], Awaitable[object]],
-        deadline_s: float,
-        *,
-        shown_as: str | None = None,
-    ) -> list[WorkerRecord]:
-        """Run `call` on `records`; record results; return the records that succeeded."""
-        return (await self.step_values(phase, step, records, can, call, deadline_s, shown_as=shown_as)).ok
-
-    async def step_values(
-        self,
-        phase: Phase | None,
-        step: Step,
-        records: list[WorkerRecord],
-        can: Can[P],
-        call: Callable[[P], Awaitable[T]],
-        deadline_s: float,
-        *,
-        shown_as: str | None = None,
-        after_failure: bool = False,
-    ) -> StepDone[T]:
-        """`step`, also keeping what each call that succeeded answered.
-
-        `call` is typed over the Protocol of `can`, the capability the operation checked its
-        members for (`require_capability`). `step` is the step's name, one of a closed set (the
-        metrics' label); `shown_as` the result's phase text where it says more (a broadcast
-        chunk's number). `after_failure`: a step that makes good a worker's failure (a pause
-        after a failed verification): its result stays that failure, with this step's own
-        failure added to the message."""
-        if phase is not None:
-            self.ctx.log.set_phase(phase)
-        outcomes = await self.ctx.fanout.each(
-            [r.driver for r in records], can, call, phase=shown_as or step, deadline_s=deadline_s
-        )
-        if after_failure:
-            self._note_after_failure(outcomes, shown_as or step)
-        else:
-            self.tracker.record(outcomes)
-        for o in outcomes:
-            self.ctx.registry.record_result(o.result)
-            if not o.ok:
-                self.ctx.metrics.worker_failures.inc(o.worker_id, step)
-            elif step in _PAUSE_STEPS:
-                # A pause or resume the worker took is its pause state now: the state shows it
-                # at once, also for a worker a later step fails and no final read refreshes.
-                self.ctx.registry.note_paused(o.worker_id, _PAUSE_STEPS[step])
-        answers = {o.worker_id: o.value for o in outcomes if o.ok}
-        refused = {o.worker_id: o.refused_with for o in outcomes if o.refused_with is not None}
-        return StepDone([r for r in records if r.id in answers], answers, refused)
-
-    def _note_after_failure(self, outcomes: Iterable[Outcome[Any]], what: str) -> None:
-        for o in outcomes:
-            first = self.tracker.results.get(o.worker_id)
-            if first is None or first.status == "ok":
-                self.tracker.set_result(o.result)
-            elif not o.ok:
-                note = f"; then {what} failed: {o.result.message}"
-                self.tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
-
-    def passed(self, worker_id: str, phase: str) -> None:
-        """A worker's result moves on to `phase`, done in a call an earlier step made (an update
-        taken in one call resumes in it): still ok, the same call's duration."""
-        result = self.tracker.results.get(worker_id)
-        if result is not None and result.status == "ok":
-            result = result.model_copy(update={"phase": phase})
-            self.tracker.set_result(result)
-            self.ctx.registry.record_result(result)
-
-    def observe_status(self, worker_id: str, status: WorkerStatus | None, *, final: bool = False) -> None:
-        """A worker's answer that is its status: recorded as a fresh read (the status poll skips
-        it this interval). `final`: nothing later in the operation changes it, so the read
-        before the operation answers skips it too."""
-        if status is None:
-            return
-        self.ctx.registry.observe(
-            Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"), status), reported=True
-        )
-        if final:
-            self.reported.add(worker_id)
-
-    def report(self, results: Iterable[WorkerResult]) -> None:
-        """Results found before any step ran (a checkpoint a worker cannot load): recorded as
-        a step's would be, in the operation and on each worker."""
-        for result in results:
-            self.tracker.set_result(result)
-            self.ctx.registry.record_result(result)
-
-    async def best_effort(
-        self,
-        step: Step,
-        records: list[WorkerRecord],
-        can: Can[P],
-        call: Callable[[P], Awaitable[object]],
-        deadline_s: float,
-        *,
-        shown_as: str,
-    ) -> None:
-        """A clean-up step whose failures do not replace a worker's first error."""
-        outcomes = await self.ctx.fanout.each(
-            [r.driver for r in records], can, call, phase=shown_as, deadline_s=deadline_s
-        )
-        for o in outcomes:
-            first = self.tracker.results.get(o.worker_id)
-            if not o.ok and first is not None and first.status != "ok":
-                note = f"; then {shown_as} failed: {o.result.message}"
-                self.tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
-            else:
-                self.tracker.set_result(o.result)
 
     async def begin(self) -> None:
         """Keep the record, as running, in the desired state's store: a controller that stops
@@ -258,10 +148,10 @@ class Run:
         make the trainer wait a status deadline -- or a connect's retries -- for nothing it can
         use: its result already says what went wrong (`code`), and the background poller reads
         it when it answers. So a 207 or 502 leaves as soon as the last worker's result is in.
-        What the operation did to it is known without a read (`step_values`: a failed update
+        What the operation did to it is known without a read (`Executor.run`: a failed update
         leaves it paused, and the state says so)."""
         failed = {r.worker_id for r in self.tracker.results.values() if r.status in ("error", "timeout")}
-        return [r for r in records if r.id not in failed and r.id not in self.reported]
+        return [r for r in records if r.id not in failed and r.id not in self.steps.reported]
 
     async def publish_fence(self) -> None:
         """After narrowing the fence, before pausing anyone it left: every data plane holding its
@@ -315,15 +205,17 @@ async def run_operation(
     detail: dict[str, Any],
     body: Callable[[Run], Awaitable[None]],
     *,
+    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
     wait: bool = True,
 ) -> OperationResult:
-    """`body` as one gated operation; answers once the workers' fresh statuses are read, or,
-    with `wait=False`, as soon as it has begun (its record says "running")."""
+    """`body`'s steps as one gated operation, over the members `members` picks (all it sees,
+    without); answers once the workers' fresh statuses are read, or, with `wait=False`, as
+    soon as it has begun (its record says "running")."""
     begun: asyncio.Future[OperationTracker] = asyncio.get_running_loop().create_future()
 
     async def whole() -> OperationResult:
         async with ctx.gate.api_operation(kind):
-            run = Run(ctx, kind, detail)
+            run = Run(ctx, kind, detail, members=members)
             with run.bound():
                 interrupted: str | None = NOT_BEGUN
                 try:

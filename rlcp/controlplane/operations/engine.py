@@ -23,6 +23,7 @@ from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, Not
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
+from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.settings import EngineMethod
 from rlcp.controlplane.workers.capabilities import ENGINE_ROUTES
 from rlcp.controlplane.workerspec import Flavor
@@ -111,18 +112,19 @@ async def run_engine_route(
     refused: dict[str, int] = {}
 
     async def body(run: Run) -> None:
-        run.members, method = check(run.members)
+        method = method_for(route, run.members, allow)
         run.tracker.note(workers=[r.id for r in run.members], method=method)
         # Every flavor's driver implements ENGINE_ROUTES (`DriverBase`); one that did not would fail
         # its step, named, rather than be skipped silently.
-        done = await run.step_values(
-            None,
-            "engine",
+        done = await run.steps.run(
+            Step(
+                name="engine",
+                label=f"engine:{route}",
+                can=ENGINE_ROUTES,
+                call=lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
+                deadline_s=ctx.deadlines.control_s,
+            ),
             run.members,
-            ENGINE_ROUTES,
-            lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
-            ctx.deadlines.control_s,
-            shown_as=f"engine:{route}",
         )
         refused.update(done.refused)
         run.tracker.note(answers={worker_id: _kept(answer) for worker_id, answer in done.answers.items()})
@@ -132,7 +134,7 @@ async def run_engine_route(
         | ({"selector": req.selector} if req.selector is not None else {})
         | ({"worker": req.worker} if req.worker is not None else {})
     )
-    result = await run_operation(ctx, "engine", detail, body)
+    result = await run_operation(ctx, "engine", detail, body, members=lambda records: check(records)[0])
     status = refusal_status(result, refused)
     if status is not None:
         workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}

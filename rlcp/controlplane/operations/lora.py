@@ -15,6 +15,7 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.operations.verify import verify_adapter
 from rlcp.controlplane.workers.capabilities import LORA
 from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
@@ -35,21 +36,19 @@ async def _load_lora(
     # it is desired; workers that cannot load it are left out, reported.
     refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
 
+    # Verifying, a worker whose checksums cover adapters answers the adapter's in the load (the
+    # agent): hashing time on top of the load's.
+    loading = Step(
+        name="load_lora",
+        can=LORA,
+        call=lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
+        deadline_s=ctx.deadlines.lora_s + (ctx.deadlines.checksums_s if req.verify else 0.0),
+    )
+
     async def body(run: Run) -> None:
-        run.report(refused.values())
+        run.steps.report(refused.values())
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
-        targets = [r for r in run.members if r.id not in refused]
-        # Verifying, a worker whose checksums cover adapters answers the adapter's in the load (the
-        # agent): hashing time on top of the load's.
-        deadline_s = ctx.deadlines.lora_s + (ctx.deadlines.checksums_s if req.verify else 0.0)
-        loaded = await run.step_values(
-            None,
-            "load_lora",
-            targets,
-            LORA,
-            lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
-            deadline_s,
-        )
+        loaded = await run.steps.run(loading, [r for r in run.members if r.id not in refused])
         held = {
             worker_id: a.checksums
             for worker_id, a in loaded.answers.items()
@@ -59,11 +58,11 @@ async def _load_lora(
         for r in verified:
             answer = loaded.answers.get(r.id)
             if answer is not None and answer.status is not None:
-                run.observe_status(r.id, answer.status, final=True)
+                run.steps.observe_status(r.id, answer.status, final=True)
             elif r.status is not None:
                 # Known without a read (a stock server answers a load with nothing): its last
                 # status, holding the adapter at this version.
-                run.observe_status(
+                run.steps.observe_status(
                     r.id, r.status.model_copy(update={"loras": {**r.status.loras, req.name: req.version}}), final=True
                 )
 
@@ -78,8 +77,10 @@ async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
         raise NotFound(f"no LoRA named {name!r} in the fleet", field="name")
     require_capability(members, "lora", "a LoRA unload")
 
+    unloading = Step(name="unload_lora", can=LORA, call=lambda w: w.unload_lora(name), deadline_s=ctx.deadlines.lora_s)
+
     async def body(run: Run) -> None:
         await ctx.desired.drop_lora(name)
-        await run.step(None, "unload_lora", run.members, LORA, lambda w: w.unload_lora(name), ctx.deadlines.lora_s)
+        await run.steps.run(unloading, run.members)
 
     return await run_operation(ctx, "unload_lora", {"name": name}, body)

@@ -16,10 +16,13 @@ touched or anything is written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rlcp.controlplane.errors import Conflict, InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
+from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.workers.capabilities import CONTROL
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, PauseRequest, ResumeRequest
@@ -33,33 +36,39 @@ def _targets(records: list[WorkerRecord], selector: Selector) -> list[WorkerReco
     return chosen
 
 
+def _scope(selector: Selector | None) -> Callable[[list[WorkerRecord]], list[WorkerRecord]] | None:
+    """The members an operation with this selector is about (all, without one)."""
+    if selector is None:
+        return None
+    return lambda records: _targets(records, selector)
+
+
 async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
     selector = read_selector(req.selector)
     if selector is not None:
         _targets(ctx.registry.members(), selector)  # refused before the gate and the log
 
+    deadline = ctx.deadlines.pause(req.timeout_s)
+    pausing = Step(
+        name="pause",
+        can=CONTROL,
+        call=lambda w: w.pause(req.mode, deadline),
+        deadline_s=ctx.deadlines.call_over(deadline),
+    )
+
     async def body(run: Run) -> None:
-        deadline = ctx.deadlines.pause(req.timeout_s)
         if selector is None:
             await ctx.desired.set_paused(True, req.mode)
         else:
-            run.members = _targets(run.members, selector)
             run.tracker.note(workers=[r.id for r in run.members])
             await ctx.desired.hold([r.id for r in run.members], req.mode)
-        await run.step(
-            "pausing",
-            "pause",
-            run.members,
-            CONTROL,
-            lambda w: w.pause(req.mode, deadline),
-            ctx.deadlines.call_over(deadline),
-        )
+        await run.steps.run(pausing, run.members)
         # A data plane with its own copy of the fence (Envoy) stops routing to them before the
         # caller hears "paused" (what it routed meanwhile is held, or aborted, by the pause).
         await run.publish_fence()
 
     detail: dict[str, object] = {"mode": req.mode} | ({"selector": req.selector} if selector else {})
-    return await run_operation(ctx, "pause", detail, body)
+    return await run_operation(ctx, "pause", detail, body, members=_scope(selector))
 
 
 async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> OperationResult:
@@ -72,14 +81,16 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
             )
         _targets(ctx.registry.members(), selector)
 
+    resuming = Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=ctx.deadlines.control_s)
+
     async def body(run: Run) -> None:
         if selector is None:
             await ctx.desired.set_paused(False)
         else:
-            run.members = _targets(run.members, selector)
             run.tracker.note(workers=[r.id for r in run.members])
             await ctx.desired.release([r.id for r in run.members])
-        await run.step("resuming", "resume", run.members, CONTROL, lambda w: w.resume(), ctx.deadlines.control_s)
+        await run.steps.run(resuming, run.members)
         await run.publish_fence()  # and routes to them again before the caller hears "resumed"
 
-    return await run_operation(ctx, "resume", {"selector": req.selector} if req is not None and selector else {}, body)
+    detail = {"selector": req.selector} if req is not None and selector else {}
+    return await run_operation(ctx, "resume", detail, body, members=_scope(selector))

@@ -52,7 +52,13 @@ class OperationTracker:
         self._results: dict[str, WorkerResult] = {}
         self.finished: OperationResult | None = None
         self.progress: RollProgress | None = None
-        self.bubble: BubbleRecorder | None = None
+        self._bubble: BubbleRecorder | None = None
+
+    def measure_bubble(self, members: list[str], serving: set[str]) -> BubbleRecorder:
+        """Keep the bubble of an update over `members` (those in `serving` in service when it
+        began): the operation fills it, the record reports it."""
+        self._bubble = BubbleRecorder(members, serving)
+        return self._bubble
 
     @property
     def results(self) -> dict[str, WorkerResult]:
@@ -99,7 +105,7 @@ class OperationTracker:
             detail=dict(self._detail),
             results=sorted(self._results.values(), key=lambda r: r.worker_id),
             progress=self.progress,
-            bubble=self.bubble.report() if self.bubble else None,
+            bubble=self._bubble.report() if self._bubble else None,
         )
 
     def finish(self, *, interrupted: str | None = None) -> OperationResult:
@@ -120,7 +126,7 @@ class OperationTracker:
             detail=dict(self._detail),
             results=sorted(self._results.values(), key=lambda r: r.worker_id),
             progress=self.progress,
-            bubble=self.bubble.report() if self.bubble else None,
+            bubble=self._bubble.report() if self._bubble else None,
         )
         self._changes.bump()
         return self.finished

@@ -36,7 +36,6 @@ naming one whose flavor wakes everything at once (Dynamo): 409 `capability_missi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,8 +43,8 @@ from rlcp.controlplane.errors import InvalidInput, MissingCapability, NotFound
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.metrics import Step
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.steps import Step, status_answer
 from rlcp.controlplane.operations.verify import checksums_digest
 from rlcp.controlplane.workers.capabilities import (
     CHECKSUMS,
@@ -97,11 +96,14 @@ def is_asleep(ctx: OperationContext, rec: WorkerRecord) -> bool:
 
 # -- sleep ------------------------------------------------------------------------------------
 async def sleep(ctx: OperationContext, req: SleepRequest) -> OperationResult:
-    require_capability(_named(ctx.registry.members(), req.selector, req.worker_ids), "sleep", "sleep")
+    def named(records: list[WorkerRecord]) -> list[WorkerRecord]:
+        chosen = _named(records, req.selector, req.worker_ids)
+        require_capability(chosen, "sleep", "sleep")
+        return chosen
+
+    named(ctx.registry.members())  # refused before the gate; and again once it is held (membership may move)
 
     async def body(run: Run) -> None:
-        run.members = _named(run.members, req.selector, req.worker_ids)
-        require_capability(run.members, "sleep", "sleep")  # membership may have moved since the check above
         run.tracker.note(workers=[r.id for r in run.members])
         going = []
         for r in run.members:
@@ -113,7 +115,7 @@ async def sleep(ctx: OperationContext, req: SleepRequest) -> OperationResult:
             await _put_to_sleep(run, going, req)
 
     detail: dict[str, Any] = {"level": req.level, "mode": req.mode} | _detail(req)
-    return await run_operation(ctx, "sleep", detail, body)
+    return await run_operation(ctx, "sleep", detail, body, members=named)
 
 
 async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest) -> None:
@@ -123,9 +125,14 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
     try:
         await run.publish_fence()  # nor by a data plane holding its own copy of the fence
         hashing = [r for r in records if has(r.driver, "checksums")]
-        hashed = await run.step_values(
-            "sleeping", "checksums", hashing, CHECKSUMS, lambda w: w.weight_checksums(), ctx.deadlines.checksums_s
+        hashing_step = Step(
+            name="checksums",
+            phase="sleeping",
+            can=CHECKSUMS,
+            call=lambda w: w.weight_checksums(),
+            deadline_s=ctx.deadlines.checksums_s,
         )
+        hashed = await run.steps.run(hashing_step, hashing)
         failed = {r.id for r in hashing} - {r.id for r in hashed.ok}
         going = [r for r in records if r.id not in failed]
         now = datetime.now(UTC)
@@ -146,13 +153,14 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
     if not going:
         return
     deadline = ctx.deadlines.pause(req.timeout_s)
-    slept = await run.step(
-        "sleeping",
-        "sleep",
+    slept = await run.steps.ok(
+        Step(
+            name="sleep",
+            can=SLEEP,
+            call=lambda w: w.sleep(req.level, req.mode, deadline),
+            deadline_s=ctx.deadlines.call_over(deadline),
+        ),
         going,
-        SLEEP,
-        lambda w: w.sleep(req.level, req.mode, deadline),
-        ctx.deadlines.call_over(deadline),
     )
     _note_kept_asleep(
         run,
@@ -168,26 +176,29 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
     partial = req.tags is not None and set(req.tags) != FULL_WAKE
     _require_wake([r for r in named if is_asleep(ctx, r)], partial)
 
-    async def body(run: Run) -> None:
-        named = _named(run.members, req.selector, req.worker_ids)
+    def about(records: list[WorkerRecord]) -> list[WorkerRecord]:
+        """The sleepers; a member named by id that is awake too, to be said so."""
+        named = _named(records, req.selector, req.worker_ids)
         sleepers = [r for r in named if is_asleep(ctx, r)]
         _require_wake(sleepers, partial)
+        return sleepers if req.worker_ids is None else named
+
+    waking = Step(
+        name="wake_up",
+        can=SLEEP,
+        call=lambda w: w.wake_up(list(req.tags) if partial and req.tags else None),
+        deadline_s=ctx.deadlines.call_over(ctx.deadlines.weight_load_s),
+    )
+
+    async def body(run: Run) -> None:
+        sleepers = [r for r in run.members if is_asleep(ctx, r)]
         run.tracker.note(workers=[r.id for r in sleepers])
-        # The operation is about the sleepers; a member named by id that is awake is said so.
-        run.members = sleepers if req.worker_ids is None else named
         for r in run.members:
             if r not in sleepers:
                 run.tracker.skip(r.id, "wake_up", "not asleep")
         if not sleepers:
             return
-        woke = await run.step(
-            "waking",
-            "wake_up",
-            sleepers,
-            SLEEP,
-            lambda w: w.wake_up(list(req.tags) if partial and req.tags else None),
-            ctx.deadlines.call_over(ctx.deadlines.weight_load_s),
-        )
+        woke = await run.steps.ok(waking, sleepers)
         _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
         if partial:
             woke = await _fully_awake(run, woke)
@@ -195,14 +206,14 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
                 return
         await _return_to_service(run, await _verify_woken(run, woke))
 
-    return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body)
+    return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body, members=about)
 
 
 async def _fully_awake(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
     """After a partial wake, the members it left fully awake: vLLM's wakes add up (`weights`,
     then `kv_cache`, as a colocated trainer wakes), so the one that wakes the last allocation
     is a full wake, verified and returned like any. The others stay asleep, not verified."""
-    read = await run.step_values("waking", "status", records, DRIVER, lambda w: w.status(), run.ctx.deadlines.control_s)
+    read = await run.steps.run(_status_step(run, "waking"), records)
     awake = [r for r in read.ok if (status := read.answers.get(r.id)) is not None and status.sleeping is False]
     if len(awake) < len(records):
         run.tracker.note(partial=True)  # some still asleep: neither verified nor returned
@@ -229,9 +240,7 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
     ctx = run.ctx
     desired = ctx.desired.state
     slept = {r.id: desired.asleep.get(r.id) for r in records}
-    read = await run.step_values("verifying", "status", records, DRIVER, lambda w: w.status(), ctx.deadlines.control_s)
-    for worker_id, status in read.answers.items():
-        run.observe_status(worker_id, status)
+    read = await run.steps.run(_status_step(run, "verifying", observe=True), records)
     source = load_source(desired)
     if source is not None and desired.weight_version is not None and source["version"] != desired.weight_version:
         source = None  # an older disk copy (the desired version came by broadcast): loading it cannot help
@@ -246,14 +255,14 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
 
     reloading = [r for r in read.ok if behind(r)]
     if reloading and source is not None:
-        loaded = await run.step(
-            "updating",
-            "update",
-            reloading,
-            DISK_WEIGHTS,
-            lambda w: w.update_weights_from_disk(source["path"], source["version"]),
-            ctx.deadlines.load_step(None, checksums=False),
+        path, version = source["path"], source["version"]
+        reload = Step(
+            name="update",
+            can=DISK_WEIGHTS,
+            call=lambda w: w.update_weights_from_disk(path, version),
+            deadline_s=ctx.deadlines.load_step(None, checksums=False),
         )
+        loaded = await run.steps.ok(reload, reloading)
         _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
         checked = [r for r in read.ok if r not in reloading or r in loaded]
     else:
@@ -285,7 +294,9 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
                 status=200,
             )
 
-    verified = await run.step("verifying", "verify", checked, DRIVER, check, ctx.deadlines.checksums_s)
+    verified = await run.steps.ok(
+        Step(name="verify", can=DRIVER, call=check, deadline_s=ctx.deadlines.checksums_s), checked
+    )
     failed = [r.id for r in records if r not in verified]
     for worker_id in failed:
         result = run.tracker.results.get(worker_id)
@@ -325,23 +336,28 @@ async def _return_to_service(run: Run, records: list[WorkerRecord]) -> None:
     for mode in (None, "abort", "wait", "keep"):
         group = [r for r in records if wanted_pause(desired, r.id) == mode]
         if group:
-            await run.step(*_back(mode), group, CONTROL, _resume_or_pause(run, mode), _back_s(run, mode))
+            await run.steps.run(_back(run, mode), group)
 
 
-def _back(mode: PauseMode | None) -> tuple[Phase, Step]:
-    return ("resuming", "resume") if mode is None else ("pausing", "pause")
-
-
-def _back_s(run: Run, mode: PauseMode | None) -> float:
+def _back(run: Run, mode: PauseMode | None) -> Step[Control, None]:
+    """Back to what the fleet wants of it: resumed, or paused in `mode`."""
     d = run.ctx.deadlines
-    return d.control_s if mode is None else d.call_over(d.pause())
-
-
-def _resume_or_pause(run: Run, mode: PauseMode | None) -> Callable[[Control], Awaitable[None]]:
     if mode is None:
-        return lambda w: w.resume()
-    pause_s = run.ctx.deadlines.pause()
-    return lambda w: w.pause(mode, pause_s)
+        return Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=d.control_s)
+    pause_s = d.pause()
+    return Step(name="pause", can=CONTROL, call=lambda w: w.pause(mode, pause_s), deadline_s=d.call_over(pause_s))
+
+
+def _status_step(run: Run, phase: Phase, *, observe: bool = False) -> Step[Driver, WorkerStatus]:
+    """A status read, in `phase`; `observe`: recorded as fresh reads."""
+    return Step(
+        name="status",
+        phase=phase,
+        can=DRIVER,
+        call=lambda w: w.status(),
+        deadline_s=run.ctx.deadlines.control_s,
+        observe=status_answer if observe else None,
+    )
 
 
 def _note_kept_asleep(run: Run, worker_ids: list[str], note: str) -> None:

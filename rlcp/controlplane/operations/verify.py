@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Driver, LoadReport, capable, has
+from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Checksums, Driver, LoadReport, capable, has
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
 
@@ -45,6 +46,17 @@ class Agreement:
     checksums: dict[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the checksums of one verification decided: the workers that failed and why, the
+    checksums they were held to (None: nothing was compared), and the tensors left out of
+    every comparison (hashed as no bytes somewhere)."""
+
+    failed: dict[str, str]
+    agreed: dict[str, str] | None
+    not_compared: frozenset[str]
+
+
 async def verify(
     run: Run,
     records: list[WorkerRecord],
@@ -54,7 +66,8 @@ async def verify(
     manifest: dict[str, str] | None = None,
     agreement: Agreement | None = None,
 ) -> list[WorkerRecord]:
-    """The records that passed; failures are recorded in the run."""
+    """The records that passed; failures are recorded in the run. Two steps at most (the
+    version, where no load answered it; the checksums, where none did), then `judge`."""
     deadlines = run.ctx.deadlines
     reports = reports or {}
 
@@ -64,67 +77,81 @@ async def verify(
         if reported != version:
             raise WorkerRejected(driver.spec.id, f"reports weight version {reported!r}, expected {version!r}")
 
-    at_version = await run.step("verifying", "verify", records, DRIVER, reports_version, deadlines.control_s)
-    hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
-    outcomes = await run.ctx.fanout.each(
-        [r.driver for r in hashing],
-        CHECKSUMS,
-        lambda w: w.weight_checksums(),
-        phase="verify",
-        deadline_s=deadlines.checksums_s,
+    at_version = await run.steps.ok(
+        Step(name="verify", can=DRIVER, call=reports_version, deadline_s=deadlines.control_s), records
     )
-    run.tracker.record(o for o in outcomes if not o.ok)
-    failed = {o.worker_id for o in outcomes if not o.ok}
-    checksums = {o.worker_id: o.value for o in outcomes if o.ok and o.value}
+    hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
+    hashed = await run.steps.run(_hash_step(deadlines.checksums_s), hashing)
+    checksums = {worker_id: sums for worker_id, sums in hashed.answers.items() if sums}
     checksums |= {
         r.id: report.checksums for r in at_version if (report := reports.get(r.id)) is not None and report.checksums
     }
+    unhashed = {r.id for r in hashing} - {r.id for r in hashed.ok}
+    verdict = judge(
+        checksums,
+        version,
+        without=[r.id for r in at_version if r.id not in checksums and r.id not in unhashed],
+        manifest=manifest,
+        reference=agreement.checksums if agreement is not None else None,
+    )
+    _note_not_compared(run, verdict.not_compared)
+    for worker_id, why in verdict.failed.items():
+        run.steps.fail(worker_id, phase="verify", code="verify_failed", message=why)
+    if agreement is not None and agreement.checksums is None and verdict.agreed is not None:
+        agreement.checksums = verdict.agreed
+    return [r for r in at_version if r.id not in verdict.failed and r.id not in unhashed]
 
-    def fail(worker_id: str, message: str) -> None:
-        failed.add(worker_id)
-        run.tracker.set_result(
-            run.tracker.results[worker_id].model_copy(
-                update={"status": "error", "phase": "verify", "message": message, "code": "verify_failed"}
-            )
-        )
 
+def _hash_step(deadline_s: float) -> Step[Checksums, dict[str, str] | None]:
+    return Step(name="verify", can=CHECKSUMS, call=lambda w: w.weight_checksums(), deadline_s=deadline_s)
+
+
+def judge(
+    checksums: dict[str, dict[str, str]],
+    version: str,
+    *,
+    without: list[str],
+    manifest: dict[str, str] | None = None,
+    reference: dict[str, str] | None = None,
+) -> Verdict:
+    """Which workers' checksums fail, pure: against the manifest (tensor by tensor; a worker
+    in `without` gave none to check), then what is left against the earlier waves' agreement
+    (`reference`), else the majority's. The manifest's tensors and those hashed as no bytes are
+    left out of the comparison between workers."""
+    failed: dict[str, str] = {}
     if manifest:
         for worker_id, sums in checksums.items():
             if problem := checksums_disagree(sums, manifest, named=_NAMED):
-                fail(worker_id, f"weight checksums differ from the manifest of version {version!r}: {problem}")
-        for r in at_version:
-            if r.id not in checksums and r.id not in failed:
-                fail(r.id, "gave no weight checksums to check against the manifest")
+                failed[worker_id] = f"weight checksums differ from the manifest of version {version!r}: {problem}"
+        for worker_id in without:
+            failed.setdefault(worker_id, "gave no weight checksums to check against the manifest")
     pool = {wid: sums for wid, sums in checksums.items() if wid not in failed}
-    reference = agreement.checksums if agreement is not None else None
-    uncovered = _not_compared(
-        run, [*pool.values(), *([reference] if reference else []), *([manifest] if manifest else [])]
-    )
+    sources = [*pool.values(), *([reference] if reference else []), *([manifest] if manifest else [])]
+    uncovered = frozenset(k for one in sources for k, v in one.items() if v == EMPTY_TENSOR_SHA256)
 
     def compared(sums: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in sums.items() if k not in uncovered and not (manifest and k in manifest)}
 
     digests = {wid: checksums_digest(compared(sums)) for wid, sums in pool.items()}
-    if digests:
-        if reference is not None:
-            agreed_sums = reference
-            why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
-        else:
-            majority, count = _majority(digests)
-            agreed_sums = next(pool[wid] for wid, digest in digests.items() if digest == majority)
-            why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
-        agreed = checksums_digest(compared(agreed_sums))
-        for worker_id, digest in digests.items():
-            if digest != agreed:
-                fail(worker_id, f"{why}: {_differing(compared(pool[worker_id]), compared(agreed_sums))}")
-        if agreement is not None and agreement.checksums is None:
-            agreement.checksums = agreed_sums
-    return [r for r in at_version if r.id not in failed]
+    if not digests:
+        return Verdict(failed, None, uncovered)
+    if reference is not None:
+        agreed_sums = reference
+        why = f"weight checksums differ from those the earlier waves agreed on at version {version!r}"
+    else:
+        majority, count = _majority(digests)
+        agreed_sums = next(pool[wid] for wid, digest in digests.items() if digest == majority)
+        why = f"weight checksums differ from {count} other worker(s) at version {version!r}"
+    agreed = checksums_digest(compared(agreed_sums))
+    for worker_id, digest in digests.items():
+        if digest != agreed:
+            failed[worker_id] = f"{why}: {_differing(compared(pool[worker_id]), compared(agreed_sums))}"
+    return Verdict(failed, agreed_sums, uncovered)
 
 
-def _not_compared(run: Run, sums: list[dict[str, str]]) -> set[str]:
-    """The tensors some worker hashed as no bytes: noted in the operation's detail, and compared nowhere."""
-    empty = {k for one in sums for k, v in one.items() if v == EMPTY_TENSOR_SHA256}
+def _note_not_compared(run: Run, empty: frozenset[str]) -> None:
+    """The tensors some worker hashed as no bytes, noted in the operation's detail (with the
+    earlier waves')."""
     if empty:
         noted = set(run.tracker.detail.get("checksums_not_compared", {}).get("tensors", []))  # earlier waves'
         run.tracker.note(
@@ -134,7 +161,6 @@ def _not_compared(run: Run, sums: list[dict[str, str]]) -> set[str]:
                 "linear layers it repacks into its kernels",
             }
         )
-    return empty
 
 
 def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
@@ -159,33 +185,30 @@ async def verify_adapter(
         and has(r.driver, "checksums")
         and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))
     ]
-    outcomes = await run.ctx.fanout.each(
-        [r.driver for r in hashing],
-        CHECKSUMS,
-        lambda w: w.weight_checksums(),
-        phase="verify",
-        deadline_s=run.ctx.deadlines.checksums_s,
-    )
-    run.tracker.record(o for o in outcomes if not o.ok)
-    failed = {o.worker_id for o in outcomes if not o.ok}
-    held |= {o.worker_id: {k: v for k, v in (o.value or {}).items() if k.startswith(prefix)} for o in outcomes if o.ok}
+    hashed = await run.steps.run(_hash_step(run.ctx.deadlines.checksums_s), hashing)
+    unhashed = {r.id for r in hashing} - {r.id for r in hashed.ok}
+    held |= {
+        worker_id: {k: v for k, v in (sums or {}).items() if k.startswith(prefix)}
+        for worker_id, sums in hashed.answers.items()
+    }
+    failed = judge_adapter(held, name)
+    for worker_id, why in failed.items():
+        run.steps.fail(worker_id, phase="verify", code="verify_failed", message=why)
+    return [r for r in records if r.id not in failed and r.id not in unhashed]
+
+
+def judge_adapter(held: dict[str, dict[str, str]], name: str) -> dict[str, str]:
+    """The workers whose copy of adapter `name` differs from the majority's, and why (pure);
+    a worker with no checksums of it is not judged."""
     digests = {worker_id: checksums_digest(sums) for worker_id, sums in held.items() if sums}
-    if digests:
-        majority, count = _majority(digests)
-        for worker_id, digest in digests.items():
-            if digest != majority:
-                failed.add(worker_id)
-                run.tracker.set_result(
-                    run.tracker.results[worker_id].model_copy(
-                        update={
-                            "status": "error",
-                            "phase": "verify",
-                            "code": "verify_failed",
-                            "message": f"adapter {name!r} checksums differ from {count} other worker(s)",
-                        }
-                    )
-                )
-    return [r for r in records if r.id not in failed]
+    if not digests:
+        return {}
+    majority, count = _majority(digests)
+    return {
+        worker_id: f"adapter {name!r} checksums differ from {count} other worker(s)"
+        for worker_id, digest in digests.items()
+        if digest != majority
+    }
 
 
 def _majority(digests: dict[str, str]) -> tuple[str, int]:

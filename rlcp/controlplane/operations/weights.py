@@ -42,7 +42,14 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
-from rlcp.controlplane.operations.context import OperationContext, Run, StepDone, require_capability, run_operation
+from rlcp.controlplane.operations.context import (
+    OperationContext,
+    Run,
+    operating_on,
+    require_capability,
+    run_operation,
+)
+from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
 from rlcp.controlplane.operations.verify import Agreement, verify
 from rlcp.controlplane.workers.capabilities import (
     CONTROL,
@@ -62,8 +69,7 @@ from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, Up
 
 async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> OperationResult:
     path = check_path(req.source.path, "source.path", ctx.allowed_roots)
-    asleep = ctx.desired.state.asleep
-    members = [r for r in ctx.registry.members() if r.id not in asleep]  # the asleep: skipped (`Run`)
+    members = operating_on(ctx, "update_weights")  # the asleep left out, as `Run` leaves them
     require_capability(members, "disk_weights", "a disk weight update")
     detail = {
         "version": req.version,
@@ -83,7 +89,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         detail["checkpoint_refused"] = sorted(refused)
 
     async def body(run: Run) -> None:
-        run.report(refused.values())
+        run.steps.report(refused.values())
         members = [r for r in run.members if r.id not in refused]
         if not members:
             return
@@ -100,7 +106,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
             return
         ctx.log.set_verified(False)
         serving_before = {r.id for r in members if serving(r)}
-        bubble = run.tracker.bubble = BubbleRecorder([r.id for r in members], serving_before)
+        bubble = run.tracker.measure_bubble([r.id for r in members], serving_before)
         await ctx.desired.set_disk_weights(req.version, req.source.model_copy(update={"path": path}))
         d = ctx.desired.state
         # Members the fence stops admitting now (every other version, at staleness 0) leave service.
@@ -136,7 +142,7 @@ class Roll:
     size: int
     serving_before: set[str]
     members: list[WorkerRecord]  # the operation's, less those that cannot load the checkpoint
-    bubble: BubbleRecorder  # the record's too (`tracker.bubble`), which reports it
+    bubble: BubbleRecorder  # the record's (`tracker.measure_bubble`), which reports it
 
     def plan(self, ids: list[str]) -> list[list[str]]:
         if self.size >= len(ids):
@@ -228,22 +234,15 @@ class Roll:
                 expected_checksums=reference,
             )
 
-        one, stepped = await asyncio.gather(
-            run.step_values(
-                "updating",
-                "update",
-                in_one,
-                STAGED_UPDATE,
-                lambda w: w.update_in_one_call(plan(w.spec.id)),
-                d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify),
-            ),
-            self._in_steps(in_steps, pause_s),
+        in_one_call = Step(
+            name="update",
+            can=STAGED_UPDATE,
+            call=lambda w: w.update_in_one_call(plan(w.spec.id)),
+            deadline_s=d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify),
+            observe=lambda answer: answer.status,
         )
-        reports: dict[str, LoadReport] = {}
-        for worker_id, answer in one.answers.items():
-            assert answer is not None
-            run.observe_status(worker_id, answer.status)
-            reports[worker_id] = answer.load
+        one, stepped = await asyncio.gather(run.steps.run(in_one_call, in_one), self._in_steps(in_steps, pause_s))
+        reports = {worker_id: answer.load for worker_id, answer in one.answers.items() if answer is not None}
         await self._after_one_call_failures(in_one, one)
         reports |= {worker_id: report for worker_id, report in stepped.answers.items() if report is not None}
         verified = [*one.ok, *stepped.ok]
@@ -256,22 +255,21 @@ class Roll:
         relapsed = [r for r in one.ok if r.id in resumed_in_call and r.id not in passed]
         still_out: set[str] = set()
         if relapsed:
-            again = await run.step_values(
-                "pausing",
-                "pause",
-                relapsed,
-                CONTROL,
-                lambda w: w.pause(req.pause_mode, pause_s),
-                d.call_over(pause_s),
-                after_failure=True,
+            pause_again = Step(
+                name="pause",
+                can=CONTROL,
+                call=lambda w: w.pause(req.pause_mode, pause_s),
+                deadline_s=d.call_over(pause_s),
+                on_failure="amend",
             )
+            again = await run.steps.run(pause_again, relapsed)
             still_out = {r.id for r in relapsed} - {r.id for r in again.ok}
         for r in verified:
             answer = one.answers.get(r.id)
             if answer is not None and answer.resumed:
                 # Back in service in its own call: what a resume step would have recorded.
-                run.observe_status(r.id, answer.status, final=True)
-                run.passed(r.id, "resume")
+                run.steps.observe_status(r.id, answer.status, final=True)
+                run.steps.passed(r.id, "resume")
         if leave_paused:
             return Wave(verified, [], still_out)
         resumed = await resume(run, [r for r in verified if r.id not in held and r.id not in resumed_in_call], reports)
@@ -282,26 +280,27 @@ class Roll:
         gates readiness on it), then load; answers the loads' reports."""
         run, req, d = self.run, self.req, self.run.ctx.deadlines
         if not records:
-            return StepDone([], {}, {})
+            return StepDone.nothing()
 
         def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
             return w.pause_for_update(req.version, req.pause_mode, pause_s, weights_path=None)
 
-        paused = await run.step_values("pausing", "pause", records, DISK_WEIGHTS, pause, d.call_over(pause_s))
+        paused = await run.steps.run(
+            Step(name="pause", can=DISK_WEIGHTS, call=pause, deadline_s=d.call_over(pause_s), observe=status_answer),
+            records,
+        )
         for r in paused.ok:
             if r.tracks_desired:
                 run.ctx.registry.told(r.id, req.version)
-            run.observe_status(r.id, paused.answers.get(r.id))
         # Hashing time is allowed only in a wave where a load answers checksums.
         hashing = req.verify and any(w.loads_with_checksums for w in capable((r.driver for r in records), DISK_WEIGHTS))
-        return await run.step_values(
-            "updating",
-            "update",
-            paused.ok,
-            DISK_WEIGHTS,
-            lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
-            d.load_step(req.timeout_s, checksums=hashing),
+        loading = Step(
+            name="update",
+            can=DISK_WEIGHTS,
+            call=lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
+            deadline_s=d.load_step(req.timeout_s, checksums=hashing),
         )
+        return await run.steps.run(loading, paused.ok)
 
     async def _after_one_call_failures(self, records: list[WorkerRecord], one: StepDone[UpdateReport]) -> None:
         """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
@@ -347,9 +346,10 @@ async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadRe
     without a read: its last status, at that version and running -- what the calls it answered
     ok made of it -- so the read before the operation answers skips it too; the status poll
     reads it again within its interval."""
-    resumed = await run.step_values(
-        "resuming", "resume", records, DISK_WEIGHTS, lambda w: w.resume_after_update(), run.ctx.deadlines.control_s
+    resuming = Step(
+        name="resume", can=DISK_WEIGHTS, call=lambda w: w.resume_after_update(), deadline_s=run.ctx.deadlines.control_s
     )
+    resumed = await run.steps.run(resuming, records)
     for r in resumed.ok:
         status = resumed.answers.get(r.id)
         report = loaded.get(r.id)
@@ -360,5 +360,5 @@ async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadRe
                     "paused": False if r.status.paused is not None else None,
                 }
             )
-        run.observe_status(r.id, status, final=True)
+        run.steps.observe_status(r.id, status, final=True)
     return resumed.ok

@@ -20,15 +20,26 @@ from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.fleet.desired import DesiredKeeper
 from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.leadership.guard import Leadership
-from rlcp.controlplane.metrics import ControllerMetrics
+from rlcp.controlplane.metrics import ControllerMetrics, ReconcileStep
 from rlcp.controlplane.operations.gate import OperationGate
+from rlcp.controlplane.operations.steps import Executor, Step
 from rlcp.controlplane.reconcile import plan as actions
-from rlcp.controlplane.reconcile.plan import Action, plan
+from rlcp.controlplane.reconcile.plan import Action, ActionKind, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.workers.capabilities import Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
+from rlcp.controlplane.workers.capabilities import DRIVER, Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
 from rlcp.controlplane.workers.fanout import FanOut
 
 log = structlog.get_logger("rlcp.controlplane.reconcile")
+# Each action's step: its result's phase and the metrics' label (`reconcile:<kind>`).
+RECONCILE_STEPS: dict[ActionKind, ReconcileStep] = {
+    "set_desired": "reconcile:set_desired",
+    "update_weights": "reconcile:update_weights",
+    "load_lora": "reconcile:load_lora",
+    "unload_lora": "reconcile:unload_lora",
+    "pause": "reconcile:pause",
+    "resume": "reconcile:resume",
+    "sleep": "reconcile:sleep",
+}
 
 
 class Reconciler:
@@ -49,6 +60,9 @@ class Reconciler:
         self.registry, self.desired, self.gate, self.fanout = registry, desired, gate, fanout
         self.deadlines, self.leadership, self.limiter, self.metrics = deadlines, leadership, limiter, metrics
         self._refresh, self._ensure_leading = refresh, ensure_leading
+        # The operations' executor, without an operation record: each action's result lands on
+        # its worker, a failure in the metrics.
+        self.steps = Executor(fanout=fanout, registry=registry, metrics=metrics)
 
     def plan_for(self, rec: WorkerRecord) -> list[Action]:
         if not rec.reachable or rec.status is None:
@@ -92,22 +106,22 @@ class Reconciler:
             for action in self.plan_for(rec):
                 if self.gate.api_waiting:
                     return  # an API operation is waiting: finish later
-                outcome = await self.fanout.call(
-                    rec.driver,
-                    functools.partial(self._act, action=action),
-                    phase=f"reconcile:{action.kind}",
-                    deadline_s=self.deadlines.reconcile_action(action.kind),
-                )
-                self.registry.record_result(outcome.result)
-                if not outcome.ok:
+                if not await self.steps.ok(self._step(action), [rec]):
                     self.limiter.when(rec.id)
-                    self.metrics.worker_failures.labels(rec.id, outcome.result.phase).inc()
                     return
                 if isinstance(action, actions.SetDesired):
                     self.registry.told(rec.id, action.version)
             self.limiter.forget(rec.id)
             log.info("worker_reconciled", version=self.desired.state.weight_version)
             await self._refresh([rec])
+
+    def _step(self, action: Action) -> Step[Driver, None]:
+        return Step(
+            name=RECONCILE_STEPS[action.kind],
+            can=DRIVER,
+            call=functools.partial(self._act, action=action),
+            deadline_s=self.deadlines.reconcile_action(action.kind),
+        )
 
     async def _act(self, d: Driver, action: Action) -> None:
         """The plan only asks a driver for what its capabilities allow; one that lacks the

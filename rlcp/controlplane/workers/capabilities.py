@@ -23,7 +23,7 @@ worker, so an operation a member cannot do is refused up front, naming the worke
 lacks.
 
 `Can[P]` names one capability for the type checker: `implements(driver, CONTROL)` narrows a
-`Driver` to `Control`, and a step over workers (`FanOut.each`, `operations.context.Run.step`)
+`Driver` to `Control`, and a step over workers (`FanOut.each`, `operations.steps.Step`)
 takes a call typed over the capability's Protocol, never over `Any`.
 
 Where a worker publishes its route list (Dynamo's listing `routes`, kept in

@@ -1,0 +1,277 @@
+"""Operations as declared steps, and the one executor that runs them (issue 35 item 1).
+
+An operation is pure pre-checks, a list of `Step`s and pure decisions (verify's agreement,
+the wave plan, the bubble). A `Step` declares what one fan-out is: its name (one of the
+metrics' closed set, and the phase text of each worker's result), the capability it needs,
+the call typed over that capability's Protocol, its deadline, what in an answer is the
+worker's status, and what a failure does. `Executor.run` is the only code that runs one:
+the fan-out (`workers/fanout.py`), each worker's result in the operation's record and on the
+worker, the failure metric, the pause state a pause, resume or sleep leaves, and the answers
+that are a worker's status recorded as fresh reads. The operations (`weights`, `verify`,
+`pause`, `sleep`, `lora`, `broadcast`, `engine`, `caches`) and the reconciler's actions run
+on it, and the checkpoint check before the gate (`ask`); only the status polls call the
+fan-out themselves. SGLang's model gateway declares its workflows' steps the same way.
+
+What a failure does (`on_failure`):
+- `drop` (the default): the worker's result says why, and it is left out of what the step
+  returns, so the operation's later steps do not reach it (it stays as the failure left it;
+  the reconciler converges it later);
+- `abort`: the operation cannot go on without every worker (a broadcast's collective calls):
+  after recording, `StepIncomplete` is raised, and the operation rolls back or aborts;
+- `amend`: a step that makes good an earlier failure (a pause after a failed verification,
+  a broadcast's abort): a worker's first failure stays its result, this step's own failure
+  added to its message.
+Retries (`retry`): the transport already retries an idempotent request on a transient
+failure (tenacity, backoff and jitter) and never a collective one; a step's own `Retry` calls a
+worker again while its answer says a later call may pass (a checkpoint not there yet), within
+the step's deadline, which covers every attempt. A worker that failed an operation is retried
+by the reconciler, its backoff in the rate limiter (`reconcile/ratelimit.py`).
+
+`Executor.ask` runs a read before any operation exists (a pre-check: the checkpoint check),
+with the same fan-out, typing and retries, and records nothing: nothing has happened yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
+
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
+from rlcp.controlplane.metrics import ControllerMetrics, FailedStep
+from rlcp.controlplane.operations.record import OperationLog, OperationTracker
+from rlcp.controlplane.workers.capabilities import Can, Driver
+from rlcp.controlplane.workers.fanout import FanOut, Outcome
+from rlcp.controlplane.workers.transport import WorkerCallError
+from rlcp.controlplane.workerspec import WorkerStatus
+from rlcp.core.wire.controller import Phase, WorkerResult
+
+T = TypeVar("T")
+P = TypeVar("P", bound=Driver)
+OnFailure = Literal["drop", "abort", "amend"]
+
+# The phase `/v1/rl/state` shows while a step of this name runs, unless the step says another
+# (a status read while waking). A step not named here leaves the phase as it was.
+PHASES: dict[FailedStep, Phase] = {
+    "pause": "pausing",
+    "resume": "resuming",
+    "update": "updating",
+    "verify": "verifying",
+    "sleep": "sleeping",
+    "wake_up": "waking",
+    "start_weight_update": "updating",
+    "update_weights": "updating",
+    "finish_weight_update": "updating",
+}
+# Steps whose success says the pause state a worker is in (a sleep pauses first).
+PAUSE_STATE: dict[FailedStep, bool] = {"pause": True, "resume": False, "sleep": True}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Call a worker again while it fails with one of `codes` (what it answered: the failure
+    may pass), every `wait_s`, for at most `within_s`; its last failure is its result."""
+
+    codes: frozenset[str]
+    wait_s: float
+    within_s: float
+
+    def around(self, call: Callable[[P], Awaitable[T]]) -> Callable[[P], Awaitable[T]]:
+        codes = self.codes
+
+        def passing(exc: BaseException) -> bool:
+            return isinstance(exc, WorkerCallError) and exc.code in codes
+
+        async def retried(driver: P) -> T:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(passing),
+                wait=wait_fixed(self.wait_s),
+                stop=stop_after_delay(self.within_s),
+                reraise=True,
+            ):
+                with attempt:
+                    return await call(driver)
+            raise AssertionError("unreachable: tenacity reraises the last failure")
+
+        return retried
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step(Generic[P, T]):
+    """One call to each of a set of workers, declared.
+
+    `name`: the metrics' label and each result's phase text, unless `label` says more (a
+    broadcast chunk's number: `update_weights[3]`). `phase`: what the state shows while it
+    runs, when not the name's (`PHASES`). `observe`: what in an answer is the worker's status,
+    recorded as a fresh read (the status poll skips it this interval)."""
+
+    name: FailedStep
+    can: Can[P]
+    call: Callable[[P], Awaitable[T]]
+    deadline_s: float
+    phase: Phase | None = None
+    label: str | None = None
+    on_failure: OnFailure = "drop"
+    observe: Callable[[T], WorkerStatus | None] | None = None
+    retry: Retry | None = None
+
+    @property
+    def shown_as(self) -> str:
+        return self.label or self.name
+
+    def calling(self) -> Callable[[P], Awaitable[T]]:
+        """The call as sent to each worker: with its retries, if it has any."""
+        return self.call if self.retry is None else self.retry.around(self.call)
+
+
+@dataclass(frozen=True)
+class StepDone(Generic[T]):
+    """The records a step succeeded on, and what each of their calls answered, by worker id;
+    and the HTTP status each worker that refused its call answered, by worker id."""
+
+    ok: list[WorkerRecord]
+    answers: dict[str, T | None]
+    refused: dict[str, int]
+
+    @staticmethod
+    def nothing() -> StepDone[T]:
+        return StepDone([], {}, {})
+
+
+class StepIncomplete(Exception):
+    """A step declared `abort` failed on some worker: the operation cannot go on as it was.
+    Every worker's result is recorded; `done` is what succeeded (a rollback's list)."""
+
+    def __init__(self, step: Step[Any, Any], done: StepDone[Any]) -> None:
+        super().__init__(f"{step.shown_as} failed on some worker")
+        self.step, self.done = step, done
+
+
+def status_answer(answer: WorkerStatus | None) -> WorkerStatus | None:
+    """`observe` for a step whose answer is the worker's status."""
+    return answer
+
+
+class Executor:
+    """Runs steps over workers and keeps their bookkeeping: one per operation (`Run.steps`),
+    and one for the reconciler, which has no operation record (`tracker=None`)."""
+
+    def __init__(
+        self,
+        *,
+        fanout: FanOut,
+        registry: FleetRegistry,
+        metrics: ControllerMetrics,
+        tracker: OperationTracker | None = None,
+        log: OperationLog | None = None,
+    ) -> None:
+        self._fanout, self._registry, self._metrics = fanout, registry, metrics
+        self._tracker, self._log = tracker, log
+        # Workers whose status an answer gave, and which nothing later in the operation changes:
+        # the read before the operation answers skips them (`Run.answering`).
+        self.reported: set[str] = set()
+
+    async def run(self, step: Step[P, T], records: list[WorkerRecord]) -> StepDone[T]:
+        """Run `step` on `records`; record every result; answer who succeeded and with what."""
+        phase = step.phase or PHASES.get(step.name)
+        if phase is not None and self._log is not None:
+            self._log.set_phase(phase)
+        outcomes = await self._fanout.each(
+            [r.driver for r in records], step.can, step.calling(), phase=step.shown_as, deadline_s=step.deadline_s
+        )
+        if step.on_failure == "amend":
+            self._amend(outcomes, step.shown_as)
+        elif self._tracker is not None:
+            self._tracker.record(outcomes)
+        leaves_paused = PAUSE_STATE.get(step.name)
+        for o in outcomes:
+            self._registry.record_result(o.result)
+            if not o.ok:
+                self._metrics.worker_failures.inc(o.worker_id, step.name)
+            elif leaves_paused is not None:
+                # A pause or resume the worker took is its pause state now: the state shows it
+                # at once, also for a worker a later step fails and no final read refreshes.
+                self._registry.note_paused(o.worker_id, leaves_paused)
+        answers = {o.worker_id: o.value for o in outcomes if o.ok}
+        if step.observe is not None:
+            for worker_id, answer in answers.items():
+                if answer is not None:
+                    self.observe_status(worker_id, step.observe(answer))
+        refused = {o.worker_id: o.refused_with for o in outcomes if o.refused_with is not None}
+        done = StepDone([r for r in records if r.id in answers], answers, refused)
+        if step.on_failure == "abort" and len(done.ok) < len(records):
+            raise StepIncomplete(step, done)
+        return done
+
+    async def ask(self, step: Step[P, T], records: list[WorkerRecord]) -> list[Outcome[T]]:
+        """A read before any operation exists (a pre-check): each worker's outcome, nothing
+        recorded and no failure logged -- the pre-check reports what it decides."""
+        return await self._fanout.each(
+            [r.driver for r in records],
+            step.can,
+            step.calling(),
+            phase=step.shown_as,
+            deadline_s=step.deadline_s,
+            quiet=True,
+        )
+
+    async def ok(self, step: Step[P, Any], records: list[WorkerRecord]) -> list[WorkerRecord]:
+        """`run`, for a step whose answers nobody reads: the records it succeeded on."""
+        return (await self.run(step, records)).ok
+
+    def _amend(self, outcomes: Iterable[Outcome[Any]], what: str) -> None:
+        if self._tracker is None:
+            return
+        for o in outcomes:
+            first = self._tracker.results.get(o.worker_id)
+            if first is None or first.status == "ok":
+                self._tracker.set_result(o.result)
+            elif not o.ok:
+                note = f"; then {what} failed: {o.result.message}"
+                self._tracker.set_result(first.model_copy(update={"message": (first.message or "") + note}))
+
+    def observe_status(self, worker_id: str, status: WorkerStatus | None, *, final: bool = False) -> None:
+        """A worker's answer that is its status: recorded as a fresh read (the status poll skips
+        it this interval). `final`: nothing later in the operation changes it, so the read
+        before the operation answers skips it too."""
+        if status is None:
+            return
+        self._registry.observe(
+            Outcome(worker_id, WorkerResult(worker_id=worker_id, status="ok", phase="status"), status), reported=True
+        )
+        if final:
+            self.reported.add(worker_id)
+
+    def passed(self, worker_id: str, phase: str) -> None:
+        """A worker's result moves on to `phase`, done in a call an earlier step made (an update
+        taken in one call resumes in it): still ok, the same call's duration."""
+        if self._tracker is None:
+            return
+        result = self._tracker.results.get(worker_id)
+        if result is not None and result.status == "ok":
+            result = result.model_copy(update={"phase": phase})
+            self._tracker.set_result(result)
+            self._registry.record_result(result)
+
+    def report(self, results: Iterable[WorkerResult]) -> None:
+        """Results found before any step ran (a checkpoint a worker cannot load), or a pure
+        decision's verdict on a worker (verification): recorded as a step's would be, in the
+        operation and on the worker."""
+        for result in results:
+            if self._tracker is not None:
+                self._tracker.set_result(result)
+            self._registry.record_result(result)
+
+    def fail(self, worker_id: str, *, phase: str, code: str, message: str) -> None:
+        """A pure decision found a worker wrong after its calls succeeded (its checksums
+        disagree): its result in the operation becomes that failure. The worker's own last
+        result stays its last call's, which succeeded."""
+        if self._tracker is None:
+            return
+        first = self._tracker.results.get(worker_id)
+        base = first or WorkerResult(worker_id=worker_id, status="error", phase=phase)
+        self._tracker.set_result(
+            base.model_copy(update={"status": "error", "phase": phase, "code": code, "message": message})
+        )
