@@ -13,7 +13,7 @@ from typing import get_args
 import pytest
 
 from rlcp.controlplane.api.errors import to_api_error
-from rlcp.controlplane.errors import MissingCapability, PathOutsideRoots
+from rlcp.controlplane.errors import InvalidInput, MissingCapability, PathOutsideRoots
 from rlcp.controlplane.metrics import STEPS, failed_step
 from rlcp.controlplane.operations.broadcast import plan_ranks
 from rlcp.controlplane.operations.lora import load_lora
@@ -21,7 +21,7 @@ from rlcp.controlplane.operations.pause import pause, resume
 from rlcp.controlplane.operations.weights import update_weights
 from rlcp.controlplane.reconcile.plan import ActionKind
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.workers.capabilities import CHECKSUMS
+from rlcp.controlplane.workers.capabilities import CHECKSUMS, refuse_transfer_input
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.core.wire.controller import (
@@ -214,6 +214,36 @@ async def test_a_broadcast_over_agents_and_sglang_members_is_refused_up_front_sa
     )
     assert to_api_error(refused.value).status == 409
     assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
+
+
+async def test_a_broadcast_init_or_chunk_sglang_cannot_take_is_a_422_naming_the_key_before_any_call(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
+    """An SGLang-only fleet: keys its group does not take (a trainer on vLLM's wire) and a chunk of
+    another shape are refused by the controller, naming the field, with no worker called."""
+    ctl = memory_fleet.controller(tmp_path)
+    # Driven as SGLang servers; behind them the memory fleet's agents note any call that reaches them.
+    ctl.apply_membership([WorkerSpec(id=f"w{i}", admin_url=f"memory://w{i}", flavor="sglang") for i in range(2)])
+    good = {"master_address": "127.0.0.1", "master_port": 29500, "world_size": 3}
+    for init_info, field in (
+        (good | {"buffer_size_bytes": 64}, "init_info.buffer_size_bytes"),
+        (good | {"master_port": "x"}, "init_info.master_port"),
+        ({"master_address": "127.0.0.1", "master_port": 29500}, "init_info.world_size"),
+    ):
+        with pytest.raises(InvalidInput) as refused:
+            await ctl.transfer.init(TransferInitRequest(init_info=init_info))
+        error = to_api_error(refused.value)
+        assert (error.status, refused.value.field) == (422, field), refused.value.message
+        assert refused.value.message.startswith("w0: ")  # the member whose group refused it
+    assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
+    # A chunk: the same check, which `update_chunk` makes before anything is sent.
+    drivers = [r.driver for r in ctl.registry.members()]
+    with pytest.raises(InvalidInput) as refused:
+        refuse_transfer_input(
+            drivers, update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]], "packed": True}
+        )
+    assert refused.value.field == "update_info.packed"
+    refuse_transfer_input(drivers, update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]})
 
 
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(

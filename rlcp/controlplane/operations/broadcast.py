@@ -49,6 +49,7 @@ from rlcp.controlplane.workers.capabilities import (
     BroadcastPeer,
     Control,
     has,
+    refuse_transfer_input,
     require_one_transfer_wire,
 )
 from rlcp.core.wire.controller import (
@@ -174,6 +175,7 @@ class WeightTransfer:
             raise NoMembers("the fleet has no members")
         require_capability(members, "broadcast", "a broadcast weight transfer")
         require_one_transfer_wire(r.driver for r in members)
+        refuse_transfer_input((r.driver for r in members), init_info=req.init_info)
         if asleep := sorted(ctx.desired.state.asleep):
             # The group spans every member's ranks, and an engine asleep cannot take weights.
             raise Conflict(
@@ -285,6 +287,8 @@ class WeightTransfer:
         return await self._in_session("update_weights", lambda u: self._chunk(u, req))
 
     async def _chunk(self, update: _Update, req: TransferUpdateRequest) -> OperationResult:
+        # A chunk some member cannot take: a 422 with nothing sent (the update stays open).
+        refuse_transfer_input((r.driver for r in update.records), update_info=req.update_info)
         update.chunks += 1
         self._changes.bump()
         deadline = self.ctx.deadlines.transfer_chunk_s

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeGuard, TypeVar, runtime_checkable
 
-from rlcp.controlplane.errors import MissingCapability
+from rlcp.controlplane.errors import InvalidInput, MissingCapability
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent import PauseMode
 
@@ -191,6 +191,13 @@ class Lora(Driver, Protocol):
 class BroadcastPeer(Driver, Protocol):
     transfer_wire: TransferWire
     """The group this peer joins and the stream it expects (`TransferWire`)."""
+
+    def init_info_problem(self, init_info: dict[str, Any]) -> tuple[str, str] | None:
+        """(the key, why) if this peer's group cannot take `init_info`; None if it can, or if only
+        the worker itself can tell. Pure: asked before any worker is touched."""
+
+    def update_info_problem(self, chunk: dict[str, Any]) -> tuple[str, str] | None:
+        """Likewise for one update chunk."""
 
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None: ...
 
@@ -363,6 +370,24 @@ def has(driver: Driver, capability: Capability) -> bool:
         return True
     published = driver.published_capabilities()
     return published is None or capability in published
+
+
+def refuse_transfer_input(
+    drivers: Iterable[Driver], init_info: dict[str, Any] | None = None, update_info: Any = None
+) -> None:
+    """A 422 naming the field, before any worker is touched, for an `init_info` or an update
+    chunk some member's group cannot take (SGLang's takes fewer keys than vLLM's)."""
+    chunks = update_info if isinstance(update_info, list) else [update_info] if update_info is not None else []
+    for d in drivers:
+        if not implements(d, BROADCAST):
+            continue
+        if init_info is not None and (problem := d.init_info_problem(init_info)) is not None:
+            key, why = problem
+            raise InvalidInput(f"{d.spec.id}: {why}", field=f"init_info.{key}" if key else "init_info")
+        for chunk in chunks:
+            if isinstance(chunk, dict) and (problem := d.update_info_problem(chunk)) is not None:
+                key, why = problem
+                raise InvalidInput(f"{d.spec.id}: {why}", field=f"update_info.{key}" if key else "update_info")
 
 
 def require_one_transfer_wire(drivers: Iterable[Driver]) -> None:

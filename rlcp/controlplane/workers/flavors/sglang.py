@@ -54,7 +54,8 @@ SGLang's RL surface, and what this driver does about each of its traps (none may
               deadline, until the trainer's rendezvous port accepts a connection; a trainer that
               never listens fails the init without SGLang being asked. `init_info` keys SGLang's
               group does not take (vLLM backends' `buffer_size_bytes`, `packed`, ...) are refused
-              before any call: such a trainer speaks vLLM's wire;
+              by the controller, 422 naming the key, before any worker is called
+              (`init_info_problem`): such a trainer speaks vLLM's wire;
     start  -> `POST /begin_weight_update` (a session left open by an earlier controller is ended
               first: SGLang refuses a second one);
     chunk  -> `POST /update_weights_from_distributed {names, dtypes (vLLM's dtype_names), shapes,
@@ -312,28 +313,21 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         # Never SGLang's default (`abort_all_requests: true` aborts everything in flight).
         await self._post("/update_weight_version", {"new_version": version, "abort_all_requests": False})
 
+    def init_info_problem(self, init_info: dict[str, Any]) -> tuple[str, str] | None:
+        # The controller sets rank_offset itself (the worker's place in the group).
+        return group_problem(init_info | {"rank_offset": 1})
+
+    def update_info_problem(self, chunk: dict[str, Any]) -> tuple[str, str] | None:
+        return chunk_problem(chunk)
+
     def _group_body(self, init_info: dict[str, Any]) -> dict[str, Any]:
-        if unknown := sorted(set(init_info) - _GROUP_KEYS):
-            raise WorkerRejected(
-                self.spec.id,
-                f"init_info keys SGLang's weight-update group does not take: {', '.join(unknown)} "
-                "(a trainer on vLLM's weight-transfer wire?); it takes master_address, master_port, "
-                "world_size, backend and group_name",
-            )
-        body = _GROUP_DEFAULTS | dict(init_info)
-        kinds = {"master_address": str, "master_port": int, "world_size": int, "rank_offset": int}
-        kinds |= dict.fromkeys(_GROUP_DEFAULTS, str)
-        if wrong := sorted(k for k, kind in kinds.items() if not _is(body.get(k), kind)):
-            raise WorkerRejected(self.spec.id, f"init_info for SGLang's group: {', '.join(wrong)} missing or mistyped")
-        return body
+        if (problem := group_problem(init_info)) is not None:
+            raise WorkerRejected(self.spec.id, problem[1])
+        return _GROUP_DEFAULTS | dict(init_info)
 
     def _chunk_body(self, chunk: dict[str, Any], group: str) -> dict[str, Any]:
-        if sorted(chunk) != sorted(_CHUNK_KEYS):
-            raise WorkerRejected(
-                self.spec.id,
-                "an update chunk for SGLang names names, dtype_names and shapes only; got "
-                f"{', '.join(sorted(chunk))} (SGLang receives each tensor alone: no packed buffers)",
-            )
+        if (problem := chunk_problem(chunk)) is not None:
+            raise WorkerRejected(self.spec.id, problem[1])
         return {
             "names": chunk["names"],
             "dtypes": chunk["dtype_names"],
@@ -398,6 +392,33 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
         # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions.
         cards = self.answer_field(body, "data", "GET /v1/models")
         return {str(card["id"]): None for card in cards if isinstance(card, dict) and card.get("parent")}
+
+
+def group_problem(init_info: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key, why) if SGLang's `/init_weights_update_group` cannot take `init_info`."""
+    if unknown := sorted(set(init_info) - _GROUP_KEYS):
+        return unknown[0], (
+            f"init_info keys SGLang's weight-update group does not take: {', '.join(unknown)} "
+            "(a trainer on vLLM's weight-transfer wire?); it takes master_address, master_port, "
+            "world_size, backend and group_name"
+        )
+    body = _GROUP_DEFAULTS | dict(init_info)
+    kinds = {"master_address": str, "master_port": int, "world_size": int, "rank_offset": int}
+    kinds |= dict.fromkeys(_GROUP_DEFAULTS, str)
+    if wrong := sorted(k for k, kind in kinds.items() if not _is(body.get(k), kind)):
+        return wrong[0], f"init_info for SGLang's group: {', '.join(wrong)} missing or mistyped"
+    return None
+
+
+def chunk_problem(chunk: dict[str, Any]) -> tuple[str, str] | None:
+    """(the key, why) if an update chunk is not one SGLang's `/update_weights_from_distributed` takes."""
+    if sorted(chunk) != sorted(_CHUNK_KEYS):
+        odd = sorted(set(chunk) ^ _CHUNK_KEYS)
+        return odd[0] if odd else "", (
+            "an update chunk for SGLang names names, dtype_names and shapes only; got "
+            f"{', '.join(sorted(chunk))} (SGLang receives each tensor alone: no packed buffers)"
+        )
+    return None
 
 
 def _is(value: Any, kind: type) -> bool:

@@ -15,6 +15,12 @@ class VllmWeightTransferRoutes(DriverBase):
 
     transfer_wire: TransferWire = "vllm"  # vLLM's weight-transfer engines on the worker side
 
+    def init_info_problem(self, init_info: dict[str, Any]) -> tuple[str, str] | None:
+        return None  # vLLM's engine checks its own (a 4xx of the worker's, passed on)
+
+    def update_info_problem(self, chunk: dict[str, Any]) -> tuple[str, str] | None:
+        return None
+
     async def init_weight_transfer(self, init_info: dict[str, Any], timeout_s: float) -> None:
         await self.transport.request(
             "POST", "/init_weight_transfer_engine", json_body={"init_info": init_info}, timeout_s=timeout_s, retry=False
