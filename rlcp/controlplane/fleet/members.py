@@ -40,6 +40,9 @@ class WorkerRecord:
     cordoned: bool = False  # out of the gateway's serving set while an update works on it
     revision: int = 0  # moves with every change the state document shows (fleet/view.py caches by it)
     reported_at: float | None = None  # monotonic: when an operation's answer last carried its status
+    # Monotonic: since when what is recorded (status or error) is known to hold. A status read
+    # sent before it may describe the worker as it was before (see `observe`).
+    known_since: float = 0.0
     seen_unpublished: bool = False  # last_seen moved on a read that found nothing new (`publish_seen`)
 
     @property
@@ -96,10 +99,17 @@ class FleetRegistry:
     def ids(self) -> set[str]:
         return set(self._records)
 
-    def observe(self, outcome: Outcome[WorkerStatus], *, reported: bool = False) -> None:
+    def observe(self, outcome: Outcome[WorkerStatus], *, reported: bool = False, sent_at: float | None = None) -> None:
         """A status read's outcome: reachable with a fresh status, or unreachable and why.
         `reported`: the status came in an operation's answer, so the status observer need
-        not read this worker again this interval.
+        not read this worker again this interval. `sent_at` (monotonic): when the read was
+        sent; None for what an operation's answer says, known now.
+
+        A read sent before what is recorded was known is dropped: it may have been answered
+        before an operation's pause, load or resume that is already recorded, and landing
+        after it would take the worker back to how it was (paused, or on the old weights: out
+        of the fence for no reason, or in it while paused) until the next read. (A status poll
+        sent just before an update's resume was seen landing after it, every cycle.)
 
         A read that finds nothing new (the same status, or the same failure) moves only the
         record's `last_seen`, and not the change counter: the state document, its entity tag
@@ -110,6 +120,9 @@ class FleetRegistry:
         rec = self._records.get(outcome.worker_id)
         if rec is None:
             return  # removed while the call was in flight
+        if sent_at is not None and sent_at < rec.known_since:
+            return  # older than what is recorded
+        rec.known_since = sent_at if sent_at is not None else time.monotonic()
         if outcome.ok and outcome.value is not None:
             if reported:
                 rec.reported_at = time.monotonic()
@@ -152,7 +165,10 @@ class FleetRegistry:
         read (a stock vLLM server says it only when asked). A flavor that cannot report its
         pause state (None) is left so: its next read would take it back."""
         rec = self._records.get(worker_id)
-        if rec is None or rec.status is None or rec.status.paused is None or rec.status.paused == paused:
+        if rec is None or rec.status is None or rec.status.paused is None:
+            return
+        rec.known_since = time.monotonic()  # a read sent before this answer may say otherwise
+        if rec.status.paused == paused:
             return
         rec.status = rec.status.model_copy(update={"paused": paused})
         rec.revision += 1

@@ -18,11 +18,12 @@ async def poll_statuses(
 ) -> None:
     """Read `records` (default: every member) now, and record what they answered."""
     targets = records if records is not None else registry.members()
+    sent = time.monotonic()
     outcomes = await fanout.run(
         [r.driver for r in targets], lambda d: d.status(), phase="status", deadline_s=deadline_s, quiet=True
     )
     for outcome in outcomes:
-        registry.observe(outcome)
+        registry.observe(outcome, sent_at=sent)
 
 
 async def observe_statuses(
@@ -44,6 +45,7 @@ async def observe_statuses(
     each worker answers its status twice per update); every `seen_refresh_s` the last_seen
     times of reads that found nothing new are shown in the state document (`publish_seen`)."""
     running: dict[str, asyncio.Task[Outcome[WorkerStatus]]] = {}
+    sent: dict[str, float] = {}  # worker id -> when its running read was sent
     published = time.monotonic()
     n = 0
     try:
@@ -57,6 +59,7 @@ async def observe_statuses(
                 if rec.reported_at is not None and rec.reported_at > tick - interval_s:
                     continue
                 if rec.id not in running:
+                    sent[rec.id] = time.monotonic()
                     running[rec.id] = asyncio.create_task(
                         fanout.call(
                             rec.driver, lambda d: d.status(), phase="status", deadline_s=deadline_s, quiet=True
@@ -68,7 +71,7 @@ async def observe_statuses(
             for worker_id, task in list(running.items()):
                 if task.done():
                     del running[worker_id]
-                    registry.observe(task.result())
+                    registry.observe(task.result(), sent_at=sent.pop(worker_id))
             if iterations is not None and n >= iterations:
                 break  # the last tick asked for: no sleep after it
             await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - tick)))

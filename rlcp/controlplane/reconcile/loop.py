@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -97,10 +98,11 @@ class Reconciler:
 
     async def _reconcile_worker(self, rec: WorkerRecord) -> None:
         with structlog.contextvars.bound_contextvars(worker_id=rec.id, operation="reconcile"):
+            sent = time.monotonic()
             fresh = await self.fanout.call(
                 rec.driver, lambda d: d.status(), phase="status", deadline_s=self.deadlines.control_s, quiet=True
             )
-            self.registry.observe(fresh)
+            self.registry.observe(fresh, sent_at=sent)
             if not fresh.ok or rec.status is None:
                 return
             for action in self.plan_for(rec):
