@@ -23,17 +23,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
-import structlog
 from pydantic import ValidationError
 
-from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
+from rlcp.controlplane.discovery.polling import PollFailed, get_json, good_entries, poll_repeatedly
 from rlcp.controlplane.discovery.sglang_router import parse_router_workers
 from rlcp.controlplane.settings import ListingFormat
 from rlcp.controlplane.workers.registry import driver_class
 from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
-
-log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 
 PROTOCOL_VERSION = 1
 
@@ -66,16 +63,12 @@ def parse_listing(body: Any, *, default_flavor: Flavor, inference_url: str | Non
     entries = body.get("workers")
     if not isinstance(entries, list):
         raise ListingError("listing has no 'workers' list")
-    specs: dict[str, WorkerSpec] = {}
-    for index, entry in enumerate(entries):
-        spec, reason = _parse_entry(entry, default_flavor, inference_url)
-        if spec is not None and spec.id in specs:
-            reason, spec = f"duplicate instance_id {spec.id!r}", None
-        if spec is None:
-            log.warning("listing_entry_skipped", index=index, entry=entry, reason=reason)
-            continue
-        specs[spec.id] = spec
-    return list(specs.values())
+    return good_entries(
+        entries,
+        lambda entry: _parse_entry(entry, default_flavor, inference_url),
+        key="instance_id",
+        event="listing_entry_skipped",
+    )
 
 
 def _parse_entry(entry: Any, default_flavor: Flavor, inference_url: str | None) -> tuple[WorkerSpec | None, str]:

@@ -19,14 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 from pydantic import ValidationError
 
-from rlcp.controlplane.discovery.polling import PollFailed
+from rlcp.controlplane.discovery.polling import PollFailed, good_entries
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import labels_from
-
-log = structlog.get_logger("rlcp.controlplane.discovery.sglang_router")
 
 
 def parse_router_workers(body: Any, *, error: type[PollFailed]) -> list[WorkerSpec]:
@@ -43,16 +40,7 @@ def parse_router_workers(body: Any, *, error: type[PollFailed]) -> list[WorkerSp
     entries = body.get("workers")
     if not isinstance(entries, list):
         raise error("router answer has no 'workers' list (is the URL the router's /workers?)")
-    specs: dict[str, WorkerSpec] = {}
-    for index, entry in enumerate(entries):
-        spec, reason = _parse_worker(entry)
-        if spec is not None and spec.id in specs:
-            reason, spec = f"duplicate url {spec.id!r}", None
-        if spec is None:
-            log.warning("router_worker_skipped", index=index, entry=entry, reason=reason)
-            continue
-        specs[spec.id] = spec
-    return list(specs.values())
+    return good_entries(entries, _parse_worker, key="url", event="router_worker_skipped")
 
 
 def _parse_worker(entry: Any) -> tuple[WorkerSpec | None, str]:
