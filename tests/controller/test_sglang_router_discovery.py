@@ -156,7 +156,7 @@ async def test_controller_finds_the_router_workers_and_follows_removals(
             epoch = state["membership_epoch"]
 
             # The router stops answering: polls fail within their deadline, the membership stays.
-            assert router.signal_group(signal.SIGSTOP)  # the group: the launcher serves from a child
+            assert router.signal_group(signal.SIGSTOP)  # stopped, not gone: connections hang
             try:
                 source = HttpListingSource(session=http, url=listing["url"], format="sglang_router", timeout_s=0.5)
                 with pytest.raises(ListingError, match="no answer within 0.5s"):
