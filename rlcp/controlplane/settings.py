@@ -200,8 +200,23 @@ class GatewaySettings(Section):
         return read_token(self.token, self.token_file)
 
 
+# What an http_listing URL answers: a `GET /v1/rl/workers` listing (Dynamo's frontend, another
+# controller), or an sglang-router's `GET /workers` (slime's and Miles' router; each worker a
+# member of flavor sglang).
+ListingFormat = Literal["rl_workers", "sglang_router"]
+
+
 class HttpListingSettings(Section):
-    url: str = Field(description="URL of a GET /v1/rl/workers listing (Dynamo's shape).")
+    url: str = Field(
+        description="URL of a GET /v1/rl/workers listing (Dynamo's shape), or with format sglang_router "
+        "of an sglang-router's worker list (`http://ROUTER:PORT/workers`)."
+    )
+    format: ListingFormat = Field(
+        "rl_workers",
+        description="rl_workers: a /v1/rl/workers listing. sglang_router: an sglang-router's `GET /workers`, "
+        "each worker a member of flavor sglang whose URL is its admin and inference URL, its id (docs/controller.md, "
+        "'SGLang: pointing the controller at slime / Miles servers').",
+    )
     interval_s: float = Field(5.0, gt=0, description="Poll interval, in seconds.")
     timeout_s: float = Field(5.0, gt=0, description="Deadline of one poll, in seconds.")
     default_flavor: Flavor = Field("dynamo", description="Flavor of entries that do not name one.")
@@ -214,6 +229,19 @@ class HttpListingSettings(Section):
         "to which the gateway sends each rollout pinned to one instance. None: such members take no "
         "rollouts.",
     )
+
+    @model_validator(mode="after")
+    def _check_format(self) -> HttpListingSettings:
+        # A router's workers are SGLang servers that take inference on their own URL: a flavor or
+        # inference URL given for them would be silently ignored, so it is refused instead.
+        if self.format == "sglang_router":
+            for name in ("default_flavor", "inference_url"):
+                if name in self.model_fields_set:
+                    raise ValueError(
+                        f"{name} cannot be set with format sglang_router (members are flavor sglang, "
+                        "each taking inference on its own URL)"
+                    )
+        return self
 
 
 DeadActors = Literal["keep", "drop"]  # what discovery kind ray does with a DEAD actor

@@ -24,7 +24,9 @@ from rlcp.controlplane.discovery.http_listing import (
     render_listing,
 )
 from rlcp.controlplane.discovery.polling import backoff_s
+from rlcp.controlplane.discovery.sglang_router import parse_router_workers
 from rlcp.controlplane.discovery.static import StaticSource
+from rlcp.controlplane.settings import HttpListingSettings
 from rlcp.controlplane.workerspec import WorkerSpec
 
 
@@ -416,3 +418,72 @@ def test_listing_labels_travel_and_bad_labels_skip_the_entry() -> None:
         assert [s.id for s in parse_listing(doc, default_flavor="agent")] == ["b"]
     reasons = [e["reason"] for e in logs if e["event"] == "listing_entry_skipped"]
     assert len(reasons) == 2 and "label value 'not ok'" in reasons[0] and "not an object" in reasons[1]
+
+
+# -- an sglang-router's worker list (format sglang_router) ---------------------------------
+
+
+def router_worker(url: Any, **kw: Any) -> dict[str, Any]:
+    """An entry as sglang-router 0.3.2 lists it (`GET /workers`, seen against the binary)."""
+    return {
+        "id": "c886706f-933b-4a70-b024-9d816b22a75a",
+        "url": url,
+        "model_id": "m",
+        "worker_type": "regular",
+        "is_healthy": True,
+        "metadata": {"model_path": "m", "dp_size": "1", "tp_size": "4"},
+        **kw,
+    }
+
+
+def test_router_workers_are_sglang_members_keyed_by_url_and_bad_entries_skipped() -> None:
+    body = {
+        "workers": [
+            router_worker("http://10.0.0.5:30000/"),
+            router_worker("http://10.0.0.6:30000", worker_type="decode", is_healthy=False, metadata={}),
+            router_worker("grpc://10.0.0.7:30000"),  # no HTTP admin routes to call
+            router_worker(None),
+            router_worker("http://10.0.0.5:30000", id="another-uuid"),  # the same server twice
+            "nonsense",
+        ],
+        "total": 6,
+    }
+    with capture_logs() as logs:
+        specs = parse_router_workers(body, error=ListingError)
+    assert specs == [
+        WorkerSpec(
+            id="http://10.0.0.5:30000",
+            admin_url="http://10.0.0.5:30000",
+            inference_url="http://10.0.0.5:30000",
+            flavor="sglang",
+            world_size=4,
+            model="m",
+            labels={"worker_type": "regular"},
+        ),
+        WorkerSpec(
+            id="http://10.0.0.6:30000",
+            admin_url="http://10.0.0.6:30000",
+            inference_url="http://10.0.0.6:30000",
+            flavor="sglang",
+            model="m",
+            labels={"worker_type": "decode"},
+        ),  # unhealthy to the router is still a member: the controller reads its status itself
+    ]
+    assert [e["reason"] for e in logs if e["event"] == "router_worker_skipped"] == [
+        "url 'grpc://10.0.0.7:30000' is not an http(s) URL",
+        "url None is not an http(s) URL",
+        "duplicate url 'http://10.0.0.5:30000'",
+        "entry is not an object",
+    ]
+
+
+@pytest.mark.parametrize("body", [[], {"total": 0}, {"workers": {}}, {"protocol_version": 1, "workers": None}])
+def test_router_answer_without_a_worker_list_is_a_failed_poll(body: Any) -> None:
+    with pytest.raises(ListingError):
+        parse_router_workers(body, error=ListingError)
+
+
+@pytest.mark.parametrize("field", ["default_flavor", "inference_url"])
+def test_router_format_refuses_settings_it_would_ignore(field: str) -> None:
+    with pytest.raises(ValueError, match=f"{field} cannot be set with format sglang_router"):
+        HttpListingSettings(url="http://r:30000/workers", format="sglang_router", **{field: "vllm"})

@@ -41,6 +41,7 @@ def make_source(
             token=token,
             default_flavor=d.http_listing.default_flavor,
             inference_url=d.http_listing.inference_url,
+            format=d.http_listing.format,
         )
     if d.kind == "ray":
         from rlcp.controlplane.discovery.ray import RayActorSource

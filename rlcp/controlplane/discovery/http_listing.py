@@ -10,6 +10,9 @@ controller's route reuses `render_listing` / `parse_listing` from here.
     render_listing  [WorkerSpec] -> listing document   (pure; the inverse)
     HttpListingSource.watch   poll -> parse -> yield; on failure keep quiet and back off (polling.py)
 
+With `format="sglang_router"` the same source polls an sglang-router's `GET /workers` instead
+(slime's and Miles' router, where their SGLang servers register): parsed by `sglang_router.py`.
+
 A failed poll yields nothing: the consumer keeps the last membership, because a flaky
 listing must never empty the fleet.
 """
@@ -20,15 +23,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
-import structlog
 from pydantic import ValidationError
 
-from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
+from rlcp.controlplane.discovery.polling import PollFailed, get_json, good_entries, poll_repeatedly
+from rlcp.controlplane.discovery.sglang_router import parse_router_workers
+from rlcp.controlplane.settings import ListingFormat
 from rlcp.controlplane.workers.registry import driver_class
 from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
-
-log = structlog.get_logger("rlcp.controlplane.discovery.http_listing")
 
 PROTOCOL_VERSION = 1
 
@@ -61,16 +63,12 @@ def parse_listing(body: Any, *, default_flavor: Flavor, inference_url: str | Non
     entries = body.get("workers")
     if not isinstance(entries, list):
         raise ListingError("listing has no 'workers' list")
-    specs: dict[str, WorkerSpec] = {}
-    for index, entry in enumerate(entries):
-        spec, reason = _parse_entry(entry, default_flavor, inference_url)
-        if spec is not None and spec.id in specs:
-            reason, spec = f"duplicate instance_id {spec.id!r}", None
-        if spec is None:
-            log.warning("listing_entry_skipped", index=index, entry=entry, reason=reason)
-            continue
-        specs[spec.id] = spec
-    return list(specs.values())
+    return good_entries(
+        entries,
+        lambda entry: _parse_entry(entry, default_flavor, inference_url),
+        key="instance_id",
+        event="listing_entry_skipped",
+    )
 
 
 def _parse_entry(entry: Any, default_flavor: Flavor, inference_url: str | None) -> tuple[WorkerSpec | None, str]:
@@ -155,6 +153,7 @@ class HttpListingSource:
         max_backoff_s: float = 30.0,
         iterations: int | None = None,
         inference_url: str | None = None,
+        format: ListingFormat = "rl_workers",
     ) -> None:
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
@@ -165,12 +164,13 @@ class HttpListingSource:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._default_flavor: Flavor = default_flavor
         self._inference_url = inference_url
+        self._format: ListingFormat = format
         self._iterations = iterations  # test seam: stop after this many polls
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
         return poll_repeatedly(
             self.poll,
-            source="listing",
+            source="listing" if self._format == "rl_workers" else self._format,
             url=self._url,
             interval_s=self._interval_s,
             max_backoff_s=self._max_backoff_s,
@@ -182,4 +182,6 @@ class HttpListingSource:
         body = await get_json(
             self._session, self._url, timeout_s=self._timeout_s, headers=self._headers, error=ListingError
         )
+        if self._format == "sglang_router":
+            return parse_router_workers(body, error=ListingError)
         return parse_listing(body, default_flavor=self._default_flavor, inference_url=self._inference_url)

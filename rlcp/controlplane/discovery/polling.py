@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
 import structlog
+
+from rlcp.controlplane.workerspec import WorkerSpec
 
 log = structlog.get_logger("rlcp.controlplane.discovery.polling")
 
@@ -34,6 +36,24 @@ def backoff_s(failures: int, *, interval_s: float, max_backoff_s: float) -> floa
     cap = max(max_backoff_s, interval_s)
     ceiling = min(cap, interval_s * 2 ** min(failures, 32))  # bounded exponent: no overflow
     return max(interval_s, random.uniform(ceiling / 2, ceiling))
+
+
+def good_entries(
+    entries: Iterable[Any], parse: Callable[[Any], tuple[WorkerSpec | None, str]], *, key: str, event: str
+) -> list[WorkerSpec]:
+    """The specs `parse` makes of `entries` (each: a spec, or None and why not). A bad entry, or a
+    second one with an id already taken (`key` names what the id is made of), is logged as `event`
+    and skipped, so one bad entry cannot take the rest of the fleet down."""
+    specs: dict[str, WorkerSpec] = {}
+    for index, entry in enumerate(entries):
+        spec, reason = parse(entry)
+        if spec is not None and spec.id in specs:
+            reason, spec = f"duplicate {key} {spec.id!r}", None
+        if spec is None:
+            log.warning(event, index=index, entry=entry, reason=reason)
+            continue
+        specs[spec.id] = spec
+    return list(specs.values())
 
 
 async def get_json(
