@@ -27,14 +27,11 @@ if [ $# -eq 0 ]; then
   #    the rest (the agent's with its check, the gateway's, the runs without a token). Each check
   #    needs every case of its server in its own process, which pytest-xdist cannot promise here
   #    (test_fuzz_api.py), so two plain pytest runs; beside four other test processes it failed,
-  #    so it waits for them. Then, last in the background, the engine-death test: it starts and
-  #    kills engines of its own (no session engine) and waits minutes for their restarts, so it
-  #    runs where the background part would otherwise stand idle while the engine part ends.
+  #    so it waits for them.
   rc=0
   fuzz=tests/controller/test_fuzz_api.py
   fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
   rest="not alone and not vllm and not sglang and not images"
-  late=tests/e2e/test_engine_death.py
   "${pytest[@]}" -m alone --durations=5 || rc=$?
   logs=$(mktemp -d)
   (
@@ -43,13 +40,12 @@ if [ $# -eq 0 ]; then
     "${pytest[@]}" -m "$rest" "$fuzz" -k "not ($fuzz_controller)" >"$logs/fuzz-rest" 2>&1 &
     "${pytest[@]}" -m "$rest" "$fuzz" -k "$fuzz_controller" >"$logs/fuzz-controller" 2>&1 || brc=$?
     wait $! || brc=$?
-    "${pytest[@]}" -m "not alone" "$late" --durations=3 >"$logs/late" 2>&1 || brc=$?
     exit $brc
   ) &
   background=$!
-  "${pytest[@]}" -m "not alone and (vllm or sglang or images)" --ignore "$late" --durations=20 || rc=$?
+  "${pytest[@]}" -m "not alone and (vllm or sglang or images)" --durations=20 || rc=$?
   wait "$background" || rc=$?
-  for part in rest fuzz-controller fuzz-rest late; do
+  for part in rest fuzz-controller fuzz-rest; do
     echo "=== $part"
     cat "$logs/$part"
   done
