@@ -177,8 +177,13 @@ async def test_concurrent_operation_gets_409(tmp_path):
     try:
         first = asyncio.create_task(ctl.call("POST", "/v1/rl/update_weights", update_body("v5", ckpt)))
         await wait_for(lambda: ctl.ctl.gate.holder == "update_weights", what="update running")
-        st = await ctl.state()
-        assert st["phase"] in ("pausing", "updating", "verifying", "resuming")
+
+        async def in_a_step() -> dict | None:
+            # The gate is held a moment before the first step (the record's write): wait for a step.
+            st = await ctl.state()
+            return st if st["phase"] in ("pausing", "updating", "verifying", "resuming") else None
+
+        st = await wait_for(in_a_step, what="the update in one of its steps")
         assert st["last_operation"]["status"] == "running"
         status, body = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
         assert status == 409 and body["error"]["code"] == "conflict"
