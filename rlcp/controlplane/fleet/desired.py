@@ -203,6 +203,12 @@ class DesiredKeeper:
         if desired:
             new.updated_at = datetime.now(UTC)
         await self._store.save(new)
+        if desired:
+            # Stamped again as it becomes current: readers (the gateway's fence first) hold the
+            # new target from here, not from before the write (an fsync under load takes tens of
+            # ms, during which answers on the old target were still inside the fence). The copy
+            # kept has the earlier stamp; the next write stores this one.
+            new = new.model_copy(update={"updated_at": datetime.now(UTC)})
         self._state = new
         self._changes.bump()
         if self._on_saved is not None:

@@ -358,7 +358,11 @@ class DesiredState(BaseModel):
         "as `interrupted`. Empty in the state document (see "
         "`last_operation` and `GET /v1/rl/operations`).",
     )
-    updated_at: datetime | None = None
+    updated_at: datetime | None = Field(
+        None,
+        description="When the fleet's target last changed: the moment the controller (and its "
+        "gateway's fence) began to hold it, after the write that persists it.",
+    )
 
 
 # -- results ------------------------------------------------------------------------------
