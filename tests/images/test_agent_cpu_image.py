@@ -39,6 +39,7 @@ pytestmark = [
     pytest.mark.images,
     pytest.mark.agent_image,
     pytest.mark.timeout(3600),
+    pytest.mark.xdist_group("images"),  # as tests/images/test_controller_image.py
     pytest.mark.skipif(
         os.environ.get("RLCP_TEST_AGENT_CPU_IMAGE") != "1",
         reason="the CPU agent image takes minutes and GBs: set RLCP_TEST_AGENT_CPU_IMAGE=1",

@@ -37,7 +37,9 @@ from tests.images.support import (
     wait_for_status,
 )
 
-pytestmark = [pytest.mark.images, pytest.mark.timeout(1200)]
+# One xdist worker takes the module (the full run's `--dist loadgroup`): its image is built once,
+# not once per worker, and two buildah builds never share the machine.
+pytestmark = [pytest.mark.images, pytest.mark.timeout(1200), pytest.mark.xdist_group("images")]
 
 CHART = REPO / "charts" / "rl-controlplane"
 # The chart's paths (templates/_helpers.tpl: rlcp.configDir, rlcp.tokenDir).
