@@ -15,7 +15,6 @@ import pytest
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.tiny_model import agent_engine
 
-
 # -- the `alone` tests first, then a signal ------------------------------------------------------
 # The full run (scripts/test.sh) runs the `alone` tests (their premise is timing: nothing else may
 # load the machine) at the start of its engine process, so that the engines they start (the session

@@ -26,6 +26,7 @@ from rlcp.harness.http import call, free_port
 from rlcp.harness.processes import VllmServeProcess
 from rlcp.harness.sglang import SglangServerProcess, run_sglang_trainer, sglang_venv
 from rlcp.harness.waiting import wait_for
+from tests.conftest import _session_uses
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
@@ -40,14 +41,33 @@ N_STREAMS = 4  # the server runs at most 8 requests at once (--max-running-reque
 
 
 @pytest.fixture(scope="module")
-def server(tiny_models, tmp_path_factory):
+def server(tiny_models, tmp_path_factory, request):
     proc = SglangServerProcess(
         tiny_models["base"], tmp_path_factory.mktemp("sglang"), venv=sglang_venv(), start_timeout_s=600
     )
     try:
+        if _session_uses(request, "stock_server"):
+            # The mixed fleet's stock `vllm serve` starts beside SGLang's server, not on its own later
+            # (~40 s on a quiet machine); it idles until that test.
+            request.getfixturevalue("_stock_process").spawn()
         yield proc.start()
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def _stock_process(tiny_models, tmp_path_factory):
+    """The mixed fleet's stock `vllm serve`, not yet started (`server` may spawn it)."""
+    proc = VllmServeProcess(tiny_models["base"], tmp_path_factory.mktemp("vllm-serve"), core=1, nice=10)
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def stock_server(_stock_process):
+    if _stock_process.proc is None:
+        _stock_process.spawn()
+    return _stock_process.wait_ready()
 
 
 async def generate(
@@ -421,64 +441,57 @@ async def complete(http, url: str) -> list[int]:
 
 
 async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_call(
-    http, server, vllm_agent, refs, tiny_models, tmp_path
+    http, server, stock_server, vllm_agent, refs, tiny_models, tmp_path
 ):
     """Our agent (vLLM), a stock `vllm serve` and SGLang, each driven by its own flavor, under one
     update call: each serves the new weights after it (the vLLM pair agree token for token, SGLang
     gives its reference), and going back restores each one's first output exactly."""
-    stock = VllmServeProcess(tiny_models["base"], tmp_path / "vllm-serve", core=1, nice=10)
-    stock.start()
-    try:
-        specs = [
-            vllm_agent.spec("agent-0"),
-            stock.spec("vllm-0"),
-            {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"},
-        ]
-        settings = controller_settings(
-            tmp_path,
-            specs,
-            allowed_roots=[str(tiny_models["base"].parent)],
-            workers={
-                "token": vllm_agent.token,
-                "timeout_s": 30,
-                "attempts": 2,
-                "retry_budget_s": 40,
-                "pause_timeout_s": 120,
-                "weight_load_timeout_s": 300,
-            },
-            reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-        )
-        async with serving_controller(settings, reachable_timeout_s=120) as ctl:
-            vllm_urls = [vllm_agent.inference_url, stock.url]
-            before = [await complete(http, u) for u in vllm_urls]
-            assert before[0] == before[1] and (await generate(http, server))[0] == refs[1]
-            for version, seed in (("mixed-2", 2), ("mixed-1", 1)):
-                status, result = await ctl.call(
-                    "POST",
-                    "/v1/rl/update_weights",
-                    update_body(version, tiny_models[f"weights-{seed}"], pause_mode="wait", verify=True),
-                )
-                assert status == 200, result
-                assert by_worker(result) == {w: ("ok", "resume") for w in ("agent-0", "vllm-0", "sglang-0")}
-                state = await ctl.state()
-                assert state["applied"] == {"weight_version": version, "converged": True, "verified": True}
-                assert {w["id"]: w["weight_version"] for w in state["workers"]} == dict.fromkeys(
-                    ("agent-0", "vllm-0", "sglang-0"), version
-                )
-                outputs = [await complete(http, u) for u in vllm_urls]
-                assert outputs[0] == outputs[1] and (outputs[0] == before[0]) == (seed == 1)
-                assert (await generate(http, server))[0] == refs[seed]
-            # One broadcast group cannot span both wires: refused up front, saying why, nothing touched.
-            init = {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 4}
-            status, refused = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init})
-            assert status == 409 and refused["error"]["code"] == "capability_missing", refused
-            assert "cannot mix SGLang members (sglang-0)" in refused["error"]["message"], refused
-            assert "(agent-0, vllm-0)" in refused["error"]["message"] and list(refused["error"]["workers"]) == [
-                "sglang-0"
-            ]
-            assert (await ctl.state())["weight_transfer"] is None
-    finally:
-        stock.stop()
+    specs = [
+        vllm_agent.spec("agent-0"),
+        stock_server.spec("vllm-0"),
+        {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"},
+    ]
+    settings = controller_settings(
+        tmp_path,
+        specs,
+        allowed_roots=[str(tiny_models["base"].parent)],
+        workers={
+            "token": vllm_agent.token,
+            "timeout_s": 30,
+            "attempts": 2,
+            "retry_budget_s": 40,
+            "pause_timeout_s": 120,
+            "weight_load_timeout_s": 300,
+        },
+        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
+    )
+    async with serving_controller(settings, reachable_timeout_s=120) as ctl:
+        vllm_urls = [vllm_agent.inference_url, stock_server.url]
+        before = [await complete(http, u) for u in vllm_urls]
+        assert before[0] == before[1] and (await generate(http, server))[0] == refs[1]
+        for version, seed in (("mixed-2", 2), ("mixed-1", 1)):
+            status, result = await ctl.call(
+                "POST",
+                "/v1/rl/update_weights",
+                update_body(version, tiny_models[f"weights-{seed}"], pause_mode="wait", verify=True),
+            )
+            assert status == 200, result
+            assert by_worker(result) == {w: ("ok", "resume") for w in ("agent-0", "vllm-0", "sglang-0")}
+            state = await ctl.state()
+            assert state["applied"] == {"weight_version": version, "converged": True, "verified": True}
+            assert {w["id"]: w["weight_version"] for w in state["workers"]} == dict.fromkeys(
+                ("agent-0", "vllm-0", "sglang-0"), version
+            )
+            outputs = [await complete(http, u) for u in vllm_urls]
+            assert outputs[0] == outputs[1] and (outputs[0] == before[0]) == (seed == 1)
+            assert (await generate(http, server))[0] == refs[seed]
+        # One broadcast group cannot span both wires: refused up front, saying why, nothing touched.
+        init = {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 4}
+        status, refused = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init})
+        assert status == 409 and refused["error"]["code"] == "capability_missing", refused
+        assert "cannot mix SGLang members (sglang-0)" in refused["error"]["message"], refused
+        assert "(agent-0, vllm-0)" in refused["error"]["message"] and list(refused["error"]["workers"]) == ["sglang-0"]
+        assert (await ctl.state())["weight_transfer"] is None
 
 
 # -- rollouts through the gateway, and a restart on old weights -----------------------------------
