@@ -43,7 +43,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from bench.common import median, quiet_logs, table, write_json
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.assembly import assemble
-from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import ReconcileSettings
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
 from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
@@ -51,6 +51,10 @@ from rlcp.harness.smg import SMG_VERSION, SmgMissing, SmgProcess, fanout, smg_ho
 from rlcp.harness.tiny_model import agent_engine
 
 AGENT_TOKEN = "bench-agent-token"
+# The controller's default status poll, read from the field's declaration: a settings object
+# (`ControllerSettings()`) would take RLCP_RECONCILE__POLL_INTERVAL_S from the caller's
+# environment, and a run's figures would change with a variable nobody passed to the bench.
+POLL_INTERVAL_S = float(ReconcileSettings.model_fields["poll_interval_s"].default)
 # A fleet: (worker specs for the controller, the processes behind them, the workers' admin token).
 Fleet = tuple[list[dict[str, Any]], Sequence[ChildProcess], str]
 
@@ -267,7 +271,7 @@ async def _smg_round(
         return {row: await smg_cycle(http, smg_url, models, n, verify=verify, workers=workers) for row, verify in rows}
 
 
-def main() -> None:
+def arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--flavors",
@@ -279,15 +283,21 @@ def main() -> None:
     parser.add_argument(
         "--poll-interval-s",
         type=float,
-        default=ControllerSettings().reconcile.poll_interval_s,
-        help="how often the controller reads every member's status (its default); those reads reach "
-        "the same servers during the cycles, SMG's too",
+        default=POLL_INTERVAL_S,
+        help="how often the controller reads every member's status (default: the controller's, "
+        f"{POLL_INTERVAL_S:g} s); those reads reach the same servers during the cycles, SMG's too",
     )
-    args = parser.parse_args()
-    flavors = [f.strip() for f in args.flavors.split(",") if f.strip()]
-    unknown = sorted(set(flavors) - set(FLEETS) - {"smg"})
-    if unknown or not flavors:
+    args = parser.parse_args(argv)
+    args.flavors = [f.strip() for f in args.flavors.split(",") if f.strip()]
+    unknown = sorted(set(args.flavors) - set(FLEETS) - {"smg"})
+    if unknown or not args.flavors:
         parser.error(f"--flavors: unknown {unknown}; known: {', '.join([*FLEETS, 'smg'])}")
+    return args
+
+
+def main() -> None:
+    args = arguments()
+    flavors: list[str] = args.flavors
     quiet_logs()
     with tempfile.TemporaryDirectory(prefix="flavor-cycle-") as tmp:
         figures = asyncio.run(run(flavors, args.repeats, Path(tmp), poll_interval_s=args.poll_interval_s))

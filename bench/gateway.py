@@ -62,8 +62,9 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, RequestCounts, version_mismatch_body
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
+from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState
+from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from rlcp.harness.http import free_port
 from rlcp.harness.processes import REPO, cpu_seconds
 
@@ -148,38 +149,21 @@ def fleet_state(ports: list[int], stale: int | None = None) -> FleetState:
     Each was read just now (`last_seen`): the xDS server serves no fence before that."""
     seen = datetime.now(UTC)
     workers = [
-        WorkerView(
-            id=f"bench-{i}",
-            admin_url=f"http://127.0.0.1:1/{i}",
-            inference_url=f"http://127.0.0.1:{p}",
+        serving_worker(
+            f"bench-{i}",
+            f"http://127.0.0.1:{p}",
             flavor="vllm",
-            world_size=1,
-            reachable=True,
-            ready=i != stale,
-            serving=i != stale,
-            paused=False,
-            requests=None,
-            weight_version="v0" if i == stale else "v1",
-            loras={},
-            engine_alive=True,
+            admin_url=f"http://127.0.0.1:1/{i}",
             last_seen=seen,
+            **({"ready": False, "serving": False, "weight_version": "v0"} if i == stale else {}),
         )
         for i, p in enumerate(ports)
     ]
-    return FleetState(
-        phase="serving" if stale is None else "degraded",
-        quiesced=False,
-        pause_state="running",
-        requests=RequestCounts(running=0, waiting=0, frozen=0),
-        desired=DesiredState(weight_version="v1", applied_versions=["v0", "v1"]),
-        applied=AppliedState(
-            weight_version="v1" if stale is None else None, converged=stale is None, verified=stale is None
-        ),
-        membership_epoch=1,
-        discovery_synced=True,
-        last_operation=None,
-        workers=workers,
-    )
+    desired = DesiredState(weight_version="v1", applied_versions=["v0", "v1"])
+    if stale is None:
+        return serving_fleet(workers, desired=desired)
+    degraded = AppliedState(weight_version=None, converged=False, verified=False)
+    return serving_fleet(workers, desired=desired, phase="degraded", applied=degraded)
 
 
 class StateServer:

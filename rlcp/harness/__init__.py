@@ -9,6 +9,7 @@ imports any of them):
 - `checkpoints`: weights, adapters and models made on the spot;
 - `faults`: fault rules, applied by an aiohttp middleware or by a loopback HTTP proxy;
 - `controller`: an in-process controller for tests, its settings, and readiness over HTTP;
+- `fleet_state`: a fleet state written by hand, for a gateway (or Envoy's endpoints) with no controller behind it;
 - `waiting`: bounded waits with a deadline and a message;
 - `http`: one HTTP call with a deadline, and free loopback ports;
 - `figures`: measurements recorded by tests under `bench/out/`.

@@ -330,3 +330,18 @@ def test_ray_discovery(tmp_path: Path) -> None:
     result = _outputs(tmp_path, "ray_discovery")
     assert [(r["size"], r["rows"], r["members"]) for r in result["rows"]] == [(2, 2, 2), (6, 6, 2)]
     assert result["parse"]["members"] == 10
+
+
+def test_flavor_cycle_polls_at_the_controllers_default_whatever_the_callers_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its measuring path needs engines (run with the benchmark); its arguments do not."""
+    from bench import flavor_cycle
+    from rlcp.controlplane.settings import ControllerSettings, ReconcileSettings
+
+    monkeypatch.setenv("RLCP_RECONCILE__POLL_INTERVAL_S", "0.05")
+    assert ControllerSettings().reconcile.poll_interval_s == 0.05  # what a settings object would have taken
+    args = flavor_cycle.arguments(["--flavors", "agent, vllm"])
+    assert args.poll_interval_s == ReconcileSettings().poll_interval_s == flavor_cycle.POLL_INTERVAL_S
+    assert args.flavors == ["agent", "vllm"]
+    assert flavor_cycle.arguments(["--poll-interval-s", "0.5"]).poll_interval_s == 0.5

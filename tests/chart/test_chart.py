@@ -13,19 +13,21 @@ helm comes from scripts/k8s-tools.sh, which fetches it from npm on first use.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
 
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.settings import load_settings as load_agent_settings
-from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import ControllerSettings, ListingFormat
 from rlcp.controlplane.settings import load_settings as load_controller_settings
+from rlcp.controlplane.workerspec import FLAVORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rl-controlplane"
@@ -326,6 +328,7 @@ def test_servicemonitor_is_off_by_default_and_scrapes_the_api_port(helm: str) ->
         ),
         (["--set", "gateway.dataPlane=envoy", "--set", "gateway.replicas=2"], "set gateway.replicas: 0"),
         (["--set", "gateway.envoy.xdsPort=0"], "xdsPort: Must be greater than or equal to 1"),
+        (["--set", "discovery.httpListing.format=sglang"], "format must be one of the following"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )
@@ -394,6 +397,43 @@ def test_rendered_config_loads_in_the_controller_settings(
             "teacher": ("role=teacher", []),
             "reward": ("role=reward", ["rm-v1"]),
         }
+
+
+def test_the_schema_takes_every_flavor_and_listing_format_the_controller_does() -> None:
+    """values.schema.json names them by hand: a flavor the controller gained is refused by helm
+    until the schema has it too."""
+    discovery = json.loads((CHART / "values.schema.json").read_text())["properties"]["discovery"]["properties"]
+    listing = discovery["httpListing"]["properties"]
+    assert set(discovery["static"]["items"]["properties"]["flavor"]["enum"]) == FLAVORS
+    assert set(listing["default_flavor"]["enum"]) == FLAVORS
+    assert listing["format"]["enum"] == list(get_args(ListingFormat))
+
+
+@pytest.mark.parametrize(
+    ("listing", "expected"),
+    [
+        ({"format": "sglang_router"}, ("sglang_router", "dynamo")),  # slime's router: members of flavor sglang
+        ({"default_flavor": "sglang"}, ("rl_workers", "sglang")),
+    ],
+    ids=["sglang_router", "default_flavor_sglang"],
+)
+def test_an_http_listing_of_sglang_servers_renders_a_config_the_controller_loads(
+    helm: str, listing: dict[str, str], expected: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "http://router.rl:30000/workers"
+    sets = ["discovery.kind=http_listing", f"discovery.httpListing.url={url}"]
+    sets += [f"discovery.httpListing.{k}={v}" for k, v in listing.items()]
+    docs = render(helm, *(arg for s in sets for arg in ("--set", s)))
+    deployment = next(d for d in of_kind(docs, "Deployment") if not d["metadata"]["name"].endswith("-gateway"))
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(_mounted_config(docs, deployment))
+    for name in [n for n in os.environ if n.startswith("RLCP_")]:
+        monkeypatch.delenv(name)
+    for name, value in _env_of(pod_spec(deployment)["containers"][0]).items():
+        monkeypatch.setenv(name, value)
+    http_listing = load_controller_settings(config_file).discovery.http_listing
+    assert http_listing is not None
+    assert (http_listing.url, http_listing.format, http_listing.default_flavor) == (url, *expected)
 
 
 def test_rendered_agent_config_loads_in_the_agent_settings(

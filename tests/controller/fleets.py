@@ -1,6 +1,7 @@
 """What the controller tests' fleet fixtures (conftest.py) give, the shape a module may ask
 for by overriding `fleet_shape`, and a gateway over a fleet state written by hand (for the
-gateway's own tests, whose workers are loopback servers of their own)."""
+gateway's own tests, whose workers are loopback servers of their own; the state itself is made
+by `rlcp.harness.fleet_state`, which the gateway benchmark uses too)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
 from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.agent import RequestCounts
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
+from rlcp.core.wire.controller import FleetState
 from rlcp.harness.controller import Ctl
 from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.simfleet import SimAgent
@@ -72,41 +72,6 @@ class Labelled:
 
 
 # -- a gateway over a state written by hand -------------------------------------------------
-def serving_worker(worker_id: str, inference_url: str, *, flavor: str, admin_url: str) -> WorkerView:
-    """A member serving weights `v1`: reachable, ready, in service, not paused."""
-    return WorkerView(
-        id=worker_id,
-        admin_url=admin_url,
-        inference_url=inference_url,
-        flavor=flavor,
-        world_size=1,
-        reachable=True,
-        ready=True,
-        serving=True,
-        paused=False,
-        requests=None,
-        weight_version="v1",
-        loras={},
-        engine_alive=True,
-    )
-
-
-def serving_fleet(workers: list[WorkerView]) -> FleetState:
-    """A fleet at rest on `v1` (desired, applied, verified) through `workers`."""
-    return FleetState(
-        phase="serving",
-        quiesced=False,
-        pause_state="running",
-        requests=RequestCounts(running=0, waiting=0, frozen=0),
-        desired=DesiredState(weight_version="v1", applied_versions=["v1"]),
-        applied=AppliedState(weight_version="v1", converged=True, verified=True),
-        membership_epoch=1,
-        discovery_synced=True,
-        last_operation=None,
-        workers=workers,
-    )
-
-
 class FixedState:
     """The gateway's state source, holding what a test gives it; `set` is a new generation."""
 

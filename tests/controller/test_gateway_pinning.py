@@ -19,7 +19,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.pinning import instance_number, pin_refused, pinned_body
 from rlcp.core.wire.controller import FleetState
-from tests.controller.fleets import FixedState, gateway_client, serving_fleet, serving_worker
+from rlcp.harness.fleet_state import serving_fleet, serving_worker
+from tests.controller.fleets import FixedState, gateway_client
 
 pytestmark = pytest.mark.timeout(60)
 LIVE, GONE = "17331665436039265135", "5345159356521062744"  # Dynamo ids are u64, above i64's range

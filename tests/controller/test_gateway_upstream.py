@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.gateway.app import new_session
-from tests.controller.fleets import FixedState, gateway_client, serving_fleet, serving_worker
+from rlcp.harness.fleet_state import serving_fleet, serving_worker
+from tests.controller.fleets import FixedState, gateway_client
 
 pytestmark = pytest.mark.timeout(60)
 

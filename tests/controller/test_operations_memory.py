@@ -2,17 +2,21 @@
 fan-out and reconciler against real agents (service and route handlers on SimEngine),
 connected by `MemoryTransport` (rlcp/harness/memory.py). The wire itself is covered by the
 socket tests (test_controller_sim.py, test_adminapi_flavors.py); these pin down the logic,
-fast."""
+fast. One test comes in through the controller's own HTTP route (aiohttp's test client) to
+SGLang doubles behind `MemoryTransport`: a chunk's 422 is made on that path, not in a helper."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.errors import InvalidInput, MissingCapability, PathOutsideRoots
 from rlcp.controlplane.metrics import STEPS, failed_step
 from rlcp.controlplane.operations.broadcast import plan_ranks
@@ -21,7 +25,8 @@ from rlcp.controlplane.operations.pause import pause, resume
 from rlcp.controlplane.operations.weights import update_weights
 from rlcp.controlplane.reconcile.plan import ActionKind
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.workers.capabilities import CHECKSUMS, refuse_transfer_input
+from rlcp.controlplane.workers.capabilities import CHECKSUMS
+from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
 from rlcp.core.wire.controller import (
@@ -32,7 +37,7 @@ from rlcp.core.wire.controller import (
     UpdateWeightsRequest,
 )
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import disk_update
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, disk_update
 from rlcp.harness.faults import Fault
 from rlcp.harness.memory import MemoryFleet
 
@@ -216,11 +221,11 @@ async def test_a_broadcast_over_agents_and_sglang_members_is_refused_up_front_sa
     assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
 
 
-async def test_a_broadcast_init_or_chunk_sglang_cannot_take_is_a_422_naming_the_key_before_any_call(
+async def test_a_broadcast_init_sglang_cannot_take_is_a_422_naming_the_key_before_any_call(
     memory_fleet: MemoryFleet, tmp_path: Path
 ) -> None:
-    """An SGLang-only fleet: keys its group does not take (a trainer on vLLM's wire) and a chunk of
-    another shape are refused by the controller, naming the field, with no worker called."""
+    """An SGLang-only fleet: keys its group does not take (a trainer on vLLM's wire) are refused by
+    the controller, naming the field, with no worker called (a chunk: the test below)."""
     ctl = memory_fleet.controller(tmp_path)
     # Driven as SGLang servers; behind them the memory fleet's agents note any call that reaches them.
     ctl.apply_membership([WorkerSpec(id=f"w{i}", admin_url=f"memory://w{i}", flavor="sglang") for i in range(2)])
@@ -236,14 +241,79 @@ async def test_a_broadcast_init_or_chunk_sglang_cannot_take_is_a_422_naming_the_
         assert (error.status, refused.value.field) == (422, field), refused.value.message
         assert refused.value.message.startswith("w0: ")  # the member whose group refused it
     assert all(a.touched == [] for a in memory_fleet.agents.values()) and ctl.log.last is None
-    # A chunk: the same check, which `update_chunk` makes before anything is sent.
-    drivers = [r.driver for r in ctl.registry.members()]
-    with pytest.raises(InvalidInput) as refused:
-        refuse_transfer_input(
-            drivers, update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]], "packed": True}
+
+
+class _SglangDouble:
+    """SGLang's weight-update routes as its server answers them (`{"success": true}`), noting every
+    call: behind the `sglang` driver through `MemoryTransport`. What the driver sends and how the
+    real server answers are checked in test_adminapi_flavors.py and tests/e2e/test_sglang.py."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.version: str | None = None
+
+    async def handle(self, method: str, path: str, params: dict[str, str], body: Any) -> tuple[int, Any]:
+        self.calls.append(f"{method} {path}")
+        if method == "GET":
+            reads = {
+                "/model_info": {"weight_version": self.version, "served_model_name": "tiny", "model_path": "/m"},
+                "/v1/loads": {"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]},
+                "/v1/models": {"data": [{"id": "tiny", "parent": None}]},
+            }
+            return (200, reads[path]) if path in reads else (404, {"detail": "Not Found"})
+        if path == "/update_weights_from_distributed" and body["names"] == [] and body.get("weight_version"):
+            self.version = body["weight_version"]  # the finish: a load of no tensor naming the weights
+        return 200, {"success": True, "message": "ok"}
+
+
+async def test_a_broadcast_chunk_sglang_cannot_take_is_a_422_naming_the_key_and_the_update_stays_open(
+    tmp_path: Path,
+) -> None:
+    """Through the controller's route, on an SGLang-only fleet: a chunk with a key SGLang's
+    `/update_weights_from_distributed` does not take (vLLM's packed buffers) is refused before
+    any worker is sent it; the open update goes on with the next chunk and finishes."""
+    doubles = {f"w{i}": _SglangDouble() for i in range(2)}
+    specs = [WorkerSpec(id=w, admin_url=f"http://{w}:30000", flavor="sglang") for w in doubles]
+    settings = controller_settings(tmp_path, [], gateway={"enabled": False}, store={"kind": "memory"})
+
+    def transports(spec: WorkerSpec, policy: CallPolicy) -> WorkerTransport:
+        return MemoryTransport(worker_id=spec.id, handler=doubles[spec.id].handle, policy=policy)
+
+    # The trainer's rendezvous (rank 0's store): the driver waits for it to listen before the join.
+    rendezvous = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = rendezvous.sockets[0].getsockname()[1]
+    app = assemble(settings, token=CTL_TOKEN, transports=transports, background=False, gateway=False)
+    async with TestClient(TestServer(app)) as client, rendezvous:
+        app[CONTROLLER].apply_membership(specs)
+
+        async def post(path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+            resp = await client.post(path, json=body, headers=AUTH)
+            return resp.status, await resp.json()
+
+        init_info = {"master_address": "127.0.0.1", "master_port": port, "world_size": 3, "backend": "gloo"}
+        assert (await post("/v1/rl/weight_transfer/init", {"init_info": init_info}))[0] == 200
+        assert (await post("/v1/rl/weight_transfer/start"))[0] == 200
+        sent = {w: len(d.calls) for w, d in doubles.items()}
+        chunk = {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}
+
+        status, body = await post("/v1/rl/weight_transfer/update", {"update_info": chunk | {"packed": True}})
+        assert (status, body.get("error", {}).get("field")) == (422, "update_info.packed"), body
+        assert body["error"]["message"].startswith("w0: ")  # the member whose group refused it
+        assert {w: len(d.calls) for w, d in doubles.items()} == sent  # nothing sent to any worker
+        # A list of chunks is checked whole: one bad chunk refuses it before the good one is sent.
+        status, body = await post("/v1/rl/weight_transfer/update", {"update_info": [chunk, {"names": ["w"]}]})
+        assert (status, body.get("error", {}).get("field")) == (422, "update_info.dtype_names"), body
+        assert {w: len(d.calls) for w, d in doubles.items()} == sent
+
+        assert (await post("/v1/rl/weight_transfer/update", {"update_info": chunk}))[0] == 200
+        assert all(d.calls[sent[w] :] == ["POST /update_weights_from_distributed"] for w, d in doubles.items())
+        status, body = await post("/v1/rl/weight_transfer/finish", {"weight_version": "v1"})
+        assert (status, body["status"]) == (200, "ok"), body
+        after = ["POST /update_weights_from_distributed", "POST /end_weight_update", "POST /continue_generation"]
+        assert all(
+            d.version == "v1" and [c for c in d.calls[sent[w] + 1 :] if c.startswith("POST")] == after
+            for w, d in doubles.items()
         )
-    assert refused.value.field == "update_info.packed"
-    refuse_transfer_input(drivers, update_info={"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]})
 
 
 async def test_failures_are_counted_by_step_from_a_closed_set_never_by_chunk(

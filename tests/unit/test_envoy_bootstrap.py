@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -14,26 +15,13 @@ from rlcp.controlplane.gateway.envoy.fence import Endpoint, address, endpoint
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.controller import WorkerView
 from rlcp.harness.envoy import envoy_binary
+from rlcp.harness.fleet_state import serving_worker
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def view(**kw: object) -> WorkerView:
-    base = dict(
-        id="w0",
-        admin_url="http://127.0.0.1:1",
-        inference_url="http://127.0.0.1:8000",
-        flavor="agent",
-        world_size=1,
-        reachable=True,
-        ready=True,
-        serving=True,
-        paused=False,
-        requests=None,
-        weight_version="v1",
-        loras={},
-    )
-    return WorkerView.model_validate(base | kw)
+def view(**fields: Any) -> WorkerView:
+    return serving_worker(**({"worker_id": "w0", "inference_url": "http://127.0.0.1:8000"} | fields))
 
 
 def test_members_envoy_can_reach_become_endpoints_and_the_others_say_why() -> None:
