@@ -41,7 +41,9 @@ from rlcp.harness.tiny_model import SERVED_NAME, agent_engine
 from rlcp.harness.waiting import wait_for
 from tests.conftest import one_core
 
-pytestmark = [pytest.mark.vllm]
+# Four engine start-ups, two at a time: ~170 s on a quiet machine, over 300 s (the suite's default
+# timeout) on one loaded by other engines.
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 # The shape a released RL client sends (n samples per prompt, the prompt's logprobs for the
 # reference), over a prompt long enough to reach the kernel's failing size.
