@@ -261,7 +261,9 @@ class DesiredKeeper:
 def _keep_operation(d: DesiredState, op: OperationResult) -> None:
     """`op`'s record, newest first, in place of the one of the same id: its failed workers only
     (a fleet of hundreds stays a small document), without its bubble."""
-    kept = op.model_copy(update={"results": [r for r in op.results if r.status != "ok"][:_RESULTS_KEPT], "bubble": None})
+    kept = op.model_copy(
+        update={"results": [r for r in op.results if r.status != "ok"][:_RESULTS_KEPT], "bubble": None}
+    )
     d.operations = [kept, *(o for o in d.operations if o.id != op.id)][:OPERATIONS_KEPT]
 
 

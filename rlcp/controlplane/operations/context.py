@@ -244,7 +244,9 @@ class Detached:
             _, pending = await asyncio.wait(settling, timeout=SETTLE_S)
             for task in pending:
                 structlog.get_logger("rlcp.controlplane.operations").warning(
-                    "operation_end_not_kept", task=task.get_name(), error=f"not written within {SETTLE_S:g}s of stopping"
+                    "operation_end_not_kept",
+                    task=task.get_name(),
+                    error=f"not written within {SETTLE_S:g}s of stopping",
                 )
                 task.cancel()
 
