@@ -207,7 +207,7 @@ class DesiredKeeper:
             await self._write_now(change, desired=desired)
 
     async def _write_now(self, change: Callable[[DesiredState], None], *, desired: bool) -> None:
-        new = self._state.model_copy(deep=True)
+        new = _editable(self._state)
         change(new)
         if desired:
             new.updated_at = datetime.now(UTC)
@@ -256,6 +256,22 @@ class DesiredKeeper:
     def _replace(self, state: DesiredState) -> None:
         self._state = state
         self._changes.bump()
+
+
+def _editable(d: DesiredState) -> DesiredState:
+    """A copy a change may alter: its containers are its own (a change adds to `held`, drops an
+    adapter), the models in them shared with `d` -- a change replaces them, never alters one, and
+    readers of `state` must not either. A deep copy took ~0.6 ms of each write, one of them on
+    the update's path (the kept operations' records, copied for nothing)."""
+    return d.model_copy(
+        update={
+            "loras": dict(d.loras),
+            "held": dict(d.held),
+            "asleep": dict(d.asleep),
+            "applied_versions": list(d.applied_versions),
+            "operations": list(d.operations),
+        }
+    )
 
 
 def _keep_operation(d: DesiredState, op: OperationResult) -> None:
