@@ -9,6 +9,13 @@ the operation declares), and `steps`, the executor its declared steps run on (`s
 refresh, and runs them to the end -- or, for a caller that does not wait, answers once the
 gate is held and the record exists, the rest going on as a task of `Detached` (a 409 or a
 503 still comes before any answer).
+
+The record is kept in the desired state's store twice, for a restart to find: as running
+before any worker is touched (an update keeps it in the same write as its new desired
+version: one write before the first pause, not two), and as ended. The ended record's write
+is off the answer's path: the record is closed in memory (the log, `GET /v1/rl/operations`,
+show it at once), the caller answered, and the write runs meanwhile, holding the gate, so the
+next operation waits for it (`OperationGate.release_after`); a refused write is logged.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ _SEES_ASLEEP: frozenset[OperationKind] = frozenset(
 ASLEEP_SKIPPED = "asleep: left out until woken (POST /v1/rl/wake_up converges and verifies it)"
 CANCELLED = "cancelled before its end (the controller stopped, or lost leadership)"
 NOT_BEGUN = "not begun: its record could not be kept in the desired state's store"
+SETTLE_S = 10.0  # how long a stopping controller waits for operations' closing writes
 
 
 class OperationContext(Protocol):
@@ -102,8 +110,11 @@ class Run:
         detail: dict[str, Any],
         *,
         members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
+        on_begun: Callable[[OperationTracker], None] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.kept = False  # the record is in the store as running (`begin`)
+        self._on_begun = on_begun
         if not ctx.registry.members():
             raise NoMembers("the fleet has no members")
         seen = operating_on(ctx, kind)
@@ -112,7 +123,12 @@ class Run:
         self.members: list[WorkerRecord] = members(seen) if members is not None else seen
         self.tracker: OperationTracker = ctx.log.begin(kind, epoch=ctx.registry.membership.epoch, detail=detail)
         self.steps = Executor(
-            fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics, tracker=self.tracker, log=ctx.log
+            fanout=ctx.fanout,
+            registry=ctx.registry,
+            metrics=ctx.metrics,
+            tracker=self.tracker,
+            log=ctx.log,
+            begun=lambda: self.kept,
         )
         asleep = ctx.desired.state.asleep
         if kind not in _SEES_ASLEEP:
@@ -121,25 +137,38 @@ class Run:
                     self.tracker.skip(r.id, "gate", ASLEEP_SKIPPED)
         self.fence_records: list[dict[str, object]] = []  # `publish_fence`'s, in order
 
-    async def begin(self) -> None:
+    async def begin(self, *, keeping: Callable[[OperationResult], Awaitable[None]] | None = None) -> None:
         """Keep the record, as running, in the desired state's store: a controller that stops
-        before `end` finds it there at its next start and lists it as interrupted."""
-        await self.ctx.desired.note_operation(self.tracker.snapshot())
+        before `end` finds it there at its next start and lists it as interrupted. `keeping`:
+        a write of the desired state that carries the record (`DesiredKeeper.set_disk_weights`'s
+        `begun`), for an operation that keeps it itself (`run_operation(begins_itself=True)`)."""
+        record = self.tracker.snapshot()
+        await (keeping or self.ctx.desired.note_operation)(record)
+        self.kept = True
+        if self._on_begun is not None:
+            self._on_begun(self.tracker)
 
     def close(self, *, interrupted: str | None = None) -> OperationResult:
         return self.ctx.log.close(self.tracker, interrupted=interrupted)
 
     async def end(self, *, interrupted: str | None = None) -> OperationResult:
-        """`close`, and the ended record kept in the store. A store that refuses the write
-        changes nothing the operation did: the next start lists it as interrupted."""
+        """`close`, and the ended record kept before this returns (a broadcast session's end,
+        which holds the gate across calls of its own; `run_operation` keeps it after answering)."""
         result = self.close(interrupted=interrupted)
+        await self.keep_end(result)
+        return result
+
+    async def keep_end(self, result: OperationResult) -> None:
+        """The ended record (`close`'s) kept in the store. A store that refuses the write changes
+        nothing the operation did: the next start lists it as interrupted."""
         try:
             await self.ctx.desired.note_operation(result)
         except (ControlPlaneError, OSError) as exc:
             structlog.get_logger("rlcp.controlplane.operations").warning(
-                "operation_end_not_kept", error=getattr(exc, "message", None) or repr(exc)
+                "operation_end_not_kept",
+                status=result.status,
+                error=getattr(exc, "message", None) or repr(exc),
             )
-        return result
 
     def answering(self, records: list[WorkerRecord]) -> list[WorkerRecord]:
         """The records worth a fresh status read before answering: not one whose status came
@@ -183,11 +212,22 @@ class Detached:
 
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._settling: set[asyncio.Task[Any]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def settle(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        """Bookkeeping that goes on after an answer (an operation's closing write): awaited on
+        `close`, not cancelled, so what a stopping controller did is kept as it ended; a failure
+        is logged."""
+        task = asyncio.create_task(coro, name=name)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        task.add_done_callback(_log_failure)
         return task
 
     async def close(self) -> None:
@@ -197,6 +237,18 @@ class Detached:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        # The cancelled operations' closing writes included. A store that hangs past the bound
+        # is given up on: the next start lists those operations as interrupted.
+        settling = list(self._settling)
+        if settling:
+            _, pending = await asyncio.wait(settling, timeout=SETTLE_S)
+            for task in pending:
+                structlog.get_logger("rlcp.controlplane.operations").warning(
+                    "operation_end_not_kept",
+                    task=task.get_name(),
+                    error=f"not written within {SETTLE_S:g}s of stopping",
+                )
+                task.cancel()
 
 
 async def run_operation(
@@ -207,28 +259,39 @@ async def run_operation(
     *,
     members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
     wait: bool = True,
+    begins_itself: bool = False,
 ) -> OperationResult:
     """`body`'s steps as one gated operation, over the members `members` picks (all it sees,
     without); answers once the workers' fresh statuses are read, or, with `wait=False`, as
-    soon as it has begun (its record says "running")."""
+    soon as it has begun (its record says "running"). `begins_itself`: `body` keeps the record
+    (`Run.begin(keeping=...)`, in its first write of the desired state) before its first step
+    -- the executor refuses a step before it -- or returns without touching a worker."""
     begun: asyncio.Future[OperationTracker] = asyncio.get_running_loop().create_future()
+
+    def on_begun(tracker: OperationTracker) -> None:
+        if not begun.done():
+            begun.set_result(tracker)
 
     async def whole() -> OperationResult:
         async with ctx.gate.api_operation(kind):
-            run = Run(ctx, kind, detail, members=members)
+            run = Run(ctx, kind, detail, members=members, on_begun=on_begun)
             with run.bound():
-                interrupted: str | None = NOT_BEGUN
+                interrupted: str | None = None
                 try:
-                    await run.begin()
-                    interrupted = None
-                    if not begun.done():
-                        begun.set_result(run.tracker)
+                    if not begins_itself:
+                        await run.begin()
                     await body(run)
                 except asyncio.CancelledError:
                     interrupted = CANCELLED
                     raise
+                except BaseException:
+                    if not run.kept:
+                        interrupted = NOT_BEGUN
+                    raise
                 finally:
-                    result = await run.end(interrupted=interrupted)
+                    result = run.close(interrupted=interrupted)
+                    # Kept after the answer; the gate waits for it (the next operation sees it).
+                    ctx.gate.release_after(ctx.detached.settle(run.keep_end(result), name=f"operation-{kind}-end"))
             # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
             await ctx.refresh(run.answering(run.members))
             return result

@@ -166,15 +166,21 @@ class Executor:
         metrics: ControllerMetrics,
         tracker: OperationTracker | None = None,
         log: OperationLog | None = None,
+        begun: Callable[[], bool] | None = None,
     ) -> None:
         self._fanout, self._registry, self._metrics = fanout, registry, metrics
         self._tracker, self._log = tracker, log
+        # Whether the operation's record is in the store as running: no worker is touched
+        # before it is (a controller that dies mid-way must find the operation at its restart).
+        self._begun = begun
         # Workers whose status an answer gave, and which nothing later in the operation changes:
         # the read before the operation answers skips them (`Run.answering`).
         self.reported: set[str] = set()
 
     async def run(self, step: Step[P, T], records: list[WorkerRecord]) -> StepDone[T]:
         """Run `step` on `records`; record every result; answer who succeeded and with what."""
+        if self._begun is not None and not self._begun():
+            raise RuntimeError(f"step {step.shown_as!r} before the operation's record was kept (Run.begin)")
         phase = step.phase or PHASES.get(step.name)
         if phase is not None and self._log is not None:
             self._log.set_phase(phase)

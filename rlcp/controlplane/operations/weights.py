@@ -1,7 +1,8 @@
 """The disk update transaction: gate -> cordon -> pause(mode) -> update -> verify -> resume.
 
 - Desired state is persisted before any worker is touched, so a controller killed
-  mid-transaction converges the fleet to it after a restart.
+  mid-transaction converges the fleet to it after a restart; the operation's record (running)
+  goes in the same write, so the restart also lists the update as interrupted.
 - Strategy: `all_at_once` takes the whole fleet through the steps together; `rolling` takes
   waves of at most `max_unavailable` members, one after the other, while the rest keep
   serving -- at their old version, as long as the gateway's staleness bound admits it. A
@@ -107,7 +108,11 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         ctx.log.set_verified(False)
         serving_before = {r.id for r in members if serving(r)}
         bubble = run.tracker.measure_bubble([r.id for r in members], serving_before)
-        await ctx.desired.set_disk_weights(req.version, req.source.model_copy(update={"path": path}))
+        # The new target and the record (running) in one write, before anyone is paused: a
+        # controller killed from here on restarts converging to this version and lists this
+        # update as interrupted.
+        source = req.source.model_copy(update={"path": path})
+        await run.begin(keeping=lambda record: ctx.desired.set_disk_weights(req.version, source, begun=record))
         d = ctx.desired.state
         # Members the fence stops admitting now (every other version, at staleness 0) leave service.
         admitted = admitted_versions(d.weight_version, d.applied_versions, d.staleness_bound)
@@ -119,7 +124,7 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
             run=run, req=req, path=path, size=size, serving_before=serving_before, members=members, bubble=bubble
         ).execute()
 
-    return await run_operation(ctx, "update_weights", detail, body, wait=req.wait)
+    return await run_operation(ctx, "update_weights", detail, body, wait=req.wait, begins_itself=True)
 
 
 def serving(rec: WorkerRecord) -> bool:
