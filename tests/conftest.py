@@ -15,30 +15,6 @@ import pytest
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.tiny_model import agent_engine
 
-# -- the `alone` tests first, then a signal ------------------------------------------------------
-# The full run (scripts/test.sh) runs the `alone` tests (their premise is timing: nothing else may
-# load the machine) at the start of its engine process, so that the engines they start (the session
-# agents) serve the engine tests after them instead of being started twice. When the last of them
-# has finished (its module's engines stopped), the process touches $RLCP_ALONE_DONE: the script
-# starts the rest of the suite beside it from then on.
-_ALONE_DONE = "RLCP_ALONE_DONE"
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not os.environ.get(_ALONE_DONE):
-        return
-    items.sort(key=lambda item: item.get_closest_marker("alone") is None)  # stable: the order within each stays
-    if not any(item.get_closest_marker("alone") for item in items):
-        Path(os.environ[_ALONE_DONE]).touch()
-
-
-@pytest.hookimpl(hookwrapper=True, trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    yield
-    if os.environ.get(_ALONE_DONE) and item.get_closest_marker("alone"):
-        if nextitem is None or nextitem.get_closest_marker("alone") is None:
-            Path(os.environ[_ALONE_DONE]).touch()
-
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -87,12 +63,9 @@ def vllm_agent(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFa
     test runs yet, instead of the second one starting later on its own (~30 s saved)."""
     agent = AgentProcess(vllm_agent_config(tiny_models), tmp_path_factory.mktemp("vllm-agent"), env=one_core(0)).spawn()
     try:
-        second = request.getfixturevalue("_vllm_agent_b_process") if _session_uses(request, "vllm_agent_b") else None
-        if second is not None:
-            second.spawn()
+        if _session_uses(request, "vllm_agent_b"):
+            request.getfixturevalue("_vllm_agent_b_process").spawn()
         agent.wait_ready()
-        if second is not None:
-            second.wait_ready()  # no test runs while an engine still starts (the `alone` ones may come first)
     except BaseException:
         agent.stop()
         raise
