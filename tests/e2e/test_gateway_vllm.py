@@ -190,7 +190,8 @@ async def test_rollouts_through_the_gateway_never_leave_the_fence(
                 "admin": {"port": ports["admin_port"], "token": victim.token},
                 "inference": {"port": ports["inference_port"]},
             }
-            victim.start()
+            # Waited for without blocking the loop: the controller and the gateway run in it.
+            await victim.spawn().wait_ready_async()
             controller = ctl.server.app[CONTROLLER]
             await wait_for(
                 lambda: controller.state().applied.converged, what="the restarted agent converged", timeout_s=180

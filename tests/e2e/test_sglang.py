@@ -560,7 +560,7 @@ async def test_the_gateway_forwards_inside_the_fence_and_a_restart_on_old_weight
     try:
         await wait_for(lambda: len(served) >= 3, timeout_s=60, what="rollouts before the kill")
         server.kill()
-        server.start()
+        await server.spawn().wait_ready_async()  # not blocking the loop the controller runs in
         before = len(served)
         await wait_for(lambda: len(served) >= before + 5, timeout_s=300, what="rollouts after the restart")
     finally:

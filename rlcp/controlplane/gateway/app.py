@@ -245,11 +245,18 @@ async def start_site(gateway: Gateway) -> web.AppRunner:
     return runner
 
 
+# How long an idle connection to a worker is kept for reuse: under the workers' own keep-alive
+# (vLLM's and SGLang's uvicorn close an idle connection after 5 s: VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
+# so the gateway never sends a request down a connection the worker is closing at that moment (the
+# try then fails with a broken connection: "Can not write request body", or a disconnect).
+UPSTREAM_KEEPALIVE_S = 4.0
+
+
 def new_session() -> aiohttp.ClientSession:
     """The gateway's own client session: many concurrent requests per worker, no total deadline
     (each request carries its own)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None),
         auto_decompress=False,
     )
