@@ -45,8 +45,8 @@ SESSION_HEADERS_AFTER = ("x-session-id",)  # after `affinity_header`, as the Pyt
 SESSIONS_SUFFIX = "-sessions"  # the cluster taking requests that name a session
 # How long an idle connection to a worker is kept for reuse: under the workers' own keep-alive
 # (vLLM's and SGLang's uvicorn close an idle connection after 5 s: uvicorn's `timeout_keep_alive`,
-# vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so Envoy never sends a request down a connection the
-# worker is closing at that moment (that try fails with a reset). Envoy's default is 1 h.
+# VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLANG_TIMEOUT_KEEP_ALIVE), so Envoy never sends a request down a
+# connection the worker is closing at that moment (that try fails with a reset). Envoy's default: 1 h.
 UPSTREAM_IDLE_TIMEOUT_S = 4.0
 _T = "type.googleapis.com/"
 
