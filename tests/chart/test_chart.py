@@ -22,10 +22,11 @@ from typing import Any, get_args
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.settings import load_settings as load_agent_settings
-from rlcp.controlplane.settings import ControllerSettings, ListingFormat
+from rlcp.controlplane.settings import ControllerSettings, HttpListingSettings, ListingFormat
 from rlcp.controlplane.settings import load_settings as load_controller_settings
 from rlcp.controlplane.workerspec import FLAVORS
 
@@ -407,6 +408,21 @@ def test_the_schema_takes_every_flavor_and_listing_format_the_controller_does() 
     assert set(discovery["static"]["items"]["properties"]["flavor"]["enum"]) == FLAVORS
     assert set(listing["default_flavor"]["enum"]) == FLAVORS
     assert listing["format"]["enum"] == list(get_args(ListingFormat))
+
+
+@pytest.mark.parametrize(("field", "value"), [("default_flavor", "vllm"), ("inference_url", "http://frontend:8000/v1")])
+def test_the_schema_refuses_a_flavor_or_inference_url_with_an_sglang_router_listing(
+    helm: str, field: str, value: str
+) -> None:
+    """The controller refuses them at start (a router's workers are flavor sglang, each taking
+    inference on its own URL): helm refuses them before any pod is made."""
+    listing = {"url": "http://router.rl:30000/workers", "format": "sglang_router", field: value}
+    with pytest.raises(ValidationError, match=f"{field} cannot be set with format sglang_router"):
+        HttpListingSettings.model_validate(listing)
+    sets = ["discovery.kind=http_listing", *(f"discovery.httpListing.{k}={v}" for k, v in listing.items())]
+    done = _template(helm, *(arg for s in sets for arg in ("--set", s)))
+    assert done.returncode != 0, f"accepted {sets}"
+    assert f"discovery.httpListing.{field}: Must not validate the schema" in done.stderr
 
 
 @pytest.mark.parametrize(

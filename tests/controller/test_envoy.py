@@ -31,7 +31,7 @@ from rich.console import Console
 
 from rlcp.client.render import state_view
 from rlcp.controlplane.assembly import ENVOY_XDS_PORT
-from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+from rlcp.controlplane.gateway.envoy.bootstrap import UPSTREAM_IDLE_TIMEOUT_S, envoy_bootstrap
 from rlcp.core.wire.agent import PauseMode
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.checkpoints import write_checkpoint
@@ -42,6 +42,7 @@ from rlcp.harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(120)
 ACK_TIMEOUT_S = 1.5
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 @dataclass
@@ -192,6 +193,16 @@ async def test_answers_name_their_worker_and_version_and_envoy_acked_the_fence(e
     assert published and all(p["acked"] == ["envoy-0"] and "unacked" not in p for p in published)
     assert all(p["waited_s"] < ACK_TIMEOUT_S for p in published)
     print("ACK waits (s):", [p["waited_s"] for p in published])
+    # The running Envoy holds the upstream idle timeout (under the workers' keep-alive) on each fleet cluster.
+    dump = json.loads(await f.envoy.admin("/config_dump?resource=static_clusters"))
+    idle = {
+        c["cluster"]["name"]: c["cluster"]["typed_extension_protocol_options"][HTTP_OPTIONS][
+            "common_http_protocol_options"
+        ]["idle_timeout"]
+        for c in dump["configs"]
+        if c["cluster"]["name"].startswith("rl-")
+    }
+    assert idle == dict.fromkeys(["rl-default", "rl-default-sessions"], f"{UPSTREAM_IDLE_TIMEOUT_S:g}s")
 
 
 @pytest.mark.parametrize("max_running", [8, 1], ids=["batched", "queued"])

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from rlcp.controlplane.assembly import GATEWAY
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workers.flavors.sglang import UNNAMED_WEIGHTS
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.harness.controller import CTL_TOKEN, controller_settings, serving_controller, update_body
@@ -38,6 +40,29 @@ LONG_PROMPT = (
 ) * 3
 STREAM_TOKENS = 400
 N_STREAMS = 4  # the server runs at most 8 requests at once (--max-running-requests)
+
+
+def engine_controller_settings(
+    tmp_path: Path, specs: list[dict[str, Any]], tiny_models: dict[str, Path], *, token: str, **overrides: Any
+) -> ControllerSettings:
+    """The controller of every test here: the harness's deadlines (a few seconds, made for
+    simulated engines) stretched for real CPU engines on a loaded machine (a disk load can take
+    minutes there), a calmer reconciler, and checkpoints read from the tiny models' directory."""
+    return controller_settings(
+        tmp_path,
+        specs,
+        allowed_roots=[str(tiny_models["base"].parent)],
+        workers={
+            "token": token,
+            "timeout_s": 30,
+            "attempts": 2,
+            "retry_budget_s": 40,
+            "pause_timeout_s": 120,
+            "weight_load_timeout_s": 300,
+        },
+        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
+        **overrides,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,20 +145,8 @@ async def ctl(http, server, tiny_models, refs, tmp_path):
     # `model`: the name clients use, as a static config names it (SGLang renames its model to the
     # directory of each disk update, which the refs above already did).
     spec = {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang", "model": "tiny"}
-    settings = controller_settings(
-        tmp_path,
-        [spec],
-        allowed_roots=[str(tiny_models["base"].parent)],
-        workers={
-            "token": "unused-by-sglang",
-            "timeout_s": 30,
-            "attempts": 2,
-            "retry_budget_s": 40,
-            "pause_timeout_s": 120,
-            "weight_load_timeout_s": 300,
-        },
-        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-        gateway={"port": 0, "hold_timeout_s": 120},
+    settings = engine_controller_settings(
+        tmp_path, [spec], tiny_models, token="unused-by-sglang", gateway={"port": 0, "hold_timeout_s": 120}
     )
     try:
         async with serving_controller(settings, reachable_timeout_s=180) as ctl:
@@ -451,20 +464,7 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
         stock_server.spec("vllm-0"),
         {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"},
     ]
-    settings = controller_settings(
-        tmp_path,
-        specs,
-        allowed_roots=[str(tiny_models["base"].parent)],
-        workers={
-            "token": vllm_agent.token,
-            "timeout_s": 30,
-            "attempts": 2,
-            "retry_budget_s": 40,
-            "pause_timeout_s": 120,
-            "weight_load_timeout_s": 300,
-        },
-        reconcile={"poll_interval_s": 0.2, "interval_s": 0.2, "backoff_initial_s": 0.5, "backoff_max_s": 4},
-    )
+    settings = engine_controller_settings(tmp_path, specs, tiny_models, token=vllm_agent.token)
     async with serving_controller(settings, reachable_timeout_s=120) as ctl:
         vllm_urls = [vllm_agent.inference_url, stock_server.url]
         before = [await complete(http, u) for u in vllm_urls]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, envoy_bootstrap
+from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, UPSTREAM_IDLE_TIMEOUT_S, envoy_bootstrap
 from rlcp.controlplane.gateway.envoy.fence import Endpoint, address, endpoint
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.controller import WorkerView
@@ -58,6 +58,13 @@ def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
     ring = clusters["rl-default-sessions"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
     assert ring["typed_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 125
     assert clusters["rl-default"]["circuit_breakers"]["per_host_thresholds"] == [{"max_connections": 4}]
+    # Idle connections to workers closed before the workers' keep-alive (uvicorn's 5 s) closes them.
+    assert UPSTREAM_IDLE_TIMEOUT_S < 5
+    fleet_clusters = [c for name, c in clusters.items() if name.startswith("rl-")]
+    assert len(fleet_clusters) == 4
+    for c in fleet_clusters:
+        options = c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        assert options["common_http_protocol_options"] == {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S:.6f}s"}
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(boot))
     done = subprocess.run(
