@@ -169,7 +169,7 @@ def assemble(
 
     async def local_gateway_ctx(app: web.Application) -> AsyncIterator[None]:
         # Its own session: rollouts are many long requests per worker, admin calls few.
-        async with new_session() as gateway_session:
+        async with new_session(settings.gateway.upstream_idle_timeout_s) as gateway_session:
             gateway_obj, runner = await start_local_gateway(
                 app[FLEETS], settings.gateway, gateway_session, admin_token=token
             )

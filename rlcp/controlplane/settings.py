@@ -129,6 +129,17 @@ class GatewaySettings(Section):
     max_held: int = Field(4096, ge=0, description="Requests waiting at once; more are answered 503 at once.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Deadline to reach a worker, in seconds.")
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline of one proxied request, in seconds.")
+    # Under the workers' own keep-alive: vLLM's and SGLang's uvicorn close an idle connection after
+    # 5 s (uvicorn's `timeout_keep_alive`, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLANG_TIMEOUT_KEEP_ALIVE).
+    # A connection kept longer may be reused just as the worker closes it, and that try fails
+    # ("Can not write request body", a reset), counting against the request's tries.
+    upstream_idle_timeout_s: float = Field(
+        4.0,
+        gt=0,
+        le=3600,
+        description="How long an idle connection to a worker is kept for reuse, in seconds (the Python "
+        "gateway and Envoy); keep it under the workers' own keep-alive (5 s for vLLM and SGLang).",
+    )
     attempts: int = Field(
         3,
         ge=1,

@@ -31,7 +31,8 @@ from rich.console import Console
 
 from rlcp.client.render import state_view
 from rlcp.controlplane.assembly import ENVOY_XDS_PORT
-from rlcp.controlplane.gateway.envoy.bootstrap import UPSTREAM_IDLE_TIMEOUT_S, envoy_bootstrap
+from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.wire.agent import PauseMode
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.checkpoints import write_checkpoint
@@ -202,7 +203,9 @@ async def test_answers_name_their_worker_and_version_and_envoy_acked_the_fence(e
         for c in dump["configs"]
         if c["cluster"]["name"].startswith("rl-")
     }
-    assert idle == dict.fromkeys(["rl-default", "rl-default-sessions"], f"{UPSTREAM_IDLE_TIMEOUT_S:g}s")
+    assert idle == dict.fromkeys(
+        ["rl-default", "rl-default-sessions"], f"{GatewaySettings().upstream_idle_timeout_s:g}s"
+    )
 
 
 @pytest.mark.parametrize("max_running", [8, 1], ids=["batched", "queued"])

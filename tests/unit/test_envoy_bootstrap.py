@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, UPSTREAM_IDLE_TIMEOUT_S, envoy_bootstrap
+from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, envoy_bootstrap
 from rlcp.controlplane.gateway.envoy.fence import Endpoint, address, endpoint
-from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings import ControllerSettings, GatewaySettings
 from rlcp.core.wire.controller import WorkerView
 from rlcp.harness.envoy import envoy_binary
 from rlcp.harness.fleet_state import serving_worker
@@ -35,7 +35,7 @@ def test_members_envoy_can_reach_become_endpoints_and_the_others_say_why() -> No
 def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
     settings = ControllerSettings(
         api={"token": "a"},
-        gateway={"token": "gw", "max_in_flight_per_worker": 4},
+        gateway={"token": "gw", "max_in_flight_per_worker": 4, "upstream_idle_timeout_s": 3.5},
         fleets={"teacher": {"selector": "role=teacher"}},
     )
     boot = envoy_bootstrap(settings, xds_host="127.0.0.1", xds_port=18000, admin_token="a")
@@ -59,12 +59,12 @@ def test_the_bootstrap_is_one_the_real_envoy_accepts(tmp_path: Path) -> None:
     assert ring["typed_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] == 125
     assert clusters["rl-default"]["circuit_breakers"]["per_host_thresholds"] == [{"max_connections": 4}]
     # Idle connections to workers closed before the workers' keep-alive (uvicorn's 5 s) closes them.
-    assert UPSTREAM_IDLE_TIMEOUT_S < 5
+    assert GatewaySettings().upstream_idle_timeout_s < 5
     fleet_clusters = [c for name, c in clusters.items() if name.startswith("rl-")]
     assert len(fleet_clusters) == 4
     for c in fleet_clusters:
         options = c["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
-        assert options["common_http_protocol_options"] == {"idle_timeout": f"{UPSTREAM_IDLE_TIMEOUT_S:.6f}s"}
+        assert options["common_http_protocol_options"] == {"idle_timeout": "3.500000s"}
     path = tmp_path / "bootstrap.yaml"
     path.write_text(yaml.safe_dump(boot))
     done = subprocess.run(

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     async def run() -> None:
         stop = stop_on_signals()
         token = g.follow_token.get_secret_value() if g.follow_token else None
-        async with new_session() as session:
+        async with new_session(g.upstream_idle_timeout_s) as session:
             # One followed state document per fleet (the settings' `fleets`, as the controller
             # has them: the chart hands both processes one config), each at its fleet's path.
             followed = {

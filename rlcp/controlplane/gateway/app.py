@@ -29,6 +29,7 @@ from rlcp.controlplane.fleet.served import ServedModels, merge_cards
 from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
+from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
@@ -245,18 +246,15 @@ async def start_site(gateway: Gateway) -> web.AppRunner:
     return runner
 
 
-# How long an idle connection to a worker is kept for reuse: under the workers' own keep-alive
-# (vLLM's and SGLang's uvicorn close an idle connection after 5 s: VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
-# so the gateway never sends a request down a connection the worker is closing at that moment (the
-# try then fails with a broken connection: "Can not write request body", or a disconnect).
-UPSTREAM_KEEPALIVE_S = 4.0
+_IDLE_DEFAULT_S: float = GatewaySettings.model_fields["upstream_idle_timeout_s"].default
 
 
-def new_session() -> aiohttp.ClientSession:
+def new_session(idle_timeout_s: float = _IDLE_DEFAULT_S) -> aiohttp.ClientSession:
     """The gateway's own client session: many concurrent requests per worker, no total deadline
-    (each request carries its own)."""
+    (each request carries its own), idle connections let go of before the workers close them
+    (`gateway.upstream_idle_timeout_s`)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=UPSTREAM_KEEPALIVE_S),
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=idle_timeout_s),
         timeout=aiohttp.ClientTimeout(total=None),
         auto_decompress=False,
     )

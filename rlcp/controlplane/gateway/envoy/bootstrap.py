@@ -13,7 +13,7 @@ The gateway's contract, as far as Envoy holds it (docs/gateway.md, "Envoy"):
   and a retry budget that does not overflow (Envoy's defaults: 25 ms, and 3 at once);
 - `X-RL-Worker` / `X-RL-Weight-Version` on every answer, from the endpoint's metadata;
 - outlier ejection after `outlier_failures` 5xx or connect failures in a row;
-- idle connections to workers closed after `UPSTREAM_IDLE_TIMEOUT_S`, before the workers' own
+- idle connections to workers closed after `gateway.upstream_idle_timeout_s`, before the workers' own
   keep-alive closes them under a request;
 - session affinity: a request naming a session (`affinity_header`, else `X-Session-ID`) goes to
   a second cluster over the same EDS resource (`service_name`: one assignment, one ACK),
@@ -43,11 +43,6 @@ XDS_CLUSTER = "rlcp-xds"
 FLEET_HEADER = "x-rl-fleet"
 SESSION_HEADERS_AFTER = ("x-session-id",)  # after `affinity_header`, as the Python gateway reads them
 SESSIONS_SUFFIX = "-sessions"  # the cluster taking requests that name a session
-# How long an idle connection to a worker is kept for reuse: under the workers' own keep-alive
-# (vLLM's and SGLang's uvicorn close an idle connection after 5 s: uvicorn's `timeout_keep_alive`,
-# VLLM_HTTP_TIMEOUT_KEEP_ALIVE, SGLANG_TIMEOUT_KEEP_ALIVE), so Envoy never sends a request down a
-# connection the worker is closing at that moment (that try fails with a reset). Envoy's default: 1 h.
-UPSTREAM_IDLE_TIMEOUT_S = 4.0
 _T = "type.googleapis.com/"
 
 
@@ -73,9 +68,10 @@ def _json_error(code: str, message: str) -> dict[str, Any]:
     return {"json_format": {"error": {"code": code, "message": message}}}
 
 
-def _upstream_http_options() -> dict[str, Any]:
+def _upstream_http_options(idle_timeout_s: float) -> dict[str, Any]:
     """After host selection: the chosen endpoint's version on the request (the agents' check);
-    idle connections to workers closed before the workers close them."""
+    idle connections to workers closed before the workers close them (Envoy's default is 1 h,
+    the workers' 5 s: `gateway.upstream_idle_timeout_s`)."""
     stamp = {
         "append": {
             "header": {
@@ -89,7 +85,7 @@ def _upstream_http_options() -> dict[str, Any]:
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
             "explicit_http_config": {"http_protocol_options": {}},
-            "common_http_protocol_options": {"idle_timeout": _seconds(UPSTREAM_IDLE_TIMEOUT_S)},
+            "common_http_protocol_options": {"idle_timeout": _seconds(idle_timeout_s)},
             "http_filters": [
                 {
                     "name": "envoy.filters.http.header_mutation",
@@ -147,7 +143,7 @@ def _fleet_cluster(fleet: str, settings: ControllerSettings, *, sessions: bool =
             "eds_config": {"ads": {}, "resource_api_version": "V3", "initial_fetch_timeout": "0s"},
         },
         "circuit_breakers": breakers,
-        "typed_extension_protocol_options": _upstream_http_options(),
+        "typed_extension_protocol_options": _upstream_http_options(g.upstream_idle_timeout_s),
     }
     if sessions:
         cluster["load_balancing_policy"] = _ring_hash(settings)
