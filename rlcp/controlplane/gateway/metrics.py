@@ -25,7 +25,8 @@ class GatewayMetrics:
         self.failed = Counter(
             "rlcp_gateway_worker_failures",
             "Workers that failed a request, by stage "
-            "(before_first_byte: retried elsewhere; mid_stream: ended with an error event).",
+            "(before_first_byte: retried elsewhere; unreachable: the connection refused or failed, the "
+            "worker ejected at once and the request sent elsewhere or held; mid_stream: ended with an error event).",
             ["worker", "stage"],
             registry=r,
         )
