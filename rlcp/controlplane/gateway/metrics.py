@@ -39,7 +39,8 @@ class GatewayMetrics:
         )
         self.ejections = Counter(
             "rlcp_gateway_worker_ejections",
-            "Times a worker was ejected after failing requests in a row (outlier detection), per worker.",
+            "Times a worker was ejected (outlier detection; at once for a refused connection or a dead "
+            "engine), per worker.",
             ["worker"],
             registry=r,
         )
