@@ -145,7 +145,8 @@ class GatewaySettings(Section):
         ge=1,
         le=10,
         description="Tries of a request that fails before the first byte of an "
-        "answer: other members first, then again.",
+        "answer: other members first, then again. A connection refused (nothing listening) is not "
+        "a try: that worker is ejected and the request sent elsewhere or held.",
     )
     max_in_flight_per_worker: int | None = Field(
         None,

@@ -9,6 +9,11 @@ real controller, faults injected on their OpenAI ports (`rlcp.harness.faults`).
 - Admission: with `gateway.max_in_flight_per_worker`, a request finding every member at its
   limit is held until a slot frees, or answered 503 with `Retry-After` at its hold deadline.
 - TCP_NODELAY on both of the gateway's sides: the connections it accepts and the ones it opens.
+- A worker whose port is closed (its agent stopped) refuses connections: it is down, not failing.
+  It is ejected after one refusal, the refusal is not one of the request's `attempts`, and the
+  request goes to another member or is held until one serves (the same agent started again) or
+  its hold deadline passes (503, never 502). These run over a fence written by hand
+  (`rlcp.harness.fleet_state`), so that no controller takes the stopped worker out of it first.
 
 The circuits' clock is a manual one (the breaker's test seam), so a backoff is over when the
 test says so, never by waiting.
@@ -18,18 +23,23 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
 
-from rlcp.controlplane.gateway.app import new_session, start_site
+from rlcp.controlplane.gateway.app import GATEWAY, new_session, start_site
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.harness.faults import Fault
+from rlcp.harness.fleet_state import serving_fleet, serving_worker
+from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
-from tests.controller.fleets import FleetShape, GatewayFleet
+from tests.controller.fleets import FixedState, FleetShape, GatewayFleet, gateway_client
 
 pytestmark = pytest.mark.timeout(120)
 BODY = {"model": "sim", "prompt": "hi", "max_tokens": 2}
@@ -262,3 +272,88 @@ async def test_a_request_during_which_the_engine_died_is_not_sent_again(
     assert workers[victim.agent_id]["circuit"] == "open" and workers[victim.agent_id]["ejections"] == 1
     answers = [await post(http, gateway.url) for _ in range(3)]
     assert [(s, h["X-RL-Worker"]) for s, h, _ in answers] == [(200, other.agent_id)] * 3
+
+
+# -- workers refusing connections (a fence written by hand: no controller notices them down) ------
+
+
+@pytest.fixture
+async def sim_agents(tmp_path: Any) -> AsyncIterator[list[SimAgent]]:
+    """Two agents serving the fence's weights `v1` on their OpenAI ports; a test stops or starts them."""
+    agents = [
+        SimAgent(f"w{i}", [tmp_path], serve_inference=True, engine_kwargs={"initial_weight_version": "v1"})
+        for i in range(2)
+    ]
+    for a in agents:
+        await a.start()
+    yield agents
+    for a in agents:
+        if a.runner.addresses:  # still up (a test may have stopped it)
+            await a.stop()
+
+
+def fenced(
+    agents: list[SimAgent], session: aiohttp.ClientSession, **settings: Any
+) -> TestClient[web.Request, web.Application]:
+    """A gateway whose fence is `agents`, whatever becomes of them."""
+    workers = [serving_worker(a.agent_id, f"http://127.0.0.1:{a.inference_port}", admin_url=a.url) for a in agents]
+    return gateway_client(FixedState(serving_fleet(workers)), session, **settings)
+
+
+async def test_a_worker_refusing_connections_is_ejected_at_once_and_the_request_served_by_another(
+    sim_agents: list[SimAgent],
+) -> None:
+    live, dead = sim_agents
+    await dead.stop()  # its port closed: connecting is refused
+    # One try only: a refusal is not a try, so every request still reaches the live worker.
+    async with (
+        new_session() as session,
+        fenced(sim_agents, session, attempts=1, outlier_failures=5, outlier_backoff_s=60) as client,
+    ):
+        gateway = client.server.app[GATEWAY]
+        for _ in range(4):
+            resp = await client.post(PATH, json=BODY)
+            assert resp.status == 200 and resp.headers["X-RL-Worker"] == live.agent_id, await resp.text()
+        # Out after its first refusal (not after outlier_failures), so it was tried once only.
+        circuit = gateway.breakers.view(dead.agent_id)
+        assert circuit.state == "open" and circuit.ejections == 1 and gateway.failed[dead.agent_id] == 1
+        metrics = await (await client.get("/metrics")).text()
+        assert f'rlcp_gateway_worker_failures_total{{stage="unreachable",worker="{dead.agent_id}"}} 1.0' in metrics
+        assert f'rlcp_gateway_worker_ejected{{worker="{dead.agent_id}"}} 1.0' in metrics
+
+
+async def test_a_fleet_whose_one_worker_refuses_holds_the_request_then_answers_503(
+    sim_agents: list[SimAgent],
+) -> None:
+    agent = sim_agents[0]
+    await agent.stop()
+    async with new_session() as session, fenced([agent], session, hold_timeout_s=0.5, outlier_backoff_s=60) as client:
+        gateway = client.server.app[GATEWAY]
+        started = asyncio.get_running_loop().time()
+        resp = await client.post(PATH, json=BODY)
+        waited = asyncio.get_running_loop().time() - started
+        answer = await resp.json()
+        assert resp.status == 503 and answer["error"]["code"] == "no_capacity", answer
+        assert resp.headers["Retry-After"] == "1" and "X-RL-Worker" not in resp.headers
+        message = answer["error"]["message"]
+        assert "refused the connection" in message and agent.agent_id in message, message
+        assert waited >= 0.5  # held to its deadline, not answered at the refusal
+        # Refused once: ejected, the request waited rather than knock on the closed port again.
+        assert gateway.failed[agent.agent_id] == 1 and gateway.breakers.view(agent.agent_id).state == "open"
+
+
+async def test_a_held_request_is_served_by_the_worker_started_again_within_its_hold(
+    sim_agents: list[SimAgent],
+) -> None:
+    agent = sim_agents[0]
+    await agent.stop()
+    async with new_session() as session, fenced([agent], session, hold_timeout_s=20, outlier_backoff_s=0.2) as client:
+        gateway = client.server.app[GATEWAY]
+        held = asyncio.create_task(client.post(PATH, json=BODY))
+        await wait_for(lambda: gateway.failed[agent.agent_id] >= 1, what="the stopped worker's refusal")
+        await asyncio.sleep(0.3)  # a refused probe or two meanwhile: still held
+        assert not held.done() and gateway.held == 1
+        await agent.start()  # the same port again
+        resp = await asyncio.wait_for(held, 15)
+        assert resp.status == 200 and resp.headers["X-RL-Worker"] == agent.agent_id, await resp.text()
+        assert gateway.breakers.view(agent.agent_id).state == "closed"  # the probe that served closed it

@@ -70,3 +70,14 @@ def test_zero_failures_never_ejects() -> None:
     for _ in range(100):
         b.failed("w", probe=False)
     assert b.available("w") and changes == [] and b.view("w").consecutive_failures == 100
+
+
+def test_a_refused_connection_ejects_at_once_and_a_burst_of_them_is_one_ejection() -> None:
+    b, clock, changes = breakers(failures=0)  # even with outlier detection off: it is down
+    for _ in range(5):  # requests sent together, all finding the port closed
+        b.unreachable("w", probe=False)
+    assert changes == [("w", "open", 1.0)] and b.ejected == 1 and b.view("w").ejections == 1
+    clock.now += 1.0
+    assert b.sent("w") is True
+    b.unreachable("w", probe=True)  # the probe refused too: out again, for longer
+    assert changes[-1] == ("w", "open", 2.0) and b.ejected == 1 and not b.available("w")

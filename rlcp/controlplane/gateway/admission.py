@@ -37,5 +37,6 @@ def why_unavailable(
     if full:
         parts.append(f"at gateway.max_in_flight_per_worker ({limit}): {', '.join(full[:8])}")
     if out:
-        parts.append(f"ejected after failing requests (their backoff not over): {', '.join(out[:8])}")
+        why = "failing requests, a refused connection or a dead engine; backoff not over"
+        parts.append(f"ejected ({why}): {', '.join(out[:8])}")
     return "every member inside the fence is " + "; ".join(parts) if parts else "no member is available"

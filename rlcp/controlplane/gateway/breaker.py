@@ -11,7 +11,9 @@ went away, or a fence change had it answered again) lets the next request probe 
 
 This is not the fence: an ejected worker is still inside it, only not chosen. When every
 member inside the fence is ejected, requests are held as during a pause (`proxy.py`) until
-one's backoff is up and a probe goes out, within their hold deadline.
+one's backoff is up and a probe goes out, within their hold deadline. A worker that cannot be
+connected to at all (`unreachable`) or whose engine is dead (`eject`) is out at once, whatever
+the count.
 
 Pure code over a clock (a test seam); `proxy.py` reports outcomes.
 """
@@ -104,6 +106,21 @@ class Breakers:
         """Out at once, whatever the count (its engine died): it comes back as any ejected
         worker does, through a probe once the backoff is up."""
         circuit = self._circuits.setdefault(worker, _Circuit())
+        if circuit.open_until is None:
+            self.ejected += 1
+        circuit.probing = False
+        self._eject(worker, circuit)
+
+    def unreachable(self, worker: str, *, probe: bool) -> None:
+        """It could not be connected to (nothing listening): out at once, whatever the count, as
+        for an engine's death, and a refused probe out again for longer. A refusal of a request
+        sent before the ejection leaves it as it is: a burst of requests finding the worker down
+        together is one ejection, or the burst alone would take its backoff to the longest and
+        keep the worker out long after it came back."""
+        circuit = self._circuits.setdefault(worker, _Circuit())
+        circuit.consecutive += 1
+        if circuit.open_until is not None and not probe:
+            return
         if circuit.open_until is None:
             self.ejected += 1
         circuit.probing = False

@@ -25,7 +25,8 @@ class GatewayMetrics:
         self.failed = Counter(
             "rlcp_gateway_worker_failures",
             "Workers that failed a request, by stage "
-            "(before_first_byte: retried elsewhere; mid_stream: ended with an error event).",
+            "(before_first_byte: retried elsewhere; unreachable: the connection refused or failed, the "
+            "worker ejected at once and the request sent elsewhere or held; mid_stream: ended with an error event).",
             ["worker", "stage"],
             registry=r,
         )
@@ -38,7 +39,8 @@ class GatewayMetrics:
         )
         self.ejections = Counter(
             "rlcp_gateway_worker_ejections",
-            "Times a worker was ejected after failing requests in a row (outlier detection), per worker.",
+            "Times a worker was ejected (outlier detection; at once for a refused connection or a dead "
+            "engine), per worker.",
             ["worker"],
             registry=r,
         )

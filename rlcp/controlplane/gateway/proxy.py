@@ -15,7 +15,7 @@
   spans in the body). A keep-mode request resumed after an update shows it there.
   A member of a flavor without an inference port of its own (Dynamo) is reached through its
   frontend with the request pinned to it (`pinning.py`); a frontend that refuses the pin is
-  that member's failure, like a refused connection, never an unpinned answer. Such a member
+  that member's failure, like a broken connection, never an unpinned answer. Such a member
   cannot refuse a request sent for other weights either (an agent answers 409), and a request
   that reached its engine's queue but not its batch when it paused runs after the resume, on
   the new weights (vLLM's wait-mode pause drains only what runs; seen in
@@ -26,7 +26,18 @@
   instead, its bytes gone out). The cost: answers a member finishes while an update takes it
   out of service are computed twice.
   A worker that fails before the first byte reaches the client is skipped and the request
-  tried on the next; one that fails mid-stream ends the stream with an SSE error event.
+  tried on the next, at most `attempts` tries in all (then 502 `upstream_failed`); one that
+  fails mid-stream ends the stream with an SSE error event.
+  A worker that cannot be connected to at all (the connect refused: nothing listening; or no
+  route, no such host) is down, not failing: the request never reached it, so the try is not
+  counted toward `attempts`, the worker is ejected at once (a burst refused together is one
+  ejection: `breaker.py`), and the request goes to another member or is held as above, until
+  one serves (the worker restarted, once its backoff lets a probe through) or its hold deadline
+  passes: 503 `no_capacity` with `Retry-After`, naming the members that refused. Without this a
+  fleet whose one worker died answered 502 within two retry pauses (~0.2 s), before the
+  controller had even noticed. It cannot loop: an ejected worker is not chosen again until its
+  backoff is up, each refused probe doubles it. A connect *timeout* is not counted so (a
+  listening worker whose backlog is full times out too): it is an ordinary failed try.
   An engine's death ejects its worker at once (not after `outlier_failures`): a request that
   arrives at a dead engine (an agent's 503 `engine_dead`) never reached it and goes to the
   next worker; a request **during which** the engine died (a 5xx with `X-RL-Engine-Died`, or
@@ -230,8 +241,9 @@ class Gateway:
         deadline = time.monotonic() + policy.hold_s
         tried: set[str] = set()
         failures: list[str] = []
+        refused: dict[str, str] = {}  # worker -> why it could not be connected to (not counted as tries)
         while True:
-            route, held_s = await self._choose(router, policy, deadline, frozenset(tried))
+            route, held_s = await self._choose(router, policy, deadline, frozenset(tried), refused)
             tried.add(route.worker_id)
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             probe = self.breakers.sent(route.worker_id)
@@ -263,6 +275,16 @@ class Gateway:
                             retry_after_s=1,
                         ) from None
                     continue
+                if exc.reason is RetryReason.UNREACHABLE:
+                    # Down, not failing (see the module doc): ejected (so `_choose` holds the request
+                    # while every member is out), not a try; the verdict given here, not in `finally`.
+                    self.breakers.unreachable(route.worker_id, probe=probe)
+                    tried.discard(route.worker_id)  # back as a probe once its backoff is up
+                    refused[route.worker_id] = str(exc)
+                    self.failed[route.worker_id] += 1
+                    self.metrics.failed.labels(route.worker_id, "unreachable").inc()
+                    log.warning("gateway_worker_unreachable", worker_id=route.worker_id, error=str(exc))
+                    continue
                 if exc.reason is RetryReason.ENGINE_DEAD:
                     self.breakers.eject(route.worker_id)  # the verdict, given at once
                 verdict = False if exc.reason is RetryReason.FAILED else None
@@ -273,7 +295,7 @@ class Gateway:
                 log.warning("gateway_worker_failed", worker_id=route.worker_id, error=str(exc), retrying=retrying)
                 if not retrying:
                     raise UpstreamFailed(
-                        f"{len(failures)} tries failed before an answer: {'; '.join(failures)}"
+                        f"{len(failures)} tries failed before an answer: {'; '.join(failures)}{_refusals(refused)}"
                     ) from None
                 table = router.table(policy.bound)
                 if table is None or tried >= table.routes.keys():
@@ -290,9 +312,15 @@ class Gateway:
                     self.breakers.failed(route.worker_id, probe=probe)
 
     async def _choose(
-        self, router: Router, policy: RequestPolicy, deadline: float, tried: frozenset[str]
+        self,
+        router: Router,
+        policy: RequestPolicy,
+        deadline: float,
+        tried: frozenset[str],
+        refused: dict[str, str],
     ) -> tuple[Target, float]:
-        """A route inside the fence and not yet tried, holding the request while there is none."""
+        """A route inside the fence and not yet tried, holding the request while there is none
+        (`refused`: the members that could not be connected to for it, said in its 503)."""
         held_since: float | None = None
         try:
             while True:
@@ -318,14 +346,15 @@ class Gateway:
                 if time.monotonic() >= deadline:
                     self._reject("deadline")
                     raise NoCapacity(
-                        f"no worker could serve within {policy.hold_s:g}s: {self._why_none(table)}",
+                        f"no worker could serve within {policy.hold_s:g}s: {self._why_none(table)}{_refusals(refused)}",
                         retry_after_s=max(1, math.ceil(min(policy.hold_s, 30.0))),
                     )
                 if held_since is None:
                     if self.held >= self.settings.max_held:
                         self._reject("queue_full")
                         raise NoCapacity(
-                            f"{self.held} requests are already waiting (gateway.max_held): {self._why_none(table)}",
+                            f"{self.held} requests are already waiting (gateway.max_held): {self._why_none(table)}"
+                            f"{_refusals(refused)}",
                             retry_after_s=1,
                         )
                     held_since = time.monotonic()
@@ -377,7 +406,7 @@ class Gateway:
                     allow_redirects=False,
                 )
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise _BeforeFirstByte(f"{type(exc).__name__}: {exc}") from exc
+                raise _BeforeFirstByte(*_connect_failure(exc)) from exc
             async with upstream:
                 if upstream.status == 409 and (refusal := await _version_refusal(upstream)) is not None:
                     # An agent whose weights are no longer the ones the fence saw (it restarted,
@@ -490,7 +519,12 @@ class RetryReason(Enum):
     """Why a try ended before any byte went to the client, so that another worker may take
     the request: one reason a try, and what it says of the worker."""
 
-    FAILED = "failed"  # the worker failed (connect, reset, a refused pin): counts toward ejecting it
+    # The worker failed (a connect timeout, a reset, an answer broken off, a refused pin): a try,
+    # and counted toward ejecting it.
+    FAILED = "failed"
+    # It could not be connected to at all (refused: nothing listening; no route, no such host):
+    # the request never reached it. Ejected at once; not a try (the request goes elsewhere or waits).
+    UNREACHABLE = "unreachable"
     # An agent refused a request meant for other weights: it is healthy and said so, the fence was
     # behind. Not counted toward ejection, or a rolling update would eject the members it has just moved.
     VERSION_REFUSED = "version_refused"
@@ -508,6 +542,26 @@ class _BeforeFirstByte(Exception):
     def __init__(self, message: str, reason: RetryReason = RetryReason.FAILED) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+def _connect_failure(exc: BaseException) -> tuple[str, RetryReason]:
+    """Why the request could not be sent (or its answer read): the message, and whether the
+    worker could not be connected to at all. A TLS failure is not that (something listens and
+    answered the handshake), nor a connect timeout (a full backlog times out too), nor a
+    pooled connection the worker had closed (`ServerDisconnectedError`)."""
+    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientSSLError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return f"refused the connection (nothing listening): {exc}", RetryReason.UNREACHABLE
+        return f"unreachable: {type(exc).__name__}: {exc}", RetryReason.UNREACHABLE
+    return f"{type(exc).__name__}: {exc}", RetryReason.FAILED
+
+
+def _refusals(refused: dict[str, str]) -> str:
+    """The members that could not be connected to for a request, for its error message."""
+    if not refused:
+        return ""
+    said = "; ".join(f"{worker} {why}" for worker, why in list(refused.items())[:8])
+    return f"; members that refused this request's connection or could not be reached (not counted as tries): {said}"
 
 
 class _EngineDied(Exception):
