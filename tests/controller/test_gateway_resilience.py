@@ -255,8 +255,11 @@ async def test_a_request_during_which_the_engine_died_is_not_sent_again(
     agents, ctl, gateway, http = gateway_fleet
     # Long enough to be in flight when its engine dies (the sim engine makes a token each 5 ms).
     slow = asyncio.create_task(http.post(f"{gateway.url}{PATH}", json=BODY | {"max_tokens": 2000}))
+    # In its engine, not only counted out by the gateway (which counts it before it is sent): a
+    # kill before it arrives is answered `engine_dead` and it goes to the other worker, rightly.
     busy = await wait_for(
-        lambda: next((w for w, n in gateway.in_flight.items() if n), None), what="a request in flight"
+        lambda: next((a.agent_id for a in agents if a.engine.request_counts().running), None),
+        what="a request running in an engine",
     )
     victim, other = (agents[0], agents[1]) if busy == "w0" else (agents[1], agents[0])
     routed_to_other = gateway.routed[other.agent_id]
