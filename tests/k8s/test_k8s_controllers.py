@@ -71,7 +71,8 @@ def settings(fake: FakeKubeApi, identity: str, tmp_path: Path) -> ControllerSett
                 "read_pods": False,
             },
         },
-        kubernetes={"api_url": fake.url, "request_timeout_s": 1.0},
+        # Under the 4 s renew deadline, and past the stalls of a loaded CI machine (1 s failed a start-up read).
+        kubernetes={"api_url": fake.url, "request_timeout_s": 3.0},
         leader_election={"enabled": True, "identity": identity, "namespace": NS, **LEASE},
         store={"kind": "configmap", "configmap_name": "rl-state", "namespace": NS},
         workers={
