@@ -1,0 +1,86 @@
+"""The test harness's Ray head (rlcp/harness/raycluster.py) against a real Ray 2.60.0 head.
+
+Two failures seen in CI, made on purpose: (1) a port handed to Ray is taken by another process
+before Ray binds it (here: a socket of this test listening on the runtime env agent's port; the
+agent binds seconds after the dashboard answers, fails, and the raylet and then `ray start
+--block` take the whole head down): `start` must retry with fresh ports and come up, the failed
+attempt's logs naming the clash; (2) the head's dashboard process dies under a running test: a
+state-API read must raise RayHeadDied naming the dead head and carrying its own logs' tails,
+not a bare `Connection refused`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+
+from rlcp.harness import raycluster
+from rlcp.harness.raycluster import RayHead, RayHeadDied
+from rlcp.harness.waiting import wait_for_sync
+
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
+
+
+def dashboard_pid(head: RayHead) -> int:
+    marker = str(head.temp_dir).encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmdline and b"dashboard/dashboard.py" in cmdline:
+                return int(entry.name)
+    raise AssertionError("no dashboard process")
+
+
+def test_a_taken_port_is_retried_and_a_dead_dashboard_is_named_with_its_logs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    agent = raycluster.PORT_NAMES.index("runtime-env-agent-port")
+    real = raycluster._free_ports
+    calls: list[list[int]] = []
+
+    def first_with_the_taken_port(count: int) -> list[int]:
+        ports = real(count)
+        if not calls:
+            ports[agent] = taken
+        calls.append(ports)
+        return ports
+
+    monkeypatch.setattr(raycluster, "_free_ports", first_with_the_taken_port)
+    head = RayHead(num_cpus=1)
+    try:
+        head.start()
+        squatter.close()
+        assert len(calls) == 2 and len(head.failed_starts) == 1, head.failed_starts
+        assert raycluster.ADDRESS_IN_USE in head.failed_starts[0], head.failed_starts[0]
+        assert f"port {taken} (runtime-env-agent-port) is taken" in head.failed_starts[0], head.failed_starts[0]
+        assert head.ports["runtime-env-agent-port"] != taken
+        assert all(raycluster.PORT_LOW <= p < raycluster.PORT_HIGH for p in head.ports.values()), head.ports
+        assert head.actors("none", "") == {}  # up: the state API answers
+
+        os.kill(dashboard_pid(head), signal.SIGKILL)
+        wait_for_sync(
+            lambda: head.ports["dashboard-port"] not in {p for _, p in head.listeners()},
+            timeout_s=30,
+            what="the dashboard's port closed",
+        )
+        with pytest.raises(RayHeadDied) as died:
+            head.actors("none", "")
+        message = str(died.value)
+        assert "exited" in message or "dashboard port" in message, message
+        assert "--- ray-start.log" in message and "--- session_latest/logs/" in message, message
+        assert head.death == message
+    finally:
+        squatter.close()
+        head.stop()
+    assert head.pids() == []
