@@ -1,12 +1,16 @@
 """The test harness's Ray head (rlcp/harness/raycluster.py) against a real Ray 2.60.0 head.
 
 Two failures seen in CI, made on purpose: (1) a port handed to Ray is taken by another process
-before Ray binds it (here: a socket of this test listening on the runtime env agent's port; the
-agent binds seconds after the dashboard answers, fails, and the raylet and then `ray start
---block` take the whole head down): `start` must retry with fresh ports and come up, the failed
-attempt's logs naming the clash; (2) the head's dashboard process dies under a running test: a
-state-API read must raise RayHeadDied naming the dead head and carrying its own logs' tails,
-not a bare `Connection refused`.
+before Ray binds it (in CI the runtime env agent's, bound ~25 s after the port was chosen on a
+loaded machine: "[Errno 98] Address already in use", the agent, the raylet and then `ray start
+--block` gone, the dashboard refusing connections under the tests; here a socket of this test
+listens on that port): `start` must see it, retry with fresh ports and come up; (2) the head's
+dashboard process dies under a running test: a state-API read must raise RayHeadDied naming the
+dead head and carrying its own logs' tails, not a bare `Connection refused`.
+
+Every module that starts a head in the rest part of scripts/test.sh (`-n 2 --dist loadgroup`)
+is in `xdist_group("ray")`, so that part runs one head at a time (each ~1.5 GB, several
+seconds of both cores to start) beside the engine part's own.
 """
 
 from __future__ import annotations

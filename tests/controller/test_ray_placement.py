@@ -36,7 +36,7 @@ from rlcp.harness.simfleet import TEST_TIMEOUTS
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.waiting import wait_for
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray head at a time: tests/controller/test_ray_head.py
 
 NAMESPACE = "rlcp-place"
 PREFIX = "rlcp-agent-"
