@@ -27,7 +27,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,43 +88,18 @@ def _dashboard_up(url: str) -> bool:
         return False
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct ports free on 127.0.0.1 right now, chosen at random between PORT_LOW and
-    PORT_HIGH: below the ephemeral range, so no outgoing connection and no `free_port()` user
-    takes one of them between this choice and Ray's bind (which can come 20 s later on a loaded
-    machine); two heads starting at once could still pick the same one, which `RayHead.start`'s
-    retry covers."""
-    chosen: list[int] = []
-    for _ in range(100 * count):
-        port = random.randrange(PORT_LOW, PORT_HIGH)
-        if port not in chosen and _bindable(port):
-            chosen.append(port)
-            if len(chosen) == count:
-                return chosen
-    raise RuntimeError(f"no {count} free ports on 127.0.0.1 between {PORT_LOW} and {PORT_HIGH}")
-
-
-def _free_range(size: int, avoid: Collection[int] = ()) -> int:
-    """The first port of `size` consecutive ports free on 127.0.0.1 right now, below the kernel's
-    ephemeral range (32768 up on Linux), where outgoing connections would keep taking ports,
-    and clear of `avoid`."""
+def _free_range(size: int) -> int:
+    """The first port of `size` consecutive ports free on 127.0.0.1 right now, at random between
+    PORT_LOW and PORT_HIGH: below the kernel's ephemeral range (32768 up on Linux), where
+    outgoing connections and every `bind(("127.0.0.1", 0))` (`free_port()`, test servers,
+    engines, other Ray heads' own sockets) take theirs, so none of those can take one of these
+    between this choice and Ray's bind (which came ~25 s later on a loaded machine). Two heads
+    starting at once could still pick overlapping ranges: `RayHead.start` retries that."""
     for _ in range(100):
         first = random.randrange(PORT_LOW, PORT_HIGH - size)
-        span = range(first, first + size)
-        if set(avoid).intersection(span):
-            continue
         socks: list[socket.socket] = []
         try:
-            for p in span:
+            for p in range(first, first + size):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", p))
@@ -135,7 +109,7 @@ def _free_range(size: int, avoid: Collection[int] = ()) -> int:
             for s in socks:
                 s.close()
         return first
-    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1 between {PORT_LOW} and {PORT_HIGH}")
 
 
 def _sockets() -> list[tuple[str, int, set[int]]]:
@@ -179,7 +153,7 @@ class RayHead:
         bind their ports; an agent that cannot bind exits, the raylet exits with it and `ray start
         --block` then kills the whole head (seen in CI: "[Errno 98] Address already in use" in
         runtime_env_agent.err, the head gone ~10 s after the dashboard first answered). So the ports
-        are taken below the kernel's ephemeral range (`_free_ports`), where no outgoing connection
+        are taken below the kernel's ephemeral range (`_free_range`), where no outgoing connection
         and no `free_port()` user can take them while Ray starts, and a start whose head dies or
         whose port is taken by another process anyway is retried with fresh ports and a fresh temp
         dir, `attempts` times in all; the failed starts' log tails are kept in `failed_starts`.
@@ -197,9 +171,12 @@ class RayHead:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _start_once(self, *, timeout_s: float) -> RayHead:
-        ports = _free_ports(len(PORT_NAMES) + 2)
-        self.ports = dict(zip((*PORT_NAMES, "autoscaler-metric", "dashboard-metric"), ports, strict=True))
-        workers = _free_range(WORKER_PORTS, avoid=set(ports))
+        # One block: the head's own ports, then its workers' range; so one head's workers never
+        # bind a port another head was given (the ranges are chosen free, at random).
+        names = (*PORT_NAMES, "autoscaler-metric", "dashboard-metric")
+        first = _free_range(len(names) + WORKER_PORTS)
+        self.ports = {name: first + i for i, name in enumerate(names)}
+        workers = first + len(names)
         if self.temp_dir is None:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
         env = {
@@ -245,16 +222,23 @@ class RayHead:
 
     def _started(self) -> str | bool:
         """True once every port given to the head is listened on by the head's own processes and
-        the state API answers; a string saying why not, when it never will: the head exited, or
-        another process listens on one of its ports (Ray's bind of it fails; an agent that fails
-        takes the raylet down, but `ray start` notices only after its own start-up, ~25 s)."""
+        the state API answers; a string saying why not, when it never will: the head exited, one
+        of its processes logged a failed bind, or another process listens on one of its ports (an
+        agent that cannot bind takes the raylet down, but `ray start --block` notices only once
+        its own start-up is over, ~25 s later)."""
         dead = self._dead()
         if dead is not None:
             return dead
+        if self.temp_dir is not None:  # an agent that failed to bind: the head is as good as dead
+            for err in (self.temp_dir / "session_latest" / "logs").glob("*.err"):
+                with contextlib.suppress(OSError):
+                    if ADDRESS_IN_USE in err.read_text(errors="replace"):
+                        return f"a process of the Ray head could not bind its port ({err.name}): {ADDRESS_IN_USE}"
+        sockets = _sockets()  # before the pids: a process spawned in between must not look foreign
         mine = set(self.pids())
         names = {port: name for name, port in self.ports.items()}
         listening: set[int] = set()
-        for _, port, owners in _sockets():
+        for _, port, owners in sockets:
             if owners & mine:
                 listening.add(port)
             elif port in names and owners:
@@ -388,8 +372,9 @@ class RayHead:
 
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""
+        sockets = _sockets()
         pids = set(self.pids())
-        return sorted((address, port) for address, port, owners in _sockets() if owners & pids)
+        return sorted((address, port) for address, port, owners in sockets if owners & pids)
 
     def stop(self, *, grace_s: float = 5.0) -> None:
         """Stop every process of the head and remove its temp dir (kept with RLCP_KEEP_RAY_TEMP=1,
