@@ -31,7 +31,8 @@ from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray head at a time: tests/controller/test_ray_head.py
+# One Ray head at a time in the rest part of scripts/test.sh: tests/controller/test_ray_head.py.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 NAMESPACE = "rlcp-test"
 # verl's names for its engine actors, `vllm_server_{replica}_{node}`: the prefix a user of verl
