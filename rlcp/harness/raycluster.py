@@ -8,6 +8,12 @@ listeners that are otherwise fixed. Stopping kills the process group and then an
 left whose command line names this head's own temp dir (Ray's workers start sessions of their
 own), each by pid: `ray stop` would stop every Ray on the machine.
 
+Its ports and its workers' range are one block of free ports below the kernel's ephemeral range,
+and `start` returns once every port is listened on by the head's own processes, retrying with
+fresh ports when one was taken (see `RayHead.start`). A head found dead (`ray start --block`
+exited, the dashboard gone) raises `RayHeadDied`, naming it with the tails of the head's own
+logs, from `check` and from every state-API read that fails.
+
 This module runs the `ray` CLI and never imports `ray`; a test drives the cluster with
 `ray.init(address=head.gcs_address, namespace=...)`.
 """
@@ -317,6 +323,16 @@ class RayHead:
             found |= more
             grown = bool(more)
         return sorted(found)
+
+    def dashboard_pid(self) -> int:
+        """The pid of this head's dashboard process (a test stops or kills it)."""
+        marker = str(self.temp_dir).encode()
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if marker in cmdline and b"dashboard/dashboard.py" in cmdline:
+                    return pid
+        raise RayHeadDied(f"no dashboard process in the Ray head\n{self.log_tails()}")
 
     def _state_rows(self, resource: str, query: str = "") -> list[dict[str, Any]]:
         url = f"{self.dashboard_url}/api/v0/{resource}?detail=true&limit=1000{query}"

@@ -139,19 +139,6 @@ def ray_settings(head: RayHead, namespace: str, **kw: Any) -> dict[str, Any]:
     }
 
 
-def dashboard_pid(head: RayHead) -> int:
-    marker = str(head.temp_dir).encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and b"dashboard/dashboard.py" in cmdline:
-                return int(entry.name)
-    raise AssertionError("no dashboard process")
-
-
 async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_without_the_dashboard(
     ray_head: tuple[RayHead, Any], agents: list[SimAgent], tmp_path: Path
 ) -> None:
@@ -183,7 +170,7 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
         epoch = (await ctl.state())["membership_epoch"]
 
         # The dashboard stops answering (its process stopped): polls fail, the list stays.
-        pid = dashboard_pid(head)
+        pid = head.dashboard_pid()
         os.kill(pid, signal.SIGSTOP)
         try:
             async with aiohttp.ClientSession() as session:
