@@ -16,6 +16,29 @@ from rlcp.harness.processes import AgentProcess
 from rlcp.harness.tiny_model import agent_engine
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Make `xdist_group` group again (scripts/test.sh runs the rest part `-n 2 --dist loadgroup`).
+
+    pytest-xdist (3.8) groups by renaming each marked item's `_nodeid` to `<nodeid>@<group>` in
+    the worker; pytest 9 reads a node's id from `_id` instead, so the rename was lost and every
+    `xdist_group` was a silent no-op: tests of one module ran on both workers, each setting up
+    the module's fixtures (two Ray heads for one module, beside the other modules' heads). This
+    does xdist's rename on `_id`, only where xdist's own did not take."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        groups = sorted(
+            {
+                str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                for mark in item.iter_markers("xdist_group")
+            }
+        )
+        nodeid = item.nodeid
+        if groups and not nodeid.endswith("@" + "_".join(groups)) and hasattr(item, "_id"):
+            item._id = type(item._id).parse(f"{nodeid}@{'_'.join(groups)}")  # as xdist's, on pytest 9's field
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny Llama (seed 1 = base weights), a second weight set (seed 2), two LoRAs."""

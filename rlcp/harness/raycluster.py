@@ -8,15 +8,23 @@ listeners that are otherwise fixed. Stopping kills the process group and then an
 left whose command line names this head's own temp dir (Ray's workers start sessions of their
 own), each by pid: `ray stop` would stop every Ray on the machine.
 
+Its ports and its workers' range are one block of free ports below the kernel's ephemeral range,
+and `start` returns once every port is listened on by the head's own processes, retrying with
+fresh ports when one was taken (see `RayHead.start`). A head found dead (`ray start --block`
+exited, the dashboard gone) raises `RayHeadDied`, naming it with the tails of the head's own
+logs, from `check` and from every state-API read that fails.
+
 This module runs the `ray` CLI and never imports `ray`; a test drives the cluster with
 `ray.init(address=head.gcs_address, namespace=...)`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -29,11 +37,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlcp.harness.http import free_port
 from rlcp.harness.waiting import wait_for_sync
 
 RAY = Path(sys.executable).with_name("ray")
 WORKER_PORTS = 40  # the range workers (actors) listen in; one port each
+PORT_NAMES = (  # `ray start --<name>=<port>`; two more, the metric ports, go by environment
+    "port",
+    "object-manager-port",
+    "node-manager-port",
+    "ray-client-server-port",
+    "dashboard-port",
+    "dashboard-agent-listen-port",
+    "dashboard-agent-grpc-port",
+    "runtime-env-agent-port",
+    "metrics-export-port",
+)
+# The session's logs of the processes whose death takes the head down (`ray start --block`
+# kills the rest once one exits), in the order worth reading.
+LOG_FILES = (
+    "raylet.err",
+    "raylet.out",
+    "gcs_server.err",
+    "gcs_server.out",
+    "dashboard.err",
+    "dashboard.log",
+    "runtime_env_agent.err",
+    "dashboard_agent.err",
+    "dashboard_agent.log",
+    "monitor.err",
+    "log_monitor.err",
+    "ray_client_server.err",
+)
+ADDRESS_IN_USE = "Address already in use"
+# A line of a session log that reports something wrong: Ray's C++ logs mark errors " E " and
+# warnings " W " after the time; Python's logs say ERROR/WARNING; tracebacks and exits speak.
+ERROR_LINE = re.compile(r"\d\d [EWF] \d| ERROR | WARNING |Error|Traceback|exit|fate-share|already in use|Killed")
+# Ports are chosen from here: below the kernel's ephemeral range (32768 up on Linux, where
+# `free_port()` and every outgoing connection take theirs) and above the usual fixed services.
+PORT_LOW, PORT_HIGH = 20000, 32000
+
+
+class RayHeadDied(RuntimeError):
+    """The head is dead (or its dashboard is): what died and the tails of the head's own logs.
+    `port_clash`: its logs say a port was taken by someone else ("Address already in use")."""
+
+    def __init__(self, message: str, *, port_clash: bool = False) -> None:
+        super().__init__(message)
+        self.port_clash = port_clash
 
 
 def _dashboard_up(url: str) -> bool:
@@ -45,10 +95,14 @@ def _dashboard_up(url: str) -> bool:
 
 
 def _free_range(size: int) -> int:
-    """The first port of `size` consecutive ports free on 127.0.0.1 right now, below the kernel's
-    ephemeral range (32768 up on Linux), where outgoing connections would keep taking ports."""
+    """The first port of `size` consecutive ports free on 127.0.0.1 right now, at random between
+    PORT_LOW and PORT_HIGH: below the kernel's ephemeral range (32768 up on Linux), where
+    outgoing connections and every `bind(("127.0.0.1", 0))` (`free_port()`, test servers,
+    engines, other Ray heads' own sockets) take theirs, so none of those can take one of these
+    between this choice and Ray's bind (which came ~25 s later on a loaded machine). Two heads
+    starting at once could still pick overlapping ranges: `RayHead.start` retries that."""
     for _ in range(100):
-        first = random.randrange(20000, 32000 - size)
+        first = random.randrange(PORT_LOW, PORT_HIGH - size)
         socks: list[socket.socket] = []
         try:
             for p in range(first, first + size):
@@ -61,7 +115,21 @@ def _free_range(size: int) -> int:
             for s in socks:
                 s.close()
         return first
-    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1")
+    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1 between {PORT_LOW} and {PORT_HIGH}")
+
+
+def _sockets() -> list[tuple[str, int, set[int]]]:
+    """(address, port, owner pids) of every TCP socket listening on this machine (`ss -ltnp`)."""
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        address, _, port = fields[3].rpartition(":")
+        owners = {int(pid) for pid in re.findall(r"pid=(\d+),", fields[5])} if len(fields) >= 6 else set()
+        found.append((address, int(port), owners))
+    return found
 
 
 @dataclass
@@ -72,6 +140,9 @@ class RayHead:
     ports: dict[str, int] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
+    death: str | None = None  # what killed the head and its log tails, once found dead
+    failed_starts: list[str] = field(default_factory=list)  # a start that was retried: why, with logs
+    _reported: bool = field(default=False, repr=False)  # the death printed once, by stop()
 
     @property
     def gcs_address(self) -> str:
@@ -81,26 +152,37 @@ class RayHead:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['dashboard-port']}"
 
-    def start(self, *, timeout_s: float = 60.0) -> RayHead:
-        names = (
-            "port",
-            "object-manager-port",
-            "node-manager-port",
-            "ray-client-server-port",
-            "dashboard-port",
-            "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port",
-            "runtime-env-agent-port",
-            "metrics-export-port",
-        )
-        taken: set[int] = set()
-        for name in (*names, "autoscaler-metric", "dashboard-metric"):
-            port = free_port()
-            while port in taken:
-                port = free_port()
-            taken.add(port)
-            self.ports[name] = port
-        workers = _free_range(WORKER_PORTS)
+    def start(self, *, timeout_s: float = 60.0, attempts: int = 3) -> RayHead:
+        """Start the head and return once every port it was given is listened on by its own processes.
+
+        The dashboard answers seconds before the raylet's agents (runtime env agent, dashboard agent)
+        bind their ports; an agent that cannot bind exits, the raylet exits with it and `ray start
+        --block` then kills the whole head (seen in CI: "[Errno 98] Address already in use" in
+        runtime_env_agent.err, the head gone ~10 s after the dashboard first answered). So the ports
+        are taken below the kernel's ephemeral range (`_free_range`), where no outgoing connection
+        and no `free_port()` user can take them while Ray starts, and a start whose head dies or
+        whose port is taken by another process anyway is retried with fresh ports and a fresh temp
+        dir, `attempts` times in all; the failed starts' log tails are kept in `failed_starts`.
+        """
+        given_dir = self.temp_dir
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout_s=timeout_s)
+            except RayHeadDied as exc:
+                self.failed_starts.append(str(exc))
+                if attempt == attempts or not exc.port_clash:
+                    raise
+                self.temp_dir = given_dir  # the failed dir was removed by stop(): a fresh one
+                self.ports, self.death, self._reported = {}, None, False
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _start_once(self, *, timeout_s: float) -> RayHead:
+        # One block: the head's own ports, then its workers' range; so one head's workers never
+        # bind a port another head was given (the ranges are chosen free, at random).
+        names = (*PORT_NAMES, "autoscaler-metric", "dashboard-metric")
+        first = _free_range(len(names) + WORKER_PORTS)
+        self.ports = {name: first + i for i, name in enumerate(names)}
+        workers = first + len(names)
         if self.temp_dir is None:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
         env = {
@@ -124,26 +206,98 @@ class RayHead:
             "--disable-usage-stats",
             f"--min-worker-port={workers}",
             f"--max-worker-port={workers + WORKER_PORTS - 1}",
-            *(f"--{name}={self.ports[name]}" for name in names),
+            *(f"--{name}={self.ports[name]}" for name in PORT_NAMES),
         ]
         self.log_path = self.temp_dir / "ray-start.log"
         with self.log_path.open("wb") as log:
-            self.process = process = subprocess.Popen(
+            self.process = subprocess.Popen(
                 cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
         try:
-            wait_for_sync(
-                lambda: process.poll() is not None or _dashboard_up(self.dashboard_url),
-                timeout_s=timeout_s,
-                what="the Ray dashboard's state API",
-                interval_s=0.2,
-            )
-            if self.process.poll() is not None:
-                raise RuntimeError(f"ray start exited {self.process.returncode}: {self.log_path.read_text()[-2000:]}")
+            try:
+                found = wait_for_sync(
+                    self._started, timeout_s=timeout_s, what="every port of the Ray head listened on", interval_s=0.2
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n{self.log_tails()}") from None
+            self.check(found if isinstance(found, str) else None)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _started(self) -> str | bool:
+        """True once every port given to the head is listened on by the head's own processes and
+        the state API answers; a string saying why not, when it never will: the head exited, one
+        of its processes logged a failed bind, or another process listens on one of its ports (an
+        agent that cannot bind takes the raylet down, but `ray start --block` notices only once
+        its own start-up is over, ~25 s later)."""
+        dead = self._dead()
+        if dead is not None:
+            return dead
+        if self.temp_dir is not None:  # an agent that failed to bind: the head is as good as dead
+            for err in (self.temp_dir / "session_latest" / "logs").glob("*.err"):
+                with contextlib.suppress(OSError):
+                    if ADDRESS_IN_USE in err.read_text(errors="replace"):
+                        return f"a process of the Ray head could not bind its port ({err.name}): {ADDRESS_IN_USE}"
+        sockets = _sockets()  # before the pids: a process spawned in between must not look foreign
+        mine = set(self.pids())
+        names = {port: name for name, port in self.ports.items()}
+        listening: set[int] = set()
+        for _, port, owners in sockets:
+            if owners & mine:
+                listening.add(port)
+            elif port in names and owners:
+                return f"port {port} ({names[port]}) is taken by pid {sorted(owners)}, not this head: {ADDRESS_IN_USE}"
+        return listening >= set(self.ports.values()) and _dashboard_up(self.dashboard_url)
+
+    def _dead(self) -> str | None:
+        """Why this head is dead, or None: `ray start --block` exits (killing the rest) once any of
+        the head's processes dies, so its exit is the sign."""
+        if self.process is None:
+            return "the Ray head was never started"
+        code = self.process.poll()
+        if code is not None:
+            return f"the Ray head's `ray start --block` (pid {self.process.pid}) exited with {code}"
+        return None
+
+    def check(self, reason: str | None = None) -> None:
+        """Raise RayHeadDied, naming what died and with the tails of the head's own logs, if the head
+        is dead or its dashboard is gone (or `reason` says what is wrong); else return. The state-API
+        reads call it when a read fails, so a test sees a dead head named, not `Connection refused`."""
+        reason = reason or self._dead()
+        if reason is None and self.ports:
+            dashboard = self.ports["dashboard-port"]
+            if dashboard not in {port for _, port in self.listeners()}:
+                reason = f"no process of the Ray head listens on its dashboard port {dashboard}"
+        if reason is not None:
+            tails = self.log_tails()
+            self.death = f"{reason}\n{tails}"
+            raise RayHeadDied(self.death, port_clash=ADDRESS_IN_USE in self.death)
+
+    def log_tails(self, lines: int = 12, limit: int = 8000) -> str:
+        """What the head's own logs say went wrong: the last `lines` lines of ray-start.log (where
+        `ray start --block` names the process that exited, with its tail) and of
+        ray_process_exit.log, then from the session's logs of the processes whose death takes the
+        head down the last `lines` lines that report an error, each under its file name; at most
+        `limit` characters."""
+        if self.temp_dir is None:
+            return "(no temp dir: no logs)"
+        logs = self.temp_dir / "session_latest" / "logs"
+        out: list[str] = []
+        for path in (self.temp_dir / "ray-start.log", logs / "ray_process_exit.log", *(logs / f for f in LOG_FILES)):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            kept = [line for line in text.splitlines() if line.strip() and "[state-dump]" not in line]
+            if path.parent == logs and path.name != "ray_process_exit.log":
+                kept = [line for line in kept if ERROR_LINE.search(line)]
+            if kept:
+                out.append(f"--- {path.relative_to(self.temp_dir)} (last {min(lines, len(kept))} lines)")
+                out.extend(line[:400] for line in kept[-lines:])
+        text = "\n".join(out) or f"(no logs under {self.temp_dir})"
+        return text if len(text) <= limit else "...\n" + text[-limit:]
 
     def pids(self) -> list[int]:
         """Every live process of this head: `ray start` and its descendants, and any process whose
@@ -170,10 +324,24 @@ class RayHead:
             grown = bool(more)
         return sorted(found)
 
+    def dashboard_pid(self) -> int:
+        """The pid of this head's dashboard process (a test stops or kills it)."""
+        marker = str(self.temp_dir).encode()
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if marker in cmdline and b"dashboard/dashboard.py" in cmdline:
+                    return pid
+        raise RayHeadDied(f"no dashboard process in the Ray head\n{self.log_tails()}")
+
     def _state_rows(self, resource: str, query: str = "") -> list[dict[str, Any]]:
         url = f"{self.dashboard_url}/api/v0/{resource}?detail=true&limit=1000{query}"
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            return list(json.load(resp)["data"]["result"]["result"])
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return list(json.load(resp)["data"]["result"]["result"])
+        except OSError:
+            self.check()  # a dead head is named, with its logs; a live one's error stands
+            raise
 
     def actors(self, namespace: str, prefix: str) -> dict[str, dict[str, Any]]:
         """Named actors of `namespace` whose name starts with `prefix`, alive or restarting, by name
@@ -220,18 +388,20 @@ class RayHead:
 
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""
-        pids = {str(p) for p in self.pids()}
-        out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10, check=True).stdout
-        found = []
-        for line in out.splitlines():
-            fields = line.split()
-            if len(fields) < 6 or not any(f"pid={p}," in fields[5] for p in pids):
-                continue
-            address, _, port = fields[3].rpartition(":")
-            found.append((address, int(port)))
-        return sorted(found)
+        sockets = _sockets()
+        pids = set(self.pids())
+        return sorted((address, port) for address, port, owners in sockets if owners & pids)
 
     def stop(self, *, grace_s: float = 5.0) -> None:
+        """Stop every process of the head and remove its temp dir (kept with RLCP_KEEP_RAY_TEMP=1,
+        for a look at a head's logs). A head that died on its own is reported on stderr first,
+        with its log tails, before they go with the dir."""
+        if self.death is None and self.process is not None and self.process.poll() is not None:
+            with contextlib.suppress(RayHeadDied):
+                self.check()
+        if self.death is not None and not self._reported:
+            print(f"Ray head {self.temp_dir} had died: {self.death}", file=sys.stderr)
+            self._reported = True
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signal.SIGTERM)  # `ray start --block` stops its children on TERM
@@ -250,5 +420,6 @@ class RayHead:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        if self.temp_dir is not None and self.temp_dir.name.startswith("rlcp-ray-"):
+        keep = os.environ.get("RLCP_KEEP_RAY_TEMP") == "1"
+        if not keep and self.temp_dir is not None and self.temp_dir.name.startswith("rlcp-ray-"):
             shutil.rmtree(self.temp_dir, ignore_errors=True)

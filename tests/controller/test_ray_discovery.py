@@ -31,7 +31,8 @@ from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 
-pytestmark = pytest.mark.ray
+# One Ray head at a time in the rest part of scripts/test.sh: tests/controller/test_ray_head.py.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 NAMESPACE = "rlcp-test"
 # verl's names for its engine actors, `vllm_server_{replica}_{node}`: the prefix a user of verl
@@ -138,19 +139,6 @@ def ray_settings(head: RayHead, namespace: str, **kw: Any) -> dict[str, Any]:
     }
 
 
-def dashboard_pid(head: RayHead) -> int:
-    marker = str(head.temp_dir).encode()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmdline and b"dashboard/dashboard.py" in cmdline:
-                return int(entry.name)
-    raise AssertionError("no dashboard process")
-
-
 async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_without_the_dashboard(
     ray_head: tuple[RayHead, Any], agents: list[SimAgent], tmp_path: Path
 ) -> None:
@@ -182,7 +170,7 @@ async def test_controller_finds_engines_follows_a_restart_and_keeps_its_list_wit
         epoch = (await ctl.state())["membership_epoch"]
 
         # The dashboard stops answering (its process stopped): polls fail, the list stays.
-        pid = dashboard_pid(head)
+        pid = head.dashboard_pid()
         os.kill(pid, signal.SIGSTOP)
         try:
             async with aiohttp.ClientSession() as session:

@@ -36,7 +36,8 @@ from rlcp.harness.simfleet import TEST_TIMEOUTS
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.waiting import wait_for
 
-pytestmark = pytest.mark.ray
+# One Ray head at a time in the rest part of scripts/test.sh: tests/controller/test_ray_head.py.
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
 NAMESPACE = "rlcp-place"
 PREFIX = "rlcp-agent-"

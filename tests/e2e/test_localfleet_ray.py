@@ -14,7 +14,7 @@ import pytest
 
 from rlcp.harness.processes import REPO
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
 
 def _processes_naming(marker: str) -> list[int]:
