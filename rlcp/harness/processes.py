@@ -36,6 +36,36 @@ class ProcessError(RuntimeError):
     with the tail of its log."""
 
 
+def run_to_end(
+    argv: list[str], *, cwd: Path, timeout_s: float, grace_s: float = 20.0
+) -> subprocess.CompletedProcess[str]:
+    """Run a command as a user runs it in a terminal, to its end, its output captured. Past
+    `timeout_s` it is stopped as Ctrl-C stops it (SIGINT to its process group: its own handler
+    stops what it started in sessions of their own), killed after `grace_s` more, and the error
+    carries its output so far. `subprocess.run`'s timeout SIGKILLs the child alone: a localfleet
+    stopped so left its controller running (a fresh-clone run, under load)."""
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            out, _ = proc.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+        raise ProcessError(f"{' '.join(argv[1:])} ran past {timeout_s:g}s and was stopped; its output:\n{out[-6000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, "")
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
     engine needs (offline Hub, a small KV cache), plus `extra`."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcp.harness.processes import REPO
+from rlcp.harness.processes import REPO, run_to_end
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -49,8 +49,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
-    run = subprocess.run(_localfleet(tmp_path, "--steps", "2"), cwd=REPO, capture_output=True, text=True, timeout=120)
-    out = run.stdout + run.stderr
+    run = run_to_end(_localfleet(tmp_path, "--steps", "2"), cwd=REPO, timeout_s=120)
+    out = run.stdout
     assert run.returncode == 0, out
     for k in (1, 2):
         assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
@@ -73,10 +73,8 @@ def test_two_steps_through_envoy(tmp_path: Path) -> None:
     """`--envoy`: the controller serves the fence over xDS, and the rollouts go through a real
     Envoy's listener (the tally's versions come from Envoy's EDS metadata); Envoy stops with the rest."""
     pytest.importorskip("grpc", reason="the envoy extra")
-    run = subprocess.run(
-        _localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    out = run.stdout + run.stderr
+    run = run_to_end(_localfleet(tmp_path, "--envoy", "--steps", "2"), cwd=REPO, timeout_s=120)
+    out = run.stdout
     assert run.returncode == 0, out
     for k in (1, 2):
         assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
@@ -94,14 +92,12 @@ def test_two_steps_through_envoy(tmp_path: Path) -> None:
 
 
 def test_rolling_steps_keep_a_member_serving(tmp_path: Path) -> None:
-    run = subprocess.run(
+    run = run_to_end(
         _localfleet(tmp_path, "--steps", "2", "--max-unavailable", "1", "--staleness", "1", "--sim-load-s", "0.3"),
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        timeout_s=120,
     )
-    out = run.stdout + run.stderr
+    out = run.stdout
     assert run.returncode == 0, out
     # Step 1 leaves the start-up version, which no bound admits: nobody serves for a moment.
     # From step 2 on, the previous step's version serves while the other member loads.

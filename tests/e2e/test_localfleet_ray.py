@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rlcp.harness.processes import REPO
+from rlcp.harness.processes import REPO, run_to_end
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240), pytest.mark.xdist_group("ray")]
 
@@ -30,7 +29,7 @@ def _processes_naming(marker: str) -> list[int]:
 
 
 def test_two_steps_on_a_placed_sim_fleet(tmp_path: Path) -> None:
-    run = subprocess.run(
+    run = run_to_end(
         [
             sys.executable,
             "-m",
@@ -49,11 +48,9 @@ def test_two_steps_on_a_placed_sim_fleet(tmp_path: Path) -> None:
             str(tmp_path),
         ],
         cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=200,
+        timeout_s=200,
     )
-    out = run.stdout + run.stderr
+    out = run.stdout
     assert run.returncode == 0, out
     for k in (1, 2):
         assert re.search(rf"^step {k}/2 +ok .*applied=step-{k} +converged=yes +verified=yes", out, re.M), out
