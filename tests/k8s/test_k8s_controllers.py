@@ -176,7 +176,10 @@ async def test_one_leads_the_follower_refuses_writes_and_takes_over(
     # start to hang: it must step down within its renew deadline and stop that operation.
     agents[0].faults["/pause"] = Fault("hang")
     running = asyncio.create_task(a.call("POST", "/v1/rl/pause", {"mode": "keep", "timeout_s": 20}))
-    await wait_for(lambda: a.ctl.gate.holder == "pause", what="the pause to run on ctl-a")
+    # Hanging at w0, past the operation's store write (the desired state saved before the first
+    # pause): a hang set earlier hangs that write, and the answer is the store's 503, not the cut.
+    await wait_for(lambda: agents[0].faults.fired("POST", "/pause"), what="the pause to hang at w0")
+    assert a.ctl.gate.holder == "pause"
     fake.refuse(lambda r: "(ctl-a)" in r.user_agent, mode="hang")
     cut = time.monotonic()
     status, body = await asyncio.wait_for(running, 15)
