@@ -119,12 +119,8 @@ class Breakers:
         keep the worker out long after it came back."""
         circuit = self._circuits.setdefault(worker, _Circuit())
         circuit.consecutive += 1
-        if circuit.open_until is not None and not probe:
-            return
-        if circuit.open_until is None:
-            self.ejected += 1
-        circuit.probing = False
-        self._eject(worker, circuit)
+        if circuit.open_until is None or probe:
+            self.eject(worker)
 
     def released(self, worker: str, *, probe: bool) -> None:
         """The request ended without a verdict: the next one may probe."""
