@@ -12,8 +12,28 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from rlcp.harness.leftovers import mark_owner, reap
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.tiny_model import agent_engine
+
+# Every process a test starts, and every process those start, carries this process's mark
+# (rlcp/harness/leftovers.py), so the run can tell at its end what it left behind.
+_OWNER = mark_owner()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _nothing_left_behind():
+    """Fails the run if any process a test started (agent, controller, gateway, engine, Envoy,
+    Ray, Dynamo, ...) is still alive once every fixture has stopped what it started: the first
+    session fixture set up, so the last torn down. What is found is killed and named."""
+    yield
+    left = reap(_OWNER)
+    if left:
+        pytest.fail(
+            f"{len(left)} process(es) started by this test process outlived the run (killed now):\n"
+            + "\n".join(f"  pid {p.pid}: {p.command}" for p in left),
+            pytrace=False,
+        )
 
 
 @pytest.hookimpl(trylast=True)

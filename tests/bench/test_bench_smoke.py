@@ -260,6 +260,7 @@ def test_gateway(tmp_path: Path) -> None:
             "4",
             "--session-delay-ms",
             "2",
+            "--no-pin",
             "--out",
             str(tmp_path),
         ]

@@ -143,3 +143,30 @@ async def test_a_retried_step_asks_again_only_while_the_failure_may_pass_and_a_p
     other = await steps.ask(check(Retry(codes=frozenset({"path_forbidden"}), wait_s=0.05, within_s=0.3)), w0)
     assert [o.result.code for o in other] == ["path_unavailable"] and checks() == before + 1
     assert all(r.last_result is None for r in ctl.members())  # a pre-check's read records nothing
+
+
+async def test_a_retried_workers_last_answer_stands_when_its_next_attempt_gets_none(
+    memory_fleet: MemoryFleet, tmp_path: Path
+) -> None:
+    """The check said "not there"; its next attempt hangs and the step's deadline cuts it. The
+    result is what the worker said, not "no answer": a pre-check that lost it let an adapter no
+    worker could load through to both workers (a 502 where a 422 was due, on a loaded run)."""
+    ctl = memory_fleet.controller(tmp_path)
+    steps = Executor(fanout=ctl.fanout, registry=ctl.registry, metrics=ctl.metrics)
+    missing = str(tmp_path / "never-there")
+    w0 = [r for r in ctl.members() if r.id == "w0"]
+    # The first check is served as it is (a one-time rule for its method wins over the path's);
+    # every later one hangs, so the deadline can only cut an attempt made after an answer.
+    memory_fleet["w0"].faults.add("POST", "/v1/agent/weights/check", Fault("delay", delay_s=0.0, times=1))
+    memory_fleet["w0"].faults["/v1/agent/weights/check"] = Fault("hang")
+    step: Step[StagedUpdate, None] = Step(
+        name="check",
+        can=STAGED_UPDATE,
+        call=lambda w: w.check_weights(missing, "weights"),
+        deadline_s=1.0,
+        retry=Retry(codes=frozenset({"path_unavailable"}), wait_s=0.05, within_s=30),
+    )
+    [outcome] = await steps.ask(step, w0)
+    assert outcome.result.status == "error" and outcome.result.code == "path_unavailable", outcome.result
+    assert "then: check did not finish within 1s" in (outcome.result.message or ""), outcome.result
+    assert [what for _, _, what in memory_fleet["w0"].faults.seen][:2] == ["delay", "hang"]

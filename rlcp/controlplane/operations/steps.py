@@ -72,30 +72,64 @@ PAUSE_STATE: dict[FailedStep, bool] = {"pause": True, "resume": False, "sleep": 
 @dataclass(frozen=True, kw_only=True)
 class Retry:
     """Call a worker again while it fails with one of `codes` (what it answered: the failure
-    may pass), every `wait_s`, for at most `within_s`; its last failure is its result."""
+    may pass), every `wait_s`, for at most `within_s`; its last failure is its result.
+
+    Its last *answer*, that is: an attempt that gets no answer (the step's deadline cut it,
+    the worker stopped answering) after the worker said one of `codes` leaves what the worker
+    said as its result (`Retried.settle`). A loop stalled past the step's deadline while the
+    worker was saying "not there" must not turn that into "no evidence either way"."""
 
     codes: frozenset[str]
     wait_s: float
     within_s: float
 
-    def around(self, call: Callable[[P], Awaitable[T]]) -> Callable[[P], Awaitable[T]]:
-        codes = self.codes
+    def around(self, call: Callable[[P], Awaitable[T]]) -> Retried[P, T]:
+        return Retried(self, call)
+
+
+class Retried(Generic[P, T]):
+    """One step's call with its `Retry`, over the workers of one fan-out: the call as sent
+    (`__call__`), and each worker's last answer among the retry's codes."""
+
+    def __init__(self, retry: Retry, call: Callable[[P], Awaitable[T]]) -> None:
+        self._retry, self._call = retry, call
+        self._said: dict[str, WorkerCallError] = {}
+
+    async def __call__(self, driver: P) -> T:
+        codes = self._retry.codes
 
         def passing(exc: BaseException) -> bool:
             return isinstance(exc, WorkerCallError) and exc.code in codes
 
-        async def retried(driver: P) -> T:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(passing),
-                wait=wait_fixed(self.wait_s),
-                stop=stop_after_delay(self.within_s),
-                reraise=True,
-            ):
-                with attempt:
-                    return await call(driver)
-            raise AssertionError("unreachable: tenacity reraises the last failure")
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(passing),
+            wait=wait_fixed(self._retry.wait_s),
+            stop=stop_after_delay(self._retry.within_s),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    return await self._call(driver)
+                except WorkerCallError as exc:
+                    if exc.code in codes:
+                        self._said[driver.spec.id] = exc
+                    raise
+        raise AssertionError("unreachable: tenacity reraises the last failure")
 
-        return retried
+    def settle(self, outcome: Outcome[T]) -> Outcome[T]:
+        """`outcome`, or, where it is no answer after the worker answered one of the codes,
+        that answer (its message saying what came after)."""
+        said = self._said.get(outcome.worker_id)
+        if outcome.ok or said is None or outcome.result.code in self._retry.codes:
+            return outcome
+        result = outcome.result.model_copy(
+            update={
+                "status": "error",
+                "code": said.code,
+                "message": f"{said.reason} (then: {outcome.result.message})",
+            }
+        )
+        return Outcome(outcome.worker_id, result)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +155,19 @@ class Step(Generic[P, T]):
     def shown_as(self) -> str:
         return self.label or self.name
 
-    def calling(self) -> Callable[[P], Awaitable[T]]:
-        """The call as sent to each worker: with its retries, if it has any."""
-        return self.call if self.retry is None else self.retry.around(self.call)
+    async def fan_out(self, fanout: FanOut, records: list[WorkerRecord], *, quiet: bool = False) -> list[Outcome[T]]:
+        """The call sent to each of `records` that can take it, with its retries if it has
+        any, each worker's outcome (a retried worker's last answer: `Retried.settle`)."""
+        drivers = [r.driver for r in records]
+        if self.retry is None:
+            return await fanout.each(
+                drivers, self.can, self.call, phase=self.shown_as, deadline_s=self.deadline_s, quiet=quiet
+            )
+        retried = self.retry.around(self.call)
+        outcomes = await fanout.each(
+            drivers, self.can, retried, phase=self.shown_as, deadline_s=self.deadline_s, quiet=quiet
+        )
+        return [retried.settle(o) for o in outcomes]
 
 
 @dataclass(frozen=True)
@@ -184,9 +228,7 @@ class Executor:
         phase = step.phase or PHASES.get(step.name)
         if phase is not None and self._log is not None:
             self._log.set_phase(phase)
-        outcomes = await self._fanout.each(
-            [r.driver for r in records], step.can, step.calling(), phase=step.shown_as, deadline_s=step.deadline_s
-        )
+        outcomes = await step.fan_out(self._fanout, records)
         if step.on_failure == "amend":
             self._amend(outcomes, step.shown_as)
         elif self._tracker is not None:
@@ -214,14 +256,7 @@ class Executor:
     async def ask(self, step: Step[P, T], records: list[WorkerRecord]) -> list[Outcome[T]]:
         """A read before any operation exists (a pre-check): each worker's outcome, nothing
         recorded and no failure logged -- the pre-check reports what it decides."""
-        return await self._fanout.each(
-            [r.driver for r in records],
-            step.can,
-            step.calling(),
-            phase=step.shown_as,
-            deadline_s=step.deadline_s,
-            quiet=True,
-        )
+        return await step.fan_out(self._fanout, records, quiet=True)
 
     async def ok(self, step: Step[P, Any], records: list[WorkerRecord]) -> list[WorkerRecord]:
         """`run`, for a step whose answers nobody reads: the records it succeeded on."""
