@@ -197,3 +197,24 @@ async def test_a_standalone_gateway_whose_controller_is_down_answers_503_naming_
                 assert body["error"]["code"] == "controller_unavailable" and down in body["error"]["message"]
         finally:
             await replica.close()
+
+
+@pytest.mark.parametrize(
+    "fleet_shape", [FleetShape(inference=True, settings={"api": {"token": CTL_TOKEN, "allow_anonymous": True}})]
+)
+async def test_the_daemons_public_port_streams_inference_and_takes_anonymous_admin_calls(daemon_fleet):
+    """The daemon as it runs by default: the front on the public port, the core (and its gateway)
+    behind it. The front lets inference through to the core's gateway, streamed, and applies
+    `api.allow_anonymous` as the core does."""
+    agents, ctl, http = daemon_fleet
+    async with http.post(f"{ctl.url}/v1/completions", json={**COMPLETION, "max_tokens": 5, "stream": True}) as resp:
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        assert resp.headers["X-RL-Worker"] in {a.agent_id for a in agents}
+        events = [line async for line in resp.content if line.startswith(b"data: ")]
+    assert events[-1].strip() == b"data: [DONE]" and len(events) >= 2
+    assert (await call(http, "POST", f"{ctl.url}/pause?mode=keep"))[::2] == (200, {"status": "paused"})
+    assert all(a.service.paused for a in agents)
+    status, _, _ = await call(http, "POST", f"{ctl.url}/resume", headers={"Authorization": "Bearer wrong"})
+    assert status == 401 and all(a.service.paused for a in agents)
+    assert (await call(http, "POST", f"{ctl.url}/resume"))[::2] == (200, {"status": "resumed"})
+    assert not any(a.service.paused for a in agents)
