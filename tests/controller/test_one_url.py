@@ -19,8 +19,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog.testing
 from aiohttp.test_utils import TestClient, TestServer
 
+from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.gateway.admin import ControllerLink, forward_to_controller
 from rlcp.controlplane.gateway.app import build_gateway_app, new_session
 from rlcp.controlplane.gateway.follow import FollowedState
@@ -29,7 +31,7 @@ from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, CTL_TOKEN, start_controller
+from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, start_controller
 from rlcp.harness.fleet_state import serving_fleet
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
@@ -218,3 +220,12 @@ async def test_the_daemons_public_port_streams_inference_and_takes_anonymous_adm
     assert status == 401 and all(a.service.paused for a in agents)
     assert (await call(http, "POST", f"{ctl.url}/resume"))[::2] == (200, {"status": "resumed"})
     assert not any(a.service.paused for a in agents)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_anonymous_admin_is_a_warning_at_start_and_only_when_allowed(tmp_path, allowed):
+    settings = controller_settings(tmp_path, [], api={"token": CTL_TOKEN, "allow_anonymous": allowed})
+    with structlog.testing.capture_logs() as logs:
+        assemble(settings, token=CTL_TOKEN)
+    warned = [e for e in logs if e["event"] == "anonymous_admin_allowed"]
+    assert [e["log_level"] for e in warned] == (["warning"] if allowed else [])
