@@ -186,7 +186,7 @@ def assemble(
                 settings.gateway,
                 gateway_session,
                 admin_token=token,
-                controller=Peer(app, settings.api.max_body_bytes),
+                controller=Peer(app, settings.api.max_body_bytes, outlives_client=True),
             )
             app[GATEWAY] = gateway_obj
             # One URL: inference asked of the controller's port runs through the gateway's app.

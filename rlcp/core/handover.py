@@ -23,6 +23,7 @@ tests/controller/test_one_url.py holds the installed aiohttp to it.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -42,9 +43,14 @@ class Peer:
 
     app: web.Application
     client_max_size: int
+    # The peer's work runs to its end when the client goes away: the gateway's site cancels a
+    # handler whose client left, the controller's does not, and an update handed over from the
+    # gateway's port must not be stopped half-way by a trainer's client timeout.
+    outlives_client: bool = False
 
 
 PEER = web.AppKey("handover_peer", Peer)
+_OUTLIVING: set[asyncio.Future[web.StreamResponse]] = set()
 # Given a request its application does not route: an answer, or None to leave the 404/405.
 Fallback = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 
@@ -55,7 +61,12 @@ async def hand_over(request: web.Request, peer: Peer) -> web.StreamResponse:
     headers = CIMultiDict(request.headers)
     headers.update(tracing.outgoing_headers())
     clone = request.clone(headers=headers, client_max_size=peer.client_max_size)
-    return await peer.app._handle(clone)
+    if not peer.outlives_client:
+        return await peer.app._handle(clone)
+    task = asyncio.ensure_future(peer.app._handle(clone))
+    _OUTLIVING.add(task)  # the loop holds tasks weakly: this one may have no awaiter left
+    task.add_done_callback(_OUTLIVING.discard)
+    return await asyncio.shield(task)
 
 
 def make_handover_middleware(*, fallback: Fallback | None = None) -> Middleware:

@@ -32,6 +32,7 @@ from rlcp.controlplane.gateway.routing import Router
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, start_controller
+from rlcp.harness.faults import Fault
 from rlcp.harness.fleet_state import serving_fleet
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
@@ -229,3 +230,25 @@ def test_anonymous_admin_is_a_warning_at_start_and_only_when_allowed(tmp_path, a
         assemble(settings, token=CTL_TOKEN)
     warned = [e for e in logs if e["event"] == "anonymous_admin_allowed"]
     assert [e["log_level"] for e in warned] == (["warning"] if allowed else [])
+
+
+async def test_an_update_sent_to_the_gateway_url_runs_to_its_end_when_the_client_gives_up(gateway_fleet, tmp_path):
+    """The gateway's site cancels a handler whose client left; an admin call it hands to the
+    controller is not cut by that (as on the controller's own port): no update stopped half-way."""
+    agents, url = gateway_fleet.agents, gateway_fleet.gateway.url
+    for a in agents:
+        a.faults["/v1/agent/weights/update"] = Fault("delay", delay_s=1.5, times=1)
+    body = {"weight_dir": str(write_checkpoint(tmp_path / "late", 2))}
+    with pytest.raises(TimeoutError):
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as impatient:
+            await impatient.post(f"{url}/update_weights", json=body, headers=AUTH)
+    await wait_for(
+        lambda: all(a.service.weight_version == "late" and not a.service.paused for a in agents),
+        10,
+        "the update to finish on every worker, and the fleet to resume",
+    )
+    # Its own record says it ran to its end (not `interrupted`: the reconciler alone would bring
+    # the workers to the desired version too, so their version does not say it).
+    status, _, records = await call(gateway_fleet.http, "GET", f"{url}/v1/rl/operations")
+    update = next(r for r in records["operations"] if r["kind"] == "update_weights")
+    assert status == 200 and update["status"] == "ok", update
