@@ -15,7 +15,8 @@ them down in the reverse one):
     operations    updates that run on without a waiting caller (`wait: false`), cancelled
                   on shutdown
     gateway       the inference gateway on its own port (its own session and site), or
-                  Envoy as its data plane fed over xDS; only when enabled
+                  Envoy as its data plane fed over xDS; only when enabled. Each of the two
+                  applications answers the other's routes (one URL, `rlcp.core.handover`)
 
 so the gateway goes first on shutdown (no rollout is routed by a fleet that stopped), then
 the detached operations, then the loops, the elector last among them: the Lease is handed
@@ -28,6 +29,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import aiohttp
+import structlog
 from aiohttp import web
 
 from rlcp.controlplane.api.app import FLEET_APPS, build_http_app
@@ -46,6 +48,7 @@ from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.persistence.factory import make_store
 from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
 from rlcp.controlplane.supervisor import start_loops
+from rlcp.core.handover import PEER, Peer
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient
@@ -81,6 +84,14 @@ def assemble(
     default fleet's desired store (tests); `gateway` overrides `settings.gateway.enabled`
     (the inference gateway on its own port)."""
     app = build_http_app(settings, token=token)
+    if settings.api.allow_anonymous:
+        structlog.get_logger("rlcp.controlplane").warning(
+            "anonymous_admin_allowed",
+            host=settings.api.host,
+            port=settings.api.port,
+            message="api.allow_anonymous: a request with no Authorization header drives the fleet; "
+            "keep this port on loopback or behind a NetworkPolicy (docs/operator-guide.md)",
+        )
 
     async def session_ctx(app: web.Application) -> AsyncIterator[None]:
         # One session for every worker call; connection reuse is most of fan-out speed.
@@ -171,9 +182,15 @@ def assemble(
         # Its own session: rollouts are many long requests per worker, admin calls few.
         async with new_session(settings.gateway.upstream_idle_timeout_s) as gateway_session:
             gateway_obj, runner = await start_local_gateway(
-                app[FLEETS], settings.gateway, gateway_session, admin_token=token
+                app[FLEETS],
+                settings.gateway,
+                gateway_session,
+                admin_token=token,
+                controller=Peer(app, settings.api.max_body_bytes, outlives_client=True),
             )
             app[GATEWAY] = gateway_obj
+            # One URL: inference asked of the controller's port runs through the gateway's app.
+            app[PEER] = Peer(runner.app, settings.gateway.max_body_bytes)
             try:
                 yield
             finally:

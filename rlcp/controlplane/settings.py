@@ -28,6 +28,13 @@ class ApiSettings(Section):
     token: SecretStr | None = Field(None, description="Bearer token for mutating routes.")
     token_file: Path | None = Field(None, description="File holding the token (a mounted Secret).")
     auth_reads: bool = Field(False, description="Also require the token on read routes.")
+    allow_anonymous: bool = Field(
+        False,
+        description="Let a request that sends no `Authorization` header through where the token "
+        "is required (a wrong token is still a 401): for clients that have no token option "
+        "(TRL's vLLM clients). Anyone who reaches the port then drives the fleet: bind it to "
+        "loopback, or limit who reaches it (a Kubernetes NetworkPolicy). Logged as a warning at start.",
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body, in bytes.")
     front: bool = Field(
         True,
@@ -200,6 +207,18 @@ class GatewaySettings(Section):
     )
     follow_token: SecretStr | None = Field(None, description="Token for that controller's reads (auth_reads).")
     follow_interval_s: float = Field(0.2, gt=0, description="How often a standalone gateway reads the state.")
+    controller_timeout_s: float = Field(
+        3600.0,
+        gt=0,
+        description="Standalone gateway only: deadline of one admin request it forwards to the "
+        "controller (`follow_url`; an update with wait: true lasts as long as the update), in seconds.",
+    )
+    controller_connect_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        description="Standalone gateway only: deadline to connect to the controller for a "
+        "forwarded admin request (past it: 503 naming the controller), in seconds.",
+    )
     data_plane: Literal["python", "envoy"] = Field(
         "python",
         description="What carries rollouts: `python`, this process's gateway (the default), or `envoy`, "

@@ -147,10 +147,18 @@ def presents_one_of(header: str, tokens: Collection[str]) -> bool:
 
 
 def make_auth_middleware(
-    token: str, *, auth_reads: bool, open_paths: frozenset[str], also_accepted: Collection[str] = ()
+    token: str,
+    *,
+    auth_reads: bool,
+    open_paths: frozenset[str],
+    also_accepted: Collection[str] = (),
+    allow_anonymous: bool = False,
 ) -> Middleware:
     """`also_accepted`: further tokens that pass (the gateway takes the controller's admin
-    token too, so a trainer's one API key serves both its inference and admin URLs)."""
+    token too, so a trainer's one API key serves both its inference and admin URLs).
+    `allow_anonymous`: a request with no `Authorization` header passes (the controller's
+    `api.allow_anonymous`, for clients with no token option); one that presents a token
+    still needs the right one."""
     tokens = (token, *also_accepted)
 
     @web.middleware
@@ -162,6 +170,8 @@ def make_auth_middleware(
         needs_token = request.method in _MUTATING or (auth_reads and request.path not in open_paths)
         if needs_token:
             header = request.headers.get("Authorization", "")
+            if not header and allow_anonymous:
+                return await handler(request)
             if not presents_one_of(header, tokens):
                 raise UnauthorizedError(
                     "missing or wrong bearer token" if header else "missing bearer token", field="Authorization"

@@ -247,6 +247,12 @@ def test_chart_made_token_secret_is_mounted_where_the_config_points(helm: str) -
     )
 
 
+def test_anonymous_admin_is_off_unless_the_values_turn_it_on(helm: str) -> None:
+    for given, want in (((), False), (("--set", "api.allowAnonymous=true"), True)):
+        config = yaml.safe_load(one(render(helm, *given), "ConfigMap", FULLNAME)["data"]["config.yaml"])
+        assert config["api"]["allow_anonymous"] is want
+
+
 def test_existing_secret_is_used_and_none_is_made(helm: str) -> None:
     docs = render(
         helm,

@@ -154,6 +154,7 @@ name and namespace) comes from the downward API as RLCP_* variables, which overr
 {{- $cfg := dict
   "controller_id" ($v.controllerId | default (include "rlcp.fullname" .))
   "api" (dict "host" $v.api.host "port" (int $v.api.port) "auth_reads" $v.api.authReads
+              "allow_anonymous" $v.api.allowAnonymous
               "token_file" (printf "%s/api/token" (include "rlcp.tokenDir" .)))
   "workers" (dict "max_concurrency" (int $v.workers.maxConcurrency)
                   "token_file" (printf "%s/workers/token" (include "rlcp.tokenDir" .)))

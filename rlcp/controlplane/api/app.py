@@ -10,6 +10,12 @@ routes in a sub-application under `/fleets/<name>/`, so a client written for one
 drives a fleet given that base URL. Handlers find their fleet's controller and the shared
 session through `request.config_dict` (the innermost application's first).
 
+One URL (docs/controller.md): a request this application has no route for, that the
+inference gateway routes, is the gateway's (`rlcp.core.handover`). With the gateway in this
+process (`assembly.py` sets `PEER`), it runs through the gateway's application as on the
+gateway's own port, fence, token check and all. Without one (`gateway.enabled: false`, or
+Envoy as the data plane) it is a 404 that says where inference is served.
+
 With leader election, a follower serves reads and answers every write with 409
 `not_leader` naming the leader (`leader_middleware`); the leader runs each write as a task
 that losing the Lease cancels at once (see `rlcp/controlplane/leadership/guard.py`).
@@ -26,8 +32,11 @@ from rlcp.controlplane.api.openapi import ROUTES, controller_document
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.settings import ControllerSettings, fleet_path
 from rlcp.core.body import BODY_HANDLER_ARGS
+from rlcp.core.errors import NotFoundError
+from rlcp.core.handover import Fallback, make_handover_middleware
 from rlcp.core.http import make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import open_paths, serve_document
 
@@ -45,7 +54,13 @@ def build_http_app(settings: ControllerSettings, *, token: str) -> web.Applicati
         handler_args=BODY_HANDLER_ARGS,
         middlewares=[
             make_error_middleware(settings.api.max_body_bytes, translate=to_api_error),
-            make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+            make_handover_middleware(fallback=inference_elsewhere(settings)),
+            make_auth_middleware(
+                token,
+                auth_reads=settings.api.auth_reads,
+                open_paths=_OPEN_PATHS,
+                allow_anonymous=settings.api.allow_anonymous,
+            ),
             unknown_fleet_middleware(list(settings.fleets)),
             leader_middleware,
         ],
@@ -72,6 +87,29 @@ def serve_fleet_routes(app: web.Application) -> None:
     facade_rpc.api.register(app)
     unsupported.api.register(app)
     app[facade.SERVED_MODELS] = ServedModels()
+
+
+def inference_elsewhere(settings: ControllerSettings) -> Fallback:
+    """With no gateway in this process, an inference route asked of the controller is a 404
+    saying where inference is served, rather than a bare "Not Found"."""
+    inference = frozenset(r.path for r in GATEWAY_ROUTES if r.tag == "inference")
+    g = settings.gateway
+    where = (
+        f"the fleet's data plane is Envoy (gateway.data_plane: envoy): send it to Envoy's listener "
+        f"(port {g.envoy.listen_port} in the bootstrap the controller writes)"
+        if g.data_plane == "envoy"
+        else "send it to the fleet's gateway (the rl-gateway replicas' URL)"
+    )
+
+    async def fallback(request: web.Request) -> web.StreamResponse | None:
+        if request.path not in inference:
+            return None
+        raise NotFoundError(
+            f"{request.method} {request.path} is an inference route, and no gateway runs in this "
+            f"controller's process: {where}"
+        )
+
+    return fallback
 
 
 def unknown_fleet_middleware(names: list[str]) -> Middleware:

@@ -27,7 +27,9 @@ DESCRIPTION = (
     "that have no fleet meaning answer 501 `not_supported` saying why. Errors "
     'are `{"error": {"code", "message", "field"?}}`; bad input is answered before any worker is '
     "called. Mutating routes need the token (Bearer, or Basic with the token as the password); with "
-    "`api.auth_reads` reads do too, except `/healthz`, `/readyz`, `/health` and this document."
+    "`api.auth_reads` reads do too, except `/healthz`, `/readyz`, `/health` and this document. "
+    "With the gateway in the controller's process, this port also answers the gateway's inference routes "
+    "(the gateway's own document), through the weight-version fence: one URL serves the whole fleet."
 )
 
 

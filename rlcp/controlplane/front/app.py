@@ -6,6 +6,10 @@
   selector's parsing (a 422 naming it) and filter are the core's, in one place.
 - `GET /healthz`: 200 while the core answered a state read within `stale_s` (a hung core is
   a dead controller, and the probe must not queue behind it to find out).
+- the gateway's inference routes (one URL, docs/controller.md): proxied to the core, which
+  hands them to its gateway, with the answer streamed back as it comes (server-sent events
+  included). The front does not check the admin token on them: the gateway's own token rule
+  applies, in the core.
 - everything else: proxied to the core as it came (method, path, query, headers, body) and
   answered as the core answered it. A write is followed by a fresh state read before its
   answer goes back. The token is checked here as in the core, so a request
@@ -19,9 +23,11 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from multidict import CIMultiDict
 
 from rlcp.controlplane.api.openapi import ROUTES
+from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.cached import cached_response
@@ -32,6 +38,8 @@ from rlcp.core.openapi import open_paths
 from rlcp.core.tracing import outgoing_headers
 
 _OPEN_PATHS = open_paths(ROUTES)
+# The gateway's inference routes the controller does not serve itself (`/v1/models` it does).
+_INFERENCE = frozenset(r.path for r in GATEWAY_ROUTES if r.tag == "inference") - {r.path for r in ROUTES}
 _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _HOP_OUT = HOP_BY_HOP | {"date", "server"}  # the answer's Date and Server are this process's
 
@@ -72,7 +80,13 @@ def build_front(
         handler_args=BODY_HANDLER_ARGS,
         middlewares=[
             make_error_middleware(settings.api.max_body_bytes),
-            make_auth_middleware(token, auth_reads=settings.api.auth_reads, open_paths=_OPEN_PATHS),
+            inference_middleware,
+            make_auth_middleware(
+                token,
+                auth_reads=settings.api.auth_reads,
+                open_paths=_OPEN_PATHS,
+                allow_anonymous=settings.api.allow_anonymous,
+            ),
         ],
     )
     app[REPLICA], app[CORE] = replica, core
@@ -103,14 +117,61 @@ def build_front(
     return app
 
 
-async def forward(request: web.Request) -> web.Response:
-    core, replica = request.app[CORE], request.app[REPLICA]
-    data = await request.read()
+@web.middleware
+async def inference_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An inference route goes to the core (and its gateway) past the admin token check."""
+    if request.path in _INFERENCE:
+        return await stream(request)
+    return await handler(request)
+
+
+def _outgoing(request: web.Request) -> CIMultiDict[str]:
     headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP)
     # The id and trace this front gave the call (its own when the client sent none), so the
     # core's log lines and its worker calls carry the ones the client was answered with.
     for name, value in outgoing_headers().items():
         headers[name] = value
+    return headers
+
+
+async def stream(request: web.Request) -> web.StreamResponse:
+    """An inference request, its answer passed on chunk by chunk as the core sends it."""
+    core = request.app[CORE]
+    data = await request.read()
+    what = f"{request.method} {request.path}"
+    answer: web.StreamResponse | None = None
+    try:
+        async with asyncio.timeout(core.timeout_s):
+            async with core.session.request(
+                request.method,
+                core.url + request.path_qs,
+                data=data or None,
+                headers=_outgoing(request),
+                allow_redirects=False,
+            ) as resp:
+                answer = web.StreamResponse(
+                    status=resp.status,
+                    headers=CIMultiDict((k, v) for k, v in resp.headers.items() if k.lower() not in _HOP_OUT),
+                )
+                await answer.prepare(request)
+                async for chunk in resp.content.iter_any():
+                    await answer.write(chunk)
+                await answer.write_eof()
+                return answer
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        if answer is not None:  # mid-answer: no status left to send; the cut connection says it
+            if request.transport is not None:
+                request.transport.close()
+            return answer
+        if isinstance(exc, aiohttp.ClientError):
+            raise CoreUnavailable(f"the controller core did not answer {what}: {type(exc).__name__}: {exc}") from exc
+        raise CoreTimeout(f"the controller core did not answer {what} within {core.timeout_s:g}s") from exc
+
+
+async def forward(request: web.Request) -> web.Response:
+    core, replica = request.app[CORE], request.app[REPLICA]
+    data = await request.read()
+    headers = _outgoing(request)
     what = f"{request.method} {request.path}"
     try:
         async with asyncio.timeout(core.timeout_s):

@@ -2,7 +2,8 @@
 controller's state, for scaling rollouts out over several replicas behind one Service.
 
 It reads the same settings as the controller (`--config`, `RLCP_*`), of which it uses the
-`gateway` section; `gateway.follow_url` names the controller to follow.
+`gateway` section; `gateway.follow_url` names the controller to follow, and the one every
+request the gateway does not route is forwarded to (its admin API: one URL, `admin.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import structlog
 
+    from rlcp.controlplane.gateway.admin import ControllerLink, forward_to_controller
     from rlcp.controlplane.gateway.app import new_session, start_site
     from rlcp.controlplane.gateway.fleets import FleetRoute, ModelRoutes
     from rlcp.controlplane.gateway.follow import FollowedState
@@ -72,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
                 admin_token=token,
                 fleets=ModelRoutes(default, named) if named else None,
             )
-            runner = await start_site(gateway)
+            link = ControllerLink(
+                url=g.follow_url or "",
+                session=session,
+                timeout_s=g.controller_timeout_s,
+                connect_timeout_s=g.controller_connect_timeout_s,
+            )
+            runner = await start_site(gateway, controller=forward_to_controller(link))
             frozen = settle()  # startup's heap, out of the collector's sight (rlcp/core/heap.py)
             structlog.get_logger("rlcp.controlplane.gateway").info(
                 "gateway_serving",

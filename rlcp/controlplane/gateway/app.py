@@ -10,6 +10,11 @@ their types, and the policy headers (`X-RL-Max-Staleness`,
 token unless `gateway.token` is set; then the controller's admin token is accepted too
 (`gateway.accept_admin_token`), as trainers send one API key to both URLs.
 
+One URL (docs/gateway.md): a request the gateway has no route for is the controller's --
+its native API and the vLLM-shaped facade (`rlcp.core.handover`). In the controller's process
+it runs through the controller's application directly (`peer`); a standalone gateway forwards
+it to the controller it follows (`admin.py`). The controller authorizes it, not the gateway.
+
 A session key pins a rollout's turns to one worker (its prefix cache): the affinity header,
 else `X-Session-ID` (what verifiers' clients send, the rollout's trace id), else the body's
 `user`. Not `cache_salt`: prime-rl sets it to the policy version, the same for every
@@ -32,6 +37,7 @@ from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
 from rlcp.controlplane.settings import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
+from rlcp.core.handover import PEER, Fallback, Peer, make_handover_middleware
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
 from rlcp.core.wire.agent import ProbeAnswer
@@ -206,7 +212,8 @@ DESCRIPTION = (
     "to a member inside the weight-version fence. Answers are the worker's, plus `X-RL-Worker` and "
     "`X-RL-Weight-Version`. While nothing can serve, requests are held up to the hold deadline, then "
     "answered 503 with `Retry-After`. Per request: `X-RL-Max-Staleness` (versions before the desired "
-    "one that may serve) and `X-RL-Hold-Timeout` (seconds)."
+    "one that may serve) and `X-RL-Hold-Timeout` (seconds). This port also answers every route of the "
+    "controller's API (its own document), authorized by the controller: one URL serves the whole fleet."
 )
 
 
@@ -214,10 +221,17 @@ def gateway_document(*, secured: bool) -> dict[str, Any]:
     return build_document(ROUTES, title="rl-controlplane gateway", description=DESCRIPTION, auth_reads=secured)
 
 
-def build_gateway_app(gateway: Gateway) -> web.Application:
+def build_gateway_app(
+    gateway: Gateway, *, peer: Peer | None = None, controller: Fallback | None = None
+) -> web.Application:
+    """`peer`: the controller's application, in this process; `controller`: how a standalone
+    gateway forwards what it does not route (`admin.forward_to_controller`). Neither: a 404."""
     settings = gateway.settings
     token = settings.resolved_token()
-    middlewares: list[Any] = [make_error_middleware(settings.max_body_bytes)]
+    middlewares: list[Any] = [
+        make_error_middleware(settings.max_body_bytes),
+        make_handover_middleware(fallback=controller),
+    ]
     if token:
         middlewares.append(
             make_auth_middleware(
@@ -229,15 +243,20 @@ def build_gateway_app(gateway: Gateway) -> web.Application:
     )
     app[GATEWAY] = gateway
     app[MODELS] = ServedModels()
+    if peer is not None:
+        app[PEER] = peer
     api.register(app)
     serve_document(app, gateway_document(secured=bool(token)))
     return app
 
 
-async def start_site(gateway: Gateway) -> web.AppRunner:
+async def start_site(
+    gateway: Gateway, *, peer: Peer | None = None, controller: Fallback | None = None
+) -> web.AppRunner:
     """Serve the gateway on its own port; a client that goes away cancels its handler."""
     s = gateway.settings
-    runner = web.AppRunner(build_gateway_app(gateway), handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+    app = build_gateway_app(gateway, peer=peer, controller=controller)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, s.host, s.port, backlog=1024, reuse_address=True)
     await site.start()

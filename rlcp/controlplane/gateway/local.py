@@ -16,6 +16,7 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
 from rlcp.controlplane.settings import GatewaySettings
+from rlcp.core.handover import Peer
 from rlcp.core.wire.controller import FleetState
 
 
@@ -30,8 +31,15 @@ class ControllerState:
 
 
 async def start_local_gateway(
-    fleets: Fleets, settings: GatewaySettings, session: aiohttp.ClientSession, *, admin_token: str | None = None
+    fleets: Fleets,
+    settings: GatewaySettings,
+    session: aiohttp.ClientSession,
+    *,
+    admin_token: str | None = None,
+    controller: Peer | None = None,
 ) -> tuple[Gateway, web.AppRunner]:
+    """The gateway on its own port; `controller`, the controller's application, answers what
+    the gateway does not route (one URL)."""
     every = {ctl.fleet: FleetRoute(ctl.fleet, Router(ControllerState(ctl))) for ctl in fleets}
     default, named = every[fleets.default.fleet], [every[name] for name in fleets.named]
     gateway = Gateway(
@@ -42,7 +50,7 @@ async def start_local_gateway(
         admin_token=admin_token,
         fleets=ModelRoutes(default, named) if named else None,
     )
-    runner = await start_site(gateway)
+    runner = await start_site(gateway, peer=controller)
     for ctl in fleets:
         ctl.gateway_view = partial(gateway.view, every[ctl.fleet].router)
 
