@@ -8,7 +8,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from rlcp.harness.controller import AUTH
+from rlcp.harness.controller import AUTH, start_controller
+from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.controller.fleets import FleetShape
 
@@ -119,3 +120,120 @@ async def test_a_start_body_the_fleet_cannot_honour_is_refused_before_any_worker
     status, body = await ctl.call("POST", "/start_weight_update", start_body)
     assert (status, body["error"]["field"]) == (422, field), body
     assert [a.touched for a in agents] == touched
+
+
+# -- GET /server_info -------------------------------------------------------------------------
+async def _fleet(tmp_path, *overrides: dict):
+    agents = [
+        await SimAgent(f"w{i}", [tmp_path], engine_kwargs={"config_overrides": o}).start()
+        for i, o in enumerate(overrides)
+    ]
+    ctl = await start_controller(tmp_path, agents)
+    await wait_for(lambda: all(r.reachable for r in ctl.ctl.members()), what="every member reachable")
+    return ctl, agents
+
+
+async def _close(ctl, agents) -> None:
+    await ctl.client.close()
+    for a in agents:
+        await a.stop()
+
+
+async def test_server_info_is_the_common_config_with_the_keys_trl_reads(sim_fleet):
+    ctl, agents = sim_fleet
+    status, body = await ctl.call("GET", "/server_info?config_format=json", headers={})  # TRL sends no token
+    assert status == 200, body
+    config = body["vllm_config"]
+    # What TRL reads, as each of its clients reads it.
+    assert config["model_config"]["dtype"] == "torch.float32"
+    assert config["model_config"]["logprobs_mode"] == "raw_logprobs"
+    assert config["weight_transfer_config"] == {"backend": "gloo"}
+    assert config["lora_config"]["max_loras"] == 4 and config["lora_config"]["max_lora_rank"] == 16
+    assert config["parallel_config"]["data_parallel_size"] == 1
+    assert (body["vllm_env"], body["system_env"]) == ({}, {})
+    assert body["fleet"]["members"] == ["w0", "w1"] and body["fleet"]["unread"] == {} == body["fleet"]["differing"]
+    assert "reaches every member" in body["fleet"]["data_parallel"]
+    # vLLM's default is its text form.
+    status, body = await ctl.call("GET", "/server_info", headers={})
+    assert status == 200 and isinstance(body["vllm_config"], str)
+    assert body["vllm_config"].startswith("model='sim', ") and "data_parallel_size=1," in body["vllm_config"]
+    assert "dtype=torch.float32" in body["vllm_config"]
+    status, body = await ctl.call("GET", "/server_info?config_format=yaml", headers={})
+    assert status == 422 and body["error"]["field"] == "config_format"
+
+
+async def test_agent_serves_its_own_server_info(sim_fleet):
+    ctl, agents = sim_fleet
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{agents[0].url}/server_info", params={"config_format": "json"}) as resp:
+            assert resp.status == 200
+            body = await resp.json()
+    assert body["vllm_config"]["model_config"]["model"] == "sim"
+    assert set(body) == {"vllm_config", "vllm_env", "system_env"}
+
+
+async def test_server_info_says_what_differs_between_members(tmp_path):
+    ctl, agents = await _fleet(
+        tmp_path,
+        {},
+        {"model_config": {"dtype": "torch.bfloat16"}, "lora_config": {"max_loras": 2}},
+        {"lora_config": None, "parallel_config": {"data_parallel_size": 2}},
+    )
+    try:
+        status, body = await ctl.call("GET", "/server_info?config_format=json", headers={})
+        assert status == 200, body
+        config, differing = body["vllm_config"], body["fleet"]["differing"]
+        assert config["model_config"]["dtype"] is None
+        assert differing["model_config.dtype"] == {"w0": "torch.float32", "w1": "torch.bfloat16", "w2": "torch.float32"}
+        # One member without LoRA: the fleet cannot load an adapter on every member.
+        assert config["lora_config"] is None and differing["lora_config"]["w2"] is None
+        # A member that runs data parallel itself: a load through it reaches one of its replicas.
+        assert config["parallel_config"]["data_parallel_size"] == 2
+        assert differing["parallel_config.data_parallel_size"] == {"w0": 1, "w1": 1, "w2": 2}
+        assert config["model_config"]["logprobs_mode"] == "raw_logprobs"  # alike: no entry
+        assert "model_config.logprobs_mode" not in differing
+    finally:
+        await _close(ctl, agents)
+
+
+async def test_server_info_takes_the_smallest_capacity_and_names_a_member_it_cannot_read(tmp_path):
+    ctl, agents = await _fleet(tmp_path, {}, {"lora_config": {"max_loras": 6, "max_lora_rank": 8}})
+    try:
+        status, body = await ctl.call("GET", "/server_info?config_format=json", headers={})
+        assert status == 200, body
+        assert body["vllm_config"]["lora_config"]["max_loras"] == 4
+        assert body["vllm_config"]["lora_config"]["max_lora_rank"] == 8
+        assert body["fleet"]["differing"]["lora_config.max_loras"] == {"w0": 4, "w1": 6}
+        await agents[1].stop()
+        await wait_for(lambda: not ctl.ctl.registry.get("w1").reachable, 10, "w1 to be seen unreachable")
+        status, body = await ctl.call("GET", "/server_info?config_format=json", headers={})
+        assert status == 200 and body["fleet"]["members"] == ["w0"] and body["fleet"]["unread"] == {"w1": "unreachable"}
+        await agents[0].stop()
+        await wait_for(lambda: not ctl.ctl.registry.get("w0").reachable, 10, "w0 to be seen unreachable")
+        status, body = await ctl.call("GET", "/server_info", headers={})
+        assert status == 503 and "w0: unreachable" in body["error"]["message"], body
+        await agents[0].start()
+        await agents[1].start()
+    finally:
+        await _close(ctl, agents)
+
+
+def test_merge_is_key_by_key_and_data_parallel_is_the_largest_members_own():
+    from rlcp.controlplane.fleet.server_config import merge_configs
+
+    merged = merge_configs(
+        {
+            "b": {"parallel_config": {"tensor_parallel_size": 2}, "x": [1, 2], "only_b": 1},
+            "a": {"parallel_config": {"tensor_parallel_size": 1, "data_parallel_size": 1}, "x": [1, 2]},
+        }
+    )
+    assert merged.common == {
+        "parallel_config": {"tensor_parallel_size": None, "data_parallel_size": 1},
+        "x": [1, 2],
+        "only_b": None,
+    }
+    assert merged.differing == {
+        "parallel_config.tensor_parallel_size": {"a": 1, "b": 2},
+        "parallel_config.data_parallel_size": {"a": 1},
+        "only_b": {"b": 1},
+    }
