@@ -122,6 +122,7 @@ def _meanings(ckpt: Path) -> dict[tuple[str, str], tuple[str, Any, int, Any]]:
         ),
         ("GET", "/weight_info"): ("/weight_info", None, 200, {"weight_version": "named"}),
         ("GET", "/get_world_size"): ("/get_world_size", None, 200, {"world_size": 2}),
+        ("GET", "/server_info"): ("/server_info?config_format=json", None, 200, None),
         # The broadcast's steps: init needs the trainer's group; without one, start is the 409 that says so.
         ("POST", "/init_weight_transfer_engine"): ("/init_weight_transfer_engine", {}, 422, None),
         ("POST", "/start_weight_update"): ("/start_weight_update", None, 409, None),

@@ -65,6 +65,7 @@ from rlcp.core.wire.agent import (
     WorldSizeQuery,
     lora_checksum_key,
 )
+from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery
 
 SERVICE = web.AppKey("service", AgentService)
 api = RouteTable()
@@ -278,6 +279,21 @@ async def weight_info(request: web.Request) -> web.Response:
 async def get_world_size(request: web.Request) -> web.Response:
     query = validate(WorldSizeQuery, dict(request.query))
     return json_response({"world_size": _service(request).engine.world_size(query.include_dp)})
+
+
+@api.get(
+    "/server_info",
+    "The engine's resolved configuration, as vLLM's dev route answers it: `vllm_config` a JSON tree "
+    "(`?config_format=json`) or vLLM's text form (the default). `vllm_env` and `system_env` are "
+    "left empty: the engine host's environment is not the admin API's to publish.",
+    query=ServerInfoQuery,
+    ok=ServerInfoAnswer,
+    tag=_VLLM,
+)
+async def server_info(request: web.Request) -> web.Response:
+    query = validate(ServerInfoQuery, dict(request.query))
+    config = _service(request).engine.server_config(query.config_format)
+    return json_response({"vllm_config": config, "vllm_env": {}, "system_env": {}})
 
 
 @api.post(

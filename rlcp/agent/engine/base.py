@@ -1,7 +1,8 @@
 """The engine seam: what the agent needs from an inference engine, one capability at a time.
 
     InferenceServing    every engine: its kind and model, alive or not, started and stopped,
-                        the version its inference port admits, request counts, world size
+                        the version its inference port admits, request counts, world size,
+                        its resolved configuration (vLLM's `/server_info`)
     GenerationControl   pause (abort | wait | keep), resume, is_paused, abort requests
     PrefixCache         drop cached KV blocks
     VersionedWeights    name the weights, checksum them, reset the checker (a PrefixCache)
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rlcp.core.wire.agent import PauseMode, RequestCounts
+from rlcp.core.wire.server_info import ConfigFormat
 
 # The engines there are. `AgentSettings.engine.kind` is one; `engine/factory.py` builds each.
 EngineKind = Literal["vllm", "sim"]
@@ -65,6 +67,10 @@ class InferenceServing(Protocol):
         """running / waiting now; frozen = held by a keep-mode pause."""
 
     def world_size(self, include_dp: bool = True) -> int: ...
+
+    def server_config(self, config_format: ConfigFormat) -> dict[str, Any] | str:
+        """The engine's resolved configuration as vLLM's `/server_info` gives it under
+        `vllm_config` (`rlcp/core/wire/server_info.py`): a JSON tree, or its text form."""
 
 
 @runtime_checkable

@@ -33,15 +33,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import hashlib
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from rlcp.agent.engine.base import EngineError, EngineKind, TransferInfo
+from rlcp.agent.engine.sim_config import merged, sim_vllm_config
 from rlcp.core.wire.agent import PauseMode, RequestCounts, lora_checksum_key
+from rlcp.core.wire.server_info import ConfigFormat, config_text
 
 FinishReason = Literal["length", "abort"]
 _Scheduling = Literal["run", "paused_new", "paused_all"]  # vLLM's PauseState
@@ -154,11 +157,13 @@ class SimEngine:
         max_running: int = 8,
         initial_weight_version: str | None = "default",
         load_latency_s: float = 0.0,
+        config_overrides: dict[str, Any] | None = None,
     ) -> None:
         self._model_name = model_name
         self._world_size = world_size
         self._op_latency_s = op_latency_s
         self._load_latency_s = load_latency_s  # a disk load's own time, over every primitive's
+        self._config = merged(sim_vllm_config(model_name, world_size, max_running), config_overrides or {})
         self._token_interval_s = token_interval_s
         self._max_running = max_running
         self._version = initial_weight_version
@@ -451,6 +456,9 @@ class SimEngine:
 
     def world_size(self, include_dp: bool = True) -> int:
         return self._world_size
+
+    def server_config(self, config_format: ConfigFormat) -> dict[str, Any] | str:
+        return copy.deepcopy(self._config) if config_format == "json" else config_text(self._config)
 
     # -- LoRA ------------------------------------------------------------------------------
     async def add_lora(self, name: str, adapter_id: int, path: Path, *, replace: bool) -> None:

@@ -41,6 +41,7 @@ from rlcp.agent.engine.vllm_worker import (
 )
 from rlcp.agent.settings import EngineSettings, InferenceSettings
 from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, PauseMode, RequestCounts, lora_checksum_key
+from rlcp.core.wire.server_info import ConfigFormat
 
 log = structlog.get_logger("rlcp.agent.engine.vllm")
 _WORKER_EXTENSION = f"{AdapterChecksumsExtension.__module__}.{AdapterChecksumsExtension.__qualname__}"
@@ -334,6 +335,18 @@ class VllmEngine:
     def world_size(self, include_dp: bool = True) -> int:
         parallel = self._llm.vllm_config.parallel_config
         return int(parallel.world_size_across_dp if include_dp else parallel.world_size)
+
+    def server_config(self, config_format: ConfigFormat) -> dict[str, Any] | str:
+        """What vLLM's own `/server_info` answers under `vllm_config`, from the same code."""
+        config = self._llm.vllm_config
+        if config_format == "text":
+            return str(config)
+        from pydantic import TypeAdapter
+        from vllm.config import VllmConfig
+
+        # fallback=str: torch.dtype and the like become strings, as vLLM's route makes them.
+        dumped: dict[str, Any] = TypeAdapter(VllmConfig).dump_python(config, mode="json", fallback=str)
+        return dumped
 
     # -- LoRA -----------------------------------------------------------------------
     async def add_lora(self, name: str, adapter_id: int, path: Path, *, replace: bool) -> None:

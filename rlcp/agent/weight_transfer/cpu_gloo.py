@@ -15,6 +15,17 @@ As with `nccl`: the trainer is rank 0 and hosts the rendezvous; each inference w
 at `rank_offset` + its global worker rank; init blocks until all `world_size` ranks have
 joined, or fails after `timeout_s`. An update chunk names the tensors (names, dtypes,
 shapes) and the trainer broadcasts them in that order, small ones packed into buffers.
+
+`init_info` takes `nccl`'s wire keys too, with the same meaning, so a client written for
+`nccl` (TRL sends `packed: true`) joins unchanged. In `nccl`, `packed` chooses the byte layout
+of the broadcasts: false, one broadcast per tensor; true, tensors packed into buffers of
+`packed_buffer_size_bytes`, `packed_num_buffers` of them in flight. Here the same: false sends
+each tensor alone (a buffer size of one byte, below which no tensor fits), true packs them as
+this module always has. `packed_buffer_size_bytes` is `nccl`'s name for `buffer_size_bytes`
+(give one), and `packed_num_buffers` the broadcasts in flight per side, which does not change
+the layout. Both sides cut the same layout because the trainer ships its own values to the
+workers (`GlooTrainerWeightTransferEngine.trainer_init`), as `nccl`'s trainer does; a gloo
+layout is not `nccl`'s, so only a gloo trainer sends to a gloo worker.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from functools import partial
 from itertools import chain
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -48,8 +59,11 @@ DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_BUFFER_SIZE_BYTES = 4 * 1024 * 1024
 # Packed tensors start at aligned offsets so the receiver can view them in place.
 _ALIGN_BYTES = 64
-# Broadcasts in flight per side: the next buffer moves while the last one is loaded.
-_IN_FLIGHT = 2
+# Broadcasts in flight per side: the next buffer moves while the last one is loaded (`nccl`'s
+# `packed_num_buffers`, whose default is also 2).
+DEFAULT_IN_FLIGHT = 2
+# An unpacked transfer: every tensor of one byte or more is at least this size, so travels alone.
+_UNPACKED_LIMIT = 1
 
 
 @dataclass(kw_only=True)
@@ -61,13 +75,47 @@ class GlooWeightTransferInitInfo(WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     timeout_s: float = DEFAULT_TIMEOUT_S
-    buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES
+    buffer_size_bytes: int | None = None
+    # `nccl`'s wire keys (module docstring).
+    packed: bool = True
+    packed_buffer_size_bytes: int | None = None
+    packed_num_buffers: int = DEFAULT_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if not 0 < self.rank_offset < self.world_size:
             raise ValueError(f"rank_offset must be in [1, world_size); got {self.rank_offset}, {self.world_size}")
-        if self.timeout_s <= 0 or self.buffer_size_bytes <= 0:
-            raise ValueError("timeout_s and buffer_size_bytes must be positive")
+        _check_wire(self)
+
+
+class _Wire(Protocol):
+    """The wire parameters both init infos carry."""
+
+    timeout_s: float
+    buffer_size_bytes: int | None
+    packed: bool
+    packed_buffer_size_bytes: int | None
+    packed_num_buffers: int
+
+
+def _check_wire(info: _Wire) -> None:
+    if not isinstance(info.packed, bool):
+        raise ValueError(f"packed must be true or false; got {info.packed!r}")
+    if info.buffer_size_bytes is not None and info.packed_buffer_size_bytes is not None:
+        raise ValueError("give buffer_size_bytes or packed_buffer_size_bytes (nccl's name for it), not both")
+    size = _buffer_size(info)
+    if info.timeout_s <= 0 or size <= 0 or info.packed_num_buffers <= 0:
+        raise ValueError("timeout_s, the buffer size and packed_num_buffers must be positive")
+
+
+def _buffer_size(info: _Wire) -> int:
+    given = info.buffer_size_bytes if info.buffer_size_bytes is not None else info.packed_buffer_size_bytes
+    return DEFAULT_BUFFER_SIZE_BYTES if given is None else given
+
+
+def wire_limit(info: _Wire) -> int:
+    """The byte size at which a tensor travels alone (`plan_buffers`): the buffer size when
+    packed, one byte (every tensor alone) when not."""
+    return _buffer_size(info) if info.packed else _UNPACKED_LIMIT
 
 
 @dataclass
@@ -80,7 +128,13 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     master_port: int
     world_size: int
     timeout_s: float = DEFAULT_TIMEOUT_S
-    buffer_size_bytes: int = DEFAULT_BUFFER_SIZE_BYTES
+    buffer_size_bytes: int | None = None
+    packed: bool = True
+    packed_buffer_size_bytes: int | None = None
+    packed_num_buffers: int = DEFAULT_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        _check_wire(self)
 
 
 @dataclass
@@ -186,7 +240,9 @@ def _hold(*_kept: object) -> None:
     """A step's `done` that only keeps its buffers alive until they have been sent."""
 
 
-def _pipelined(group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[], None]]]) -> None:
+def _pipelined(
+    group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[], None]]], in_flight: int = DEFAULT_IN_FLIGHT
+) -> None:
     """Broadcast each step's wire buffer, running its `done` once it has moved; the next
     buffers are already on the wire meanwhile. An empty buffer is skipped on every rank."""
     pending: deque[tuple[Any, Callable[[], None]]] = deque()
@@ -194,7 +250,7 @@ def _pipelined(group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[]
         if step is not None:
             wire, done = step
             pending.append((group.broadcast(wire) if wire.numel() else None, done))
-        while pending and (step is None or len(pending) >= _IN_FLIGHT):
+        while pending and (step is None or len(pending) >= in_flight):
             work, done = pending.popleft()
             if work is not None:
                 work.wait()
@@ -202,7 +258,11 @@ def _pipelined(group: GlooGroup, steps: Iterator[tuple[torch.Tensor, Callable[[]
 
 
 def send_tensors(
-    group: GlooGroup, pairs: Iterator[tuple[str, torch.Tensor]], metas: list[ParamMeta], limit: int
+    group: GlooGroup,
+    pairs: Iterator[tuple[str, torch.Tensor]],
+    metas: list[ParamMeta],
+    limit: int,
+    in_flight: int = DEFAULT_IN_FLIGHT,
 ) -> None:
     """Rank 0: broadcast `pairs`, which must match `metas` (what the workers were told)."""
 
@@ -217,7 +277,7 @@ def send_tensors(
                     wire[offset : offset + _nbytes(meta)].copy_(_as_bytes(tensor))
             yield wire, partial(_hold, wire, tensors)
 
-    _pipelined(group, steps())
+    _pipelined(group, steps(), in_flight)
     if (extra := next(pairs, None)) is not None:
         raise ValueError(f"the weight source yields more than its metadata declares; first extra: {extra[0]!r}")
 
@@ -235,7 +295,11 @@ def _checked(pair: tuple[str, torch.Tensor] | None, meta: ParamMeta) -> torch.Te
 
 
 def receive_tensors(
-    group: GlooGroup, metas: list[ParamMeta], limit: int, load: Callable[[list[tuple[str, torch.Tensor]]], Any]
+    group: GlooGroup,
+    metas: list[ParamMeta],
+    limit: int,
+    load: Callable[[list[tuple[str, torch.Tensor]]], Any],
+    in_flight: int = DEFAULT_IN_FLIGHT,
 ) -> None:
     """A worker: receive the tensors `metas` names and hand them to `load` buffer by buffer,
     each freshly allocated (layerwise reloading may hold them until their layer is whole)."""
@@ -254,7 +318,7 @@ def receive_tensors(
                 ]
             yield wire, partial(load, pairs)
 
-    _pipelined(group, steps())
+    _pipelined(group, steps(), in_flight)
 
 
 # -- engine side (runs in vLLM's worker) ---------------------------------------------------
@@ -264,13 +328,14 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
     init_info_cls = GlooWeightTransferInitInfo
     update_info_cls = GlooWeightTransferUpdateInfo
     _group: GlooGroup | None = None  # set by init_transfer_engine
-    _buffer_size_bytes = DEFAULT_BUFFER_SIZE_BYTES
+    _limit = DEFAULT_BUFFER_SIZE_BYTES  # set by init_transfer_engine, as the trainer's
+    _in_flight = DEFAULT_IN_FLIGHT
 
     def init_transfer_engine(self, init_info: GlooWeightTransferInitInfo) -> None:
         self.shutdown()  # a trainer that restarts joins a fresh group
         parallel = self.parallel_config
         worker_rank = parallel.data_parallel_index * parallel.world_size + parallel.rank
-        self._buffer_size_bytes = init_info.buffer_size_bytes
+        self._limit, self._in_flight = wire_limit(init_info), init_info.packed_num_buffers
         self._group = GlooGroup(
             master_address=init_info.master_address,
             master_port=init_info.master_port,
@@ -305,7 +370,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooWeightTransferInitInfo, 
         if self._group is None:
             raise RuntimeError("gloo weight transfer is not initialized: call init_weight_transfer_engine first")
         with disable_mtp_completeness_check():
-            receive_tensors(self._group, update_info.metadata(), self._buffer_size_bytes, self.model.load_weights)
+            receive_tensors(self._group, update_info.metadata(), self._limit, self.model.load_weights, self._in_flight)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -324,7 +389,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 
     init_info_cls = GlooTrainerInitInfo
     group: GlooGroup | None = None  # set by trainer_init on the sender
-    buffer_size_bytes = DEFAULT_BUFFER_SIZE_BYTES
+    limit = DEFAULT_BUFFER_SIZE_BYTES  # the layout's cut (`wire_limit`), shipped to the workers at init
+    in_flight = DEFAULT_IN_FLIGHT
 
     @classmethod
     def trainer_init(
@@ -333,7 +399,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         if source is None:
             raise ValueError("gloo trainer weight transfer requires a WeightSource")
         engine = cls(client=client, source=source, is_sender=init_info.is_sender)
-        engine.buffer_size_bytes = init_info.buffer_size_bytes
+        engine.limit, engine.in_flight = wire_limit(init_info), init_info.packed_num_buffers
         if not engine.is_sender:
             return engine
         worker_info = GlooWeightTransferInitInfo(
@@ -343,6 +409,9 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             world_size=init_info.world_size,
             timeout_s=init_info.timeout_s,
             buffer_size_bytes=init_info.buffer_size_bytes,
+            packed=init_info.packed,
+            packed_buffer_size_bytes=init_info.packed_buffer_size_bytes,
+            packed_num_buffers=init_info.packed_num_buffers,
         )
         # Workers and rank 0 each block in init until the others join: call them beside it.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gloo-init") as exe:
@@ -371,7 +440,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         try:
             # The workers receive inside update_weights, so the call runs beside the broadcast.
             future = exe.submit(self.client.update_weights, asdict(GlooWeightTransferUpdateInfo.from_metadata(meta)))
-            send_tensors(self.group, iter(self.source), meta, self.buffer_size_bytes)
+            send_tensors(self.group, iter(self.source), meta, self.limit, self.in_flight)
             future.result()
         finally:
             # Never join a worker call stuck in a broadcast that failed on this side: the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from rlcp.controlplane.workerspec import Flavor
 from rlcp.core.wire.controller import OperationResult, TransferGroupView
@@ -68,6 +68,28 @@ class DiskWeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     weight_dir: str = Field(min_length=1, description="Safetensors directory every worker can read.")
     weight_version: VersionName | None = Field(None, description="Defaults to the directory's name.")
+
+
+class StartWeightUpdateRequest(BaseModel):
+    """`POST /start_weight_update`: vLLM 0.32's route reads no body; TRL's async client sends
+    `{"is_checkpoint_format": true}`, the key older vLLM releases (and vLLM's own
+    `reload_weights` RPC) take."""
+
+    model_config = ConfigDict(extra="forbid")
+    is_checkpoint_format: StrictBool = Field(
+        True,
+        description="The chunks carry checkpoint-format tensors, loaded through the model's own weight "
+        "loader: the only kind the fleet's members take (false: 422, before any worker is touched).",
+    )
+
+
+class FinishWeightUpdateAnswer(BaseModel):
+    """vLLM's answer, and the version the weights now carry on every member."""
+
+    message: str
+    weight_version: str = Field(
+        description="The version named in the request, or the one the controller minted (`broadcast-<n>`)."
+    )
 
 
 class UnloadLoraAdapterRequest(BaseModel):

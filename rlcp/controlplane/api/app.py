@@ -26,12 +26,13 @@ from __future__ import annotations
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from rlcp.controlplane.api import facade, facade_rpc, fleets, routes, unsupported
+from rlcp.controlplane.api import facade, facade_info, facade_rpc, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
+from rlcp.controlplane.fleet.server_config import ServerConfigs
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.settings import ControllerSettings, fleet_path
 from rlcp.core.body import BODY_HANDLER_ARGS
@@ -85,8 +86,10 @@ def serve_fleet_routes(app: web.Application) -> None:
     routes.api.register(app)
     facade.api.register(app)
     facade_rpc.api.register(app)
+    facade_info.api.register(app)
     unsupported.api.register(app)
     app[facade.SERVED_MODELS] = ServedModels()
+    app[facade_info.SERVER_CONFIGS] = ServerConfigs()
 
 
 def inference_elsewhere(settings: ControllerSettings) -> Fallback:

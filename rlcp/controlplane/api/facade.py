@@ -35,7 +35,9 @@ from aiohttp import web
 from rlcp.controlplane.api.answers import (
     DiskWeightsAnswer,
     DiskWeightsRequest,
+    FinishWeightUpdateAnswer,
     LoadLoraAdapterRequest,
+    StartWeightUpdateRequest,
     SuccessAnswer,
     UnloadLoraAdapterRequest,
 )
@@ -234,10 +236,22 @@ async def init_weight_transfer_engine(request: web.Request) -> web.Response:
 
 
 @fleet_call(
-    "POST", "/start_weight_update", "The broadcast start.", body=EmptyRequest, body_optional=True, ok=MessageAnswer
+    "POST",
+    "/start_weight_update",
+    "The broadcast start: pauses a fleet the trainer has not paused (finish resumes it). "
+    "`is_checkpoint_format: true` (TRL's async client) is accepted; vLLM 0.32 reads no body.",
+    body=StartWeightUpdateRequest,
+    body_optional=True,
+    ok=MessageAnswer,
 )
 async def start_weight_update(request: web.Request) -> web.Response:
-    await parse_body(request, EmptyRequest, allow_empty=True)
+    body = await parse_body(request, StartWeightUpdateRequest, allow_empty=True)
+    if not body.is_checkpoint_format:
+        raise ValidationFailedError(
+            "only checkpoint-format weights are loaded on the fleet (is_checkpoint_format: true): each member "
+            "loads the chunks through its model's own weight loader",
+            field="is_checkpoint_format",
+        )
     result = await request.config_dict[CONTROLLER].transfer.start()
     return _vllm_answer(result, {"message": "Weight update started"})
 
@@ -245,16 +259,18 @@ async def start_weight_update(request: web.Request) -> web.Response:
 @fleet_call(
     "POST",
     "/finish_weight_update",
-    "The broadcast finish.",
+    "The broadcast finish: every member takes the new weights under `weight_version`, or, with "
+    "none named (TRL names none), under a version the controller mints (`broadcast-<n>`), named in the "
+    "answer; a fleet the start paused serves again (no `/resume` needed).",
     body=TransferFinishRequest,
     body_optional=True,
-    ok=MessageAnswer,
+    ok=FinishWeightUpdateAnswer,
     errors=(403,),
 )
 async def finish_weight_update(request: web.Request) -> web.Response:
     body = await parse_body(request, TransferFinishRequest, allow_empty=True)
     result = await request.config_dict[CONTROLLER].transfer.finish(body)
-    return _vllm_answer(result, {"message": "Weight update finished"})
+    return _vllm_answer(result, {"message": "Weight update finished", "weight_version": result.detail.get("version")})
 
 
 @fleet_call(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcp.controlplane.api import facade, facade_rpc, fleets, routes, unsupported
+from rlcp.controlplane.api import facade, facade_info, facade_rpc, fleets, routes, unsupported
 from rlcp.core.openapi import Route, build_document, openapi_route
 
 # What each fleet serves (the default one at the root, a named one under /fleets/<name>/), and
@@ -17,6 +17,7 @@ FLEET_ROUTES: tuple[Route, ...] = (
     openapi_route(),
     *facade.api.declared,
     *facade_rpc.api.declared,
+    *facade_info.api.declared,
     *unsupported.api.declared,
 )
 ROUTES: tuple[Route, ...] = (*FLEET_ROUTES, *fleets.api.declared)

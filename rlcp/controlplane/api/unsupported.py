@@ -3,7 +3,7 @@
 meaning. Each answers 501 `not_supported`, naming the route, why, and what to call instead,
 so code written for one vLLM server stops with a reason rather than a bare 404.
 
-The routes that do have a fleet meaning are in `facade.py` and `facade_rpc.py`; together they
+The routes that do have a fleet meaning are in `facade.py`, `facade_rpc.py` and `facade_info.py`; together they
 cover every admin route of vLLM's (`tests/controller/test_facade.py` checks the list against
 vLLM's own routers when vLLM is installed; docs/controller.md has the table, route by route).
 """
@@ -49,7 +49,6 @@ REFUSED: tuple[tuple[str, str, str], ...] = (
     ("POST", "/release_kv_cache_memory", _RELEASE),
     ("POST", "/reset_mm_cache", _CACHES),
     ("POST", "/reset_encoder_cache", _CACHES),
-    ("GET", "/server_info", "one server's configuration is not the fleet's: GET /v1/rl/state and GET /v1/rl/workers"),
     (
         "POST",
         "/scale_elastic_ep",

@@ -53,6 +53,20 @@ def load_source(desired: DesiredState) -> dict[str, str] | None:
     return None
 
 
+MINTED_PREFIX = "broadcast-"
+
+
+def minted_version(desired: DesiredState) -> tuple[str, int]:
+    """The name the controller gives weights a broadcast finished without one, and the count it
+    makes: `broadcast-<n>`, n one past the names minted so far, skipping a name already applied
+    (an operator's own `broadcast-3`, say). Deterministic: the same desired state, the same name."""
+    n = desired.minted_versions + 1
+    taken = {*desired.applied_versions, desired.weight_version}
+    while f"{MINTED_PREFIX}{n}" in taken:
+        n += 1
+    return f"{MINTED_PREFIX}{n}", n
+
+
 class DesiredKeeper:
     def __init__(
         self, *, store: DesiredStore, changes: ChangeCounter, on_saved: Callable[[DesiredState], None] | None = None
@@ -87,11 +101,16 @@ class DesiredKeeper:
 
         await self._write(change)
 
-    async def set_broadcast_weights(self, version: str | None, checkpoint: Checkpoint | None) -> None:
-        """Weights every member received over a weight-transfer group (a version may be named later)."""
+    async def set_broadcast_weights(
+        self, version: str | None, checkpoint: Checkpoint | None, *, minted: int | None = None
+    ) -> None:
+        """Weights every member received over a weight-transfer group; `minted`: the controller
+        named them itself (`minted_version`), the count it made."""
 
         def change(d: DesiredState) -> None:
             d.weight_version, d.weight_source = version, BroadcastSource()
+            if minted is not None:
+                d.minted_versions = max(d.minted_versions, minted)
             if checkpoint is not None:
                 d.checkpoint = checkpoint
             _applied(d, version)

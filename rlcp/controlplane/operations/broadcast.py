@@ -13,8 +13,12 @@ Rules that keep a fleet from deadlocking or serving half-updated weights:
 - The group remembers the membership epoch and each worker's instance id at init. A
   change (a member added, removed, or restarted) makes start and update fail fast with
   409 `membership_changed`; the trainer re-initialises the group.
-- Start pauses a fleet the trainer has not paused (finish resumes it), and opens a
-  session: until finish, other operations get 409 and the reconciler stays away.
+- Start pauses a fleet the trainer has not paused (finish resumes it, so a trainer that
+  never pauses, as TRL's `GRPOTrainer`, never has to resume), and opens a session: until
+  finish, other operations get 409 and the reconciler stays away.
+- A finish that names no version gets one minted by the controller (`broadcast-<n>`,
+  `fleet/desired.py: minted_version`), sent to every worker with the finish, so the
+  applied version is never null after a successful update.
 - Any failure, or a trainer that goes quiet past `idle_timeout_s`, aborts the update:
   the surviving workers finish without a version (their engines leave the half-done
   reload intact and usable), those that received nothing resume, those that received
@@ -35,6 +39,7 @@ import structlog
 
 from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, MembershipChanged, NoMembers
 from rlcp.controlplane.fleet.changes import ChangeCounter
+from rlcp.controlplane.fleet.desired import minted_version
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.metrics import FailedStep
@@ -324,8 +329,14 @@ class WeightTransfer:
         self, update: _Update, req: TransferFinishRequest, checkpoint: Checkpoint | None
     ) -> OperationResult:
         ctx, run = self.ctx, update.run
-        version = req.weight_version
-        run.tracker.note(version=version, chunks=update.chunks)
+        # A finish that names no version (TRL's names none) gets one: the fleet's applied version,
+        # the fence and every answer's version header then say which weights serve.
+        minted: int | None = None
+        if req.weight_version is not None:
+            version = req.weight_version
+        else:
+            version, minted = minted_version(ctx.desired.state)
+        run.tracker.note(version=version, chunks=update.chunks, version_minted=minted is not None)
         finishing = Step(
             name="finish_weight_update",
             can=BROADCAST,
@@ -337,16 +348,14 @@ class WeightTransfer:
             await run.steps.run(finishing, update.records)
         except StepIncomplete as exc:
             return await self._abort(_ABORTED_BY[exc.step.name], finished=exc.done.ok)
-        # Every worker holds the new weights: they are the desired state now. Without a
-        # version nothing names them yet (the trainer may call update_weight_version).
-        await ctx.desired.set_broadcast_weights(version, checkpoint)
+        # Every worker holds the new weights: they are the desired state now (the trainer may
+        # rename them with update_weight_version).
+        await ctx.desired.set_broadcast_weights(version, checkpoint, minted=minted)
         await tell_desired(run, [r for r in update.records if r.tracks_desired], version)
         verified = update.records
-        if version is not None and self.settings.verify:
+        if self.settings.verify:
             verified = await verify(run, update.records, version)
-        ctx.log.set_verified(
-            version is not None and self.settings.verify and len(verified) == len(ctx.registry.members())
-        )
+        ctx.log.set_verified(self.settings.verify and len(verified) == len(ctx.registry.members()))
         if update.paused_by_us and not ctx.desired.state.paused:
             held = ctx.desired.state.held  # members an operator holds paused stay paused
             await run.steps.run(_resuming(ctx), [r for r in verified if r.id not in held])

@@ -248,6 +248,14 @@ class EngineRoutes(Driver, Protocol):
 
 
 @runtime_checkable
+class ServerConfig(Driver, Protocol):
+    """Reports its engine's resolved configuration, vLLM's `/server_info?config_format=json`
+    `vllm_config` (the fleet's `GET /server_info` merges the members')."""
+
+    async def server_config(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
 class PublishesRoutes(Protocol):
     def published_capabilities(self) -> frozenset[Capability] | None:
         """What the worker's published route list allows, or None when it published none.
@@ -262,7 +270,7 @@ P = TypeVar("P", bound=Driver, covariant=True)
 class Can(Generic[P]):
     """One capability, typed: its name and the test that proves a driver has its Protocol."""
 
-    name: Capability | Literal["driver", "engine_routes"]
+    name: Capability | Literal["driver", "engine_routes", "server_config"]
     test: Callable[[Driver], TypeGuard[P]]
 
 
@@ -310,7 +318,12 @@ def _engine_routes(d: Driver) -> TypeGuard[EngineRoutes]:
     return isinstance(d, EngineRoutes)
 
 
+def _server_config(d: Driver) -> TypeGuard[ServerConfig]:
+    return isinstance(d, ServerConfig)
+
+
 DRIVER = Can("driver", _driver)
+SERVER_CONFIG = Can("server_config", _server_config)
 ENGINE_ROUTES = Can("engine_routes", _engine_routes)
 CONTROL = Can("control", _control)
 DISK_WEIGHTS = Can("disk_weights", _disk_weights)

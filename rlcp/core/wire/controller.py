@@ -334,6 +334,13 @@ class DesiredState(BaseModel):
         f"controller applied them, newest last (the last {APPLIED_VERSIONS_KEPT}): "
         "the gateway's staleness bound counts back along this list.",
     )
+    minted_versions: int = Field(
+        0,
+        ge=0,
+        description="Weight versions the controller has named itself: a broadcast finished without a "
+        "version is named `broadcast-<n>`, n one past this count (past any such name already applied), "
+        "so the applied version and every answer's version header never go blank.",
+    )
     staleness_bound: int = Field(
         0,
         ge=0,

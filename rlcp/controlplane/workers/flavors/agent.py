@@ -24,13 +24,14 @@ from rlcp.controlplane.workers.capabilities import (
     Lora,
     LoraLoaded,
     PrefixCache,
+    ServerConfig,
     Sleep,
     StagedUpdate,
     UpdatePlan,
     UpdateReport,
     WeightsKind,
 )
-from rlcp.controlplane.workers.flavors.base import VllmCacheRoutes, VllmSleepRoutes
+from rlcp.controlplane.workers.flavors.base import VllmCacheRoutes, VllmServerInfoRoute, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -46,6 +47,7 @@ from rlcp.core.wire.agent import (
 
 @final
 class AgentDriver(
+    VllmServerInfoRoute,
     VllmWeightTransferRoutes,
     VllmSleepRoutes,
     VllmCacheRoutes,
@@ -58,6 +60,7 @@ class AgentDriver(
     BroadcastPeer,
     Sleep,
     PrefixCache,
+    ServerConfig,
 ):
     """Speaks to one agent's admin port."""
 

@@ -74,6 +74,17 @@ class DriverBase:
         return await self.transport.request(method, f"{self.engine_prefix}/{route}", json_body=body, retry=False)
 
 
+class VllmServerInfoRoute(DriverBase):
+    """vLLM's dev route `GET /server_info?config_format=json` (the agent serves the same)."""
+
+    async def server_config(self) -> dict[str, Any]:
+        body = await self.transport.request("GET", "/server_info", params={"config_format": "json"})
+        config = self.answer_field(body, "vllm_config", "GET /server_info")
+        if not isinstance(config, dict):
+            raise WorkerRejected(self.spec.id, "GET /server_info answered a vllm_config that is no object", status=200)
+        return config
+
+
 class VllmSleepRoutes(DriverBase):
     """vLLM's sleep mode over its dev routes (`vllm/entrypoints/serve/dev/sleep`), which the agent
     serves in the same shapes: `POST /sleep?level=&mode=`, `POST /wake_up?tags=`. Neither is

@@ -54,9 +54,15 @@ from rlcp.controlplane.workers.capabilities import (
     LoadReport,
     Lora,
     PrefixCache,
+    ServerConfig,
     Sleep,
 )
-from rlcp.controlplane.workers.flavors.base import SeparateUpdateCalls, VllmCacheRoutes, VllmSleepRoutes
+from rlcp.controlplane.workers.flavors.base import (
+    SeparateUpdateCalls,
+    VllmCacheRoutes,
+    VllmServerInfoRoute,
+    VllmSleepRoutes,
+)
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -65,6 +71,7 @@ from rlcp.core.wire.agent import PauseMode
 
 @final
 class VllmDriver(
+    VllmServerInfoRoute,
     SeparateUpdateCalls,
     VllmWeightTransferRoutes,
     VllmSleepRoutes,
@@ -76,6 +83,7 @@ class VllmDriver(
     BroadcastPeer,
     Sleep,
     PrefixCache,
+    ServerConfig,
 ):
     """Speaks to one `vllm serve` in dev mode. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, the composed reload below (answering the version and

@@ -1,0 +1,79 @@
+"""`GET /server_info` on the facade: the fleet's configuration in vLLM's shape
+(`rlcp/core/wire/server_info.py`; the merge and what it says of data parallelism in
+`rlcp/controlplane/fleet/server_config.py`).
+
+vLLM's keys are all there (`vllm_config`, as a JSON tree with `?config_format=json`, else as
+vLLM's text form; `vllm_env` and `system_env`, empty: each member's are its own), and one
+more, `fleet`: the members read, those that could not be (and why), each key on which they
+differ with every member's value, and why `parallel_config.data_parallel_size` is what it is.
+A client written for one vLLM server reads the first three and never sees a difference it
+did not ask about; an operator reads `fleet`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, Field
+
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.errors import NoMembers
+from rlcp.controlplane.fleet.server_config import WHY_DATA_PARALLEL, ServerConfigs, merge_configs
+from rlcp.core.http import json_response, validate
+from rlcp.core.openapi import RouteTable
+from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery, config_text
+
+api = RouteTable()
+SERVER_CONFIGS = web.AppKey("server_configs", ServerConfigs)
+
+
+class FleetConfigView(BaseModel):
+    members: list[str] = Field(description="The members whose configuration was read, in id order.")
+    unread: dict[str, str] = Field(description="Members whose configuration could not be read, and why.")
+    differing: dict[str, dict[str, Any]] = Field(
+        description="Each key (a dotted path into vllm_config) on which the members differ, with every "
+        "member's own value; the common vllm_config holds null there, or the smallest for a capacity "
+        "(max_loras, max_lora_rank, max_model_len, ...)."
+    )
+    data_parallel: str = Field(description="Why parallel_config.data_parallel_size is what it is.")
+
+
+class FleetServerInfoAnswer(ServerInfoAnswer):
+    fleet: FleetConfigView
+
+
+@api.get(
+    "/server_info",
+    "The members' common configuration in vLLM's `/server_info` shape (`?config_format=json`: "
+    "a JSON tree; default: vLLM's text form), keys on which they differ null (a capacity: the "
+    "smallest) and listed under `fleet.differing` with each member's value; "
+    "`parallel_config.data_parallel_size` is the largest of the members' own, since a load through "
+    "the fleet reaches every member. 503 when no member's configuration could be read.",
+    query=ServerInfoQuery,
+    ok=FleetServerInfoAnswer,
+    errors=(503,),
+    tag="vLLM-compatible facade",
+)
+async def server_info(request: web.Request) -> web.Response:
+    query = validate(ServerInfoQuery, dict(request.query))
+    records = sorted(request.config_dict[CONTROLLER].members(), key=lambda r: r.id)
+    configs, unread = await request.app[SERVER_CONFIGS].read(records)
+    if not configs:
+        why = "; ".join(f"{w}: {reason}" for w, reason in sorted(unread.items())) or "the fleet has no members"
+        raise NoMembers(f"no member's configuration could be read ({why})")
+    merged = merge_configs(configs)
+    config: dict[str, Any] | str = merged.common if query.config_format == "json" else config_text(merged.common)
+    return json_response(
+        {
+            "vllm_config": config,
+            "vllm_env": {},
+            "system_env": {},
+            "fleet": {
+                "members": sorted(configs),
+                "unread": dict(sorted(unread.items())),
+                "differing": merged.differing,
+                "data_parallel": WHY_DATA_PARALLEL,
+            },
+        }
+    )
