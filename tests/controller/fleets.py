@@ -16,7 +16,7 @@ from rlcp.controlplane.gateway.app import build_gateway_app
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.controller import Ctl
 from rlcp.harness.processes import ControllerProcess

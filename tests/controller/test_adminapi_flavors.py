@@ -19,7 +19,7 @@ from aioresponses import CallbackResult, aioresponses
 from yarl import URL
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.settings import WorkerCallSettings
+from rlcp.controlplane.settings.workers import WorkerCallSettings
 from rlcp.controlplane.workers.capabilities import LoadReport, UpdatePlan, capabilities
 from rlcp.controlplane.workers.flavors.agent import AgentDriver
 from rlcp.controlplane.workers.flavors.dynamo import DynamoDriver

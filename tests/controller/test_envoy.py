@@ -32,7 +32,7 @@ from rich.console import Console
 from rlcp.client.render import state_view
 from rlcp.controlplane.assembly import ENVOY_XDS_PORT
 from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.wire.agent import PauseMode
 from rlcp.core.wire.controller import FleetState
 from rlcp.harness.checkpoints import write_checkpoint

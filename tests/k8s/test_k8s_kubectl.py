@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rlcp.controlplane.discovery.kubernetes import EndpointSliceSource
-from rlcp.controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.settings.discovery import KubernetesDiscoverySettings
 from tests.k8s.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 from tests.k8s.k8s_support import NS, api_client, wait_for
 

@@ -33,8 +33,9 @@ from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import ServerConfigs
+from rlcp.controlplane.fleetnames import fleet_path
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
-from rlcp.controlplane.settings import ControllerSettings, fleet_path
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.errors import NotFoundError
 from rlcp.core.handover import Fallback, make_handover_middleware

@@ -34,7 +34,7 @@ from rlcp.controlplane.fleet.served import ServedModels, merge_cards
 from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
 from rlcp.core.handover import PEER, Fallback, Peer, make_handover_middleware

@@ -72,7 +72,7 @@ from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import names_version, pin_refused, pinned_body, pins
 from rlcp.controlplane.gateway.routing import Router, RoutingTable, Target
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
