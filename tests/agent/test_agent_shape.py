@@ -115,7 +115,7 @@ def test_the_engine_kind_is_one_closed_type() -> None:
     [
         base.InferenceServing,
         base.GenerationControl,
-        base.PrefixCache,
+        base.EnginePrefixCache,
         base.VersionedWeights,
         base.EngineDiskWeights,
         base.EngineWeightTransfer,
