@@ -50,7 +50,7 @@ from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.cached import CachedBody
-from rlcp.core.wire.controller import EnvoyPlaneView, FleetState, GatewayView, WorkerView
+from rlcp.core.wire.controller.state import EnvoyPlaneView, FleetState, GatewayView, WorkerView
 
 TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
 

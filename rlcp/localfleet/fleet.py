@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from rlcp.client.cli import count_or_percent
-from rlcp.core.wire.agent import EXIT_ENGINE_DIED
+from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
 from rlcp.harness.envoy import EnvoyProcess
 from rlcp.harness.processes import (

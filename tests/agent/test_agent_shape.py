@@ -15,7 +15,7 @@ from rlcp.agent.engine.factory import build_engine
 from rlcp.agent.engine.sim import SimEngine
 from rlcp.agent.engine.vllm_engine import VllmEngine
 from rlcp.agent.settings import AgentSettings, EngineSettings, InferenceSettings
-from rlcp.core.wire.agent import AgentState
+from rlcp.core.wire.agent.state import AgentState
 
 AGENT = Path(__file__).resolve().parents[2] / "rlcp" / "agent"
 

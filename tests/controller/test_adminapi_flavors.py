@@ -35,7 +35,7 @@ from rlcp.controlplane.workers.transport import (
     WorkerUnreachable,
 )
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 from rlcp.harness.http import free_port
 
 BASE = "http://w0:8101"

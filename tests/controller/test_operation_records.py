@@ -28,7 +28,7 @@ from rlcp.controlplane.persistence.file import FileStore
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 from rlcp.harness.controller import AUTH, CTL_TOKEN, disk_update, update_body
 from rlcp.harness.memory import MemoryFleet
 from rlcp.harness.waiting import wait_for

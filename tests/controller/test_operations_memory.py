@@ -28,7 +28,7 @@ from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import CHECKSUMS
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
+from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.core.wire.controller import (
     LoraRequest,
     PauseRequest,

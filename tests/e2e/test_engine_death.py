@@ -33,7 +33,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway.proxy import Gateway
-from rlcp.core.wire.agent import EXIT_ENGINE_DIED
+from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
 from rlcp.harness.processes import AgentProcess, ProcessSupervisor

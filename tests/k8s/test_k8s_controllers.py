@@ -29,7 +29,7 @@ from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.memory import MemoryStore
 from rlcp.controlplane.settings import ControllerSettings
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet

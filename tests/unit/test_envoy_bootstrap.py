@@ -14,7 +14,7 @@ from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, envoy_bootst
 from rlcp.controlplane.gateway.envoy.fence import Endpoint, address, endpoint
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.settings.gateway import GatewaySettings
-from rlcp.core.wire.controller import WorkerView
+from rlcp.core.wire.controller.state import WorkerView
 from rlcp.harness.envoy import envoy_binary
 from rlcp.harness.fleet_state import serving_worker
 

@@ -13,7 +13,8 @@ from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.gateway.balance import order, rank_for_session
 from rlcp.controlplane.gateway.fence import fence, in_fence
 from rlcp.controlplane.gateway.routing import Router, build_table
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.agent.state import RequestCounts
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
 
 
 def worker(

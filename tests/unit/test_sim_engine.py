@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from rlcp.agent.engine.base import Engine, EngineError
 from rlcp.agent.engine.sim import SimEngine, SimOutput
 from rlcp.agent.engine.sim_inference import build_sim_inference_app
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 
 pytestmark = pytest.mark.asyncio
 

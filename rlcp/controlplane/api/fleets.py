@@ -10,7 +10,7 @@ from rlcp.controlplane.fleetnames import fleet_path
 from rlcp.controlplane.fleets import Fleets
 from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
-from rlcp.core.wire.controller import FleetsListing, FleetSummary
+from rlcp.core.wire.controller.state import FleetsListing, FleetSummary
 
 FLEETS = web.AppKey("fleets", Fleets)
 api = RouteTable()

@@ -26,7 +26,7 @@ from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.core.cached import cached_response
 from rlcp.core.http import json_response, parse_body, validate
 from rlcp.core.openapi import Handler, RouteTable
-from rlcp.core.wire.agent import ProbeAnswer
+from rlcp.core.wire.agent.state import ProbeAnswer
 from rlcp.core.wire.controller import (
     EmptyRequest,
     EngineRouteRequest,

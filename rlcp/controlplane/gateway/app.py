@@ -40,7 +40,7 @@ from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFaile
 from rlcp.core.handover import PEER, Fallback, Peer, make_handover_middleware
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
-from rlcp.core.wire.agent import ProbeAnswer
+from rlcp.core.wire.agent.state import ProbeAnswer
 from rlcp.core.wire.controller import STALENESS_BOUND_MAX, ModelList
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -76,14 +76,14 @@ from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.errors import ApiError
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
-from rlcp.core.wire.agent import (
+from rlcp.core.wire.agent.inference import (
     ENGINE_DEAD,
     ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
     VERSION_MISMATCH,
     WEIGHT_VERSIONS_HEADER,
 )
-from rlcp.core.wire.controller import GatewayView, GatewayWorkerView
+from rlcp.core.wire.controller.state import GatewayView, GatewayWorkerView
 
 log = structlog.get_logger("rlcp.controlplane.gateway")
 

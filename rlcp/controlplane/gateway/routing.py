@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rlcp.controlplane.gateway.fence import fence
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 from rlcp.core.wire.versions import is_version_name
 
 

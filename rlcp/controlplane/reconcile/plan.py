@@ -15,8 +15,8 @@ from typing import ClassVar, Literal
 from rlcp.controlplane.fleet.convergence import weights_behind
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.agent.control import PauseMode
+from rlcp.core.wire.controller.desired import DesiredState
 
 ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume", "sleep"]
 

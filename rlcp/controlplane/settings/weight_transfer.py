@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from rlcp.core.settings import Section
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 
 class WeightTransferSettings(Section):
