@@ -41,7 +41,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.common import median, quiet_logs, table, write_json
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings.reconcile import ReconcileSettings
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256

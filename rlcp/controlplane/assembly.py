@@ -34,7 +34,7 @@ from aiohttp import web
 
 from rlcp.controlplane.api.app import FLEET_APPS, build_http_app
 from rlcp.controlplane.api.fleets import FLEETS
-from rlcp.controlplane.api.routes import CONTROLLER, SESSION
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION
 from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.discovery.factory import make_source

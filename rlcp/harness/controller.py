@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.wire.controller.updates import UpdateWeightsRequest

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations.weights import update_weights

@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.api.errors import to_api_error
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.errors import InvalidInput, MissingCapability, PathOutsideRoots
 from rlcp.controlplane.metrics import STEPS, failed_step

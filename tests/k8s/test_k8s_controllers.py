@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller, http_transports
 from rlcp.controlplane.errors import NotLeader

@@ -28,8 +28,8 @@ from aiohttp.typedefs import Handler, Middleware
 
 from rlcp.controlplane.api import facade, facade_info, facade_rpc, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
-from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import ServerConfigs
