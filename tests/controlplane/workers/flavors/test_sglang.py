@@ -453,6 +453,7 @@ async def complete(http, url: str) -> list[int]:
     return body["choices"][0]["token_ids"]
 
 
+@pytest.mark.vllm  # beside SGLang's server, the session's vLLM agent and a stock `vllm serve`
 async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_call(
     http, server, stock_server, vllm_agent, refs, tiny_models, tmp_path
 ):
