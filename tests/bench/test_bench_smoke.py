@@ -315,7 +315,7 @@ def test_bubble(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/controller/test_ray_head.py
+@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/harness/test_ray_head.py
 def test_ray_restart(tmp_path: Path) -> None:
     from bench import ray_restart
 
@@ -325,7 +325,7 @@ def test_ray_restart(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/controller/test_ray_head.py
+@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/harness/test_ray_head.py
 def test_ray_discovery(tmp_path: Path) -> None:
     from bench import ray_discovery
 

@@ -2,7 +2,7 @@
 
 Contracts read from Dynamo's own code (`dynamo.vllm.handlers.BaseWorkerHandler`, registered
 by `dynamo.vllm.worker_factory.register_engine_routes` through
-`dynamo.common.rl.register_rl_routes`) and checked against it in tests/e2e/test_dynamo.py:
+`dynamo.common.rl.register_rl_routes`) and checked against it in tests/controlplane/workers/flavors/test_dynamo.py:
 
 - every RL route is `POST /engine/<name>` with a JSON object body and answers a JSON object
   with `"status": "ok" | "error"` and a `message`; a handler's refusal comes back in the
