@@ -87,6 +87,22 @@ class Overlap:
         self.task.cancel()
 
 
+@pytest.fixture
+async def overlap() -> AsyncIterator[Any]:
+    """Starts an Overlap; stops it at teardown too, so a test that fails half-way does not leave
+    it running (a failure before its stop hung the run past the test's timeout)."""
+    started: list[Overlap] = []
+
+    def start(*rs: Replica) -> Overlap:
+        started.append(Overlap(*rs))
+        return started[-1]
+
+    yield start
+    for o in started:
+        o.stop()
+        await asyncio.gather(o.task, return_exceptions=True)
+
+
 def reads_by(fake: FakeKubeApi, identity: str) -> int:
     return sum(1 for r in fake.requests if r.method == "GET" and "/leases/" in r.path and identity in r.user_agent)
 
@@ -98,13 +114,13 @@ def lease(fake: FakeKubeApi) -> dict[str, Any]:
 
 
 async def test_one_leads_the_other_takes_over_when_renewal_stops(
-    fake: FakeKubeApi, replicas: Any, clock: LeaseClock
+    fake: FakeKubeApi, replicas: Any, clock: LeaseClock, overlap: Any
 ) -> None:
     a = await replicas("ctl-a")
     await wait_for(lambda: a.leadership.is_leader, what="a to lead")
     b = await replicas("ctl-b")
     await wait_for(lambda: b.leadership.leader_identity == "ctl-a", what="b to see a as the leader")
-    overlap = Overlap(a, b)
+    monitor = overlap(a, b)
     assert not b.leadership.is_leader and b.leadership.term == 0
     spec = lease(fake)
     assert spec["holderIdentity"] == "ctl-a" and spec["leaseDurationSeconds"] == 6 and spec["leaseTransitions"] == 0
@@ -133,8 +149,8 @@ async def test_one_leads_the_other_takes_over_when_renewal_stops(
     assert not b.leadership.is_leader, "b took over before the Lease had expired"
     clock.advance(LEASE["lease_duration_s"] - LEASE["renew_deadline_s"])
     await wait_for(lambda: b.leadership.is_leader, what="b to take over")
-    overlap.stop()
-    assert overlap.both == 0
+    monitor.stop()
+    assert monitor.both == 0
     spec = lease(fake)
     assert spec["holderIdentity"] == "ctl-b" and spec["leaseTransitions"] == 1
     assert b.leadership.term == 1 and a.leadership.term == 1
