@@ -85,8 +85,8 @@ class LeaseElector:
         # The time the deadlines and expiries are judged by (seconds, monotonic); see the module doc.
         self._clock = clock or asyncio.get_running_loop().time
         self._observed: LeaseRecord | None = None
-        self._observed_at = 0.0  # loop time at which the record last changed, as we saw it
-        self._renewed_at = 0.0  # loop time at which the last successful write was sent
+        self._observed_at = 0.0  # clock time at which the record last changed, as we saw it
+        self._renewed_at = 0.0  # clock time at which the last successful write was sent
         self._what = f"Lease {settings.namespace}/{settings.lease_name}"
         self._log = log.bind(lease=f"{settings.namespace}/{settings.lease_name}", identity=settings.identity)
 
