@@ -283,6 +283,11 @@ def test_gateway(tmp_path: Path) -> None:
     assert proxies["vllm-router"]["unfenced"]["stale_answers"] > 0
     assert result["envoy_vs_routers"]["vllm-router"]["cpu_ratio_unfenced_stale"] > 0
     assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
+    # The one URL: inference through the controller daemon's port and its gateway's own, and the
+    # controller's state read at rest and under that load.
+    one_url = result["one_url"]
+    assert one_url["controller_port"]["cpu_us_per_request"] > 0 and one_url["gateway_port"]["cpu_us_per_request"] > 0
+    assert one_url["state_at_rest"]["reads"] > 0 and one_url["state_under_load"]["rollouts_per_s"] > 0
     assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 
 

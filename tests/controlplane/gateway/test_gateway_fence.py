@@ -10,9 +10,14 @@ from collections import Counter
 import pytest
 
 from rlcp.controlplane.fleet.desired import admitted_versions
-from rlcp.controlplane.gateway.balance import order, rank_for_session
+from rlcp.controlplane.gateway.balancing.factory import make_policy
+from rlcp.controlplane.gateway.balancing.least_load import LeastLoad
+from rlcp.controlplane.gateway.balancing.policy import BalancingPolicy
+from rlcp.controlplane.gateway.balancing.session_affinity import SessionAffinity, rank_for_session
 from rlcp.controlplane.gateway.fence import fence, in_fence
 from rlcp.controlplane.gateway.routing import Router, build_table
+from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.workerspec import FLAVOR_DRIVERS, FLAVOR_REQUESTS
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
 
 
@@ -205,13 +210,41 @@ def test_router_before_any_state() -> None:
 
 
 # -- balancing ------------------------------------------------------------------------------------------
+def order(
+    members: list[str],
+    load: dict[str, int],
+    *,
+    session: str | None = None,
+    exclude: frozenset[str] = frozenset(),
+    load_factor: float | None = None,
+    policy: BalancingPolicy | None = None,
+) -> list[str]:
+    """The order a request would try the members in: the policy's successive picks, each
+    leaving out those picked before (as the proxy does, try by try)."""
+    policy = policy or SessionAffinity(load_factor=load_factor, without_key=LeastLoad())
+    out: list[str] = []
+    while (pick := policy.pick(members, load, key=session, exclude=exclude | set(out))) is not None:
+        out.append(pick)
+    return out
+
+
 def test_least_outstanding_first_ties_in_turn() -> None:
     assert order(["a", "b", "c"], {"a": 2, "b": 0, "c": 1}) == ["b", "c", "a"]
     # Idle: each turn starts at another member, so one request at a time still spreads.
-    firsts = [order(["a", "b", "c"], {}, turn=t)[0] for t in range(6)]
+    least = LeastLoad()
+    firsts = [least.pick(["a", "b", "c"], {}, exclude=frozenset()) for _ in range(6)]
     assert Counter(firsts) == {"a": 2, "b": 2, "c": 2}
-    assert order(["a", "b", "c"], {"b": 0}, exclude=frozenset({"b"})) == ["a", "c"]
+    assert sorted(order(["a", "b", "c"], {"b": 0}, exclude=frozenset({"b"}))) == ["a", "c"]  # ties: in turn
     assert order([], {}) == []
+
+
+def test_the_factory_makes_each_policy_from_the_settings() -> None:
+    bounded = make_policy(GatewaySettings(affinity_load_factor=1.5))
+    assert isinstance(bounded, SessionAffinity) and bounded.load_factor == 1.5
+    assert isinstance(bounded.without_key, LeastLoad)  # a request without a session key
+    assert isinstance(make_policy(GatewaySettings(), "least_load"), LeastLoad)
+    with pytest.raises(ValueError, match="available: \\['least_load', 'session_affinity'\\]"):
+        make_policy(GatewaySettings(), "random")  # type: ignore[arg-type]
 
 
 def test_session_ranking_is_stable_and_spreads() -> None:
@@ -253,6 +286,19 @@ def test_every_permutation_of_loads_picks_a_least_loaded() -> None:
         counts = dict(zip("abc", loads, strict=True))
         first = order(list("abc"), counts)[0]
         assert counts[first] == min(loads)
+
+
+def test_the_table_carries_each_flavors_request_path() -> None:
+    # Worked out once per table: the proxy asks no driver which flavor goes how.
+    members = [worker(f"w-{f}", "v1").model_copy(update={"flavor": f}) for f in sorted(FLAVOR_DRIVERS)]
+    routes = build_table(state(members, "v1", ["v1"])).routes
+    assert {t.flavor: (t.pinned, t.names_version) for t in routes.values()} == {
+        "agent": (False, False),
+        "dynamo": (True, False),
+        "sglang": (False, True),
+        "vllm": (False, False),
+    }
+    assert set(FLAVOR_REQUESTS) <= set(FLAVOR_DRIVERS)
 
 
 def test_a_member_reporting_a_name_no_header_can_carry_is_never_inside_the_fence() -> None:

@@ -92,7 +92,6 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     engine_prefix = "/engine"
     listing_routes = DYNAMO_ROUTES
     status_routes = STATUS_ROUTES
-    reach = "frontend_pinned"  # no inference port: its frontend, pinned (gateway/pinning.py)
     _paused = False  # what this driver's own calls left the worker in (see the module docstring)
     _asleep = False  # likewise: Dynamo has no route that reads it
     # Dynamo 1.6.1's wake_up resumes generation and marks the worker awake after any wake, tags

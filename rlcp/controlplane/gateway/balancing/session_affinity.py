@@ -1,11 +1,9 @@
-"""Which member takes a request. Pure code: the proxy supplies the counts.
+"""Session affinity: a session's requests go to its own worker, so multi-turn rollouts keep
+reusing one worker's prefix cache.
 
-Least outstanding requests, ties taken in turn (a rotating start), so an idle fleet still
-spreads one request at a time over every member and a test can predict it. With a
-session key, rendezvous hashing (highest random weight, a form of consistent hashing): each
-key ranks every worker by hash(key, worker) and takes the best one inside the fence, so a
-member leaving moves only the sessions it held, and multi-turn rollouts keep reusing one
-worker's prefix cache.
+Rendezvous hashing (highest random weight, a form of consistent hashing): each key ranks every
+worker by hash(key, worker) and takes the best one inside the fence, so a member leaving moves
+only the sessions it held.
 
 Plain affinity does not balance: a few hot sessions (RL rollouts of one prompt group, long
 agentic episodes) pile onto the workers their keys hash to. With a `load_factor`, affinity is
@@ -15,6 +13,8 @@ it already has `ceil(load_factor x (outstanding + 1) / workers)` requests out; t
 goes to its next worker in its own ranking (the same fallback every time, so its prefix cache
 there is reused too), and back to its own as soon as that is under the bound. Outstanding counts
 are the gateway's own (per replica).
+
+A request without a session key goes to the `without_key` policy (least load, from the factory).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
+
+from rlcp.controlplane.gateway.balancing.policy import BalancingPolicy
 
 
 def _score(key: str, worker_id: str) -> int:
@@ -40,21 +42,18 @@ def bounded(ranked: list[str], outstanding: Mapping[str, int], load_factor: floa
     return under + [w for w in ranked if outstanding.get(w, 0) >= cap] if len(under) < len(ranked) else ranked
 
 
-def order(
-    candidates: Sequence[str],
-    outstanding: Mapping[str, int],
-    *,
-    session: str | None = None,
-    exclude: frozenset[str] = frozenset(),
-    turn: int = 0,
-    load_factor: float | None = None,
-) -> list[str]:
-    """Candidates in the order to try them, without those in `exclude` (already failed);
-    `turn` rotates which of the least loaded comes first; `load_factor` bounds a session's
-    worker's load (None: plain affinity)."""
-    pool = [c for c in candidates if c not in exclude]
-    if session is not None:
-        ranked = rank_for_session(session, pool)
-        return bounded(ranked, outstanding, load_factor) if load_factor is not None and ranked else ranked
-    n = len(pool) or 1
-    return [w for _, _, w in sorted((outstanding.get(w, 0), (i - turn) % n, w) for i, w in enumerate(pool))]
+class SessionAffinity:
+    def __init__(self, *, load_factor: float | None, without_key: BalancingPolicy) -> None:
+        """`load_factor`: the bound on a session's worker's load (None: plain affinity)."""
+        self.load_factor = load_factor
+        self.without_key = without_key
+
+    def pick(
+        self, members: Sequence[str], load: Mapping[str, int], *, key: str | None, exclude: frozenset[str]
+    ) -> str | None:
+        if key is None:
+            return self.without_key.pick(members, load, key=None, exclude=exclude)
+        ranked = rank_for_session(key, [m for m in members if m not in exclude])
+        if not ranked:
+            return None
+        return (bounded(ranked, load, self.load_factor) if self.load_factor is not None else ranked)[0]
