@@ -223,15 +223,23 @@ async def rolling_update_under_load(f: EnvoyFleet) -> None:
     assert status == 200
     stop, answers = asyncio.Event(), []
     loading = asyncio.create_task(load(f.http, f.envoy.url, stop, answers))
-    await asyncio.sleep(0.3)
+
+    def answered(n: int, after: float = 0.0) -> bool:
+        if loading.done():
+            loading.result()  # the load failed: say why now, not at the wait's deadline
+            raise AssertionError("the load ended before it was stopped")
+        return sum(a.sent > after for a in answers) >= n
+
+    # The load runs from before the update to after it, however fast this machine serves: the
+    # waits are for answers, not for time (a count of answers in 0.6 s failed at load 20).
+    await wait_for(lambda: answered(10), what="answers before the update")
     result = await update(f, "v2", 2, strategy={"type": "rolling", "max_unavailable": 1}, pause_mode="wait")
     done = time.monotonic()
-    await asyncio.sleep(0.3)
+    await wait_for(lambda: answered(10, after=done), what="answers sent after the update")
     stop.set()
     await loading
     assert result["status"] == "ok"
     assert len(result["detail"]["fence_published"]) == 4  # each wave: narrowed, then widened
-    assert len(answers) > 50
     assert [a.status for a in answers if a.status != 200] == []
     assert {a.header for a in answers} == {"v1", "v2"}
     assert {a.header for a in answers if a.sent > done} == {"v2"}  # bound 1: v1 was admitted until then
