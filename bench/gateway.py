@@ -29,6 +29,16 @@ In one run:
   reached the client;
 - with `--asyncio-too`, a second gateway on asyncio's own event loop (the first takes uvloop
   when installed, `gateway.event_loop: auto`), in the same run;
+- one URL (`--one-url`, on by default; `--no-one-url` leaves it out): the controller as deployed
+  (`python -m rlcp.controlplane`: its API front and its core, with the gateway in the core's
+  process), over the same workers as `vllm` members; inference through the controller's port
+  (front -> core -> handed over to the gateway in process) against the gateway's own port in the
+  same process: added latency and CPU per request (the daemon's processes, summed); and
+  `GET /v1/rl/state` on the controller's port, one at a time, at rest and while
+  `--concurrency` clients send rollouts through that same URL (p50, p99);
+- the floor (`--no-floor` leaves it out): a bare aiohttp proxy on uvloop (round robin, the body
+  and headers passed, no fence, no checks, no metrics, no tracing) in the same run: what the
+  Python HTTP stack the gateway is built on costs by itself, against the routers;
 - skewed sessions (`--sessions`, gateway only): session keys drawn from a Zipf law, each
   request held `--session-delay-ms` by the worker, through a gateway with plain affinity
   (rendezvous hashing) and one with bounded-load hashing; how evenly the workers were loaded
@@ -42,6 +52,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -61,12 +72,12 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 from aiohttp import web
 
-from bench.common import plot, quiet_logs, report, table
+from bench.common import controller_daemon, plot, quiet_logs, report, table
 from rlcp.core.wire.agent.inference import EXPECT_VERSION_HEADER, version_mismatch_body
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState
 from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from rlcp.harness.http import free_port
-from rlcp.harness.processes import REPO, cpu_seconds
+from rlcp.harness.processes import REPO, controller_pids, cpu_seconds
 
 if TYPE_CHECKING:
     from rlcp.harness.envoy import EnvoyProcess
@@ -121,10 +132,24 @@ def _upstream_app(weights: dict[str, str]) -> web.Application:
     async def health(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
+    # What a controller reads of a stock `vllm serve` member (the one-URL phase's controller).
+    reads: dict[str, Callable[[], dict[str, Any]]] = {
+        "/is_paused": lambda: {"is_paused": False},
+        "/is_sleeping": lambda: {"is_sleeping": False},
+        "/weight_info": lambda: {"weight_version": weights["v"]},
+        "/get_world_size": lambda: {"world_size": 1},
+        "/v1/models": lambda: {"object": "list", "data": [{"id": "tiny", "object": "model", "root": "tiny"}]},
+    }
+
+    async def status_read(request: web.Request) -> web.Response:
+        return web.json_response(reads[request.path]())
+
     app = web.Application()
     app.router.add_post("/v1/completions", complete)
     app.router.add_post("/bench/weights", set_weights)
     app.router.add_get("/health", health)
+    for path in reads:
+        app.router.add_get(path, status_read)
     return app
 
 
@@ -140,6 +165,36 @@ async def serve_upstreams(n: int, port_file: Path) -> None:
         runners.append(runner)
         ports.append(runner.addresses[0][1])
     port_file.write_text(json.dumps(ports))
+    await asyncio.Event().wait()
+
+
+# -- the floor: a bare aiohttp proxy (its own process) -----------------------------------------------------
+async def serve_bare_proxy(workers: list[str], port_file: Path) -> None:
+    """Round robin over `workers`, the request and answer passed as they are: the least a proxy
+    built on aiohttp's server and client does per request (the gateway's floor)."""
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+    )
+    turn = itertools.count()
+    hop = {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        url = workers[next(turn) % len(workers)] + request.rel_url.path_qs
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        async with session.request(request.method, url, data=body, headers=headers) as upstream:
+            payload = await upstream.read()
+            answer = {k: v for k, v in upstream.headers.items() if k.lower() not in hop}
+            return web.Response(body=payload, status=upstream.status, headers=answer)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+    port_file.write_text(json.dumps({"port": runner.addresses[0][1]}))
     await asyncio.Event().wait()
 
 
@@ -261,6 +316,7 @@ def router_command(command: list[str], workers: list[str], port: int) -> list[st
 
 
 ROUTERS = ("vllm-router", "sglang-router")
+FLOOR = "aiohttp (bare)"  # the bare aiohttp proxy: the gateway's floor
 
 
 class EnvoyFence:
@@ -550,6 +606,24 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             )
             pids[name] = r_proc.pid
             urls[name] = f"http://127.0.0.1:{r_port}"
+        if args.floor:
+            floor_file = workdir / "floor.port.json"
+            floor = procs.start(
+                [
+                    *_pinned(0),
+                    sys.executable,
+                    "-m",
+                    "bench.gateway",
+                    "--bare-proxy",
+                    ",".join(workers),
+                    "--port-file",
+                    str(floor_file),
+                ],
+                cwd=REPO,
+                env=env,
+            )
+            pids[FLOOR] = floor.pid
+            urls[FLOOR] = f"http://127.0.0.1:{_wait_file(floor_file, floor, FLOOR)['port']}"
         if args.no_envoy:
             pass
         elif not envoy_installed():
@@ -614,6 +688,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             }
             async with session.post(f"{workers[-1]}/bench/weights", data="v1") as resp:
                 assert resp.status == 200
+            one_url = await measure_one_url(args, workdir, ports, session) if args.one_url else None
             sessions = (
                 await measure_sessions(args, procs, workdir, ctl_port, env, session, state) if args.sessions else None
             )
@@ -645,6 +720,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     result: dict[str, Any] = {
         "paths": paths,
         "proxies": per_proxy,
+        "one_url": one_url,
         "sessions": sessions,
         "params": {
             "requests": args.requests,
@@ -656,6 +732,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         },
     }
     result["vs_routers"] = {name: _versus(per_proxy["gateway"], r) for name, r in per_proxy.items() if name in ROUTERS}
+    if FLOOR in per_proxy:
+        result["floor_vs_routers"] = {
+            name: _versus(per_proxy[FLOOR], r) for name, r in per_proxy.items() if name in ROUTERS
+        }
     if "envoy" in per_proxy:
         result["envoy_vs_routers"] = {
             name: _versus(per_proxy["envoy"], r) for name, r in per_proxy.items() if name in ROUTERS
@@ -673,6 +753,97 @@ def _versus(p: dict[str, Any], router: dict[str, Any]) -> dict[str, float]:
         "added_p50_ms_over_router": p["added_p50_ms"] - router["added_p50_ms"],
         "added_p99_ms_over_router": p["added_p99_ms"] - router["added_p99_ms"],
     }
+
+
+CTL_TOKEN = "bench-ctl-token"
+
+
+async def measure_one_url(
+    args: argparse.Namespace, workdir: Path, ports: list[int], session: aiohttp.ClientSession
+) -> dict[str, Any]:
+    """Inference through the controller's port (the one URL) against the gateway's own port, in
+    the same daemon, and the controller's state read at rest and under that load."""
+    specs = [
+        {"id": f"bench-{i}", "admin_url": f"http://127.0.0.1:{p}", "inference_url": f"http://127.0.0.1:{p}"}
+        | {"flavor": "vllm"}
+        for i, p in enumerate(ports)
+    ]
+    ctl = controller_daemon(
+        specs,
+        workdir,
+        name="one-url",
+        env={"RLCP_API__TOKEN": CTL_TOKEN},
+        gateway={"enabled": True, "host": "127.0.0.1", "port": 0, "event_loop": "auto"},
+        log_level="error",
+    )
+    auth = {"Authorization": f"Bearer {CTL_TOKEN}"}
+    try:
+        await ctl.spawn().wait_ready_async()
+        pids = controller_pids(ctl.pid)
+        for pid in pids.values():  # as the other proxies: the daemon on CPU 0, the load here on CPU 1
+            if _pinned(0):
+                os.sched_setaffinity(pid, {0})
+        end = time.monotonic() + 60
+        while True:  # its gateway's address, once the status poll has the members inside the fence
+            async with session.get(f"{ctl.url}/v1/rl/state", headers=auth) as resp:
+                doc = await resp.json()
+            gateway = doc.get("gateway") or {}
+            if gateway.get("url") and any(w.get("in_fence") for w in gateway.get("workers", [])):
+                break
+            if time.monotonic() > end:
+                raise TimeoutError(f"the controller's gateway did not serve: {gateway}")
+            await asyncio.sleep(0.2)
+        urls = {"gateway port": gateway["url"], "controller port": ctl.url}
+        for name, url in urls.items():
+            await wait_serving(session, url, name)
+            await sequential(session, f"{url}/v1/completions", 200)
+        lat: dict[str, list[float]] = {k: [] for k in urls}
+        cpu: dict[str, list[float]] = {k: [] for k in urls}
+        for _ in range(args.repeats):
+            for name, url in urls.items():
+                lat[name] += await sequential(session, f"{url}/v1/completions", args.requests)
+            for name, url in urls.items():
+                cpu0 = sum(cpu_seconds(p) or 0.0 for p in pids.values())
+                n = await saturate(session, f"{url}/v1/completions", args.concurrency, args.duration_s)
+                cpu[name].append((sum(cpu_seconds(p) or 0.0 for p in pids.values()) - cpu0) / max(n, 1) * 1e6)
+        state_url = f"{ctl.url}/v1/rl/state"
+        at_rest = await state_reads(session, state_url, auth, args.duration_s * args.repeats)
+        load = asyncio.ensure_future(
+            saturate(session, f"{ctl.url}/v1/completions", args.concurrency, args.duration_s * args.repeats)
+        )
+        under_load = await state_reads(session, state_url, auth, args.duration_s * args.repeats)
+        rollouts = await load
+    finally:
+        ctl.stop()
+    own = {"p50_ms": _pct(lat["gateway port"], 50) * 1e3, "p99_ms": _pct(lat["gateway port"], 99) * 1e3}
+    one = {"p50_ms": _pct(lat["controller port"], 50) * 1e3, "p99_ms": _pct(lat["controller port"], 99) * 1e3}
+    return {
+        "processes": sorted(pids),
+        "gateway_port": own | {"cpu_us_per_request": statistics.median(cpu["gateway port"])},
+        "controller_port": one | {"cpu_us_per_request": statistics.median(cpu["controller port"])},
+        "added_p50_ms": one["p50_ms"] - own["p50_ms"],
+        "added_p99_ms": one["p99_ms"] - own["p99_ms"],
+        "cpu_ratio": statistics.median(cpu["controller port"]) / statistics.median(cpu["gateway port"]),
+        "state_at_rest": at_rest,
+        "state_under_load": under_load | {"rollouts_per_s": rollouts / (args.duration_s * args.repeats)},
+    }
+
+
+async def state_reads(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], duration_s: float
+) -> dict[str, float]:
+    """`GET /v1/rl/state`, one at a time for `duration_s`: p50 and p99 in ms, and how many."""
+    took: list[float] = []
+    end = time.perf_counter() + duration_s
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        async with session.get(url, headers=headers) as resp:
+            await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"{url} answered {resp.status}")
+        took.append(time.perf_counter() - t0)
+        await asyncio.sleep(0.01)  # a reader polling, not a flood
+    return {"p50_ms": _pct(took, 50) * 1e3, "p99_ms": _pct(took, 99) * 1e3, "reads": float(len(took))}
 
 
 async def measure_sessions(
@@ -755,7 +926,11 @@ def render(result: dict[str, Any]) -> tuple[str, list[str]]:
             ],
         )
     ]
-    for who, versus in (("gateway", result["vs_routers"]), ("envoy", result.get("envoy_vs_routers", {}))):
+    for who, versus in (
+        ("gateway", result["vs_routers"]),
+        (FLOOR, result.get("floor_vs_routers", {})),
+        ("envoy", result.get("envoy_vs_routers", {})),
+    ):
         for name, vs in versus.items():
             notes.append(
                 f"{who} vs {name}: CPU per request x{vs['cpu_ratio']:.2f} (streams "
@@ -763,6 +938,40 @@ def render(result: dict[str, Any]) -> tuple[str, list[str]]:
                 f"x{vs['cpu_ratio_unfenced_stale']:.2f}); added p50 {vs['added_p50_ms_over_router']:+.3f} "
                 f"ms, added p99 {vs['added_p99_ms_over_router']:+.3f} ms over the router's"
             )
+    if (o := result.get("one_url")) is not None:
+        notes.append(
+            table(
+                ["one URL (the controller daemon)", "p50 ms", "p99 ms", "CPU µs/request"],
+                [
+                    [f"inference on the {name}", o[key]["p50_ms"], o[key]["p99_ms"], o[key]["cpu_us_per_request"]]
+                    for name, key in (("gateway's own port", "gateway_port"), ("controller's port", "controller_port"))
+                ],
+            )
+        )
+        notes.append(
+            f"one URL: the controller's port adds {o['added_p50_ms']:+.3f} ms p50, {o['added_p99_ms']:+.3f} ms p99 "
+            f"and x{o['cpu_ratio']:.2f} CPU per request over the gateway's own port (processes: "
+            f"{', '.join(o['processes'])})"
+        )
+        notes.append(
+            table(
+                ["GET /v1/rl/state on the controller's port", "p50 ms", "p99 ms", "reads"],
+                [
+                    [
+                        "at rest",
+                        o["state_at_rest"]["p50_ms"],
+                        o["state_at_rest"]["p99_ms"],
+                        o["state_at_rest"]["reads"],
+                    ],
+                    [
+                        f"under rollouts on the same URL ({o['state_under_load']['rollouts_per_s']:.0f}/s)",
+                        o["state_under_load"]["p50_ms"],
+                        o["state_under_load"]["p99_ms"],
+                        o["state_under_load"]["reads"],
+                    ],
+                ],
+            )
+        )
     if (s := result.get("sessions")) is not None:
         notes.append(
             table(
@@ -799,6 +1008,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     parser.add_argument(
         "--asyncio-too", action="store_true", help="also a gateway on asyncio's own loop (gateway.event_loop: asyncio)"
     )
+    parser.add_argument(
+        "--no-one-url",
+        dest="one_url",
+        action="store_false",
+        help="leave out the one-URL phase (the controller daemon: inference on its port against the gateway's)",
+    )
     parser.add_argument("--sessions", type=int, default=64, help="session keys for the skewed phase (0: skip it)")
     parser.add_argument("--session-skew", type=float, default=1.2, help="Zipf exponent of the session keys")
     parser.add_argument("--session-requests", type=int, default=1000)
@@ -811,11 +1026,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         action="store_true",
         help="pin no process to a core (in a test run, whose other processes use them)",
     )
+    parser.add_argument(
+        "--no-floor", dest="floor", action="store_false", help="leave out the bare aiohttp proxy (the gateway's floor)"
+    )
     parser.add_argument("--upstreams", type=int, help=argparse.SUPPRESS)  # internal: serve the workers
+    parser.add_argument("--bare-proxy", help=argparse.SUPPRESS)  # internal: the floor, over these workers
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.upstreams:
         asyncio.run(serve_upstreams(args.upstreams, args.port_file))
+        return None
+    if args.bare_proxy:
+        from rlcp.controlplane.gateway.__main__ import loop_factory
+
+        with asyncio.Runner(loop_factory=loop_factory("auto")) as runner:  # uvloop, as the gateway's
+            runner.run(serve_bare_proxy(args.bare_proxy.split(","), args.port_file))
         return None
     quiet_logs()
     global _PIN

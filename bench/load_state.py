@@ -28,7 +28,7 @@ each process used, and the machine. Every loop is bounded in count and time; loo
     python bench/load_state.py --duration-s 30 --rate 0      # closed loop: as fast as it goes
     python bench/load_state.py --workers 1024 --hosts 2 --readers etag,healthz --front on,off --rounds 2
 
-`tests/controller/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
+`tests/controlplane/api/test_load_state.py` runs the same code for 30 s and asserts that nothing failed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (if needed) and run the whole test suite, real-vLLM tests included.
-# Arguments go to pytest as they are (bash scripts/test.sh tests/controller runs one folder).
+# Arguments go to pytest as they are (bash scripts/test.sh tests/controlplane/gateway runs one folder).
 # --fast first: the fast lane, no real vLLM engine and no image build, four test processes
 # (most of the lane waits on sockets and child processes, not the CPU):
 #   bash scripts/test.sh --fast            == -n 4 -m "not vllm and not sglang and not images"
@@ -30,7 +30,7 @@ if [ $# -eq 0 ]; then
   #    (test_fuzz_api.py), so two plain pytest runs; beside four other test processes it failed,
   #    so it waits for them.
   rc=0
-  fuzz=tests/controller/test_fuzz_api.py
+  fuzz=tests/fuzz/test_fuzz_api.py
   fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
   rest="not alone and not vllm and not sglang"
   "${pytest[@]}" -m alone --durations=5 || rc=$?

@@ -420,7 +420,7 @@ class SyncControlPlaneClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # Every public call of the async client (tests/unit/test_client_sync.py holds the two lists equal).
+    # Every public call of the async client (tests/client/test_client_sync.py holds the two lists equal).
     state = _Blocking(ControlPlaneClient.state)
     state_raw = _Blocking(ControlPlaneClient.state_raw)
     workers = _Blocking(ControlPlaneClient.workers)

@@ -3,6 +3,9 @@ every flavor reads into one shape. Every layer above the drivers consumes these.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
@@ -10,10 +13,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchem
 from rlcp.core.labels import Labels
 from rlcp.core.wire.agent.state import RequestCounts
 
-# The one registration of a flavor: its name -> the driver class that holds all its facts
-# (`rlcp/controlplane/workers/flavors/<flavor>.py`: what it can do, the routes it lists, how the
-# gateway reaches it). Strings here, imported on first use (workers/registry.py), so this bottom
-# layer names the flavors without importing any driver.
+# The one registration of a flavor: its name -> the driver class that holds its control-plane
+# facts (`rlcp/controlplane/workers/flavors/<flavor>.py`: what it can do, the routes it lists).
+# Strings here, imported on first use (workers/registry.py), so this bottom layer names the
+# flavors without importing any driver.
 FLAVOR_DRIVERS: dict[str, str] = {
     "agent": "rlcp.controlplane.workers.flavors.agent:AgentDriver",
     "vllm": "rlcp.controlplane.workers.flavors.vllm:VllmDriver",
@@ -21,6 +24,32 @@ FLAVOR_DRIVERS: dict[str, str] = {
     "sglang": "rlcp.controlplane.workers.flavors.sglang:SglangDriver",
 }
 FLAVORS: frozenset[str] = frozenset(FLAVOR_DRIVERS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestPath:
+    """How a rollout reaches a member of a flavor, and what its answers say: the facts the data
+    plane needs per request (the gateway's fence table, Envoy's). Kept here, below both planes,
+    rather than on the drivers: the gateway reads them once per table, and never imports a driver."""
+
+    # Through a shared frontend at the member's `inference_url`, the body pinned to the member
+    # (Dynamo: `gateway/pinning.py`); Envoy cannot set the pin, so such members stay out of its EDS.
+    pinned: bool = False
+    # Each answer names the weight version that made it (SGLang's `meta_info.weight_version`), so
+    # the gateway holds the answer to the version the fence chose the member at.
+    names_version: bool = False
+
+
+DIRECT = RequestPath()  # its own inference port, the body as it came (the agent, stock vLLM)
+# The flavors whose requests go otherwise; every other flavor is `DIRECT`.
+FLAVOR_REQUESTS: Mapping[str, RequestPath] = MappingProxyType(
+    {"dynamo": RequestPath(pinned=True), "sglang": RequestPath(names_version=True)}
+)
+
+
+def request_path(flavor: str) -> RequestPath:
+    """How requests reach a member of `flavor` (`DIRECT` for a flavor not listed, or unknown)."""
+    return FLAVOR_REQUESTS.get(flavor, DIRECT)
 
 
 def known_flavor(name: str) -> str:

@@ -18,7 +18,7 @@ requests its own application does not route (a 404, or a 405 for the method):
 aiohttp has no public call for "run this request through that application": `hand_over` is the
 one place that calls `Application._handle` (what aiohttp's own server calls for each request)
 on `Request.clone()` (the same connection, headers and body stream, routed by the peer).
-tests/controller/test_one_url.py holds the installed aiohttp to it.
+tests/controlplane/api/test_one_url.py holds the installed aiohttp to it.
 """
 
 from __future__ import annotations

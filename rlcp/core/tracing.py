@@ -54,7 +54,8 @@ def from_headers(headers: Mapping[str, str]) -> CallContext:
     """The context of an incoming call: the caller's ids where usable, fresh ones elsewhere."""
     given = headers.get(REQUEST_ID_HEADER)
     request_id = given if given is not None and _REQUEST_ID.fullmatch(given) else _hex(48)
-    match = _TRACEPARENT.fullmatch((headers.get(TRACEPARENT_HEADER) or "").strip())
+    given = headers.get(TRACEPARENT_HEADER)
+    match = _TRACEPARENT.fullmatch(given.strip()) if given else None
     if match and match.group(1) != "0" * 32 and match.group(2) != "0" * 16:
         return CallContext(request_id, match.group(1), match.group(3))
     return CallContext(request_id, _hex(128))

@@ -283,6 +283,11 @@ def test_gateway(tmp_path: Path) -> None:
     assert proxies["vllm-router"]["unfenced"]["stale_answers"] > 0
     assert result["envoy_vs_routers"]["vllm-router"]["cpu_ratio_unfenced_stale"] > 0
     assert sum(result["sessions"]["bounded_load"]["per_worker"]) == 40
+    # The one URL: inference through the controller daemon's port and its gateway's own, and the
+    # controller's state read at rest and under that load.
+    one_url = result["one_url"]
+    assert one_url["controller_port"]["cpu_us_per_request"] > 0 and one_url["gateway_port"]["cpu_us_per_request"] > 0
+    assert one_url["state_at_rest"]["reads"] > 0 and one_url["state_under_load"]["rollouts_per_s"] > 0
     assert _outputs(tmp_path, "gateway")["paths"]["gateway"]["p50_ms"] == result["paths"]["gateway"]["p50_ms"]
 
 
@@ -315,7 +320,7 @@ def test_bubble(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/controller/test_ray_head.py
+@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/harness/test_ray_head.py
 def test_ray_restart(tmp_path: Path) -> None:
     from bench import ray_restart
 
@@ -325,7 +330,7 @@ def test_ray_restart(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/controller/test_ray_head.py
+@pytest.mark.xdist_group("ray")  # one Ray head at a time: tests/harness/test_ray_head.py
 def test_ray_discovery(tmp_path: Path) -> None:
     from bench import ray_discovery
 

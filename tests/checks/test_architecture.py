@@ -9,7 +9,7 @@ circle a reader must untangle), and:
   the agent, nor the agent the controller; the trainer client and rlctl (`rlclient`) need
   only the kernel; in the product, only the agent's engine adapter imports vLLM;
 - inside the controller, lower layers never import higher ones, each folder sits in one
-  layer, and operations never import a flavor's driver.
+  layer, operations never import a flavor's driver, and the gateway imports no driver at all.
 """
 
 from __future__ import annotations
@@ -254,3 +254,18 @@ def test_one_installed_namespace() -> None:
     shipped = find_namespace_packages(str(REPO), include=find["include"], exclude=find.get("exclude", ()))
     assert {p.split(".")[0] for p in shipped} == {"rlcp"}
     assert {p for p in shipped if p.count(".") == 1} >= set(PACKAGES)
+
+
+def test_the_gateway_asks_no_driver() -> None:
+    """The data plane reads what a request needs off the fence's table (`routing.Target`: its
+    flavor's request path, `workerspec.FLAVOR_REQUESTS`), never a control-plane driver: the
+    standalone gateway loads no driver class, and a request costs no look-up of one."""
+    edges, _ = graph()
+    offenders = sorted(
+        f"{m} -> {t}"
+        for m, ts in edges.items()
+        if m.startswith("rlcp.controlplane.gateway")
+        for t in ts
+        if t == "rlcp.controlplane.workers" or t.startswith("rlcp.controlplane.workers.")
+    )
+    assert offenders == []

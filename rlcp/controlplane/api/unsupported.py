@@ -4,7 +4,7 @@ meaning. Each answers 501 `not_supported`, naming the route, why, and what to ca
 so code written for one vLLM server stops with a reason rather than a bare 404.
 
 The routes that do have a fleet meaning are in `facade.py`, `facade_rpc.py` and `facade_info.py`; together they
-cover every admin route of vLLM's (`tests/controller/test_facade.py` checks the list against
+cover every admin route of vLLM's (`tests/controlplane/api/test_facade.py` checks the list against
 vLLM's own routers when vLLM is installed; docs/controller.md has the table, route by route).
 """
 

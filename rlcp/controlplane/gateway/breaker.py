@@ -15,7 +15,8 @@ one's backoff is up and a probe goes out, within their hold deadline. A worker t
 connected to at all (`unreachable`) or whose engine is dead (`eject`) is out at once, whatever
 the count.
 
-Pure code over a clock (a test seam); `proxy.py` reports outcomes.
+Pure code over a clock (a test seam); `proxy.py` reports each try's outcome as a `Verdict`
+(`retry.py` says which for each way a try can end).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 CircuitState = Literal["closed", "open", "half_open"]
+# What a try says of its worker: it served (`succeeded`), it failed (`failed`), nothing either way
+# (`none`: its client went away, the fence was behind), it is down (`unreachable`: no connection),
+# its engine is dead (`eject`).
+Verdict = Literal["succeeded", "failed", "none", "unreachable", "eject"]
 
 
 @dataclass
@@ -70,6 +75,19 @@ class Breakers:
         if circuit is None or circuit.open_until is None:
             return True
         return not circuit.probing and self.clock() >= circuit.open_until
+
+    def record(self, worker: str, verdict: Verdict, *, probe: bool) -> None:
+        """A try's outcome (`probe`: it was the half-open circuit's probe, as `sent` said)."""
+        if verdict == "succeeded":
+            self.succeeded(worker, probe=probe)
+        elif verdict == "failed":
+            self.failed(worker, probe=probe)
+        elif verdict == "unreachable":
+            self.unreachable(worker, probe=probe)
+        elif verdict == "eject":
+            self.eject(worker)
+        else:
+            self.released(worker, probe=probe)
 
     def sent(self, worker: str) -> bool:
         """A request goes there; True when it is the half-open circuit's probe."""

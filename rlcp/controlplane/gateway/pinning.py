@@ -6,7 +6,8 @@ Dynamo's frontend and its request plane, and the frontend's router would pick an
 fenced or not. Dynamo 1.6.1's frontend takes `nvext.backend_instance_id` (a u64) to send a
 request to one instance, so for members of flavor `dynamo` the gateway forwards to the
 frontend (the member's `inference_url`) with that field set to the member's instance id
-(its member id, from the listing), merged into whatever `nvext` the client sent
+(its member id, from the listing; which flavors go so is `workerspec.FLAVOR_REQUESTS`, carried
+by the fence's table as `Target.pinned`), merged into whatever `nvext` the client sent
 (`token_data`, `extra_fields` and the rest pass unchanged).
 
 Checked against the running frontend (tests/e2e/test_dynamo_rollouts.py): a pinned request is
@@ -27,24 +28,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlcp.controlplane.workers.registry import driver_class
 from rlcp.core.errors import BadRequestError
 
 PIN_FIELD = "backend_instance_id"
 _FRONTEND_REFUSAL = "Invalid request"  # Dynamo 1.6.1's whole message for an unknown instance id
 _U64_MAX = 2**64 - 1
-
-
-def pins(flavor: str) -> bool:
-    """Whether requests to members of `flavor` go through a shared frontend, pinned (the flavor's
-    driver class says: `reach`)."""
-    return driver_class(flavor).reach == "frontend_pinned"
-
-
-def names_version(flavor: str) -> bool:
-    """Whether a member of `flavor` names, in each answer, the weight version that made it
-    (SGLang's `meta_info.weight_version`), so the gateway holds the answer to the fence's version."""
-    return driver_class(flavor).answers_name_version
 
 
 def check_client_nvext(body: dict[str, Any]) -> None:

@@ -1,6 +1,9 @@
 """The routing table, and where the fleet state it is built from comes from.
 
-`build_table` is pure: the fence over one `FleetState`. A `StateSource` hands out the state
+`build_table` is pure: the fence over one `FleetState`, each member inside it a `Target` that
+carries what a request to it needs (its URL, the version it was admitted at, and its flavor's
+request path: pinned through a frontend, answers that name their version), worked out once per
+table rather than asked of the control plane on each request. A `StateSource` hands out the state
 with a generation that moves whenever it changed -- the controller in this process (its own
 change counter), or a controller followed over HTTP (`follow.py`) -- and `Router` rebuilds
 the table only when the generation moved, so a request costs a dictionary look-up.
@@ -12,7 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rlcp.controlplane.gateway.fence import fence
-from rlcp.core.wire.controller.state import FleetState
+from rlcp.controlplane.workerspec import request_path
+from rlcp.core.wire.controller.state import FleetState, WorkerView
 from rlcp.core.wire.versions import is_version_name
 
 
@@ -23,7 +27,9 @@ class Target:
     worker_id: str
     url: str
     weight_version: str | None
-    flavor: str = "agent"  # how a request reaches it (`pinning.py`: dynamo goes through its frontend)
+    flavor: str = "agent"
+    pinned: bool = False  # reached through its flavor's frontend, the body pinned to it (`pinning.py`)
+    names_version: bool = False  # its answers name their weights' version, held to `weight_version`
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class RoutingTable:
     admitted: list[str]
     routes: dict[str, Target]  # worker id -> where to reach it, members inside the fence only
     why_empty: str  # said in a 503 when nothing serves
+    members: tuple[str, ...] = ()  # the routes' worker ids, sorted: the balancer's candidates
 
     @property
     def desired(self) -> str | None:
@@ -39,8 +46,19 @@ class RoutingTable:
 
 def build_table(state: FleetState, bound: int | None = None) -> RoutingTable:
     admitted, inside = fence(state, bound)
-    routes = {w.id: Target(w.id, (w.inference_url or "").rstrip("/"), w.weight_version, w.flavor) for w in inside}
-    return RoutingTable(admitted=admitted, routes=routes, why_empty="" if routes else _why(state, admitted))
+    routes = {w.id: target(w) for w in inside}
+    return RoutingTable(
+        admitted=admitted,
+        routes=routes,
+        why_empty="" if routes else _why(state, admitted),
+        members=tuple(sorted(routes)),
+    )
+
+
+def target(view: WorkerView) -> Target:
+    path = request_path(view.flavor)
+    url = (view.inference_url or "").rstrip("/")
+    return Target(view.id, url, view.weight_version, view.flavor, path.pinned, path.names_version)
 
 
 def _why(state: FleetState, admitted: list[str]) -> str:

@@ -2,7 +2,7 @@
 Anthropic, Cohere, pooling, tokenizer and scale-out routers), and what the gateway does with
 each: forward it to a member inside the fence, or answer 501 saying why it cannot.
 
-The controller never imports vLLM, so the list is written here; tests/controller/test_vllm_routes.py
+The controller never imports vLLM, so the list is written here; tests/controlplane/api/test_vllm_routes.py
 reads vLLM's own routers and fails when vLLM serves an inference route this table does not
 name. A path in neither table is a 404 naming it. Which of these a worker serves depends on
 its model and flags (pooling routes on a pooling model, `/inference/v1/generate` with

@@ -32,6 +32,10 @@ class Leadership:
         self._leading = leading
         self.term = 1 if leading else 0
         self.leader_identity: str | None = identity if leading else None
+        # Why this replica last stopped leading, as the elector told `lost()` (for example
+        # "could not renew within renew_deadline_s=10"); None while it never has. Logged too
+        # (`leadership_lost`); kept here so a reader of the object needs no log to know the cause.
+        self.lost_reason: str | None = None
         self._guarded: set[asyncio.Task[Any]] = set()
         self._lost_tasks: set[asyncio.Task[Any]] = set()  # cancelled by a loss, not by their caller
 
@@ -59,6 +63,7 @@ class Leadership:
         if not self._leading:
             return
         self._leading = False
+        self.lost_reason = reason
         cancelled = [t for t in self._guarded if not t.done()]
         for task in cancelled:
             self._lost_tasks.add(task)

@@ -15,6 +15,10 @@ Why it is safe:
   before anyone else can start. Every renewal runs under that deadline, so a hung API call
   cannot keep a stale leader mutating.
 - On shutdown the leader releases the Lease (empty holder), so a successor need not wait.
+
+Every "how long since" above is read from one clock, the event loop's unless `clock` is given (a
+test seam: a clock the test moves makes "the renew deadline has passed" an event the test causes,
+instead of a race against how fast the machine runs).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -71,15 +76,17 @@ class LeaseElector:
         settings: LeaderElectionSettings,
         leadership: Leadership,
         request_timeout_s: float,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._coord = client.CoordinationV1Api(api)
         self._s = settings
         self.leadership = leadership
         self._timeout_s = request_timeout_s
-        self._loop = asyncio.get_running_loop()
+        # The time the deadlines and expiries are judged by (seconds, monotonic); see the module doc.
+        self._clock = clock or asyncio.get_running_loop().time
         self._observed: LeaseRecord | None = None
-        self._observed_at = 0.0  # loop time at which the record last changed, as we saw it
-        self._renewed_at = 0.0  # loop time at which the last successful write was sent
+        self._observed_at = 0.0  # clock time at which the record last changed, as we saw it
+        self._renewed_at = 0.0  # clock time at which the last successful write was sent
         self._what = f"Lease {settings.namespace}/{settings.lease_name}"
         self._log = log.bind(lease=f"{settings.namespace}/{settings.lease_name}", identity=settings.identity)
 
@@ -115,10 +122,10 @@ class LeaseElector:
             await asyncio.sleep(self._s.retry_period_s)
             deadline = last_renewed + self._s.renew_deadline_s
             while True:
-                remaining = deadline - self._loop.time()
+                remaining = deadline - self._clock()
                 if remaining <= 0:
                     return f"could not renew within renew_deadline_s={self._s.renew_deadline_s:g}"
-                started = self._loop.time()
+                started = self._clock()
                 result = await self._attempt(min(self._timeout_s, remaining))
                 if result == "held":
                     last_renewed = started
@@ -126,7 +133,7 @@ class LeaseElector:
                 if result == "other":
                     holder = self._observed.holder if self._observed else None
                     return f"the Lease is held by {holder!r}"
-                await asyncio.sleep(min(self._s.retry_period_s / 2, max(0.0, deadline - self._loop.time())))
+                await asyncio.sleep(min(self._s.retry_period_s / 2, max(0.0, deadline - self._clock())))
 
     # -- one try ----------------------------------------------------------------------------------------
     async def _attempt(self, timeout_s: float) -> Attempt:
@@ -146,7 +153,7 @@ class LeaseElector:
 
     async def try_acquire_or_renew(self, timeout_s: float) -> Attempt:
         me = self._s.identity
-        started = self._loop.time()
+        started = self._clock()
         now = datetime.now(UTC)
         try:
             lease = await call(
@@ -165,15 +172,15 @@ class LeaseElector:
                 ),
                 timeout_s=timeout_s,
             )
-            self._saw(LeaseRecord(me, self._duration_s, now, now, 0), self._loop.time())
+            self._saw(LeaseRecord(me, self._duration_s, now, now, 0), self._clock())
             self._renewed_at = started
             return "held"
 
         record = LeaseRecord.of(lease)
         if record != self._observed:
-            self._saw(record, self._loop.time())
+            self._saw(record, self._clock())
         if record.holder and record.holder != me:
-            if self._loop.time() < self._observed_at + record.duration_s:
+            if self._clock() < self._observed_at + record.duration_s:
                 self.leadership.observed(record.holder)
                 return "other"
         if record.holder == me:
@@ -191,7 +198,7 @@ class LeaseElector:
             ),
             timeout_s=timeout_s,
         )
-        self._saw(LeaseRecord(me, self._duration_s, acquire_time, now, transitions), self._loop.time())
+        self._saw(LeaseRecord(me, self._duration_s, acquire_time, now, transitions), self._clock())
         self._renewed_at = started
         if record.holder != me:
             self._log.info("lease_taken", previous=record.holder, transitions=transitions)

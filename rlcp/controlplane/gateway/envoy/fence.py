@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from rlcp.controlplane.gateway.fence import fence
-from rlcp.controlplane.gateway.pinning import pins
+from rlcp.controlplane.workerspec import request_path
 from rlcp.core.wire.controller.state import FleetState, WorkerView
 
 METADATA_NAMESPACE = "rl"  # %UPSTREAM_METADATA(rl:version)% in bootstrap.py
@@ -61,7 +61,7 @@ def address(url: str) -> tuple[str, int] | None:
 
 def endpoint(view: WorkerView) -> Endpoint | str:
     """The member as an endpoint, or why it cannot be one."""
-    if pins(view.flavor):
+    if request_path(view.flavor).pinned:
         return f"a {view.flavor} member is reached through its frontend, pinned by a body field Envoy cannot set"
     where = address(view.inference_url or "")
     if where is None:

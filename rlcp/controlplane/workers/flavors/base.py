@@ -1,7 +1,8 @@
 """What every driver holds (its worker's spec, the transport that reaches it, its deadlines) and
 what every flavor's class says about itself (`DriverBase`'s class attributes: its name, the routes a
-listing advertises for it, how the gateway reaches it), and the disk update's steps composed from
-separate calls, for a flavor whose engine has no staged update (stock vLLM, Dynamo, SGLang).
+listing advertises for it; how the gateway reaches it is the data plane's, `workerspec.FLAVOR_REQUESTS`),
+and the disk update's steps composed from separate calls, for a flavor whose engine has no staged
+update (stock vLLM, Dynamo, SGLang).
 
 Adding a flavor: one module here that subclasses `DriverBase` with its facts and the capabilities'
 Protocols it implements, and one line in `workerspec.FLAVOR_DRIVERS`."""
@@ -35,11 +36,6 @@ OUR_ROUTES: Mapping[Capability, tuple[str, ...]] = {
     "staged_update": ("prepare_update",),
     "broadcast": ("init_weight_transfer", "start_weight_update", "finish_weight_update"),
 }
-# How the gateway reaches a member of a flavor (`gateway/proxy.py`):
-#   direct            its `inference_url`, the body as it came (the agent, stock vLLM, SGLang);
-#   frontend_pinned   a shared frontend at `inference_url`, the body pinned to the member (Dynamo:
-#                     `gateway/pinning.py`); Envoy cannot set the pin, so such members stay out of its EDS.
-Reach = Literal["direct", "frontend_pinned"]
 
 
 class DriverBase:
@@ -52,10 +48,6 @@ class DriverBase:
     # as it does reading the flavor's own listing.
     listing_routes: ClassVar[Mapping[Capability, tuple[str, ...]]] = OUR_ROUTES
     status_routes: ClassVar[tuple[str, ...]] = ()
-    # The gateway: how a request reaches the member, and whether the engine's answer names the
-    # weight version that made it (the gateway then holds the answer to the fence's version).
-    reach: ClassVar[Reach] = "direct"
-    answers_name_version: ClassVar[bool] = False
 
     def __init__(self, *, spec: WorkerSpec, transport: WorkerTransport, deadlines: DriverDeadlines) -> None:
         self.spec = spec

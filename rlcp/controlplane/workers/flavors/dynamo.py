@@ -2,7 +2,7 @@
 
 Contracts read from Dynamo's own code (`dynamo.vllm.handlers.BaseWorkerHandler`, registered
 by `dynamo.vllm.worker_factory.register_engine_routes` through
-`dynamo.common.rl.register_rl_routes`) and checked against it in tests/e2e/test_dynamo.py:
+`dynamo.common.rl.register_rl_routes`) and checked against it in tests/controlplane/workers/flavors/test_dynamo.py:
 
 - every RL route is `POST /engine/<name>` with a JSON object body and answers a JSON object
   with `"status": "ok" | "error"` and a `message`; a handler's refusal comes back in the
@@ -92,7 +92,6 @@ class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     engine_prefix = "/engine"
     listing_routes = DYNAMO_ROUTES
     status_routes = STATUS_ROUTES
-    reach = "frontend_pinned"  # no inference port: its frontend, pinned (gateway/pinning.py)
     _paused = False  # what this driver's own calls left the worker in (see the module docstring)
     _asleep = False  # likewise: Dynamo has no route that reads it
     # Dynamo 1.6.1's wake_up resumes generation and marks the worker awake after any wake, tags

@@ -1,7 +1,7 @@
 """The `sglang` flavor: SGLang's own server (`python -m sglang.launch_server`), as slime, Miles,
 AReaL, SkyRL and verl's SGLang rollouts run it. Contracts read from SGLang 0.5.23's
 `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`, and checked against the running
-server in tests/e2e/test_sglang.py.
+server in tests/controlplane/workers/flavors/test_sglang.py.
 
 SGLang's RL surface, and what this driver does about each of its traps (none may reach the trainer):
 
@@ -42,7 +42,7 @@ SGLang's RL surface, and what this driver does about each of its traps (none may
   name that is loaded is refused by SGLang, so a swap unloads it first.
 - versions per answer: `meta_info.weight_version` (native `/generate`) or `metadata.weight_version`
   (OpenAI routes), and `weight_versions` spans `[{version, start, end}]`: the gateway holds an
-  answer to the version the fence chose (`answers_name_version`).
+  answer to the version the fence chose (`workerspec.FLAVOR_REQUESTS`).
 - broadcast: vLLM's weight-transfer calls (the controller's API) translated onto SGLang's group:
     init   -> `POST /init_weights_update_group {master_address, master_port, world_size, rank_offset,
               group_name, backend}`: the rank offset the controller gave this member; `backend` and
@@ -87,7 +87,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, ClassVar, final
+from typing import Any, final
 
 from rlcp.controlplane.workers.capabilities import (
     BroadcastPeer,
@@ -123,7 +123,6 @@ class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, 
     """Speaks to one SGLang server (its HTTP port is both its admin and its inference URL)."""
 
     flavor = "sglang"
-    answers_name_version: ClassVar[bool] = True
     partial_wake = True
     _paused = False  # SGLang has no read of its pause: what this driver's calls left it in
     _asleep = False  # likewise for memory occupation
