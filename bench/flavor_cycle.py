@@ -41,10 +41,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from bench.common import median, quiet_logs, table, write_json
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
-from rlcp.controlplane.settings import ReconcileSettings
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
+from rlcp.controlplane.settings.reconcile import ReconcileSettings
+from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
 from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
 from rlcp.harness.smg import SMG_VERSION, SmgMissing, SmgProcess, fanout, smg_home

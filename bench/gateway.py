@@ -73,7 +73,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import controller_daemon, plot, quiet_logs, report, table
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, version_mismatch_body
+from rlcp.core.wire.agent.inference import EXPECT_VERSION_HEADER, version_mismatch_body
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState
 from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from rlcp.harness.http import free_port

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import plot, quiet_logs, report, table
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target

@@ -15,7 +15,7 @@ from typing import TypeVar
 from rlcp.agent.gate import EngineGate
 from rlcp.agent.records import OperationRecords
 from rlcp.agent.settings import AgentSettings, TimeoutSettings
-from rlcp.core.wire.agent import OperationKind
+from rlcp.core.wire.agent.state import OperationKind
 
 T = TypeVar("T")
 

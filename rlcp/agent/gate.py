@@ -21,7 +21,7 @@ from typing import TypeVar
 from rlcp.agent.engine.base import EngineError
 from rlcp.agent.errors import DeadlineError, EngineCallError, EngineDeadError
 from rlcp.core.errors import ConflictError
-from rlcp.core.wire.agent import OperationKind
+from rlcp.core.wire.agent.state import OperationKind
 
 T = TypeVar("T")
 

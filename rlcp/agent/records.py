@@ -24,7 +24,7 @@ import structlog
 from rlcp.agent.errors import DeadlineError
 from rlcp.agent.metrics import AgentMetrics
 from rlcp.core.errors import ApiError
-from rlcp.core.wire.agent import OperationKind, OperationRecord, OperationStatus
+from rlcp.core.wire.agent.state import OperationKind, OperationRecord, OperationStatus
 
 log = structlog.get_logger("rlcp.agent.records")
 KEPT = 32

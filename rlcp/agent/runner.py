@@ -27,7 +27,7 @@ from rlcp.agent.engine.factory import build_engine
 from rlcp.agent.service import AgentService
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.sites import start_site
-from rlcp.core.wire.agent import EXIT_ENGINE_DIED
+from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 
 log = structlog.get_logger("rlcp.agent.runner")
 

@@ -25,7 +25,7 @@ from rlcp.agent.readiness import Readiness
 from rlcp.agent.records import OperationRecords
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.weight_state import WeightState
-from rlcp.core.wire.agent import AgentState
+from rlcp.core.wire.agent.state import AgentState
 
 
 class AgentService:

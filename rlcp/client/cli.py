@@ -43,7 +43,7 @@ from rlcp.client.render import (
     update_progress,
     workers_table,
 )
-from rlcp.core.wire.controller import OperationResult
+from rlcp.core.wire.controller.operations import OperationResult
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_CONFIG = Path.home() / ".config" / "rlctl" / "config.yaml"

@@ -26,7 +26,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 from rlcp.core.wire.controller import FleetsListing, FleetState, OperationResult, PlacementView
 
 T = TypeVar("T")

@@ -34,11 +34,12 @@ from aiohttp import web
 
 from rlcp.controlplane.api.app import FLEET_APPS, build_http_app
 from rlcp.controlplane.api.fleets import FLEETS
-from rlcp.controlplane.api.routes import CONTROLLER, SESSION
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION
 from rlcp.controlplane.controller import Controller, TransportFactory, http_transports
 from rlcp.controlplane.discovery.base import DiscoverySource
 from rlcp.controlplane.discovery.factory import make_source
 from rlcp.controlplane.fleet.names import ModelNames
+from rlcp.controlplane.fleetnames import DEFAULT_FLEET
 from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.local import start_local_gateway
@@ -46,7 +47,7 @@ from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.persistence.factory import make_store
-from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.supervisor import start_loops
 from rlcp.core.handover import PEER, Peer
 

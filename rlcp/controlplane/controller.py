@@ -31,6 +31,7 @@ from rlcp.controlplane.fleet.names import ModelNames
 from rlcp.controlplane.fleet.observer import poll_statuses
 from rlcp.controlplane.fleet.publish import FenceSync
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state, worker_view
+from rlcp.controlplane.fleetnames import DEFAULT_FLEET
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics
 from rlcp.controlplane.operations.broadcast import WeightTransfer
@@ -41,14 +42,15 @@ from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.placement.status import PlacementStatus
 from rlcp.controlplane.reconcile.loop import Reconciler
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
-from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings, FleetSettings
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings.fleets import FleetSettings
 from rlcp.controlplane.workers.capabilities import Driver
 from rlcp.controlplane.workers.fanout import FanOut
 from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.cached import CachedBody
-from rlcp.core.wire.controller import EnvoyPlaneView, FleetState, GatewayView, WorkerView
+from rlcp.core.wire.controller.state import EnvoyPlaneView, FleetState, GatewayView, WorkerView
 
 TransportFactory = Callable[[WorkerSpec, CallPolicy], WorkerTransport]
 

@@ -30,7 +30,7 @@ A partial failure is not an error: it is an operation result (207/502 at the API
 
 from __future__ import annotations
 
-from rlcp.core.wire.controller import OperationResult
+from rlcp.core.wire.controller.operations import OperationResult
 
 
 class ControlPlaneError(Exception):

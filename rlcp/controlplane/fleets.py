@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.base import DiscoverySource
-from rlcp.controlplane.settings import DEFAULT_FLEET, fleet_of
+from rlcp.controlplane.fleetnames import DEFAULT_FLEET, fleet_of
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import Selector, parse_selector
 

@@ -11,7 +11,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
 from rlcp.core.labels import Labels
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 
 # The one registration of a flavor: its name -> the driver class that holds its control-plane
 # facts (`rlcp/controlplane/workers/flavors/<flavor>.py`: what it can do, the routes it lists).

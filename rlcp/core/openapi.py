@@ -135,6 +135,12 @@ class RouteTable:
     def delete(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
         return self.route("DELETE", path, summary, **kw)
 
+    def include(self, *tables: RouteTable) -> None:
+        """Append other tables' routes, in order: an API declared in one table per route group
+        (as FastAPI's `include_router`) is registered and documented in the order included."""
+        for table in tables:
+            self._routes.extend(table._routes)
+
     @property
     def declared(self) -> tuple[Route, ...]:
         return tuple(self._routes)

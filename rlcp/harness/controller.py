@@ -20,10 +20,10 @@ import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
-from rlcp.core.wire.controller import UpdateWeightsRequest
+from rlcp.core.wire.controller.updates import UpdateWeightsRequest
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.http import bearer
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN

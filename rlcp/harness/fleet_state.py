@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
 
 

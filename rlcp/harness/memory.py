@@ -37,7 +37,7 @@ from rlcp.harness.faults import FaultRules, injected_body
 from rlcp.harness.simfleet import CHANGES_NOTHING, TEST_TIMEOUTS, TOKEN
 
 
-class _Body:
+class _ContentStream:
     """The request body as aiohttp's request reads it (`readany` until empty)."""
 
     def __init__(self, data: bytes) -> None:
@@ -119,7 +119,7 @@ class MemoryAgent:
         if match.http_exception is not None:
             return match.http_exception.status, {"error": {"code": "not_found", "message": match.http_exception.reason}}
         data = b"" if body is None else json.dumps(body).encode()
-        payload: Any = _Body(data)  # typed a StreamReader; aiohttp only calls its readany()
+        payload: Any = _ContentStream(data)  # typed a StreamReader; aiohttp only calls its readany()
         request = make_mocked_request(
             method,
             target,

@@ -245,7 +245,7 @@ def stop_all(children: Iterable[ChildProcess], grace_s: float = 20.0) -> list[Ch
     return killed
 
 
-class Supervisor:
+class ProcessSupervisor:
     """Starts a child again when it exits, as a kubelet restarts a container (`restartPolicy:
     Always`) or Ray an actor: same config, same files (an agent: same ports), after a back-off
     that doubles from `backoff_s` up to 30 s, at most `max_restarts` times each; past that the

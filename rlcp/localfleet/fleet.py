@@ -46,10 +46,17 @@ from typing import Any, TypeVar
 import aiohttp
 
 from rlcp.client.cli import count_or_percent
-from rlcp.core.wire.agent import EXIT_ENGINE_DIED
+from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
 from rlcp.harness.envoy import EnvoyProcess
-from rlcp.harness.processes import AgentProcess, ChildProcess, ControllerProcess, ProcessError, Supervisor, stop_all
+from rlcp.harness.processes import (
+    AgentProcess,
+    ChildProcess,
+    ControllerProcess,
+    ProcessError,
+    ProcessSupervisor,
+    stop_all,
+)
 from rlcp.harness.tiny_model import agent_engine
 
 PROMPTS = [
@@ -76,7 +83,7 @@ class Processes:
 
     workdir: Path
     children: list[ChildProcess] = field(default_factory=list)
-    supervisor: Supervisor | None = None  # restarts the agents that exit (`supervise`)
+    supervisor: ProcessSupervisor | None = None  # restarts the agents that exit (`supervise`)
     envoy: EnvoyProcess | None = None  # --envoy: the data plane, in front of the agents
 
     def add_envoy(self, envoy: EnvoyProcess) -> EnvoyProcess:
@@ -97,7 +104,7 @@ class Processes:
             pids[self.envoy.name] = self.envoy.pid
         (self.workdir / "pids.json").write_text(json.dumps(pids))
 
-    def supervise(self) -> Supervisor:
+    def supervise(self) -> ProcessSupervisor:
         """The agents restarted when they exit (an agent exits when its engine dies), as a
         kubelet would; run its `run()` as a task."""
 
@@ -109,7 +116,7 @@ class Processes:
                 "controller converges it before the gateway takes it back"
             )
 
-        supervisor = Supervisor([c for c in self.children if isinstance(c, AgentProcess)], on_restart=restarted)
+        supervisor = ProcessSupervisor([c for c in self.children if isinstance(c, AgentProcess)], on_restart=restarted)
         self.supervisor = supervisor
         return supervisor
 
@@ -233,7 +240,7 @@ def print_workers(state: dict[str, Any]) -> None:
 
 
 @dataclass
-class Trainer:
+class DemoTrainer:
     """The trainer's side: one controller call per step, and the state it reads back."""
 
     session: aiohttp.ClientSession
@@ -600,7 +607,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             specs, url, token = await start_fleet(args, procs, base)
             supervision = asyncio.create_task(procs.supervise().run(), name="supervisor")
         async with aiohttp.ClientSession() as session:
-            trainer = Trainer(session, url, token, args, base)
+            trainer = DemoTrainer(session, url, token, args, base)
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             gateway: str | None
             if args.envoy:

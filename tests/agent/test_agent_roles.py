@@ -17,7 +17,7 @@ from rlcp.agent.records import KEPT
 from rlcp.agent.service import AgentService
 from rlcp.agent.settings import AgentSettings
 from rlcp.core.errors import ConflictError
-from rlcp.core.wire.agent import LoraLoadRequest
+from rlcp.core.wire.agent.lora import LoraLoadRequest
 from rlcp.harness.checkpoints import write_adapter
 
 pytestmark = pytest.mark.timeout(60)

@@ -345,7 +345,8 @@ def test_flavor_cycle_polls_at_the_controllers_default_whatever_the_callers_envi
 ) -> None:
     """Its measuring path needs engines (run with the benchmark); its arguments do not."""
     from bench import flavor_cycle
-    from rlcp.controlplane.settings import ControllerSettings, ReconcileSettings
+    from rlcp.controlplane.settings import ControllerSettings
+    from rlcp.controlplane.settings.reconcile import ReconcileSettings
 
     monkeypatch.setenv("RLCP_RECONCILE__POLL_INTERVAL_S", "0.05")
     assert ControllerSettings().reconcile.poll_interval_s == 0.05  # what a settings object would have taken

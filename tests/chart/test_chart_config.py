@@ -15,8 +15,9 @@ from pydantic import ValidationError
 
 from rlcp.agent.settings import AgentSettings
 from rlcp.agent.settings import load_settings as load_agent_settings
-from rlcp.controlplane.settings import ControllerSettings, HttpListingSettings, ListingFormat
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.settings import load_settings as load_controller_settings
+from rlcp.controlplane.settings.discovery import HttpListingSettings, ListingFormat
 from rlcp.controlplane.workerspec import FLAVORS
 from tests.chart.render import (
     CHART,

@@ -28,6 +28,7 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
     (
         "rlcp.controlplane.errors",
         "rlcp.controlplane.settings",
+        "rlcp.controlplane.fleetnames",
         "rlcp.controlplane.metrics",
         "rlcp.controlplane.deadlines",
         "rlcp.controlplane.loopwatch",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from rlcp.client.render import state_view
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 
 LONG_ID = "agent-rollout-pool-a-0017"
 LONG_VERSION = "step-000123-20261123T0915"

@@ -1,7 +1,7 @@
 """An engine that dies comes back, over real vLLM CPU engines (issue 33).
 
 Two agents of their own (the suite's shared ones must not die), LoRA on, each bound to a core,
-kept up by the harness's `Supervisor` (what a kubelet or Ray's actor restart does for a pod or
+kept up by the harness's `ProcessSupervisor` (what a kubelet or Ray's actor restart does for a pod or
 an actor), a controller with its gateway over them, the fleet at a version loaded from disk.
 Two deaths:
 
@@ -33,10 +33,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway.proxy import Gateway
-from rlcp.core.wire.agent import EXIT_ENGINE_DIED
+from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
-from rlcp.harness.processes import AgentProcess, Supervisor
+from rlcp.harness.processes import AgentProcess, ProcessSupervisor
 from rlcp.harness.tiny_model import SERVED_NAME, agent_engine
 from rlcp.harness.waiting import wait_for
 from tests.conftest import one_core
@@ -79,7 +79,9 @@ async def test_an_engine_that_dies_comes_back_converged(tiny_models: dict[str, P
     await asyncio.gather(*(a.wait_ready_async() for a in agents))
     ids = {f"w{i}": a for i, a in enumerate(agents)}
     restarts: list[tuple[str, int | None]] = []
-    supervisor = Supervisor(agents, backoff_s=0.1, on_restart=lambda c, status, n: restarts.append((c.name, status)))
+    supervisor = ProcessSupervisor(
+        agents, backoff_s=0.1, on_restart=lambda c, status, n: restarts.append((c.name, status))
+    )
     supervision = asyncio.create_task(supervisor.run())
     settings = controller_settings(
         tmp_path,

@@ -47,9 +47,9 @@ from schemathesis.generation import GenerationMode
 
 from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
 from rlcp.agent.admin.openapi import agent_document
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
-from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
 from rlcp.controlplane.gateway.app import gateway_document

@@ -45,9 +45,9 @@ from schemathesis.checks import not_a_server_error
 
 from rlcp.agent.admin.openapi import ROUTES as AGENT_ROUTES
 from rlcp.agent.admin.openapi import agent_document
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.api.openapi import ROUTES as CONTROLLER_ROUTES
 from rlcp.controlplane.api.openapi import controller_document
-from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.api.unsupported import REFUSED
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.gateway import vllm_routes

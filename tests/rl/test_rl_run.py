@@ -26,7 +26,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.client.client import ControlPlaneClient
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.waiting import wait_for

@@ -16,8 +16,8 @@ from rlcp.controlplane.gateway.app import build_gateway_app
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.controller import FleetState
+from rlcp.controlplane.settings.gateway import GatewaySettings
+from rlcp.core.wire.controller.state import FleetState
 from rlcp.harness.controller import Ctl
 from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.simfleet import SimAgent

@@ -9,7 +9,7 @@ import functools
 from kubernetes_asyncio import client
 
 from rlcp.controlplane.k8s.client import make_api_client
-from rlcp.controlplane.settings import KubernetesApiSettings
+from rlcp.controlplane.settings.kubernetes import KubernetesApiSettings
 from rlcp.harness import waiting
 from tests.support.k8s_fake import FakeKubeApi
 

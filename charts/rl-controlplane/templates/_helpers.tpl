@@ -146,7 +146,7 @@ it), else a new random one. Call with (list . "secret-name" "given value").
 {{- define "rlcp.configDir" -}}/etc/rl-controlplane{{- end }}
 
 {{/*
-The controller's config.yaml (controlplane/settings.py names). What only the pod knows (its
+The controller's config.yaml (controlplane/settings/ names). What only the pod knows (its
 name and namespace) comes from the downward API as RLCP_* variables, which override the file.
 */}}
 {{- define "rlcp.controller.config" -}}

@@ -4,11 +4,11 @@
                         the version its inference port admits, request counts, world size,
                         its resolved configuration (vLLM's `/server_info`)
     GenerationControl   pause (abort | wait | keep), resume, is_paused, abort requests
-    PrefixCache         drop cached KV blocks
-    VersionedWeights    name the weights, checksum them, reset the checker (a PrefixCache)
+    EnginePrefixCache   drop cached KV blocks
+    VersionedWeights    name the weights, checksum them, reset the checker (an EnginePrefixCache)
     ├── EngineDiskWeights    reload every weight from a safetensors directory
     └── EngineWeightTransfer vLLM's weight-transfer protocol (init, start, chunks, finish, shutdown)
-    Adapters            load / hot-swap / remove LoRA adapters (a PrefixCache)
+    Adapters            load / hot-swap / remove LoRA adapters (an EnginePrefixCache)
     └── SleepMode       vLLM's sleep mode: sleep (level, mode), wake_up (tags), is_sleeping
 
     Engine = all of them: what `VllmEngine` and `SimEngine` are.
@@ -88,7 +88,7 @@ class GenerationControl(Protocol):
 
 
 @runtime_checkable
-class PrefixCache(Protocol):
+class EnginePrefixCache(Protocol):
     async def reset_prefix_cache(self, *, include_running: bool, external: bool = False) -> bool:
         """Drop cached KV blocks (with external, a KV connector's too); with include_running,
         running and frozen requests are preempted and recomputed on resume, so their next
@@ -97,7 +97,7 @@ class PrefixCache(Protocol):
 
 
 @runtime_checkable
-class VersionedWeights(PrefixCache, Protocol):
+class VersionedWeights(EnginePrefixCache, Protocol):
     async def set_weight_version(self, version: str) -> None: ...
 
     async def get_weight_version(self) -> str | None: ...
@@ -136,7 +136,7 @@ class EngineWeightTransfer(VersionedWeights, Protocol):
 
 
 @runtime_checkable
-class Adapters(PrefixCache, Protocol):
+class Adapters(EnginePrefixCache, Protocol):
     async def add_lora(self, name: str, adapter_id: int, path: Path, *, replace: bool) -> None:
         """Load an adapter; with replace, reload it in place under the same id."""
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from rlcp.agent.engine.base import EngineError
 from rlcp.agent.engine.sim import SimEngine
-from rlcp.core.wire.agent import (
+from rlcp.core.wire.agent.inference import (
     ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,

@@ -41,7 +41,7 @@ from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 from vllm.entrypoints.launchers.app import build_app
 
 from rlcp.agent.engine.answer_fields import Span, amend_events, amend_json
-from rlcp.core.wire.agent import (
+from rlcp.core.wire.agent.inference import (
     ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
     WEIGHT_VERSIONS_HEADER,

@@ -6,11 +6,11 @@ explicit one, refused while asleep (nothing is cached then)."""
 from __future__ import annotations
 
 from rlcp.agent.context import AgentContext
-from rlcp.agent.engine.base import PrefixCache
+from rlcp.agent.engine.base import EnginePrefixCache
 
 
 class Caches:
-    def __init__(self, ctx: AgentContext, engine: PrefixCache) -> None:
+    def __init__(self, ctx: AgentContext, engine: EnginePrefixCache) -> None:
         self._ctx = ctx
         self._engine = engine
 

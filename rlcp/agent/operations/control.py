@@ -14,7 +14,7 @@ from rlcp.agent.engine.base import SleepMode
 from rlcp.agent.operations.disk import DiskLoads
 from rlcp.agent.readiness import Readiness
 from rlcp.core.errors import ApiError
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 
 class EngineControl:

@@ -23,7 +23,7 @@ from rlcp.agent.engine.base import EngineDiskWeights
 from rlcp.agent.paths import allowed_dir
 from rlcp.agent.weight_state import WeightState
 from rlcp.core.errors import UnavailablePathError
-from rlcp.core.wire.agent import DiskUpdateRequest
+from rlcp.core.wire.agent.updates import DiskUpdateRequest
 
 
 class DiskLoads:

@@ -28,13 +28,14 @@ from aiohttp.typedefs import Handler, Middleware
 
 from rlcp.controlplane.api import facade, facade_info, facade_rpc, fleets, routes, unsupported
 from rlcp.controlplane.api.errors import to_api_error
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.api.openapi import ROUTES, controller_document
-from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import ServerConfigs
+from rlcp.controlplane.fleetnames import fleet_path
 from rlcp.controlplane.gateway.app import ROUTES as GATEWAY_ROUTES
-from rlcp.controlplane.settings import ControllerSettings, fleet_path
+from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.errors import NotFoundError
 from rlcp.core.handover import Fallback, make_handover_middleware

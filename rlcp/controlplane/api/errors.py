@@ -16,7 +16,7 @@ from rlcp.core.errors import (
     NotFoundError,
     ValidationFailedError,
 )
-from rlcp.core.wire.controller import OperationResult
+from rlcp.core.wire.controller.operations import OperationResult
 
 
 class NotLeaderApiError(ConflictError):

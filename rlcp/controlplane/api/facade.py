@@ -42,7 +42,8 @@ from rlcp.controlplane.api.answers import (
     UnloadLoraAdapterRequest,
 )
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.routes import CONTROLLER, SESSION, operation, sleep_members
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION, operation
+from rlcp.controlplane.api.routes.sleep import sleep_members
 from rlcp.controlplane.errors import ControlPlaneError
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.operations import caches, lora, weights
@@ -94,7 +95,7 @@ def fleet_call(
 ) -> Callable[[Handler], Handler]:
     """The declaration of a facade route that runs a fleet operation: a call that failed on
     some member is a 502 (503 when none was reached) in the error shape, never a 207."""
-    return operation(method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, table=table, **kw)
+    return operation(table, method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, **kw)
 
 
 @contextmanager

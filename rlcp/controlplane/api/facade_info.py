@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.errors import NoMembers
 from rlcp.controlplane.fleet.server_config import WHY_DATA_PARALLEL, ServerConfigs, merge_configs
 from rlcp.core.http import json_response, validate

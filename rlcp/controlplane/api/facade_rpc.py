@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
 from rlcp.controlplane.api.facade import client_fields, fleet_call
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations import weights
 from rlcp.core.errors import NotSupportedError, ValidationFailedError

@@ -6,11 +6,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from rlcp.controlplane.controller import Controller
+from rlcp.controlplane.fleetnames import fleet_path
 from rlcp.controlplane.fleets import Fleets
-from rlcp.controlplane.settings import fleet_path
 from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
-from rlcp.core.wire.controller import FleetsListing, FleetSummary
+from rlcp.core.wire.controller.state import FleetsListing, FleetSummary
 
 FLEETS = web.AppKey("fleets", Fleets)
 api = RouteTable()

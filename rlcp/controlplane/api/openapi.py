@@ -1,4 +1,4 @@
-"""The controller API's OpenAPI document: the native routes and probes (`routes.py`), this
+"""The controller API's OpenAPI document: the native routes and probes (`routes/`), this
 document, and the compatibility facade at the root (`facade.py`), each declared once on its
 handler. The tests hold the registered routes to it (`rlcp.core.openapi.route_drift`).
 """

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, good_entries, poll_repeatedly
 from rlcp.controlplane.discovery.sglang_router import parse_router_workers
-from rlcp.controlplane.settings import ListingFormat
+from rlcp.controlplane.settings.discovery import ListingFormat
 from rlcp.controlplane.workers.registry import driver_class
 from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from

@@ -37,7 +37,7 @@ from kubernetes_asyncio import client, watch
 
 from rlcp.controlplane.discovery.polling import backoff_s
 from rlcp.controlplane.k8s.client import K8sError, K8sGone, K8sNotFound, K8sUnavailable, call, translate
-from rlcp.controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.settings.discovery import KubernetesDiscoverySettings
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.labels import Labels
 

@@ -33,7 +33,7 @@ import structlog
 from pydantic import ValidationError
 
 from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
-from rlcp.controlplane.settings import DeadActors
+from rlcp.controlplane.settings.discovery import DeadActors
 from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
 

@@ -4,7 +4,7 @@ the reconciler's plan (`reconcile/plan.py`) share. Pure, over typed state."""
 from __future__ import annotations
 
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 
 
 def weights_behind(desired: DesiredState, status: WorkerStatus) -> bool:

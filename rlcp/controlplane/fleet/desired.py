@@ -18,7 +18,7 @@ import structlog
 
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.persistence.base import DesiredStore
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 from rlcp.core.wire.controller import (
     APPLIED_VERSIONS_KEPT,
     OPERATIONS_KEPT,

@@ -21,7 +21,7 @@ from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.workers.capabilities import Driver, has
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
-from rlcp.core.wire.controller import WorkerResult
+from rlcp.core.wire.controller.operations import WorkerResult
 
 log = structlog.get_logger("rlcp.controlplane.fleet.members")
 NEVER_TOLD = object()  # "never told a desired version", distinct from None

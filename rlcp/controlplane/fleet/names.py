@@ -5,7 +5,7 @@ one fleet serving it (`gateway/fleets.py`).
 A fleet comes to serve a name four ways (`Controller.served_names`): its settings' `models`,
 its members' base models (as discovery names them or as they report), an adapter it loads,
 and an adapter a member reports having. The ones asked for are checked: a settings clash is
-an error at start (`settings.py`, naming both fleets), and an adapter load under a name another
+an error at start (`settings/fleets.py`, naming both fleets), and an adapter load under a name another
 fleet serves is a 409 naming both, before any worker is touched (`operations/lora.py`).
 
 A load's claim is held from that check until its operation ends -- by then the name is in

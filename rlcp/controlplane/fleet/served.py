@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 
 Card = dict[str, Any]
 TTL_S = 2.0  # a client checks its model name far more often than the fleet's models change

@@ -21,7 +21,7 @@ from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.convergence import converged
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.core.cached import CachedBody, EntityTags
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 from rlcp.core.wire.controller import (
     AppliedState,
     DesiredState,

@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import structlog
 
+    from rlcp.controlplane.fleetnames import DEFAULT_FLEET, fleet_path
     from rlcp.controlplane.gateway.admin import ControllerLink, forward_to_controller
     from rlcp.controlplane.gateway.app import new_session, start_site
     from rlcp.controlplane.gateway.fleets import FleetRoute, ModelRoutes
@@ -42,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     from rlcp.controlplane.gateway.metrics import GatewayMetrics
     from rlcp.controlplane.gateway.proxy import Gateway
     from rlcp.controlplane.gateway.routing import Router
-    from rlcp.controlplane.settings import DEFAULT_FLEET, fleet_path
     from rlcp.core.heap import settle
 
     async def run() -> None:

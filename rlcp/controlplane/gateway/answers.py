@@ -21,7 +21,7 @@ import aiohttp
 
 from rlcp.controlplane.gateway.retry import RetryReason, TryFailed
 from rlcp.controlplane.gateway.routing import Target
-from rlcp.core.wire.agent import ENGINE_DEAD, ENGINE_DIED_HEADER, VERSION_MISMATCH
+from rlcp.core.wire.agent.inference import ENGINE_DEAD, ENGINE_DIED_HEADER, VERSION_MISMATCH
 
 # What vLLM answers (HTTP 500) for a request that meets a dead EngineCore
 # (`vllm.v1.engine.exceptions.EngineDeadError`); a stock server has no way to say whether the

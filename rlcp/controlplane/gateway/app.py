@@ -34,13 +34,13 @@ from rlcp.controlplane.fleet.served import ServedModels, merge_cards
 from rlcp.controlplane.gateway import vllm_routes
 from rlcp.controlplane.gateway.pinning import check_client_nvext
 from rlcp.controlplane.gateway.proxy import Gateway, RequestPolicy
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
 from rlcp.core.handover import PEER, Fallback, Peer, make_handover_middleware
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
 from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
-from rlcp.core.wire.agent import ProbeAnswer
+from rlcp.core.wire.agent.state import ProbeAnswer
 from rlcp.core.wire.controller import STALENESS_BOUND_MAX, ModelList
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -18,7 +18,7 @@ they enter; this covers the names workers report, which no request model saw.
 from __future__ import annotations
 
 from rlcp.controlplane.fleet.desired import admitted_versions
-from rlcp.core.wire.controller import FleetState, WorkerView
+from rlcp.core.wire.controller.state import FleetState, WorkerView
 from rlcp.core.wire.versions import is_version_name
 
 

@@ -16,7 +16,7 @@ import aiohttp
 
 from rlcp.core.cached import CachedBody
 from rlcp.core.follow import FollowedDocument
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 
 
 class FollowedState:

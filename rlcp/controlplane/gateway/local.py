@@ -15,9 +15,9 @@ from rlcp.controlplane.gateway.fleets import FleetRoute, ModelRoutes
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.handover import Peer
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 
 
 class ControllerState:

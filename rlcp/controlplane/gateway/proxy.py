@@ -39,8 +39,8 @@ from rlcp.controlplane.gateway.retry import RULES, RetryReason, TryFailed, refus
 from rlcp.controlplane.gateway.routing import Router, RoutingTable, Target
 from rlcp.controlplane.gateway.send import Sender
 from rlcp.controlplane.gateway.views import gateway_view
-from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.controller import GatewayView
+from rlcp.controlplane.settings.gateway import GatewaySettings
+from rlcp.core.wire.controller.state import GatewayView
 
 log = structlog.get_logger("rlcp.controlplane.gateway")
 

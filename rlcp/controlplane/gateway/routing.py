@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rlcp.controlplane.gateway.fence import fence
 from rlcp.controlplane.workerspec import request_path
-from rlcp.core.wire.controller import FleetState, WorkerView
+from rlcp.core.wire.controller.state import FleetState, WorkerView
 from rlcp.core.wire.versions import is_version_name
 
 

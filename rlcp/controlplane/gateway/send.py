@@ -40,10 +40,10 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body
 from rlcp.controlplane.gateway.retry import RetryReason, TryFailed, connect_failure
 from rlcp.controlplane.gateway.routing import Router, Target
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER, WEIGHT_VERSIONS_HEADER
+from rlcp.core.wire.agent.inference import EXPECT_VERSION_HEADER, WEIGHT_VERSIONS_HEADER
 
 log = structlog.get_logger("rlcp.controlplane.gateway")
 

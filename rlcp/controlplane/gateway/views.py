@@ -10,8 +10,8 @@ from typing import Protocol
 from rlcp.controlplane.gateway.breaker import Breakers
 from rlcp.controlplane.gateway.fleets import ModelRoutes
 from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.controller import GatewayView, GatewayWorkerView
+from rlcp.controlplane.settings.gateway import GatewaySettings
+from rlcp.core.wire.controller.state import GatewayView, GatewayWorkerView
 
 
 class Counted(Protocol):

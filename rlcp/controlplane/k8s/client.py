@@ -27,7 +27,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from rlcp.controlplane.settings import KubernetesApiSettings
+from rlcp.controlplane.settings.kubernetes import KubernetesApiSettings
 
 T = TypeVar("T")
 

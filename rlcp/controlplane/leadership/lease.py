@@ -36,7 +36,7 @@ from kubernetes_asyncio import client
 
 from rlcp.controlplane.k8s.client import K8sConflict, K8sError, K8sNotFound, call
 from rlcp.controlplane.leadership.guard import Leadership
-from rlcp.controlplane.settings import LeaderElectionSettings
+from rlcp.controlplane.settings.leader_election import LeaderElectionSettings
 
 log = structlog.get_logger("rlcp.controlplane.leadership.lease")
 Attempt = Literal["held", "other", "failed"]  # we hold it / someone else validly does / could not tell

@@ -46,7 +46,7 @@ from rlcp.controlplane.metrics import FailedStep
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
 from rlcp.controlplane.operations.steps import Step, StepIncomplete
 from rlcp.controlplane.operations.verify import verify
-from rlcp.controlplane.settings import WeightTransferSettings
+from rlcp.controlplane.settings.weight_transfer import WeightTransferSettings
 from rlcp.controlplane.workers.capabilities import (
     BROADCAST,
     CONTROL,

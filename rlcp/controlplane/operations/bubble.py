@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from rlcp.core.wire.controller import BubbleReport, CapacityPoint, WorkerOutage
+from rlcp.core.wire.controller.operations import BubbleReport, CapacityPoint, WorkerOutage
 
 _DIGITS = 4
 

@@ -33,7 +33,7 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
 from rlcp.controlplane.operations.steps import Executor, Retry, Step
 from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, WeightsKind, has
-from rlcp.core.wire.controller import WorkerResult
+from rlcp.core.wire.controller.operations import WorkerResult
 
 RETRY_S = 0.25
 _NOT_LOADABLE = frozenset({"path_unavailable", "path_forbidden"})

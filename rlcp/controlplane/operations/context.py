@@ -41,7 +41,7 @@ from rlcp.controlplane.operations.record import OperationLog, OperationTracker
 from rlcp.controlplane.operations.steps import Executor
 from rlcp.controlplane.workers.capabilities import Capability, has
 from rlcp.controlplane.workers.fanout import FanOut
-from rlcp.core.wire.controller import OperationKind, OperationResult
+from rlcp.core.wire.controller.operations import OperationKind, OperationResult
 
 T = TypeVar("T")
 # Operations that see members asleep. Every other one leaves them out, each named in its result

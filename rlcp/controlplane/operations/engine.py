@@ -24,7 +24,7 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
 from rlcp.controlplane.operations.steps import Step
-from rlcp.controlplane.settings import EngineMethod
+from rlcp.controlplane.settings.engine_routes import EngineMethod
 from rlcp.controlplane.workers.capabilities import ENGINE_ROUTES
 from rlcp.controlplane.workerspec import Flavor
 from rlcp.core.labels import Selector

@@ -59,7 +59,7 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 from rlcp.core.wire.controller import OperationResult, Phase, SleepRecord, SleepRequest, WakeUpRequest
 
 FULL_WAKE = frozenset({"weights", "kv_cache"})

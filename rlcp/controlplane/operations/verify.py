@@ -33,7 +33,7 @@ from rlcp.controlplane.operations.context import Run
 from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Checksums, Driver, LoadReport, capable, has
 from rlcp.controlplane.workers.transport import WorkerRejected
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
+from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
 
 _NAMED = 3  # tensors named in a mismatch message
 

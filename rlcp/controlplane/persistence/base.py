@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 
 
 class DesiredStore(Protocol):

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from rlcp.controlplane.errors import StoreConflict, StoreUnavailable
 from rlcp.controlplane.k8s.client import K8sConflict, K8sError, K8sNotFound, call
 from rlcp.controlplane.leadership.guard import Leadership
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 
 log = structlog.get_logger("rlcp.controlplane.persistence.configmap")
 DATA_KEY = "desired.json"

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rlcp.controlplane.fleetnames import DEFAULT_FLEET
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.base import DesiredStore
 from rlcp.controlplane.persistence.file import FileStore
 from rlcp.controlplane.persistence.memory import MemoryStore
-from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
+from rlcp.controlplane.settings import ControllerSettings
 
 if TYPE_CHECKING:
     from kubernetes_asyncio.client import ApiClient

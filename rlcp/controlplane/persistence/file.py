@@ -13,7 +13,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 
 
 class FileStore:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 
 
 class MemoryStore:

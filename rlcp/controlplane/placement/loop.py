@@ -28,7 +28,7 @@ import structlog
 from rlcp.controlplane.placement.plan import Placed
 from rlcp.controlplane.placement.ray import RayPlacer
 from rlcp.controlplane.placement.status import PlacementStatus
-from rlcp.controlplane.settings import RayPlacementSettings
+from rlcp.controlplane.settings.placement import RayPlacementSettings
 
 log = structlog.get_logger("rlcp.controlplane.placement")
 T = TypeVar("T")

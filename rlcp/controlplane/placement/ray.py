@@ -39,7 +39,7 @@ from rlcp.controlplane.placement.plan import (
     parse_group,
     plan_placement,
 )
-from rlcp.controlplane.settings import RayPlacementSettings
+from rlcp.controlplane.settings.placement import RayPlacementSettings
 
 log = structlog.get_logger("rlcp.controlplane.placement")
 AGENT_START_TIMEOUT_S = 120.0  # an actor's __init__ waits this long for its agent's ports

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from rlcp.controlplane.placement.plan import Placed, actor_name, group_name
-from rlcp.controlplane.settings import RayPlacementSettings
-from rlcp.core.wire.controller import PlacementView
+from rlcp.controlplane.settings.placement import RayPlacementSettings
+from rlcp.core.wire.controller.placement import PlacementView
 
 
 class PlacementStatus:

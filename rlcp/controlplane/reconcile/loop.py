@@ -141,7 +141,7 @@ class Reconciler:
                 await d.pause(mode, self.deadlines.pause())
             case actions.Resume(), Control():
                 await d.resume()
-            case actions.Sleep(level=level), Sleep():
+            case actions.PutToSleep(level=level), Sleep():
                 # Back to sleep: what it runs is nobody's rollout (it is outside the fence).
                 await d.sleep(level, "abort", self.deadlines.pause())
             case _:

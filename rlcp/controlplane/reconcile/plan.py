@@ -15,8 +15,8 @@ from typing import ClassVar, Literal
 from rlcp.controlplane.fleet.convergence import weights_behind
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.agent.control import PauseMode
+from rlcp.core.wire.controller.desired import DesiredState
 
 ActionKind = Literal["set_desired", "update_weights", "load_lora", "unload_lora", "pause", "resume", "sleep"]
 
@@ -62,12 +62,12 @@ class Resume:
 
 
 @dataclass(frozen=True)
-class Sleep:
+class PutToSleep:
     kind: ClassVar[ActionKind] = "sleep"
     level: int
 
 
-Action = SetDesired | UpdateWeights | LoadLora | UnloadLora | Pause | Resume | Sleep
+Action = SetDesired | UpdateWeights | LoadLora | UnloadLora | Pause | Resume | PutToSleep
 
 
 def plan(
@@ -89,7 +89,7 @@ def plan(
     if asleep is not None:
         # Kept asleep: nothing else is done to it (a wake converges and verifies it). One that
         # reports awake -- restarted, or woken behind the controller's back -- goes back to sleep.
-        return [Sleep(asleep.level)] if status.sleeping is False else []
+        return [PutToSleep(asleep.level)] if status.sleeping is False else []
     if status.sleeping:
         return []  # put to sleep by hand: not resumed onto released memory; a wake through the API verifies it
     actions: list[Action] = []

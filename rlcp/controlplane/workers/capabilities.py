@@ -41,7 +41,7 @@ from typing import Any, Generic, Literal, Protocol, TypeGuard, TypeVar, runtime_
 
 from rlcp.controlplane.errors import InvalidInput, MissingCapability
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 WeightsKind = Literal["weights", "adapter"]  # what a staged worker's check looks for
 Capability = Literal[

@@ -17,7 +17,7 @@ import structlog
 
 from rlcp.controlplane.workers.capabilities import Can, Driver, implements
 from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected, WorkerTimeout
-from rlcp.core.wire.controller import ResultStatus, WorkerResult
+from rlcp.core.wire.controller.operations import ResultStatus, WorkerResult
 
 log = structlog.get_logger("rlcp.controlplane.workers.fanout")
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from rlcp.agent.engine.factory import build_engine
 from rlcp.agent.engine.sim import SimEngine
 from rlcp.agent.engine.vllm_engine import VllmEngine
 from rlcp.agent.settings import AgentSettings, EngineSettings, InferenceSettings
-from rlcp.core.wire.agent import AgentState
+from rlcp.core.wire.agent.state import AgentState
 
 AGENT = Path(__file__).resolve().parents[2] / "rlcp" / "agent"
 
@@ -115,7 +115,7 @@ def test_the_engine_kind_is_one_closed_type() -> None:
     [
         base.InferenceServing,
         base.GenerationControl,
-        base.PrefixCache,
+        base.EnginePrefixCache,
         base.VersionedWeights,
         base.EngineDiskWeights,
         base.EngineWeightTransfer,

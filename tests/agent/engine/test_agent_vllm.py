@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from rlcp.agent.engine.vllm_engine import build_vllm_args
 from rlcp.agent.engine.vllm_worker import AdapterChecksumsExtension
 from rlcp.agent.settings import EngineSettings, InferenceSettings
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
+from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.harness.http import call
 from tests.agent.engine.vllm_support import PROMPT, complete, state, tokenize
 

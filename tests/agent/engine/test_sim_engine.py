@@ -11,7 +11,7 @@ import pytest
 
 from rlcp.agent.engine.base import Engine, EngineError
 from rlcp.agent.engine.sim import SimEngine, SimOutput
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 from tests.agent.engine.sim_support import PROMPT, run, sim_tasks, until, weights_dir
 
 pytestmark = pytest.mark.asyncio

@@ -29,7 +29,7 @@ from rlcp.controlplane.gateway.follow import FollowedState
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.controlplane.gateway.routing import Router
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, start_controller
 from rlcp.harness.faults import Fault

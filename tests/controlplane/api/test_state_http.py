@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from rlcp.controlplane.gateway.follow import FollowedState
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 from rlcp.harness.controller import CTL_TOKEN, start_controller
 from tests.support.fleets import FleetShape
 

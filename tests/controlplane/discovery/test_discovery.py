@@ -26,7 +26,7 @@ from rlcp.controlplane.discovery.http_listing import (
 from rlcp.controlplane.discovery.polling import backoff_s
 from rlcp.controlplane.discovery.sglang_router import parse_router_workers
 from rlcp.controlplane.discovery.static import StaticSource
-from rlcp.controlplane.settings import HttpListingSettings
+from rlcp.controlplane.settings.discovery import HttpListingSettings
 from rlcp.controlplane.workerspec import WorkerSpec
 
 

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from rlcp.controlplane.discovery.base import Membership
 from rlcp.controlplane.discovery.kubernetes import EndpointSliceSource, members_from_slices
-from rlcp.controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.settings.discovery import KubernetesDiscoverySettings
 from rlcp.controlplane.workerspec import WorkerSpec
 from tests.support.k8s import NS, api_client, wait_for
 from tests.support.k8s_fake import FakeKubeApi, endpoint, endpoint_slice, pod

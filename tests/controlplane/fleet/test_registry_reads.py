@@ -12,7 +12,7 @@ from rlcp.controlplane.fleet.members import FleetRegistry
 from rlcp.controlplane.fleet.observer import observe_statuses
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
-from rlcp.core.wire.controller import WorkerResult
+from rlcp.core.wire.controller.operations import WorkerResult
 
 
 def status(version: str, *, paused: bool = False) -> WorkerStatus:

@@ -15,7 +15,8 @@ from rlcp.controlplane.fleet.members import FleetRegistry
 from rlcp.controlplane.fleet.view import FleetFacts, StateCache, WorkerViews, build_state
 from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
-from rlcp.core.wire.controller import DesiredState, RequestCounts, WorkerResult
+from rlcp.core.wire.agent.state import RequestCounts
+from rlcp.core.wire.controller import DesiredState, WorkerResult
 
 
 def seen(registry: FleetRegistry, wid: str, version: str | None, *, ok: bool = True) -> None:

@@ -16,9 +16,10 @@ from rlcp.controlplane.gateway.balancing.policy import BalancingPolicy
 from rlcp.controlplane.gateway.balancing.session_affinity import SessionAffinity, rank_for_session
 from rlcp.controlplane.gateway.fence import fence, in_fence
 from rlcp.controlplane.gateway.routing import Router, build_table
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.controlplane.workerspec import FLAVOR_DRIVERS, FLAVOR_REQUESTS
-from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, RequestCounts, WorkerView
+from rlcp.core.wire.agent.state import RequestCounts
+from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState, WorkerView
 
 
 def worker(

@@ -7,7 +7,7 @@ import uvicorn
 import vllm.envs
 
 from rlcp.controlplane.gateway.app import new_session
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 
 
 async def test_the_gateway_lets_go_of_an_idle_connection_before_a_worker_closes_it() -> None:

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.pinning import instance_number, pin_refused, pinned_body
-from rlcp.core.wire.controller import FleetState
+from rlcp.core.wire.controller.state import FleetState
 from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from tests.support.fleets import FixedState, gateway_client
 

@@ -34,7 +34,7 @@ from aiohttp.test_utils import TestClient
 from rlcp.controlplane.gateway.app import GATEWAY, new_session, start_site
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.proxy import Gateway
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.harness.faults import Fault
 from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from rlcp.harness.simfleet import SimAgent

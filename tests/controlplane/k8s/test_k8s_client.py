@@ -10,7 +10,7 @@ import yaml
 from kubernetes_asyncio import client
 
 from rlcp.controlplane.k8s.client import K8sConflict, K8sGone, K8sNotFound, K8sUnavailable, call, make_api_client
-from rlcp.controlplane.settings import KubernetesApiSettings
+from rlcp.controlplane.settings.kubernetes import KubernetesApiSettings
 from tests.support.k8s import NS, api_client
 from tests.support.k8s_fake import FakeKubeApi
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from rlcp.controlplane.discovery.kubernetes import EndpointSliceSource
-from rlcp.controlplane.settings import KubernetesDiscoverySettings
+from rlcp.controlplane.settings.discovery import KubernetesDiscoverySettings
 from tests.support.k8s import NS, api_client, wait_for
 from tests.support.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 

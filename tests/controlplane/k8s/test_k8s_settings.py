@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rlcp.controlplane.settings import ControllerSettings, LeaderElectionSettings
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings.leader_election import LeaderElectionSettings
 
 
 def test_the_charts_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller, http_transports
 from rlcp.controlplane.errors import NotLeader
@@ -30,7 +30,7 @@ from rlcp.controlplane.leadership import lease as lease_module
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.memory import MemoryStore
 from rlcp.controlplane.settings import ControllerSettings
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet

@@ -17,7 +17,7 @@ from rlcp.controlplane.api.errors import to_api_error
 from rlcp.controlplane.errors import NotLeader
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.leadership.lease import LeaseElector
-from rlcp.controlplane.settings import LeaderElectionSettings
+from rlcp.controlplane.settings.leader_election import LeaderElectionSettings
 from tests.support.k8s import NS, LeaseClock, api_client, wait_for
 from tests.support.k8s_fake import FakeKubeApi
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
 
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations.weights import update_weights
@@ -28,7 +28,7 @@ from rlcp.controlplane.persistence.file import FileStore
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 from rlcp.harness.controller import AUTH, CTL_TOKEN, disk_update, update_body
 from rlcp.harness.memory import MemoryFleet
 from rlcp.harness.waiting import wait_for

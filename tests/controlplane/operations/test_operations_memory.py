@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.api.errors import to_api_error
-from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.errors import InvalidInput, MissingCapability, PathOutsideRoots
 from rlcp.controlplane.metrics import STEPS, failed_step
@@ -28,7 +28,7 @@ from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import CHECKSUMS
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.core.wire.agent import EMPTY_TENSOR_SHA256
+from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.core.wire.controller import (
     LoraRequest,
     PauseRequest,

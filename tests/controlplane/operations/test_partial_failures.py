@@ -11,7 +11,7 @@ import pytest
 
 from rlcp.controlplane.operations.pause import pause
 from rlcp.controlplane.operations.weights import update_weights
-from rlcp.core.wire.controller import PauseRequest
+from rlcp.core.wire.controller.pause import PauseRequest
 from rlcp.harness.controller import disk_update
 from rlcp.harness.faults import Fault
 

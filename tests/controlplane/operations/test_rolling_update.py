@@ -19,7 +19,7 @@ from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.gateway.fence import fence
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from rlcp.controlplane.operations.weights import update_weights
-from rlcp.core.wire.controller import UpdateWeightsRequest
+from rlcp.core.wire.controller.updates import UpdateWeightsRequest
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import disk_update
 from rlcp.harness.memory import MemoryFleet

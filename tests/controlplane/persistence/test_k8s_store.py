@@ -16,7 +16,7 @@ from rlcp.controlplane.api.errors import to_api_error
 from rlcp.controlplane.errors import NotLeader, StoreConflict, StoreUnavailable
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.persistence.configmap import DATA_KEY, ConfigMapStore
-from rlcp.core.wire.controller import DesiredState
+from rlcp.core.wire.controller.desired import DesiredState
 from tests.support.k8s import NS, api_client, wait_for
 from tests.support.k8s_fake import FakeKubeApi
 

@@ -22,7 +22,7 @@ from rlcp.controlplane.placement.loop import run_placement
 from rlcp.controlplane.placement.plan import Group, Placed, plan_placement
 from rlcp.controlplane.placement.ray import RayPlacer
 from rlcp.controlplane.placement.status import PlacementStatus
-from rlcp.controlplane.settings import RayPlacementSettings
+from rlcp.controlplane.settings.placement import RayPlacementSettings
 from rlcp.harness.waiting import LoopStalls
 
 

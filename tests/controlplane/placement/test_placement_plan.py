@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from rlcp.controlplane.placement.plan import Group, group_name, group_of, parse_actor, parse_group, plan_placement
 from rlcp.controlplane.placement.ray import agent_config
-from rlcp.controlplane.settings import ControllerSettings, RayPlacementSettings
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings.placement import RayPlacementSettings
 
 
 def test_first_pass_places_one_group_and_every_actor() -> None:

@@ -10,7 +10,7 @@ from typing import Literal
 from rlcp.controlplane.gateway.balancing.least_load import LeastLoad
 from rlcp.controlplane.gateway.balancing.policy import BalancingPolicy
 from rlcp.controlplane.gateway.balancing.session_affinity import SessionAffinity
-from rlcp.controlplane.settings import GatewaySettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
 
 PolicyName = Literal["session_affinity", "least_load"]
 # The gateway's own: a request with a session key keeps to its session's worker (bounded by

@@ -35,9 +35,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
+from rlcp.controlplane.fleetnames import DEFAULT_FLEET
 from rlcp.controlplane.gateway.envoy.fence import METADATA_NAMESPACE, cluster_name
-from rlcp.controlplane.settings import DEFAULT_FLEET, ControllerSettings
-from rlcp.core.wire.agent import EXPECT_VERSION_HEADER
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.core.wire.agent.inference import EXPECT_VERSION_HEADER
 
 XDS_CLUSTER = "rlcp-xds"
 FLEET_HEADER = "x-rl-fleet"

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from rlcp.controlplane.gateway.fence import fence
 from rlcp.controlplane.workerspec import request_path
-from rlcp.core.wire.controller import FleetState, WorkerView
+from rlcp.core.wire.controller.state import FleetState, WorkerView
 
 METADATA_NAMESPACE = "rl"  # %UPSTREAM_METADATA(rl:version)% in bootstrap.py
 

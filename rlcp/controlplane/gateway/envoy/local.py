@@ -17,7 +17,7 @@ import grpc
 
 from rlcp.controlplane.fleets import Fleets
 from rlcp.controlplane.gateway.envoy.xds import XdsServer, serve
-from rlcp.controlplane.settings import EnvoySettings
+from rlcp.controlplane.settings.gateway import EnvoySettings
 
 
 class EnvoyPlane:

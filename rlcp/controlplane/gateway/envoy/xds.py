@@ -36,7 +36,7 @@ from google.protobuf import any_pb2, struct_pb2
 
 from rlcp.controlplane.fleet.publish import Published
 from rlcp.controlplane.gateway.envoy.fence import METADATA_NAMESPACE, Cluster, fleet_cluster, observed
-from rlcp.core.wire.controller import EnvoyPlaneView, EnvoyView, FleetState
+from rlcp.core.wire.controller.state import EnvoyPlaneView, EnvoyView, FleetState
 
 EDS_TYPE = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 log = structlog.get_logger("rlcp.controlplane.gateway.envoy")

@@ -23,7 +23,7 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.transport import WorkerRejected, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 # What a member can do, advertised as `routes` per capability in this controller's listing
 # (`discovery/http_listing.py`), for the flavors that publish no route list of their own.

@@ -61,7 +61,7 @@ from rlcp.controlplane.workers.capabilities import (
 from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 # Which of Dynamo's published routes each capability of this driver needs (all of them).
 DYNAMO_ROUTES: dict[Capability, tuple[str, ...]] = {

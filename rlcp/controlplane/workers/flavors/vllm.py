@@ -66,7 +66,7 @@ from rlcp.controlplane.workers.flavors.base import (
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
-from rlcp.core.wire.agent import PauseMode
+from rlcp.core.wire.agent.control import PauseMode
 
 
 @final

@@ -32,9 +32,9 @@ from rich.console import Console
 from rlcp.client.render import state_view
 from rlcp.controlplane.assembly import ENVOY_XDS_PORT
 from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
-from rlcp.controlplane.settings import GatewaySettings
-from rlcp.core.wire.agent import PauseMode
-from rlcp.core.wire.controller import FleetState
+from rlcp.controlplane.settings.gateway import GatewaySettings
+from rlcp.core.wire.agent.control import PauseMode
+from rlcp.core.wire.controller.state import FleetState
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import Ctl, controller_settings, start_controller, update_body
 from rlcp.harness.envoy import EnvoyProcess, free_port

@@ -12,8 +12,9 @@ import yaml
 
 from rlcp.controlplane.gateway.envoy.bootstrap import FLEET_HEADER, envoy_bootstrap
 from rlcp.controlplane.gateway.envoy.fence import Endpoint, address, endpoint
-from rlcp.controlplane.settings import ControllerSettings, GatewaySettings
-from rlcp.core.wire.controller import WorkerView
+from rlcp.controlplane.settings import ControllerSettings
+from rlcp.controlplane.settings.gateway import GatewaySettings
+from rlcp.core.wire.controller.state import WorkerView
 from rlcp.harness.envoy import envoy_binary
 from rlcp.harness.fleet_state import serving_worker
 

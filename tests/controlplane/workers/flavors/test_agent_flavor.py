@@ -18,7 +18,7 @@ from rlcp.controlplane.workers.transport import (
     WorkerTimeout,
     WorkerUnreachable,
 )
-from rlcp.core.wire.agent import RequestCounts
+from rlcp.core.wire.agent.state import RequestCounts
 from tests.controlplane.workers.flavors.wire import BASE, make, sent, slow
 
 # -- agent ---------------------------------------------------------------------------------

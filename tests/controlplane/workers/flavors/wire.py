@@ -11,7 +11,7 @@ import aiohttp
 from aioresponses import CallbackResult, aioresponses
 
 from rlcp.controlplane.deadlines import DriverDeadlines
-from rlcp.controlplane.settings import WorkerCallSettings
+from rlcp.controlplane.settings.workers import WorkerCallSettings
 from rlcp.controlplane.workers.registry import make_driver
 from rlcp.controlplane.workers.transport import CallPolicy, HttpTransport
 from rlcp.controlplane.workerspec import WorkerSpec
