@@ -110,6 +110,16 @@ class SimAgent:
         if request.method != "GET" and call not in CHANGES_NOTHING:
             self.touched.append(call)
 
+    def touched_by(self, request_id: str) -> list[str]:
+        """The mutating calls that carried `request_id` (the controller passes a request's id on to
+        every worker call it makes for it): what that one request did here, whatever the
+        reconciler or a status poll did meanwhile."""
+        return [
+            call
+            for call, rid, _trace in self.traced
+            if rid == request_id and not call.startswith("GET ") and call not in CHANGES_NOTHING
+        ]
+
     async def stop(self) -> None:
         await self.runner.cleanup()
         if self.serve_inference:
