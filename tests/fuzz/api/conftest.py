@@ -21,7 +21,7 @@ from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.live import LiveLoop, serve
-from rlcp.harness.simfleet import SimAgent, start_fleet
+from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.fuzz.api.fuzzing import make_roots
 
@@ -48,10 +48,19 @@ class _FleetStack:
 
 # -- the controller over a SimEngine fleet ----------------------------------------------------------
 class ControllerStack(_FleetStack):
+    async def _start_agents(self, engine: dict[str, Any]) -> list[SimAgent]:
+        root = self.paths["root"]
+        starting = (SimAgent(f"w{i}", [root], settings_overrides={"engine": engine}).start() for i in range(2))
+        return list(await asyncio.gather(*starting))
+
     def __init__(self, base: Path, paths: dict[str, Path]) -> None:
         self.live = LiveLoop()
         self.paths = paths
-        self.agents: list[SimAgent] = self.live.run(start_fleet(2, [self.paths["root"]]))
+        # Room for every adapter name the fuzzing loads: with an engine's usual few (max_loras 4) the
+        # first loads fill it, and every later load is rightly refused before any call (409), so
+        # `POST /load_lora_adapter` never reached past that check.
+        engine = {"kind": "sim", "model": "sim", "max_loras": 4096}
+        self.agents: list[SimAgent] = self.live.run(self._start_agents(engine))
         settings = controller_settings(
             base,
             [a.spec() for a in self.agents],
