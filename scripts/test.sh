@@ -23,30 +23,26 @@ if [ $# -eq 0 ]; then
   #    That process keeps about a third of the two cores busy (it mostly waits for engines
   #    to start and for rollouts to end), so beside it, in the background:
   # 3. the rest in two processes (they mostly wait on sockets and child processes; the image
-  #    builds are among them, on one of the two), then the API fuzzing in two processes side by
-  #    side: the controller's cases with its closing check, and the rest (the agent's with its
-  #    check, the gateway's, the runs without a token). Each check
-  #    needs every case of its server in its own process, which pytest-xdist cannot promise here
-  #    (test_fuzz_api.py), so two plain pytest runs; beside four other test processes it failed,
-  #    so it waits for them.
+  #    builds are among them, on one of the two), then the API fuzzing (tests/fuzz/api) in two
+  #    processes of its own, with xdist's plain `--dist load`: schemathesis' items share one node
+  #    id per test function, and the rest's `--dist loadgroup` would run one operation of each and
+  #    drop the others. Its closing checks add up the cases of both workers (tests/fuzz/api/reach.py).
+  #    Beside four other test processes it failed, so it waits for the rest.
   rc=0
-  fuzz=tests/fuzz/test_fuzz_api.py
-  fuzz_controller="test_fuzz_controller and not without_token or test_the_controller_fuzzing"
+  fuzz_api=tests/fuzz/api
   rest="not alone and not vllm and not sglang"
   "${pytest[@]}" -m alone --durations=5 || rc=$?
   logs=$(mktemp -d)
   (
     brc=0
-    "${pytest[@]}" -n 2 --dist loadgroup -m "$rest" --ignore "$fuzz" --durations=10 >"$logs/rest" 2>&1 || brc=$?
-    "${pytest[@]}" -m "$rest" "$fuzz" -k "not ($fuzz_controller)" >"$logs/fuzz-rest" 2>&1 &
-    "${pytest[@]}" -m "$rest" "$fuzz" -k "$fuzz_controller" >"$logs/fuzz-controller" 2>&1 || brc=$?
-    wait $! || brc=$?
+    "${pytest[@]}" -n 2 --dist loadgroup -m "$rest" --ignore "$fuzz_api" --durations=10 >"$logs/rest" 2>&1 || brc=$?
+    "${pytest[@]}" -n 2 --dist load -m "$rest" "$fuzz_api" >"$logs/fuzz-api" 2>&1 || brc=$?
     exit $brc
   ) &
   background=$!
   "${pytest[@]}" -m "not alone and (vllm or sglang)" --durations=25 || rc=$?
   wait "$background" || rc=$?
-  for part in rest fuzz-controller fuzz-rest; do
+  for part in rest fuzz-api; do
     echo "=== $part"
     cat "$logs/$part"
   done

@@ -47,6 +47,10 @@ from rlcp.harness.tiny_model import agent_engine
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import DaemonFleet, FleetShape, GatewayFleet, SimFleet
 
+# The API fuzzing's closing checks judge at the end of the run, over every worker's cases: their
+# plugin must be in every pytest process, the xdist controller (which collects no test) included.
+pytest_plugins = ("tests.fuzz.api.reach",)
+
 # Every process a test starts, and every process those start, carries this process's mark
 # (rlcp/harness/leftovers.py), so the run can tell at its end what it left behind.
 _OWNER = mark_owner()

@@ -1,6 +1,6 @@
 """The adversarial fuzzing suite (issue 22): what an adversary sends, on every JSON route.
 
-`test_fuzz_api.py` explores each route's schema with schemathesis; this suite aims where such
+`tests/fuzz/api` explores each route's schema with schemathesis; this suite aims where such
 exploration rarely lands, and where the 74 unexpected 500s and the two fleet-wide outages of
 issue 22 were. For every route with a JSON body of the controller, the agent and the gateway,
 hypothesis draws a body valid for the route's schema (schemathesis' positive strategy over
