@@ -17,7 +17,7 @@ from rlcp.agent.engine.vllm_engine import VllmEngine
 from rlcp.agent.settings import AgentSettings, EngineSettings, InferenceSettings
 from rlcp.core.wire.agent.state import AgentState
 
-AGENT = Path(__file__).resolve().parents[2] / "rlcp" / "agent"
+AGENT = Path(__file__).resolve().parents[3] / "rlcp" / "agent"
 
 # Lowest first; a module may import its own layer and those below it (docs/architecture.md,
 # "Inside the agent, by role").
@@ -41,6 +41,8 @@ def agent_modules() -> dict[str, Path]:
     for path in sorted(AGENT.rglob("*.py")):
         parts = path.relative_to(AGENT).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    # A wrong root finds nothing, and every rule then holds of nothing (it did, once the tests moved).
+    assert "service" in found and "engine.base" in found, f"no agent package at {AGENT}"
     return found
 
 

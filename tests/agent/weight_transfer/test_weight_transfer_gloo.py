@@ -111,7 +111,7 @@ def _trainer_main() -> None:
 
 
 def _trainer(spec: dict, log: Path) -> subprocess.Popen:
-    code = "from tests.agent.test_weight_transfer_gloo import _trainer_main; _trainer_main()"
+    code = f"from {__name__} import _trainer_main; _trainer_main()"  # wherever this module moves
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-c", code, json.dumps(spec)],

@@ -90,7 +90,7 @@ def test_every_vllm_route_has_an_answer_on_one_side() -> None:
     assert not inference - gateway, f"vLLM inference routes the gateway does not know: {sorted(inference - gateway)}"
     assert BOTH <= facade and BOTH <= gateway
     # Each documented, route by route, in the table of docs/controller.md.
-    table = (Path(__file__).parents[2] / "docs" / "controller.md").read_text()
+    table = (Path(__file__).parents[3] / "docs" / "controller.md").read_text()
     missing = sorted(f"{m} {p}" for m, p in admin | inference | BOTH if f"`{m} {p}`" not in table)
     assert not missing, f"vLLM routes missing from docs/controller.md's table: {missing}"
 

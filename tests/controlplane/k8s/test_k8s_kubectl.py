@@ -25,7 +25,7 @@ from tests.support.k8s import NS, api_client, wait_for
 from tests.support.k8s_fake import FakeKubeApi, endpoint, endpoint_slice
 
 pytestmark = pytest.mark.timeout(90)
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SELECTOR = "kubernetes.io/service-name=rl-workers"
 
 
