@@ -174,6 +174,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         sim_load_s=args.load_s,
         sim_token_s=args.token_s,
         envoy=False,
+        lora=None,  # engines without LoRA, as the local fleet's default
     )  # the Python gateway
     procs = Processes(workdir)
     try:

@@ -157,7 +157,11 @@ for _name in ("empty", "zeros", "ones", "full", "tensor", "empty_like", "zeros_l
     setattr(torch, _name, _no_pin(getattr(torch, _name)))
 torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
 EOF
-PYTHONPATH="${extra}" "${target}/bin/python" -c '
+# VLLM_TARGET_DEVICE=cpu: the linked vllm package has no dist-info here, so vLLM cannot tell it is the
+# CPU build and loads its AVX-512 kernels (`vllm._C`), an illegal instruction on an AVX2-only CPU.
+# Said, it picks the kernels the CPU has (`_C_AVX2` or `_C_AVX512`); the harness says it to every
+# SGLang process (rlcp/harness/sglang.py).
+VLLM_TARGET_DEVICE=cpu PYTHONPATH="${extra}" "${target}/bin/python" -c '
 import torch, sglang, sglang.srt.entrypoints.http_server, sglang.launch_server  # noqa: F401
 assert torch.version.cuda is None, torch.__version__
 ' || fail "the built venv does not import sglang's server (see above)"

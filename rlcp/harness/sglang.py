@@ -124,7 +124,13 @@ class SglangServerProcess(HttpServerProcess):
         # The project's PYTHONPATH must not leak in (its packages are built for another torch).
         # GLOO_SOCKET_IFNAME: SGLang's broadcast group is gloo on the CPU, kept on loopback.
         env = child_env(
-            PYTHONPATH=str(self.venv / "extra"), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **self.extra_env
+            PYTHONPATH=str(self.venv / "extra"),
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            # The linked vllm package has no dist-info: without this, vLLM does not know it is its
+            # CPU build and loads its AVX-512 kernels, an illegal instruction on an AVX2-only CPU.
+            VLLM_TARGET_DEVICE="cpu",
+            **self.extra_env,
         )
         env.pop("VIRTUAL_ENV", None)
         return env
@@ -218,7 +224,9 @@ def trainer_main() -> None:
 
 async def run_sglang_trainer(spec: dict[str, Any], log: Path, *, venv: Path) -> int:
     """Run the trainer in SGLang's venv to its end (killed after `TRAINER_S`); its exit code."""
-    env = child_env(PYTHONPATH=f"{REPO}:{venv / 'extra'}", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+    env = child_env(
+        PYTHONPATH=f"{REPO}:{venv / 'extra'}", GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", VLLM_TARGET_DEVICE="cpu"
+    )
     env.pop("VIRTUAL_ENV", None)
     with log.open("ab") as out:
         proc = await asyncio.create_subprocess_exec(

@@ -61,7 +61,7 @@ def test_two_steps_on_a_sim_fleet(tmp_path: Path) -> None:
     ], out
     assert "summary: 2/2 steps ok" in out
     # Rollouts went through the gateway, and each is tallied by the version its answer named.
-    assert re.search(r"^Gateway: +http://127\.0\.0\.1:\d+", out, re.M), out
+    assert re.search(r"^The fleet's URL \(point a trainer here.*\): +http://127\.0\.0\.1:\d+$", out, re.M), out
     tally = re.search(r"by the version that served them \(X-RL-Weight-Version\): (.*)$", out, re.M)
     assert tally and re.search(r"\bstep-1=\d+", tally.group(1)), out
     pids = json.loads((tmp_path / "pids.json").read_text())
@@ -81,7 +81,7 @@ def test_two_steps_through_envoy(tmp_path: Path) -> None:
     assert "summary: 2/2 steps ok" in out
     envoy_url = re.search(r"^Envoy up: (http://127\.0\.0\.1:\d+)", out, re.M)
     assert envoy_url, out
-    assert re.search(rf"^Gateway: +{re.escape(envoy_url[1])} +\(Envoy", out, re.M), out
+    assert re.search(rf"^The fleet's URL \(.*\): +{re.escape(envoy_url[1])}\n +\(Envoy: ", out, re.M), out
     tally = re.search(r"by the version that served them \(X-RL-Weight-Version\): (.*)$", out, re.M)
     assert tally and re.search(r"\bstep-1=\d+", tally.group(1)), out
     routed = re.search(r"^Envoy routed (\d+) requests", out, re.M)
