@@ -1,0 +1,124 @@
+"""TRL 1.16.0's own `AsyncGRPOTrainer`, unchanged, learns through two real vLLM CPU agents behind the one URL.
+
+`python -m rlcp.rl.trl` (what `bash scripts/run-local.sh --trainer trl` runs) in a process of its own,
+as a user runs it, pointed at the gateway's port of a controller over the suite's shared agents (LoRA
+on, `max_loras` 2), with `api.allow_anonymous` (TRL sends no token). TRL probes the fleet, chooses
+adapter-only sync, and publishes `trl-policy-v<N>` after every step; the fleet loads each on both
+engines. Checked: the reward climbs; every rollout TRL's rollout process got was answered, by an
+adapter TRL had published (the answer's `model`), on both workers. The negative control is the same
+run with TRL's no-op weight transfer: every rollout comes from the base model, and the reward stays
+flat.
+
+The margin: see MARGIN below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from rlcp.client.client import ControlPlaneClient
+from rlcp.controlplane.api.routes import CONTROLLER
+from rlcp.controlplane.assembly import GATEWAY, assemble
+from rlcp.harness.controller import CTL_TOKEN, controller_settings
+from rlcp.harness.waiting import wait_for
+
+pytest.importorskip("trl", reason="the trl extra (TRL 1.16.0, peft)")
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+STEPS = 14
+NO_SYNC_STEPS = 6
+MARGIN = 0.2  # the last three steps' mean reward over the first three's
+
+
+@pytest.fixture
+async def fleet_url(vllm_agent, vllm_agent_b, tiny_models, tmp_path):
+    """The gateway's URL of a controller over both shared agents, on the base weights, with no
+    adapter loaded (TRL's sync needs both of `max_loras` 2 free) and no token required."""
+    agents = [vllm_agent, vllm_agent_b]
+    settings = controller_settings(
+        tmp_path,
+        [a.spec(f"vllm-{i}") for i, a in enumerate(agents)],
+        api={"token": CTL_TOKEN, "allow_anonymous": True},
+        allowed_roots=[str(tiny_models["base"].parent), str(tmp_path)],
+        workers={"token": vllm_agent.token, "timeout_s": 30, "pause_timeout_s": 30, "weight_load_timeout_s": 120},
+        gateway={"port": 0, "hold_timeout_s": 60},
+    )
+    async with TestClient(TestServer(assemble(settings, token=CTL_TOKEN))) as client:
+        ctl = client.server.app[CONTROLLER]
+        await wait_for(
+            lambda: all(r.status and r.status.world_size for r in ctl.members()),
+            timeout_s=30,
+            what="both agents polled",
+        )
+        url = str(client.make_url("")).rstrip("/")
+        async with ControlPlaneClient(url, token=CTL_TOKEN) as admin:
+            await admin.update_weights("base", str(tiny_models["weights-1"]))
+            state = await admin.state()
+            for name in {lora for w in state.workers for lora in (w.loras or {})}:
+                await admin.unload_lora(name)  # what earlier tests left on the shared engines
+            yield client.server.app[GATEWAY].url
+            for name in {lora for w in (await admin.state()).workers for lora in (w.loras or {})}:
+                await admin.unload_lora(name)
+
+
+async def run_trl(url: str, model_dir: Path, out: Path, *extra: str) -> dict:
+    """`python -m rlcp.rl.trl` in its own process (TRL's client blocks, and spawns its rollout
+    process); its summary, and its output on failure."""
+    summary = out / "summary.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rlcp.rl.trl",
+        "--url",
+        url,
+        "--model-dir",
+        str(model_dir),
+        "--out",
+        str(out),
+        "--summary",
+        str(summary),
+        *extra,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    text = output.decode(errors="replace")
+    print(text[-6000:])
+    assert summary.exists(), f"the TRL run ended ({proc.returncode}) without a summary:\n{text[-4000:]}"
+    return json.loads(summary.read_text())
+
+
+async def test_trl_async_grpo_learns_through_the_fleet_on_the_adapters_it_published(fleet_url, tiny_models, tmp_path):
+    t0 = time.monotonic()
+    s = await run_trl(fleet_url, tiny_models["base"], tmp_path / "trl", "--steps", str(STEPS))
+    print(f"TRL run: {time.monotonic() - t0:.0f}s; {json.dumps({k: v for k, v in s.items() if k != 'steps'})}")
+    assert len(s["steps"]) == STEPS
+    assert s["rollouts"] >= STEPS * 32, "TRL's rollouts were not all recorded"
+    assert s["rollouts_failed"] == 0
+    assert s["rollouts_not_published"] == 0, "a rollout came from an adapter TRL did not publish"
+    assert s["published"] == [f"trl-policy-v{k}" for k in range(1, STEPS + 2)]
+    assert set(s["workers"]) == {"vllm-0", "vllm-1"}, "the rollouts did not spread over both agents"
+    assert s["reward_last3"] - s["reward_first3"] > MARGIN, s["steps"]
+
+
+async def test_without_sync_trl_samples_the_base_and_does_not_learn(fleet_url, tiny_models, tmp_path):
+    s = await run_trl(fleet_url, tiny_models["base"], tmp_path / "trl", "--steps", str(NO_SYNC_STEPS), "--no-sync")
+    assert s["rollouts"] >= NO_SYNC_STEPS * 32
+    assert s["rollouts_failed"] == 0
+    assert s["rollouts_not_published"] == 0  # every one from `tiny`, the base: nothing else was published
+    assert s["published"] == ["tiny"]
+    assert max(step["reward"] for step in s["steps"]) < 0.05, s["steps"]
