@@ -5,6 +5,8 @@
 #   bash scripts/run-local.sh --sim           # simulated engines, seconds
 #   bash scripts/run-local.sh --sim --envoy   # rollouts through a real Envoy fed the fence over xDS
 #   bash scripts/run-local.sh --keep-running  # keep the fleet up after the steps; Ctrl-C stops it all
+#   bash scripts/run-local.sh --serve-only --lora  # a fleet for your own trainer (TRL): no trainer of ours;
+#                                             # prints the one URL to point it at (--steps 0 does the same)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

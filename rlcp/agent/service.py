@@ -89,6 +89,8 @@ class AgentService:
             weight_version=self.weight_state.version,
             desired_weight_version=self.readiness.desired_version,
             loras=self.lora.registry.loaded(),
+            lora_enabled=self.settings.engine.enable_lora,
+            max_loras=self.settings.engine.max_loras if self.settings.engine.enable_lora else None,
             world_size=self.engine.world_size(),
             busy_with=self.gate.busy_with,
             last_operations=self.records.recent(),

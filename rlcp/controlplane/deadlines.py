@@ -83,7 +83,18 @@ class Deadlines:
         carries checksums. Hashing reads every parameter from memory once, so it is given no longer
         than the load (and no longer than a checksum step of its own)."""
         load_s = self.load(requested_s)
-        return self.call_over(load_s) + (min(load_s, self.checksums_s) if checksums else 0.0)
+        return self.call_over(load_s + self._hashing(load_s, checksums))
+
+    def update_in_one_call(self, requested_s: float | None, *, checksums: bool) -> float:
+        """Our deadline on an update the worker takes in one call (the agent's
+        `weights/update`): its pause, its load and the hashing, bounded as the three steps are,
+        with one grace, since it is one answer. With `timeout_s: 3` and the default 5 s grace:
+        3 + 3 + 3 + 5 = 14 s (a grace per phase had made it 19 s)."""
+        load_s = self.load(requested_s)
+        return self.call_over(self.pause(requested_s) + load_s + self._hashing(load_s, checksums))
+
+    def _hashing(self, load_s: float, checksums: bool) -> float:
+        return min(load_s, self.checksums_s) if checksums else 0.0
 
     def call_over(self, engine_s: float) -> float:
         """Our deadline on a call the engine bounds by `engine_s` itself."""

@@ -73,6 +73,8 @@ class WorkerStatus(BaseModel):
     weight_version: str | None = None
     requests: RequestCounts | None = None
     loras: dict[str, str | None] = Field(default_factory=dict, description="Adapter name -> version.")
+    lora_enabled: bool | None = Field(None, description="Its engine has LoRA on; None: the flavor cannot tell.")
+    max_loras: int | None = Field(None, description="Adapters its engine holds at once; None: not known.")
     ready: bool | None = None
     not_ready_reason: str | None = None
     engine_alive: bool | None = None

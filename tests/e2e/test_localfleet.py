@@ -196,3 +196,44 @@ def test_an_agent_that_dies_is_restarted_and_converged(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_steps_0_leaves_a_lora_fleet_up_for_your_own_trainer(tmp_path: Path) -> None:
+    """`--steps 0` (the same as `--serve-only`) runs no trainer of ours: the fleet comes up, the
+    banner names the URL to point a trainer at, and it stays up until Ctrl-C (it once exited 1
+    on a ZeroDivisionError in the run's summary and took the fleet down)."""
+    import urllib.request
+
+    proc = subprocess.Popen(
+        _localfleet(tmp_path, "--steps", "0", "--lora", "--max-loras", "3"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "the fleet keeps running" in line:
+                break
+            assert time.monotonic() < deadline, "".join(lines)
+        out = "".join(lines)
+        assert "the fleet keeps running" in out and proc.poll() is None, out
+        one_url = re.search(r"vllm_server_base_url\): (http://\S+)", out)
+        controller = re.search(r"Controller: (http://\S+)", out)
+        assert one_url and controller, out
+        assert "summary" not in out and "LoRA: on (max_loras=3" in out, out
+        with urllib.request.urlopen(controller[1] + "/v1/rl/state", timeout=10) as resp:
+            state = json.loads(resp.read())
+        assert [(w["lora_enabled"], w["max_loras"]) for w in state["workers"]] == [(True, 3)] * 2, state
+        with urllib.request.urlopen(one_url[1] + "/v1/models", timeout=10) as resp:
+            assert resp.status == 200
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, out + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -16,7 +16,7 @@ from rlcp.agent.context import AgentContext
 from rlcp.agent.engine.base import Adapters
 from rlcp.agent.errors import EngineCallError
 from rlcp.agent.paths import allowed_dir
-from rlcp.core.errors import NotFoundError, UnavailablePathError
+from rlcp.core.errors import ConflictError, NotFoundError, UnavailablePathError
 from rlcp.core.wire.agent import LoraInfo, LoraLoadRequest
 
 
@@ -62,6 +62,7 @@ class Loras:
         return path
 
     async def load(self, req: LoraLoadRequest) -> LoraInfo:
+        self._check_capacity(req.name)
         path = await self.check(req.path)
         async with self._ctx.operation("load_lora", lora=req.name, version=req.version):
             replace = self.registry.get(req.name) is not None
@@ -77,6 +78,23 @@ class Loras:
             self.registry.add(info)
             await self._drop_cache()
             return info
+
+    def _check_capacity(self, name: str) -> None:
+        """A load the engine cannot hold is refused before it is tried: with LoRA off vLLM fails
+        the load, and past `max_loras` it evicts the oldest adapter silently."""
+        engine = self._ctx.settings.engine
+        if not engine.enable_lora:
+            raise ConflictError(
+                "this agent's engine runs without LoRA (engine.enable_lora is off): it cannot load an adapter",
+                field="name",
+            )
+        held = [info.name for info in self.registry.loaded()]
+        if name not in held and len(held) >= engine.max_loras:
+            raise ConflictError(
+                f"loading {name!r} would exceed max_loras={engine.max_loras} (loaded: {', '.join(held)}); "
+                "unload one first",
+                field="name",
+            )
 
     async def unload(self, name: str) -> set[int]:
         """Remove the adapter from the engine and check that it is gone; returns the

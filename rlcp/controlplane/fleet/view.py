@@ -87,6 +87,8 @@ def worker_view(desired: DesiredState, rec: WorkerRecord) -> WorkerView:
         requests=s.requests if s else None,
         weight_version=s.weight_version if s else None,
         loras=s.loras if s else {},
+        lora_enabled=s.lora_enabled if s else None,
+        max_loras=s.max_loras if s else None,
         engine_alive=s.engine_alive if s else None,
         not_ready_reason=None if ready else reason,
         last_result=rec.last_result,

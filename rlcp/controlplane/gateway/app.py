@@ -47,7 +47,7 @@ GATEWAY = web.AppKey("gateway", Gateway)
 STALENESS_HEADER = "X-RL-Max-Staleness"
 HOLD_HEADER = "X-RL-Hold-Timeout"
 SESSION_ID_HEADER = "X-Session-ID"  # verifiers' clients: the rollout's trace id, the same every turn
-api = RouteTable()
+api = RouteTable(json_bodies=False)  # its body-less routes refuse (501), whatever the body
 _INFERENCE, _PROBES = "inference", "probes"
 
 

@@ -10,7 +10,9 @@ claimed until the load has ended (`fleet/names.py`)."""
 
 from __future__ import annotations
 
-from rlcp.controlplane.errors import NotFound
+from collections.abc import Mapping
+
+from rlcp.controlplane.errors import Conflict, MissingCapability, NotFound
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
@@ -25,6 +27,7 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     path = check_path(req.path, "path", ctx.allowed_roots)
     members = ctx.registry.members()
     require_capability(members, "lora", "a LoRA load")
+    check_lora_room(members, ctx.desired.state.loras, req.name)
     with ctx.names.claim(ctx.fleet, req.name, "a LoRA adapter"):
         return await _load_lora(ctx, req, path, members)
 
@@ -47,8 +50,18 @@ async def _load_lora(
 
     async def body(run: Run) -> None:
         run.steps.report(refused.values())
+        before = ctx.desired.state.loras.get(req.name)
         await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
         loaded = await run.steps.run(loading, [r for r in run.members if r.id not in refused])
+        if not loaded.ok:
+            # No member took it: the fleet is as it was, so the desired state is too. Kept desired,
+            # every member would turn not ready for lacking it and the gateway would hold every
+            # rollout until an unload (which TRL never sends after a failed load).
+            if before is None:
+                await ctx.desired.drop_lora(req.name)
+            else:
+                await ctx.desired.set_lora(req.name, before)
+            return
         held = {
             worker_id: a.checksums
             for worker_id, a in loaded.answers.items()
@@ -69,6 +82,34 @@ async def _load_lora(
     return await run_operation(
         ctx, "load_lora", {"name": req.name, "version": req.version, "path": path, "verify": req.verify}, body
     )
+
+
+def check_lora_room(members: list[WorkerRecord], desired: Mapping[str, LoraSpec], name: str) -> None:
+    """Refuse, before any worker is touched, a load some member cannot hold: its engine runs
+    without LoRA, or the new name would take it past its `max_loras` (vLLM would evict the
+    oldest adapter silently, and a request naming that one would fail). A member that does not
+    report these (a stock server) is not judged. TRL loads version N+1 before it unloads N, so a
+    fleet for it needs `max_loras >= max_staleness + 2`."""
+    off = {r.id: "lora" for r in members if r.status is not None and r.status.lora_enabled is False}
+    if off:
+        raise MissingCapability(
+            f"the engines of {', '.join(sorted(off))} run without LoRA (start them with --enable-lora; "
+            "the local fleet: scripts/run-local.sh --lora): no adapter can be loaded",
+            workers=off,
+        )
+    full: list[str] = []
+    for r in members:
+        if r.status is None or r.status.max_loras is None:
+            continue
+        held = set(r.status.loras) | set(desired) | {name}
+        if len(held) > r.status.max_loras:
+            full.append(f"{r.id} (max_loras={r.status.max_loras}, would hold {', '.join(sorted(held))})")
+    if full:
+        raise Conflict(
+            f"loading {name!r} would exceed max_loras on {'; '.join(full)}: vLLM would evict the oldest adapter "
+            "silently. Unload one first, or start the engines with a larger --max-loras",
+            field="name",
+        )
 
 
 async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:

@@ -243,7 +243,7 @@ class Roll:
             name="update",
             can=STAGED_UPDATE,
             call=lambda w: w.update_in_one_call(plan(w.spec.id)),
-            deadline_s=d.call_over(pause_s) + d.load_step(req.timeout_s, checksums=req.verify),
+            deadline_s=d.update_in_one_call(req.timeout_s, checksums=req.verify),
             observe=lambda answer: answer.status,
         )
         one, stepped = await asyncio.gather(run.steps.run(in_one_call, in_one), self._in_steps(in_steps, pause_s))

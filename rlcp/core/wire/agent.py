@@ -281,6 +281,14 @@ class AgentState(BaseModel):
     weight_version: str | None
     desired_weight_version: str | None = None
     loras: list[LoraInfo] = Field(default_factory=list)
+    lora_enabled: bool | None = Field(
+        None, description="The engine was started with LoRA support (`--enable-lora`); None: not reported."
+    )
+    max_loras: int | None = Field(
+        None,
+        description="Adapters the engine holds at once (`--max-loras`); vLLM evicts the oldest past it, "
+        "silently. None: not reported, or LoRA off.",
+    )
     world_size: int
     busy_with: OperationKind | None = Field(None, description="The mutating operation running now, if any.")
     last_operations: list[OperationRecord] = Field(default_factory=list)

@@ -479,6 +479,10 @@ class WorkerView(BaseModel):
     requests: RequestCounts | None
     weight_version: str | None
     loras: dict[str, str | None]
+    lora_enabled: bool | None = Field(None, description="Its engine has LoRA on; None: its flavor does not say.")
+    max_loras: int | None = Field(
+        None, description="Adapters its engine holds at once; a load past it is refused (409). None: not known."
+    )
     engine_alive: bool | None = Field(None, description="The engine's own liveness, as the worker reports it.")
     not_ready_reason: str | None = None
     last_result: WorkerResult | None = None

@@ -83,6 +83,8 @@ class AgentDriver(
             weight_version=state.weight_version,
             requests=state.requests,
             loras={lora.name: lora.version for lora in state.loras},
+            lora_enabled=state.lora_enabled,
+            max_loras=state.max_loras,
             ready=state.ready,
             not_ready_reason=state.not_ready_reason,
             engine_alive=state.engine_alive,
