@@ -2,7 +2,7 @@
 
 `python -m rlcp.rl.trl` (what `bash scripts/run-local.sh --trainer trl` runs) in a process of its own,
 as a user runs it, pointed at the gateway's port of a controller over the suite's shared agents (LoRA
-on, `max_loras` 2), with `api.allow_anonymous` (TRL sends no token). TRL probes the fleet, chooses
+on, `max_loras` 3), with `api.allow_anonymous` (TRL sends no token). TRL probes the fleet, chooses
 adapter-only sync, and publishes `trl-policy-v<N>` after every step; the fleet loads each on both
 engines. Checked: the reward climbs; every rollout TRL's rollout process got was answered, by an
 adapter TRL had published (the answer's `model`), on both workers. The negative control is the same
@@ -28,19 +28,21 @@ from rlcp.client.client import ControlPlaneClient
 from rlcp.controlplane.api.routes import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
+from rlcp.harness.processes import child_env
 from rlcp.harness.waiting import wait_for
 
 pytest.importorskip("trl", reason="the trl extra (TRL 1.16.0, peft)")
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 STEPS = 14
 NO_SYNC_STEPS = 6
+REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.2  # the last three steps' mean reward over the first three's
 
 
 @pytest.fixture
 async def fleet_url(vllm_agent, vllm_agent_b, tiny_models, tmp_path):
     """The gateway's URL of a controller over both shared agents, on the base weights, with no
-    adapter loaded (TRL's sync needs both of `max_loras` 2 free) and no token required."""
+    adapter loaded (TRL's sync at staleness 1 needs all of `max_loras` 3) and no token required."""
     agents = [vllm_agent, vllm_agent_b]
     settings = controller_settings(
         tmp_path,
@@ -72,7 +74,8 @@ async def run_trl(url: str, model_dir: Path, out: Path, *extra: str) -> dict:
     """`python -m rlcp.rl.trl` in its own process (TRL's client blocks, and spawns its rollout
     process); its summary, and its output on failure."""
     summary = out / "summary.json"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # This checkout's `rlcp` first (a shared venv's editable install may point at another one).
+    env = child_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -89,13 +92,18 @@ async def run_trl(url: str, model_dir: Path, out: Path, *extra: str) -> dict:
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
         env=env,
+        cwd=REPO,
     )
     try:
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        if proc.returncode is None:  # SIGTERM first: the run then stops TRL's rollout process
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
     text = output.decode(errors="replace")
     print(text[-6000:])
     assert summary.exists(), f"the TRL run ended ({proc.returncode}) without a summary:\n{text[-4000:]}"

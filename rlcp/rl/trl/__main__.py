@@ -5,14 +5,16 @@
 
 `--url` is the fleet's one URL (the gateway's port, or the controller's); TRL sends no token, so the
 controller must run with `api.allow_anonymous: true` (docs/operator-guide.md). `--model-dir` is the
-checkpoint the engines serve, with LoRA on (`max_loras >= 2`). `bash scripts/run-local.sh --trainer
-trl` starts such a fleet and runs this.
+checkpoint the engines serve, with LoRA on (`max_loras >= max_staleness + 2`, 3 by default).
+`bash scripts/run-local.sh --trainer trl` starts such a fleet and runs this.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -54,6 +56,10 @@ def report(run: TrlRun, label: str) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # said once here: async_grpo is TRL's experimental API
+    # SIGTERM as an exception, so TRL's own `finally` stops its rollout process: killed outright, the
+    # trainer leaves that child behind, generating against the fleet (seen: orphans after a stop).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     settings = TrlSettings(
         steps=args.steps, lr=args.lr, seed=args.seed, max_staleness=args.max_staleness, sync=not args.no_sync
     )

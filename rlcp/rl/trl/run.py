@@ -47,15 +47,17 @@ RESPONSE_TEMPLATE = {
 @dataclass
 class TrlSettings:
     steps: int = 20
-    lr: float = 2e-2
+    lr: float = 5e-2
     seed: int = 0
     prompts_per_step: int = 4
     group: int = 8  # completions per prompt (TRL's num_generations)
     max_tokens: int = 16
     lora_rank: int = 8
-    # Samples older than the current adapter are dropped (TRL's `max_staleness`): every trained
-    # token then comes from the adapter TRL published last, and the engines need `max_loras >= 2`.
-    max_staleness: int = 0
+    # TRL's `max_staleness`: samples from the adapter before the current one are still trained on
+    # (importance-weighted by the engine's logprobs); the engines need `max_loras >= max_staleness + 2`.
+    # Not 0: TRL then unloads the previous adapter while its rollout process still has requests
+    # naming it in flight, and those retry their 404 for minutes (30 x 3 attempts, up to 16 s apart).
+    max_staleness: int = 1
     sync: bool = True  # False: the negative control (TRL's documented no-op weight transfer)
 
 
@@ -129,6 +131,7 @@ def train_with_trl(
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     stand_ins = cpu.install(cuda=torch.cuda.is_available())
@@ -159,12 +162,17 @@ def train_with_trl(
         token_budget=0,  # a fixed count of samples per step, as `per_device_train_batch_size` says
         max_completion_length=settings.max_tokens,
         max_staleness=settings.max_staleness,
+        # One step's samples waiting at most: TRL's rollout process otherwise keeps every engine busy
+        # filling a 1024-sample queue whose older part is dropped as stale, and on two shared CPU
+        # cores that generation slows the training it feeds.
+        queue_maxsize=settings.prompts_per_step * settings.group,
         bf16=False,  # TRL's default is bf16 (GPU); float32 on both sides, as the engines serve
         dtype="float32",
         gradient_checkpointing=False,  # a model this small gains nothing from it
         report_to="none",
         save_strategy="no",
         logging_steps=1,
+        disable_tqdm=True,  # the run prints its own line per step
         use_cpu=not torch.cuda.is_available(),
     )
     peft = LoraConfig(
@@ -205,6 +213,7 @@ def train_with_trl(
         weight_transfer=None if settings.sync else NoWeightSync(),
     )
     holder["trainer"] = trainer
+    trainer.remove_callback(PrinterCallback)  # transformers' print of every log dict: the step line says it
     say(
         f"TRL {_version('trl')} AsyncGRPOTrainer at {url}: {settings.steps} steps of {settings.prompts_per_step} "
         f"prompts x {settings.group} completions x {settings.max_tokens} tokens, LoRA r={settings.lora_rank}, "
