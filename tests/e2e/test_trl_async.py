@@ -27,6 +27,9 @@ and were answered by `tiny`, the base, on both workers, and the reward stayed wi
 strong evidence is where the rollouts came from; over 6 steps the synced run's reward has not taken off
 yet either (0.010 at step 6), so the flat reward alone would prove little, and 16 more steps would cost
 CI another ~5 minutes.
+
+Cost, measured on a quiet machine with the shared engines already up: the synced run 217 s, the control
+119 s.
 """
 
 from __future__ import annotations
@@ -132,7 +135,7 @@ async def run_trl(url: str, model_dir: Path, out: Path, *extra: str) -> dict:
     return json.loads(summary.read_text())
 
 
-async def test_trl_async_grpo_learns_through_the_fleet_on_the_adapters_it_published(fleet_url, tiny_models, tmp_path):
+async def test_trl_async_grpo_trains_through_the_fleet_on_the_adapters_it_published(fleet_url, tiny_models, tmp_path):
     t0 = time.monotonic()
     s = await run_trl(fleet_url, tiny_models["base"], out_dir(tiny_models, tmp_path), "--steps", str(STEPS))
     print(f"TRL run: {time.monotonic() - t0:.0f}s; {json.dumps({k: v for k, v in s.items() if k != 'steps'})}")
