@@ -7,6 +7,7 @@
 #   bash scripts/run-local.sh --keep-running  # keep the fleet up after the steps; Ctrl-C stops it all
 #   bash scripts/run-local.sh --serve-only --lora  # a fleet for your own trainer (TRL): no trainer of ours;
 #                                             # prints the one URL to point it at (--steps 0 does the same)
+#   bash scripts/run-local.sh --trainer trl   # TRL's own AsyncGRPOTrainer, a LoRA policy, through the one URL
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh

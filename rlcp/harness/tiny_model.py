@@ -40,7 +40,9 @@ MAX_POSITIONS = 1024  # the model's context limit, which the engines serve it at
 # worker, the local fleet, the benchmarks): engine arguments by their Python names.
 SERVED_NAME = "tiny"
 ENGINE_ARGS: dict[str, Any] = {"dtype": "float32", "max_model_len": MAX_POSITIONS, "enforce_eager": True}
-LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 2}
+# max_loras 3: TRL's adapter-only sync holds max_staleness + 2 adapters at once, and its staleness must
+# be at least 1 (tests/e2e/test_trl_async.py; docs/trainer-guide.md, "TRL").
+LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_lora_rank": 8, "max_loras": 3}
 
 
 def agent_engine(model: Path, **overrides: Any) -> dict[str, Any]:

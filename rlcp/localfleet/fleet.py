@@ -55,6 +55,7 @@ from rlcp.harness.processes import (
     ControllerProcess,
     ProcessError,
     ProcessSupervisor,
+    child_env,
     stop_all,
 )
 from rlcp.harness.tiny_model import agent_engine
@@ -341,7 +342,9 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
     from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
     from rlcp.rl.run import Fleet, train_through_fleet
 
-    settings = RunSettings(steps=args.steps, lr=args.lr, seed=args.seed, mode=args.mode, push=not args.no_push)
+    settings = RunSettings(
+        steps=args.steps, lr=1e-2 if args.lr is None else args.lr, seed=args.seed, mode=args.mode, push=not args.no_push
+    )
     out = await train_through_fleet(
         Fleet(url, gateway, token),
         base,
@@ -367,6 +370,24 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
     say(f"log: {out.log}" + (f"\nplot: {out.plot}" if out.plot else "  (no plot: matplotlib is not installed)"))
     matched = worst is not None and worst <= MISMATCH_TOLERANCE
     return not failed and (matched or not settings.push)
+
+
+async def learn_with_trl(args: argparse.Namespace, gateway: str, base: Path | None) -> bool:
+    """TRL's own AsyncGRPOTrainer (`python -m rlcp.rl.trl`, the `trl` extra) pointed at the fleet's
+    one URL, in a process of its own (TRL's client blocks, and it spawns its rollout process); True
+    when it trained every step and every rollout came from an adapter it published."""
+    assert base is not None  # parse_args: --sim has no model to learn with
+    argv = ["--url", gateway, "--model-dir", str(base), "--out", str(args.workdir / "trl"), "--steps", str(args.steps)]
+    argv += ["--seed", str(args.seed)] + (["--lr", str(args.lr)] if args.lr is not None else [])
+    argv += ["--no-sync"] if args.no_push else []
+    say(f"TRL: {sys.executable} -m rlcp.rl.trl {' '.join(argv)}")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "rlcp.rl.trl", *argv, env=child_env())
+    try:
+        return await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
 
 
 def gateway_section(args: argparse.Namespace) -> dict[str, Any]:
@@ -525,7 +546,13 @@ async def start_fleet(
         ControllerProcess(
             {
                 "controller_id": "local-fleet",
-                "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+                # TRL sends no token: its run opens the fleet to clients without one (loopback only).
+                "api": {
+                    "host": "127.0.0.1",
+                    "port": args.port,
+                    "token": api_token,
+                    "allow_anonymous": args.trainer == "trl",
+                },
                 "gateway": gateway_section(args),
                 "discovery": {"kind": "static", "static": specs},
                 "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
@@ -628,6 +655,8 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                 all_ok = True  # no trainer of ours: the fleet waits for the user's
             elif args.trainer == "grpo":
                 all_ok = await learn(args, url, gateway, token, base)
+            elif args.trainer == "trl":
+                all_ok = await learn_with_trl(args, gateway, base)
             else:
                 rollouts = Rollouts(session, gateway, args.agents, model, version)
                 all_ok = await trainer.run_steps(procs, rollouts)
@@ -685,9 +714,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--trainer",
-        choices=("grpo", "noise"),
+        choices=("grpo", "trl", "noise"),
         default=None,
         help="grpo: the RL run that learns (vLLM engines, the default); "
+        "trl: TRL's own AsyncGRPOTrainer through the fleet's one URL, a LoRA policy (the trl extra; turns "
+        "--lora on and lets clients without a token in); "
         "noise: noise weights every step under rollout load (the default with --sim)",
     )
     p.add_argument(
@@ -702,12 +733,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="sync",
         help="grpo: sample then train (sync), or sample the next step while training (async, staleness bound 1)",
     )
-    p.add_argument("--lr", type=float, default=1e-2, help="grpo: Adam's learning rate")
-    p.add_argument("--seed", type=int, default=0, help="grpo: the seed of sampling and training")
+    p.add_argument("--lr", type=float, default=None, help="grpo, trl: the learning rate (1e-2; trl 5e-2)")
+    p.add_argument("--seed", type=int, default=0, help="grpo, trl: the seed of sampling and training")
     p.add_argument(
         "--no-push",
         action="store_true",
-        help="grpo: never push weights (the negative control: the engines keep the first ones)",
+        help="grpo: never push weights (the negative control: the engines keep the first ones); "
+        "trl: TRL's no-op weight transfer (its rollouts stay on the base model)",
     )
     p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
     p.add_argument("--workdir", type=Path, default=Path(".local-fleet"), help="models, weights, logs, state")
@@ -755,10 +787,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
     args.trainer = args.trainer or ("noise" if args.sim else "grpo")
-    if args.trainer == "grpo" and args.sim:
+    if args.trainer in ("grpo", "trl") and args.sim:
         p.error("--sim engines have no model to learn with: use --trainer noise (the default with --sim)")
+    if args.trainer == "trl":
+        if importlib.util.find_spec("trl") is None:
+            p.error("--trainer trl needs TRL: pip install -e '.[trl]' (the dev extra has it too)")
+        args.lora = True  # TRL syncs adapters only to a server with LoRA on
     if args.steps is None:
-        args.steps = 0 if args.serve_only else 20 if args.trainer == "grpo" else 5
+        args.steps = 0 if args.serve_only else 20 if args.trainer in ("grpo", "trl") else 5
     if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
         p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     if args.serve_only and args.steps:

@@ -54,3 +54,12 @@ def test_the_banner_names_the_one_url_then_the_controller() -> None:
     assert "Controller: http://127.0.0.1:8080   API token: t" in text
     assert "LoRA: on (max_loras=4" in text and "--serve-only" in text
     assert "LoRA: off" in _banner(parse_args(["--steps", "2"]))
+
+
+def test_trainer_trl_turns_lora_on_and_refuses_sim_engines() -> None:
+    pytest.importorskip("trl", reason="the trl extra")
+    args = parse_args(["--trainer", "trl"])
+    assert (args.lora, args.steps, args.lr) == (LoraFlags(), 20, None)  # lr: rlcp.rl.trl's own default
+    assert parse_args(["--trainer", "trl", "--max-loras", "3"]).lora == LoraFlags(3, 16)
+    with pytest.raises(SystemExit):
+        parse_args(["--trainer", "trl", "--sim"])
