@@ -40,7 +40,7 @@ import aiohttp
 
 from bench.common import plot, quiet_logs, report, table
 from rlcp.controlplane.fleet.desired import admitted_versions
-from rlcp.localfleet.fleet import FleetError, Processes, start_fleet, write_step_weights
+from rlcp.localfleet.fleet import FleetError, Processes, parse_args, start_fleet, write_step_weights
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines"]
 DEFAULT_CASES = "all_at_once@1,rolling/1@1,rolling/1@0,rolling/50%@1"
@@ -165,17 +165,16 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         base = workdir / "models" / "base"
     for sub in ("logs", "run", "state", "steps"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
-    fleet_args = argparse.Namespace(
-        agents=args.agents,
-        workdir=workdir,
-        port=0,
-        gateway_port=0,
-        start_timeout=args.start_timeout,
-        sim_load_s=args.load_s,
-        sim_token_s=args.token_s,
-        envoy=False,
-        lora=None,  # engines without LoRA, as the local fleet's default
-    )  # the Python gateway
+    # The local fleet's own options (its parser's defaults: no LoRA, the Python gateway), so a
+    # flag it gains later has its default here too.
+    fleet_args = parse_args(
+        [
+            *([] if args.vllm else ["--sim"]),
+            *("--agents", str(args.agents), "--workdir", str(workdir), "--port", "0", "--gateway-port", "0"),
+            *("--start-timeout", str(args.start_timeout)),
+            *("--sim-load-s", str(args.load_s), "--sim-token-s", str(args.token_s)),
+        ]
+    )
     procs = Processes(workdir)
     try:
         specs, url, token = await start_fleet(fleet_args, procs, base)

@@ -35,12 +35,27 @@ def mark_owner() -> str:
     return os.environ[OWNER_VAR]
 
 
+def own_helpers() -> set[int]:
+    """This process's own multiprocessing helpers (its resource tracker, its fork server), started
+    on first use by whatever library needed them (torch, vLLM). They live as long as this process
+    and exit when it does (they read a pipe from it until EOF): not something a test left behind."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = (
+        getattr(resource_tracker._resource_tracker, "_pid", None),
+        getattr(forkserver._forkserver, "_forkserver_pid", None),
+    )
+    return {pid for pid in pids if pid is not None}
+
+
 def left_behind(owner: str, *, proc: Path = Path("/proc")) -> list[Leftover]:
-    """The live processes other than this one whose environment carries `owner`'s mark."""
+    """The live processes other than this one and its own helpers whose environment carries
+    `owner`'s mark."""
     mark = f"{OWNER_VAR}={owner}".encode()
+    spared = {os.getpid(), *own_helpers()}
     found = []
     for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in spared:
             continue
         try:
             if mark not in (entry / "environ").read_bytes().split(b"\0") or _is_zombie(entry):

@@ -40,3 +40,17 @@ def test_a_process_that_exits_within_the_grace_is_not_counted(tmp_path):
         assert reap(owner, grace_s=60.0) == []  # on its way out: waited for, not killed
     finally:
         proc.wait()
+
+
+def test_this_processs_own_resource_tracker_is_not_counted():
+    # The tracker multiprocessing starts on first use (torch and vLLM use it) carries the run's
+    # mark, and lives until this process exits: it is no leftover of any test.
+    from multiprocessing import resource_tracker
+
+    owner = os.environ[OWNER_VAR]  # the run's own mark (tests/conftest.py)
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    assert tracker is not None
+    with open(f"/proc/{tracker}/environ", "rb") as environ:
+        assert f"{OWNER_VAR}={owner}".encode() in environ.read().split(b"\0")
+    assert tracker not in [p.pid for p in left_behind(owner)]

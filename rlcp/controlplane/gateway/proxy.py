@@ -151,6 +151,7 @@ class Gateway:
             route, held_s = await self._choose(router, policy, tries)
             self.metrics.overhead.observe(max(0.0, time.perf_counter() - arrived - held_s))
             worker = route.worker_id
+            tries.tried.add(worker)
             probe = self.breakers.sent(worker)
             try:
                 response, served = await self.sender.send(request, body, route, router)

@@ -118,6 +118,35 @@ async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_anoth
         assert body["error"]["field"] == "X-RL-Expect-Weight-Version" and "rogue" in body["error"]["message"]
 
 
+async def test_a_refusing_member_is_tried_once_per_request_even_while_it_is_the_least_loaded(gateway_fleet):
+    """A member that refuses at once (here for its weights) is the least loaded one whenever the
+    others are busy: each request tries it once, then goes to another member, never back to it
+    (every try going to it was a 502 in a loaded fleet: a restarted engine refusing at once)."""
+    agents, ctl, gateway, http = gateway_fleet
+    agents[1].faults.add("GET", "/v1/agent/state", Fault("hang"))
+    await wait_for(lambda: agents[1].faults.fired("GET", "/v1/agent/state"), what="a state read of w1 hanging")
+    agents[1].engine.served_version = "rogue"
+    # w0 and w2 each hold one request that never ends, so w1 has the least load from now on.
+    busy = (agents[0], agents[2])
+    for agent in busy:
+        agent.inference_faults.add("POST", "/v1/completions", Fault("hang", times=1))
+    held = [asyncio.create_task(post(http, gateway, completion())) for _ in busy]
+    try:
+        await wait_for(
+            lambda: all(a.inference_faults.fired("POST", "/v1/completions") for a in busy),
+            what="a request hanging on each of w0 and w2",
+        )
+        refused_before = gateway.failed["w1"]
+        answers = [await post(http, gateway, completion()) for _ in range(10)]
+        assert [s for s, _, _ in answers] == [200] * 10, answers
+        assert {h["X-RL-Worker"] for _, h, _ in answers} <= {"w0", "w2"}
+        assert gateway.failed["w1"] - refused_before == 10  # one refusal per request, no more
+    finally:
+        for task in held:
+            task.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
+
+
 async def test_a_keep_mode_request_across_an_update_says_which_weights_made_which_tokens(gateway_fleet, tmp_path):
     agents, ctl, gateway, http = gateway_fleet
     write_checkpoint(tmp_path / "v1", 1)
