@@ -4,6 +4,8 @@
     ├── ControllerUnreachable   connect error or deadline (names the URL)
     ├── AuthError               401: missing or wrong token
     ├── RequestRejected         4xx: carries status, code, field, message
+    │   └── MembershipChanged   409 `membership_changed`: the fleet moved under the broadcast
+    │                           group; carries who joined, left and restarted (`change`)
     ├── OperationFailed         207/502: carries the OperationResult, every worker's result
     └── ConvergeTimeout         wait_converged ran out of time (names the workers behind)
 
@@ -27,7 +29,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from rlcp.core.wire.agent.control import PauseMode
-from rlcp.core.wire.controller import FleetsListing, FleetState, OperationResult, PlacementView
+from rlcp.core.wire.controller import FleetsListing, FleetState, MembershipDelta, OperationResult, PlacementView
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -56,6 +58,15 @@ class RequestRejected(ControlPlaneClientError):
         where = f" field {field!r}" if field else ""
         super().__init__(f"rejected ({status}){where}: {message}")
         self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class MembershipChanged(RequestRejected):
+    """The weight-transfer group is stale: `change` names the members that joined, left or
+    restarted since its init. Form the group again (init with the current members)."""
+
+    def __init__(self, message: str, change: MembershipDelta) -> None:
+        super().__init__(409, "membership_changed", message, None)
+        self.change = change
 
 
 class OperationFailed(ControlPlaneClientError):
@@ -146,6 +157,8 @@ class ControlPlaneClient:
             raise OperationFailed(OperationResult.model_validate(data))
         if status >= 400:
             err = (data or {}).get("error", {}) if isinstance(data, dict) else {}
+            if status == 409 and err.get("code") == "membership_changed":
+                raise MembershipChanged(err.get("message", ""), MembershipDelta.model_validate(err))
             raise RequestRejected(status, err.get("code", "error"), err.get("message", str(data)), err.get("field"))
         return data
 
@@ -460,6 +473,12 @@ class ControllerWeightSyncClient:
     controller has then ended the update and said which worker failed in which phase.
     Calls may come from several threads at once (a trainer engine runs `update_weights`
     beside its broadcast). `last_result` holds the latest operation result.
+
+    A call refused with 409 `membership_changed` raises `MembershipChanged` and leaves its
+    `change` in `membership_change` too: when the refusal hits `update_weights`, which runs
+    beside the broadcast, the trainer engine raises its own error (the broadcast nobody
+    receives times out) and the 409 is lost with the worker thread, so the caller reads it
+    here (`rlcp.rl.sync.BroadcastSync` re-forms the group from it). `begin_round` clears it.
     """
 
     def __init__(
@@ -469,6 +488,18 @@ class ControllerWeightSyncClient:
         self.timeout_s = timeout_s
         self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
         self.last_result: OperationResult | None = None
+        self.membership_change: MembershipDelta | None = None
+
+    def begin_round(self, checkpoint_path: str | None) -> None:
+        """Before a round (start, chunks, finish): the disk copy its finish names, no change seen yet."""
+        self.checkpoint_path, self.membership_change = checkpoint_path, None
+
+    def _noting_change(self, call: Callable[[], OperationResult]) -> None:
+        try:
+            self.last_result = call()
+        except MembershipChanged as exc:
+            self.membership_change = exc.change
+            raise
 
     def trainer_world_size(self) -> int:
         return int(self._client.transfer_info()["trainer_world_size"])
@@ -477,14 +508,16 @@ class ControllerWeightSyncClient:
         self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
 
     def start_weight_update(self) -> None:
-        self.last_result = self._client.transfer_start(timeout_s=self.timeout_s)
+        self._noting_change(lambda: self._client.transfer_start(timeout_s=self.timeout_s))
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self.last_result = self._client.transfer_update(update_info, timeout_s=self.timeout_s)
+        self._noting_change(lambda: self._client.transfer_update(update_info, timeout_s=self.timeout_s))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.last_result = self._client.transfer_finish(
-            weight_version, checkpoint_path=self.checkpoint_path, timeout_s=self.timeout_s
+        self._noting_change(
+            lambda: self._client.transfer_finish(
+                weight_version, checkpoint_path=self.checkpoint_path, timeout_s=self.timeout_s
+            )
         )
 
     def shutdown_weight_transfer_engine(self) -> None:
