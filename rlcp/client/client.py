@@ -475,10 +475,13 @@ class ControllerWeightSyncClient:
     beside its broadcast). `last_result` holds the latest operation result.
 
     A call refused with 409 `membership_changed` raises `MembershipChanged` and leaves its
-    `change` in `membership_change` too: when the refusal hits `update_weights`, which runs
-    beside the broadcast, the trainer engine raises its own error (the broadcast nobody
-    receives times out) and the 409 is lost with the worker thread, so the caller reads it
-    here (`rlcp.rl.sync.BroadcastSync` re-forms the group from it). `begin_round` clears it.
+    `change` in `membership_change` too; so does an init refused for its world size when a
+    member joined or left since `trainer_world_size` read it (the change names them, and its
+    `group_epoch` is the epoch the size was read at). The trainer engine makes some calls in a
+    thread beside its collective (init beside the rendezvous, the chunk beside the broadcast):
+    refused there, the engine raises its own error once the collective gives up, and the
+    refusal dies with the thread, so the caller reads it here (`rlcp.rl.sync.BroadcastSync`
+    forms the group again from it). `begin_round` clears it.
     """
 
     def __init__(
@@ -489,6 +492,7 @@ class ControllerWeightSyncClient:
         self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
         self.last_result: OperationResult | None = None
         self.membership_change: MembershipDelta | None = None
+        self._sized: tuple[int, list[str]] | None = None  # the membership `trainer_world_size` read
 
     def begin_round(self, checkpoint_path: str | None) -> None:
         """Before a round (start, chunks, finish): the disk copy its finish names, no change seen yet."""
@@ -502,10 +506,36 @@ class ControllerWeightSyncClient:
             raise
 
     def trainer_world_size(self) -> int:
-        return int(self._client.transfer_info()["trainer_world_size"])
+        info = self._client.transfer_info()
+        self._sized = (int(info["membership_epoch"]), list(info["members"]))
+        return int(info["trainer_world_size"])
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+        try:
+            self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+        except RequestRejected as exc:
+            if exc.status != 422 or exc.field != "init_info.world_size" or (moved := self._moved_since_sized()) is None:
+                raise
+            # The world size was right when read: a member joined or left before the init arrived.
+            self.membership_change = moved
+            raise MembershipChanged(f"{moved.describe()} (since the world size was read)", moved) from exc
+
+    def _moved_since_sized(self) -> MembershipDelta | None:
+        """Who joined or left since `trainer_world_size` was read; None if no one did (or it was not)."""
+        if self._sized is None:
+            return None
+        epoch, members = self._sized
+        info = self._client.transfer_info()
+        now, then = set(info["members"]), set(members)
+        if int(info["membership_epoch"]) == epoch:
+            return None
+        return MembershipDelta(
+            joined=sorted(now - then),
+            left=sorted(then - now),
+            restarted=[],
+            group_epoch=epoch,
+            membership_epoch=int(info["membership_epoch"]),
+        )
 
     def start_weight_update(self) -> None:
         self._noting_change(lambda: self._client.transfer_start(timeout_s=self.timeout_s))

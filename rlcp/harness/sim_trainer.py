@@ -15,9 +15,9 @@ empty) broadcast, and when that call fails it raises the broadcast's error, not 
 with a real collective nobody receives a chunk the controller refused, the broadcast times
 out, and the refusal is lost with the thread. So the trainer's side sees what it would see.
 
-`after_init` runs in the trainer's thread once the fleet has joined, before the round's
-first call, and `after_start` between the round's start and its chunk: the places where a
-test moves the fleet under a group.
+In the trainer's thread, `before_init` runs once the world size has been read and before the
+init, `after_init` once the fleet has joined, and `after_start` between a round's start and
+its chunk: the places where a test moves the fleet under a group.
 """
 
 from __future__ import annotations
@@ -60,14 +60,22 @@ class SimTrainerEngine:
 
 
 def sim_join(
-    *, after_init: Callable[[int], None] | None = None, after_start: Callable[[int], None] | None = None
+    *,
+    before_init: Callable[[int], None] | None = None,
+    after_init: Callable[[int], None] | None = None,
+    after_start: Callable[[int], None] | None = None,
 ) -> JoinGroup:
-    """`BroadcastSync.join` for a SimEngine fleet. `after_init(n)` runs after the n-th init
-    (from 1) of this sync's life; `after_start(n)` after each round's start in the n-th group."""
+    """`BroadcastSync.join` for a SimEngine fleet. Each hook gets n, counting this sync's
+    groups from 1: `before_init(n)` runs before the n-th init, `after_init(n)` once the fleet
+    has joined in it, `after_start(n)` after each round's start in the n-th group."""
     inits = 0
 
     def join(client: ControllerWeightSyncClient, world_size: int, model: SimModel) -> TrainerEngine:
         nonlocal inits
+        inits += 1
+        n = inits
+        if before_init is not None:
+            before_init(n)
         client.init_weight_transfer_engine(
             {
                 "master_address": "127.0.0.1",
@@ -76,8 +84,6 @@ def sim_join(
                 "world_size": world_size,
             }
         )
-        inits += 1
-        n = inits
         if after_init is not None:
             after_init(n)
         started = None if after_start is None else lambda: after_start(n)

@@ -161,18 +161,17 @@ class BroadcastSync:
         """One round of `version`; a round the controller refused for a membership change is sent
         again through a group formed with the current members (each change lands in `changes`)."""
         while True:
-            if self._engine is None:
-                self._engine = self._init(model)
-            assert self._client is not None
-            client = self._client
-            client.begin_round(checkpoint)
             try:
+                if self._engine is None:
+                    self._engine = self._init(model)
+                assert self._client is not None
+                self._client.begin_round(checkpoint)
                 self._engine.send_weights(weight_version=version)
                 return
             except Exception as exc:
-                # A 409 raised in the engine's own thread, or a broadcast that timed out because the
-                # controller refused the chunk beside it: either way the client kept the change.
-                if (change := client.membership_change) is None:
+                # A 409 raised in this thread, or the collective's own error after the controller
+                # refused a call made beside it: either way the client kept the change.
+                if self._client is None or (change := self._client.membership_change) is None:
                     raise
                 changes.append(change)
                 self._drop()  # this side's rank 0 of the stale group goes too

@@ -162,21 +162,33 @@ async def test_a_change_during_the_round_refuses_the_chunk_and_the_push_still_la
     assert aborted == [None, "membership changed during the update: restarted: w1"], aborted  # newest first
 
 
-async def test_a_second_change_during_the_re_form_gets_one_more_and_the_push_lands(fleet: SimFleet) -> None:
+@pytest.mark.parametrize("when", ["after the re-form's init", "between its world size and its init"])
+async def test_a_second_change_during_the_re_form_gets_one_more_and_the_push_lands(fleet: SimFleet, when: str) -> None:
+    """The second change lands while the group forms again: after its init (the next start is
+    refused), or after the trainer read the world size and before its init (the init is refused
+    for its world size, and the client names who joined from the members that size was of)."""
     loop = asyncio.get_running_loop()
 
     def after_init(n: int) -> None:
         if n == 1:
             _on_loop(loop, _w2_leaves(fleet))
-        elif n == 2:
-            _on_loop(loop, _w2_joins(fleet))  # lands while the group is formed again
+        elif n == 2 and when == "after the re-form's init":
+            _on_loop(loop, _w2_joins(fleet))
 
-    pushed = await _push(_sync(fleet, after_init), "b1")
+    def before_init(n: int) -> None:
+        if n == 2 and when == "between its world size and its init":
+            _on_loop(loop, _w2_joins(fleet))
+
+    sync = BroadcastSync(
+        fleet.ctl.url, CTL_TOKEN, None, timeout_s=30, join=sim_join(before_init=before_init, after_init=after_init)
+    )
+    pushed = await _push(sync, "b1")
 
     assert pushed.error is None, pushed.error
     assert [(c.joined, c.left) for c in pushed.reformed_for] == [([], ["w2"]), (["w2"], [])]
     assert [a.service.weight_version for a in fleet.agents] == ["b1"] * 3
-    assert len(await _inits(fleet)) == 3
+    # Every group formed is in the log; an init refused for its world size formed none.
+    assert len(await _inits(fleet)) == (3 if when == "after the re-form's init" else 2)
 
 
 async def test_a_fleet_that_keeps_changing_fails_the_push_naming_every_change(fleet: SimFleet) -> None:

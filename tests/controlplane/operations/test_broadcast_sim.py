@@ -64,6 +64,7 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
     ctl, agents, _ = broadcast_fleet
     status, info = await ctl.call("GET", "/v1/rl/weight_transfer", headers={})
     assert (status, info["inference_world_size"], info["trainer_world_size"], info["group"]) == (200, 4, 5, None)
+    assert (info["members"], info["membership_epoch"]) == (["w0", "w1", "w2"], 1)  # what the sizes are of
 
     status, result = await _init(ctl)
     assert status == 200, result
