@@ -39,8 +39,8 @@ from rlcp.core.wire.controller import MembershipDelta
 log = structlog.get_logger("rlcp.rl.sync")
 SyncKind = Literal["broadcast", "disk"]
 # Groups one push may form again: one for the change that refused it, and one more for a change
-# that lands while the group forms (a worker's start-up is seen as a join, then as a restart).
-# Past that the fleet moves faster than a round takes: looping would never end.
+# that lands while the group forms again (a scale-up adding workers one discovery report at a
+# time). Past that the fleet moves faster than a round takes, and retrying could loop for ever.
 MAX_REFORMS = 2
 
 
