@@ -4,6 +4,8 @@
     ├── ControllerUnreachable   connect error or deadline (names the URL)
     ├── AuthError               401: missing or wrong token
     ├── RequestRejected         4xx: carries status, code, field, message
+    │   └── MembershipChanged   409 `membership_changed`: the fleet moved under the broadcast
+    │                           group; carries who joined, left and restarted (`change`)
     ├── OperationFailed         207/502: carries the OperationResult, every worker's result
     └── ConvergeTimeout         wait_converged ran out of time (names the workers behind)
 
@@ -27,7 +29,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from rlcp.core.wire.agent.control import PauseMode
-from rlcp.core.wire.controller import FleetsListing, FleetState, OperationResult, PlacementView
+from rlcp.core.wire.controller import FleetsListing, FleetState, MembershipDelta, OperationResult, PlacementView
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -56,6 +58,15 @@ class RequestRejected(ControlPlaneClientError):
         where = f" field {field!r}" if field else ""
         super().__init__(f"rejected ({status}){where}: {message}")
         self.status, self.code, self.message, self.field = status, code, message, field
+
+
+class MembershipChanged(RequestRejected):
+    """The weight-transfer group is stale: `change` names the members that joined, left or
+    restarted since its init. Form the group again (init with the current members)."""
+
+    def __init__(self, message: str, change: MembershipDelta) -> None:
+        super().__init__(409, "membership_changed", message, None)
+        self.change = change
 
 
 class OperationFailed(ControlPlaneClientError):
@@ -146,6 +157,8 @@ class ControlPlaneClient:
             raise OperationFailed(OperationResult.model_validate(data))
         if status >= 400:
             err = (data or {}).get("error", {}) if isinstance(data, dict) else {}
+            if status == 409 and err.get("code") == "membership_changed":
+                raise MembershipChanged(err.get("message", ""), MembershipDelta.model_validate(err))
             raise RequestRejected(status, err.get("code", "error"), err.get("message", str(data)), err.get("field"))
         return data
 
@@ -460,6 +473,15 @@ class ControllerWeightSyncClient:
     controller has then ended the update and said which worker failed in which phase.
     Calls may come from several threads at once (a trainer engine runs `update_weights`
     beside its broadcast). `last_result` holds the latest operation result.
+
+    A call refused with 409 `membership_changed` raises `MembershipChanged` and leaves its
+    `change` in `membership_change` too; so does an init refused for its world size when a
+    member joined or left since `trainer_world_size` read it (the change names them, and its
+    `group_epoch` is the epoch the size was read at). The trainer engine makes some calls in a
+    thread beside its collective (init beside the rendezvous, the chunk beside the broadcast):
+    refused there, the engine raises its own error once the collective gives up, and the
+    refusal dies with the thread, so the caller reads it here (`rlcp.rl.sync.BroadcastSync`
+    forms the group again from it). `begin_round` clears it.
     """
 
     def __init__(
@@ -469,22 +491,63 @@ class ControllerWeightSyncClient:
         self.timeout_s = timeout_s
         self.checkpoint_path = checkpoint_path  # set per step when the trainer also saves to disk
         self.last_result: OperationResult | None = None
+        self.membership_change: MembershipDelta | None = None
+        self._sized: tuple[int, list[str]] | None = None  # the membership `trainer_world_size` read
+
+    def begin_round(self, checkpoint_path: str | None) -> None:
+        """Before a round (start, chunks, finish): the disk copy its finish names, no change seen yet."""
+        self.checkpoint_path, self.membership_change = checkpoint_path, None
+
+    def _noting_change(self, call: Callable[[], OperationResult]) -> None:
+        try:
+            self.last_result = call()
+        except MembershipChanged as exc:
+            self.membership_change = exc.change
+            raise
 
     def trainer_world_size(self) -> int:
-        return int(self._client.transfer_info()["trainer_world_size"])
+        info = self._client.transfer_info()
+        self._sized = (int(info["membership_epoch"]), list(info["members"]))
+        return int(info["trainer_world_size"])
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+        try:
+            self.last_result = self._client.transfer_init(init_info, timeout_s=self.timeout_s)
+        except RequestRejected as exc:
+            if exc.status != 422 or exc.field != "init_info.world_size" or (moved := self._moved_since_sized()) is None:
+                raise
+            # The world size was right when read: a member joined or left before the init arrived.
+            self.membership_change = moved
+            raise MembershipChanged(f"{moved.describe()} (since the world size was read)", moved) from exc
+
+    def _moved_since_sized(self) -> MembershipDelta | None:
+        """Who joined or left since `trainer_world_size` was read; None if no one did (or it was not)."""
+        if self._sized is None:
+            return None
+        epoch, members = self._sized
+        info = self._client.transfer_info()
+        now, then = set(info["members"]), set(members)
+        if int(info["membership_epoch"]) == epoch:
+            return None
+        return MembershipDelta(
+            joined=sorted(now - then),
+            left=sorted(then - now),
+            restarted=[],
+            group_epoch=epoch,
+            membership_epoch=int(info["membership_epoch"]),
+        )
 
     def start_weight_update(self) -> None:
-        self.last_result = self._client.transfer_start(timeout_s=self.timeout_s)
+        self._noting_change(lambda: self._client.transfer_start(timeout_s=self.timeout_s))
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self.last_result = self._client.transfer_update(update_info, timeout_s=self.timeout_s)
+        self._noting_change(lambda: self._client.transfer_update(update_info, timeout_s=self.timeout_s))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.last_result = self._client.transfer_finish(
-            weight_version, checkpoint_path=self.checkpoint_path, timeout_s=self.timeout_s
+        self._noting_change(
+            lambda: self._client.transfer_finish(
+                weight_version, checkpoint_path=self.checkpoint_path, timeout_s=self.timeout_s
+            )
         )
 
     def shutdown_weight_transfer_engine(self) -> None:

@@ -17,7 +17,8 @@ table, at the edge.
     ├── NotFound                    no such LoRA, ...
     ├── Conflict                    another operation (or session) is running
     │   ├── NotLeader               this replica does not lead; names the leader
-    │   ├── MembershipChanged       the fleet changed under a broadcast group
+    │   ├── MembershipChanged       the fleet changed under a broadcast group; names who
+    │                               joined, left or restarted
     │   ├── MissingCapability       a member cannot do what was asked; names worker and capability
     │   ├── ModelNameTaken          another fleet serves that model name; names both fleets
     │   └── StoreConflict           the desired-state store kept answering conflicts
@@ -31,6 +32,7 @@ A partial failure is not an error: it is an operation result (207/502 at the API
 from __future__ import annotations
 
 from rlcp.core.wire.controller.operations import OperationResult
+from rlcp.core.wire.controller.transfer import MembershipDelta
 
 
 class ControlPlaneError(Exception):
@@ -92,7 +94,9 @@ class NotLeader(Conflict):
 
 
 class MembershipChanged(Conflict):
-    pass
+    def __init__(self, message: str, *, change: MembershipDelta) -> None:
+        super().__init__(message)
+        self.change = change  # who joined, left or restarted since the group's init
 
 
 class MissingCapability(Conflict):

@@ -8,6 +8,11 @@
   backend is this project's gloo one on CPU and vLLM's `nccl` on GPU; the code is the same.
   Each step's weights are also saved to disk and named to the controller as the version's
   checkpoint, so a worker that restarts on its base weights is converged by the reconciler.
+  A fleet member that joined, left or restarted since the group formed makes the controller
+  refuse the round (409 `membership_changed`, naming them): the push forms the group again
+  with the current members and sends the same version in the same call, so a membership
+  change never fails a push. It re-forms at most `MAX_REFORMS` times per push; a fleet that
+  keeps moving fails it (`FleetKeptChanging`), naming every change.
 - `DiskSync`: the weights saved as safetensors, then one `update_weights` call (the
   controller checks the checkpoint on every worker, pauses, loads, verifies and resumes;
   `max_unavailable` makes it a rolling update).
@@ -21,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -28,18 +34,51 @@ from typing import Any, Literal, Protocol
 import structlog
 
 from rlcp.client.client import ControllerWeightSyncClient, ControlPlaneClient, ControlPlaneClientError
+from rlcp.core.wire.controller import MembershipDelta
 
 log = structlog.get_logger("rlcp.rl.sync")
 SyncKind = Literal["broadcast", "disk"]
+# Groups one push may form again: one for the change that refused it, and one more for a change
+# that lands while the group forms again (a scale-up adding workers one discovery report at a
+# time). Past that the fleet moves faster than a round takes, and retrying could loop for ever.
+MAX_REFORMS = 2
 
 
 @dataclass(frozen=True)
 class Pushed:
-    """One push: how long it took, and what went wrong (None when every engine took it)."""
+    """One push: how long it took, what went wrong (None when every engine took it), and the
+    membership changes it formed the group again for (in order; empty when none)."""
 
     version: str
     seconds: float
     error: str | None = None
+    reformed_for: tuple[MembershipDelta, ...] = ()
+
+
+class FleetKeptChanging(RuntimeError):
+    """The fleet's membership changed more than `MAX_REFORMS` times during one push."""
+
+    def __init__(self, version: str, changes: list[MembershipDelta]) -> None:
+        named = " | ".join(c.describe() for c in changes)
+        super().__init__(
+            f"the fleet's membership changed {len(changes)} times while pushing {version} "
+            f"(at most {MAX_REFORMS} re-forms per push): {named}"
+        )
+        self.changes = changes
+
+
+class TrainerEngine(Protocol):
+    """What a push needs of a trainer-side weight-transfer engine: vLLM's `TrainerWeightTransferEngine`
+    as this project's gloo backend and vLLM's `nccl` one implement it."""
+
+    def send_weights(self, weight_version: str | None = None) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+# Joins a new group with the fleet as rank 0 through the client and returns the trainer's engine:
+# (client, the trainer's world size as the controller gave it, the model).
+JoinGroup = Callable[[ControllerWeightSyncClient, int, Any], TrainerEngine]
 
 
 class WeightSync(Protocol):
@@ -99,34 +138,56 @@ class BroadcastSync:
     backend: Literal["gloo", "nccl"] = "gloo"
     master_address: str = "127.0.0.1"
     timeout_s: float = 300.0
-    _engine: Any = field(default=None, repr=False)
+    # How the trainer joins a group: None for vLLM's trainer engine on `backend`; a test seam for a
+    # fleet whose engines take no collective (SimEngine), as `rlcp.harness.sim_trainer` does.
+    join: JoinGroup | None = None
+    _engine: TrainerEngine | None = field(default=None, repr=False)
     _client: ControllerWeightSyncClient | None = field(default=None, repr=False)
 
     async def push(self, model: Any, version: str) -> Pushed:
         t0 = time.monotonic()
         if self.steps_dir is not None:
             path = await asyncio.to_thread(save_weights, model, self.steps_dir / version)
+        changes: list[MembershipDelta] = []
         try:
             # vLLM's trainer engine is blocking (it waits on the broadcast and on the client's calls).
-            await asyncio.to_thread(self._send, model, version, None if self.steps_dir is None else str(path))
+            await asyncio.to_thread(self._send, model, version, None if self.steps_dir is None else str(path), changes)
         except (ControlPlaneClientError, RuntimeError, OSError) as exc:
             await asyncio.to_thread(self._drop)  # the group is gone on both sides: the next push joins a new one
-            return Pushed(version, time.monotonic() - t0, f"{type(exc).__name__}: {exc}")
-        return Pushed(version, time.monotonic() - t0)
+            return Pushed(version, time.monotonic() - t0, f"{type(exc).__name__}: {exc}", tuple(changes))
+        return Pushed(version, time.monotonic() - t0, reformed_for=tuple(changes))
 
-    def _send(self, model: Any, version: str, checkpoint: str | None) -> None:
-        if self._engine is None:
-            self._engine = self._init(model)
-        assert self._client is not None
-        self._client.checkpoint_path = checkpoint
-        self._engine.send_weights(weight_version=version)
+    def _send(self, model: Any, version: str, checkpoint: str | None, changes: list[MembershipDelta]) -> None:
+        """One round of `version`; a round the controller refused for a membership change is sent
+        again through a group formed with the current members (each change lands in `changes`)."""
+        while True:
+            try:
+                if self._engine is None:
+                    self._engine = self._init(model)
+                assert self._client is not None
+                self._client.begin_round(checkpoint)
+                self._engine.send_weights(weight_version=version)
+                return
+            except Exception as exc:
+                # A 409 raised in this thread, or the collective's own error after the controller
+                # refused a call made beside it: either way the client kept the change.
+                if self._client is None or (change := self._client.membership_change) is None:
+                    raise
+                changes.append(change)
+                self._drop()  # this side's rank 0 of the stale group goes too
+                if len(changes) > MAX_REFORMS:
+                    raise FleetKeptChanging(version, changes) from exc
+                log.info("weight_transfer_group_reforming", version=version, reform=len(changes), **change.model_dump())
 
-    def _init(self, model: Any) -> Any:
+    def _init(self, model: Any) -> TrainerEngine:
         """Join a new group with the fleet (the controller assigns the engines' ranks)."""
-        from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
-
         self._client = ControllerWeightSyncClient(self.url, token=self.token, timeout_s=self.timeout_s)
         world_size = self._client.trainer_world_size()
+        return (self.join or self._join_vllm)(self._client, world_size, model)
+
+    def _join_vllm(self, client: ControllerWeightSyncClient, world_size: int, model: Any) -> TrainerEngine:
+        from vllm.distributed.weight_transfer import ModuleSource, WeightTransferTrainerFactory
+
         port = free_port(self.master_address)
         if self.backend == "gloo":
             from rlcp.agent.weight_transfer.cpu_gloo import GlooTrainerInitInfo, register
@@ -142,7 +203,10 @@ class BroadcastSync:
                 master_address=self.master_address, master_port=port, world_size=world_size, rank=0
             )
         log.info("weight_transfer_group_joining", backend=self.backend, world_size=world_size, port=port)
-        return WeightTransferTrainerFactory.trainer_init(info, client=self._client, source=ModuleSource(model))
+        engine: TrainerEngine = WeightTransferTrainerFactory.trainer_init(
+            info, client=client, source=ModuleSource(model)
+        )
+        return engine
 
     def _drop(self) -> None:
         engine, client, self._engine, self._client = self._engine, self._client, None, None

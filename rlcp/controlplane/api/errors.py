@@ -17,6 +17,7 @@ from rlcp.core.errors import (
     ValidationFailedError,
 )
 from rlcp.core.wire.controller.operations import OperationResult
+from rlcp.core.wire.controller.transfer import MembershipDelta
 
 
 class NotLeaderApiError(ConflictError):
@@ -46,6 +47,23 @@ class MissingCapabilityApiError(ConflictError):
     def body(self) -> ErrorJson:
         body = super().body()
         body["error"]["workers"] = self.workers
+        return body
+
+
+class MembershipChangedApiError(ConflictError):
+    """409 `membership_changed`: the fleet is not the one the weight-transfer group was formed
+    with. The body names who moved (`joined`, `left`, `restarted`, and the two epochs: the
+    fields of `MembershipDelta`), so a trainer can re-form the group and say why."""
+
+    code = "membership_changed"
+
+    def __init__(self, message: str, *, change: MembershipDelta) -> None:
+        super().__init__(message)
+        self.change = change
+
+    def body(self) -> ErrorJson:
+        body = super().body()
+        body["error"].update(self.change.model_dump(mode="json"))
         return body
 
 
@@ -137,7 +155,6 @@ TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
     domain.RouteNotAllowed: _coded(ApiError, 403, "route_forbidden"),
     domain.NotFound: NotFoundError,  # 404 not_found
     domain.Conflict: ConflictError,  # 409 conflict
-    domain.MembershipChanged: _coded(ConflictError, 409, "membership_changed"),
     domain.StoreConflict: _coded(ConflictError, 409, "store_conflict"),
     domain.NoMembers: _coded(ApiError, 503, "no_members"),
     domain.StoreUnavailable: _coded(ApiError, 503, "store_unavailable"),
@@ -147,6 +164,8 @@ TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
 def to_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, domain.NotLeader):
         return NotLeaderApiError(exc.message, leader=exc.leader)
+    if isinstance(exc, domain.MembershipChanged):
+        return MembershipChangedApiError(exc.message, change=exc.change)
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
     if isinstance(exc, domain.ModelNameTaken):

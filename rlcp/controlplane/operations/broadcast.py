@@ -10,9 +10,12 @@ broadcast arrives, so they must run side by side.
 Rules that keep a fleet from deadlocking or serving half-updated weights:
 - The trainer's `world_size` must be 1 + the fleet's inference ranks: checked before
   any worker is touched (422 naming the field).
-- The group remembers the membership epoch and each worker's instance id at init. A
+- The group remembers the membership epoch and each worker's instance id and spec at init. A
   change (a member added, removed, or restarted) makes start and update fail fast with
-  409 `membership_changed`; the trainer re-initialises the group.
+  409 `membership_changed`, whose body names who joined, left and restarted (the state's
+  group shows the same while stale); the trainer re-initialises the group, and that init's
+  detail keeps the change it replaced (`replaces_stale_group`), so the operations log says
+  why a group was formed again.
 - Start pauses a fleet the trainer has not paused (finish resumes it, so a trainer that
   never pauses, as TRL's `GRPOTrainer`, never has to resume), and opens a session: until
   finish, other operations get 409 and the reconciler stays away.
@@ -34,6 +37,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -57,8 +61,10 @@ from rlcp.controlplane.workers.capabilities import (
     refuse_transfer_input,
     require_one_transfer_wire,
 )
+from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.controller import (
     Checkpoint,
+    MembershipDelta,
     OperationKind,
     OperationResult,
     TransferFinishRequest,
@@ -85,6 +91,7 @@ class _Member:
     rank_offset: int
     world_size: int
     instance_id: str | None
+    spec: WorkerSpec  # as discovered at init: a changed one is a member started afresh
 
 
 @dataclass
@@ -160,9 +167,11 @@ class WeightTransfer:
         g = self.group
         if g is None:
             return None
+        change = self._change(g)
         return TransferGroupView(
             membership_epoch=g.epoch,
-            stale=self._change(g) is not None,
+            stale=change is not None,
+            change=change,
             world_size=g.world_size,
             members=[
                 TransferMember(worker_id=m.worker_id, rank_offset=m.rank_offset, world_size=m.world_size)
@@ -219,13 +228,18 @@ class WeightTransfer:
                 epoch=run.tracker.epoch,
                 world_size=expected,
                 members=[
-                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None)
+                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None, r.spec)
                     for r in run.members
                 ],
             )
             log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
 
-        detail = {"world_size": expected, "ranks": {worker_id: offset for worker_id, offset, _ in ranks}}
+        detail: dict[str, Any] = {
+            "world_size": expected,
+            "ranks": {worker_id: offset for worker_id, offset, _ in ranks},
+        }
+        if self.group is not None and (replaced := self._change(self.group)) is not None:
+            detail["replaces_stale_group"] = replaced.model_dump(mode="json")
         return await run_operation(ctx, "weight_transfer_init", detail, body)
 
     async def shutdown(self) -> OperationResult:
@@ -406,8 +420,8 @@ class WeightTransfer:
             with update.run.bound():
                 assert self.group is not None
                 if (change := self._change(self.group)) is not None:
-                    await self._abort(f"membership changed during the update: {change}")
-                    raise MembershipChanged(f"{change}; initialise the weight transfer again")
+                    await self._abort(f"membership changed during the update: {change.describe()}")
+                    raise _membership_changed(change)
                 try:
                     return await call(update)
                 finally:
@@ -417,24 +431,32 @@ class WeightTransfer:
         if self.group is None:
             raise Conflict("no weight-transfer group: call init_weight_transfer_engine first")
         if (change := self._change(self.group)) is not None:
-            raise MembershipChanged(f"{change}; initialise the weight transfer again")
+            raise _membership_changed(change)
         return self.group
 
-    def _change(self, group: _Group) -> str | None:
-        """Why the group no longer matches the fleet, or None when it still does."""
+    def _change(self, group: _Group) -> MembershipDelta | None:
+        """How the fleet differs from the group's members, or None when it still matches."""
         registry = self.ctx.registry
         ids, present = {m.worker_id for m in group.members}, registry.ids()
-        if added := sorted(present - ids):
-            return f"members added since init: {', '.join(added)}"
-        if removed := sorted(ids - present):
-            return f"members removed since init: {', '.join(removed)}"
-        if registry.membership.epoch != group.epoch:
-            return f"membership epoch is {registry.membership.epoch}, the group was formed at {group.epoch}"
+        restarted = []
         for m in group.members:
             rec = registry.get(m.worker_id)
-            status = rec.status if rec is not None else None
-            if status is not None and m.instance_id is not None and status.instance_id != m.instance_id:
-                return f"worker {m.worker_id} restarted since init"
+            if rec is None:
+                continue
+            status = rec.status
+            # A status not read yet (None) proves nothing; a changed spec is a new member record.
+            new_instance = status is not None and m.instance_id is not None and status.instance_id != m.instance_id
+            if new_instance or rec.spec != m.spec:
+                restarted.append(m.worker_id)
+        delta = MembershipDelta(
+            joined=sorted(present - ids),
+            left=sorted(ids - present),
+            restarted=restarted,
+            group_epoch=group.epoch,
+            membership_epoch=registry.membership.epoch,
+        )
+        if delta.joined or delta.left or delta.restarted or delta.group_epoch != delta.membership_epoch:
+            return delta
         return None
 
     async def _abort(self, reason: str, *, finished: list[WorkerRecord] | None = None) -> OperationResult:
@@ -488,6 +510,11 @@ class WeightTransfer:
                             await self._abort(f"no call from the trainer for {idle_s:g}s")
                         return
             await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it
+
+
+def _membership_changed(change: MembershipDelta) -> MembershipChanged:
+    log.warning("weight_transfer_group_stale", **change.model_dump())
+    return MembershipChanged(f"{change.describe()}; initialise the weight transfer again", change=change)
 
 
 def _resuming(ctx: OperationContext) -> Step[Control, None]:

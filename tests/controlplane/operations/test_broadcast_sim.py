@@ -64,6 +64,7 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
     ctl, agents, _ = broadcast_fleet
     status, info = await ctl.call("GET", "/v1/rl/weight_transfer", headers={})
     assert (status, info["inference_world_size"], info["trainer_world_size"], info["group"]) == (200, 4, 5, None)
+    assert (info["members"], info["membership_epoch"]) == (["w0", "w1", "w2"], 1)  # what the sizes are of
 
     status, result = await _init(ctl)
     assert status == 200, result
@@ -150,12 +151,17 @@ async def test_membership_change_after_init_fails_the_next_update_fast_with_409(
     ctl.ctl.apply_membership([WorkerSpec(**a.spec()) for a in agents[:2]])  # w2 leaves the fleet
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/start")
     assert (status, body["error"]["code"]) == (409, "membership_changed"), body
-    assert "w2" in body["error"]["message"]
+    change = {"joined": [], "left": ["w2"], "restarted": [], "group_epoch": 1, "membership_epoch": 2}
+    assert {k: body["error"][k] for k in change} == change, body
+    assert "left: w2" in body["error"]["message"]
     assert not any(a.service.paused for a in agents)
-    assert (await ctl.state())["weight_transfer"]["stale"] is True
-    # Re-initialising with the new world size forms a fresh group.
-    assert (await _init(ctl, world_size=4))[0] == 200
-    assert (await ctl.state())["weight_transfer"]["stale"] is False
+    group = (await ctl.state())["weight_transfer"]
+    assert (group["stale"], group["change"]) == (True, change)
+    # Re-initialising with the new world size forms a fresh group; its init names the change it replaced.
+    status, result = await _init(ctl, world_size=4)
+    assert status == 200 and result["detail"]["replaces_stale_group"] == change, result
+    group = (await ctl.state())["weight_transfer"]
+    assert (group["stale"], group["change"]) == (False, None)
 
 
 async def test_a_worker_restarting_during_an_update_aborts_it_with_409_and_the_fleet_resumes(broadcast_fleet):
@@ -166,7 +172,8 @@ async def test_a_worker_restarting_during_an_update_aborts_it_with_409_and_the_f
     await ctl.ctl.refresh()
     status, body = await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK})
     assert (status, body["error"]["code"]) == (409, "membership_changed"), body
-    assert "w1 restarted" in body["error"]["message"]
+    assert (body["error"]["joined"], body["error"]["left"], body["error"]["restarted"]) == ([], [], ["w1"]), body
+    assert "restarted: w1" in body["error"]["message"]
     # Nothing was sent, so every worker's weights are intact: all serve again.
     await wait_for(lambda: not any(a.service.paused for a in agents), what="fleet resumed")
     last = (await ctl.state())["last_operation"]

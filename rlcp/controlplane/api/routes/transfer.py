@@ -20,13 +20,16 @@ api = RouteTable()
     tag=TRANSFER,
 )
 async def get_weight_transfer(request: web.Request) -> web.Response:
-    transfer = controller_of(request).transfer
+    ctl = controller_of(request)
+    transfer = ctl.transfer
     ranks = transfer.world_size()
     group = transfer.view()
     return json_response(
         {
             "inference_world_size": ranks,
             "trainer_world_size": ranks + 1,
+            "membership_epoch": ctl.registry.membership.epoch,
+            "members": [r.id for r in ctl.registry.members()],
             "group": group.model_dump(mode="json") if group else None,
         }
     )

@@ -63,6 +63,7 @@ from rlcp.core.wire.controller.state import (
     WorkerView,
 )
 from rlcp.core.wire.controller.transfer import (
+    MembershipDelta,
     TransferFinishRequest,
     TransferGroupView,
     TransferInitRequest,
@@ -102,6 +103,7 @@ __all__ = [
     "GatewayWorkerView",
     "LoraRequest",
     "LoraSpec",
+    "MembershipDelta",
     "ModelCard",
     "ModelList",
     "OPERATIONS_KEPT",

@@ -42,11 +42,42 @@ class TransferMember(BaseModel):
     world_size: int
 
 
+class MembershipDelta(BaseModel):
+    """How the fleet differs from the members a weight-transfer group was formed with: what a
+    409 `membership_changed` names (its error object carries these fields beside `code` and
+    `message`) and what the state shows of a stale group. A trainer re-forms the group from it
+    (`rlcp.rl.sync.BroadcastSync`) and logs who moved."""
+
+    joined: list[str] = Field(description="Members added since init (not in the group: they have no rank).")
+    left: list[str] = Field(description="Members of the group the fleet no longer has.")
+    restarted: list[str] = Field(
+        description="Members of the group that are not the process that joined: a new instance id, "
+        "or a spec discovery changed (either way the group's rank there is gone)."
+    )
+    group_epoch: int = Field(description="The membership epoch the group was formed at.")
+    membership_epoch: int = Field(description="The fleet's membership epoch now.")
+
+    def describe(self) -> str:
+        """One line for messages and logs: who joined, left or restarted."""
+        named = [
+            f"{what}: {', '.join(ids)}"
+            for what, ids in (("joined", self.joined), ("left", self.left), ("restarted", self.restarted))
+            if ids
+        ]
+        # A member that left and came back unchanged moves the epoch and names no one.
+        return "; ".join(named) or (
+            f"membership epoch is {self.membership_epoch}, the group was formed at {self.group_epoch}"
+        )
+
+
 class TransferGroupView(BaseModel):
     """The weight-transfer group the trainer formed with the fleet (rank 0 is the trainer)."""
 
     membership_epoch: int = Field(description="The membership it was formed with; another one makes it stale.")
     stale: bool = Field(description="Membership changed since init: the next update is refused (409).")
+    change: MembershipDelta | None = Field(
+        None, description="What changed since init, when stale (the same the 409 names); null otherwise."
+    )
     world_size: int
     members: list[TransferMember]
     updating: bool = Field(description="Between start_weight_update and finish_weight_update.")
