@@ -11,7 +11,8 @@ from typing import TypeVar
 
 from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.envoy import EnvoyProcess
-from rlcp.harness.processes import AgentProcess, ChildProcess, ProcessSupervisor, stop_all
+from rlcp.harness.processes import AgentProcess, ChildProcess, stop_all
+from rlcp.harness.supervisor import ProcessSupervisor
 from rlcp.localfleet.report import say
 
 
