@@ -1,7 +1,7 @@
 """`python -m bench.broadcast`: the CPU weight-transfer backend's throughput between two processes.
 
 `rlcp/agent/weight_transfer/cpu_gloo.py` moves weights from a trainer (rank 0) to engines
-over gloo: `send_tensors` on rank 0, `receive_tensors` on the others, small tensors
+over gloo (its wire, `gloo_wire.py`): `send_tensors` on rank 0, `receive_tensors` on the others, small tensors
 packed into buffers, two broadcasts in flight. Here two processes run both sides
 directly (no engine: what is measured is the transfer), against the baseline in the
 same run and the same pair of processes: a plain `torch.distributed` gloo group
@@ -49,7 +49,7 @@ def _rank_main(
     import torch.distributed as dist
     from vllm.distributed.weight_transfer.base import ParamMeta
 
-    from rlcp.agent.weight_transfer.cpu_gloo import GlooGroup, receive_tensors, send_tensors
+    from rlcp.agent.weight_transfer.gloo_wire import GlooGroup, receive_tensors, send_tensors
 
     torch.set_num_threads(1)
     dist.init_process_group(

@@ -40,7 +40,10 @@ import aiohttp
 
 from bench.common import plot, quiet_logs, report, table
 from rlcp.controlplane.fleet.desired import admitted_versions
-from rlcp.localfleet.fleet import FleetError, Processes, parse_args, start_fleet, write_step_weights
+from rlcp.localfleet.options import parse_args
+from rlcp.localfleet.processes import FleetError, Processes
+from rlcp.localfleet.start import start_fleet
+from rlcp.localfleet.trainers import write_step_weights
 
 PROMPTS = ["The quick brown fox", "Reinforcement learning updates", "A fleet of inference engines"]
 DEFAULT_CASES = "all_at_once@1,rolling/1@1,rolling/1@0,rolling/50%@1"

@@ -44,7 +44,7 @@ import httpx
 from bench.common import controller_daemon, median, plot, quiet_logs, report, table
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import wait_reachable
-from rlcp.harness.processes import controller_pids, cpu_seconds
+from rlcp.harness.procfs import controller_pids, cpu_seconds
 from rlcp.harness.simfleet import TOKEN, HostedAgent, HostedFleet, raise_fd_limit
 
 CTL_TOKEN = "bench-ctl-token"

@@ -9,7 +9,7 @@ the `agent` flavor measured in the same run.
 
 - `agent`: `python -m rlcp.agent` on a vLLM CPU engine (one admin call per step, readiness
   gated on the desired version);
-- `vllm`: stock `vllm serve` in dev mode (`rlcp.harness.processes.VllmServeProcess`): status from
+- `vllm`: stock `vllm serve` in dev mode (`rlcp.harness.servers.VllmServeProcess`): status from
   five reads, the disk update composed of three calls;
 - `dynamo`: two workers of Dynamo 1.6.1's own software (`python -m dynamo.vllm`, Dynamo's own
   worker entry, on a vLLM CPU engine: `rlcp.harness.dynamo.DynamoVllmProcess`), as static specs
@@ -46,7 +46,8 @@ from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings.reconcile import ReconcileSettings
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, update_body
-from rlcp.harness.processes import AgentProcess, ChildProcess, VllmServeProcess, stop_all
+from rlcp.harness.processes import AgentProcess, ChildProcess, stop_all
+from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.smg import SMG_VERSION, SmgMissing, SmgProcess, fanout, smg_home
 from rlcp.harness.tiny_model import agent_engine
 

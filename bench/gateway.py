@@ -77,7 +77,8 @@ from rlcp.core.wire.agent.inference import EXPECT_VERSION_HEADER, version_mismat
 from rlcp.core.wire.controller import AppliedState, DesiredState, FleetState
 from rlcp.harness.fleet_state import serving_fleet, serving_worker
 from rlcp.harness.http import free_port
-from rlcp.harness.processes import REPO, controller_pids, cpu_seconds
+from rlcp.harness.processes import REPO
+from rlcp.harness.procfs import controller_pids, cpu_seconds
 
 if TYPE_CHECKING:
     from rlcp.harness.envoy import EnvoyProcess

@@ -58,7 +58,7 @@ from bench.common import controller_daemon  # noqa: E402
 from rlcp.core.heap import collector_paused  # noqa: E402
 from rlcp.harness.checkpoints import write_checkpoint  # noqa: E402  (after the sys.path line)
 from rlcp.harness.controller import wait_reachable  # noqa: E402
-from rlcp.harness.processes import controller_pids, cpu_seconds  # noqa: E402
+from rlcp.harness.procfs import controller_pids, cpu_seconds  # noqa: E402
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN  # noqa: E402
 from rlcp.harness.simfleet import HostedFleet, raise_fd_limit  # noqa: E402
 

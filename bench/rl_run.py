@@ -266,7 +266,7 @@ class Fleet:
 
 def make_fleet(root: Path, base: Path, count: int = 2) -> Fleet:
     """The agents, not started yet (`start_agents`)."""
-    from rlcp.localfleet.fleet import vllm_engine
+    from rlcp.localfleet.start import vllm_engine
 
     token = secrets.token_urlsafe(16)
     agents = [

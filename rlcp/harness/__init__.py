@@ -5,6 +5,10 @@ imports any of them):
 
 - `processes`: `python -m rlcp.agent` / `python -m rlcp.controlplane` as child processes (spawn with a
   config file and a ready file, stop, kill the group, read the log);
+- `servers`: servers that write no ready file (stock `vllm serve`, SGLang, Dynamo), ready by an HTTP probe;
+- `supervisor`: children started again when they exit, as a kubelet would;
+- `procfs`: a process's CPU time and a controller daemon's processes, read from /proc;
+- `raycluster`: a real Ray head on loopback; `ports`: the block of free ports it binds, and who listens where;
 - `simfleet`: real agents on SimEngine on loopback, in this process or in host processes;
 - `checkpoints`: weights, adapters and models made on the spot;
 - `faults`: fault rules, applied by an aiohttp middleware or by a loopback HTTP proxy;

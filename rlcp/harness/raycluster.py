@@ -8,11 +8,11 @@ listeners that are otherwise fixed. Stopping kills the process group and then an
 left whose command line names this head's own temp dir (Ray's workers start sessions of their
 own), each by pid: `ray stop` would stop every Ray on the machine.
 
-Its ports and its workers' range are one block of free ports below the kernel's ephemeral range,
-and `start` returns once every port is listened on by the head's own processes, retrying with
-fresh ports when one was taken (see `RayHead.start`). A head found dead (`ray start --block`
-exited, the dashboard gone) raises `RayHeadDied`, naming it with the tails of the head's own
-logs, from `check` and from every state-API read that fails.
+Its ports and its workers' range are one block of free ports below the kernel's ephemeral range
+(`rlcp.harness.ports`), and `start` returns once every port is listened on by the head's own
+processes, retrying with fresh ports when one was taken (see `RayHead.start`). A head found
+dead (`ray start --block` exited, the dashboard gone) raises `RayHeadDied`, naming it with the
+tails of the head's own logs, from `check` and from every state-API read that fails.
 
 This module runs the `ray` CLI and never imports `ray`; a test drives the cluster with
 `ray.init(address=head.gcs_address, namespace=...)`.
@@ -23,11 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcp.harness.ports import free_range, listening_sockets
 from rlcp.harness.waiting import wait_for_sync
 
 RAY = Path(sys.executable).with_name("ray")
@@ -72,9 +71,6 @@ ADDRESS_IN_USE = "Address already in use"
 # A line of a session log that reports something wrong: Ray's C++ logs mark errors " E " and
 # warnings " W " after the time; Python's logs say ERROR/WARNING; tracebacks and exits speak.
 ERROR_LINE = re.compile(r"\d\d [EWF] \d| ERROR | WARNING |Error|Traceback|exit|fate-share|already in use|Killed")
-# Ports are chosen from here: below the kernel's ephemeral range (32768 up on Linux, where
-# `free_port()` and every outgoing connection take theirs) and above the usual fixed services.
-PORT_LOW, PORT_HIGH = 20000, 32000
 
 
 class RayHeadDied(RuntimeError):
@@ -92,44 +88,6 @@ def _dashboard_up(url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
-
-
-def _free_range(size: int) -> int:
-    """The first port of `size` consecutive ports free on 127.0.0.1 right now, at random between
-    PORT_LOW and PORT_HIGH: below the kernel's ephemeral range (32768 up on Linux), where
-    outgoing connections and every `bind(("127.0.0.1", 0))` (`free_port()`, test servers,
-    engines, other Ray heads' own sockets) take theirs, so none of those can take one of these
-    between this choice and Ray's bind (which came ~25 s later on a loaded machine). Two heads
-    starting at once could still pick overlapping ranges: `RayHead.start` retries that."""
-    for _ in range(100):
-        first = random.randrange(PORT_LOW, PORT_HIGH - size)
-        socks: list[socket.socket] = []
-        try:
-            for p in range(first, first + size):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-        return first
-    raise RuntimeError(f"no {size} consecutive free ports on 127.0.0.1 between {PORT_LOW} and {PORT_HIGH}")
-
-
-def _sockets() -> list[tuple[str, int, set[int]]]:
-    """(address, port, owner pids) of every TCP socket listening on this machine (`ss -ltnp`)."""
-    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, timeout=10, check=True).stdout
-    found = []
-    for line in out.splitlines():
-        fields = line.split()
-        if len(fields) < 4:
-            continue
-        address, _, port = fields[3].rpartition(":")
-        owners = {int(pid) for pid in re.findall(r"pid=(\d+),", fields[5])} if len(fields) >= 6 else set()
-        found.append((address, int(port), owners))
-    return found
 
 
 @dataclass
@@ -159,7 +117,7 @@ class RayHead:
         bind their ports; an agent that cannot bind exits, the raylet exits with it and `ray start
         --block` then kills the whole head (seen in CI: "[Errno 98] Address already in use" in
         runtime_env_agent.err, the head gone ~10 s after the dashboard first answered). So the ports
-        are taken below the kernel's ephemeral range (`_free_range`), where no outgoing connection
+        are taken below the kernel's ephemeral range (`free_range`), where no outgoing connection
         and no `free_port()` user can take them while Ray starts, and a start whose head dies or
         whose port is taken by another process anyway is retried with fresh ports and a fresh temp
         dir, `attempts` times in all; the failed starts' log tails are kept in `failed_starts`.
@@ -180,7 +138,7 @@ class RayHead:
         # One block: the head's own ports, then its workers' range; so one head's workers never
         # bind a port another head was given (the ranges are chosen free, at random).
         names = (*PORT_NAMES, "autoscaler-metric", "dashboard-metric")
-        first = _free_range(len(names) + WORKER_PORTS)
+        first = free_range(len(names) + WORKER_PORTS)
         self.ports = {name: first + i for i, name in enumerate(names)}
         workers = first + len(names)
         if self.temp_dir is None:
@@ -240,7 +198,7 @@ class RayHead:
                 with contextlib.suppress(OSError):
                     if ADDRESS_IN_USE in err.read_text(errors="replace"):
                         return f"a process of the Ray head could not bind its port ({err.name}): {ADDRESS_IN_USE}"
-        sockets = _sockets()  # before the pids: a process spawned in between must not look foreign
+        sockets = listening_sockets()  # before the pids: a process spawned in between must not look foreign
         mine = set(self.pids())
         names = {port: name for name, port in self.ports.items()}
         listening: set[int] = set()
@@ -388,7 +346,7 @@ class RayHead:
 
     def listeners(self) -> list[tuple[str, int]]:
         """(address, port) of every TCP socket this head's processes listen on (`ss -ltnp`)."""
-        sockets = _sockets()
+        sockets = listening_sockets()
         pids = set(self.pids())
         return sorted((address, port) for address, port, owners in sockets if owners & pids)
 

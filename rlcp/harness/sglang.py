@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlcp.harness.processes import REPO, HttpServerProcess, ProcessError, child_env
+from rlcp.harness.processes import REPO, ProcessError, child_env
+from rlcp.harness.servers import HttpServerProcess
 from rlcp.harness.tiny_model import MAX_POSITIONS, SERVED_NAME
 
 SGLANG_VERSION = "0.5.23"

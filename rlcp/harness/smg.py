@@ -33,7 +33,8 @@ from typing import Any
 import aiohttp
 
 from rlcp.harness.http import call, free_port
-from rlcp.harness.processes import REPO, HttpServerProcess, child_env
+from rlcp.harness.processes import REPO, child_env
+from rlcp.harness.servers import HttpServerProcess
 
 SMG_VERSION = "1.13.0"
 INSTALL = f"python -m pip install --no-deps --target .venv/smg-{SMG_VERSION} smg=={SMG_VERSION}"

@@ -36,7 +36,8 @@ from rlcp.controlplane.gateway.proxy import Gateway
 from rlcp.core.wire.agent.inference import EXIT_ENGINE_DIED
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.http import call
-from rlcp.harness.processes import AgentProcess, ProcessSupervisor
+from rlcp.harness.processes import AgentProcess
+from rlcp.harness.supervisor import ProcessSupervisor
 from rlcp.harness.tiny_model import SERVED_NAME, agent_engine
 from rlcp.harness.waiting import wait_for
 from tests.conftest import one_core

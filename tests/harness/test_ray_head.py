@@ -22,7 +22,7 @@ import socket
 
 import pytest
 
-from rlcp.harness import raycluster
+from rlcp.harness import ports, raycluster
 from rlcp.harness.raycluster import RayHead, RayHeadDied
 from rlcp.harness.waiting import wait_for_sync
 
@@ -34,7 +34,7 @@ def test_a_taken_port_is_retried_and_a_dead_dashboard_is_named_with_its_logs(
 ) -> None:
     agent = raycluster.PORT_NAMES.index("runtime-env-agent-port")
     squatter = socket.socket()
-    real = raycluster._free_range
+    real = raycluster.free_range
     calls: list[int] = []
 
     def first_with_the_agent_port_taken(size: int) -> int:
@@ -44,7 +44,7 @@ def test_a_taken_port_is_retried_and_a_dead_dashboard_is_named_with_its_logs(
         calls.append(first)
         return first
 
-    monkeypatch.setattr(raycluster, "_free_range", first_with_the_agent_port_taken)
+    monkeypatch.setattr(raycluster, "free_range", first_with_the_agent_port_taken)
     head = RayHead(num_cpus=1)
     try:
         head.start()
@@ -54,7 +54,7 @@ def test_a_taken_port_is_retried_and_a_dead_dashboard_is_named_with_its_logs(
         assert raycluster.ADDRESS_IN_USE in head.failed_starts[0], head.failed_starts[0]
         assert "runtime_env_agent" in head.failed_starts[0], head.failed_starts[0]
         assert head.ports["runtime-env-agent-port"] != taken
-        assert all(raycluster.PORT_LOW <= p < raycluster.PORT_HIGH for p in head.ports.values()), head.ports
+        assert all(ports.PORT_LOW <= p < ports.PORT_HIGH for p in head.ports.values()), head.ports
         assert head.actors("none", "") == {}  # up: the state API answers
 
         os.kill(head.dashboard_pid(), signal.SIGKILL)

@@ -139,7 +139,7 @@ def test_ctrl_c_stops_every_process_it_started(tmp_path: Path, data_plane: list[
 
 
 def test_the_rl_run_is_the_default_with_engines_and_sim_keeps_the_noise_trainer() -> None:
-    from rlcp.localfleet.fleet import parse_args
+    from rlcp.localfleet.options import parse_args
 
     assert (parse_args([]).trainer, parse_args([]).steps, parse_args([]).sync) == ("grpo", 20, "broadcast")
     assert (parse_args(["--sim"]).trainer, parse_args(["--sim"]).steps) == ("noise", 5)

@@ -7,7 +7,9 @@ import argparse
 
 import pytest
 
-from rlcp.localfleet.fleet import LoraFlags, banner, engine_section, parse_args
+from rlcp.localfleet.options import LoraFlags, parse_args
+from rlcp.localfleet.report import banner
+from rlcp.localfleet.start import engine_section
 
 
 def test_steps_0_or_serve_only_leave_the_fleet_up_with_no_trainer() -> None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from rlcp.agent.admin import extras, probes, routes
+from rlcp.agent.admin.handling import SERVICE
 from rlcp.agent.admin.openapi import ROUTES, agent_document
-from rlcp.agent.admin.routes import SERVICE, api
 from rlcp.agent.service import AgentService
 from rlcp.core.body import BODY_HANDLER_ARGS
 from rlcp.core.http import make_auth_middleware, make_error_middleware
@@ -26,6 +27,7 @@ def build_admin_app(service: AgentService, *, token: str) -> web.Application:
         ],
     )
     app[SERVICE] = service
-    api.register(app)
+    for table in (routes.api, extras.api, probes.api):
+        table.register(app)
     serve_document(app, agent_document(auth_reads=settings.auth_reads))
     return app

@@ -1,6 +1,6 @@
 """The agent admin API's OpenAPI document, served at `GET /openapi.json`.
 
-The routes are declared on their handlers (`rlcp.agent.admin.routes.api`); `ROUTES` is those
+The routes are declared on their handlers (the `api` of `routes`, `extras` and `probes`); `ROUTES` is those
 declarations plus the document's own route, the list the document is built from and the
 tests hold the registered routes to (`rlcp.core.openapi.route_drift`).
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlcp.agent.admin.routes import api
+from rlcp.agent.admin import extras, probes, routes
 from rlcp.core.openapi import Route, build_document, openapi_route
 
-ROUTES: tuple[Route, ...] = (*api.declared, openapi_route())
+ROUTES: tuple[Route, ...] = (*routes.api.declared, *extras.api.declared, *probes.api.declared, openapi_route())
 
 DESCRIPTION = (
     "The admin port of one agent (one vLLM engine). The root routes take and answer what vLLM's RL "

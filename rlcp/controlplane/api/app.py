@@ -89,7 +89,7 @@ def serve_fleet_routes(app: web.Application) -> None:
     facade_rpc.api.register(app)
     facade_info.api.register(app)
     unsupported.api.register(app)
-    app[facade.SERVED_MODELS] = ServedModels()
+    app[facade_info.SERVED_MODELS] = ServedModels()
     app[facade_info.SERVER_CONFIGS] = ServerConfigs()
 
 

@@ -19,7 +19,8 @@ vLLM's sleep-mode dev routes are the native fleet sleep and wake (`operations/sl
 member asleep is out of the gateway's fence and kept asleep in the desired state; a wake
 verifies it before it serves. Wakes add up as vLLM's do: `?tags=weights`, then
 `?tags=kv_cache`, is a full wake. `/reset_prefix_cache` resets every member's cache, and a
-member that could not is a failure. `/collective_rpc` is in `facade_rpc.py`; the table of
+member that could not is a failure. `/collective_rpc` is in `facade_rpc.py`, the reads (`/health`,
+`/weight_info`, `/get_world_size`, `/v1/models`, `/server_info`) in `facade_info.py`; the table of
 every route of vLLM's and its fleet meaning is in docs/controller.md.
 """
 
@@ -42,10 +43,9 @@ from rlcp.controlplane.api.answers import (
     UnloadLoraAdapterRequest,
 )
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.handling import CONTROLLER, SESSION, operation
+from rlcp.controlplane.api.handling import CONTROLLER, operation
 from rlcp.controlplane.api.routes.sleep import sleep_members
 from rlcp.controlplane.errors import ControlPlaneError
-from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.operations import caches, lora, weights
 from rlcp.controlplane.operations import pause as pausing
 from rlcp.controlplane.operations import sleep as sleeping
@@ -66,14 +66,10 @@ from rlcp.core.wire.agent import (
     VersionSetAnswer,
     WakeUpAnswer,
     WakeUpQuery,
-    WeightInfoAnswer,
-    WorldSizeAnswer,
-    WorldSizeQuery,
 )
 from rlcp.core.wire.controller import (
     EmptyRequest,
     LoraRequest,
-    ModelList,
     OperationResult,
     PauseRequest,
     ResetPrefixCacheRequest,
@@ -86,8 +82,7 @@ from rlcp.core.wire.controller import (
 )
 
 api = RouteTable()
-_FACADE = "vLLM-compatible facade"
-SERVED_MODELS = web.AppKey("served_models", ServedModels)
+FACADE_TAG = "vLLM-compatible facade"
 
 
 def fleet_call(
@@ -95,7 +90,7 @@ def fleet_call(
 ) -> Callable[[Handler], Handler]:
     """The declaration of a facade route that runs a fleet operation: a call that failed on
     some member is a 502 (503 when none was reached) in the error shape, never a 207."""
-    return operation(table, method, path, summary, partial={}, errors=(502, *errors), tag=_FACADE, **kw)
+    return operation(table, method, path, summary, partial={}, errors=(502, *errors), tag=FACADE_TAG, **kw)
 
 
 @contextmanager
@@ -140,7 +135,7 @@ async def resume(request: web.Request) -> web.Response:
     "True when every member is reachable, its engine alive, and paused (a member that cannot "
     "be reached is not known to be paused); false otherwise, and with no members.",
     ok=IsPausedAnswer,
-    tag=_FACADE,
+    tag=FACADE_TAG,
 )
 async def is_paused(request: web.Request) -> web.Response:
     workers = request.config_dict[CONTROLLER].state().workers
@@ -199,7 +194,7 @@ def _asleep(request: web.Request) -> list[str]:
     "True while some member is asleep (kept asleep by the controller, or reporting itself "
     "so): what `/wake_up` would wake. False with no members.",
     ok=IsSleepingAnswer,
-    tag=_FACADE,
+    tag=FACADE_TAG,
 )
 async def is_sleeping(request: web.Request) -> web.Response:
     return json_response({"is_sleeping": bool(_asleep(request))})
@@ -372,40 +367,3 @@ async def unload_lora_adapter(request: web.Request) -> web.Response:
     with client_fields({"name": "lora_name"}):
         result = await lora.unload_lora(request.config_dict[CONTROLLER], body.lora_name)
     return _vllm_answer(result, {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' removed."})
-
-
-@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True, tag=_FACADE)
-async def health(request: web.Request) -> web.Response:
-    serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
-    return web.Response(status=200 if serving else 503)
-
-
-@api.get(
-    "/weight_info", "The fleet's common weight version (null when members disagree).", ok=WeightInfoAnswer, tag=_FACADE
-)
-async def weight_info(request: web.Request) -> web.Response:
-    return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
-
-
-@api.get(
-    "/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer, tag=_FACADE
-)
-async def get_world_size(request: web.Request) -> web.Response:
-    validate(WorldSizeQuery, dict(request.query))
-    return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
-
-
-@api.get(
-    "/v1/models",
-    "What the fleet serves: the union of the members' own `/v1/models` (base models and "
-    "adapters), as the gateway answers it.",
-    ok=ModelList,
-    tag=_FACADE,
-)
-async def models(request: web.Request) -> web.Response:
-    ctl = request.config_dict[CONTROLLER]
-    # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
-    # or the one they report.
-    named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
-    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.config_dict[SESSION], named=named)
-    return json_response({"object": "list", "data": cards})

@@ -1,4 +1,8 @@
-"""`GET /server_info` on the facade: the fleet's configuration in vLLM's shape
+"""The facade's reads: what the fleet is, in the shapes one vLLM server answers them (`/health`,
+`/weight_info`, `/get_world_size`, `/v1/models`, `/server_info`). They run no operation, so
+none of them is a `fleet_call`; the routes that do are in `facade.py`.
+
+`GET /server_info`: the fleet's configuration in vLLM's shape
 (`rlcp/core/wire/server_info.py`; the merge and what it says of data parallelism in
 `rlcp/controlplane/fleet/server_config.py`).
 
@@ -17,15 +21,20 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, Field
 
-from rlcp.controlplane.api.handling import CONTROLLER
+from rlcp.controlplane.api.facade import FACADE_TAG
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION
 from rlcp.controlplane.errors import NoMembers
+from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import WHY_DATA_PARALLEL, ServerConfigs, merge_configs
 from rlcp.core.http import json_response, validate
 from rlcp.core.openapi import RouteTable
+from rlcp.core.wire.agent import WeightInfoAnswer, WorldSizeAnswer, WorldSizeQuery
+from rlcp.core.wire.controller import ModelList
 from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery, config_text
 
 api = RouteTable()
 SERVER_CONFIGS = web.AppKey("server_configs", ServerConfigs)
+SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
 
 class FleetConfigView(BaseModel):
@@ -53,7 +62,7 @@ class FleetServerInfoAnswer(ServerInfoAnswer):
     query=ServerInfoQuery,
     ok=FleetServerInfoAnswer,
     errors=(503,),
-    tag="vLLM-compatible facade",
+    tag=FACADE_TAG,
 )
 async def server_info(request: web.Request) -> web.Response:
     query = validate(ServerInfoQuery, dict(request.query))
@@ -77,3 +86,45 @@ async def server_info(request: web.Request) -> web.Response:
             },
         }
     )
+
+
+@api.get(
+    "/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True, tag=FACADE_TAG
+)
+async def health(request: web.Request) -> web.Response:
+    serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
+    return web.Response(status=200 if serving else 503)
+
+
+@api.get(
+    "/weight_info",
+    "The fleet's common weight version (null when members disagree).",
+    ok=WeightInfoAnswer,
+    tag=FACADE_TAG,
+)
+async def weight_info(request: web.Request) -> web.Response:
+    return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
+
+
+@api.get(
+    "/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer, tag=FACADE_TAG
+)
+async def get_world_size(request: web.Request) -> web.Response:
+    validate(WorldSizeQuery, dict(request.query))
+    return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
+
+
+@api.get(
+    "/v1/models",
+    "What the fleet serves: the union of the members' own `/v1/models` (base models and "
+    "adapters), as the gateway answers it.",
+    ok=ModelList,
+    tag=FACADE_TAG,
+)
+async def models(request: web.Request) -> web.Response:
+    ctl = request.config_dict[CONTROLLER]
+    # Members with no inference URL to ask (a Dynamo worker) count with the model discovery named,
+    # or the one they report.
+    named = {r.id: model for r in ctl.members() if (model := r.spec.model or (r.status and r.status.model))}
+    cards = await request.app[SERVED_MODELS].cards(ctl.base_state(), request.config_dict[SESSION], named=named)
+    return json_response({"object": "list", "data": cards})

@@ -17,14 +17,12 @@ import torch
 
 from rlcp.agent.weight_transfer.cpu_gloo import (
     DEFAULT_BUFFER_SIZE_BYTES,
-    GlooGroup,
     GlooTrainerInitInfo,
     GlooWeightTransferInitInfo,
     GlooWeightTransferUpdateInfo,
-    receive_tensors,
-    send_tensors,
     wire_limit,
 )
+from rlcp.agent.weight_transfer.gloo_wire import GlooGroup, receive_tensors, send_tensors
 from rlcp.harness.http import free_port
 
 pytestmark = pytest.mark.timeout(120)

@@ -31,7 +31,7 @@ from aiohttp import web
 from rlcp.controlplane.discovery.http_listing import HttpListingSource, ListingError
 from rlcp.harness.controller import start_controller
 from rlcp.harness.http import call, free_port
-from rlcp.harness.processes import HttpServerProcess
+from rlcp.harness.servers import HttpServerProcess
 from rlcp.harness.waiting import wait_for
 
 

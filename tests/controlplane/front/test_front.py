@@ -15,7 +15,8 @@ import pytest
 
 from rlcp.core.cached import parse_tag
 from rlcp.harness.controller import AUTH
-from rlcp.harness.processes import ControllerProcess, controller_pids
+from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.procfs import controller_pids
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import FleetShape
 

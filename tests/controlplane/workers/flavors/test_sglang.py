@@ -25,7 +25,7 @@ from rlcp.controlplane.workers.flavors.sglang import UNNAMED_WEIGHTS
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.harness.controller import CTL_TOKEN, controller_settings, serving_controller, update_body
 from rlcp.harness.http import call, free_port
-from rlcp.harness.processes import VllmServeProcess
+from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.sglang import SglangServerProcess, run_sglang_trainer, sglang_venv
 from rlcp.harness.waiting import wait_for
 from tests.conftest import _session_uses

@@ -23,7 +23,8 @@ from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings, serving_controller, update_body
 from rlcp.harness.figures import record_figures
 from rlcp.harness.http import CompletionStream, call, free_port
-from rlcp.harness.processes import VllmServeProcess, stop_all
+from rlcp.harness.processes import stop_all
+from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.trainer import run_trainer
 from rlcp.harness.waiting import wait_for
 

@@ -1,0 +1,231 @@
+"""Bringing the fleet up: the children's settings (every agent's engine, the controller's
+gateway), then the agents and a controller over them (`start_fleet`), a controller that places
+the agents on a Ray head (`start_ray_fleet`), or Envoy in front of the agents (`start_envoy`).
+Each returns once what it started answers; a start that fails is a `FleetError`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any
+
+from rlcp.harness.envoy import EnvoyProcess
+from rlcp.harness.processes import AgentProcess, ControllerProcess, ProcessError
+from rlcp.harness.tiny_model import agent_engine
+from rlcp.localfleet.options import LoraFlags
+from rlcp.localfleet.processes import FleetError, Processes
+from rlcp.localfleet.report import say
+
+
+def vllm_engine(base: Path, *, lora: LoraFlags | None = None) -> dict[str, Any]:
+    """The agents' engine: the tiny model, with this project's CPU weight-transfer backend
+    (gloo) so the trainer can broadcast to it. Adapters only with `--lora` (the RL run trains
+    the base weights)."""
+    return agent_engine(base, **lora_section(lora), extra_engine_args={"weight_transfer_config": {"backend": "gloo"}})
+
+
+def lora_section(lora: LoraFlags | None) -> dict[str, Any]:
+    """The engine settings' LoRA keys, said either way (the agent's default is on)."""
+    if lora is None:
+        return {"enable_lora": False}
+    return {"enable_lora": True, "max_loras": lora.max_loras, "max_lora_rank": lora.max_lora_rank}
+
+
+def engine_section(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
+    """Every agent's `engine` settings: SimEngine with `--sim`, else vLLM on the tiny model."""
+    if base is None:
+        return {
+            "kind": "sim",
+            "model": "sim",
+            "sim_load_latency_s": args.sim_load_s,
+            "sim_token_interval_s": args.sim_token_s,
+            **lora_section(args.lora),
+        }
+    return vllm_engine(base, lora=args.lora)
+
+
+def gateway_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The controller's `gateway` settings: its Python gateway on `--gateway-port`, or, with
+    `--envoy`, the xDS server for Envoy on a port it picks (the state document names it)."""
+    if args.envoy:
+        return {"host": "127.0.0.1", "port": 0, "data_plane": "envoy", "envoy": {"xds_port": 0}}
+    return {"host": "127.0.0.1", "port": args.gateway_port}
+
+
+async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict[str, Any]) -> EnvoyProcess:
+    """One real Envoy, bootstrapped at the controller's xDS server, listening on `--gateway-port`;
+    returns once it serves (it has the controller's first fence)."""
+    from rlcp.controlplane.gateway.envoy.bootstrap import envoy_bootstrap
+    from rlcp.controlplane.settings import ControllerSettings
+
+    xds_url = (state.get("envoy") or {}).get("xds_url")
+    if not xds_url:
+        raise FleetError("the controller serves no xDS (gateway.data_plane is not envoy)")
+    host, _, port = xds_url.removeprefix("grpc://").rpartition(":")
+    settings = ControllerSettings.model_validate(
+        {"gateway": gateway_section(args)}
+    )  # all the bootstrap reads: the gateway's
+    boot = envoy_bootstrap(settings, xds_host=host, xds_port=int(port), listen_port=args.gateway_port, admin_port=0)
+    envoy = procs.add_envoy(EnvoyProcess(boot, args.workdir / "run", log_path=args.workdir / "logs" / "envoy.log"))
+    try:
+        await envoy.wait_serving()
+    except (RuntimeError, AssertionError) as exc:  # it exited; it did not serve in time (`wait_for`)
+        hint = f" (is port {args.gateway_port} taken? --gateway-port 0 picks a free one)" if args.gateway_port else ""
+        raise FleetError(f"envoy did not serve{hint}: {exc}") from None
+    say(f"Envoy up: {envoy.url} (admin {envoy.admin_url}), fed the fence by {xds_url}; log {envoy.log}")
+    return envoy
+
+
+async def start_ray_fleet(
+    args: argparse.Namespace, procs: Processes, base: Path | None, head: Any
+) -> tuple[list[dict[str, Any]], str, str]:
+    """A controller that places `args.agents` agents on the Ray head `head` (a started
+    `rlcp.harness.raycluster.RayHead`): ([], URL, API token); its state shows the agents."""
+    admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
+    engine = engine_section(args, base)
+    agent = {
+        "admin": {"token": admin_token},
+        "engine": engine,
+        "allowed_roots": [str(args.workdir)],
+        "log_format": "json",
+    }
+    say(
+        f"Ray head up: GCS {head.gcs_address}, dashboard {head.dashboard_url}, files {head.temp_dir}; "
+        f"the controller places "
+        f"{args.agents} agents as actors"
+    )
+    child = procs.spawn(
+        ControllerProcess(
+            {
+                "controller_id": "local-fleet",
+                "api": {"host": "127.0.0.1", "port": args.port, "token": api_token},
+                "gateway": gateway_section(args),
+                "discovery": {
+                    "kind": "ray",
+                    "ray": {
+                        "dashboard_url": head.dashboard_url,
+                        "namespace": "rlcp",
+                        "name_prefix": "rlcp-agent-",
+                        "interval_s": 0.5,
+                        "timeout_s": 5,
+                        "dead_actors": "drop",
+                    },
+                },
+                "placement": {
+                    "kind": "ray",
+                    "ray": {
+                        "address": head.gcs_address,
+                        "namespace": "rlcp",
+                        "name_prefix": "rlcp-agent-",
+                        "replicas": args.agents,
+                        "bundle": {"CPU": 1},
+                        "strategy": "PACK",
+                        "interval_s": 1,
+                        "teardown": True,
+                        "agent": agent,
+                    },
+                },
+                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+                "allowed_roots": [str(args.workdir)],
+                "log_format": "json",
+            },
+            run_dir,
+            log_path=log_dir / "controller.log",
+            env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        )
+    )
+    try:
+        port = (await child.wait_ready_async()).port
+    except ProcessError as exc:
+        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
+        raise FleetError(f"{exc}{hint}") from None
+    return [], f"http://127.0.0.1:{port}", api_token
+
+
+async def start_fleet(
+    args: argparse.Namespace, procs: Processes, base: Path | None
+) -> tuple[list[dict[str, Any]], str, str]:
+    """The agents (concurrently), then the controller over them: (specs, URL, API token)."""
+    # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
+    # token left exported by an earlier shell would override the generated ones.
+    admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
+    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
+    engine = engine_section(args, base)
+    say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
+    t0 = time.monotonic()
+
+    async def start_agent(name: str, index: int) -> dict[str, Any]:
+        # vLLM's CPU backend binds every engine's threads to the same cores by default
+        # ("auto"); one core each lets N engines on one machine run side by side.
+        bind = (
+            {}
+            if "VLLM_CPU_OMP_THREADS_BIND" in os.environ
+            else {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+        )
+        child = procs.spawn(
+            AgentProcess(
+                {
+                    "agent_id": name,
+                    "admin": {"port": 0, "token": admin_token},
+                    "inference": {"port": 0},
+                    "engine": engine,
+                    "allowed_roots": [str(args.workdir)],
+                    "require_desired_version": True,
+                    "log_format": "json",
+                },
+                run_dir,
+                name=name,
+                env=bind,
+                start_timeout_s=args.start_timeout,
+                log_path=log_dir / f"{name}.log",
+            )
+        )
+        ports = (await child.wait_ready_async()).ports
+        say(
+            f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
+            f"inference :{ports['inference_port']}"
+        )
+        return {
+            "id": name,
+            "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
+            "inference_url": f"http://127.0.0.1:{ports['inference_port']}",
+            "flavor": "agent",
+        }
+
+    specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
+    child = procs.spawn(
+        ControllerProcess(
+            {
+                "controller_id": "local-fleet",
+                # TRL sends no token: its run opens the fleet to clients without one (loopback only).
+                "api": {
+                    "host": "127.0.0.1",
+                    "port": args.port,
+                    "token": api_token,
+                    "allow_anonymous": args.trainer == "trl",
+                },
+                "gateway": gateway_section(args),
+                "discovery": {"kind": "static", "static": specs},
+                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+                "allowed_roots": [str(args.workdir)],
+                "log_format": "json",
+            },
+            run_dir,
+            log_path=log_dir / "controller.log",
+        )
+    )
+    try:
+        port = (await child.wait_ready_async()).port
+    except ProcessError as exc:
+        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
+        raise FleetError(f"{exc}{hint}") from None
+    return specs, f"http://127.0.0.1:{port}", api_token
