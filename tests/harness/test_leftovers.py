@@ -51,6 +51,11 @@ def test_this_processs_own_resource_tracker_is_not_counted():
     resource_tracker.ensure_running()
     tracker = resource_tracker._resource_tracker._pid
     assert tracker is not None
-    with open(f"/proc/{tracker}/environ", "rb") as environ:
-        assert f"{OWNER_VAR}={owner}".encode() in environ.read().split(b"\0")
+    # Just started, it may still be inside its exec, whose environment reads empty until done.
+    environ, deadline = b"", time.monotonic() + 30
+    while not environ and time.monotonic() < deadline:
+        with open(f"/proc/{tracker}/environ", "rb") as f:
+            environ = f.read()
+        time.sleep(0.01)
+    assert f"{OWNER_VAR}={owner}".encode() in environ.split(b"\0")
     assert tracker not in [p.pid for p in left_behind(owner)]
