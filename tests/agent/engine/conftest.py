@@ -10,8 +10,8 @@ import pytest
 import pytest_asyncio
 
 from rlcp.agent.engine.sim import SimEngine
-from rlcp.harness.http import call
 from rlcp.harness.processes import AgentProcess
+from tests.support.engines import put_back
 
 
 @pytest_asyncio.fixture
@@ -25,16 +25,4 @@ async def sim() -> AsyncIterator[SimEngine]:
 @pytest.fixture
 async def agent(vllm_agent: AgentProcess, tiny_models, http):
     """The shared agent, resumed and on the base weights (seed 1) as version "A"."""
-    await call(http, "POST", vllm_agent.admin_url + "/resume", headers=vllm_agent.auth)
-    status, _ = await call(
-        http,
-        "POST",
-        vllm_agent.admin_url + "/v1/agent/weights/disk",
-        headers=vllm_agent.auth,
-        body={"path": str(tiny_models["weights-1"]), "version": "A"},
-    )
-    assert status == 200
-    await call(
-        http, "PUT", vllm_agent.admin_url + "/v1/agent/desired", headers=vllm_agent.auth, body={"weight_version": None}
-    )
-    return vllm_agent
+    return await put_back(http, vllm_agent, tiny_models["weights-1"], "A")

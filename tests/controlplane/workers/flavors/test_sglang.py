@@ -29,6 +29,7 @@ from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.sglang import SglangServerProcess, run_sglang_trainer, sglang_venv
 from rlcp.harness.waiting import wait_for
 from tests.conftest import _session_uses
+from tests.support.engines import put_back
 
 pytestmark = [pytest.mark.sglang, pytest.mark.timeout(900)]
 
@@ -466,10 +467,11 @@ async def test_a_mixed_fleet_of_agent_stock_vllm_and_sglang_is_updated_in_one_ca
         {"id": "sglang-0", "admin_url": server.url, "inference_url": server.url, "flavor": "sglang"},
     ]
     settings = engine_controller_settings(tmp_path, specs, tiny_models, token=vllm_agent.token)
-    # This test runs no `ctl` of the module's, whose teardown puts the server back on the base
-    # weights: it does so itself. In one fresh-clone run the server answered with weights-2 here,
-    # and never in this module alone; the answer's meta (its weight version) says which load that was.
+    # Each engine on the base weights first: this test runs no `ctl` of the module's, whose
+    # teardown puts the server back there, and the session's agent comes from other modules' tests
+    # (a fresh-clone run found it on weights-2 here, left so by one of them).
     await load_direct(http, server, tiny_models["weights-1"], "ref-1")
+    await put_back(http, vllm_agent, tiny_models["weights-1"], "base")
     async with serving_controller(settings, reachable_timeout_s=120) as ctl:
         vllm_urls = [vllm_agent.inference_url, stock_server.url]
         before = [await complete(http, u) for u in vllm_urls]
