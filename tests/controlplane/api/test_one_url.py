@@ -248,7 +248,13 @@ async def test_an_update_sent_to_the_gateway_url_runs_to_its_end_when_the_client
         "the update to finish on every worker, and the fleet to resume",
     )
     # Its own record says it ran to its end (not `interrupted`: the reconciler alone would bring
-    # the workers to the desired version too, so their version does not say it).
-    status, _, records = await call(gateway_fleet.http, "GET", f"{url}/v1/rl/operations")
-    update = next(r for r in records["operations"] if r["kind"] == "update_weights")
-    assert status == 200 and update["status"] == "ok", update
+    # the workers to the desired version too, so their version does not say it). The workers are
+    # resumed a moment before the controller closes the record: wait for it to close.
+    async def update_record() -> dict | None:
+        status, _, records = await call(gateway_fleet.http, "GET", f"{url}/v1/rl/operations")
+        assert status == 200, records
+        update = next(r for r in records["operations"] if r["kind"] == "update_weights")
+        return update if update["status"] != "running" else None
+
+    update = await wait_for(update_record, 30, "the update's record to close")
+    assert update["status"] == "ok", update
