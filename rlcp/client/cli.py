@@ -248,91 +248,90 @@ async def run(args: argparse.Namespace) -> int:
         match args.command:
             case "state":
                 return await state(client, args)
-            case "workers":
-                body = await client.workers(args.selector)
-                console.print(workers_table(body)) if args.output == "table" else emit(body, args.output)
-                return 0
-            case "pause":
-                return await run_operation(
-                    client, client.pause(args.mode, args.op_timeout, selector=args.selector), args.output
-                )
-            case "resume":
-                return await run_operation(client, client.resume(selector=args.selector), args.output)
-            case "sleep":
-                return await run_operation(
-                    client,
-                    client.sleep(
-                        args.level,
-                        mode=args.mode,
-                        timeout_s=args.op_timeout,
-                        selector=args.selector,
-                        worker_ids=args.worker_ids,
-                    ),
-                    args.output,
-                )
-            case "wake":
-                return await run_operation(
-                    client,
-                    client.wake_up(tags=args.tags, selector=args.selector, worker_ids=args.worker_ids),
-                    args.output,
-                )
-            case "engine":
-                return await run_operation(
-                    client,
-                    client.engine(args.route, worker=args.worker, selector=args.selector, body=args.body),
-                    args.output,
-                )
             case "update-weights":
-                manifest = read_manifest(args.manifest) if args.manifest else None
-                started = await client.update_weights(
-                    args.version,
-                    args.path,
-                    pause_mode=args.pause_mode,
-                    verify=not args.no_verify,
-                    timeout_s=args.op_timeout,
-                    max_unavailable=args.max_unavailable,
-                    wait=False,
-                    expected_checksums=manifest,
-                )
-                if args.no_wait:
-                    console.print(started.id) if args.output == "table" else emit(
-                        started.model_dump(mode="json"), args.output
-                    )
-                    return 0
-                return await follow(client, started, args.output)
-            case "lora":
-                call = (
-                    client.load_lora(args.name, args.path, args.version)
-                    if args.lora_command == "load"
-                    else client.unload_lora(args.name)
-                )
-                return await run_operation(client, call, args.output)
-            case "fleets":
-                listing = await client.fleets()
-                console.print(fleets_table(listing)) if args.output == "table" else emit(
-                    listing.model_dump(mode="json"), args.output
-                )
-                return 0
-            case "placement" | "scale":
-                view = await (client.placement() if args.command == "placement" else client.scale(args.replicas))
-                console.print(placement_table(view)) if args.output == "table" else emit(
-                    view.model_dump(mode="json"), args.output
-                )
-                return 0
+                return await update_weights(client, args)
             case "ops" if args.ops_command == "show":
                 op = await client.operation(args.id)
                 if args.follow and op.status == "running":
                     return await follow(client, op, args.output)
                 await show_operation(op, args.output)
                 return 0 if op.status in ("ok", "running") else 1
-            case "ops":
-                ops = await client.operations(args.limit)
-                if args.output == "table":
-                    console.print(operations_table(ops))
-                else:
-                    emit([op.model_dump(mode="json") for op in ops], args.output)
+            case "pause" | "resume" | "sleep" | "wake" | "engine" | "lora":
+                return await run_operation(client, operation_call(client, args), args.output)
+            case _:
+                await show_listing(client, args)
                 return 0
+
+
+def operation_call(client: ControlPlaneClient, args: argparse.Namespace) -> Awaitable[OperationResult]:
+    """The client call of a command that runs one fleet operation and waits for it."""
+    match args.command:
+        case "pause":
+            return client.pause(args.mode, args.op_timeout, selector=args.selector)
+        case "resume":
+            return client.resume(selector=args.selector)
+        case "sleep":
+            return client.sleep(
+                args.level,
+                mode=args.mode,
+                timeout_s=args.op_timeout,
+                selector=args.selector,
+                worker_ids=args.worker_ids,
+            )
+        case "wake":
+            return client.wake_up(tags=args.tags, selector=args.selector, worker_ids=args.worker_ids)
+        case "engine":
+            return client.engine(args.route, worker=args.worker, selector=args.selector, body=args.body)
+        case "lora" if args.lora_command == "load":
+            return client.load_lora(args.name, args.path, args.version)
+        case "lora":
+            return client.unload_lora(args.name)
     raise AssertionError(args.command)
+
+
+async def update_weights(client: ControlPlaneClient, args: argparse.Namespace) -> int:
+    """Start an update; follow it to its end unless `--no-wait` (then print its id)."""
+    manifest = read_manifest(args.manifest) if args.manifest else None
+    started = await client.update_weights(
+        args.version,
+        args.path,
+        pause_mode=args.pause_mode,
+        verify=not args.no_verify,
+        timeout_s=args.op_timeout,
+        max_unavailable=args.max_unavailable,
+        wait=False,
+        expected_checksums=manifest,
+    )
+    if args.no_wait:
+        console.print(started.id) if args.output == "table" else emit(started.model_dump(mode="json"), args.output)
+        return 0
+    return await follow(client, started, args.output)
+
+
+async def show_listing(client: ControlPlaneClient, args: argparse.Namespace) -> None:
+    """The read-only commands: a table on a terminal, else the body in the chosen format."""
+    match args.command:
+        case "workers":
+            body = await client.workers(args.selector)
+            console.print(workers_table(body)) if args.output == "table" else emit(body, args.output)
+        case "fleets":
+            listing = await client.fleets()
+            console.print(fleets_table(listing)) if args.output == "table" else emit(
+                listing.model_dump(mode="json"), args.output
+            )
+        case "placement" | "scale":
+            view = await (client.placement() if args.command == "placement" else client.scale(args.replicas))
+            console.print(placement_table(view)) if args.output == "table" else emit(
+                view.model_dump(mode="json"), args.output
+            )
+        case "ops":
+            ops = await client.operations(args.limit)
+            if args.output == "table":
+                console.print(operations_table(ops))
+            else:
+                emit([op.model_dump(mode="json") for op in ops], args.output)
+        case _:
+            raise AssertionError(args.command)
 
 
 async def state(client: ControlPlaneClient, args: argparse.Namespace) -> int:

@@ -9,7 +9,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from rlcp.core.wire.controller import FleetsListing, FleetState, GatewayWorkerView, OperationResult, PlacementView
+from rlcp.core.wire.controller import (
+    FleetsListing,
+    FleetState,
+    GatewayWorkerView,
+    OperationResult,
+    PlacementView,
+    WorkerView,
+)
 
 _STATUS_STYLE = {
     "ok": "green",
@@ -59,6 +66,12 @@ def _status(
 def state_view(st: FleetState) -> Group:
     # Ids and versions are what an operator acts on: never cut them, whatever the terminal's
     # width (rlctl is read in 80 columns too); free text goes below the table, where it wraps.
+    workers, notes = _workers_table(st)
+    return Group(_summary(st), workers, *notes)
+
+
+def _summary(st: FleetState) -> Table:
+    """The fleet's phase, versions, requests, and its gateway's, Envoys' and update's lines."""
     summary = Table.grid(padding=(0, 2))
     for _ in range(2):
         summary.add_column(style="bold")
@@ -79,6 +92,22 @@ def state_view(st: FleetState) -> Group:
         "epoch",
         str(st.membership_epoch),
     )
+    _add_data_plane_rows(summary, st)
+    u = st.update
+    if u is not None:
+        p, b = u.progress, u.bubble
+        steps = f", wave {min(p.waves_done + (u.status == 'running'), p.waves)}/{p.waves}" if p is not None else ""
+        summary.add_row(
+            "update",
+            f"{u.version} {u.status}{steps}",
+            "capacity",
+            f"min {b.min_serving}/{b.members}, mean {b.mean_capacity:.0%}" if b is not None else "-",
+        )
+    return summary
+
+
+def _add_data_plane_rows(summary: Table, st: FleetState) -> None:
+    """The inference gateway's counts, and each Envoy's last ACKed fence version (Envoy as the data plane)."""
     gw = st.gateway
     if gw is not None:
         summary.add_row("gateway", gw.url or "-", "admits", ", ".join(gw.allowed_versions) or "any ready")
@@ -99,16 +128,11 @@ def state_view(st: FleetState) -> Group:
                 "",
                 "",
             )
-    u = st.update
-    if u is not None:
-        p, b = u.progress, u.bubble
-        steps = f", wave {min(p.waves_done + (u.status == 'running'), p.waves)}/{p.waves}" if p is not None else ""
-        summary.add_row(
-            "update",
-            f"{u.version} {u.status}{steps}",
-            "capacity",
-            f"min {b.min_serving}/{b.members}, mean {b.mean_capacity:.0%}" if b is not None else "-",
-        )
+
+
+def _workers_table(st: FleetState) -> tuple[Table, list[Text]]:
+    """A row per worker, and the free-text notes (labels, adapters, what went wrong) below it."""
+    gw = st.gateway
     in_fence = {w.worker_id: w for w in gw.workers} if gw is not None else {}
     fleet = "" if st.fleet == "default" else f"fleet {st.fleet}: "
     workers = Table(title=f"{fleet}{len(st.workers)} workers", title_justify="left")
@@ -130,20 +154,26 @@ def state_view(st: FleetState) -> Group:
             reqs,
             Text(str(w.weight_version), style="yellow" if stale else ""),
         )
-        if w.labels:  # below the table: labels are free text of any length
-            notes.append(Text(f"{w.id}: labels {labels_text(w.labels)}", style="dim"))
-        if w.loras:
-            notes.append(
-                Text(f"{w.id}: adapters " + ", ".join(f"{n}@{v}" if v else n for n, v in w.loras.items()), style="dim")
-            )
-        if bad or (not w.ready and w.not_ready_reason):
-            what = (
-                f"{w.last_result.phase} {w.last_result.status}: {w.last_result.message or ''}"
-                if w.last_result is not None and w.last_result.status != "ok"
-                else (w.not_ready_reason or w.last_error or "")
-            )
-            notes.append(Text(f"{w.id}: {what}", style="red" if bad else "yellow"))
-    return Group(summary, workers, *notes)
+        notes += _worker_notes(w, bad)
+    return workers, notes
+
+
+def _worker_notes(w: WorkerView, bad: bool) -> list[Text]:
+    notes: list[Text] = []
+    if w.labels:  # below the table: labels are free text of any length
+        notes.append(Text(f"{w.id}: labels {labels_text(w.labels)}", style="dim"))
+    if w.loras:
+        notes.append(
+            Text(f"{w.id}: adapters " + ", ".join(f"{n}@{v}" if v else n for n, v in w.loras.items()), style="dim")
+        )
+    if bad or (not w.ready and w.not_ready_reason):
+        what = (
+            f"{w.last_result.phase} {w.last_result.status}: {w.last_result.message or ''}"
+            if w.last_result is not None and w.last_result.status != "ok"
+            else (w.not_ready_reason or w.last_error or "")
+        )
+        notes.append(Text(f"{w.id}: {what}", style="red" if bad else "yellow"))
+    return notes
 
 
 def update_progress(console: Console) -> Progress:

@@ -105,19 +105,7 @@ class Controller:
         self.transfer = WeightTransfer(
             self, settings=settings.weight_transfer, changes=self.changes, is_leader=lambda: self.leadership.is_leader
         )
-        r = settings.reconcile
-        self.reconciler = Reconciler(
-            registry=self.registry,
-            desired=self.desired,
-            gate=self.gate,
-            fanout=self.fanout,
-            deadlines=self.deadlines,
-            leadership=self.leadership,
-            limiter=WorkerRateLimiter(initial_s=r.backoff_initial_s, max_s=r.backoff_max_s),
-            metrics=self.metrics,
-            refresh=self.refresh,
-            ensure_leading=self.ensure_leading,
-        )
+        self.reconciler = self._make_reconciler()
         self._views = WorkerViews()
         self._state = StateCache(self.changes, lambda: self.state(), self._views.json)  # late-bound: tests count builds
         # The inference gateway in this process, if one runs (`gateway/local.py` sets it): its
@@ -129,14 +117,29 @@ class Controller:
         self.fence_sync: FenceSync | None = None
         self.envoy_view: Callable[[], EnvoyPlaneView] | None = None
         self._base: tuple[int, FleetState] | None = None
-        # Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
-        # The default fleet's: the agents it places join whichever fleet their labels select.
-        ray_placement = settings.placement.ray if settings.placement.kind == "ray" and fleet == DEFAULT_FLEET else None
-        self.placement = (
-            None
-            if ray_placement is None
-            else PlacementStatus(ray_placement, desired=lambda: self.desired.state.placement_replicas)
+        self.placement = self._placement_status()
+
+    def _make_reconciler(self) -> Reconciler:
+        r = self.settings.reconcile
+        return Reconciler(
+            registry=self.registry,
+            desired=self.desired,
+            gate=self.gate,
+            fanout=self.fanout,
+            deadlines=self.deadlines,
+            leadership=self.leadership,
+            limiter=WorkerRateLimiter(initial_s=r.backoff_initial_s, max_s=r.backoff_max_s),
+            metrics=self.metrics,
+            refresh=self.refresh,
+            ensure_leading=self.ensure_leading,
         )
+
+    def _placement_status(self) -> PlacementStatus | None:
+        """Placement's count and last pass (placement.kind ray); its loop is started by the supervisor.
+        The default fleet's: the agents it places join whichever fleet their labels select."""
+        placement = self.settings.placement
+        ray = placement.ray if placement.kind == "ray" and self.fleet == DEFAULT_FLEET else None
+        return None if ray is None else PlacementStatus(ray, desired=lambda: self.desired.state.placement_replicas)
 
     def _make_driver(self, spec: WorkerSpec) -> Driver:
         return make_driver(spec, self._transports(spec, self._policy), self.deadlines.driver)

@@ -94,23 +94,9 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
                 log.warning("request_failed", status=exc.status, code=exc.code, error=exc.message)
             return error_response(exc)
         except web.HTTPRequestEntityTooLarge:
-            return web.json_response(
-                {
-                    "error": {
-                        "code": "payload_too_large",
-                        "field": "body",
-                        "message": f"request body is larger than {max_body} bytes",
-                    }
-                },
-                status=413,
-            )
+            return _too_large(max_body)
         except web.HTTPException as exc:
-            # aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape.
-            code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
-            allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            # Naming the path: a trainer's base URL off by a segment shows in the answer itself.
-            said = f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.reason
-            return web.json_response({"error": {"code": code, "message": said}}, status=exc.status, headers=allow)
+            return _aiohttp_error(request, exc)
         except Exception as exc:
             log.exception("unhandled_error")
             return web.json_response(
@@ -118,6 +104,20 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
             )
 
     return error_middleware
+
+
+def _too_large(max_body: int) -> web.Response:
+    message = f"request body is larger than {max_body} bytes"
+    return web.json_response({"error": {"code": "payload_too_large", "field": "body", "message": message}}, status=413)
+
+
+def _aiohttp_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own 404/405: keep the status (and a 405's `Allow`, RFC 9110), use our error shape."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status, "http_error")
+    allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    # Naming the path: a trainer's base URL off by a segment shows in the answer itself.
+    said = f"{exc.reason}: {request.method} {request.path}" if exc.status in (404, 405) else exc.reason
+    return web.json_response({"error": {"code": code, "message": said}}, status=exc.status, headers=allow)
 
 
 def _presented_token(header: str) -> bytes | None:

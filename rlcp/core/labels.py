@@ -170,67 +170,89 @@ def parse_selector(text: str) -> Selector:
     """Read a Kubernetes label selector; raise `SelectorError` naming the problem."""
     if len(text) > MAX_SELECTOR_CHARS:
         raise SelectorError(f"the selector is {len(text)} characters long: at most {MAX_SELECTOR_CHARS}")
-    tokens = _tokens(text)
+    reader = _SelectorReader(_tokens(text))
     requirements: list[Requirement] = []
-    i = 0
-
-    def key_at(j: int) -> str:
-        if j >= len(tokens) or tokens[j] in ("==", "!=", "=", "(", ")", ",", "!"):
-            found = "the end" if j >= len(tokens) else repr(tokens[j])
-            raise SelectorError(f"expected a label key, found {found}")
-        problem = label_key_problem(tokens[j])
-        if problem:
-            raise SelectorError(problem)
-        return tokens[j]
-
-    def value_at(j: int) -> str:
-        if j < len(tokens) and tokens[j] in ("==", "!=", "=", "(", "!"):
-            raise SelectorError(f"expected a label value, found {tokens[j]!r}")
-        if j >= len(tokens) or tokens[j] in (",", ")"):
-            return ""  # `a=` (empty value) is valid, as in Kubernetes
-        problem = label_value_problem(tokens[j])
-        if problem:
-            raise SelectorError(problem)
-        return tokens[j]
-
-    while i < len(tokens):
-        if tokens[i] == "!":
-            requirements.append(Requirement(key_at(i + 1), "absent"))
-            i += 2
-        else:
-            key = key_at(i)
-            i += 1
-            op = tokens[i] if i < len(tokens) else ","
-            if op == ",":
-                requirements.append(Requirement(key, "exists"))
-            elif op in ("=", "==", "!="):
-                value = value_at(i + 1)
-                requirements.append(Requirement(key, "ne" if op == "!=" else "eq", frozenset({value})))
-                i += 1 if value == "" else 2
-            elif op in ("in", "notin"):
-                if i + 1 >= len(tokens) or tokens[i + 1] != "(":
-                    raise SelectorError(f"{key} {op}: expected '(' and a list of values")
-                values: set[str] = set()
-                i += 2
-                while True:
-                    value = value_at(i)
-                    values.add(value)
-                    i += 0 if value == "" else 1
-                    if i >= len(tokens):
-                        raise SelectorError(f"{key} {op} (...): missing ')'")
-                    if tokens[i] == ")":
-                        i += 1
-                        break
-                    if tokens[i] != ",":
-                        raise SelectorError(f"{key} {op} (...): expected ',' or ')', found {tokens[i]!r}")
-                    i += 1
-                requirements.append(Requirement(key, "in" if op == "in" else "notin", frozenset(values)))
-            else:
-                raise SelectorError(f"after {key!r}: expected '=', '==', '!=', 'in', 'notin' or ',', found {op!r}")
-        if i < len(tokens):
-            if tokens[i] != ",":
-                raise SelectorError(f"expected ',' between requirements, found {tokens[i]!r}")
-            i += 1
-            if i >= len(tokens):
-                raise SelectorError("the selector ends with ','")
+    while not reader.at_end():
+        requirements.append(reader.requirement())
+        reader.separator()
     return Selector(text, tuple(requirements))
+
+
+_NOT_A_KEY = frozenset({"==", "!=", "=", "(", ")", ",", "!"})
+_NOT_A_VALUE = frozenset({"==", "!=", "=", "(", "!"})
+
+
+class _SelectorReader:
+    """A cursor over a selector's tokens; each method reads one part of the grammar or raises."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self._tokens = tokens
+        self._i = 0
+
+    def at_end(self) -> bool:
+        return self._i >= len(self._tokens)
+
+    def _peek(self) -> str | None:
+        return None if self.at_end() else self._tokens[self._i]
+
+    def key(self) -> str:
+        token = self._peek()
+        if token is None or token in _NOT_A_KEY:
+            raise SelectorError(f"expected a label key, found {'the end' if token is None else repr(token)}")
+        if problem := label_key_problem(token):
+            raise SelectorError(problem)
+        self._i += 1
+        return token
+
+    def value(self) -> str:
+        token = self._peek()
+        if token is not None and token in _NOT_A_VALUE:
+            raise SelectorError(f"expected a label value, found {token!r}")
+        if token is None or token in (",", ")"):
+            return ""  # `a=` (empty value) is valid, as in Kubernetes
+        if problem := label_value_problem(token):
+            raise SelectorError(problem)
+        self._i += 1
+        return token
+
+    def requirement(self) -> Requirement:
+        if self._peek() == "!":
+            self._i += 1
+            return Requirement(self.key(), "absent")
+        key = self.key()
+        op = self._peek() or ","
+        if op == ",":
+            return Requirement(key, "exists")
+        self._i += 1
+        if op in ("=", "==", "!="):
+            return Requirement(key, "ne" if op == "!=" else "eq", frozenset({self.value()}))
+        if op in ("in", "notin"):
+            return Requirement(key, "in" if op == "in" else "notin", self._value_list(key, op))
+        raise SelectorError(f"after {key!r}: expected '=', '==', '!=', 'in', 'notin' or ',', found {op!r}")
+
+    def _value_list(self, key: str, op: str) -> frozenset[str]:
+        """`(v1, v2, ...)` after `in` / `notin`."""
+        if self._peek() != "(":
+            raise SelectorError(f"{key} {op}: expected '(' and a list of values")
+        self._i += 1
+        values = {self.value()}
+        while (token := self._peek()) != ")":
+            if token is None:
+                raise SelectorError(f"{key} {op} (...): missing ')'")
+            if token != ",":
+                raise SelectorError(f"{key} {op} (...): expected ',' or ')', found {token!r}")
+            self._i += 1
+            values.add(self.value())
+        self._i += 1
+        return frozenset(values)
+
+    def separator(self) -> None:
+        """The ',' between requirements, unless the selector ends here."""
+        token = self._peek()
+        if token is None:
+            return
+        if token != ",":
+            raise SelectorError(f"expected ',' between requirements, found {token!r}")
+        self._i += 1
+        if self.at_end():
+            raise SelectorError("the selector ends with ','")

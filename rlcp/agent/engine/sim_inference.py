@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Annotated
+from typing import Annotated, Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from rlcp.agent.engine.base import EngineError
-from rlcp.agent.engine.sim import SimEngine
+from rlcp.agent.engine.sim import SimEngine, SimOutput
 from rlcp.core.wire.agent.inference import (
     ENGINE_DIED_HEADER,
     EXPECT_VERSION_HEADER,
@@ -132,53 +132,61 @@ async def _create_completion(request: web.Request) -> web.StreamResponse:
         if expected is not None and expected != engine.served_version:
             return web.json_response(weights_changed_body(expected, engine.served_version), status=409)
         if not body.stream:
-            last = out
-            async for last in outputs:
-                pass
+            return await _whole_answer(head, prompt, out, outputs)
+        return await _stream(request, head, out, outputs)
+
+
+async def _whole_answer(
+    head: dict[str, Any], prompt: list[int], out: SimOutput, outputs: AsyncIterator[SimOutput]
+) -> web.Response:
+    """A non-streaming completion: the last (cumulative) output, its usage and weight versions."""
+    last = out
+    async for last in outputs:
+        pass
+    choice = {
+        "index": 0,
+        "text": _text(last.token_ids),
+        "finish_reason": last.finish_reason,
+        "logprobs": None,
+        "token_ids": last.token_ids,
+        "prompt_token_ids": prompt,
+    }
+    usage = {
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(last.token_ids),
+        "total_tokens": len(prompt) + len(last.token_ids),
+    }
+    headers = {WEIGHT_VERSIONS_HEADER: weight_versions_header([last.weight_versions])} if last.weight_versions else None
+    return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
+
+
+async def _stream(
+    request: web.Request, head: dict[str, Any], out: SimOutput, outputs: AsyncIterator[SimOutput]
+) -> web.StreamResponse:
+    """A streaming completion as server-sent events; failures after the first output become an error event."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    sent = 0
+    try:
+        while True:
+            delta = out.token_ids[sent:]  # outputs are cumulative; stream only what is new
+            sent = len(out.token_ids)
             choice = {
                 "index": 0,
-                "text": _text(last.token_ids),
-                "finish_reason": last.finish_reason,
+                "text": _text(delta),
+                "finish_reason": out.finish_reason,
                 "logprobs": None,
-                "token_ids": last.token_ids,
-                "prompt_token_ids": prompt,
+                "token_ids": delta,
             }
-            usage = {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": len(last.token_ids),
-                "total_tokens": len(prompt) + len(last.token_ids),
-            }
-            headers = (
-                {WEIGHT_VERSIONS_HEADER: weight_versions_header([last.weight_versions])}
-                if last.weight_versions
-                else None
-            )
-            return web.json_response({**head, "choices": [choice], "usage": usage}, headers=headers)
-
-        # Later failures become an error event.
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
-        sent = 0
-        try:
-            while True:
-                delta = out.token_ids[sent:]  # outputs are cumulative; stream only what is new
-                sent = len(out.token_ids)
-                choice = {
-                    "index": 0,
-                    "text": _text(delta),
-                    "finish_reason": out.finish_reason,
-                    "logprobs": None,
-                    "token_ids": delta,
-                }
-                await response.write(_sse({**head, "choices": [choice]}))
-                if out.finished:
-                    break
-                out = await anext(outputs)
-        except EngineError as exc:
-            await response.write(_sse({"error": {"code": "engine_error", "message": str(exc)}}))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
+            await response.write(_sse({**head, "choices": [choice]}))
+            if out.finished:
+                break
+            out = await anext(outputs)
+    except EngineError as exc:
+        await response.write(_sse({"error": {"code": "engine_error", "message": str(exc)}}))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
 
 
 def build_sim_inference_app(engine: SimEngine) -> web.Application:

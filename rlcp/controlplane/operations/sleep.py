@@ -44,7 +44,7 @@ from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
-from rlcp.controlplane.operations.steps import Step, status_answer
+from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
 from rlcp.controlplane.operations.verify import checksums_digest
 from rlcp.controlplane.workers.capabilities import (
     CHECKSUMS,
@@ -241,6 +241,31 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
     desired = ctx.desired.state
     slept = {r.id: desired.asleep.get(r.id) for r in records}
     read = await run.steps.run(_status_step(run, "verifying", observe=True), records)
+    checked, reloaded = await _reload_behind(run, read, slept)
+
+    async def check(driver: Driver) -> None:
+        worker_id = driver.spec.id
+        status = await driver.status() if worker_id in reloaded else read.answers[worker_id]  # a reload moved it
+        await _check_woken(driver, status, slept[worker_id], desired.weight_version)
+
+    verified = await run.steps.ok(
+        Step(name="verify", can=DRIVER, call=check, deadline_s=ctx.deadlines.checksums_s), checked
+    )
+    failed = [r.id for r in records if r not in verified]
+    for worker_id in failed:
+        result = run.tracker.results.get(worker_id)
+        if result is not None and result.phase == "verify" and result.status == "error":
+            run.tracker.set_result(result.model_copy(update={"code": "verify_failed"}))
+    _note_kept_asleep(run, [r.id for r in checked if r not in verified], KEPT_ASLEEP)
+    return verified
+
+
+async def _reload_behind(
+    run: Run, read: StepDone[WorkerStatus], slept: dict[str, SleepRecord | None]
+) -> tuple[list[WorkerRecord], set[str]]:
+    """Load the fleet's checkpoint again into the woken members that fell behind it (level 2
+    lost their weights); answers the members to verify and the ids of those reloaded."""
+    desired = run.ctx.desired.state
     source = load_source(desired)
     if source is not None and desired.weight_version is not None and source["version"] != desired.weight_version:
         source = None  # an older disk copy (the desired version came by broadcast): loading it cannot help
@@ -254,56 +279,45 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
         return status is not None and status.weight_version != source["version"]
 
     reloading = [r for r in read.ok if behind(r)]
-    if reloading and source is not None:
-        path, version = source["path"], source["version"]
-        reload = Step(
-            name="update",
-            can=DISK_WEIGHTS,
-            call=lambda w: w.update_weights_from_disk(path, version),
-            deadline_s=ctx.deadlines.load_step(None, checksums=False),
-        )
-        loaded = await run.steps.ok(reload, reloading)
-        _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
-        checked = [r for r in read.ok if r not in reloading or r in loaded]
-    else:
-        checked = read.ok
-
-    reloaded = {r.id for r in reloading}
-
-    async def check(driver: Driver) -> None:
-        worker_id = driver.spec.id
-        record = slept[worker_id]
-        status = await driver.status() if worker_id in reloaded else read.answers[worker_id]  # a reload moved it
-        if status is None:
-            raise WorkerRejected(worker_id, "answered no status", status=200)
-        _check_awake(worker_id, status, expected_version(desired.weight_version, record))
-        # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
-        # the same tensors), its weights must be the ones it slept with.
-        if (
-            record is None
-            or record.checksums_digest is None
-            or status.weight_version != record.weight_version
-            or not (has(driver, "checksums") and implements(driver, CHECKSUMS))
-        ):
-            return
-        sums = await driver.weight_checksums()
-        if sums is not None and checksums_digest(sums) != record.checksums_digest:
-            raise WorkerRejected(
-                worker_id,
-                f"weight checksums differ from those it had when it went to sleep (version {record.weight_version!r})",
-                status=200,
-            )
-
-    verified = await run.steps.ok(
-        Step(name="verify", can=DRIVER, call=check, deadline_s=ctx.deadlines.checksums_s), checked
+    if not reloading or source is None:
+        return read.ok, set()
+    path, version = source["path"], source["version"]
+    reload = Step(
+        name="update",
+        can=DISK_WEIGHTS,
+        call=lambda w: w.update_weights_from_disk(path, version),
+        deadline_s=run.ctx.deadlines.load_step(None, checksums=False),
     )
-    failed = [r.id for r in records if r not in verified]
-    for worker_id in failed:
-        result = run.tracker.results.get(worker_id)
-        if result is not None and result.phase == "verify" and result.status == "error":
-            run.tracker.set_result(result.model_copy(update={"code": "verify_failed"}))
-    _note_kept_asleep(run, [r.id for r in checked if r not in verified], KEPT_ASLEEP)
-    return verified
+    loaded = await run.steps.ok(reload, reloading)
+    _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
+    return [r for r in read.ok if r not in reloading or r in loaded], {r.id for r in reloading}
+
+
+async def _check_woken(
+    driver: Driver, status: WorkerStatus | None, record: SleepRecord | None, desired_version: str | None
+) -> None:
+    """Raise `WorkerRejected` unless a woken member is awake at the expected version and, at the
+    version it slept with, holds the weights it slept with."""
+    worker_id = driver.spec.id
+    if status is None:
+        raise WorkerRejected(worker_id, "answered no status", status=200)
+    _check_awake(worker_id, status, expected_version(desired_version, record))
+    # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
+    # the same tensors), its weights must be the ones it slept with.
+    if (
+        record is None
+        or record.checksums_digest is None
+        or status.weight_version != record.weight_version
+        or not (has(driver, "checksums") and implements(driver, CHECKSUMS))
+    ):
+        return
+    sums = await driver.weight_checksums()
+    if sums is not None and checksums_digest(sums) != record.checksums_digest:
+        raise WorkerRejected(
+            worker_id,
+            f"weight checksums differ from those it had when it went to sleep (version {record.weight_version!r})",
+            status=200,
+        )
 
 
 def expected_version(desired: str | None, record: SleepRecord | None) -> str | None:

@@ -58,6 +58,7 @@ from rlcp.controlplane.workers.capabilities import (
     STAGED_UPDATE,
     DiskWeights,
     LoadReport,
+    StagedUpdate,
     UpdatePlan,
     UpdateReport,
     capable,
@@ -226,26 +227,7 @@ class Roll:
         held = ctx.desired.state.held  # paused by a selector-scoped pause: updated, not resumed
         in_one = [r for r in records if implements(r.driver, STAGED_UPDATE)]
         in_steps = [r for r in records if not implements(r.driver, STAGED_UPDATE)]
-        reference = (agreement.checksums or req.expected_checksums) if req.verify else None
-
-        def plan(worker_id: str) -> UpdatePlan:
-            return UpdatePlan(
-                path=self.path,
-                version=req.version,
-                mode=req.pause_mode,
-                pause_timeout_s=pause_s,
-                checksums=req.verify,
-                resume=not leave_paused and worker_id not in held,
-                expected_checksums=reference,
-            )
-
-        in_one_call = Step(
-            name="update",
-            can=STAGED_UPDATE,
-            call=lambda w: w.update_in_one_call(plan(w.spec.id)),
-            deadline_s=d.update_in_one_call(req.timeout_s, checksums=req.verify),
-            observe=lambda answer: answer.status,
-        )
+        in_one_call = self._in_one_call(agreement, pause_s)
         one, stepped = await asyncio.gather(run.steps.run(in_one_call, in_one), self._in_steps(in_steps, pause_s))
         reports = {worker_id: answer.load for worker_id, answer in one.answers.items() if answer is not None}
         await self._after_one_call_failures(in_one, one)
@@ -257,18 +239,9 @@ class Roll:
             )
         passed = {r.id for r in verified}
         resumed_in_call = {worker_id for worker_id, a in one.answers.items() if a is not None and a.resumed}
-        relapsed = [r for r in one.ok if r.id in resumed_in_call and r.id not in passed]
-        still_out: set[str] = set()
-        if relapsed:
-            pause_again = Step(
-                name="pause",
-                can=CONTROL,
-                call=lambda w: w.pause(req.pause_mode, pause_s),
-                deadline_s=d.call_over(pause_s),
-                on_failure="amend",
-            )
-            again = await run.steps.run(pause_again, relapsed)
-            still_out = {r.id for r in relapsed} - {r.id for r in again.ok}
+        still_out = await self._pause_again(
+            [r for r in one.ok if r.id in resumed_in_call and r.id not in passed], pause_s
+        )
         for r in verified:
             answer = one.answers.get(r.id)
             if answer is not None and answer.resumed:
@@ -279,6 +252,47 @@ class Roll:
             return Wave(verified, [], still_out)
         resumed = await resume(run, [r for r in verified if r.id not in held and r.id not in resumed_in_call], reports)
         return Wave(verified, [*resumed, *(r for r in verified if r.id in resumed_in_call)], still_out)
+
+    def _in_one_call(self, agreement: Agreement, pause_s: float) -> Step[StagedUpdate, UpdateReport]:
+        """The one-call update's step: each worker's plan resumes it unless the fleet stays
+        paused or a selector-scoped pause holds it, and holds it to the checksums agreed on."""
+        req, d, state = self.req, self.run.ctx.deadlines, self.run.ctx.desired.state
+        reference = (agreement.checksums or req.expected_checksums) if req.verify else None
+
+        def plan(worker_id: str) -> UpdatePlan:
+            return UpdatePlan(
+                path=self.path,
+                version=req.version,
+                mode=req.pause_mode,
+                pause_timeout_s=pause_s,
+                checksums=req.verify,
+                resume=not state.paused and worker_id not in state.held,
+                expected_checksums=reference,
+            )
+
+        return Step(
+            name="update",
+            can=STAGED_UPDATE,
+            call=lambda w: w.update_in_one_call(plan(w.spec.id)),
+            deadline_s=d.update_in_one_call(req.timeout_s, checksums=req.verify),
+            observe=lambda answer: answer.status,
+        )
+
+    async def _pause_again(self, relapsed: list[WorkerRecord], pause_s: float) -> set[str]:
+        """Pause the workers that resumed in their call and then failed verification; answers
+        those still serving (the wave stays cordoned for them)."""
+        if not relapsed:
+            return set()
+        req, d = self.req, self.run.ctx.deadlines
+        pause_again = Step(
+            name="pause",
+            can=CONTROL,
+            call=lambda w: w.pause(req.pause_mode, pause_s),
+            deadline_s=d.call_over(pause_s),
+            on_failure="amend",
+        )
+        again = await self.run.steps.run(pause_again, relapsed)
+        return {r.id for r in relapsed} - {r.id for r in again.ok}
 
     async def _in_steps(self, records: list[WorkerRecord], pause_s: float) -> StepDone[LoadReport | None]:
         """`DiskWeights`' steps up to the load: pause (told the version first where the worker

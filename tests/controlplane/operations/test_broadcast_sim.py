@@ -69,8 +69,8 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
     status, result = await _init(ctl)
     assert status == 200, result
     # The trainer is rank 0; workers follow in id order, each at the sum of the sizes before it.
-    assert [a.engine._transfer_init["rank_offset"] for a in agents] == [1, 2, 4]
-    assert all(a.engine._transfer_init["world_size"] == 5 for a in agents)
+    assert [a.engine.transfer.init_info["rank_offset"] for a in agents] == [1, 2, 4]
+    assert all(a.engine.transfer.init_info["world_size"] == 5 for a in agents)
     group = (await ctl.state())["weight_transfer"]
     assert group["members"] == [
         {"worker_id": "w0", "rank_offset": 1, "world_size": 1},
@@ -232,7 +232,7 @@ async def test_one_worker_failing_init_releases_the_others(broadcast_fleet):
         "w1": ("ok", "shutdown_weight_transfer"),
         "w2": ("error", "init_weight_transfer"),
     }
-    assert agents[0].engine._transfer_init is None  # left the half-formed group
+    assert agents[0].engine.transfer.init_info is None  # left the half-formed group
 
 
 async def test_a_trainer_that_goes_quiet_is_aborted_and_the_fleet_resumes(broadcast_fleet, tmp_path):

@@ -248,71 +248,11 @@ def envoy_bootstrap(
 ) -> dict[str, Any]:
     """The bootstrap of one Envoy in front of every fleet of `settings`, fed by the controller's
     xDS server at `xds_host:xds_port`. Ports default to the `gateway.envoy` settings."""
-    g, e = settings.gateway, settings.gateway.envoy
+    e = settings.gateway.envoy
     fleets = [DEFAULT_FLEET, *settings.fleets]
     routes = [route for name in settings.fleets for route in _routes(name, settings, header=True)]
     routes += _routes(DEFAULT_FLEET, settings, header=False)
-    # As the Python gateway: inference is open unless the gateway has a token; then the admin
-    # token is accepted too (`accept_admin_token`).
-    own = g.resolved_token()
-    tokens = [t for t in (own, admin_token if g.accept_admin_token else None) if t] if own else []
-    http_filters = ([_rbac(tokens)] if tokens else []) + [
-        {
-            "name": "envoy.filters.http.router",
-            # No x-envoy-* headers to the worker or the client. (Its dynamic stats stay on: they
-            # count the requests routed, per response class, which `rlctl` and the local fleet read.)
-            "typed_config": {
-                "@type": _T + "envoy.extensions.filters.http.router.v3.Router",
-                "suppress_envoy_headers": True,
-            },
-        }
-    ]
-    manager = {
-        "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "rl",
-        "codec_type": "AUTO",
-        # A client's X-Request-ID passes to the worker as it is; Envoy does not mint a UUID for
-        # every request that has none (the Python gateway does not either).
-        "generate_request_id": False,
-        "route_config": {
-            "name": "rl",
-            "virtual_hosts": [
-                {
-                    "name": "fleet",
-                    "domains": ["*"],
-                    "routes": routes,
-                    "request_headers_to_remove": ["authorization"] if tokens else [],
-                }
-            ],
-        },
-        "http_filters": http_filters,
-        "local_reply_config": {
-            "mappers": [
-                {
-                    "filter": {"response_flag_filter": {"flags": ["UH", "NR"]}},
-                    "status_code": 503,
-                    "headers_to_add": [
-                        {"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
-                    ],
-                    "body_format_override": _json_error(
-                        "no_capacity",
-                        "no member of the fleet is inside the weight-version fence now (paused, updating, "
-                        "or converging); retry after Retry-After",
-                    ),
-                },
-                # Envoy's own 403s are RBAC's (local replies only: a worker's 403 passes as it is).
-                {
-                    "filter": {
-                        "status_code_filter": {
-                            "comparison": {"op": "EQ", "value": {"default_value": 403, "runtime_key": "rl.local_403"}}
-                        }
-                    },
-                    "status_code": 401,
-                    "body_format_override": _json_error("unauthorized", "missing or wrong bearer token"),
-                },
-            ]
-        },
-    }
+    manager = _connection_manager(routes, _inference_tokens(settings, admin_token))
     return {
         "node": {"id": node_id, "cluster": "rlcp-gateway"},
         "admin": {"address": _address("127.0.0.1", e.admin_port if admin_port is None else admin_port)},
@@ -339,22 +279,100 @@ def envoy_bootstrap(
                 }
             ],
             "clusters": [
-                {
-                    "name": XDS_CLUSTER,
-                    "type": _address_type(xds_host),
-                    "connect_timeout": "1s",
-                    "typed_extension_protocol_options": {
-                        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                            "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                            "explicit_http_config": {"http2_protocol_options": {}},
-                        }
-                    },
-                    "load_assignment": {
-                        "cluster_name": XDS_CLUSTER,
-                        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(xds_host, xds_port)}}]}],
-                    },
-                },
+                _xds_cluster(xds_host, xds_port),
                 *(_fleet_cluster(name, settings, sessions=sessions) for name in fleets for sessions in (False, True)),
             ],
+        },
+    }
+
+
+def _inference_tokens(settings: ControllerSettings, admin_token: str | None) -> list[str]:
+    """As the Python gateway: inference is open unless the gateway has a token; then the admin
+    token is accepted too (`accept_admin_token`)."""
+    g = settings.gateway
+    own = g.resolved_token()
+    return [t for t in (own, admin_token if g.accept_admin_token else None) if t] if own else []
+
+
+def _connection_manager(routes: list[dict[str, Any]], tokens: list[str]) -> dict[str, Any]:
+    """The inference listener's HTTP connection manager: the routes, the token check (none
+    without tokens), and local replies in this project's error shape."""
+    http_filters = ([_rbac(tokens)] if tokens else []) + [
+        {
+            "name": "envoy.filters.http.router",
+            # No x-envoy-* headers to the worker or the client. (Its dynamic stats stay on: they
+            # count the requests routed, per response class, which `rlctl` and the local fleet read.)
+            "typed_config": {
+                "@type": _T + "envoy.extensions.filters.http.router.v3.Router",
+                "suppress_envoy_headers": True,
+            },
+        }
+    ]
+    return {
+        "@type": _T + "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "rl",
+        "codec_type": "AUTO",
+        # A client's X-Request-ID passes to the worker as it is; Envoy does not mint a UUID for
+        # every request that has none (the Python gateway does not either).
+        "generate_request_id": False,
+        "route_config": {
+            "name": "rl",
+            "virtual_hosts": [
+                {
+                    "name": "fleet",
+                    "domains": ["*"],
+                    "routes": routes,
+                    "request_headers_to_remove": ["authorization"] if tokens else [],
+                }
+            ],
+        },
+        "http_filters": http_filters,
+        "local_reply_config": {"mappers": _local_replies()},
+    }
+
+
+def _local_replies() -> list[dict[str, Any]]:
+    """Envoy's own answers, in this project's error shape: no capacity (503, Retry-After) and RBAC's refusal (401)."""
+    return [
+        {
+            "filter": {"response_flag_filter": {"flags": ["UH", "NR"]}},
+            "status_code": 503,
+            "headers_to_add": [
+                {"header": {"key": "retry-after", "value": "1"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}
+            ],
+            "body_format_override": _json_error(
+                "no_capacity",
+                "no member of the fleet is inside the weight-version fence now (paused, updating, "
+                "or converging); retry after Retry-After",
+            ),
+        },
+        # Envoy's own 403s are RBAC's (local replies only: a worker's 403 passes as it is).
+        {
+            "filter": {
+                "status_code_filter": {
+                    "comparison": {"op": "EQ", "value": {"default_value": 403, "runtime_key": "rl.local_403"}}
+                }
+            },
+            "status_code": 401,
+            "body_format_override": _json_error("unauthorized", "missing or wrong bearer token"),
+        },
+    ]
+
+
+def _xds_cluster(host: str, port: int) -> dict[str, Any]:
+    """The controller's xDS server, over HTTP/2 (gRPC)."""
+    return {
+        "name": XDS_CLUSTER,
+        "type": _address_type(host),
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": _T + "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": XDS_CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(host, port)}}]}],
         },
     }
