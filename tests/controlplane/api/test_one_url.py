@@ -247,6 +247,7 @@ async def test_an_update_sent_to_the_gateway_url_runs_to_its_end_when_the_client
         10,
         "the update to finish on every worker, and the fleet to resume",
     )
+
     # Its own record says it ran to its end (not `interrupted`: the reconciler alone would bring
     # the workers to the desired version too, so their version does not say it). The workers are
     # resumed a moment before the controller closes the record: wait for it to close.
