@@ -11,12 +11,13 @@ Rules that keep a fleet from deadlocking or serving half-updated weights:
 - The trainer's `world_size` must be 1 + the fleet's inference ranks: checked before
   any worker is touched (422 naming the field).
 - The group remembers the membership epoch and each worker's instance id and spec at init. A
-  change (a member added, removed, or restarted) makes start fail fast with
-  409 `membership_changed`; inside an open round only a group member that left or restarted
-  does (it breaks the collective), while a worker that joined waits for the next round's start, whose body names who joined, left and restarted (the state's
-  group shows the same while stale); the trainer re-initialises the group, and that init's
-  detail keeps the change it replaced (`replaces_stale_group`), so the operations log says
-  why a group was formed again.
+  change (a member added, removed, or restarted) makes start fail fast with 409
+  `membership_changed`, whose body names who joined, left and restarted (the state's group shows
+  the same while stale); the trainer re-initialises the group, and that init's detail keeps the
+  change it replaced (`replaces_stale_group`), so the operations log says why a group was formed
+  again. Inside an open round only a group member that left or restarted refuses the next call
+  (it breaks the collective); a worker that joined is not in the group and waits for the next
+  round's start.
 - Start pauses a fleet the trainer has not paused (finish resumes it, so a trainer that
   never pauses, as TRL's `GRPOTrainer`, never has to resume), and opens a session: until
   finish, other operations get 409 and the reconciler stays away.
