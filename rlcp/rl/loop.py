@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -148,6 +148,9 @@ class Trainer:
     settings: RunSettings
     initial_version: str | None  # the version the engines serve the trainer's starting weights as
     on_step: Callable[[StepRecord], None] = lambda record: None
+    # Awaited after `on_step`, before the next step samples: None for a run that never waits (a test
+    # holds the run here until a change it made has landed, so the steps after it show the change).
+    between_steps: Callable[[StepRecord], Awaitable[None]] | None = None
     # The membership changes that landed since the last call (a local fleet's churn), for the record.
     membership: Callable[[], list[str]] = lambda: []
 
@@ -195,6 +198,8 @@ class Trainer:
                 )
                 records.append(record)
                 self.on_step(record)
+                if self.between_steps is not None:
+                    await self.between_steps(record)
         finally:
             if pending is not None:
                 pending.cancel()

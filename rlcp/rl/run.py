@@ -8,7 +8,7 @@ step, and the JSONL log and plot in `out_dir`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -54,10 +54,12 @@ async def train_through_fleet(
     say: Callable[[str], None] = print,
     on_step: Callable[[StepRecord], None] | None = None,
     membership: Callable[[], list[str]] | None = None,
+    between_steps: Callable[[StepRecord], Awaitable[None]] | None = None,
 ) -> RunOutput:
     """Train `settings.steps` steps through `fleet`; the records, and where the log and plot are.
     `on_step` is told each step after its line is said (a local fleet applies its churn there);
-    `membership` names the membership changes that landed since it was last called."""
+    `membership` names the membership changes that landed since it was last called;
+    `between_steps` is awaited after each step (`Trainer.between_steps`)."""
 
     def stepped(r: StepRecord) -> None:
         say(step_line(r, settings.steps))
@@ -86,6 +88,7 @@ async def train_through_fleet(
                 initial,
                 on_step=stepped,
                 membership=membership or (lambda: []),
+                between_steps=between_steps,
             )
             say(
                 f"training: {settings.steps} steps of {settings.prompts_per_step} prompts x {settings.group} "
