@@ -42,7 +42,7 @@ from pathlib import Path
 
 import aiohttp
 
-from rlcp.harness.churn import Churn, ListingServer
+from rlcp.harness.churn import Churn, ListingServer, StartAgent
 from rlcp.harness.processes import AgentProcess, ProcessError
 from rlcp.localfleet.options import parse_args
 from rlcp.localfleet.processes import FleetError, Processes
@@ -91,7 +91,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                     args.churn,
                     listing,
                     started,
-                    launcher,
+                    standby_joiners(args, launcher),
                     lambda member: trainer.wait_dropped(member, deadline_s=60.0),
                     say=say,
                     supervisor=procs.supervisor,
@@ -156,6 +156,22 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             head.stop()
         n = len(procs.children) + (procs.envoy is not None)
         say(f"stopped {n} processes{' and the Ray head' if head else ''} in {time.monotonic() - t_stop:.1f}s")
+
+
+def standby_joiners(args: argparse.Namespace, launcher: AgentLauncher) -> StartAgent:
+    """The joiners of `args.churn`, started now as warm standbys (an engine start-up takes 30-120 s
+    here, longer than a whole run's steps); a join lists its standby once it serves (at its step,
+    or when it is up if later). Names and order as `Churn` gives them (`check_churn`)."""
+    names = [f"agent-{args.agents + i}" for i, e in enumerate(e for e in args.churn if e.action == "join")]
+    standby = {name: launcher.spawn(name, args.agents + i) for i, name in enumerate(names)}
+    if names:
+        say(f"starting {', '.join(names)} now as standby for the planned joins (listed at their step)")
+
+    async def join(name: str, index: int) -> AgentProcess:
+        child = standby.pop(name, None)
+        return await (launcher(name, index) if child is None else launcher.ready(child))
+
+    return join
 
 
 async def churn_done(churn: Churn, deadline_s: float) -> bool:

@@ -164,6 +164,19 @@ class AgentLauncher:
     t0: float = field(default_factory=time.monotonic)
 
     async def __call__(self, name: str, index: int) -> AgentProcess:
+        return await self.ready(self.spawn(name, index))
+
+    async def ready(self, child: AgentProcess) -> AgentProcess:
+        """`child` once it serves (its ports said)."""
+        ports = (await child.wait_ready_async()).ports
+        say(
+            f"  {child.name} up after {time.monotonic() - self.t0:.1f}s: admin :{ports['admin_port']}, "
+            f"inference :{ports['inference_port']}"
+        )
+        return child
+
+    def spawn(self, name: str, index: int) -> AgentProcess:
+        """Start the agent `name` and return at once (`ready` waits for it)."""
         args = self.args
         # vLLM's CPU backend binds every engine's threads to the same cores by default
         # ("auto"); one core each lets N engines on one machine run side by side.
@@ -172,7 +185,7 @@ class AgentLauncher:
             if "VLLM_CPU_OMP_THREADS_BIND" in os.environ
             else {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
         )
-        child = self.procs.spawn(
+        return self.procs.spawn(
             AgentProcess(
                 {
                     "agent_id": name,
@@ -190,12 +203,6 @@ class AgentLauncher:
                 log_path=args.workdir / "logs" / f"{name}.log",
             )
         )
-        ports = (await child.wait_ready_async()).ports
-        say(
-            f"  {name} up after {time.monotonic() - self.t0:.1f}s: admin :{ports['admin_port']}, "
-            f"inference :{ports['inference_port']}"
-        )
-        return child
 
 
 async def start_fleet(
