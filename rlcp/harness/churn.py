@@ -223,7 +223,7 @@ class Churn:
             self._started += 1
             child = await self.start_agent(target, self._started - 1)
             self.agents[target] = child
-            if self.supervisor is not None:  # kept up as the first members are
+            if self.supervisor is not None and child not in self.supervisor.children:  # kept up as the first ones
                 self.supervisor.children.append(child)
             self.listing.list(WorkerSpec(**child.spec(target)))
             self._land(e.step, f"join {target}", t0)

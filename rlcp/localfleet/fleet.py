@@ -80,6 +80,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             listing, started = ListingServer(), dict[str, AgentProcess]()
             await listing.start()
             launcher = AgentLauncher(args, procs, engine_section(args, base), secrets.token_urlsafe(16))
+            joiners = standby_joiners(args, launcher) if args.churn else launcher  # they start with the rest
             specs, url, token = await start_fleet(
                 args, procs, base, listing=listing, launcher=launcher, started=started
             )
@@ -91,7 +92,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                     args.churn,
                     listing,
                     started,
-                    standby_joiners(args, launcher),
+                    joiners,
                     lambda member: trainer.wait_dropped(member, deadline_s=60.0),
                     say=say,
                     supervisor=procs.supervisor,
@@ -159,13 +160,14 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
 
 
 def standby_joiners(args: argparse.Namespace, launcher: AgentLauncher) -> StartAgent:
-    """The joiners of `args.churn`, started now as warm standbys (an engine start-up takes 30-120 s
-    here, longer than a whole run's steps); a join lists its standby once it serves (at its step,
-    or when it is up if later). Names and order as `Churn` gives them (`check_churn`)."""
+    """The joiners of `args.churn`, started now, with the first agents, as warm standbys (an engine
+    start-up takes 30-120 s here, longer than a whole run's steps); a join lists its standby once it
+    serves (at its step, or when it is up if later). Names and order as `Churn` gives them
+    (`check_churn`)."""
     names = [f"agent-{args.agents + i}" for i, e in enumerate(e for e in args.churn if e.action == "join")]
     standby = {name: launcher.spawn(name, args.agents + i) for i, name in enumerate(names)}
     if names:
-        say(f"starting {', '.join(names)} now as standby for the planned joins (listed at their step)")
+        say(f"starting {', '.join(names)} too, as standby for the planned joins (listed at their step)")
 
     async def join(name: str, index: int) -> AgentProcess:
         child = standby.pop(name, None)
