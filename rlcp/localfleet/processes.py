@@ -31,20 +31,22 @@ class Processes:
     children: list[ChildProcess] = field(default_factory=list)
     supervisor: ProcessSupervisor | None = None  # restarts the agents that exit (`supervise`)
     envoy: EnvoyProcess | None = None  # --envoy: the data plane, in front of the agents
+    down_on_purpose: set[str] = field(default_factory=set)  # --churn: agents that left, or killed until restarted
 
     def add_envoy(self, envoy: EnvoyProcess) -> EnvoyProcess:
         """Start Envoy (its own session, as every child) and name it in pids.json."""
         self.envoy = envoy.start()
-        self._write_pids()
+        self.note_pids()
         return envoy
 
     def spawn(self, child: _Child) -> _Child:
         """Start `child` (its config, which holds tokens, readable by this user only)."""
         self.children.append(child.spawn())
-        self._write_pids()
+        self.note_pids()
         return child
 
-    def _write_pids(self) -> None:
+    def note_pids(self) -> None:
+        """pids.json again (a child started anew by someone else: the churn's restart)."""
         pids = {c.name: c.pid for c in self.children}
         if self.envoy is not None and self.envoy.pid is not None:
             pids[self.envoy.name] = self.envoy.pid
@@ -56,7 +58,7 @@ class Processes:
 
         def restarted(child: ChildProcess, status: int | None, n: int) -> None:
             why = " (its engine died)" if status == EXIT_ENGINE_DIED else ""
-            self._write_pids()
+            self.note_pids()
             say(
                 f"  {child.name} exited with {status}{why}: restarted ({n}/{supervisor.max_restarts}); the "
                 "controller converges it before the gateway takes it back"
@@ -75,7 +77,8 @@ class Processes:
             )
         kept_up = [] if self.supervisor is None else self.supervisor.children
         given_up = [] if self.supervisor is None else self.supervisor.gave_up
-        if dead := [c for c in self.children if not c.running() and (c not in kept_up or c in given_up)]:
+        down = [c for c in self.children if not c.running() and c.name not in self.down_on_purpose]
+        if dead := [c for c in down if c not in kept_up or c in given_up]:
             status = None if dead[0].proc is None else dead[0].proc.returncode
             why = " (restarted as often as the supervisor does)" if dead[0] in given_up else ""
             raise dead[0].failure(f"exited with {status}{why}")

@@ -10,9 +10,12 @@ import asyncio
 import os
 import secrets
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.harness.churn import ListingServer
 from rlcp.harness.envoy import EnvoyProcess
 from rlcp.harness.processes import AgentProcess, ControllerProcess, ProcessError
 from rlcp.harness.tiny_model import agent_engine
@@ -149,19 +152,32 @@ async def start_ray_fleet(
     return [], f"http://127.0.0.1:{port}", api_token
 
 
-async def start_fleet(
-    args: argparse.Namespace, procs: Processes, base: Path | None
-) -> tuple[list[dict[str, Any]], str, str]:
-    """The agents (concurrently), then the controller over them: (specs, URL, API token)."""
-    # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
-    # token left exported by an earlier shell would override the generated ones.
-    admin_token, api_token = secrets.token_urlsafe(16), secrets.token_urlsafe(16)
-    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
-    engine = engine_section(args, base)
-    say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
-    t0 = time.monotonic()
+@dataclass
+class AgentLauncher:
+    """Starts one agent of this fleet (`python -m rlcp.agent` on the fleet's engine) and returns
+    it once it serves: the first ones, and with `--churn` the joiners."""
 
-    async def start_agent(name: str, index: int) -> dict[str, Any]:
+    args: argparse.Namespace
+    procs: Processes
+    engine: dict[str, Any]
+    admin_token: str
+    t0: float = field(default_factory=time.monotonic)
+
+    async def __call__(self, name: str, index: int) -> AgentProcess:
+        return await self.ready(self.spawn(name, index))
+
+    async def ready(self, child: AgentProcess) -> AgentProcess:
+        """`child` once it serves (its ports said)."""
+        ports = (await child.wait_ready_async()).ports
+        say(
+            f"  {child.name} up after {time.monotonic() - self.t0:.1f}s: admin :{ports['admin_port']}, "
+            f"inference :{ports['inference_port']}"
+        )
+        return child
+
+    def spawn(self, name: str, index: int) -> AgentProcess:
+        """Start the agent `name` and return at once (`ready` waits for it)."""
+        args = self.args
         # vLLM's CPU backend binds every engine's threads to the same cores by default
         # ("auto"); one core each lets N engines on one machine run side by side.
         bind = (
@@ -169,37 +185,59 @@ async def start_fleet(
             if "VLLM_CPU_OMP_THREADS_BIND" in os.environ
             else {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
         )
-        child = procs.spawn(
+        return self.procs.spawn(
             AgentProcess(
                 {
                     "agent_id": name,
-                    "admin": {"port": 0, "token": admin_token},
+                    "admin": {"port": 0, "token": self.admin_token},
                     "inference": {"port": 0},
-                    "engine": engine,
+                    "engine": self.engine,
                     "allowed_roots": [str(args.workdir)],
                     "require_desired_version": True,
                     "log_format": "json",
                 },
-                run_dir,
+                args.workdir / "run",
                 name=name,
                 env=bind,
                 start_timeout_s=args.start_timeout,
-                log_path=log_dir / f"{name}.log",
+                log_path=args.workdir / "logs" / f"{name}.log",
             )
         )
-        ports = (await child.wait_ready_async()).ports
-        say(
-            f"  {name} up after {time.monotonic() - t0:.1f}s: admin :{ports['admin_port']}, "
-            f"inference :{ports['inference_port']}"
-        )
-        return {
-            "id": name,
-            "admin_url": f"http://127.0.0.1:{ports['admin_port']}",
-            "inference_url": f"http://127.0.0.1:{ports['inference_port']}",
-            "flavor": "agent",
-        }
 
-    specs = await asyncio.gather(*(start_agent(f"agent-{i}", i) for i in range(args.agents)))
+
+async def start_fleet(
+    args: argparse.Namespace,
+    procs: Processes,
+    base: Path | None,
+    *,
+    listing: ListingServer | None = None,
+    launcher: AgentLauncher | None = None,
+    started: dict[str, AgentProcess] | None = None,
+) -> tuple[list[dict[str, Any]], str, str]:
+    """The agents (concurrently), then the controller over them: (specs, URL, API token). With a
+    started `listing`, the agents are listed there and the controller discovers them from it
+    (`http_listing`, polled every 0.25 s), so the membership can change during the run
+    (`--churn`); `started` gets the agents by id, and `launcher` (made here when not given; its
+    admin token is the fleet's) starts more. Without a listing, a static list."""
+    # The children's environment drops RLAGENT_/RLCP_ settings (rlcp.harness.processes.child_env): a
+    # token left exported by an earlier shell would override the generated ones.
+    launch = launcher or AgentLauncher(args, procs, engine_section(args, base), secrets.token_urlsafe(16))
+    admin_token, api_token = launch.admin_token, secrets.token_urlsafe(16)
+    run_dir, log_dir = args.workdir / "run", args.workdir / "logs"
+    say(f"starting {args.agents} agents{'' if base is None else ' (vLLM: ~40-80 s)'}; logs in {args.workdir / 'logs'}")
+    names = [f"agent-{i}" for i in range(args.agents)]
+    children = await asyncio.gather(*(launch(name, i) for i, name in enumerate(names)))
+    specs = [c.spec(name) for name, c in zip(names, children, strict=True)]
+    if started is not None:
+        started.update(zip(names, children, strict=True))
+    discovery: dict[str, Any] = {"kind": "static", "static": specs}
+    if listing is not None:
+        for spec in specs:
+            listing.list(WorkerSpec(**spec))
+        discovery = {
+            "kind": "http_listing",
+            "http_listing": {"url": listing.url, "interval_s": 0.25, "timeout_s": 2, "default_flavor": "agent"},
+        }
     child = procs.spawn(
         ControllerProcess(
             {
@@ -212,7 +250,7 @@ async def start_fleet(
                     "allow_anonymous": args.trainer == "trl",
                 },
                 "gateway": gateway_section(args),
-                "discovery": {"kind": "static", "static": specs},
+                "discovery": discovery,
                 "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
                 "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
                 "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
+from rlcp.harness.churn import Churn
 from rlcp.harness.processes import child_env
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import YES_NO, print_workers, say
@@ -124,6 +125,16 @@ class DemoTrainer:
             await asyncio.sleep(0.25)
         raise FleetError(f"no {self.args.agents} ready workers in {deadline_s:g}s: {json.dumps(state)[:2000]}")
 
+    async def wait_dropped(self, member: str, deadline_s: float) -> None:
+        """Until the controller no longer lists `member` (a leave: it is stopped after)."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            status, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
+            if status == 200 and member not in {w["id"] for w in state.get("workers", [])}:
+                return
+            await asyncio.sleep(0.25)
+        raise FleetError(f"the controller still lists {member} {deadline_s:g}s after it was unlisted")
+
     async def step(self, k: int, rollouts: Rollouts) -> tuple[bool, float]:
         """Collect rollouts, write the new weights, ONE controller call: (ok, update seconds)."""
         ok0, failed0 = rollouts.ok, rollouts.failed
@@ -157,14 +168,19 @@ class DemoTrainer:
         print_workers(state)
         return status == 200 and applied["converged"] and applied["weight_version"] == version, duration
 
-    async def run_steps(self, procs: Processes, rollouts: Rollouts) -> bool:
-        """Every step under rollout traffic, then a summary; True when every step was ok."""
+    async def run_steps(self, procs: Processes, rollouts: Rollouts, churn: Churn | None = None) -> bool:
+        """Every step under rollout traffic, then a summary; True when every step was ok. `churn`
+        changes the membership at the end of the steps it names."""
         traffic = asyncio.create_task(rollouts.run(), name="rollouts")
         steps: list[tuple[bool, float]] = []
         try:
             for k in range(1, self.args.steps + 1):
                 procs.check_alive()
                 steps.append(await self.step(k, rollouts))
+                if churn is not None:
+                    for change in churn.landed():
+                        say(f"    membership during step {k}: {change}")
+                    churn.on_step(k)
         finally:
             traffic.cancel()
             await asyncio.gather(traffic, return_exceptions=True)
@@ -179,9 +195,12 @@ class DemoTrainer:
         return bool(n_ok == self.args.steps)
 
 
-async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, base: Path | None) -> bool:
+async def learn(
+    args: argparse.Namespace, url: str, gateway: str, token: str, base: Path | None, churn: Churn | None = None
+) -> bool:
     """The RL run (`rlcp.rl`) over the fleet; True when every push landed and the engines'
-    logprobs matched the trainer's within tolerance at every step."""
+    logprobs matched the trainer's within tolerance at every step. `churn` changes the
+    membership at the end of the steps it names; each step's record names what landed in it."""
     assert base is not None  # parse_args: --sim has no model to learn with
     from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
     from rlcp.rl.run import Fleet, train_through_fleet
@@ -195,8 +214,10 @@ async def learn(args: argparse.Namespace, url: str, gateway: str, token: str, ba
         args.workdir / "rl",
         settings,
         sync=args.sync,
-        label=f"rlcp-{args.mode}-{args.sync}",
+        label=f"rlcp-{args.mode}-{args.sync}" + ("-churn" if churn is not None else ""),
         say=say,
+        on_step=None if churn is None else (lambda r: churn.on_step(r.step)),
+        membership=None if churn is None else churn.landed,
     )
     rs = out.records
     if not rs:

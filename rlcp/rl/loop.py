@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -69,6 +69,10 @@ class StepRecord:
     sync_s: float
     wall_s: float  # since the run started
     foreign: int = 0  # tokens from weights the trainer never pushed (left out of the loss unless drop_stale=False)
+    # The largest |engine - trainer| logprob per member that answered (a joiner's included).
+    mismatch_by_worker: dict[str, float] = field(default_factory=dict)
+    membership: list[str] = field(default_factory=list)  # membership changes that landed during the step
+    reforms: int = 0  # groups the push formed again for membership changes (`Pushed.reformed_for`)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,9 +104,11 @@ def compare(
     batch: Sequence[Completion],
     current: Sequence[Any],
     snapshots: Snapshots,
+    by_worker: dict[str, float] | None = None,
 ) -> tuple[list[float], int, int]:
     """(|Δ logprob| of every token whose version's weights the trainer holds, tokens older than
-    the newest version, tokens of a version it does not know)."""
+    the newest version, tokens of a version it does not know). `by_worker`, when given, gets the
+    largest |Δ logprob| of each member that answered."""
     import torch
 
     diffs: list[float] = []
@@ -123,7 +129,11 @@ def compare(
         if version != newest and version is not None:
             older += by_version[version]
         for c, lp in zip(batch, scored, strict=True):
-            diffs += [abs(float(lp[i]) - c.logprobs[i]) for i, v in enumerate(c.versions) if v == version]
+            mine = [abs(float(lp[i]) - c.logprobs[i]) for i, v in enumerate(c.versions) if v == version]
+            diffs += mine
+            if by_worker is not None and mine:
+                w = str(c.worker)
+                by_worker[w] = max(by_worker.get(w, 0.0), *mine)
     return diffs, older, unknown
 
 
@@ -138,6 +148,11 @@ class Trainer:
     settings: RunSettings
     initial_version: str | None  # the version the engines serve the trainer's starting weights as
     on_step: Callable[[StepRecord], None] = lambda record: None
+    # Awaited after `on_step`, before the next step samples: None for a run that never waits (a test
+    # holds the run here until a change it made has landed, so the steps after it show the change).
+    between_steps: Callable[[StepRecord], Awaitable[None]] | None = None
+    # The membership changes that landed since the last call (a local fleet's churn), for the record.
+    membership: Callable[[], list[str]] = lambda: []
 
     def __post_init__(self) -> None:
         import torch
@@ -178,9 +193,13 @@ class Trainer:
                     train_s=train_s,
                     sync_s=pushed.seconds if pushed else 0.0,
                     wall_s=time.monotonic() - t0,
+                    membership=self.membership(),
+                    reforms=len(pushed.reformed_for) if pushed else 0,
                 )
                 records.append(record)
                 self.on_step(record)
+                if self.between_steps is not None:
+                    await self.between_steps(record)
         finally:
             if pending is not None:
                 pending.cancel()
@@ -195,7 +214,8 @@ class Trainer:
         """One optimizer step on `batch`; the step's figures."""
         rewards = [self.task.reward(c.tokens) for c in batch]
         current = token_logprobs(self.model, [c.prompt for c in batch], [c.tokens for c in batch])
-        diffs, older, foreign = compare(self.model, batch, current, self.snapshots)
+        by_worker: dict[str, float] = {}
+        diffs, older, foreign = compare(self.model, batch, current, self.snapshots, by_worker)
         keep = [[self.counts_in_loss(v) for v in c.versions] for c in batch]
         loss = clipped_pg_loss(
             current, [c.logprobs for c in batch], group_advantages(rewards, self.settings.group), keep
@@ -213,6 +233,7 @@ class Trainer:
             "foreign": foreign,
             "dropped": sum(not k for ks in keep for k in ks),
             "workers": dict(Counter(str(c.worker) for c in batch)),
+            "mismatch_by_worker": by_worker,
         }
 
     def counts_in_loss(self, version: str | None) -> bool:

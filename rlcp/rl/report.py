@@ -27,9 +27,18 @@ def step_line(r: StepRecord, steps: int) -> str:
     stale = f"  off-policy {r.off_policy} dropped {r.dropped}" if r.off_policy or r.dropped else ""
     if r.foreign:
         stale += f"  FOREIGN {r.foreign} (weights never pushed)"
+    members = ""
+    if len(r.mismatch_by_worker) > 1 or r.membership or r.reforms:
+        members = "\n    max |Δlogprob| by member: " + " ".join(
+            f"{w}={d:.1e}" for w, d in sorted(r.mismatch_by_worker.items())
+        )
+    if r.reforms:
+        members += f"  push re-formed the group {r.reforms}x"
+    if r.membership:
+        members += "  membership: " + "; ".join(r.membership)
     return (
         f"step {r.step}/{steps}  reward {r.reward:.3f}  {mismatch}  versions {versions}{stale}  "
-        f"sample {r.sample_s:.2f}s train {r.train_s:.2f}s sync {r.sync_s:.2f}s{pushed}"
+        f"sample {r.sample_s:.2f}s train {r.train_s:.2f}s sync {r.sync_s:.2f}s{pushed}{members}"
     )
 
 
@@ -54,6 +63,14 @@ def plot_runs(runs: Mapping[str, Sequence[StepRecord]], path: Path, title: str =
     for label, records in runs.items():
         by_step.plot([r.step for r in records], [r.reward for r in records], marker=".", label=label)
         by_time.plot([r.wall_s for r in records], [r.reward for r in records], marker=".", label=label)
+        # Membership changes, drawn where they landed: in the step (left) and at its end (right).
+        for r in records:
+            if not r.membership:
+                continue
+            text = "\n".join(c.split(" (+")[0] for c in r.membership)
+            for ax, x in ((by_step, r.step), (by_time, r.wall_s)):
+                ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
+                ax.text(x, 0.98, text, rotation=90, va="top", ha="right", fontsize=7, color="dimgrey")
     by_step.set_xlabel("step")
     by_time.set_xlabel("wall-clock (s)")
     by_step.set_ylabel("reward (share of target tokens)")

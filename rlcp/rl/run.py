@@ -8,7 +8,7 @@ step, and the JSONL log and plot in `out_dir`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -52,8 +52,20 @@ async def train_through_fleet(
     device: str = "cpu",
     label: str = "rlcp",
     say: Callable[[str], None] = print,
+    on_step: Callable[[StepRecord], None] | None = None,
+    membership: Callable[[], list[str]] | None = None,
+    between_steps: Callable[[StepRecord], Awaitable[None]] | None = None,
 ) -> RunOutput:
-    """Train `settings.steps` steps through `fleet`; the records, and where the log and plot are."""
+    """Train `settings.steps` steps through `fleet`; the records, and where the log and plot are.
+    `on_step` is told each step after its line is said (a local fleet applies its churn there);
+    `membership` names the membership changes that landed since it was last called;
+    `between_steps` is awaited after each step (`Trainer.between_steps`)."""
+
+    def stepped(r: StepRecord) -> None:
+        say(step_line(r, settings.steps))
+        if on_step is not None:
+            on_step(r)
+
     async with ControlPlaneClient(fleet.controller, token=fleet.token, timeout_s=30) as client:
         state = await client.state()
         initial = state.applied.weight_version or state.desired.weight_version
@@ -74,7 +86,9 @@ async def train_through_fleet(
                 pusher,
                 settings,
                 initial,
-                on_step=lambda r: say(step_line(r, settings.steps)),
+                on_step=stepped,
+                membership=membership or (lambda: []),
+                between_steps=between_steps,
             )
             say(
                 f"training: {settings.steps} steps of {settings.prompts_per_step} prompts x {settings.group} "

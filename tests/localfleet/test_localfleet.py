@@ -237,3 +237,29 @@ def test_steps_0_leaves_a_lora_fleet_up_for_your_own_trainer(tmp_path: Path) -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_fleet_changes_during_the_run_and_every_step_lands(tmp_path: Path) -> None:
+    """`--churn`: the controller discovers the agents from the local fleet's listing; a join (an
+    agent started and listed once it serves), a kill (SIGKILL, started again) and a leave (unlisted,
+    stopped once the controller dropped it) land at step boundaries while every step's update lands,
+    and every process the run started is gone after it."""
+    run = run_to_end(
+        _localfleet(tmp_path, "--steps", "6", "--churn", "1:join,2:kill=agent-0,4:leave"), cwd=REPO, timeout_s=120
+    )
+    out = run.stdout
+    assert run.returncode == 0, out
+    assert "summary: 6/6 steps ok" in out, out
+    changes = re.search(r"^membership changes: (.*)$", out, re.M)
+    assert changes, out
+    landed = sorted(re.findall(r"(\w+ agent-\d) after step (\d)", changes[1]))
+    assert landed == [
+        ("join agent-2", "1"),
+        ("kill agent-0", "2"),
+        ("leave agent-2", "4"),
+        ("restart agent-0", "2"),
+    ], out
+    assert re.search(r"^ +agent-1 +version=step-6 +ready=yes", out, re.M), out
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    assert sorted(pids) == ["agent-0", "agent-1", "agent-2", "controller"]
+    assert not [name for name, pid in pids.items() if _alive(pid)]

@@ -210,3 +210,30 @@ async def test_a_fleet_that_keeps_changing_fails_the_push_naming_every_change(fl
     assert st["pause_state"] == "running" and st["weight_transfer"]["updating"] is False
     assert not any(a.service.paused for a in fleet.agents)
     assert all(a.service.weight_version != "b1" for a in fleet.agents)
+
+
+async def test_a_worker_that_joins_during_the_round_lets_it_land_and_the_next_push_re_forms_once(
+    fleet: SimFleet,
+) -> None:
+    """A joiner is not in the group, so it cannot break the collective: the open round lands on the
+    group's members with no re-form, and the next push's start refuses the stale group once (a
+    cheap re-form between rounds), after which the joiner takes the broadcast too."""
+    await _members(fleet, {"w0", "w1"})
+    loop = asyncio.get_running_loop()
+
+    def after_start(n: int) -> None:
+        if n == 1:
+            _on_loop(loop, _w2_joins(fleet))
+
+    sync = _sync(fleet, after_start=after_start)
+    try:
+        first = await sync.push(MODEL, "b1")
+        assert first.error is None and first.reformed_for == (), (first.error, first.reformed_for)
+        assert [a.service.weight_version for a in fleet.agents[:2]] == ["b1", "b1"]
+        second = await sync.push(MODEL, "b2")
+    finally:
+        await sync.close()
+    assert second.error is None, second.error
+    assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
+    assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3
+    assert len(await _inits(fleet)) == 2

@@ -11,11 +11,13 @@ Rules that keep a fleet from deadlocking or serving half-updated weights:
 - The trainer's `world_size` must be 1 + the fleet's inference ranks: checked before
   any worker is touched (422 naming the field).
 - The group remembers the membership epoch and each worker's instance id and spec at init. A
-  change (a member added, removed, or restarted) makes start and update fail fast with
-  409 `membership_changed`, whose body names who joined, left and restarted (the state's
-  group shows the same while stale); the trainer re-initialises the group, and that init's
-  detail keeps the change it replaced (`replaces_stale_group`), so the operations log says
-  why a group was formed again.
+  change (a member added, removed, or restarted) makes start fail fast with 409
+  `membership_changed`, whose body names who joined, left and restarted (the state's group shows
+  the same while stale); the trainer re-initialises the group, and that init's detail keeps the
+  change it replaced (`replaces_stale_group`), so the operations log says why a group was formed
+  again. Inside an open round only a group member that left or restarted refuses the next call
+  (it breaks the collective); a worker that joined is not in the group and waits for the next
+  round's start.
 - Start pauses a fleet the trainer has not paused (finish resumes it, so a trainer that
   never pauses, as TRL's `GRPOTrainer`, never has to resume), and opens a session: until
   finish, other operations get 409 and the reconciler stays away.
@@ -419,7 +421,12 @@ class WeightTransfer:
             update.last_call = time.monotonic()
             with update.run.bound():
                 assert self.group is not None
-                if (change := self._change(self.group)) is not None:
+                # Only a member of the group that left or restarted breaks the collective. A worker
+                # that joined since the group formed is not in it: the round completes with the
+                # group, the reconciler converges the joiner from the version's disk copy, and the
+                # next round's start refuses the stale group (409), so the trainer re-forms once,
+                # between rounds, and loses nothing.
+                if (change := self._change(self.group)) is not None and (change.left or change.restarted):
                     await self._abort(f"membership changed during the update: {change.describe()}")
                     raise _membership_changed(change)
                 try:

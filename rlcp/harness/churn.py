@@ -1,0 +1,257 @@
+"""A fleet whose membership changes while a run goes on: the changes as data, applied at step boundaries.
+
+The local fleet (`--churn 5:join,8:kill,10:leave`) and the elastic run's test share this. The
+members are served as a `GET /v1/rl/workers` listing (`ListingServer`, aiohttp on loopback, port
+0; the controller discovers them with `discovery.kind: http_listing`), so changing the listing is
+how a member joins or leaves, as an operator's autoscaler or Dynamo's frontend would change it.
+
+    parse_churn   "5:join,8:kill=agent-0,10:leave" -> [ChurnEvent]   (pure; ValueError says why)
+    check_churn   a plan against the fleet's size and the run's steps  (pure; ValueError says why)
+    Churn.on_step(k)   starts step k's events as named tasks; training never waits for them
+        join   start a new agent, list it once it serves (the controller converges it first)
+        leave  unlist a member, wait for the controller to drop it, stop it (if this run owns it)
+        kill   SIGKILL a member's processes and unlist it at once (the process is gone: its
+               supervisor sees that), start it again and list it once it serves (a new instance)
+    Churn.landed()   the changes that reached the listing since the last call, for the step record
+
+Events on one member run in order (a kill after a join waits for the join); on different
+members they overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, cast, get_args
+
+from aiohttp import web
+
+from rlcp.controlplane.discovery.http_listing import render_listing
+from rlcp.controlplane.workerspec import WorkerSpec
+from rlcp.harness.processes import AgentProcess
+from rlcp.harness.supervisor import ProcessSupervisor
+
+ChurnAction = Literal["join", "leave", "kill"]
+ACTIONS: tuple[str, ...] = get_args(ChurnAction)
+
+
+@dataclass(frozen=True)
+class ChurnEvent:
+    """At the end of step `step`, `action` on `target` (None: a new agent for a join, the newest
+    member for a leave or a kill)."""
+
+    step: int
+    action: ChurnAction
+    target: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.action}" + (f"={self.target}" if self.target else "")
+
+
+def parse_churn(text: str) -> list[ChurnEvent]:
+    """`STEP:ACTION[=MEMBER],...` in step order; a ValueError names the bad item and why."""
+    events = []
+    for item in (i.strip() for i in text.split(",")):
+        if not item:
+            continue
+        step, sep, rest = item.partition(":")
+        action, _, target = rest.partition("=")
+        if not sep or not step.strip().isdigit() or int(step) < 1:
+            raise ValueError(f"{item!r}: expected STEP:ACTION with STEP a step number >= 1 (e.g. 5:join)")
+        if action not in ACTIONS:
+            raise ValueError(f"{item!r}: unknown action {action!r} (known: {', '.join(ACTIONS)})")
+        if action == "join" and target:
+            raise ValueError(f"{item!r}: a join starts a new agent and takes no member")
+        events.append(ChurnEvent(int(step), cast(ChurnAction, action), target or None))  # one of ACTIONS: checked
+    if not events:
+        raise ValueError("no events (expected e.g. 5:join,8:kill,10:leave)")
+    return sorted(events, key=lambda e: e.step)
+
+
+def check_churn(events: Sequence[ChurnEvent], members: Sequence[str], steps: int, prefix: str = "agent-") -> list[str]:
+    """The members the plan ends with. Every event before the last step (one that lands after the
+    run is not in it); a leave or a kill names a member there is at that point; at least one member
+    stays. Joins are named `<prefix><n>` after the highest such name."""
+    names = list(members)
+    nxt = _next_index(names, prefix)
+    for e in events:
+        if e.step >= steps:
+            raise ValueError(f"{e}: the run has {steps} steps; a change after step {steps - 1} lands in none")
+        if e.action == "join":
+            names.append(f"{prefix}{nxt}")
+            nxt += 1
+            continue
+        target = e.target or names[-1]
+        if target not in names:
+            raise ValueError(f"{e}: no member {target!r} then (members: {', '.join(names)})")
+        if e.action == "leave":
+            if len(names) == 1:
+                raise ValueError(f"{e}: the last member cannot leave")
+            names.remove(target)
+    return names
+
+
+def _next_index(names: Sequence[str], prefix: str) -> int:
+    numbers = (n.removeprefix(prefix) for n in names if n.startswith(prefix))
+    return 1 + max((int(n) for n in numbers if n.isdigit()), default=-1)
+
+
+class ListingServer:
+    """The members as a `GET /v1/rl/workers` listing on loopback (port 0)."""
+
+    def __init__(self, *, namespace: str = "local-fleet") -> None:
+        self.specs: dict[str, WorkerSpec] = {}
+        self.namespace = namespace
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_get("/v1/rl/workers", self._listing)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/v1/rl/workers"
+        return self.url
+
+    async def _listing(self, request: web.Request) -> web.Response:
+        return web.json_response(render_listing(list(self.specs.values()), namespace=self.namespace))
+
+    def list(self, spec: WorkerSpec) -> None:
+        self.specs[spec.id] = spec
+
+    def unlist(self, member: str) -> None:
+        self.specs.pop(member, None)
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+@dataclass(frozen=True)
+class Landed:
+    """A change as it reached the listing: after the end of step `step`, `seconds` later."""
+
+    step: int
+    what: str  # "join agent-2", "kill agent-0", "restart agent-0", "leave agent-2"
+    seconds: float
+
+
+# Starts the agent called `name` (the `index`-th this run started) and returns it once it serves.
+StartAgent = Callable[[str, int], Awaitable[AgentProcess]]
+# Returns once the controller no longer lists `member` (a deadline is the callee's).
+Dropped = Callable[[str], Awaitable[None]]
+
+
+@dataclass
+class Churn:
+    """Applies `events` to the fleet served by `listing`; see the module docstring."""
+
+    events: Sequence[ChurnEvent]
+    listing: ListingServer
+    agents: dict[str, AgentProcess]  # the members this run started (and may stop), by id
+    start_agent: StartAgent
+    dropped: Dropped
+    say: Callable[[str], None] = print
+    supervisor: ProcessSupervisor | None = None  # kept away from a member while it is killed here
+    down_on_purpose: set[str] = field(default_factory=set)  # members down by our hand (left; killed, until back)
+    on_restart: Callable[[AgentProcess], None] = lambda child: None  # told each killed member's new process
+    prefix: str = "agent-"  # joiners are named <prefix><n>
+    order: list[str] = field(default_factory=list)  # members, oldest first (with joins under way)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    history: list[Landed] = field(default_factory=list)
+    _undrained: int = 0
+    _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    _started: int = 0
+    _next: int = 0  # joins are named agent-<n> after the highest such name so far (as check_churn)
+
+    def __post_init__(self) -> None:
+        self.order = self.order or list(self.listing.specs)
+        self._started = len(self.agents)
+        self._next = _next_index([*self.order, *self.agents], self.prefix)
+
+    def on_step(self, step: int) -> None:
+        """Step `step` ended: start its events (never waited for here)."""
+        for e in (e for e in self.events if e.step == step):
+            if e.action == "join":
+                target = self._next_name()
+                self.order.append(target)
+            else:
+                target = e.target or self.order[-1]
+                if e.action == "leave":
+                    self.order.remove(target)
+            before = self._busy.get(target)
+            task = asyncio.create_task(self._apply(e, target, before), name=f"churn-{e.step}-{e.action}-{target}")
+            self._busy[target] = task
+            self.tasks.append(task)
+
+    def landed(self) -> list[str]:
+        """The changes that reached the listing since the last call."""
+        new, self._undrained = self.history[self._undrained :], len(self.history)
+        return [f"{c.what} (+{c.seconds:.0f}s)" for c in new]
+
+    async def finish(self) -> None:
+        """Every event started so far, done (its errors raised)."""
+        await asyncio.gather(*self.tasks)
+
+    async def close(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def _next_name(self) -> str:
+        self._next += 1
+        return f"{self.prefix}{self._next - 1}"
+
+    def _land(self, step: int, what: str, t0: float) -> None:
+        self.history.append(Landed(step, what, time.monotonic() - t0))
+        self.say(f"  churn after step {step}: {what} ({time.monotonic() - t0:.1f}s after the step ended)")
+
+    async def _apply(self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None) -> None:
+        if before is not None:
+            with contextlib.suppress(Exception):  # its failure is raised by its own task
+                await before
+        t0 = time.monotonic()
+        if e.action == "join":
+            self.say(f"  churn after step {e.step}: starting {target} to join")
+            self._started += 1
+            child = await self.start_agent(target, self._started - 1)
+            self.agents[target] = child
+            if self.supervisor is not None and child not in self.supervisor.children:  # kept up as the first ones
+                self.supervisor.children.append(child)
+            self.listing.list(WorkerSpec(**child.spec(target)))
+            self._land(e.step, f"join {target}", t0)
+        elif e.action == "leave":
+            self.listing.unlist(target)
+            self._land(e.step, f"leave {target}", t0)
+            await self.dropped(target)
+            if target in self.agents:  # a member this run started: stopped; another one is only unlisted
+                child = self.agents.pop(target)
+                self._unsupervise(child)
+                self.down_on_purpose.add(target)
+                await asyncio.to_thread(child.stop)
+        else:
+            child = self.agents[target]
+            self._unsupervise(child)
+            self.down_on_purpose.add(target)
+            await asyncio.to_thread(child.kill)
+            self.listing.unlist(target)
+            self._land(e.step, f"kill {target}", t0)
+            child.spawn()  # an agent comes back on the ports it had (AgentProcess.spawn)
+            self.on_restart(child)
+            await child.wait_ready_async()
+            self.down_on_purpose.discard(target)
+            if self.supervisor is not None:
+                self.supervisor.children.append(child)
+            self.listing.list(WorkerSpec(**child.spec(target)))
+            self._land(e.step, f"restart {target}", t0)
+
+    def _unsupervise(self, child: AgentProcess) -> None:
+        if self.supervisor is not None and child in self.supervisor.children:
+            self.supervisor.children.remove(child)
