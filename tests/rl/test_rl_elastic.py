@@ -15,7 +15,8 @@ Cost: the session's two agents, and ONE more agent process (set up with them, so
 engines start together). Its restart after the kill is an engine start-up (~30-100 s, longer than
 the run's steps together): the run goes on while it starts, and holds once, after step
 `HOLD_AFTER`, until it has landed (`between_steps`), so the last steps show the restarted
-member. `RLCP_ELASTIC_OUT=<dir>` keeps the run's step lines, JSONL and plot there
+member; likewise after the join's step until the joiner is inside the fence, so that it serves
+before it is killed. `RLCP_ELASTIC_OUT=<dir>` keeps the run's step lines, JSONL and plot there
 (docs/trainer-guide.md shows them).
 """
 
@@ -46,6 +47,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 STEPS, LR, MARGIN = 20, 1e-2, 0.25  # the static run's lr and margin (tests/rl/test_rl_run.py)
 TOKENS = 4 * 8 * 16
 PLAN = "3:join,5:kill=vllm-2,8:leave=vllm-1"
+JOIN_STEP = 3  # the plan's join: the run holds after it until the joiner serves (an engine start-up outlasts steps)
 # An agent's restart is an engine start-up: ~30 s on a quiet machine, 97 s seen on a loaded one, while
 # a step takes ~1 s. The run goes on while it starts; after this step it waits for the restart to
 # land, so that the steps after show the restarted member converged and serving.
@@ -114,7 +116,19 @@ async def test_a_policy_learns_while_agents_join_leave_and_die(joiner, vllm_agen
 
             churn = Churn(parse_churn(PLAN), listing, {}, start_joiner, dropped, say=lines.append, prefix="vllm-")
 
+            gateway = client.server.app[GATEWAY]
+
             async def hold(r: StepRecord) -> None:
+                if r.step == JOIN_STEP:
+                    # The joiner must serve before it is killed: in a full run its engine was still
+                    # starting when the kill came (it never served). Until it is inside the fence.
+                    t = time.monotonic()
+                    await wait_for(
+                        lambda: "vllm-2" in ((table := gateway.router.table()) and table.routes or {}),
+                        timeout_s=600,  # its engine start-up has a deadline of its own, and this waits on it
+                        what="the joiner converged and inside the fence",
+                    )
+                    lines.append(f"  (the run held {time.monotonic() - t:.1f}s after step {r.step} for the join)")
                 if r.step == HOLD_AFTER:
                     t = time.monotonic()
                     await churn.finish()  # bounded by the agent's own start-up deadline
