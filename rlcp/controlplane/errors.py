@@ -17,8 +17,8 @@ table, at the edge.
     ├── NotFound                    no such LoRA, ...
     ├── Conflict                    another operation (or session) is running
     │   ├── NotLeader               this replica does not lead; names the leader
-    │   ├── MembershipChanged       the fleet changed under a broadcast group; names who
-    │                               joined, left or restarted
+    │   ├── StaleTransferGroup      the fleet changed under a broadcast group (409
+    │   │                           membership_changed); names who joined, left or restarted
     │   ├── MissingCapability       a member cannot do what was asked; names worker and capability
     │   ├── ModelNameTaken          another fleet serves that model name; names both fleets
     │   └── StoreConflict           the desired-state store kept answering conflicts
@@ -93,7 +93,7 @@ class NotLeader(Conflict):
         self.leader = leader
 
 
-class MembershipChanged(Conflict):
+class StaleTransferGroup(Conflict):
     def __init__(self, message: str, *, change: MembershipDelta) -> None:
         super().__init__(message)
         self.change = change  # who joined, left or restarted since the group's init

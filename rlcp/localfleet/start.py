@@ -59,6 +59,29 @@ def gateway_section(args: argparse.Namespace) -> dict[str, Any]:
     return {"host": "127.0.0.1", "port": args.gateway_port}
 
 
+def controller_common(args: argparse.Namespace, admin_token: str) -> dict[str, Any]:
+    """The controller settings every kind of local fleet shares: its workers' token and deadlines,
+    a quick reconciler, the desired state in the work dir, and JSON logs."""
+    return {
+        "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
+        "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
+        "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
+        "allowed_roots": [str(args.workdir)],
+        "log_format": "json",
+    }
+
+
+async def controller_url(child: ControllerProcess, args: argparse.Namespace) -> str:
+    """The controller's URL once it serves; a start that fails is a `FleetError` (with a hint
+    when `--port` may be taken)."""
+    try:
+        port = (await child.wait_ready_async()).port
+    except ProcessError as exc:
+        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
+        raise FleetError(f"{exc}{hint}") from None
+    return f"http://127.0.0.1:{port}"
+
+
 async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict[str, Any]) -> EnvoyProcess:
     """One real Envoy, bootstrapped at the controller's xDS server, listening on `--gateway-port`;
     returns once it serves (it has the controller's first fence)."""
@@ -133,23 +156,14 @@ async def start_ray_fleet(
                         "agent": agent,
                     },
                 },
-                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
-                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
-                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
-                "allowed_roots": [str(args.workdir)],
-                "log_format": "json",
+                **controller_common(args, admin_token),
             },
             run_dir,
             log_path=log_dir / "controller.log",
             env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
         )
     )
-    try:
-        port = (await child.wait_ready_async()).port
-    except ProcessError as exc:
-        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
-        raise FleetError(f"{exc}{hint}") from None
-    return [], f"http://127.0.0.1:{port}", api_token
+    return [], await controller_url(child, args), api_token
 
 
 @dataclass
@@ -251,19 +265,10 @@ async def start_fleet(
                 },
                 "gateway": gateway_section(args),
                 "discovery": discovery,
-                "workers": {"token": admin_token, "timeout_s": 10, "pause_timeout_s": 60, "weight_load_timeout_s": 300},
-                "reconcile": {"poll_interval_s": 0.5, "interval_s": 0.5, "backoff_initial_s": 0.5, "backoff_max_s": 10},
-                "store": {"kind": "file", "path": str(args.workdir / "state" / "desired.json")},
-                "allowed_roots": [str(args.workdir)],
-                "log_format": "json",
+                **controller_common(args, admin_token),
             },
             run_dir,
             log_path=log_dir / "controller.log",
         )
     )
-    try:
-        port = (await child.wait_ready_async()).port
-    except ProcessError as exc:
-        hint = f"\n(is port {args.port} taken? --port 0 picks a free one)" if args.port else ""
-        raise FleetError(f"{exc}{hint}") from None
-    return specs, f"http://127.0.0.1:{port}", api_token
+    return specs, await controller_url(child, args), api_token

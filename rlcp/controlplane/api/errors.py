@@ -164,7 +164,7 @@ TABLE: dict[type[domain.ControlPlaneError], type[ApiError]] = {
 def to_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, domain.NotLeader):
         return NotLeaderApiError(exc.message, leader=exc.leader)
-    if isinstance(exc, domain.MembershipChanged):
+    if isinstance(exc, domain.StaleTransferGroup):
         return MembershipChangedApiError(exc.message, change=exc.change)
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)

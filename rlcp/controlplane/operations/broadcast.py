@@ -43,7 +43,7 @@ from typing import Any
 
 import structlog
 
-from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, MembershipChanged, NoMembers
+from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, NoMembers, StaleTransferGroup
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.desired import minted_version
 from rlcp.controlplane.fleet.members import WorkerRecord
@@ -519,9 +519,9 @@ class WeightTransfer:
             await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it
 
 
-def _membership_changed(change: MembershipDelta) -> MembershipChanged:
+def _membership_changed(change: MembershipDelta) -> StaleTransferGroup:
     log.warning("weight_transfer_group_stale", **change.model_dump())
-    return MembershipChanged(f"{change.describe()}; initialise the weight transfer again", change=change)
+    return StaleTransferGroup(f"{change.describe()}; initialise the weight transfer again", change=change)
 
 
 def _resuming(ctx: OperationContext) -> Step[Control, None]:
