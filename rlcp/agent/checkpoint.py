@@ -24,6 +24,10 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointSummary:
+    """A checkpoint directory as one inspection found it: an update inspects once and hands
+    this on, so what is loaded is the directory that was checked."""
+
+    path: Path
     files: int
     tensors: set[str]
 
@@ -64,7 +68,7 @@ def inspect_checkpoint(directory: Path) -> CheckpointSummary:
         if not isinstance(header, dict):
             raise CheckpointError(f"{path.name}: unreadable header (not a JSON object)")
         names.update(k for k in header if k != "__metadata__")
-    return CheckpointSummary(files=len(files), tensors=names)
+    return CheckpointSummary(path=directory, files=len(files), tensors=names)
 
 
 def read_tensor_names(directory: Path) -> set[str]:

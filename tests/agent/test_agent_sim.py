@@ -116,3 +116,30 @@ async def test_an_update_in_one_call_pauses_loads_hashes_and_resumes_only_as_tol
         status, body = await update(path=str(tmp_path / "nope"), version="v9", resume=True)
         assert status == 400 and body["error"]["field"] == "path" and not agent.service.paused
         assert agent.service.desired_weight_version == "v1c"
+
+
+async def test_one_update_inspects_the_checkpoint_once(sim_agent, tmp_path, monkeypatch):
+    """The headers are read once per update: the check's answer is what the load takes, in the
+    one-call update and in the disk load alike (the controller's own check before it pauses
+    anyone is a request of its own)."""
+    from rlcp.agent import checkpoint
+    from rlcp.agent.operations import disk
+
+    inspected: list[str] = []
+    real = checkpoint.inspect_checkpoint
+
+    def counting(directory):
+        inspected.append(directory.name)
+        return real(directory)
+
+    monkeypatch.setattr(checkpoint, "inspect_checkpoint", counting)
+    monkeypatch.setattr(disk, "inspect_checkpoint", counting)
+    v1 = write_checkpoint(tmp_path / "v1", 1)
+    async with aiohttp.ClientSession() as http:
+        for route in ("/v1/agent/weights/update", "/v1/agent/weights/disk"):
+            inspected.clear()
+            status, body = await call(
+                http, "POST", sim_agent.url + route, headers=AUTH, body={"path": str(v1), "version": "v1"}
+            )
+            assert status == 200 and body["weight_version"] == "v1", body
+            assert inspected == ["v1"], route

@@ -69,7 +69,8 @@ async def state(request: web.Request) -> web.Response:
     ok=DiskUpdatedAnswer,
 )
 async def update_weights_from_disk(body: DiskUpdateRequest, service: AgentService) -> web.Response:
-    await service.disk.load(body)
+    checkpoint = await service.disk.check(body.path)
+    await service.disk.load(checkpoint, body.version, reset_prefix_cache=body.reset_prefix_cache)
     checksums = await service.weights.checksums() if body.checksums else None
     return json_response({"status": "updated", "weight_version": service.weight_version, "checksums": checksums})
 
@@ -88,8 +89,8 @@ async def check_weights(request: web.Request) -> web.Response:
     if body.kind == "adapter":
         adapter = await agent_service(request).lora.check(body.path)
         return json_response({"path": str(adapter), "files": 0, "tensors": 0})
-    path, summary = await agent_service(request).disk.check(body.path)
-    return json_response({"path": str(path), "files": summary.files, "tensors": len(summary.tensors)})
+    checkpoint = await agent_service(request).disk.check(body.path)
+    return json_response({"path": str(checkpoint.path), "files": checkpoint.files, "tensors": len(checkpoint.tensors)})
 
 
 @_loads(

@@ -18,7 +18,7 @@ from rlcp.agent.operations.control import EngineControl
 from rlcp.agent.operations.disk import DiskLoads
 from rlcp.agent.operations.weights import Weights
 from rlcp.agent.readiness import Readiness
-from rlcp.core.wire.agent import DiskUpdateRequest, WeightsUpdateRequest, checksums_disagree
+from rlcp.core.wire.agent import WeightsUpdateRequest, checksums_disagree
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,11 @@ class Updated:
 async def update_from_disk(
     control: EngineControl, disk: DiskLoads, weights: Weights, readiness: Readiness, req: WeightsUpdateRequest
 ) -> Updated:
-    await disk.check(req.path, "path")
+    checkpoint = await disk.check(req.path, "path")  # the one inspection: load takes its answer
     readiness.set_desired_version(req.version)
     if not control.paused:
         await control.pause(req.mode, req.timeout_s)
-    await disk.load(DiskUpdateRequest(path=req.path, version=req.version))
+    await disk.load(checkpoint, req.version)
     hashing = req.checksums or (req.resume and req.expected_checksums is not None)
     checksums = await weights.checksums() if hashing else None
     held_back = None
