@@ -54,6 +54,8 @@ CONTROLLER_LAYERS: tuple[tuple[str, ...], ...] = (
 )
 VLLM_ALLOWED = (
     "rlcp.agent.engine.vllm_engine",
+    "rlcp.agent.engine.vllm_args",
+    "rlcp.agent.engine.vllm_weight_ops",
     "rlcp.agent.engine.vllm_inference",
     "rlcp.agent.weight_transfer",
     "rlcp.harness.dynamo",

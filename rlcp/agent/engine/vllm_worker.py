@@ -3,8 +3,8 @@
 vLLM's `compute_weight_checksums` covers the base model's parameters only; the LoRA
 adapters an engine holds sit beside them in the worker's LoRA manager, and on the CPU the
 linear layers' weights sit inside their kernels (the parameters are left empty:
-`vllm_kernel_weights`). `VllmEngine` adds `AdapterChecksumsExtension` to the worker class
-through vLLM's `worker_extension_cls`, and calls its methods by name with `collective_rpc`:
+`vllm_kernel_weights`). `vllm_args` adds `AdapterChecksumsExtension` to the worker class
+through vLLM's `worker_extension_cls`, and `vllm_checksums` calls its methods by name with `collective_rpc`:
 `rlcp_adapter_checksums` for the adapters, `rlcp_kernel_weight_checksums` for the weights a
 CPU kernel holds (keyed as vLLM keys the empty parameters, which they replace). (A callable
 would also do, but vLLM sends

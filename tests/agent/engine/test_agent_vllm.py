@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlcp.agent.engine.vllm_engine import build_vllm_args
+from rlcp.agent.engine.vllm_args import build_vllm_args
 from rlcp.agent.engine.vllm_worker import AdapterChecksumsExtension
 from rlcp.agent.settings import EngineSettings, InferenceSettings
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
