@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
 
 from rlcp.agent.engine.base import EngineKind
-from rlcp.core.settings import Section, load_settings_with_yaml, read_token
+from rlcp.core.settings import Section, YamlSettings, load_settings_with_yaml, read_token
 
 
 class AdminSettings(Section):
@@ -80,7 +80,7 @@ class TimeoutSettings(Section):
     transfer_chunk_s: float = Field(600.0, gt=0, description="One weight-transfer phase or chunk.")
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(YamlSettings):
     model_config = SettingsConfigDict(env_prefix="RLAGENT_", env_nested_delimiter="__", extra="forbid")
 
     agent_id: str = Field(
@@ -115,17 +115,6 @@ class AgentSettings(BaseSettings):
         if self.engine.kind == "vllm" and not self.engine.model:
             raise ValueError("engine.model is required for the vllm engine")
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> AgentSettings:

@@ -2,8 +2,8 @@
 `--config` YAML file under the environment (pydantic-settings' own YAML source).
 
 Each process has one settings model (`rlcp.agent.settings.AgentSettings`,
-`rlcp.controlplane.settings.ControllerSettings`) made of `Section`s; only its `__main__` reads
-the environment.
+`rlcp.controlplane.settings.ControllerSettings`), a `YamlSettings` made of `Section`s; only its
+`__main__` reads the environment.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SecretStr
-from pydantic_settings import BaseSettings
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, YamlConfigSettingsSource
 
 
 class Section(BaseModel):
@@ -30,7 +30,23 @@ def read_token(value: SecretStr | None, path: Path | None) -> str | None:
     return None
 
 
-S = TypeVar("S", bound=BaseSettings)
+class YamlSettings(BaseSettings):
+    """A process's settings model: keyword arguments over the environment over the `--config`
+    YAML file (`load_settings_with_yaml` names it); no dotenv file, no secrets directory."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
+
+
+S = TypeVar("S", bound=YamlSettings)
 
 
 def load_settings_with_yaml(cls: type[S], config: Path | None, **overrides: Any) -> S:

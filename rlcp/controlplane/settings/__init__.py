@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
+from pydantic_settings import SettingsConfigDict
 
 from rlcp.controlplane.settings.api import ApiSettings
 from rlcp.controlplane.settings.discovery import (
@@ -53,7 +53,7 @@ from rlcp.controlplane.settings.reconcile import ReconcileSettings
 from rlcp.controlplane.settings.store import StoreSettings
 from rlcp.controlplane.settings.weight_transfer import WeightTransferSettings
 from rlcp.controlplane.settings.workers import WorkerCallSettings
-from rlcp.core.settings import load_settings_with_yaml
+from rlcp.core.settings import YamlSettings, load_settings_with_yaml
 
 __all__ = [
     "ApiSettings",
@@ -82,7 +82,7 @@ __all__ = [
 ]
 
 
-class ControllerSettings(BaseSettings):
+class ControllerSettings(YamlSettings):
     model_config = SettingsConfigDict(env_prefix="RLCP_", env_nested_delimiter="__", extra="forbid")
 
     controller_id: str = Field("rl-controlplane", description="Name in logs; the listing's namespace.")
@@ -122,17 +122,6 @@ class ControllerSettings(BaseSettings):
         if self.fleets:
             check_model_names(self.fleets, self.discovery.static if self.discovery.kind == "static" else [])
         return self
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, YamlConfigSettingsSource(settings_cls)
 
 
 def load_settings(config: Path | None = None, **overrides: Any) -> ControllerSettings:
