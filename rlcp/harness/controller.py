@@ -31,6 +31,17 @@ from rlcp.harness.waiting import wait_for
 
 CTL_TOKEN = "ctl-token"
 AUTH = bearer(CTL_TOKEN)
+# Short deadlines on the controller's calls to its workers, so a test's fault resolves in seconds
+# (an in-process controller's `workers` section, here and in `memory.MemoryFleet.controller`).
+TEST_WORKER_CALLS: dict[str, Any] = {
+    "timeout_s": 2,
+    "attempts": 2,
+    "retry_budget_s": 5,
+    "pause_timeout_s": 5,
+    "weight_load_timeout_s": 10,
+    "checkpoint_wait_s": 1,
+    "deadline_grace_s": 1,
+}
 
 
 def controller_settings(tmp_path: Path, specs: list[dict[str, Any]], **overrides: Any) -> ControllerSettings:
@@ -40,16 +51,7 @@ def controller_settings(tmp_path: Path, specs: list[dict[str, Any]], **overrides
         api={"token": CTL_TOKEN},
         gateway={"port": 0},
         discovery={"kind": "static", "static": specs},
-        workers={
-            "token": AGENT_TOKEN,
-            "timeout_s": 2,
-            "attempts": 2,
-            "retry_budget_s": 5,
-            "pause_timeout_s": 5,
-            "weight_load_timeout_s": 10,
-            "checkpoint_wait_s": 1,
-            "deadline_grace_s": 1,
-        },
+        workers={"token": AGENT_TOKEN, **TEST_WORKER_CALLS},
         reconcile={"poll_interval_s": 0.1, "interval_s": 0.1, "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
         store={"kind": "file", "path": str(tmp_path / "state" / "desired.json")},
         allowed_roots=[str(tmp_path)],

@@ -33,6 +33,7 @@ from rlcp.controlplane.settings import ControllerSettings
 from rlcp.controlplane.workers.transport import CallPolicy, MemoryTransport, WorkerTransport
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.errors import ApiError
+from rlcp.harness.controller import TEST_WORKER_CALLS
 from rlcp.harness.faults import FaultRules, injected_body
 from rlcp.harness.simfleet import CHANGES_NOTHING, TEST_TIMEOUTS, TOKEN
 
@@ -161,15 +162,7 @@ class MemoryFleet:
         """A controller over this fleet, without its HTTP API or background loops: a test
         calls operations on it and drives `refresh` / `reconciler.reconcile_once` itself."""
         base: dict[str, Any] = dict(
-            workers={
-                "timeout_s": 2,
-                "attempts": 2,
-                "retry_budget_s": 5,
-                "pause_timeout_s": 5,
-                "weight_load_timeout_s": 10,
-                "checkpoint_wait_s": 1,
-                "deadline_grace_s": 1,
-            },
+            workers=dict(TEST_WORKER_CALLS),
             reconcile={"backoff_initial_s": 0.05, "backoff_max_s": 0.2},
             store={"kind": "memory"},
             allowed_roots=[str(tmp_path)],
