@@ -12,6 +12,9 @@ how a member joins or leaves, as an operator's autoscaler or Dynamo's frontend w
         leave  unlist a member, wait for the controller to drop it, stop it (if this run owns it)
         kill   SIGKILL a member's processes and unlist it at once (the process is gone: its
                supervisor sees that), start it again and list it once it serves (a new instance)
+    Churn.on_push(k)   step k's push opened its round (the trainer's thread): its crashes strike
+        crash  a kill in the middle of the broadcast: the round has started, no tensor has moved;
+               returns once the member is dead and unlisted, so the broadcast meets a dead rank
     Churn.landed()   the changes that reached the listing since the last call, for the step record
 
 Events on one member run in order (a kill after a join waits for the join); on different
@@ -34,14 +37,14 @@ from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.supervisor import ProcessSupervisor
 
-ChurnAction = Literal["join", "leave", "kill"]
+ChurnAction = Literal["join", "leave", "kill", "crash"]
 ACTIONS: tuple[str, ...] = get_args(ChurnAction)
 
 
 @dataclass(frozen=True)
 class ChurnEvent:
-    """At the end of step `step`, `action` on `target` (None: a new agent for a join, the newest
-    member for a leave or a kill)."""
+    """At the end of step `step` (a crash: during its push), `action` on `target` (None: a new agent
+    for a join, the newest member for a leave, a kill or a crash)."""
 
     step: int
     action: ChurnAction
@@ -134,6 +137,18 @@ class ListingServer:
             self._runner = None
 
 
+# A crash waits at most this for its member to be dead and unlisted (a SIGKILL and a listing edit;
+# a join of the same member still starting comes first, and has its own deadline).
+_CRASH_S = 900.0
+
+
+@dataclass
+class _Applying:
+    """An event under way: `killed` is set once a kill or crash has struck (or failed to)."""
+
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass(frozen=True)
 class Landed:
     """A change as it reached the listing: after the end of step `step`, `seconds` later."""
@@ -170,26 +185,50 @@ class Churn:
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     _started: int = 0
     _next: int = 0  # joins are named agent-<n> after the highest such name so far (as check_churn)
+    _crashed: set[int] = field(default_factory=set)  # steps whose crashes struck
+    _loop: asyncio.AbstractEventLoop | None = None  # the loop the events run on (on_push comes from a thread)
 
     def __post_init__(self) -> None:
+        with contextlib.suppress(RuntimeError):  # made outside a loop: on_push has nothing to strike on
+            self._loop = asyncio.get_running_loop()
         self.order = self.order or list(self.listing.specs)
         self._started = len(self.agents)
         self._next = _next_index([*self.order, *self.agents], self.prefix)
 
     def on_step(self, step: int) -> None:
-        """Step `step` ended: start its events (never waited for here)."""
-        for e in (e for e in self.events if e.step == step):
-            if e.action == "join":
-                target = self._next_name()
-                self.order.append(target)
-            else:
-                target = e.target or self.order[-1]
-                if e.action == "leave":
-                    self.order.remove(target)
-            before = self._busy.get(target)
-            task = asyncio.create_task(self._apply(e, target, before), name=f"churn-{e.step}-{e.action}-{target}")
-            self._busy[target] = task
-            self.tasks.append(task)
+        """Step `step` ended: start its events (never waited for here; its crashes struck in its push)."""
+        for e in (e for e in self.events if e.step == step and e.action != "crash"):
+            self._start(e)
+
+    def on_push(self, step: int) -> None:
+        """Step `step`'s push opened its round; called from the trainer's thread, as the round's
+        broadcast waits. Its crashes strike now (once per step, whatever re-forms follow), and this
+        returns once each crashed member is dead and unlisted; their restarts go on without it."""
+        crashes = [e for e in self.events if e.step == step and e.action == "crash"]
+        if not crashes or step in self._crashed or self._loop is None:
+            return
+        self._crashed.add(step)
+
+        async def strike() -> None:
+            for e in crashes:
+                await self._start(e).killed.wait()
+
+        asyncio.run_coroutine_threadsafe(strike(), self._loop).result(timeout=_CRASH_S)
+
+    def _start(self, e: ChurnEvent) -> _Applying:
+        if e.action == "join":
+            target = self._next_name()
+            self.order.append(target)
+        else:
+            target = e.target or self.order[-1]
+            if e.action == "leave":
+                self.order.remove(target)
+        before = self._busy.get(target)
+        applying = _Applying()
+        task = asyncio.create_task(self._apply(e, target, before, applying), name=f"churn-{e.step}-{e.action}-{target}")
+        self._busy[target] = task
+        self.tasks.append(task)
+        return applying
 
     def landed(self) -> list[str]:
         """The changes that reached the listing since the last call."""
@@ -213,7 +252,15 @@ class Churn:
         self.history.append(Landed(step, what, time.monotonic() - t0))
         self.say(f"  churn after step {step}: {what} ({time.monotonic() - t0:.1f}s after the step ended)")
 
-    async def _apply(self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None) -> None:
+    async def _apply(self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None, applying: _Applying) -> None:
+        try:
+            await self._applying(e, target, before, applying)
+        finally:
+            applying.killed.set()  # whatever failed (raised by this task), a crash's push goes on
+
+    async def _applying(
+        self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None, applying: _Applying
+    ) -> None:
         if before is not None:
             with contextlib.suppress(Exception):  # its failure is raised by its own task
                 await before
@@ -242,7 +289,8 @@ class Churn:
             self.down_on_purpose.add(target)
             await asyncio.to_thread(child.kill)
             self.listing.unlist(target)
-            self._land(e.step, f"kill {target}", t0)
+            self._land(e.step, f"{e.action} {target}", t0)
+            applying.killed.set()  # a crash's round goes on now; the restart, without it
             child.spawn()  # an agent comes back on the ports it had (AgentProcess.spawn)
             self.on_restart(child)
             await child.wait_ready_async()

@@ -125,8 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="STEP:ACTION,...",
         help="change the fleet during the run, at the end of the steps named: join (start a new agent and list "
         "it once it serves), leave (unlist a member, stop it once the controller dropped it), kill (SIGKILL a "
-        "member, start it again); leave and kill take the newest member, or one named: 8:kill=agent-0. "
-        "E.g. 5:join,8:kill=agent-0,10:leave",
+        "member, start it again), crash (a kill in the middle of that step's broadcast; --sync broadcast); leave, "
+        "kill and crash take the newest member, or one named: 8:kill=agent-0. E.g. 5:join,8:kill=agent-0,10:leave",
     )
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
@@ -166,4 +166,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             check_churn(args.churn, [f"agent-{i}" for i in range(args.agents)], args.steps)
         except ValueError as exc:
             p.error(f"--churn: {exc}")
+        crashes = any(e.action == "crash" for e in args.churn)
+        if crashes and (args.trainer != "grpo" or args.sync != "broadcast" or args.no_push):
+            p.error("--churn: a crash strikes in the middle of a broadcast: it needs --sync broadcast and our trainer")
     return args

@@ -218,6 +218,7 @@ async def learn(
         say=say,
         on_step=None if churn is None else (lambda r: churn.on_step(r.step)),
         membership=None if churn is None else churn.landed,
+        round_started=None if churn is None else churn.on_push,
     )
     rs = out.records
     if not rs:
