@@ -529,7 +529,7 @@ class ControllerWeightSyncClient:
         epoch, members = self._sized
         info = info if info is not None else self._client.transfer_info()
         now, then = set(info["members"]), set(members)
-        if int(info["membership_epoch"]) == epoch:
+        if int(info["membership_epoch"]) == epoch and now == then:  # the set moves with answering, too
             return None
         return MembershipDelta(
             joined=sorted(now - then),

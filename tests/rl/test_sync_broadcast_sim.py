@@ -301,3 +301,30 @@ async def test_a_round_that_fails_with_no_member_gone_fails_the_push_after_the_w
     assert pushed.error is not None and pushed.reformed_for == (), (pushed.error, pushed.reformed_for)
     assert len(await _inits(fleet)) == 1
     assert not any(a.service.weight_version == "b1" for a in fleet.agents)
+
+
+async def test_a_listed_member_that_does_not_answer_is_left_out_until_it_does(fleet: SimFleet) -> None:
+    """w2 is down but still listed (a static list naming a dead worker, a Ray actor restarting, an
+    engine still starting): the group is formed with the members that answer, and the push lands
+    on them with no re-form. Once w2 answers again, the next push's start counts it as joined:
+    one re-form, and it takes the broadcast too (before that the reconciler may converge it)."""
+    ctl = fleet.ctl.ctl
+    await fleet.agents[2].stop()
+    await ctl.refresh()
+    await wait_for(lambda: not ctl.registry.get("w2").reachable, what="w2 not answering")
+    sync = _sync(fleet)
+    try:
+        first = await sync.push(MODEL, "b1")
+        assert first.error is None and first.reformed_for == (), (first.error, first.reformed_for)
+        assert [a.service.weight_version for a in fleet.agents[:2]] == ["b1", "b1"]
+        st = await fleet.ctl.state()
+        assert {m["worker_id"] for m in st["weight_transfer"]["members"]} == {"w0", "w1"}
+        await fleet.agents[2].start()
+        await ctl.refresh()
+        await wait_for(lambda: ctl.registry.get("w2").reachable, what="w2 answering again")
+        second = await sync.push(MODEL, "b2")
+    finally:
+        await sync.close()
+    assert second.error is None, second.error
+    assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
+    assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3
