@@ -12,7 +12,7 @@ import pytest
 
 from rlcp.controlplane.discovery.http_listing import parse_listing
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.harness.churn import Churn, ChurnEvent, ListingServer, check_churn, parse_churn
+from rlcp.harness.churn import Churn, ChurnEvent, ListedMembers, ListingServer, check_churn, parse_churn
 from rlcp.harness.processes import AgentProcess
 from rlcp.localfleet.options import parse_args
 
@@ -107,7 +107,8 @@ async def test_changes_reach_the_listing_in_order_without_blocking_the_steps(tmp
         dropped.append(member)
 
     said: list[str] = []
-    churn = Churn(parse_churn("1:join,2:kill,3:leave=agent-0"), listing, agents, start_agent, wait_dropped, said.append)
+    members = ListedMembers(listing, agents, start_agent, wait_dropped)
+    churn = Churn.listed(parse_churn("1:join,2:kill,3:leave=agent-0"), members, say=said.append)
     try:
 
         async def listed() -> list[str]:
@@ -129,7 +130,7 @@ async def test_changes_reach_the_listing_in_order_without_blocking_the_steps(tmp
         joiner = agents["agent-2"]
         assert isinstance(joiner, _Agent) and joiner.events == ["kill", "spawn"]
         assert dropped == ["agent-0"]
-        assert "agent-0" not in agents and churn.down_on_purpose == {"agent-0"}
+        assert "agent-0" not in agents and members.down_on_purpose == {"agent-0"}
         assert any("churn after step 2: restart agent-2" in line for line in said), said
     finally:
         await churn.close()
@@ -154,7 +155,8 @@ async def test_a_crash_strikes_in_its_steps_push_and_returns_once_the_member_is_
     agents: dict[str, AgentProcess] = {f"agent-{i}": _Slow(f"agent-{i}", 9000 + 10 * i, tmp_path) for i in range(2)}
     for name, a in agents.items():
         listing.list(WorkerSpec(**a.spec(name)))
-    churn = Churn(parse_churn("2:crash=agent-0"), listing, agents, _never_start, _never_dropped, lambda line: None)
+    members = ListedMembers(listing, agents, _never_start, _never_dropped)
+    churn = Churn.listed(parse_churn("2:crash=agent-0"), members, say=lambda line: None)
     crashed = agents["agent-0"]
     assert isinstance(crashed, _Slow)
     try:

@@ -64,3 +64,47 @@ def test_two_steps_on_a_placed_sim_fleet(tmp_path: Path) -> None:
     assert files, out
     assert _processes_naming(files.group(1)) == [], "every Ray process stopped"
     assert sorted(json.loads((tmp_path / "pids.json").read_text())) == ["controller"]
+
+
+def test_the_placed_fleet_changes_under_the_run_through_placement_and_ray(tmp_path: Path) -> None:
+    """`--ray --churn`: a join and a leave are `PUT /v1/rl/placement` by one (the controller places
+    rlcp-agent-2, then removes it), a kill SIGKILLs rlcp-agent-0's actor process and Ray restarts
+    it. Every step's update lands on the members there are, and the restarted agent is converged
+    to the desired version (it starts on the base weights) before the run's last state."""
+    run = run_to_end(
+        [
+            sys.executable,
+            "-m",
+            "rlcp.localfleet",
+            "--sim",
+            "--ray",
+            "--agents",
+            "2",
+            "--steps",
+            "5",
+            "--churn",
+            "1:join,2:kill=rlcp-agent-0,3:leave",
+            "--port",
+            "0",
+            "--gateway-port",
+            "0",
+            "--workdir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        timeout_s=400,
+    )
+    out = run.stdout
+    assert run.returncode == 0, out
+    assert "summary: 5/5 steps ok" in out, out
+    changes = re.search(r"^membership changes: (.*)$", out, re.M)
+    assert changes, out
+    landed = [c.split(" after step")[0] for c in changes.group(1).split("; ")]
+    assert sorted(landed) == ["join rlcp-agent-2", "kill rlcp-agent-0", "leave rlcp-agent-2", "restart rlcp-agent-0"]
+    # After the run every change has landed: the two first agents, the restarted one converged.
+    final = out[out.rindex("membership changes:") :]
+    workers = re.findall(r"^ +(rlcp-agent-\d) +version=(\S+) +ready=yes", out[out.index("step 5/5") :], re.M)
+    assert sorted({w for w, _ in workers}) == ["rlcp-agent-0", "rlcp-agent-1"] or "restart rlcp-agent-0" in final, out
+    files = re.search(r"files (\S+?);", out)
+    assert files, out
+    assert _processes_naming(files.group(1)) == [], "every Ray process stopped"

@@ -36,7 +36,7 @@ from rlcp.client.client import ControlPlaneClient
 from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.harness.churn import Churn, ListingServer, parse_churn
+from rlcp.harness.churn import Churn, ListedMembers, ListingServer, parse_churn
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.waiting import wait_for
@@ -117,7 +117,8 @@ async def test_a_policy_learns_while_agents_join_leave_and_die(joiner, vllm_agen
             async def dropped(member: str) -> None:
                 await wait_for(lambda: member not in {r.id for r in ctl.members()}, timeout_s=30, what="dropped")
 
-            churn = Churn(parse_churn(PLAN), listing, {}, start_joiner, dropped, say=lines.append, prefix="vllm-")
+            members = ListedMembers(listing, {}, start_joiner, dropped)
+            churn = Churn.listed(parse_churn(PLAN), members, say=lines.append, prefix="vllm-")
 
             gateway = client.server.app[GATEWAY]
 
