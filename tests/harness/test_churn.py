@@ -54,12 +54,16 @@ def test_a_plan_is_checked_against_the_fleet_and_the_run() -> None:
 def test_the_local_fleet_refuses_a_bad_plan_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse_args(["--sim", "--steps", "6", "--churn", "2:join,4:leave"])
     assert args.churn == [ChurnEvent(2, "join"), ChurnEvent(4, "leave")]
+    placed = parse_args(["--ray", "--churn", "2:join,3:crash=rlcp-agent-0,4:leave"])  # Ray names the members
+    assert placed.churn == [ChurnEvent(2, "join"), ChurnEvent(3, "crash", "rlcp-agent-0"), ChurnEvent(4, "leave")]
     for argv, why in [
         (["--sim", "--steps", "6", "--churn", "2:jump"], "--churn: '2:jump': unknown action 'jump'"),
         (["--sim", "--steps", "4", "--churn", "4:join"], "--churn: 4:join: the run has 4 steps"),
         (["--sim", "--agents", "1", "--churn", "2:leave"], "--churn: 2:leave: the last member cannot leave"),
         (["--sim", "--churn", "2:crash"], "--churn: a crash strikes in the middle of a broadcast"),
         (["--sync", "disk", "--churn", "2:crash"], "--churn: a crash strikes in the middle of a broadcast"),
+        (["--ray", "--churn", "2:kill=agent-0"], "--churn: 2:kill=agent-0: no member 'agent-0' then"),
+        (["--ray", "--churn", "2:join,3:leave=rlcp-agent-2"], "with --ray a leave scales the placement down"),
     ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
