@@ -72,12 +72,17 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
         asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
     try:
         if args.ray:
-            from rlcp.harness.raycluster import RayHead
+            from rlcp.harness.raycluster import RayHead, RayHeadDied
 
             say("starting a local Ray head (loopback only, ~5-10 s) ...")
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
             joins = sum(e.action == "join" for e in args.churn or [])  # a bundle (1 CPU) each, at the peak
-            head = await asyncio.to_thread(RayHead(num_cpus=max(2, args.agents + joins)).start)
+            try:
+                head = await asyncio.to_thread(
+                    RayHead(num_cpus=max(2, args.agents + joins)).start, timeout_s=args.start_timeout
+                )
+            except (RayHeadDied, AssertionError) as exc:  # it died; it did not listen in time (`wait_for_sync`)
+                raise FleetError(f"the local Ray head did not start: {exc}") from None
             specs, url, token = await start_ray_fleet(args, procs, base, head)
         else:
             # The members as a listing the controller polls, so they can change during the run.

@@ -64,4 +64,3 @@ def test_two_steps_on_a_placed_sim_fleet(tmp_path: Path) -> None:
     assert files, out
     assert _processes_naming(files.group(1)) == [], "every Ray process stopped"
     assert sorted(json.loads((tmp_path / "pids.json").read_text())) == ["controller"]
-

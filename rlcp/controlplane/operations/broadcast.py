@@ -186,20 +186,21 @@ class WeightTransfer:
     # -- init ------------------------------------------------------------------------------
     async def init(self, req: TransferInitRequest) -> OperationResult:
         ctx = self.ctx
-        members = group_candidates(ctx.registry)
-        if not members:
-            raise NoMembers(
-                "the fleet has no member that answers" if ctx.registry.members() else "the fleet has no members"
-            )
-        require_capability(members, "broadcast", "a broadcast weight transfer")
-        require_one_transfer_wire(r.driver for r in members)
-        refuse_transfer_input((r.driver for r in members), init_info=req.init_info)
+        every = ctx.registry.members()
+        if not every:
+            raise NoMembers("the fleet has no members")
+        # What the fleet's members are, answering or not, decides whether it can broadcast at all.
+        require_capability(every, "broadcast", "a broadcast weight transfer")
+        require_one_transfer_wire(r.driver for r in every)
+        refuse_transfer_input((r.driver for r in every), init_info=req.init_info)
         if asleep := sorted(ctx.desired.state.asleep):
             # The group spans every member's ranks, and an engine asleep cannot take weights.
             raise Conflict(
                 f"members asleep cannot join a weight-transfer group: {', '.join(asleep)}; wake them "
                 "(POST /v1/rl/wake_up) first"
             )
+        if not (members := group_candidates(ctx.registry)):
+            raise NoMembers("every member of the fleet failed its last status read: none can join a group")
         ranks = plan_ranks({r.id: r.world_size for r in members})
         expected = 1 + sum(size for _, _, size in ranks)
         got = req.init_info.get("world_size")
@@ -528,12 +529,13 @@ class WeightTransfer:
 
 
 def group_candidates(registry: FleetRegistry) -> list[WorkerRecord]:
-    """The members a group is formed with: those whose last status read answered. A member
-    listed but not answering (an engine still starting, a Ray actor restarting, a dead worker a
-    static list still names) would fail the init, and every push with it; left out, it is
-    converged from the version's disk copy once it answers (as a joiner is), and the next
-    round's start counts it as joined, so the group is formed again with it once."""
-    return [r for r in registry.members() if r.reachable]
+    """The members a group is formed with: all but those whose last status read failed (one not
+    read yet is given the benefit of the doubt). A member listed but not answering (an engine
+    still starting, a Ray actor restarting, a dead worker a static list still names) would fail
+    the init, and every push with it; left out, it is converged from the version's disk copy
+    once it answers (as a joiner is), and the next round's start counts it as joined, so the
+    group is formed again with it once."""
+    return [r for r in registry.members() if r.reachable or (r.last_seen is None and r.last_error is None)]
 
 
 def _membership_changed(change: MembershipDelta) -> StaleTransferGroup:
