@@ -493,10 +493,12 @@ class ControllerWeightSyncClient:
         self.last_result: OperationResult | None = None
         self.membership_change: MembershipDelta | None = None
         self._sized: tuple[int, list[str]] | None = None  # the membership `trainer_world_size` read
+        self._after_start: Callable[[], None] | None = None  # `begin_round`'s
 
-    def begin_round(self, checkpoint_path: str | None) -> None:
-        """Before a round (start, chunks, finish): the disk copy its finish names, no change seen yet."""
-        self.checkpoint_path, self.membership_change = checkpoint_path, None
+    def begin_round(self, checkpoint_path: str | None, *, after_start: Callable[[], None] | None = None) -> None:
+        """Before a round (start, chunks, finish): the disk copy its finish names, no change seen
+        yet, and what to call once its start has succeeded (None: nothing)."""
+        self.checkpoint_path, self.membership_change, self._after_start = checkpoint_path, None, after_start
 
     def _noting_change(self, call: Callable[[], OperationResult]) -> None:
         try:
@@ -520,14 +522,14 @@ class ControllerWeightSyncClient:
             self.membership_change = moved
             raise MembershipChanged(f"{moved.describe()} (since the world size was read)", moved) from exc
 
-    def _moved_since_sized(self) -> MembershipDelta | None:
+    def _moved_since_sized(self, info: dict[str, Any] | None = None) -> MembershipDelta | None:
         """Who joined or left since `trainer_world_size` was read; None if no one did (or it was not)."""
         if self._sized is None:
             return None
         epoch, members = self._sized
-        info = self._client.transfer_info()
+        info = info if info is not None else self._client.transfer_info()
         now, then = set(info["members"]), set(members)
-        if int(info["membership_epoch"]) == epoch:
+        if int(info["membership_epoch"]) == epoch and now == then:  # the set moves with answering, too
             return None
         return MembershipDelta(
             joined=sorted(now - then),
@@ -537,8 +539,33 @@ class ControllerWeightSyncClient:
             membership_epoch=int(info["membership_epoch"]),
         )
 
+    def await_membership_change(self, within_s: float, *, poll_s: float = 0.25) -> MembershipDelta | None:
+        """After a round that failed with no refusal in hand: who joined or left since the group
+        was sized, once the controller has closed the failed update; None if nothing moved within
+        `within_s`. A member SIGKILLed mid-broadcast fails the round before anyone can refuse it
+        (its call fails, the collective breaks), and discovery unlists it a moment later (a
+        listing's next poll, a pod's readiness probe): this waits for that moment, so the caller
+        can form the group again instead of failing the push. The change found is kept in
+        `membership_change` too. Errors reading the controller count as "nothing moved"."""
+        deadline = time.monotonic() + within_s
+        while True:
+            try:
+                info = self._client.transfer_info()
+            except ControlPlaneClientError:
+                info = None
+            group = info.get("group") if info is not None else None
+            closed = not (isinstance(group, dict) and group.get("updating"))
+            if info is not None and closed and (moved := self._moved_since_sized(info)) is not None:
+                self.membership_change = moved
+                return moved
+            if time.monotonic() + poll_s > deadline:
+                return None
+            time.sleep(poll_s)
+
     def start_weight_update(self) -> None:
         self._noting_change(lambda: self._client.transfer_start(timeout_s=self.timeout_s))
+        if self._after_start is not None:
+            self._after_start()
 
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self._noting_change(lambda: self._client.transfer_update(update_info, timeout_s=self.timeout_s))

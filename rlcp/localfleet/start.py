@@ -19,7 +19,7 @@ from rlcp.harness.churn import ListingServer
 from rlcp.harness.envoy import EnvoyProcess
 from rlcp.harness.processes import AgentProcess, ControllerProcess, ProcessError
 from rlcp.harness.tiny_model import agent_engine
-from rlcp.localfleet.options import LoraFlags
+from rlcp.localfleet.options import RAY_NAMESPACE, RAY_PREFIX, LoraFlags
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import say
 
@@ -135,8 +135,8 @@ async def start_ray_fleet(
                     "kind": "ray",
                     "ray": {
                         "dashboard_url": head.dashboard_url,
-                        "namespace": "rlcp",
-                        "name_prefix": "rlcp-agent-",
+                        "namespace": RAY_NAMESPACE,
+                        "name_prefix": RAY_PREFIX,
                         "interval_s": 0.5,
                         "timeout_s": 5,
                         "dead_actors": "drop",
@@ -146,8 +146,8 @@ async def start_ray_fleet(
                     "kind": "ray",
                     "ray": {
                         "address": head.gcs_address,
-                        "namespace": "rlcp",
-                        "name_prefix": "rlcp-agent-",
+                        "namespace": RAY_NAMESPACE,
+                        "name_prefix": RAY_PREFIX,
                         "replicas": args.agents,
                         "bundle": {"CPU": 1},
                         "strategy": "PACK",

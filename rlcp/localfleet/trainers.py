@@ -181,6 +181,8 @@ class DemoTrainer:
                     for change in churn.landed():
                         say(f"    membership during step {k}: {change}")
                     churn.on_step(k)
+                    if self.args.churn_wait:
+                        await churn.finish()
         finally:
             traffic.cancel()
             await asyncio.gather(traffic, return_exceptions=True)
@@ -218,6 +220,8 @@ async def learn(
         say=say,
         on_step=None if churn is None else (lambda r: churn.on_step(r.step)),
         membership=None if churn is None else churn.landed,
+        round_started=None if churn is None else churn.on_push,
+        between_steps=(lambda r: churn.finish()) if churn is not None and args.churn_wait else None,
     )
     rs = out.records
     if not rs:

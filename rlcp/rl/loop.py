@@ -28,6 +28,17 @@ from rlcp.rl.sampling import Completion, Sampler
 from rlcp.rl.sync import WeightSync
 from rlcp.rl.task import TargetTokenTask
 
+
+def step_version(k: int) -> str:
+    """The weight version the run pushes after step `k`."""
+    return f"step-{k}"
+
+
+def step_of(version: str) -> int:
+    """The step whose push `version` is (`step_version`'s inverse)."""
+    return int(version.removeprefix("step-"))
+
+
 Mode = Literal["sync", "async"]
 # |engine logprob - trainer logprob| per token, float32 on both sides: the engines' CPU kernels
 # sum in another order than torch's, which moves a logprob by ~1e-5 at most on this model; a
@@ -179,7 +190,7 @@ class Trainer:
                 t = time.monotonic()
                 stats = await asyncio.to_thread(self._train, batch)
                 train_s = time.monotonic() - t
-                pushed = await self.sync.push(self.model, f"step-{k}") if s.push else None
+                pushed = await self.sync.push(self.model, step_version(k)) if s.push else None
                 if pushed is not None:
                     # Even a failed push names these weights: a member that took them before the
                     # failure serves them under this version, and its tokens are checked against them.

@@ -16,7 +16,7 @@ from typing import Literal
 import aiohttp
 
 from rlcp.client.client import ControlPlaneClient
-from rlcp.rl.loop import RunSettings, StepRecord, Trainer
+from rlcp.rl.loop import RunSettings, StepRecord, Trainer, step_of
 from rlcp.rl.policy import load_policy
 from rlcp.rl.report import plot_runs, step_line, write_jsonl
 from rlcp.rl.sampling import Sampler
@@ -55,11 +55,13 @@ async def train_through_fleet(
     on_step: Callable[[StepRecord], None] | None = None,
     membership: Callable[[], list[str]] | None = None,
     between_steps: Callable[[StepRecord], Awaitable[None]] | None = None,
+    round_started: Callable[[int], None] | None = None,
 ) -> RunOutput:
     """Train `settings.steps` steps through `fleet`; the records, and where the log and plot are.
     `on_step` is told each step after its line is said (a local fleet applies its churn there);
     `membership` names the membership changes that landed since it was last called;
-    `between_steps` is awaited after each step (`Trainer.between_steps`)."""
+    `between_steps` is awaited after each step (`Trainer.between_steps`); `round_started` is told the
+    step once its broadcast's round is open, in the trainer's thread (`BroadcastSync.round_started`)."""
 
     def stepped(r: StepRecord) -> None:
         say(step_line(r, settings.steps))
@@ -73,7 +75,13 @@ async def train_through_fleet(
         await client.set_staleness(settings.staleness if settings.mode == "async" else 0)
         pusher: WeightSync
         if sync == "broadcast":
-            pusher = BroadcastSync(fleet.controller, fleet.token, out_dir / "steps", backend=backend)
+            pusher = BroadcastSync(
+                fleet.controller,
+                fleet.token,
+                out_dir / "steps",
+                backend=backend,
+                round_started=None if round_started is None else (lambda v: round_started(step_of(v))),
+            )
         else:
             pusher = DiskSync(client, out_dir / "steps", max_unavailable=1 if settings.mode == "async" else None)
         headers = {"Authorization": f"Bearer {fleet.token}"} if fleet.token else {}

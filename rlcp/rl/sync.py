@@ -11,8 +11,10 @@
   A fleet member that joined, left or restarted since the group formed makes the controller
   refuse the round (409 `membership_changed`, naming them): the push forms the group again
   with the current members and sends the same version in the same call, so a membership
-  change never fails a push. It re-forms at most `MAX_REFORMS` times per push; a fleet that
-  keeps moving fails it (`FleetKeptChanging`), naming every change.
+  change never fails a push. A member killed mid-round fails the round before anyone can refuse
+  it; the push then waits up to `change_wait_s` for discovery to unlist it, and re-forms the
+  same way. It re-forms at most `MAX_REFORMS` times per push; a fleet that keeps moving fails it
+  (`FleetKeptChanging`), naming every change.
 - `DiskSync`: the weights saved as safetensors, then one `update_weights` call (the
   controller checks the checkpoint on every worker, pauses, loads, verifies and resumes;
   `max_unavailable` makes it a rolling update).
@@ -24,6 +26,7 @@ which worker failed, and why).
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from collections.abc import Callable
@@ -33,7 +36,12 @@ from typing import Any, Literal, Protocol
 
 import structlog
 
-from rlcp.client.client import ControllerWeightSyncClient, ControlPlaneClient, ControlPlaneClientError
+from rlcp.client.client import (
+    ControllerWeightSyncClient,
+    ControlPlaneClient,
+    ControlPlaneClientError,
+    RequestRejected,
+)
 from rlcp.core.wire.controller import MembershipDelta
 
 log = structlog.get_logger("rlcp.rl.sync")
@@ -138,6 +146,13 @@ class BroadcastSync:
     backend: Literal["gloo", "nccl"] = "gloo"
     master_address: str = "127.0.0.1"
     timeout_s: float = 300.0
+    # After a round that failed with no refusal (a member killed mid-broadcast), how long to wait for
+    # discovery to show a member gone or new before the push fails: a listing's poll or a pod's
+    # readiness probe, seconds. 0: fail at once.
+    change_wait_s: float = 30.0
+    # Told each round's version once the fleet has opened the round, in the trainer's thread, before
+    # any tensor moves: where a chaos plan strikes mid-broadcast (the local fleet's `crash`).
+    round_started: Callable[[str], None] | None = None
     # How the trainer joins a group: None for vLLM's trainer engine on `backend`; a test seam for a
     # fleet whose engines take no collective (SimEngine), as `rlcp.harness.sim_trainer` does.
     join: JoinGroup | None = None
@@ -165,19 +180,34 @@ class BroadcastSync:
                 if self._engine is None:
                     self._engine = self._init(model)
                 assert self._client is not None
-                self._client.begin_round(checkpoint)
+                started = None if self.round_started is None else functools.partial(self.round_started, version)
+                self._client.begin_round(checkpoint, after_start=started)
                 self._engine.send_weights(weight_version=version)
                 return
             except Exception as exc:
                 # A 409 raised in this thread, or the collective's own error after the controller
-                # refused a call made beside it: either way the client kept the change.
-                if self._client is None or (change := self._client.membership_change) is None:
+                # refused a call made beside it: either way the client kept the change. A member
+                # that died mid-round was refused by no one: its discovery tells, a moment later.
+                if self._client is None or (change := self._client.membership_change or self._died(exc)) is None:
                     raise
                 changes.append(change)
                 self._drop()  # this side's rank 0 of the stale group goes too
                 if len(changes) > MAX_REFORMS:
                     raise FleetKeptChanging(version, changes) from exc
                 log.info("weight_transfer_group_reforming", version=version, reform=len(changes), **change.model_dump())
+
+    def _died(self, exc: Exception) -> MembershipDelta | None:
+        """The change behind a round that failed on its own (the collective broke, or a worker
+        failed its part), if discovery shows one within `change_wait_s`. A refusal (4xx) is an
+        answer, not a death: it fails the push at once."""
+        if self._client is None or isinstance(exc, RequestRejected) or self.change_wait_s <= 0:
+            return None
+        log.info("weight_transfer_round_failed_awaiting_membership", error=f"{type(exc).__name__}: {exc}")
+        # This side's rank 0 goes first: the live ranks, still in the broadcast, then fail at once
+        # (their peer closed) instead of at the collective's timeout, and the controller can close
+        # the round.
+        self._shutdown_engine()
+        return self._client.await_membership_change(self.change_wait_s)
 
     def _init(self, model: Any) -> TrainerEngine:
         """Join a new group with the fleet (the controller assigns the engines' ranks)."""
@@ -209,14 +239,22 @@ class BroadcastSync:
         return engine
 
     def _drop(self) -> None:
-        engine, client, self._engine, self._client = self._engine, self._client, None, None
-        for close in ((engine.shutdown if engine is not None else None), (client.close if client else None)):
-            if close is None:
-                continue
-            try:
-                close()
-            except Exception as exc:  # noqa: BLE001 - a half-dead group's teardown: nothing left to save
-                log.warning("weight_transfer_teardown_failed", error=f"{type(exc).__name__}: {exc}")
+        self._shutdown_engine()
+        client, self._client = self._client, None
+        if client is not None:
+            _quietly(client.close)
+
+    def _shutdown_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            _quietly(engine.shutdown)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._drop)
+
+
+def _quietly(close: Callable[[], None]) -> None:
+    try:
+        close()
+    except Exception as exc:  # noqa: BLE001 - a half-dead group's teardown: nothing left to save
+        log.warning("weight_transfer_teardown_failed", error=f"{type(exc).__name__}: {exc}")

@@ -12,7 +12,7 @@ import pytest
 
 from rlcp.controlplane.discovery.http_listing import parse_listing
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.harness.churn import Churn, ChurnEvent, ListingServer, check_churn, parse_churn
+from rlcp.harness.churn import Churn, ChurnEvent, ListedMembers, ListingServer, check_churn, parse_churn
 from rlcp.harness.processes import AgentProcess
 from rlcp.localfleet.options import parse_args
 
@@ -29,7 +29,7 @@ def test_a_plan_is_parsed_in_step_order_and_bad_items_are_named() -> None:
         ("5", "expected STEP:ACTION"),
         ("0:join", "expected STEP:ACTION"),
         ("x:join", "expected STEP:ACTION"),
-        ("5:grow", "unknown action 'grow' (known: join, leave, kill)"),
+        ("5:grow", "unknown action 'grow' (known: join, leave, kill, crash)"),
         ("5:join=agent-9", "a join starts a new agent"),
         ("", "no events"),
     ]:
@@ -54,10 +54,16 @@ def test_a_plan_is_checked_against_the_fleet_and_the_run() -> None:
 def test_the_local_fleet_refuses_a_bad_plan_with_the_reason(capsys: pytest.CaptureFixture[str]) -> None:
     args = parse_args(["--sim", "--steps", "6", "--churn", "2:join,4:leave"])
     assert args.churn == [ChurnEvent(2, "join"), ChurnEvent(4, "leave")]
+    placed = parse_args(["--ray", "--churn", "2:join,3:crash=rlcp-agent-0,4:leave"])  # Ray names the members
+    assert placed.churn == [ChurnEvent(2, "join"), ChurnEvent(3, "crash", "rlcp-agent-0"), ChurnEvent(4, "leave")]
     for argv, why in [
         (["--sim", "--steps", "6", "--churn", "2:jump"], "--churn: '2:jump': unknown action 'jump'"),
         (["--sim", "--steps", "4", "--churn", "4:join"], "--churn: 4:join: the run has 4 steps"),
         (["--sim", "--agents", "1", "--churn", "2:leave"], "--churn: 2:leave: the last member cannot leave"),
+        (["--sim", "--churn", "2:crash"], "--churn: a crash strikes in the middle of a broadcast"),
+        (["--sync", "disk", "--churn", "2:crash"], "--churn: a crash strikes in the middle of a broadcast"),
+        (["--ray", "--churn", "2:kill=agent-0"], "--churn: 2:kill=agent-0: no member 'agent-0' then"),
+        (["--ray", "--churn", "2:join,3:leave=rlcp-agent-2"], "with --ray a leave scales the placement down"),
     ]:
         with pytest.raises(SystemExit):
             parse_args(argv)
@@ -105,7 +111,8 @@ async def test_changes_reach_the_listing_in_order_without_blocking_the_steps(tmp
         dropped.append(member)
 
     said: list[str] = []
-    churn = Churn(parse_churn("1:join,2:kill,3:leave=agent-0"), listing, agents, start_agent, wait_dropped, said.append)
+    members = ListedMembers(listing, agents, start_agent, wait_dropped)
+    churn = Churn.listed(parse_churn("1:join,2:kill,3:leave=agent-0"), members, say=said.append)
     try:
 
         async def listed() -> list[str]:
@@ -127,8 +134,57 @@ async def test_changes_reach_the_listing_in_order_without_blocking_the_steps(tmp
         joiner = agents["agent-2"]
         assert isinstance(joiner, _Agent) and joiner.events == ["kill", "spawn"]
         assert dropped == ["agent-0"]
-        assert "agent-0" not in agents and churn.down_on_purpose == {"agent-0"}
+        assert "agent-0" not in agents and members.down_on_purpose == {"agent-0"}
         assert any("churn after step 2: restart agent-2" in line for line in said), said
     finally:
         await churn.close()
         await listing.close()
+
+
+async def test_a_crash_strikes_in_its_steps_push_and_returns_once_the_member_is_dead_and_unlisted(
+    tmp_path: Path,
+) -> None:
+    """`on_push` comes from the trainer's thread while its round waits: the crash's SIGKILL and the
+    unlisting are done when it returns (the broadcast then meets a dead rank for certain); the
+    restart goes on without the trainer; the step's end and a re-formed round strike nothing again."""
+    listing = ListingServer()
+    await listing.start()
+    back = asyncio.Event()
+
+    class _Slow(_Agent):
+        async def wait_ready_async(self) -> _Agent:
+            await back.wait()  # an engine start-up: the run goes on meanwhile
+            return self
+
+    agents: dict[str, AgentProcess] = {f"agent-{i}": _Slow(f"agent-{i}", 9000 + 10 * i, tmp_path) for i in range(2)}
+    for name, a in agents.items():
+        listing.list(WorkerSpec(**a.spec(name)))
+    members = ListedMembers(listing, agents, _never_start, _never_dropped)
+    churn = Churn.listed(parse_churn("2:crash=agent-0"), members, say=lambda line: None)
+    crashed = agents["agent-0"]
+    assert isinstance(crashed, _Slow)
+    try:
+        churn.on_step(1)
+        await asyncio.to_thread(churn.on_push, 1)  # no crash at step 1: nothing happens
+        assert crashed.events == [] and list(listing.specs) == ["agent-0", "agent-1"]
+        await asyncio.wait_for(asyncio.to_thread(churn.on_push, 2), 5)
+        assert crashed.events == ["kill", "spawn"] and list(listing.specs) == ["agent-1"]
+        assert [c.split(" (+")[0] for c in churn.landed()] == ["crash agent-0"]
+        await asyncio.to_thread(churn.on_push, 2)  # the push's re-formed round: struck once already
+        churn.on_step(2)  # the step's end: a crash is not a boundary event
+        assert crashed.events == ["kill", "spawn"]
+        back.set()
+        await asyncio.wait_for(churn.finish(), 5)
+        assert [c.split(" (+")[0] for c in churn.landed()] == ["restart agent-0"]
+        assert sorted(listing.specs) == ["agent-0", "agent-1"]
+    finally:
+        await churn.close()
+        await listing.close()
+
+
+async def _never_start(name: str, index: int) -> AgentProcess:
+    raise AssertionError(f"no join in this plan: {name}")
+
+
+async def _never_dropped(member: str) -> None:
+    raise AssertionError(f"no leave in this plan: {member}")

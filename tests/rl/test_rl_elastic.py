@@ -3,9 +3,11 @@
 The same broadcast-synced `train_through_fleet` as tests/rl/test_rl_run.py, but the controller
 discovers its members from a listing (`rlcp.harness.churn.ListingServer`, `discovery.kind:
 http_listing`) that changes at step boundaries (`rlcp.harness.churn.Churn`, what the local fleet's
-`--churn` applies): a third agent joins (2 -> 3 engines), is SIGKILLed and started again (3 -> 2
--> 3), and one of the first two leaves (-> 2). Training never waits for a change. What must hold:
-no push fails (each change costs the next push one re-form at most), every step's tokens come
+`--churn` applies): a third agent joins (2 -> 3 engines), is SIGKILLed in the middle of a
+broadcast and started again (3 -> 2 -> 3), and one of the first two leaves (-> 2). Training never
+waits for a change. What must hold: no push fails (each change costs a push one re-form at most;
+the crash fails its round, and the same push forms the group again once discovery unlists the
+dead member), every step's tokens come
 from the version pushed before it (the fence keeps a joiner and a restarted member out until the
 reconciler converged them from the version's disk copy), the engines' logprobs match the
 trainer's on every member that answered, the joiner included, and the reward climbs as in the
@@ -34,7 +36,7 @@ from rlcp.client.client import ControlPlaneClient
 from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.harness.churn import Churn, ListingServer, parse_churn
+from rlcp.harness.churn import Churn, ListedMembers, ListingServer, parse_churn
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.processes import AgentProcess
 from rlcp.harness.waiting import wait_for
@@ -46,7 +48,8 @@ from tests.conftest import one_core, vllm_agent_config
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 STEPS, LR, MARGIN = 20, 1e-2, 0.25  # the static run's lr and margin (tests/rl/test_rl_run.py)
 TOKENS = 4 * 8 * 16
-PLAN = "3:join,5:kill=vllm-2,8:leave=vllm-1"
+# The crash strikes in step 5's push, once its round is open and before any tensor moves (`Churn.on_push`).
+PLAN = "3:join,5:crash=vllm-2,8:leave=vllm-1"
 JOIN_STEP = 3  # the plan's join: the run holds after it until the joiner serves (an engine start-up outlasts steps)
 # An agent's restart is an engine start-up: ~30 s on a quiet machine, 97 s seen on a loaded one, while
 # a step takes ~1 s. The run goes on while it starts; after this step it waits for the restart to
@@ -114,7 +117,8 @@ async def test_a_policy_learns_while_agents_join_leave_and_die(joiner, vllm_agen
             async def dropped(member: str) -> None:
                 await wait_for(lambda: member not in {r.id for r in ctl.members()}, timeout_s=30, what="dropped")
 
-            churn = Churn(parse_churn(PLAN), listing, {}, start_joiner, dropped, say=lines.append, prefix="vllm-")
+            members = ListedMembers(listing, {}, start_joiner, dropped)
+            churn = Churn.listed(parse_churn(PLAN), members, say=lines.append, prefix="vllm-")
 
             gateway = client.server.app[GATEWAY]
 
@@ -146,6 +150,7 @@ async def test_a_policy_learns_while_agents_join_leave_and_die(joiner, vllm_agen
                     on_step=lambda r: churn.on_step(r.step),
                     membership=churn.landed,
                     between_steps=hold,
+                    round_started=churn.on_push,
                 )
                 landed = [(c.step, c.what) for c in churn.history]
                 await churn.finish()  # its errors, if any
@@ -169,8 +174,11 @@ async def test_a_policy_learns_while_agents_join_leave_and_die(joiner, vllm_agen
 
     rs = out.records
     said = "\n".join(step_line(r, STEPS) for r in rs) + "\n" + "\n".join(lines)
-    # Every change landed during the run: the join, the kill and the restart, the leave.
-    assert sorted(w for _, w in landed) == ["join vllm-2", "kill vllm-2", "leave vllm-1", "restart vllm-2"], said
+    # Every change landed during the run: the join, the crash and the restart, the leave.
+    assert sorted(w for _, w in landed) == ["crash vllm-2", "join vllm-2", "leave vllm-1", "restart vllm-2"], said
+    # The crash landed inside step 5's push (its record names it), and that push re-formed and landed.
+    crashed = next(r for r in rs if any(c.startswith("crash vllm-2") for c in r.membership))
+    assert (crashed.step, crashed.reforms, crashed.sync_error) == (5, 1, None), said
     assert sum(len(r.membership) for r in rs) == 4, said  # each in the record of the step it landed in
     assert [r.sync_error for r in rs] == [None] * STEPS, said
     # Re-forms: at most one per change, and only in the step a change landed in or the next one.

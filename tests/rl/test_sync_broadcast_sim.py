@@ -237,3 +237,94 @@ async def test_a_worker_that_joins_during_the_round_lets_it_land_and_the_next_pu
     assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
     assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3
     assert len(await _inits(fleet)) == 2
+
+
+async def _update_closed(fleet: SimFleet) -> dict[str, Any]:
+    """The round's update record once the controller has closed it."""
+
+    async def closed() -> dict[str, Any] | None:
+        status, body = await fleet.ctl.call("GET", "/v1/rl/operations?limit=64")
+        assert status == 200, body
+        ops = [op for op in body["operations"] if op["kind"] == "weight_transfer_update"]
+        return ops[0] if ops and ops[0]["status"] != "running" else None
+
+    return await wait_for(closed, what="the round's update record, closed")
+
+
+async def test_a_member_killed_mid_round_fails_it_and_the_push_re_forms_once_discovery_unlists_it(
+    fleet: SimFleet,
+) -> None:
+    """A kill refuses nothing: w1 dies between the round's start and its chunk, the chunk fails on it
+    (no 409: the group's members are all still listed), the controller ends the update, and the
+    trainer's broadcast fails with its own error. Discovery unlists w1 only after that (as a
+    listing's next poll or a pod's readiness probe would): the push waits for it, forms the group
+    again with w0 and w2, and lands the same version on both."""
+    loop = asyncio.get_running_loop()
+    unlisted: dict[str, Any] = {}
+
+    async def unlist_once_the_round_failed() -> None:
+        unlisted["record"] = await _update_closed(fleet)
+        await _members(fleet, {"w0", "w2"})
+
+    def after_start(n: int) -> None:
+        if n == 1:
+            _on_loop(loop, fleet.agents[1].stop())
+            unlisted["task"] = asyncio.run_coroutine_threadsafe(unlist_once_the_round_failed(), loop)
+
+    pushed = await _push(_sync(fleet, after_start=after_start), "b1")
+
+    await asyncio.wrap_future(unlisted["task"])
+    assert unlisted["record"]["status"] != "ok", unlisted["record"]  # the kill failed the round itself
+    assert [r["worker_id"] for r in unlisted["record"]["results"] if r["status"] != "ok"] == ["w1"]
+    assert pushed.error is None, pushed.error
+    assert [(c.joined, c.left, c.restarted) for c in pushed.reformed_for] == [([], ["w1"], [])]
+    assert [fleet.agents[i].service.weight_version for i in (0, 2)] == ["b1", "b1"]
+    assert len(await _inits(fleet)) == 2
+    st = await fleet.ctl.state()
+    assert st["applied"]["weight_version"] == "b1" and st["pause_state"] == "running"
+    assert {m["worker_id"] for m in st["weight_transfer"]["members"]} == {"w0", "w2"}
+
+
+async def test_a_round_that_fails_with_no_member_gone_fails_the_push_after_the_wait(fleet: SimFleet) -> None:
+    """The negative control: w1's engine fails the chunk and every member stays listed. No change
+    comes within the wait, so the push fails with the round's error and forms no second group."""
+    loop = asyncio.get_running_loop()
+
+    def after_start(n: int) -> None:
+        if n == 1:
+            loop.call_soon_threadsafe(fleet.agents[1].engine.fail_next, "update_weights", "injected")
+
+    sync = _sync(fleet, after_start=after_start)
+    sync.change_wait_s = 1.0  # the change will never come: how long the push looks for it
+    pushed = await _push(sync, "b1")
+
+    assert pushed.error is not None and pushed.reformed_for == (), (pushed.error, pushed.reformed_for)
+    assert len(await _inits(fleet)) == 1
+    assert not any(a.service.weight_version == "b1" for a in fleet.agents)
+
+
+async def test_a_listed_member_that_does_not_answer_is_left_out_until_it_does(fleet: SimFleet) -> None:
+    """w2 is down but still listed (a static list naming a dead worker, a Ray actor restarting, an
+    engine still starting): the group is formed with the members that answer, and the push lands
+    on them with no re-form. Once w2 answers again, the next push's start counts it as joined:
+    one re-form, and it takes the broadcast too (before that the reconciler may converge it)."""
+    ctl = fleet.ctl.ctl
+    await fleet.agents[2].stop()
+    await ctl.refresh()
+    await wait_for(lambda: not ctl.registry.get("w2").reachable, what="w2 not answering")
+    sync = _sync(fleet)
+    try:
+        first = await sync.push(MODEL, "b1")
+        assert first.error is None and first.reformed_for == (), (first.error, first.reformed_for)
+        assert [a.service.weight_version for a in fleet.agents[:2]] == ["b1", "b1"]
+        st = await fleet.ctl.state()
+        assert {m["worker_id"] for m in st["weight_transfer"]["members"]} == {"w0", "w1"}
+        await fleet.agents[2].start()
+        await ctl.refresh()
+        await wait_for(lambda: ctl.registry.get("w2").reachable, what="w2 answering again")
+        second = await sync.push(MODEL, "b2")
+    finally:
+        await sync.close()
+    assert second.error is None, second.error
+    assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
+    assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3

@@ -49,8 +49,9 @@ class WeightTransferInfo(BaseModel):
     trainer_world_size: int = Field(description="1 + inference_world_size: what the trainer's init info needs.")
     membership_epoch: int = Field(description="The membership these sizes are of.")
     members: list[str] = Field(
-        description="The members these sizes are of, in rank order: a trainer whose init is then refused "
-        "for its world size names who joined or left meanwhile from them."
+        description="The members these sizes are of, in rank order: all but those whose last status read failed "
+        "(such a member is left out of the group until it answers). A trainer whose init is then refused for its "
+        "world size names who joined or left meanwhile from them."
     )
     group: TransferGroupView | None
 

@@ -46,7 +46,7 @@ import structlog
 from rlcp.controlplane.errors import Conflict, InconsistentInput, InvalidInput, NoMembers, StaleTransferGroup
 from rlcp.controlplane.fleet.changes import ChangeCounter
 from rlcp.controlplane.fleet.desired import minted_version
-from rlcp.controlplane.fleet.members import WorkerRecord
+from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.metrics import FailedStep
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
@@ -163,7 +163,7 @@ class WeightTransfer:
     # -- reads ---------------------------------------------------------------------------
     def world_size(self) -> int:
         """Inference ranks across the fleet (what vLLM's `/get_world_size` answers)."""
-        return sum(r.world_size for r in self.ctx.registry.members())
+        return sum(r.world_size for r in group_candidates(self.ctx.registry))
 
     def view(self) -> TransferGroupView | None:
         g = self.group
@@ -186,18 +186,21 @@ class WeightTransfer:
     # -- init ------------------------------------------------------------------------------
     async def init(self, req: TransferInitRequest) -> OperationResult:
         ctx = self.ctx
-        members = ctx.registry.members()
-        if not members:
+        every = ctx.registry.members()
+        if not every:
             raise NoMembers("the fleet has no members")
-        require_capability(members, "broadcast", "a broadcast weight transfer")
-        require_one_transfer_wire(r.driver for r in members)
-        refuse_transfer_input((r.driver for r in members), init_info=req.init_info)
+        # What the fleet's members are, answering or not, decides whether it can broadcast at all.
+        require_capability(every, "broadcast", "a broadcast weight transfer")
+        require_one_transfer_wire(r.driver for r in every)
+        refuse_transfer_input((r.driver for r in every), init_info=req.init_info)
         if asleep := sorted(ctx.desired.state.asleep):
             # The group spans every member's ranks, and an engine asleep cannot take weights.
             raise Conflict(
                 f"members asleep cannot join a weight-transfer group: {', '.join(asleep)}; wake them "
                 "(POST /v1/rl/wake_up) first"
             )
+        if not (members := group_candidates(ctx.registry)):
+            raise NoMembers("every member of the fleet failed its last status read: none can join a group")
         ranks = plan_ranks({r.id: r.world_size for r in members})
         expected = 1 + sum(size for _, _, size in ranks)
         got = req.init_info.get("world_size")
@@ -242,7 +245,10 @@ class WeightTransfer:
         }
         if self.group is not None and (replaced := self._change(self.group)) is not None:
             detail["replaces_stale_group"] = replaced.model_dump(mode="json")
-        return await run_operation(ctx, "weight_transfer_init", detail, body)
+        # The group's members are the ones the ranks were planned for (`group_candidates`).
+        return await run_operation(
+            ctx, "weight_transfer_init", detail, body, members=lambda records: [r for r in records if r.id in offsets]
+        )
 
     async def shutdown(self) -> OperationResult:
         if self.update is not None:
@@ -426,7 +432,8 @@ class WeightTransfer:
                 # group, the reconciler converges the joiner from the version's disk copy, and the
                 # next round's start refuses the stale group (409), so the trainer re-forms once,
                 # between rounds, and loses nothing.
-                if (change := self._change(self.group)) is not None and (change.left or change.restarted):
+                change = self._change(self.group, answering=False)  # a status read missed mid-round breaks nothing
+                if change is not None and (change.left or change.restarted):
                     await self._abort(f"membership changed during the update: {change.describe()}")
                     raise _membership_changed(change)
                 try:
@@ -441,10 +448,12 @@ class WeightTransfer:
             raise _membership_changed(change)
         return self.group
 
-    def _change(self, group: _Group) -> MembershipDelta | None:
-        """How the fleet differs from the group's members, or None when it still matches."""
+    def _change(self, group: _Group, *, answering: bool = True) -> MembershipDelta | None:
+        """How the fleet differs from the group's members, or None when it still matches.
+        `answering`: the fleet as the members that answer (`group_candidates`), else every member."""
         registry = self.ctx.registry
-        ids, present = {m.worker_id for m in group.members}, registry.ids()
+        ids = {m.worker_id for m in group.members}
+        present = {r.id for r in group_candidates(registry)} if answering else registry.ids()
         restarted = []
         for m in group.members:
             rec = registry.get(m.worker_id)
@@ -517,6 +526,16 @@ class WeightTransfer:
                             await self._abort(f"no call from the trainer for {idle_s:g}s")
                         return
             await asyncio.sleep(min(1.0, idle_s))  # a call is in flight: look again after it
+
+
+def group_candidates(registry: FleetRegistry) -> list[WorkerRecord]:
+    """The members a group is formed with: all but those whose last status read failed (one not
+    read yet is given the benefit of the doubt). A member listed but not answering (an engine
+    still starting, a Ray actor restarting, a dead worker a static list still names) would fail
+    the init, and every push with it; left out, it is converged from the version's disk copy
+    once it answers (as a joiner is), and the next round's start counts it as joined, so the
+    group is formed again with it once."""
+    return [r for r in registry.members() if r.reachable or (r.last_seen is None and r.last_error is None)]
 
 
 def _membership_changed(change: MembershipDelta) -> StaleTransferGroup:

@@ -6,6 +6,7 @@ from aiohttp import web
 
 from rlcp.controlplane.api.answers import WeightTransferInfo
 from rlcp.controlplane.api.handling import STEP, TRANSFER, controller_of, operation, operation_response
+from rlcp.controlplane.operations.broadcast import group_candidates
 from rlcp.core.http import json_response, parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import EmptyRequest, TransferFinishRequest, TransferInitRequest, TransferUpdateRequest
@@ -29,7 +30,7 @@ async def get_weight_transfer(request: web.Request) -> web.Response:
             "inference_world_size": ranks,
             "trainer_world_size": ranks + 1,
             "membership_epoch": ctl.registry.membership.epoch,
-            "members": [r.id for r in ctl.registry.members()],
+            "members": [r.id for r in group_candidates(ctl.registry)],
             "group": group.model_dump(mode="json") if group else None,
         }
     )
