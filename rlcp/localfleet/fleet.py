@@ -34,12 +34,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import secrets
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -50,7 +50,14 @@ from rlcp.harness.processes import AgentProcess, ProcessError
 from rlcp.localfleet.options import RAY_NAMESPACE, RAY_PREFIX, parse_args
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import banner, print_workers, say
-from rlcp.localfleet.start import AgentLauncher, engine_section, start_envoy, start_fleet, start_ray_fleet
+from rlcp.localfleet.start import (
+    AgentLauncher,
+    engine_section,
+    start_envoy,
+    start_fleet,
+    start_ray_fleet,
+    start_ray_head,
+)
 from rlcp.localfleet.trainers import DemoTrainer, Rollouts, learn, learn_with_trl
 
 
@@ -72,17 +79,7 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
         asyncio.get_running_loop().add_signal_handler(sig, on_signal, sig)
     try:
         if args.ray:
-            from rlcp.harness.raycluster import RayHead, RayHeadDied
-
-            say("starting a local Ray head (loopback only, ~5-10 s) ...")
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-            joins = sum(e.action == "join" for e in args.churn or [])  # a bundle (1 CPU) each, at the peak
-            try:
-                head = await asyncio.to_thread(
-                    RayHead(num_cpus=max(2, args.agents + joins)).start, timeout_s=args.start_timeout
-                )
-            except (RayHeadDied, AssertionError) as exc:  # it died; it did not listen in time (`wait_for_sync`)
-                raise FleetError(f"the local Ray head did not start: {exc}") from None
+            head = await start_ray_head(args)
             specs, url, token = await start_ray_fleet(args, procs, base, head)
         else:
             # The members as a listing the controller polls, so they can change during the run.
@@ -106,15 +103,11 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
                     down_on_purpose=procs.down_on_purpose,
                     on_restart=lambda child: procs.note_pids(),
                 )
-                churn = Churn.listed(args.churn, members, say=say)
-                say("membership changes planned (at the end of the step): " + ", ".join(map(str, args.churn)))
+                churn = planned(Churn.listed(args.churn, members, say=say))
             state = await trainer.wait_for_fleet(procs, deadline_s=args.start_timeout if args.ray else 60.0)
             if args.churn and head is not None:
                 placer = await stack.enter_async_context(ControlPlaneClient(url, token=token, timeout_s=30))
-                placed = PlacedMembers(placer, head, RAY_NAMESPACE, RAY_PREFIX, deadline_s=args.start_timeout)
-                order = [f"{RAY_PREFIX}{i}" for i in range(args.agents)]
-                churn = Churn(args.churn, placed, order, started=args.agents, say=say, prefix=RAY_PREFIX)
-                say("membership changes planned (at the end of the step): " + ", ".join(map(str, args.churn)))
+                churn = planned(placed_churn(args, head, placer))
             gateway: str | None
             if args.envoy:
                 gateway = (await start_envoy(args, procs, state)).url
@@ -171,6 +164,18 @@ async def run(args: argparse.Namespace, base: Path | None) -> int:
             head.stop()
         n = len(procs.children) + (procs.envoy is not None)
         say(f"stopped {n} processes{' and the Ray head' if head else ''} in {time.monotonic() - t_stop:.1f}s")
+
+
+def placed_churn(args: argparse.Namespace, head: Any, client: ControlPlaneClient) -> Churn:
+    """`--churn` on a fleet the controller places on the Ray head `head`: through placement."""
+    placed = PlacedMembers(client, head, RAY_NAMESPACE, RAY_PREFIX, deadline_s=args.start_timeout)
+    order = [f"{RAY_PREFIX}{i}" for i in range(args.agents)]
+    return Churn(args.churn, placed, order, started=args.agents, say=say, prefix=RAY_PREFIX)
+
+
+def planned(churn: Churn) -> Churn:
+    say("membership changes planned (at the end of the step): " + ", ".join(map(str, churn.events)))
+    return churn
 
 
 def standby_joiners(args: argparse.Namespace, launcher: AgentLauncher) -> StartAgent:

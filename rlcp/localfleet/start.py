@@ -106,6 +106,22 @@ async def start_envoy(args: argparse.Namespace, procs: Processes, state: dict[st
     return envoy
 
 
+async def start_ray_head(args: argparse.Namespace) -> Any:
+    """A local Ray head (loopback only) with a CPU for every agent there will be at once: each
+    placed agent's bundle takes one, and `--churn`'s joins add theirs."""
+    from rlcp.harness.raycluster import RayHead, RayHeadDied
+
+    say("starting a local Ray head (loopback only, ~5-10 s) ...")
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    joins = sum(e.action == "join" for e in args.churn or [])
+    try:
+        return await asyncio.to_thread(
+            RayHead(num_cpus=max(2, args.agents + joins)).start, timeout_s=args.start_timeout
+        )
+    except (RayHeadDied, AssertionError) as exc:  # it died; it did not listen in time (`wait_for_sync`)
+        raise FleetError(f"the local Ray head did not start: {exc}") from None
+
+
 async def start_ray_fleet(
     args: argparse.Namespace, procs: Processes, base: Path | None, head: Any
 ) -> tuple[list[dict[str, Any]], str, str]:
