@@ -7,6 +7,7 @@ Every failure leaves through `error_middleware` as `{"error": {"code", "message"
 from __future__ import annotations
 
 import base64
+import contextvars
 import hmac
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
@@ -25,6 +26,16 @@ M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# structlog's own context variables for the keys every call binds, taken once through its public API
+# (the tokens `bind_contextvars` returns name their variables), bound in a throwaway context. Setting
+# and resetting them is what `bind_contextvars` and `reset_contextvars` do, without building and
+# prefixing the keys per call (those were ~2% of the gateway's CPU per proxied request).
+_REQUEST_ID_VAR, _TRACE_ID_VAR, _ROUTE_VAR = (
+    token.var
+    for token in contextvars.copy_context()
+    .run(structlog.contextvars.bind_contextvars, request_id=None, trace_id=None, route=None)
+    .values()
+)
 # Not forwarded by a proxy, either way: the hop-by-hop headers (RFC 9110 §7.6.1), plus what the
 # client library sets itself for the next hop (Host, Content-Length). The front and the gateway.
 HOP_BY_HOP = frozenset(
@@ -68,13 +79,17 @@ def make_error_middleware(max_body: int, *, translate: Translate | None = None) 
         # Bound and reset by token rather than two context managers: this runs for every request
         # of every process, the gateway's hot path included.
         traced = tracing.bind(call)
-        logged = structlog.contextvars.bind_contextvars(
-            request_id=call.request_id, trace_id=call.trace_id, route=request.path
+        logged = (
+            _REQUEST_ID_VAR.set(call.request_id),
+            _TRACE_ID_VAR.set(call.trace_id),
+            _ROUTE_VAR.set(request.path),
         )
         try:
             response = await _answer(request, handler)
         finally:
-            structlog.contextvars.reset_contextvars(**logged)
+            _ROUTE_VAR.reset(logged[2])
+            _TRACE_ID_VAR.reset(logged[1])
+            _REQUEST_ID_VAR.reset(logged[0])
             tracing.unbind(traced)
         if not response.prepared:  # a stream's headers are gone already (and carried it, via the handler)
             response.headers[tracing.REQUEST_ID_HEADER] = call.request_id
