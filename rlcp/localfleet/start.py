@@ -165,6 +165,7 @@ async def start_ray_fleet(
                         "namespace": RAY_NAMESPACE,
                         "name_prefix": RAY_PREFIX,
                         "replicas": args.agents,
+                        "agent_start_timeout_s": args.start_timeout,
                         "bundle": {"CPU": 1},
                         "strategy": "PACK",
                         "interval_s": 1,

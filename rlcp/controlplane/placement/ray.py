@@ -42,7 +42,6 @@ from rlcp.controlplane.placement.plan import (
 from rlcp.controlplane.settings.placement import RayPlacementSettings
 
 log = structlog.get_logger("rlcp.controlplane.placement")
-AGENT_START_TIMEOUT_S = 120.0  # an actor's __init__ waits this long for its agent's ports
 GROUP_POLL_S = 0.5  # how often a wait for a group's reservation looks whether placement is stopping
 # Ray's switch for the failure-signal handler its driver would install (module docstring).
 NO_FAILURE_SIGNAL_HANDLER = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
@@ -212,7 +211,7 @@ class RayPlacer:
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 placement_group=pg, placement_group_bundle_index=index - group.first
             ),
-        ).remote(agent_config(self.settings, index), self.settings.agent_host, AGENT_START_TIMEOUT_S)
+        ).remote(agent_config(self.settings, index), self.settings.agent_host, self.settings.agent_start_timeout_s)
 
     def teardown(self) -> None:
         """Kill every placed actor and remove every group (placement.ray.teardown)."""

@@ -75,6 +75,12 @@ class RayPlacementSettings(Section):
         None, description="Host in the URLs an actor publishes; default the Ray node's address."
     )
     interval_s: float = Field(5.0, gt=0, description="How often the placed actors are checked, in seconds.")
+    agent_start_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a placed actor waits for its agent to serve (an engine start-up: the model's "
+        "weights loaded), in seconds; past it the actor fails and Ray starts it again.",
+    )
     call_timeout_s: float = Field(
         120.0,
         gt=0,
