@@ -15,8 +15,9 @@ from __future__ import annotations
 from rlcp.controlplane.errors import InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.workers.capabilities import PREFIX_CACHE
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, ResetPrefixCacheRequest
@@ -48,6 +49,4 @@ async def reset_prefix_cache(ctx: OperationContext, req: ResetPrefixCacheRequest
         "reset_running_requests": req.reset_running_requests,
         "reset_external": req.reset_external,
     } | ({"selector": req.selector} if req.selector is not None else {})
-    return await run_operation(
-        ctx, "reset_prefix_cache", detail, body, members=lambda records: _targets(records, selector)
-    )
+    return await run_body(ctx, "reset_prefix_cache", detail, body, members=lambda records: _targets(records, selector))

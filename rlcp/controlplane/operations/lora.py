@@ -16,8 +16,9 @@ from rlcp.controlplane.errors import Conflict, MissingCapability, NotFound
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.checkpoint import check_checkpoint
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.operations.verify import verify_adapter
 from rlcp.controlplane.workers.capabilities import LORA
 from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
@@ -79,7 +80,7 @@ async def _load_lora(
                     r.id, r.status.model_copy(update={"loras": {**r.status.loras, req.name: req.version}}), final=True
                 )
 
-    return await run_operation(
+    return await run_body(
         ctx, "load_lora", {"name": req.name, "version": req.version, "path": path, "verify": req.verify}, body
     )
 
@@ -124,4 +125,4 @@ async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
         await ctx.desired.drop_lora(name)
         await run.steps.run(unloading, run.members)
 
-    return await run_operation(ctx, "unload_lora", {"name": name}, body)
+    return await run_body(ctx, "unload_lora", {"name": name}, body)

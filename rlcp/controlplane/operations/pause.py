@@ -21,8 +21,9 @@ from collections.abc import Callable
 from rlcp.controlplane.errors import Conflict, InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.workers.capabilities import CONTROL
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, PauseRequest, ResumeRequest
@@ -68,7 +69,7 @@ async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
         await run.publish_fence()
 
     detail: dict[str, object] = {"mode": req.mode} | ({"selector": req.selector} if selector else {})
-    return await run_operation(ctx, "pause", detail, body, members=_scope(selector))
+    return await run_body(ctx, "pause", detail, body, members=_scope(selector))
 
 
 async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> OperationResult:
@@ -93,4 +94,4 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
         await run.publish_fence()  # and routes to them again before the caller hears "resumed"
 
     detail = {"selector": req.selector} if req is not None and selector else {}
-    return await run_operation(ctx, "resume", detail, body, members=_scope(selector))
+    return await run_body(ctx, "resume", detail, body, members=_scope(selector))

@@ -202,3 +202,4 @@ async def test_one_disk_update_walks_a_short_path(tmp_path: Path, strategy: str)
     # The path reaches the workers and the store (what it leaves out reaches neither).
     assert any(line.strip().startswith("workers.transport:") for line in counted.lines), counted.lines
     assert any(line.strip().startswith("persistence.") for line in counted.lines), counted.lines
+    assert counted.stops <= MAX_STOPS and counted.returns <= MAX_RETURNS, "\n".join(counted.lines)
