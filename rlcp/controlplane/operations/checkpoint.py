@@ -33,7 +33,7 @@ from typing import Any
 from rlcp.controlplane.errors import CheckpointUnavailable
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
-from rlcp.controlplane.operations.steps import Executor, Step
+from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.operations.transaction import Ask, Effect
 from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, StagedUpdate, WeightsKind, has
 from rlcp.controlplane.workers.fanout import Outcome, Retry
@@ -60,18 +60,6 @@ def checking(
     if not asked:
         return CheckpointCheck({}, frozenset())
     outcomes: list[Outcome[None]] = yield Ask(_check_step(ctx, path, kind), asked)
-    return _decide(ctx, members, outcomes, path, field=field, kind=kind)
-
-
-async def check_checkpoint(
-    ctx: OperationContext, members: list[WorkerRecord], path: str, *, field: str, kind: WeightsKind = "weights"
-) -> CheckpointCheck:
-    """`checking`, for an operation not declared as steps yet (a LoRA load's pre-check)."""
-    asked = [r for r in members if r.reachable and has(r.driver, "staged_update")]
-    if not asked:
-        return CheckpointCheck({}, frozenset())
-    executor = Executor(fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics)
-    outcomes = await executor.ask(_check_step(ctx, path, kind), asked)
     return _decide(ctx, members, outcomes, path, field=field, kind=kind)
 
 

@@ -14,6 +14,7 @@ code; it never awaits. Each effect is data, and the runner is the only code that
   executor refuses a step before it). A transaction that touches nobody (a no-op) never begins;
 - `Call(step, records)`: one declared step (`steps.py`) run on those workers, answered with its
   `StepDone`;
+- `Write(change)`: a write of the desired state once begun (a pause's target);
 - `PublishFence()`, `Refresh(records)`: the fence handed to a data plane with its own copy, a
   fresh status read (the failure paths').
 
@@ -108,6 +109,14 @@ class Refresh:
 
 
 @dataclass(frozen=True)
+class Write:
+    """A write of the desired state after the record is kept (a `DesiredKeeper` call, not yet
+    started: the runner awaits it): what a pause or a resume makes the fleet's target."""
+
+    change: Awaitable[None] = field(compare=False)
+
+
+@dataclass(frozen=True)
 class Together:
     """Declared steps that run side by side (a wave's members of two flavors); answered with
     each one's value, in order."""
@@ -122,7 +131,7 @@ class Await:
     body: Awaitable[None] = field(compare=False)
 
 
-Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | PublishFence | Refresh | Together | Await
+Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | Write | PublishFence | Refresh | Together | Await
 Steps = Generator[Effect, Any, None]
 
 
@@ -241,6 +250,8 @@ async def _effect(run: Run, effect: Effect) -> Any:
     if isinstance(effect, Begin):
         target = effect.disk_weights
         return await run.begin(disk_weights=None if target is None else (target.version, target.source))
+    if isinstance(effect, Write):
+        return await effect.change
     if isinstance(effect, Ask):
         return await run.steps.ask(effect.step, effect.records)
     if isinstance(effect, PublishFence):

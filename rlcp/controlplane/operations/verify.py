@@ -172,9 +172,9 @@ def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
     return f"{len(differ)} tensor(s) differ ({', '.join(differ[:_NAMED])}{', ...' if len(differ) > _NAMED else ''})"
 
 
-async def verify_adapter(
+def verify_adapter(
     run: Run, records: list[WorkerRecord], name: str, held: dict[str, dict[str, str]] | None = None
-) -> list[WorkerRecord]:
+) -> Generator[Effect, Any, list[WorkerRecord]]:
     """The records whose copy of adapter `name` agrees with the majority's (or that cannot
     say: no checksums, or none covering adapters); failures are recorded in the run. `held`:
     the adapter's checksums some loads answered, by worker id; the others whose checksums cover
@@ -189,7 +189,7 @@ async def verify_adapter(
         and has(r.driver, "checksums")
         and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))
     ]
-    hashed = await run.steps.run(_hash_step(run.ctx.deadlines.checksums_s), hashing)
+    hashed: StepDone[dict[str, str] | None] = yield Call(_hash_step(run.ctx.deadlines.checksums_s), hashing)
     unhashed = {r.id for r in hashing} - {r.id for r in hashed.ok}
     held |= {
         worker_id: {k: v for k, v in (sums or {}).items() if k.startswith(prefix)}
