@@ -49,8 +49,9 @@ from rlcp.controlplane.fleet.desired import minted_version
 from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.metrics import FailedStep
-from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability
 from rlcp.controlplane.operations.steps import Step, StepIncomplete
+from rlcp.controlplane.operations.transaction import perform, run_body
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings.weight_transfer import WeightTransferSettings
 from rlcp.controlplane.workers.capabilities import (
@@ -246,7 +247,7 @@ class WeightTransfer:
         if self.group is not None and (replaced := self._change(self.group)) is not None:
             detail["replaces_stale_group"] = replaced.model_dump(mode="json")
         # The group's members are the ones the ranks were planned for (`group_candidates`).
-        return await run_operation(
+        return await run_body(
             ctx, "weight_transfer_init", detail, body, members=lambda records: [r for r in records if r.id in offsets]
         )
 
@@ -257,7 +258,7 @@ class WeightTransfer:
                     with self.update.run.bound():
                         await self._abort("the trainer shut the weight transfer down during an update")
         self.group = None
-        return await run_operation(self.ctx, "weight_transfer_shutdown", {}, self._leave)
+        return await run_body(self.ctx, "weight_transfer_shutdown", {}, self._leave)
 
     async def _leave(self, run: Run) -> None:
         # Only members that can be in a group have one to leave.
@@ -376,7 +377,7 @@ class WeightTransfer:
         await tell_desired(run, [r for r in update.records if r.tracks_desired], version)
         verified = update.records
         if self.settings.verify:
-            verified = await verify(run, update.records, version)
+            verified = await perform(run, verify(run, update.records, version))
         ctx.log.set_verified(self.settings.verify and len(verified) == len(ctx.registry.members()))
         if update.paused_by_us and not ctx.desired.state.paused:
             held = ctx.desired.state.held  # members an operator holds paused stay paused
@@ -398,7 +399,7 @@ class WeightTransfer:
             )
             await run.steps.run(naming, run.members)
 
-        return await run_operation(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
+        return await run_body(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
 
     def forget(self, reason: str) -> None:
         """Drop the group and any open update without touching a worker: in a new leadership

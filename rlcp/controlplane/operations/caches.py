@@ -15,8 +15,9 @@ from __future__ import annotations
 from rlcp.controlplane.errors import InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import Begin, Call, Open, Steps, run_operation
 from rlcp.controlplane.workers.capabilities import PREFIX_CACHE
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, ResetPrefixCacheRequest
@@ -31,23 +32,23 @@ def _targets(records: list[WorkerRecord], selector: Selector | None) -> list[Wor
 
 
 async def reset_prefix_cache(ctx: OperationContext, req: ResetPrefixCacheRequest) -> OperationResult:
-    selector = read_selector(req.selector)
-    _targets(ctx.registry.members(), selector)  # every refusal before the gate, the log and any worker
+    return await run_operation(ctx, resetting(ctx, req))
 
-    resetting = Step(
+
+def resetting(ctx: OperationContext, req: ResetPrefixCacheRequest) -> Steps:
+    """The reset's steps: every refusal before the gate, the log and any worker; then one step."""
+    selector = read_selector(req.selector)
+    _targets(ctx.registry.members(), selector)
+    step = Step(
         name="reset_prefix_cache",
         can=PREFIX_CACHE,
         call=lambda w: w.reset_prefix_cache(running=req.reset_running_requests, external=req.reset_external),
         deadline_s=ctx.deadlines.control_s,
     )
-
-    async def body(run: Run) -> None:
-        await run.steps.run(resetting, run.members)
-
     detail: dict[str, object] = {
         "reset_running_requests": req.reset_running_requests,
         "reset_external": req.reset_external,
     } | ({"selector": req.selector} if req.selector is not None else {})
-    return await run_operation(
-        ctx, "reset_prefix_cache", detail, body, members=lambda records: _targets(records, selector)
-    )
+    run: Run = yield Open("reset_prefix_cache", detail, lambda records: _targets(records, selector))
+    yield Begin()
+    yield Call(step, run.members)

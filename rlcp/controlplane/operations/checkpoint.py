@@ -26,13 +26,17 @@ update, whose pause finds it as it finds it.
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any
 
 from rlcp.controlplane.errors import CheckpointUnavailable
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
-from rlcp.controlplane.operations.steps import Executor, Retry, Step
-from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, WeightsKind, has
+from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import Ask, Effect
+from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, StagedUpdate, WeightsKind, has
+from rlcp.controlplane.workers.fanout import Outcome, Retry
 from rlcp.core.wire.controller.operations import WorkerResult
 
 RETRY_S = 0.25
@@ -46,17 +50,22 @@ class CheckpointCheck:
     loadable: frozenset[str]  # the workers that said they can: their pause for the update checks it again
 
 
-async def check_checkpoint(
+def checking(
     ctx: OperationContext, members: list[WorkerRecord], path: str, *, field: str, kind: WeightsKind = "weights"
-) -> CheckpointCheck:
+) -> Generator[Effect, Any, CheckpointCheck]:
     """Who cannot load `path` (a checkpoint, or an adapter: `kind`), with why, and who can;
     raises `CheckpointUnavailable` when none can. A worker that answers neither way (an agent
-    too old for the check: 404) is no evidence either way."""
+    too old for the check: 404) is no evidence either way. A pre-check: its one read is an `Ask`."""
     asked = [r for r in members if r.reachable and has(r.driver, "staged_update")]
     if not asked:
         return CheckpointCheck({}, frozenset())
+    outcomes: list[Outcome[None]] = yield Ask(_check_step(ctx, path, kind), asked)
+    return _decide(ctx, members, outcomes, path, field=field, kind=kind)
+
+
+def _check_step(ctx: OperationContext, path: str, kind: WeightsKind) -> Step[StagedUpdate, None]:
     d = ctx.deadlines
-    check = Step(
+    return Step(
         name="check",
         can=STAGED_UPDATE,
         call=lambda w: w.check_weights(path, kind),
@@ -64,8 +73,18 @@ async def check_checkpoint(
         deadline_s=d.checkpoint_wait_s + RETRY_S + d.control_s,
         retry=Retry(codes=_MAY_APPEAR, wait_s=RETRY_S, within_s=d.checkpoint_wait_s),
     )
-    executor = Executor(fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics)
-    latest = {o.worker_id: o.result for o in await executor.ask(check, asked)}
+
+
+def _decide(
+    ctx: OperationContext,
+    members: list[WorkerRecord],
+    outcomes: list[Outcome[None]],
+    path: str,
+    *,
+    field: str,
+    kind: WeightsKind,
+) -> CheckpointCheck:
+    latest = {o.worker_id: o.result for o in outcomes}
     refused = {worker_id: result for worker_id, result in latest.items() if result.code in _NOT_LOADABLE}
     loadable = [worker_id for worker_id, result in latest.items() if result.status == "ok"]
     unasked = [r for r in members if not has(r.driver, "staged_update")]

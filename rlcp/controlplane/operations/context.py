@@ -5,10 +5,10 @@ Operations (`weights`, `pause`, `lora`, `broadcast`, ...) see the controller thr
 state keeper, named deadlines, the operation log -- never the whole controller. `Run` is one
 operation in progress: its record, the members it is about (`operating_on`, narrowed by what
 the operation declares), and `steps`, the executor its declared steps run on (`steps.py`).
-`run_operation` wraps an operation's steps in the gate, the log context, and a final status
-refresh, and runs them to the end -- or, for a caller that does not wait, answers once the
-gate is held and the record exists, the rest going on as a task of `Detached` (a 409 or a
-503 still comes before any answer).
+`transaction.run_operation`, the one runner, executes an operation's declared steps on a `Run`
+in the gate, the log context, and a final status refresh -- or, for a caller that does not wait,
+answers once the gate is held and the record exists, the rest going on as a task of `Detached`
+(a 409 or a 503 still comes before any answer).
 
 The record is kept in the desired state's store twice, for a restart to find: as running
 before any worker is touched (an update keeps it in the same write as its new desired
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -41,6 +41,7 @@ from rlcp.controlplane.operations.record import OperationLog, OperationTracker
 from rlcp.controlplane.operations.steps import Executor
 from rlcp.controlplane.workers.capabilities import Capability, has
 from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.core.wire.controller import DiskSource
 from rlcp.core.wire.controller.operations import OperationKind, OperationResult
 
 T = TypeVar("T")
@@ -137,13 +138,15 @@ class Run:
                     self.tracker.skip(r.id, "gate", ASLEEP_SKIPPED)
         self.fence_records: list[dict[str, object]] = []  # `publish_fence`'s, in order
 
-    async def begin(self, *, keeping: Callable[[OperationResult], Awaitable[None]] | None = None) -> None:
+    async def begin(self, *, disk_weights: tuple[str, DiskSource] | None = None) -> None:
         """Keep the record, as running, in the desired state's store: a controller that stops
-        before `end` finds it there at its next start and lists it as interrupted. `keeping`:
-        a write of the desired state that carries the record (`DesiredKeeper.set_disk_weights`'s
-        `begun`), for an operation that keeps it itself (`run_operation(begins_itself=True)`)."""
+        before `end` finds it there at its next start and lists it as interrupted. With
+        `disk_weights` (an update's new version and source), in the same write as those."""
         record = self.tracker.snapshot()
-        await (keeping or self.ctx.desired.note_operation)(record)
+        if disk_weights is None:
+            await self.ctx.desired.note_operation(record)
+        else:
+            await self.ctx.desired.set_disk_weights(*disk_weights, begun=record)
         self.kept = True
         if self._on_begun is not None:
             self._on_begun(self.tracker)
@@ -227,7 +230,7 @@ class Detached:
         task = asyncio.create_task(coro, name=name)
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
-        task.add_done_callback(_log_failure)
+        task.add_done_callback(log_failure)
         return task
 
     async def close(self) -> None:
@@ -251,64 +254,7 @@ class Detached:
                 task.cancel()
 
 
-async def run_operation(
-    ctx: OperationContext,
-    kind: OperationKind,
-    detail: dict[str, Any],
-    body: Callable[[Run], Awaitable[None]],
-    *,
-    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
-    wait: bool = True,
-    begins_itself: bool = False,
-) -> OperationResult:
-    """`body`'s steps as one gated operation, over the members `members` picks (all it sees,
-    without); answers once the workers' fresh statuses are read, or, with `wait=False`, as
-    soon as it has begun (its record says "running"). `begins_itself`: `body` keeps the record
-    (`Run.begin(keeping=...)`, in its first write of the desired state) before its first step
-    -- the executor refuses a step before it -- or returns without touching a worker."""
-    begun: asyncio.Future[OperationTracker] = asyncio.get_running_loop().create_future()
-
-    def on_begun(tracker: OperationTracker) -> None:
-        if not begun.done():
-            begun.set_result(tracker)
-
-    async def whole() -> OperationResult:
-        async with ctx.gate.api_operation(kind):
-            run = Run(ctx, kind, detail, members=members, on_begun=on_begun)
-            with run.bound():
-                interrupted: str | None = None
-                try:
-                    if not begins_itself:
-                        await run.begin()
-                    await body(run)
-                except asyncio.CancelledError:
-                    interrupted = CANCELLED
-                    raise
-                except BaseException:
-                    if not run.kept:
-                        interrupted = NOT_BEGUN
-                    raise
-                finally:
-                    result = run.close(interrupted=interrupted)
-                    # Kept after the answer; the gate waits for it (the next operation sees it).
-                    ctx.gate.release_after(ctx.detached.settle(run.keep_end(result), name=f"operation-{kind}-end"))
-            # Refresh the cache so the state endpoint (and the reconciler) see the outcome now.
-            await ctx.refresh(run.answering(run.members))
-            return result
-
-    if wait:
-        return await whole()
-    task = ctx.detached.spawn(whole(), name=f"operation-{kind}")
-    waiting: list[asyncio.Future[Any]] = [begun, task]
-    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-    if not begun.done():  # refused before it began (the gate, no members): the caller hears why
-        begun.cancel()
-        return task.result()
-    task.add_done_callback(_log_failure)
-    return begun.result().snapshot()
-
-
-def _log_failure(task: asyncio.Task[Any]) -> None:
+def log_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         structlog.get_logger("rlcp.controlplane.operations").error(
             "detached_operation_failed", task=task.get_name(), error=repr(task.exception())

@@ -22,8 +22,9 @@ from typing import Any
 from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, NotFound, RouteNotAllowed
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.settings.engine_routes import EngineMethod
 from rlcp.controlplane.workers.capabilities import ENGINE_ROUTES
 from rlcp.controlplane.workerspec import Flavor
@@ -134,7 +135,7 @@ async def run_engine_route(
         | ({"selector": req.selector} if req.selector is not None else {})
         | ({"worker": req.worker} if req.worker is not None else {})
     )
-    result = await run_operation(ctx, "engine", detail, body, members=lambda records: check(records)[0])
+    result = await run_body(ctx, "engine", detail, body, members=lambda records: check(records)[0])
     status = refusal_status(result, refused)
     if status is not None:
         workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}

@@ -15,11 +15,12 @@ from collections.abc import Mapping
 from rlcp.controlplane.errors import Conflict, MissingCapability, NotFound
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
-from rlcp.controlplane.operations.checkpoint import check_checkpoint
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
-from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.checkpoint import checking
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
+from rlcp.controlplane.operations.steps import Step, StepDone
+from rlcp.controlplane.operations.transaction import Begin, Call, Open, Steps, Write, run_operation
 from rlcp.controlplane.operations.verify import verify_adapter
-from rlcp.controlplane.workers.capabilities import LORA
+from rlcp.controlplane.workers.capabilities import LORA, LoraLoaded
 from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
 
 
@@ -29,16 +30,15 @@ async def load_lora(ctx: OperationContext, req: LoraRequest) -> OperationResult:
     require_capability(members, "lora", "a LoRA load")
     check_lora_room(members, ctx.desired.state.loras, req.name)
     with ctx.names.claim(ctx.fleet, req.name, "a LoRA adapter"):
-        return await _load_lora(ctx, req, path, members)
+        return await run_operation(ctx, lora_load(ctx, req, path, members))
 
 
-async def _load_lora(
-    ctx: OperationContext, req: LoraRequest, path: str, members: list[WorkerRecord]
-) -> OperationResult:
-    # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422 before
-    # it is desired; workers that cannot load it are left out, reported.
-    refused = (await check_checkpoint(ctx, members, path, field="path", kind="adapter")).refused
-
+def lora_load(ctx: OperationContext, req: LoraRequest, path: str, members: list[WorkerRecord]) -> Steps:
+    """A load's steps: the adapter's check; open, begin, the adapter desired, the load (the
+    desired state put back if nobody took it), verification."""
+    # As a disk update's checkpoint (checkpoint.py): an adapter no worker can load is a 422
+    # before it is desired; workers that cannot load it are left out, reported.
+    refused = (yield from checking(ctx, members, path, field="path", kind="adapter")).refused
     # Verifying, a worker whose checksums cover adapters answers the adapter's in the load (the
     # agent): hashing time on top of the load's.
     loading = Step(
@@ -47,41 +47,36 @@ async def _load_lora(
         call=lambda w: w.load_lora(req.name, path, req.version, checksums=req.verify),
         deadline_s=ctx.deadlines.lora_s + (ctx.deadlines.checksums_s if req.verify else 0.0),
     )
-
-    async def body(run: Run) -> None:
-        run.steps.report(refused.values())
-        before = ctx.desired.state.loras.get(req.name)
-        await ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version))
-        loaded = await run.steps.run(loading, [r for r in run.members if r.id not in refused])
-        if not loaded.ok:
-            # No member took it: the fleet is as it was, so the desired state is too. Kept desired,
-            # every member would turn not ready for lacking it and the gateway would hold every
-            # rollout until an unload (which TRL never sends after a failed load).
-            if before is None:
-                await ctx.desired.drop_lora(req.name)
-            else:
-                await ctx.desired.set_lora(req.name, before)
-            return
-        held = {
-            worker_id: a.checksums
-            for worker_id, a in loaded.answers.items()
-            if a is not None and a.checksums is not None
-        }
-        verified = await verify_adapter(run, loaded.ok, req.name, held) if req.verify else loaded.ok
-        for r in verified:
-            answer = loaded.answers.get(r.id)
-            if answer is not None and answer.status is not None:
-                run.steps.observe_status(r.id, answer.status, final=True)
-            elif r.status is not None:
-                # Known without a read (a stock server answers a load with nothing): its last
-                # status, holding the adapter at this version.
-                run.steps.observe_status(
-                    r.id, r.status.model_copy(update={"loras": {**r.status.loras, req.name: req.version}}), final=True
-                )
-
-    return await run_operation(
-        ctx, "load_lora", {"name": req.name, "version": req.version, "path": path, "verify": req.verify}, body
-    )
+    detail = {"name": req.name, "version": req.version, "path": path, "verify": req.verify}
+    run: Run = yield Open("load_lora", detail)
+    yield Begin()
+    run.steps.report(refused.values())
+    before = ctx.desired.state.loras.get(req.name)
+    yield Write(ctx.desired.set_lora(req.name, LoraSpec(path=path, version=req.version)))
+    loaded: StepDone[LoraLoaded | None] = yield Call(loading, [r for r in run.members if r.id not in refused])
+    if not loaded.ok:
+        # No member took it: the fleet is as it was, so the desired state is too. Kept desired,
+        # every member would turn not ready for lacking it and the gateway would hold every
+        # rollout until an unload (which TRL never sends after a failed load).
+        if before is None:
+            yield Write(ctx.desired.drop_lora(req.name))
+        else:
+            yield Write(ctx.desired.set_lora(req.name, before))
+        return
+    held = {
+        worker_id: a.checksums for worker_id, a in loaded.answers.items() if a is not None and a.checksums is not None
+    }
+    verified = (yield from verify_adapter(run, loaded.ok, req.name, held)) if req.verify else loaded.ok
+    for r in verified:
+        answer = loaded.answers.get(r.id)
+        if answer is not None and answer.status is not None:
+            run.steps.observe_status(r.id, answer.status, final=True)
+        elif r.status is not None:
+            # Known without a read (a stock server answers a load with nothing): its last
+            # status, holding the adapter at this version.
+            run.steps.observe_status(
+                r.id, r.status.model_copy(update={"loras": {**r.status.loras, req.name: req.version}}), final=True
+            )
 
 
 def check_lora_room(members: list[WorkerRecord], desired: Mapping[str, LoraSpec], name: str) -> None:
@@ -113,15 +108,17 @@ def check_lora_room(members: list[WorkerRecord], desired: Mapping[str, LoraSpec]
 
 
 async def unload_lora(ctx: OperationContext, name: str) -> OperationResult:
+    return await run_operation(ctx, lora_unload(ctx, name))
+
+
+def lora_unload(ctx: OperationContext, name: str) -> Steps:
+    """An unload's steps: the adapter no longer desired, then unloaded everywhere."""
     members = ctx.registry.members()
     if name not in ctx.desired.state.loras and not any(r.status and name in r.status.loras for r in members):
         raise NotFound(f"no LoRA named {name!r} in the fleet", field="name")
     require_capability(members, "lora", "a LoRA unload")
-
     unloading = Step(name="unload_lora", can=LORA, call=lambda w: w.unload_lora(name), deadline_s=ctx.deadlines.lora_s)
-
-    async def body(run: Run) -> None:
-        await ctx.desired.drop_lora(name)
-        await run.steps.run(unloading, run.members)
-
-    return await run_operation(ctx, "unload_lora", {"name": name}, body)
+    run: Run = yield Open("unload_lora", {"name": name})
+    yield Begin()
+    yield Write(ctx.desired.drop_lora(name))
+    yield Call(unloading, run.members)

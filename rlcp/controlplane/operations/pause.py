@@ -21,8 +21,9 @@ from collections.abc import Callable
 from rlcp.controlplane.errors import Conflict, InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run
 from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.transaction import Begin, Call, Open, PublishFence, Steps, Write, run_operation
 from rlcp.controlplane.workers.capabilities import CONTROL
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, PauseRequest, ResumeRequest
@@ -44,34 +45,42 @@ def _scope(selector: Selector | None) -> Callable[[list[WorkerRecord]], list[Wor
 
 
 async def pause(ctx: OperationContext, req: PauseRequest) -> OperationResult:
+    return await run_operation(ctx, pausing(ctx, req))
+
+
+def pausing(ctx: OperationContext, req: PauseRequest) -> Steps:
+    """A pause's steps: the selector checked, open, begin, the target (the fleet paused, or the
+    selected members held), the pause, the fence published."""
     selector = read_selector(req.selector)
     if selector is not None:
         _targets(ctx.registry.members(), selector)  # refused before the gate and the log
-
     deadline = ctx.deadlines.pause(req.timeout_s)
-    pausing = Step(
+    step = Step(
         name="pause",
         can=CONTROL,
         call=lambda w: w.pause(req.mode, deadline),
         deadline_s=ctx.deadlines.call_over(deadline),
     )
-
-    async def body(run: Run) -> None:
-        if selector is None:
-            await ctx.desired.set_paused(True, req.mode)
-        else:
-            run.tracker.note(workers=[r.id for r in run.members])
-            await ctx.desired.hold([r.id for r in run.members], req.mode)
-        await run.steps.run(pausing, run.members)
-        # A data plane with its own copy of the fence (Envoy) stops routing to them before the
-        # caller hears "paused" (what it routed meanwhile is held, or aborted, by the pause).
-        await run.publish_fence()
-
     detail: dict[str, object] = {"mode": req.mode} | ({"selector": req.selector} if selector else {})
-    return await run_operation(ctx, "pause", detail, body, members=_scope(selector))
+    run: Run = yield Open("pause", detail, _scope(selector))
+    yield Begin()
+    if selector is None:
+        yield Write(ctx.desired.set_paused(True, req.mode))
+    else:
+        run.tracker.note(workers=[r.id for r in run.members])
+        yield Write(ctx.desired.hold([r.id for r in run.members], req.mode))
+    yield Call(step, run.members)
+    # A data plane with its own copy of the fence (Envoy) stops routing to them before the
+    # caller hears "paused" (what it routed meanwhile is held, or aborted, by the pause).
+    yield PublishFence()
 
 
 async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> OperationResult:
+    return await run_operation(ctx, resuming(ctx, req))
+
+
+def resuming(ctx: OperationContext, req: ResumeRequest | None) -> Steps:
+    """A resume's steps: as a pause's, the other way."""
     selector = read_selector(req.selector if req is not None else None)
     if selector is not None:
         if ctx.desired.state.paused:
@@ -80,17 +89,14 @@ async def resume(ctx: OperationContext, req: ResumeRequest | None = None) -> Ope
                 "paused with one"
             )
         _targets(ctx.registry.members(), selector)
-
-    resuming = Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=ctx.deadlines.control_s)
-
-    async def body(run: Run) -> None:
-        if selector is None:
-            await ctx.desired.set_paused(False)
-        else:
-            run.tracker.note(workers=[r.id for r in run.members])
-            await ctx.desired.release([r.id for r in run.members])
-        await run.steps.run(resuming, run.members)
-        await run.publish_fence()  # and routes to them again before the caller hears "resumed"
-
+    step = Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=ctx.deadlines.control_s)
     detail = {"selector": req.selector} if req is not None and selector else {}
-    return await run_operation(ctx, "resume", detail, body, members=_scope(selector))
+    run: Run = yield Open("resume", detail, _scope(selector))
+    yield Begin()
+    if selector is None:
+        yield Write(ctx.desired.set_paused(False))
+    else:
+        run.tracker.note(workers=[r.id for r in run.members])
+        yield Write(ctx.desired.release([r.id for r in run.members]))
+    yield Call(step, run.members)
+    yield PublishFence()  # and routes to them again before the caller hears "resumed"

@@ -43,8 +43,9 @@ from rlcp.controlplane.errors import InvalidInput, MissingCapability, NotFound
 from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
-from rlcp.controlplane.operations.context import OperationContext, Run, require_capability, run_operation
+from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
 from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
+from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.operations.verify import checksums_digest
 from rlcp.controlplane.workers.capabilities import (
     CHECKSUMS,
@@ -115,7 +116,7 @@ async def sleep(ctx: OperationContext, req: SleepRequest) -> OperationResult:
             await _put_to_sleep(run, going, req)
 
     detail: dict[str, Any] = {"level": req.level, "mode": req.mode} | _detail(req)
-    return await run_operation(ctx, "sleep", detail, body, members=named)
+    return await run_body(ctx, "sleep", detail, body, members=named)
 
 
 async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest) -> None:
@@ -206,7 +207,7 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
                 return
         await _return_to_service(run, await _verify_woken(run, woke))
 
-    return await run_operation(ctx, "wake_up", {"tags": req.tags} | _detail(req), body, members=about)
+    return await run_body(ctx, "wake_up", {"tags": req.tags} | _detail(req), body, members=about)
 
 
 async def _fully_awake(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:

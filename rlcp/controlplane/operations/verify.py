@@ -26,11 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter as Tally
+from collections.abc import Generator
 from dataclasses import dataclass
+from typing import Any
 
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.operations.steps import Step
+from rlcp.controlplane.operations.steps import Step, StepDone
+from rlcp.controlplane.operations.transaction import Call, Effect
 from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Checksums, Driver, LoadReport, capable, has
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
@@ -57,7 +60,7 @@ class Verdict:
     not_compared: frozenset[str]
 
 
-async def verify(
+def verify(
     run: Run,
     records: list[WorkerRecord],
     version: str,
@@ -65,7 +68,7 @@ async def verify(
     *,
     manifest: dict[str, str] | None = None,
     agreement: Agreement | None = None,
-) -> list[WorkerRecord]:
+) -> Generator[Effect, Any, list[WorkerRecord]]:
     """The records that passed; failures are recorded in the run. Two steps at most (the
     version, where no load answered it; the checksums, where none did), then `judge`."""
     deadlines = run.ctx.deadlines
@@ -77,11 +80,12 @@ async def verify(
         if reported != version:
             raise WorkerRejected(driver.spec.id, f"reports weight version {reported!r}, expected {version!r}")
 
-    at_version = await run.steps.ok(
+    read: StepDone[None] = yield Call(
         Step(name="verify", can=DRIVER, call=reports_version, deadline_s=deadlines.control_s), records
     )
+    at_version = read.ok
     hashing = [r for r in at_version if has(r.driver, "checksums") and r.id not in reports]
-    hashed = await run.steps.run(_hash_step(deadlines.checksums_s), hashing)
+    hashed: StepDone[dict[str, str] | None] = yield Call(_hash_step(deadlines.checksums_s), hashing)
     checksums = {worker_id: sums for worker_id, sums in hashed.answers.items() if sums}
     checksums |= {
         r.id: report.checksums for r in at_version if (report := reports.get(r.id)) is not None and report.checksums
@@ -168,9 +172,9 @@ def _differing(sums: dict[str, str], agreed: dict[str, str]) -> str:
     return f"{len(differ)} tensor(s) differ ({', '.join(differ[:_NAMED])}{', ...' if len(differ) > _NAMED else ''})"
 
 
-async def verify_adapter(
+def verify_adapter(
     run: Run, records: list[WorkerRecord], name: str, held: dict[str, dict[str, str]] | None = None
-) -> list[WorkerRecord]:
+) -> Generator[Effect, Any, list[WorkerRecord]]:
     """The records whose copy of adapter `name` agrees with the majority's (or that cannot
     say: no checksums, or none covering adapters); failures are recorded in the run. `held`:
     the adapter's checksums some loads answered, by worker id; the others whose checksums cover
@@ -185,7 +189,7 @@ async def verify_adapter(
         and has(r.driver, "checksums")
         and any(d.covers_adapters for d in capable([r.driver], CHECKSUMS))
     ]
-    hashed = await run.steps.run(_hash_step(run.ctx.deadlines.checksums_s), hashing)
+    hashed: StepDone[dict[str, str] | None] = yield Call(_hash_step(run.ctx.deadlines.checksums_s), hashing)
     unhashed = {r.id for r in hashing} - {r.id for r in hashed.ok}
     held |= {
         worker_id: {k: v for k, v in (sums or {}).items() if k.startswith(prefix)}

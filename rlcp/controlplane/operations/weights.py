@@ -34,23 +34,29 @@ Re-sending a version the fleet already has is a no-op success.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Generator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
-from rlcp.controlplane.operations.checkpoint import check_checkpoint
-from rlcp.controlplane.operations.context import (
-    OperationContext,
-    Run,
-    operating_on,
-    require_capability,
+from rlcp.controlplane.operations.checkpoint import checking
+from rlcp.controlplane.operations.context import OperationContext, Run, operating_on, require_capability
+from rlcp.controlplane.operations.steps import P, Step, StepDone, status_answer
+from rlcp.controlplane.operations.transaction import (
+    Begin,
+    Call,
+    DiskTarget,
+    Effect,
+    Open,
+    PublishFence,
+    Refresh,
+    Steps,
+    Together,
     run_operation,
 )
-from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
 from rlcp.controlplane.operations.verify import Agreement, verify
 from rlcp.controlplane.workers.capabilities import (
     CONTROL,
@@ -68,8 +74,16 @@ from rlcp.controlplane.workers.fanout import Outcome
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest
 
+T = TypeVar("T")
+
 
 async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> OperationResult:
+    return await run_operation(ctx, disk_update(ctx, req), wait=req.wait)
+
+
+def disk_update(ctx: OperationContext, req: UpdateWeightsRequest) -> Steps:
+    """The update's steps, declared: pre-checks and the checkpoint check, open, the no-op gate,
+    begin (with the new target), then the waves (`Roll`)."""
     path = check_path(req.source.path, "source.path", ctx.allowed_roots)
     members = operating_on(ctx, "update_weights")  # the asleep left out, as `Run` leaves them
     require_capability(members, "disk_weights", "a disk weight update")
@@ -85,47 +99,41 @@ async def update_weights(ctx: OperationContext, req: UpdateWeightsRequest) -> Op
         detail["manifest_tensors"] = len(req.expected_checksums)
     # Before the gate, the desired state, a cordon or a pause: a checkpoint no worker can load
     # is a 422 with nothing touched; one some cannot load leaves those out (checkpoint.py).
-    check = await check_checkpoint(ctx, members, path, field="source.path")
+    check = yield from checking(ctx, members, path, field="source.path")
     refused = check.refused
     if refused:
         detail["checkpoint_refused"] = sorted(refused)
-
-    async def body(run: Run) -> None:
-        run.steps.report(refused.values())
-        members = [r for r in run.members if r.id not in refused]
-        if not members:
-            return
-        if ctx.desired.state.weight_version == req.version:
-            # Read fresh: the cache may predate a worker's restart onto base weights.
-            await ctx.refresh(members)
-        already = [
-            r for r in members if r.reachable and r.status is not None and r.status.weight_version == req.version
-        ]
-        if ctx.desired.state.weight_version == req.version and len(already) == len(members):
-            for r in members:
-                run.tracker.skip(r.id, "gate", f"already at version {req.version!r}")
-            run.tracker.note(noop=True)
-            return
-        ctx.log.set_verified(False)
-        serving_before = {r.id for r in members if serving(r)}
-        bubble = run.tracker.measure_bubble([r.id for r in members], serving_before)
-        # The new target and the record (running) in one write, before anyone is paused: a
-        # controller killed from here on restarts converging to this version and lists this
-        # update as interrupted.
-        source = req.source.model_copy(update={"path": path})
-        await run.begin(keeping=lambda record: ctx.desired.set_disk_weights(req.version, source, begun=record))
-        d = ctx.desired.state
-        # Members the fence stops admitting now (every other version, at staleness 0) leave service.
-        admitted = admitted_versions(d.weight_version, d.applied_versions, d.staleness_bound)
-        bubble.out(r.id for r in members if r.status is None or r.status.weight_version not in admitted)
-        size = len(members)
-        if isinstance(req.strategy, Rolling):
-            size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
-        await Roll(
-            run=run, req=req, path=path, size=size, serving_before=serving_before, members=members, bubble=bubble
-        ).execute()
-
-    return await run_operation(ctx, "update_weights", detail, body, wait=req.wait, begins_itself=True)
+    run: Run = yield Open("update_weights", detail)
+    run.steps.report(refused.values())
+    members = [r for r in run.members if r.id not in refused]
+    if not members:
+        return
+    if ctx.desired.state.weight_version == req.version:
+        # Read fresh: the cache may predate a worker's restart onto base weights.
+        yield Refresh(members)
+    already = [r for r in members if r.reachable and r.status is not None and r.status.weight_version == req.version]
+    if ctx.desired.state.weight_version == req.version and len(already) == len(members):
+        for r in members:
+            run.tracker.skip(r.id, "gate", f"already at version {req.version!r}")
+        run.tracker.note(noop=True)
+        return
+    ctx.log.set_verified(False)
+    serving_before = {r.id for r in members if serving(r)}
+    bubble = run.tracker.measure_bubble([r.id for r in members], serving_before)
+    # The new target and the record (running) in one write, before anyone is paused: a
+    # controller killed from here on restarts converging to this version and lists this
+    # update as interrupted.
+    yield Begin(DiskTarget(req.version, req.source.model_copy(update={"path": path})))
+    d = ctx.desired.state
+    # Members the fence stops admitting now (every other version, at staleness 0) leave service.
+    admitted = admitted_versions(d.weight_version, d.applied_versions, d.staleness_bound)
+    bubble.out(r.id for r in members if r.status is None or r.status.weight_version not in admitted)
+    size = len(members)
+    if isinstance(req.strategy, Rolling):
+        size = resolve_max_unavailable(req.strategy.max_unavailable, len(members))
+    yield from Roll(
+        run=run, req=req, path=path, size=size, serving_before=serving_before, members=members, bubble=bubble
+    ).execute()
 
 
 def serving(rec: WorkerRecord) -> bool:
@@ -156,7 +164,7 @@ class Roll:
         idle = [i for i in ids if i not in self.serving_before]
         return ([idle] if idle else []) + waves([i for i in ids if i in self.serving_before], self.size)
 
-    async def execute(self) -> None:
+    def execute(self) -> Generator[Effect, Any, None]:
         run, req = self.run, self.req
         ctx = run.ctx
         by_id = {r.id: r for r in self.members}
@@ -180,14 +188,14 @@ class Roll:
             still_out: set[str] = set()
             try:
                 # A data plane with its own copy of the fence (Envoy) has this one before any pause.
-                await run.publish_fence()
-                done_wave = await self.wave([by_id[w] for w in wave_ids], agreement)
+                yield PublishFence()
+                done_wave = yield from self.wave([by_id[w] for w in wave_ids], agreement)
                 verified, resumed, still_out = done_wave.verified, done_wave.resumed, done_wave.still_out
             finally:
                 ctx.registry.cordon([w for w in wave_ids if w not in still_out], False)
             # And has it widened before the next wave narrows it (or the trainer hears "done"): a
             # wave cordoned while Envoy has not yet taken back the last one would leave nobody serving.
-            await run.publish_fence()
+            yield PublishFence()
             bubble.back(r.id for r in resumed)
             done = {r.id for r in verified}
             failed = [w for w in wave_ids if w not in done]
@@ -212,7 +220,7 @@ class Roll:
         run.tracker.set_progress(progress)
         ctx.log.set_verified(req.verify and progress.updated == len(run.members))  # the refused too
 
-    async def wave(self, records: list[WorkerRecord], agreement: Agreement) -> Wave:
+    def wave(self, records: list[WorkerRecord], agreement: Agreement) -> Generator[Effect, Any, Wave]:
         """Take one wave through the steps. A worker that takes the update in one call
         (`StagedUpdate`: the agent) is paused, loaded, hashed and -- unless the fleet stays
         paused or an operator holds it -- resumed in that call, held to the checksums already
@@ -228,18 +236,20 @@ class Roll:
         in_one = [r for r in records if implements(r.driver, STAGED_UPDATE)]
         in_steps = [r for r in records if not implements(r.driver, STAGED_UPDATE)]
         in_one_call = self._in_one_call(agreement, pause_s)
-        one, stepped = await asyncio.gather(run.steps.run(in_one_call, in_one), self._in_steps(in_steps, pause_s))
+        one: StepDone[UpdateReport]
+        stepped: StepDone[LoadReport | None]
+        one, stepped = yield Together((_call(in_one_call, in_one), self._in_steps(in_steps, pause_s)))
         reports = {worker_id: answer.load for worker_id, answer in one.answers.items() if answer is not None}
-        await self._after_one_call_failures(in_one, one)
+        yield from self._after_one_call_failures(in_one, one)
         reports |= {worker_id: report for worker_id, report in stepped.answers.items() if report is not None}
         verified = [*one.ok, *stepped.ok]
         if req.verify:
-            verified = await verify(
+            verified = yield from verify(
                 run, verified, req.version, reports, manifest=req.expected_checksums, agreement=agreement
             )
         passed = {r.id for r in verified}
         resumed_in_call = {worker_id for worker_id, a in one.answers.items() if a is not None and a.resumed}
-        still_out = await self._pause_again(
+        still_out = yield from self._pause_again(
             [r for r in one.ok if r.id in resumed_in_call and r.id not in passed], pause_s
         )
         for r in verified:
@@ -250,7 +260,9 @@ class Roll:
                 run.steps.passed(r.id, "resume")
         if leave_paused:
             return Wave(verified, [], still_out)
-        resumed = await resume(run, [r for r in verified if r.id not in held and r.id not in resumed_in_call], reports)
+        resumed = yield from resume(
+            run, [r for r in verified if r.id not in held and r.id not in resumed_in_call], reports
+        )
         return Wave(verified, [*resumed, *(r for r in verified if r.id in resumed_in_call)], still_out)
 
     def _in_one_call(self, agreement: Agreement, pause_s: float) -> Step[StagedUpdate, UpdateReport]:
@@ -278,7 +290,7 @@ class Roll:
             observe=lambda answer: answer.status,
         )
 
-    async def _pause_again(self, relapsed: list[WorkerRecord], pause_s: float) -> set[str]:
+    def _pause_again(self, relapsed: list[WorkerRecord], pause_s: float) -> Generator[Effect, Any, set[str]]:
         """Pause the workers that resumed in their call and then failed verification; answers
         those still serving (the wave stays cordoned for them)."""
         if not relapsed:
@@ -291,10 +303,12 @@ class Roll:
             deadline_s=d.call_over(pause_s),
             on_failure="amend",
         )
-        again = await self.run.steps.run(pause_again, relapsed)
+        again: StepDone[None] = yield Call(pause_again, relapsed)
         return {r.id for r in relapsed} - {r.id for r in again.ok}
 
-    async def _in_steps(self, records: list[WorkerRecord], pause_s: float) -> StepDone[LoadReport | None]:
+    def _in_steps(
+        self, records: list[WorkerRecord], pause_s: float
+    ) -> Generator[Effect, Any, StepDone[LoadReport | None]]:
         """`DiskWeights`' steps up to the load: pause (told the version first where the worker
         gates readiness on it), then load; answers the loads' reports."""
         run, req, d = self.run, self.req, self.run.ctx.deadlines
@@ -304,7 +318,7 @@ class Roll:
         def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
             return w.pause_for_update(req.version, req.pause_mode, pause_s, weights_path=None)
 
-        paused = await run.steps.run(
+        paused: StepDone[WorkerStatus | None] = yield Call(
             Step(name="pause", can=DISK_WEIGHTS, call=pause, deadline_s=d.call_over(pause_s), observe=status_answer),
             records,
         )
@@ -319,9 +333,12 @@ class Roll:
             call=lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
             deadline_s=d.load_step(req.timeout_s, checksums=hashing),
         )
-        return await run.steps.run(loading, paused.ok)
+        loaded: StepDone[LoadReport | None] = yield Call(loading, paused.ok)
+        return loaded
 
-    async def _after_one_call_failures(self, records: list[WorkerRecord], one: StepDone[UpdateReport]) -> None:
+    def _after_one_call_failures(
+        self, records: list[WorkerRecord], one: StepDone[UpdateReport]
+    ) -> Generator[Effect, Any, None]:
         """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
         change (the checkpoint, the gate). A 5xx: the agent may have learnt the version and paused
         before what failed (and then stays paused, as a failed step always left a worker); it
@@ -349,7 +366,7 @@ class Roll:
                 else:
                     ctx.registry.note_paused(r.id, True)
         if answered_error:
-            await ctx.refresh(answered_error)
+            yield Refresh(answered_error)
 
 
 @dataclass(frozen=True)
@@ -359,7 +376,9 @@ class Wave:
     still_out: set[str]  # resumed in its call, failed verification, and could not be paused again: kept cordoned
 
 
-async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadReport]) -> list[WorkerRecord]:
+def resume(
+    run: Run, records: list[WorkerRecord], loaded: dict[str, LoadReport]
+) -> Generator[Effect, Any, list[WorkerRecord]]:
     """Resume `records`; a status a worker answers with is recorded as a fresh read. A worker
     whose resume answers nothing (stock vLLM) but whose load answered its version is known
     without a read: its last status, at that version and running -- what the calls it answered
@@ -368,7 +387,7 @@ async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadRe
     resuming = Step(
         name="resume", can=DISK_WEIGHTS, call=lambda w: w.resume_after_update(), deadline_s=run.ctx.deadlines.control_s
     )
-    resumed = await run.steps.run(resuming, records)
+    resumed: StepDone[WorkerStatus | None] = yield Call(resuming, records)
     for r in resumed.ok:
         status = resumed.answers.get(r.id)
         report = loaded.get(r.id)
@@ -381,3 +400,8 @@ async def resume(run: Run, records: list[WorkerRecord], loaded: dict[str, LoadRe
             )
         run.steps.observe_status(r.id, status, final=True)
     return resumed.ok
+
+
+def _call(step: Step[P, T], records: list[WorkerRecord]) -> Generator[Effect, Any, StepDone[T]]:
+    done: StepDone[T] = yield Call(step, records)
+    return done

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import structlog
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
 
 from rlcp.controlplane.workers.capabilities import Can, Driver, implements
 from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected, WorkerTimeout
@@ -35,6 +36,69 @@ class Outcome(Generic[T]):
     @property
     def ok(self) -> bool:
         return self.result.status == "ok"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Call a worker again while it fails with one of `codes` (what it answered: the failure
+    may pass), every `wait_s`, for at most `within_s`; its last failure is its result.
+
+    Its last *answer*, that is: an attempt that gets no answer (the step's deadline cut it,
+    the worker stopped answering) after the worker said one of `codes` leaves what the worker
+    said as its result (`Retried.settle`). A loop stalled past the step's deadline while the
+    worker was saying "not there" must not turn that into "no evidence either way"."""
+
+    codes: frozenset[str]
+    wait_s: float
+    within_s: float
+
+    def around(self, call: Callable[[P], Awaitable[T]]) -> Retried[P, T]:
+        return Retried(self, call)
+
+
+class Retried(Generic[P, T]):
+    """One step's call with its `Retry`, over the workers of one fan-out: the call as sent
+    (`__call__`), and each worker's last answer among the retry's codes."""
+
+    def __init__(self, retry: Retry, call: Callable[[P], Awaitable[T]]) -> None:
+        self._retry, self._call = retry, call
+        self._said: dict[str, WorkerCallError] = {}
+
+    async def __call__(self, driver: P) -> T:
+        codes = self._retry.codes
+
+        def passing(exc: BaseException) -> bool:
+            return isinstance(exc, WorkerCallError) and exc.code in codes
+
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(passing),
+            wait=wait_fixed(self._retry.wait_s),
+            stop=stop_after_delay(self._retry.within_s),
+            reraise=True,
+        ):
+            with attempt:
+                try:
+                    return await self._call(driver)
+                except WorkerCallError as exc:
+                    if exc.code in codes:
+                        self._said[driver.spec.id] = exc
+                    raise
+        raise AssertionError("unreachable: tenacity reraises the last failure")
+
+    def settle(self, outcome: Outcome[T]) -> Outcome[T]:
+        """`outcome`, or, where it is no answer after the worker answered one of the codes,
+        that answer (its message saying what came after)."""
+        said = self._said.get(outcome.worker_id)
+        if outcome.ok or said is None or outcome.result.code in self._retry.codes:
+            return outcome
+        result = outcome.result.model_copy(
+            update={
+                "status": "error",
+                "code": said.code,
+                "message": f"{said.reason} (then: {outcome.result.message})",
+            }
+        )
+        return Outcome(outcome.worker_id, result)
 
 
 class FanOut:
