@@ -357,3 +357,25 @@ def test_flavor_cycle_polls_at_the_controllers_default_whatever_the_callers_envi
     assert args.poll_interval_s == ReconcileSettings().poll_interval_s == flavor_cycle.POLL_INTERVAL_S
     assert args.flavors == ["agent", "vllm"]
     assert flavor_cycle.arguments(["--poll-interval-s", "0.5"]).poll_interval_s == 0.5
+
+
+def test_trl_fleet_report(tmp_path: Path) -> None:
+    # Its measuring path needs three vLLM engines and two TRL runs (minutes; run the benchmark).
+    from bench import trl_fleet
+    from bench.common import write_json
+
+    def run(step_s: float) -> dict:
+        steps = [{"step": k, "reward": 0.001 * k, "wall_s": 40.0 + step_s * (k - 1)} for k in (1, 2, 3)]
+        summary = {"steps": steps, "reward_first3": 0.002, "reward_last3": 0.002, "rollouts": 96, "workers": {}}
+        return {"figures": trl_fleet.figures(summary), "steps": steps}
+
+    result = {"steps": 3, "seed": 0, "lr": None, "runs": {"one engine": run(8.0), "fleet": run(12.0)}}
+    result["step_ratio"] = (
+        result["runs"]["fleet"]["figures"]["step_s"] / result["runs"]["one engine"]["figures"]["step_s"]
+    )
+    assert result["step_ratio"] == 1.5
+    assert "ratio fleet ÷ one engine, time per step: 1.50" in trl_fleet.render(result)
+    write_json("trl_fleet", result, tmp_path)
+    trl_fleet.draw(result, tmp_path)
+    _outputs(tmp_path, "trl_fleet")
+    assert trl_fleet.parse(["--steps", "4"]).steps == 4

@@ -22,6 +22,20 @@ climb (a gain of 0.05 over 20 steps: the last three steps' mean ~20x the base ra
 never scored above 0.006 in any step) is reported as an xfail when it does not happen, not asserted;
 what every run showed is asserted: every rollout answered, by an adapter TRL published, on both workers.
 
+A denser reward was tried and did not make the climb reliable: the share of tokens that are one ASCII
+punctuation character (32 of the tiny tokenizer's 430 tokens, `!` among them; the base model samples
+them ~8% of the time, so every group has variance from step 1). This test's run, 12 steps, seed 0, lr
+5e-2: 0.084 0.076 0.115 0.102 0.076 0.043 0.051 0.057 0.082 0.082 0.125 0.119 (first three 0.092,
+last three 0.109), where its control (8 steps, TRL's no-op transfer) held 0.070-0.084. A stand-in for
+TRL's loss on the tiny model in plain torch (sequence reward, group-normalised advantage, LoRA r=8,
+AdamW 5e-2, PPO clip 0.2, gradient norm 1; not TRL itself; seed 0, one run each) points at a cause: on-policy,
+that reward went 0.076 -> 0.707 by step 7 and 0.99 by step 9; trained, as TRL's adapter sync must
+be (`max_staleness` >= 1), on samples one policy version old, it stayed at 0.05-0.10 for 12 steps at
+lr 3e-3, 1e-2, 2e-2, 5e-2 and 2e-1, and reached 0.22 at step 12 with the clip opened (0.2 -> 10). The
+single `!` target, one version stale, went 0.000 -> 0.47 in 12 steps in that stand-in. So the reward
+stays the RL run's, and what limits the climb here is the one version of staleness TRL's adapter sync
+requires, not only the reward's sparsity; not asserted until a setting makes it reliable.
+
 The negative control runs 6 steps (244 s at load ~20, its engines already up): all 775 rollouts asked for
 and were answered by `tiny`, the base, on both workers, and the reward stayed within 0.000-0.006. Its
 strong evidence is where the rollouts came from; over 6 steps the synced run's reward has not taken off

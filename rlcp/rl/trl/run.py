@@ -72,6 +72,12 @@ class TrlStep:
     staleness: float | None  # TRL's sample/staleness_mean
     dropped_stale: float | None  # TRL's sample/dropped_stale_total
 
+    @property
+    def membership(self) -> list[str]:
+        """Membership changes in the step, which `rlcp.rl.report.plot_runs` marks on the plot: TRL's
+        run makes none (the project's own elastic run does)."""
+        return []
+
     def line(self, steps: int) -> str:
         served = " ".join(f"{k}={v}" for k, v in self.served.items()) or "-"
         workers = " ".join(f"{k}={v}" for k, v in self.workers.items()) or "-"
