@@ -103,6 +103,11 @@ class SimEngine(SimWeightPrimitives):
         """The next call of `op_name` blocks until cancelled, as a stuck engine would."""
         self._prelude.inject(op_name, "hang", "")
 
+    def set_token_interval(self, seconds: float) -> None:
+        """How long each generated token takes from the next scheduler step on: a long one keeps
+        requests in flight for as long as a test needs them there."""
+        self._scheduler.set_token_interval(seconds)
+
     def kill(self) -> None:
         """The engine dies: in-flight requests fail and every later primitive raises."""
         self._prelude.dead = True

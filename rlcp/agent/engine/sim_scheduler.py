@@ -77,6 +77,9 @@ class SimScheduler:
         self._drained = asyncio.Event()
         self._drained.set()
 
+    def set_token_interval(self, seconds: float) -> None:
+        self._token_interval_s = seconds
+
     # -- the stepping task --------------------------------------------------------------
     def start(self, name: str) -> None:
         if self._task is None:

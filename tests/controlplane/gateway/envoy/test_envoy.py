@@ -290,17 +290,26 @@ async def test_a_session_stays_on_its_worker_and_a_hot_one_spreads_under_bounded
             workers[i] = answers[0].worker
         assert set(workers.values()) == {"w0", "w1"}  # sessions spread over the ring (p = 2^-11 otherwise)
 
-    # One hot session, 16 overlapping requests (~80 ms each, 10 ms apart): past 1.25 x the mean of
-    # requests out, its worker takes no more and the ring's next one does (plain consistent hashing
-    # would put all 16 on one). Envoy counts a request once it is on a connection to the worker:
-    # 16 sent in the same millisecond would all see none out and go to one worker.
-    async def hot_request(i: int) -> Answer:
-        await asyncio.sleep(0.01 * i)
-        return await complete(f.http, f.envoy.url, {"X-RL-Session": "hot"}, max_tokens=40)
+    # One hot session, 16 requests out at once: past 1.25 x the mean of requests out, its worker
+    # takes no more and the ring's next one does (plain consistent hashing would put all 16 on
+    # one). Envoy counts a request once it is on a connection to the worker, so each is sent once
+    # the one before it has reached a worker, and the engines hold them there (a token a second:
+    # 40 s each) until all 16 are out, whatever the machine's speed.
+    def out() -> dict[str, int]:
+        return {a.agent_id: (c := a.engine.request_counts()).running + c.waiting for a in f.agents}
 
-    hot = await asyncio.gather(*(hot_request(i) for i in range(16)))
+    for a in f.agents:
+        a.engine.set_token_interval(1.0)
+    hot_requests: list[asyncio.Task[Answer]] = []
+    for i in range(16):
+        hot_requests.append(asyncio.create_task(complete(f.http, f.envoy.url, {"X-RL-Session": "hot"}, max_tokens=40)))
+        await wait_for(lambda: sum(out().values()) == len(hot_requests), what=f"hot request {i} on a worker")
+    counts = out()
+    for a in f.agents:
+        a.engine.set_token_interval(0.002)
+    hot = await asyncio.gather(*hot_requests)
     assert {a.status for a in hot} == {200} and stale(hot) == []
-    counts = {w: sum(a.worker == w for a in hot) for w in ("w0", "w1")}
+    assert {w: sum(a.worker == w for a in hot) for w in ("w0", "w1")} == counts
     assert min(counts.values()) >= 3, counts
     print("hot session's requests per worker:", counts)
 
