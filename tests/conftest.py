@@ -168,7 +168,11 @@ def references() -> dict:
 
 @pytest.fixture
 async def http():
-    async with aiohttp.ClientSession() as session:
+    # Idle connections are dropped under the servers' own keep-alive (uvicorn, vLLM's and SGLang's
+    # server, closes one after 5 s), as the gateway does (`upstream_idle_timeout_s`, 4 s). With
+    # aiohttp's default 15 s a connection idle past 5 s can be reused just as the server closes
+    # it: "Server disconnected", seen on a vLLM agent's first request after a 3 s wait.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=4.0)) as session:
         yield session
 
 

@@ -472,7 +472,10 @@ class WeightTransfer:
             group_epoch=group.epoch,
             membership_epoch=registry.membership.epoch,
         )
-        if delta.joined or delta.left or delta.restarted or delta.group_epoch != delta.membership_epoch:
+        # The epoch alone proves nothing: a member the group already left out (it stopped answering)
+        # and then unlisted moves it with no one joining, leaving or restarting, and a group re-formed
+        # for that would count one change twice.
+        if delta.joined or delta.left or delta.restarted:
             return delta
         return None
 
