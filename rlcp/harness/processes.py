@@ -66,6 +66,19 @@ def run_to_end(
     return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
 
+async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = 30.0) -> None:
+    """Stop an asyncio child that is still running: SIGTERM, so its own handler stops what it
+    started (the TRL run stops TRL's rollout process), then SIGKILL after `grace_s`."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=grace_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
     engine needs (offline Hub, a small KV cache), plus `extra`."""
