@@ -210,6 +210,11 @@ class ChildProcess:
         """Signal the child's whole process group; False when none of the group is left."""
         if self.proc is None:
             return False
+        if self.proc.poll() is not None and Path(f"/proc/{self.proc.pid}").exists():
+            # The leader is reaped and its pid is another process's now. Linux does not hand out a
+            # pid still naming a live process group, so ours is gone; a signal to that pid's
+            # group would reach a stranger's (pid_max here is 32,768, and a full run wraps it).
+            return False
         try:
             os.killpg(self.proc.pid, sig)
             return True
