@@ -38,7 +38,7 @@ from typing import Any
 
 from bench.common import controller_daemon, plot, quiet_logs, report, table
 from rlcp.client.client import ControlPlaneClient
-from rlcp.harness.processes import REPO, AgentProcess, child_env, stop_all
+from rlcp.harness.processes import REPO, AgentProcess, child_env, stop_all, stop_child
 from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.tiny_model import agent_engine
 
@@ -71,13 +71,7 @@ async def run_trl(url: str, base: Path, out: Path, a: argparse.Namespace) -> dic
                     say(f"  {line}")
             await proc.wait()
     finally:
-        if proc.returncode is None:  # SIGTERM first: the run then stops TRL's rollout process
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_child(proc)
     if not summary.exists():
         raise BenchError(f"the TRL run against {url} ended ({proc.returncode}) without a summary:\n" + "\n".join(tail))
     s: dict[str, Any] = json.loads(summary.read_text())

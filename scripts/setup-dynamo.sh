@@ -23,7 +23,15 @@ if [[ -f "${stamp}" ]]; then
 fi
 fail() { echo "setup-dynamo.sh: FAILED: $*" >&2; exit 1; }
 [[ -x "${py}" ]] || fail "no venv at ${here}/.venv (run scripts/bootstrap.sh first)"
-mkdir -p "${cache}" || fail "cannot create wheel cache ${cache}"
+mkdir -p "${cache}" "$(dirname "${target}")" || fail "cannot create wheel cache ${cache}"
+# Two test processes may ask at once (the engine part's Dynamo tests, the rest's check of this
+# script): one installs, the other waits and finds the stamp. The cache has a lock of its own,
+# since several targets share it.
+exec 9>"${target}.lock"
+flock -w 900 9 || fail "another install of ${target} holds ${target}.lock"
+exec 8>"${cache}/.lock"
+flock -w 900 8 || fail "another install holds ${cache}/.lock"
+if [[ -f "${stamp}" ]]; then echo "${target}"; exit 0; fi
 if ! ls "${cache}"/ai_dynamo-${version}-*.whl >/dev/null 2>&1 \
    || ! ls "${cache}"/ai_dynamo_runtime-${version}-*.whl >/dev/null 2>&1; then
   "${py}" -m pip download -q --no-deps -d "${cache}" \

@@ -66,6 +66,19 @@ def run_to_end(
     return subprocess.CompletedProcess(argv, proc.returncode, out, "")
 
 
+async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = 30.0) -> None:
+    """Stop an asyncio child that is still running: SIGTERM, so its own handler stops what it
+    started (the TRL run stops TRL's rollout process), then SIGKILL after `grace_s`."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=grace_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
     engine needs (offline Hub, a small KV cache), plus `extra`."""
@@ -196,6 +209,11 @@ class ChildProcess:
     def signal_group(self, sig: int) -> bool:
         """Signal the child's whole process group; False when none of the group is left."""
         if self.proc is None:
+            return False
+        if self.proc.poll() is not None and Path(f"/proc/{self.proc.pid}").exists():
+            # The leader is reaped and its pid is another process's now. Linux does not hand out a
+            # pid still naming a live process group, so ours is gone; a signal to that pid's
+            # group would reach a stranger's (pid_max here is 32,768, and a full run wraps it).
             return False
         try:
             os.killpg(self.proc.pid, sig)

@@ -21,7 +21,7 @@ import aiohttp
 
 from rlcp.harness.checkpoints import write_checkpoint, write_perturbed
 from rlcp.harness.churn import Churn
-from rlcp.harness.processes import child_env
+from rlcp.harness.processes import child_env, stop_child
 from rlcp.localfleet.processes import FleetError, Processes
 from rlcp.localfleet.report import YES_NO, print_workers, say
 
@@ -254,6 +254,4 @@ async def learn_with_trl(args: argparse.Namespace, gateway: str, base: Path | No
     try:
         return await proc.wait() == 0
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
+        await stop_child(proc)

@@ -30,6 +30,7 @@ from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.tiny_model import SERVED_NAME, agent_engine
 from rlcp.harness.waiting import wait_for
+from tests.support.ray import ray_head
 
 pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(600)]
 
@@ -41,13 +42,8 @@ PROMPT = "Weights move from the trainer to every engine in the fleet."
 
 @pytest.fixture(scope="module")
 def head() -> Iterator[RayHead]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1
-    started = RayHead(num_cpus=2).start()
-    try:
+    with ray_head(num_cpus=2) as started:
         yield started
-    finally:
-        started.stop()
-    assert started.pids() == []
 
 
 def config(workdir: Path, head: RayHead, models: dict[str, Path]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ from rlcp.client.client import ControlPlaneClient
 from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
-from rlcp.harness.processes import child_env
+from rlcp.harness.processes import child_env, stop_child
 from rlcp.harness.waiting import wait_for
 
 pytest.importorskip("trl", reason="the trl extra (TRL 1.16.0, peft)")
@@ -143,13 +143,7 @@ async def run_trl(url: str, model_dir: Path, out: Path, *extra: str) -> dict:
     try:
         output, _ = await asyncio.wait_for(proc.communicate(), timeout=600)
     finally:
-        if proc.returncode is None:  # SIGTERM first: the run then stops TRL's rollout process
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_child(proc)
     text = output.decode(errors="replace")
     print(text[-6000:])
     assert summary.exists(), f"the TRL run ended ({proc.returncode}) without a summary:\n{text[-4000:]}"

@@ -14,7 +14,6 @@ land while the crashed push forms its group again); the members at the end hold 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from rlcp.harness.raycluster import RayHead
 from rlcp.harness.sim_trainer import sim_join
 from rlcp.harness.waiting import wait_for
 from rlcp.rl.sync import BroadcastSync, Pushed
-from tests.controlplane.placement.test_ray_placement import NAMESPACE, PREFIX, config
+from tests.support.ray import NAMESPACE, PREFIX, placement_config, ray_head
 
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(300)]
 MODEL = {"model.embed_tokens.weight": [8, 4], "lm_head.weight": [4, 8]}
@@ -40,13 +39,8 @@ STEPS = 5
 
 @pytest.fixture(scope="module")
 def head() -> Iterator[RayHead]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # keep Ray on 127.0.0.1
-    started = RayHead(num_cpus=2, num_gpus=3).start()  # logical GPUs: one per bundle, up to 3 agents
-    try:
+    with ray_head(num_cpus=2, num_gpus=3) as started:  # logical GPUs: one per bundle, up to 3 agents
         yield started
-    finally:
-        started.stop()
-    assert started.pids() == []
 
 
 async def test_pushes_land_while_placement_scales_and_ray_restarts_a_crashed_agent(
@@ -54,7 +48,7 @@ async def test_pushes_land_while_placement_scales_and_ray_restarts_a_crashed_age
 ) -> None:
     root = tmp_path / "weights"
     write_checkpoint(root / "v0", 0)
-    settings = config(tmp_path / "ctl", head, root, replicas=2, teardown=True)
+    settings = placement_config(tmp_path / "ctl", head, root, replicas=2, teardown=True)
     ctl = ControllerProcess(settings, tmp_path / "ctl", start_timeout_s=90)
     said: list[str] = []
     pushed: list[Pushed] = []

@@ -212,6 +212,13 @@ async def test_a_fleet_that_keeps_changing_fails_the_push_naming_every_change(fl
     assert all(a.service.weight_version != "b1" for a in fleet.agents)
 
 
+def _landed_on_all_after_one_re_form_for_w2(fleet: SimFleet, pushed: Pushed) -> None:
+    """The push landed with one re-form, for w2 joining, and all three members serve its version."""
+    assert pushed.error is None, pushed.error
+    assert [(c.joined, c.left, c.restarted) for c in pushed.reformed_for] == [(["w2"], [], [])]
+    assert [a.service.weight_version for a in fleet.agents] == [pushed.version] * 3
+
+
 async def test_a_worker_that_joins_during_the_round_lets_it_land_and_the_next_push_re_forms_once(
     fleet: SimFleet,
 ) -> None:
@@ -233,9 +240,7 @@ async def test_a_worker_that_joins_during_the_round_lets_it_land_and_the_next_pu
         second = await sync.push(MODEL, "b2")
     finally:
         await sync.close()
-    assert second.error is None, second.error
-    assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
-    assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3
+    _landed_on_all_after_one_re_form_for_w2(fleet, second)
     assert len(await _inits(fleet)) == 2
 
 
@@ -325,6 +330,4 @@ async def test_a_listed_member_that_does_not_answer_is_left_out_until_it_does(fl
         second = await sync.push(MODEL, "b2")
     finally:
         await sync.close()
-    assert second.error is None, second.error
-    assert [(c.joined, c.left, c.restarted) for c in second.reformed_for] == [(["w2"], [], [])]
-    assert [a.service.weight_version for a in fleet.agents] == ["b2"] * 3
+    _landed_on_all_after_one_re_form_for_w2(fleet, second)

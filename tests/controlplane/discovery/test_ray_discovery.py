@@ -30,6 +30,7 @@ from rlcp.harness.controller import start_controller
 from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.support import ray as support_ray
 
 # One Ray head at a time in the rest part of scripts/test.sh: tests/harness/test_ray_head.py.
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
@@ -43,12 +44,9 @@ PREFIX = "vllm_server_"
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[tuple[RayHead, Any]]:
     """One head for the module and this process connected to it as a driver."""
-    # Without this Ray turns 127.0.0.1 into the machine's own address (in the driver too).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     import ray
 
-    head = RayHead(num_cpus=2).start()
-    try:
+    with support_ray.ray_head(num_cpus=2) as head:
         ray.init(
             address=head.gcs_address,
             namespace=NAMESPACE,
@@ -56,13 +54,10 @@ def ray_head() -> Iterator[tuple[RayHead, Any]]:
             log_to_driver=False,
             include_dashboard=False,
         )
-        yield head, ray
-    finally:
         try:
-            ray.shutdown()
+            yield head, ray
         finally:
-            head.stop()
-    assert head.pids() == []
+            ray.shutdown()
 
 
 def engine_class(ray: Any) -> Any:

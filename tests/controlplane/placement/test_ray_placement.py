@@ -28,31 +28,20 @@ import pytest
 
 from rlcp.client.client import ControlPlaneClient
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_config, rlctl, update_body
-from rlcp.harness.http import free_port
+from rlcp.harness.controller import AUTH, CTL_TOKEN, rlctl, update_body
 from rlcp.harness.processes import ControllerProcess
 from rlcp.harness.raycluster import RayHead
-from rlcp.harness.simfleet import TEST_TIMEOUTS
-from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.waiting import wait_for
+from tests.support.ray import NAMESPACE, PREFIX, placement_config, ray_head
 
 # One Ray head at a time in the rest part of scripts/test.sh: tests/harness/test_ray_head.py.
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
 
-NAMESPACE = "rlcp-place"
-PREFIX = "rlcp-agent-"
-
 
 @pytest.fixture(scope="module")
 def head() -> Iterator[RayHead]:
-    # Without this Ray turns 127.0.0.1 into the machine's own address (head, and the controller's driver).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    started = RayHead(num_cpus=2, num_gpus=3).start()  # logical GPUs: one per bundle, up to 3 agents
-    try:
+    with ray_head(num_cpus=2, num_gpus=3) as started:  # logical GPUs: one per bundle, up to 3 agents
         yield started
-    finally:
-        started.stop()
-    assert started.pids() == []
 
 
 def actors(head: RayHead) -> dict[str, dict[str, Any]]:
@@ -68,51 +57,6 @@ def cuda_visible_devices(pid: int) -> str | None:
 
 def groups(head: RayHead) -> list[str]:
     return head.placement_groups(PREFIX)
-
-
-def config(workdir: Path, head: RayHead, root: Path, *, replicas: int, teardown: bool) -> dict[str, Any]:
-    agent = {
-        "engine": {"kind": "sim", "model": "sim", "sim_op_latency_s": 0.02, "sim_load_latency_s": 1.0},
-        "admin": {"token": AGENT_TOKEN},
-        "allowed_roots": [str(root)],
-        "timeouts": TEST_TIMEOUTS,
-        "log_format": "json",
-    }
-    return controller_config(
-        workdir,
-        [],
-        [root],
-        gateway={"port": free_port()},
-        # one desired state for the controllers that follow each other here
-        store={"kind": "file", "path": str(workdir.parent / "store" / "desired.json")},
-        discovery={
-            "kind": "ray",
-            "ray": {
-                "dashboard_url": head.dashboard_url,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "interval_s": 0.2,
-                "timeout_s": 2.0,
-                "max_backoff_s": 1.0,
-                "dead_actors": "drop",
-            },
-        },  # an actor scaled away leaves the fleet
-        placement={
-            "kind": "ray",
-            "ray": {
-                "address": head.gcs_address,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "replicas": replicas,
-                "bundle": {"CPU": 0.5, "GPU": 1},
-                "strategy": "PACK",
-                "interval_s": 0.5,
-                "call_timeout_s": 60,
-                "teardown": teardown,
-                "agent": agent,
-            },
-        },
-    )
 
 
 async def state(http: aiohttp.ClientSession, ctl: ControllerProcess) -> dict[str, Any]:
@@ -193,7 +137,7 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
     root = tmp_path / "weights"
     write_checkpoint(root / "v1", 1)
     ctl = ControllerProcess(
-        config(tmp_path / "c1", head, root, replicas=2, teardown=False), tmp_path / "c1", start_timeout_s=90
+        placement_config(tmp_path / "c1", head, root, replicas=2, teardown=False), tmp_path / "c1", start_timeout_s=90
     )
     gateway = f"http://127.0.0.1:{ctl.config['gateway']['port']}"
     timings: dict[str, float] = {}
@@ -284,7 +228,9 @@ async def test_placed_agents_serve_restart_converged_and_scale(head: RayHead, tm
         # A new controller whose settings say 2: the desired state's 1 (set through the API)
         # wins; it finds its predecessor's actor by name and starts nothing. Teardown on stop.
         ctl2 = ControllerProcess(
-            config(tmp_path / "c2", head, root, replicas=2, teardown=True), tmp_path / "c2", start_timeout_s=90
+            placement_config(tmp_path / "c2", head, root, replicas=2, teardown=True),
+            tmp_path / "c2",
+            start_timeout_s=90,
         )
         try:
             await ctl2.spawn().wait_ready_async()

@@ -38,6 +38,7 @@ from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import TEST_TIMEOUTS
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.waiting import wait_for_sync
+from tests.support.ray import ray_head
 
 # One Ray head at a time in the rest part of scripts/test.sh: tests/harness/test_ray_head.py.
 pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]
@@ -49,13 +50,8 @@ REPEATS = int(os.environ.get("RLCP_TEARDOWN_REPEATS", "1"))
 
 @pytest.fixture(scope="module")
 def head() -> Iterator[RayHead]:
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the controller's driver keeps loopback too
-    started = RayHead(num_cpus=2, num_gpus=0).start()
-    try:
+    with ray_head(num_cpus=2, num_gpus=0) as started:
         yield started
-    finally:
-        started.stop()
-    assert started.pids() == []
 
 
 def config(workdir: Path, head: RayHead) -> dict[str, Any]:
