@@ -33,8 +33,8 @@ from rlcp.core.wire.agent import (
     lora_checksum_key,
 )
 
-api = RouteTable()
 _EXTRA = "agent"
+api = RouteTable(tag=_EXTRA)
 
 
 B = TypeVar("B", bound=BaseModel)
@@ -52,12 +52,12 @@ def _loads(
         async def handler(request: web.Request) -> web.Response:
             return await operation(await parse_body(request, body), agent_service(request))
 
-        return api.post(path, summary, body=body, ok=ok, errors=(403, *ENGINE_ERRORS), tag=_EXTRA)(handler)
+        return api.post(path, summary, body=body, ok=ok, errors=(403, *ENGINE_ERRORS))(handler)
 
     return declare
 
 
-@api.get("/v1/agent/state", "Everything a controller needs from this agent, in one read.", ok=AgentState, tag=_EXTRA)
+@api.get("/v1/agent/state", "Everything a controller needs from this agent, in one read.", ok=AgentState)
 async def state(request: web.Request) -> web.Response:
     return json_response(agent_service(request).state())
 
@@ -82,7 +82,6 @@ async def update_weights_from_disk(body: DiskUpdateRequest, service: AgentServic
     body=WeightsCheckRequest,
     ok=WeightsCheckAnswer,
     errors=(403,),
-    tag=_EXTRA,
 )
 async def check_weights(request: web.Request) -> web.Response:
     body = await parse_body(request, WeightsCheckRequest)
@@ -137,7 +136,7 @@ async def prepare(body: PrepareRequest, service: AgentService) -> web.Response:
     return json_response(service.state())
 
 
-@api.post("/v1/agent/resume", "Resume generation; answers the state.", ok=AgentState, errors=ENGINE_ERRORS, tag=_EXTRA)
+@api.post("/v1/agent/resume", "Resume generation; answers the state.", ok=AgentState, errors=ENGINE_ERRORS)
 async def resume_reporting(request: web.Request) -> web.Response:
     service = agent_service(request)
     await service.control.resume()
@@ -165,7 +164,6 @@ async def load_lora(body: LoraLoadRequest, service: AgentService) -> web.Respons
     ok=UnloadedAnswer,
     errors=ENGINE_ERRORS,
     path_params={"name": {"type": "string", "minLength": 1}},
-    tag=_EXTRA,
 )
 async def unload_lora(request: web.Request) -> web.Response:
     name = request.match_info["name"]
@@ -178,7 +176,6 @@ async def unload_lora(request: web.Request) -> web.Response:
     "The fleet's desired weight version (readiness follows it).",
     body=DesiredVersionRequest,
     ok=AgentState,
-    tag=_EXTRA,
 )
 async def set_desired(request: web.Request) -> web.Response:
     body = await parse_body(request, DesiredVersionRequest)

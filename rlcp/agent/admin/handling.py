@@ -1,11 +1,17 @@
 """What every admin route module shares (`routes.py`, `extras.py`, `probes.py`): the app key
-the service is kept under, how a handler reaches it, and the engine's error statuses."""
+the service is kept under, how a handler reaches it, the engine's error statuses, and how a
+route declared as an entry (the service call it runs, the answer it makes) is served."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
 from rlcp.agent.service import AgentService
+from rlcp.core.http import json_response
+from rlcp.core.openapi import RouteTable
 
 SERVICE = web.AppKey("service", AgentService)
 
@@ -13,6 +19,37 @@ SERVICE = web.AppKey("service", AgentService)
 # 409 another mutating operation is running.
 ENGINE_ERRORS = (409, 502, 503, 504)
 
+# An entry's answer: the same every time, or made from what the route read and what the call returned.
+Answer = Mapping[str, object] | Callable[[Any, Any], Any]
+
 
 def agent_service(request: web.Request) -> AgentService:
     return request.app[SERVICE]
+
+
+def serve_engine_call(
+    table: RouteTable,
+    path: str,
+    summary: str,
+    run: Callable[[AgentService, Any], Awaitable[Any]],
+    answer: Answer,
+    **kw: Any,
+) -> None:
+    """A POST route, in `table`, that drives the engine: `run(service, input)` (input: what the
+    route declares it reads), then `answer` as JSON; the engine's errors (`ENGINE_ERRORS`)."""
+
+    async def call(request: web.Request, given: Any) -> web.Response:
+        done = await run(agent_service(request), given)
+        return json_response(answer(given, done) if callable(answer) else answer)
+
+    table.serve("POST", path, summary, call, errors=ENGINE_ERRORS, **kw)
+
+
+def serve_read(table: RouteTable, path: str, summary: str, read: Callable[[AgentService, Any], Any], **kw: Any) -> None:
+    """A GET route, in `table`, that answers `read(service, input)` as JSON: a read of the
+    service's own state, touching no engine."""
+
+    async def call(request: web.Request, given: Any) -> web.Response:
+        return json_response(read(agent_service(request), given))
+
+    table.serve("GET", path, summary, call, **kw)

@@ -12,8 +12,8 @@ from rlcp.core.wire.agent import (
     ProbeAnswer,
 )
 
-api = RouteTable()
 _PROBES = "probes"
+api = RouteTable(tag=_PROBES)
 
 
 @api.get(
@@ -22,7 +22,6 @@ _PROBES = "probes"
     ok=ProbeAnswer,
     answers={503: ProbeAnswer},
     probe=True,
-    tag=_PROBES,
 )
 async def healthz(request: web.Request) -> web.Response:
     service = agent_service(request)
@@ -36,7 +35,6 @@ async def healthz(request: web.Request) -> web.Response:
     ok=ProbeAnswer,
     answers={503: ProbeAnswer},
     probe=True,
-    tag=_PROBES,
 )
 async def readyz(request: web.Request) -> web.Response:
     reason = agent_service(request).readiness.not_ready_reason()
@@ -45,7 +43,7 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response({"status": "not_ready", "reason": reason}, status=503)
 
 
-@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain", tag=_PROBES)
+@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain")
 async def metrics(request: web.Request) -> web.Response:
     service = agent_service(request)
     body = service.metrics.render(

@@ -32,7 +32,7 @@ from rlcp.core.wire.agent import WeightInfoAnswer, WorldSizeAnswer, WorldSizeQue
 from rlcp.core.wire.controller import ModelList
 from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery, config_text
 
-api = RouteTable()
+api = RouteTable(tag=FACADE_TAG)
 SERVER_CONFIGS = web.AppKey("server_configs", ServerConfigs)
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
@@ -62,7 +62,6 @@ class FleetServerInfoAnswer(ServerInfoAnswer):
     query=ServerInfoQuery,
     ok=FleetServerInfoAnswer,
     errors=(503,),
-    tag=FACADE_TAG,
 )
 async def server_info(request: web.Request) -> web.Response:
     query = validate(ServerInfoQuery, dict(request.query))
@@ -88,9 +87,7 @@ async def server_info(request: web.Request) -> web.Response:
     )
 
 
-@api.get(
-    "/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True, tag=FACADE_TAG
-)
+@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True)
 async def health(request: web.Request) -> web.Response:
     serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
     return web.Response(status=200 if serving else 503)
@@ -100,15 +97,12 @@ async def health(request: web.Request) -> web.Response:
     "/weight_info",
     "The fleet's common weight version (null when members disagree).",
     ok=WeightInfoAnswer,
-    tag=FACADE_TAG,
 )
 async def weight_info(request: web.Request) -> web.Response:
     return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
 
 
-@api.get(
-    "/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer, tag=FACADE_TAG
-)
+@api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer)
 async def get_world_size(request: web.Request) -> web.Response:
     validate(WorldSizeQuery, dict(request.query))
     return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
@@ -119,7 +113,6 @@ async def get_world_size(request: web.Request) -> web.Response:
     "What the fleet serves: the union of the members' own `/v1/models` (base models and "
     "adapters), as the gateway answers it.",
     ok=ModelList,
-    tag=FACADE_TAG,
 )
 async def models(request: web.Request) -> web.Response:
     ctl = request.config_dict[CONTROLLER]

@@ -11,7 +11,7 @@ from rlcp.core.http import json_response, parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.updates import StalenessRequest
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE)
 
 
 class StalenessAnswer(BaseModel):
@@ -26,7 +26,6 @@ class StalenessAnswer(BaseModel):
     body=StalenessRequest,
     ok=StalenessAnswer,
     errors=(409,),
-    tag=NATIVE,
 )
 async def post_staleness(request: web.Request) -> web.Response:
     body = await parse_body(request, StalenessRequest)

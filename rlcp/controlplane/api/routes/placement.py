@@ -11,7 +11,7 @@ from rlcp.core.http import json_response, parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.placement import PlacementRequest, PlacementView
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE)
 
 
 def _placement_view(ctl: Controller) -> PlacementView:
@@ -25,7 +25,6 @@ def _placement_view(ctl: Controller) -> PlacementView:
     "The agents placement keeps (placement.kind ray): the count, where it comes from, "
     "and the actors and groups of the last pass.",
     ok=PlacementView,
-    tag=NATIVE,
 )
 async def get_placement(request: web.Request) -> web.Response:
     return json_response(_placement_view(controller_of(request)))
@@ -39,7 +38,6 @@ async def get_placement(request: web.Request) -> web.Response:
     body=PlacementRequest,
     ok=PlacementView,
     errors=(409,),
-    tag=NATIVE,
 )
 async def put_placement(request: web.Request) -> web.Response:
     body = await parse_body(request, PlacementRequest)

@@ -15,7 +15,7 @@ from rlcp.core.http import json_response, validate
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import FleetState, OperationResult, OperationsQuery, SelectorQuery
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE)
 
 
 @api.get(
@@ -27,7 +27,6 @@ api = RouteTable()
     query=SelectorQuery,
     ok=FleetState,
     answers={304: None},
-    tag=NATIVE,
 )
 async def get_state(request: web.Request) -> web.Response:
     ctl = controller_of(request)
@@ -46,7 +45,6 @@ async def get_state(request: web.Request) -> web.Response:
     "them); with `selector`, only those whose labels match.",
     query=SelectorQuery,
     ok=WorkersListing,
-    tag=NATIVE,
 )
 async def get_workers(request: web.Request) -> web.Response:
     ctl = controller_of(request)
@@ -65,9 +63,7 @@ async def get_workers(request: web.Request) -> web.Response:
     return json_response(listing)
 
 
-@api.get(
-    "/v1/rl/operations", "Recent operations, newest first.", query=OperationsQuery, ok=OperationsAnswer, tag=NATIVE
-)
+@api.get("/v1/rl/operations", "Recent operations, newest first.", query=OperationsQuery, ok=OperationsAnswer)
 async def get_operations(request: web.Request) -> web.Response:
     query = validate(OperationsQuery, dict(request.query))
     ops = controller_of(request).log.recent(query.limit)
@@ -80,7 +76,6 @@ async def get_operations(request: web.Request) -> web.Response:
     "and bubble (404 once it is older than the kept history).",
     ok=OperationResult,
     errors=(404,),
-    tag=NATIVE,
     path_params={"id": {"type": "string", "minLength": 1}},
 )
 async def get_operation(request: web.Request) -> web.Response:
