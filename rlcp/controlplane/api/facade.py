@@ -43,7 +43,7 @@ from rlcp.controlplane.api.answers import (
     UnloadLoraAdapterRequest,
 )
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.handling import CONTROLLER, Run, controller_of, declared
+from rlcp.controlplane.api.handling import CONTROLLER, Run, controller_of, declared, serve
 from rlcp.controlplane.api.routes.sleep import sleep_members
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import ControlPlaneError
@@ -160,16 +160,21 @@ serve_fleet_call(
 )
 
 
-@api.get(
+async def _is_paused(ctl: Controller, _: None) -> dict[str, object]:
+    workers = ctl.state().workers
+    paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
+    return {"is_paused": paused}
+
+
+serve(
+    api,
+    "GET",
     "/is_paused",
     "True when every member is reachable, its engine alive, and paused (a member that cannot "
     "be reached is not known to be paused); false otherwise, and with no members.",
+    _is_paused,
     ok=IsPausedAnswer,
 )
-async def is_paused(request: web.Request) -> web.Response:
-    workers = request.config_dict[CONTROLLER].state().workers
-    paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
-    return json_response({"is_paused": paused})
 
 
 async def _sleep(ctl: Controller, query: SleepQuery) -> OperationResult:
@@ -211,23 +216,29 @@ async def wake_up(request: web.Request) -> web.Response:
     tags = request.query.getall("tags", [])
     with client_fields({"tags": "tags"}):
         req = validate(WakeUpRequest, {"tags": tags or None})
-    result = await sleeping.wake_up(request.config_dict[CONTROLLER], req)
-    return _vllm_answer(result, {"status": "sleeping" if _asleep(request) else "awake", "tags": tags or None})
+    ctl = controller_of(request)
+    result = await sleeping.wake_up(ctl, req)
+    return _vllm_answer(result, {"status": "sleeping" if _asleep(ctl) else "awake", "tags": tags or None})
 
 
-def _asleep(request: web.Request) -> list[str]:
+def _asleep(ctl: Controller) -> list[str]:
     """The members asleep: kept so by the controller, or reporting themselves so."""
-    return [w.id for w in request.config_dict[CONTROLLER].state().workers if w.sleeping]
+    return [w.id for w in ctl.state().workers if w.sleeping]
 
 
-@api.get(
+async def _is_sleeping(ctl: Controller, _: None) -> dict[str, object]:
+    return {"is_sleeping": bool(_asleep(ctl))}
+
+
+serve(
+    api,
+    "GET",
     "/is_sleeping",
     "True while some member is asleep (kept asleep by the controller, or reporting itself "
     "so): what `/wake_up` would wake. False with no members.",
+    _is_sleeping,
     ok=IsSleepingAnswer,
 )
-async def is_sleeping(request: web.Request) -> web.Response:
-    return json_response({"is_sleeping": bool(_asleep(request))})
 
 
 async def _reset_prefix_cache(ctl: Controller, query: ResetPrefixCacheQuery) -> OperationResult:

@@ -22,7 +22,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from rlcp.controlplane.api.facade import FACADE_TAG
-from rlcp.controlplane.api.handling import CONTROLLER, SESSION
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION, serve
+from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import NoMembers
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import WHY_DATA_PARALLEL, ServerConfigs, merge_configs
@@ -93,19 +94,31 @@ async def health(request: web.Request) -> web.Response:
     return web.Response(status=200 if serving else 503)
 
 
-@api.get(
+async def _weight_info(ctl: Controller, _: None) -> dict[str, object]:
+    return {"weight_version": ctl.state().applied.weight_version}
+
+
+async def _world_size(ctl: Controller, _: WorldSizeQuery) -> dict[str, object]:
+    return {"world_size": ctl.transfer.world_size()}
+
+
+serve(
+    api,
+    "GET",
     "/weight_info",
     "The fleet's common weight version (null when members disagree).",
+    _weight_info,
     ok=WeightInfoAnswer,
 )
-async def weight_info(request: web.Request) -> web.Response:
-    return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
-
-
-@api.get("/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer)
-async def get_world_size(request: web.Request) -> web.Response:
-    validate(WorldSizeQuery, dict(request.query))
-    return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
+serve(
+    api,
+    "GET",
+    "/get_world_size",
+    "Total inference ranks of the fleet.",
+    _world_size,
+    query=WorldSizeQuery,
+    ok=WorldSizeAnswer,
+)
 
 
 @api.get(

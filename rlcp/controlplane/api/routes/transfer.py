@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-
 from rlcp.controlplane.api.answers import WeightTransferInfo
-from rlcp.controlplane.api.handling import STEP, TRANSFER, controller_of, serve_operation
+from rlcp.controlplane.api.handling import STEP, TRANSFER, serve, serve_operation
+from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations.broadcast import WeightTransfer, group_candidates
-from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import (
     EmptyRequest,
@@ -23,25 +21,26 @@ from rlcp.core.wire.controller import (
 api = RouteTable(tag=TRANSFER)
 
 
-@api.get(
+async def _info(ctl: Controller, _: None) -> dict[str, object]:
+    ranks = ctl.transfer.world_size()
+    group = ctl.transfer.view()
+    return {
+        "inference_world_size": ranks,
+        "trainer_world_size": ranks + 1,
+        "membership_epoch": ctl.registry.membership.epoch,
+        "members": [r.id for r in group_candidates(ctl.registry)],
+        "group": group.model_dump(mode="json") if group else None,
+    }
+
+
+serve(
+    api,
+    "GET",
     "/v1/rl/weight_transfer",
     "World sizes for the trainer's init info, and the current group.",
+    _info,
     ok=WeightTransferInfo,
 )
-async def get_weight_transfer(request: web.Request) -> web.Response:
-    ctl = controller_of(request)
-    transfer = ctl.transfer
-    ranks = transfer.world_size()
-    group = transfer.view()
-    return json_response(
-        {
-            "inference_world_size": ranks,
-            "trainer_world_size": ranks + 1,
-            "membership_epoch": ctl.registry.membership.epoch,
-            "members": [r.id for r in group_candidates(ctl.registry)],
-            "group": group.model_dump(mode="json") if group else None,
-        }
-    )
 
 
 def _step(path: str, summary: str, run: Callable[[WeightTransfer, Any], Awaitable[OperationResult]], **kw: Any) -> None:
