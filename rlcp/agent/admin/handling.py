@@ -27,6 +27,25 @@ def agent_service(request: web.Request) -> AgentService:
     return request.app[SERVICE]
 
 
+def serve(
+    table: RouteTable,
+    method: str,
+    path: str,
+    summary: str,
+    run: Callable[[AgentService, Any], Awaitable[Any]],
+    *,
+    respond: Callable[[Any], web.Response] = json_response,
+    **kw: Any,
+) -> None:
+    """A route, in `table`, that runs `run(service, input)` (input: what the route declares it
+    reads) and answers what it returns (as JSON, or `respond`)."""
+
+    async def call(request: web.Request, given: Any) -> web.Response:
+        return respond(await run(agent_service(request), given))
+
+    table.serve(method, path, summary, call, **kw)
+
+
 def serve_engine_call(
     table: RouteTable,
     path: str,

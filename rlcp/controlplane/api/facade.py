@@ -146,35 +146,10 @@ def _vllm_answer(result: OperationResult, answer: Mapping[str, object]) -> web.R
     return json_response(answer)
 
 
-serve_fleet_call(
-    "POST",
-    "/pause",
-    "Pause the fleet (vLLM's `/pause?mode=`).",
-    lambda ctl, query: pausing.pause(ctl, PauseRequest(mode=query.mode, timeout_s=query.timeout_s)),
-    {"status": "paused"},
-    query=PauseQuery,
-    ok=StatusAnswer,
-)
-serve_fleet_call(
-    "POST", "/resume", "Resume the fleet.", lambda ctl, _: pausing.resume(ctl), {"status": "resumed"}, ok=StatusAnswer
-)
-
-
 async def _is_paused(ctl: Controller, _: None) -> dict[str, object]:
     workers = ctl.state().workers
     paused = bool(workers) and all(w.reachable and w.engine_alive is not False and w.paused is True for w in workers)
     return {"is_paused": paused}
-
-
-serve(
-    api,
-    "GET",
-    "/is_paused",
-    "True when every member is reachable, its engine alive, and paused (a member that cannot "
-    "be reached is not known to be paused); false otherwise, and with no members.",
-    _is_paused,
-    ok=IsPausedAnswer,
-)
 
 
 async def _sleep(ctl: Controller, query: SleepQuery) -> OperationResult:
@@ -188,30 +163,6 @@ async def _sleep(ctl: Controller, query: SleepQuery) -> OperationResult:
     return await sleep_members(ctl, req)
 
 
-serve_fleet_call(
-    "POST",
-    "/sleep",
-    "Put the fleet to sleep (vLLM's `/sleep?level=&mode=`): every member leaves the "
-    "gateway's fence, pauses (`mode`: abort or wait) and releases memory (`level` 1 or 2), kept asleep until "
-    "`/wake_up`. Level 0 (a pause only) is `/pause`; 409 while a weight-transfer group is formed.",
-    _sleep,
-    lambda query, _: {"status": "sleeping", "level": query.level},
-    query=SleepQuery,
-    ok=SleepAnswer,
-    errors=(404,),
-)
-
-
-@fleet_call(
-    "POST",
-    "/wake_up",
-    "Wake the fleet (vLLM's `/wake_up?tags=`): every member asleep is woken; once "
-    "fully awake (no tags, both, or the last one still asleep) each is brought to the fleet's weights, "
-    "verified, and only then serves again. `status` is `sleeping` while some member has memory asleep.",
-    query=WakeUpQuery,
-    ok=WakeUpAnswer,
-    errors=(404,),
-)
 async def wake_up(request: web.Request) -> web.Response:
     tags = request.query.getall("tags", [])
     with client_fields({"tags": "tags"}):
@@ -230,6 +181,99 @@ async def _is_sleeping(ctl: Controller, _: None) -> dict[str, object]:
     return {"is_sleeping": bool(_asleep(ctl))}
 
 
+async def _reset_prefix_cache(ctl: Controller, query: ResetPrefixCacheQuery) -> OperationResult:
+    req = ResetPrefixCacheRequest(
+        reset_running_requests=query.reset_running_requests, reset_external=query.reset_external
+    )
+    return await caches.reset_prefix_cache(ctl, req)
+
+
+async def _start_weight_update(ctl: Controller, body: StartWeightUpdateRequest) -> OperationResult:
+    if not body.is_checkpoint_format:
+        raise ValidationFailedError(
+            "only checkpoint-format weights are loaded on the fleet (is_checkpoint_format: true): each member "
+            "loads the chunks through its model's own weight loader",
+            field="is_checkpoint_format",
+        )
+    return await ctl.transfer.start()
+
+
+async def update_weights(request: web.Request) -> web.Response:
+    data = await read_object(request)
+    if "update_info" in data:  # vLLM's broadcast chunk
+        chunk = validate(TransferUpdateRequest, data, strict=True)
+        result = await request.config_dict[CONTROLLER].transfer.update_chunk(chunk)
+        return _vllm_answer(result, {"message": "Weights updated"})
+    body = validate(DiskWeightsRequest, data, strict=True)
+    version = body.weight_version or PurePosixPath(body.weight_dir).name
+    # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
+    with client_fields(
+        {"version": "weight_version" if body.weight_version else "weight_dir", "source.path": "weight_dir"}
+    ):
+        req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
+        result = await weights.update_weights(request.config_dict[CONTROLLER], req)
+    return _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
+
+
+async def _load_lora(ctl: Controller, body: LoadLoraAdapterRequest) -> OperationResult:
+    with client_fields({"name": "lora_name", "path": "lora_path"}):
+        req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
+        return await lora.load_lora(ctl, req)
+
+
+async def _unload_lora(ctl: Controller, body: UnloadLoraAdapterRequest) -> OperationResult:
+    with client_fields({"name": "lora_name"}):
+        return await lora.unload_lora(ctl, body.lora_name)
+
+
+def _lora_done(verb: str) -> VllmAnswer:
+    return lambda body, _: {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' {verb}."}
+
+
+# The routes, in the order they are registered and documented.
+serve_fleet_call(
+    "POST",
+    "/pause",
+    "Pause the fleet (vLLM's `/pause?mode=`).",
+    lambda ctl, query: pausing.pause(ctl, PauseRequest(mode=query.mode, timeout_s=query.timeout_s)),
+    {"status": "paused"},
+    query=PauseQuery,
+    ok=StatusAnswer,
+)
+serve_fleet_call(
+    "POST", "/resume", "Resume the fleet.", lambda ctl, _: pausing.resume(ctl), {"status": "resumed"}, ok=StatusAnswer
+)
+serve(
+    api,
+    "GET",
+    "/is_paused",
+    "True when every member is reachable, its engine alive, and paused (a member that cannot "
+    "be reached is not known to be paused); false otherwise, and with no members.",
+    _is_paused,
+    ok=IsPausedAnswer,
+)
+serve_fleet_call(
+    "POST",
+    "/sleep",
+    "Put the fleet to sleep (vLLM's `/sleep?level=&mode=`): every member leaves the "
+    "gateway's fence, pauses (`mode`: abort or wait) and releases memory (`level` 1 or 2), kept asleep until "
+    "`/wake_up`. Level 0 (a pause only) is `/pause`; 409 while a weight-transfer group is formed.",
+    _sleep,
+    lambda query, _: {"status": "sleeping", "level": query.level},
+    query=SleepQuery,
+    ok=SleepAnswer,
+    errors=(404,),
+)
+fleet_call(
+    "POST",
+    "/wake_up",
+    "Wake the fleet (vLLM's `/wake_up?tags=`): every member asleep is woken; once "
+    "fully awake (no tags, both, or the last one still asleep) each is brought to the fleet's weights, "
+    "verified, and only then serves again. `status` is `sleeping` while some member has memory asleep.",
+    query=WakeUpQuery,
+    ok=WakeUpAnswer,
+    errors=(404,),
+)(wake_up)
 serve(
     api,
     "GET",
@@ -239,15 +283,6 @@ serve(
     _is_sleeping,
     ok=IsSleepingAnswer,
 )
-
-
-async def _reset_prefix_cache(ctl: Controller, query: ResetPrefixCacheQuery) -> OperationResult:
-    req = ResetPrefixCacheRequest(
-        reset_running_requests=query.reset_running_requests, reset_external=query.reset_external
-    )
-    return await caches.reset_prefix_cache(ctl, req)
-
-
 serve_fleet_call(
     "POST",
     "/reset_prefix_cache",
@@ -268,18 +303,6 @@ serve_fleet_call(
     body=TransferInitRequest,
     ok=MessageAnswer,
 )
-
-
-async def _start_weight_update(ctl: Controller, body: StartWeightUpdateRequest) -> OperationResult:
-    if not body.is_checkpoint_format:
-        raise ValidationFailedError(
-            "only checkpoint-format weights are loaded on the fleet (is_checkpoint_format: true): each member "
-            "loads the chunks through its model's own weight loader",
-            field="is_checkpoint_format",
-        )
-    return await ctl.transfer.start()
-
-
 serve_fleet_call(
     "POST",
     "/start_weight_update",
@@ -323,48 +346,14 @@ serve_fleet_call(
     body=UpdateWeightVersionRequest,
     ok=VersionSetAnswer,
 )
-
-
-@fleet_call(
+fleet_call(
     "POST",
     "/update_weights",
     "A broadcast chunk (`update_info`), or a disk update (`weight_dir`).",
     body=TransferUpdateRequest | DiskWeightsRequest,
     ok=MessageAnswer | DiskWeightsAnswer,
     errors=(403,),
-)
-async def update_weights(request: web.Request) -> web.Response:
-    data = await read_object(request)
-    if "update_info" in data:  # vLLM's broadcast chunk
-        chunk = validate(TransferUpdateRequest, data, strict=True)
-        result = await request.config_dict[CONTROLLER].transfer.update_chunk(chunk)
-        return _vllm_answer(result, {"message": "Weights updated"})
-    body = validate(DiskWeightsRequest, data, strict=True)
-    version = body.weight_version or PurePosixPath(body.weight_dir).name
-    # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
-    with client_fields(
-        {"version": "weight_version" if body.weight_version else "weight_dir", "source.path": "weight_dir"}
-    ):
-        req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
-        result = await weights.update_weights(request.config_dict[CONTROLLER], req)
-    return _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
-
-
-async def _load_lora(ctl: Controller, body: LoadLoraAdapterRequest) -> OperationResult:
-    with client_fields({"name": "lora_name", "path": "lora_path"}):
-        req = validate(LoraRequest, {"name": body.lora_name, "path": body.lora_path})
-        return await lora.load_lora(ctl, req)
-
-
-async def _unload_lora(ctl: Controller, body: UnloadLoraAdapterRequest) -> OperationResult:
-    with client_fields({"name": "lora_name"}):
-        return await lora.unload_lora(ctl, body.lora_name)
-
-
-def _lora_done(verb: str) -> VllmAnswer:
-    return lambda body, _: {"success": True, "message": f"Success: LoRA adapter '{body.lora_name}' {verb}."}
-
-
+)(update_weights)
 # Each at vLLM's dev-server path and at its OpenAI-server path (prime-rl calls the latter to unload).
 _UNLOAD = (
     "Unload a LoRA adapter fleet-wide (vLLM's shape): removed from every engine, not only from the served "
