@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-# The error shape as `ApiError.body` builds it: {"error": {"code", "message", "field"?, ...}}, where a
-# subclass adds its own keys to the inner object (a 409 `not_leader` names the leader, ...).
+# The error shape as `ApiError.body` builds it: {"error": {"code", "message", "field"?, ...}}, where an
+# error adds its own keys to the inner object (`details`: a 409 `not_leader` names the leader, ...).
 ErrorJson = dict[str, dict[str, object]]
 
 
@@ -30,10 +30,11 @@ class ApiError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, **details: object) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.details = details  # keys the error object carries besides these (the leader, the workers, ...)
 
     @property
     def headers(self) -> dict[str, str] | None:
@@ -44,7 +45,7 @@ class ApiError(Exception):
         detail: dict[str, object] = {"code": self.code, "message": self.message}
         if self.field is not None:
             detail["field"] = self.field
-        return {"error": detail}
+        return {"error": {**detail, **self.details}}
 
 
 class BadRequestError(ApiError):
