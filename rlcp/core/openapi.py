@@ -30,11 +30,12 @@ from pydantic.json_schema import JsonSchemaMode
 
 from rlcp.core.body import read_json_object
 from rlcp.core.errors import ErrorBody
-from rlcp.core.http import parse_body, validate
+from rlcp.core.http import json_response, parse_body, validate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# What a served entry runs: the request (for the app state it reaches) and what the entry reads.
-Call = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
+# What a served entry runs: on the table's context of the request (the controller, the agent's
+# service), with what the route reads; its value is the answer.
+Run = Callable[[Any, Any], Awaitable[Any]]
 OPENAPI_PATH = "/openapi.json"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 try:  # every document's `info.version`: the installed package's
@@ -109,6 +110,10 @@ def openapi_route(summary: str = "This document.") -> Route:
     return Route("GET", OPENAPI_PATH, summary, ok=dict[str, Any], probe=True, tag="meta")
 
 
+def _request(request: web.Request) -> web.Request:
+    return request
+
+
 class RouteTable:
     """An API's routes, each declared once on its handler:
 
@@ -119,7 +124,8 @@ class RouteTable:
 
     `register` adds the handlers to an app; `declared` (plus the document route) is what
     `build_document` describes. A handler may carry several declarations (two paths). `tag`
-    is the document's tag of every route the table declares without one (a route group's).
+    is the document's tag of every route the table declares without one (a route group's);
+    `context`, what the entries' functions (`serve`) act on: the app's controller or service.
 
     A mutating route declared without a body model (vLLM's `/sleep?level=`, `/pause?mode=`)
     still reads its body before its handler runs: empty or a JSON object (which it ignores,
@@ -127,10 +133,13 @@ class RouteTable:
     is for a table whose body-less routes take other bodies (the gateway's refusals of
     multipart audio routes)."""
 
-    def __init__(self, *, json_bodies: bool = True, tag: str | None = None) -> None:
+    def __init__(
+        self, *, json_bodies: bool = True, tag: str | None = None, context: Callable[[web.Request], Any] = _request
+    ) -> None:
         self._routes: list[Route] = []
         self._json_bodies = json_bodies
         self._tag = tag
+        self._context = context
 
     def route(self, method: str, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
         def declare(handler: Handler) -> Handler:
@@ -139,14 +148,26 @@ class RouteTable:
 
         return declare
 
-    def serve(self, method: str, path: str, summary: str, call: Call, **kw: Any) -> None:
-        """Declare a route as data: one generic handler reads what the declaration says the route
-        takes (`Route.read_input`) and answers `call(request, input)`. For the routes whose
-        handler would only parse, run one function and shape its result."""
+    def serve(
+        self,
+        method: str,
+        path: str,
+        summary: str,
+        run: Run,
+        *,
+        respond: Callable[[Any], web.StreamResponse] = json_response,
+        **kw: Any,
+    ) -> None:
+        """Declare a route as data, an entry naming the function it runs: one generic handler reads
+        what the declaration says the route takes (`Route.read_input`), runs `run(on, input)` (`on`:
+        the table's `context` of the request, the object its routes act on) and answers what it
+        returns (as JSON, or `respond`)."""
         route = self._declare(method, path, summary, **kw)
+        context = self._context
 
         async def handler(request: web.Request) -> web.StreamResponse:
-            return await call(request, await route.read_input(request))
+            given = await route.read_input(request)
+            return respond(await run(context(request), given))
 
         self._routes.append(replace(route, handler=handler))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from rlcp.agent.admin.handling import ENGINE_ERRORS, agent_service, serve
+from rlcp.agent.admin.handling import ENGINE_ERRORS, agent_service
 from rlcp.agent.operations.control import prepare as prepare_update
 from rlcp.agent.operations.update import update_from_disk
 from rlcp.agent.service import AgentService
@@ -35,7 +35,7 @@ from rlcp.core.wire.agent import (
 )
 
 _EXTRA = "agent"
-api = RouteTable(tag=_EXTRA)
+api = RouteTable(tag=_EXTRA, context=agent_service)
 # A load: a directory to load from, checked against the roots (403 outside them), then the engine
 # driven with it (409 and 5xx from the engine).
 _LOAD_ERRORS = (403, *ENGINE_ERRORS)
@@ -114,11 +114,10 @@ async def set_desired(service: AgentService, body: DesiredVersionRequest) -> Age
 
 
 # The routes, in the order they are registered and documented.
-serve(
-    api, "GET", "/v1/agent/state", "Everything a controller needs from this agent, in one read.", _state, ok=AgentState
+api.serve(
+    "GET", "/v1/agent/state", "Everything a controller needs from this agent, in one read.", _state, ok=AgentState
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/weights/disk",
     "Reload every weight from a safetensors directory and name them.",
@@ -127,8 +126,7 @@ serve(
     ok=DiskUpdatedAnswer,
     errors=_LOAD_ERRORS,
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/weights/check",
     "Whether a disk load of this directory could start now (inside the roots, "
@@ -138,8 +136,7 @@ serve(
     ok=WeightsCheckAnswer,
     errors=(403,),
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/weights/update",
     "A whole disk update in one call: check the checkpoint, learn the desired "
@@ -150,8 +147,7 @@ serve(
     ok=WeightsUpdatedAnswer,
     errors=_LOAD_ERRORS,
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/prepare",
     "Learn the desired weight version, then pause; answers the state.",
@@ -160,8 +156,7 @@ serve(
     ok=AgentState,
     errors=_LOAD_ERRORS,
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/resume",
     "Resume generation; answers the state.",
@@ -169,8 +164,7 @@ serve(
     ok=AgentState,
     errors=ENGINE_ERRORS,
 )
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/agent/loras",
     "Load an adapter, or hot-swap the one under its name; with `checksums`, answers its checksums and the state too.",
@@ -186,8 +180,7 @@ api.delete(
     errors=ENGINE_ERRORS,
     path_params={"name": {"type": "string", "minLength": 1}},
 )(unload_lora)
-serve(
-    api,
+api.serve(
     "PUT",
     "/v1/agent/desired",
     "The fleet's desired weight version (readiness follows it).",

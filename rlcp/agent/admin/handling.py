@@ -10,7 +10,6 @@ from typing import Any
 from aiohttp import web
 
 from rlcp.agent.service import AgentService
-from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
 
 SERVICE = web.AppKey("service", AgentService)
@@ -27,25 +26,6 @@ def agent_service(request: web.Request) -> AgentService:
     return request.app[SERVICE]
 
 
-def serve(
-    table: RouteTable,
-    method: str,
-    path: str,
-    summary: str,
-    run: Callable[[AgentService, Any], Awaitable[Any]],
-    *,
-    respond: Callable[[Any], web.Response] = json_response,
-    **kw: Any,
-) -> None:
-    """A route, in `table`, that runs `run(service, input)` (input: what the route declares it
-    reads) and answers what it returns (as JSON, or `respond`)."""
-
-    async def call(request: web.Request, given: Any) -> web.Response:
-        return respond(await run(agent_service(request), given))
-
-    table.serve(method, path, summary, call, **kw)
-
-
 def serve_engine_call(
     table: RouteTable,
     path: str,
@@ -54,21 +34,21 @@ def serve_engine_call(
     answer: Answer,
     **kw: Any,
 ) -> None:
-    """A POST route, in `table`, that drives the engine: `run(service, input)` (input: what the
-    route declares it reads), then `answer` as JSON; the engine's errors (`ENGINE_ERRORS`)."""
+    """A POST route, in `table` (its context `agent_service`), that drives the engine:
+    `run(service, input)`, then `answer`; the engine's errors (`ENGINE_ERRORS`)."""
 
-    async def call(request: web.Request, given: Any) -> web.Response:
-        done = await run(agent_service(request), given)
-        return json_response(answer(given, done) if callable(answer) else answer)
+    async def call(service: AgentService, given: Any) -> Any:
+        done = await run(service, given)
+        return answer(given, done) if callable(answer) else answer
 
     table.serve("POST", path, summary, call, errors=ENGINE_ERRORS, **kw)
 
 
 def serve_read(table: RouteTable, path: str, summary: str, read: Callable[[AgentService, Any], Any], **kw: Any) -> None:
-    """A GET route, in `table`, that answers `read(service, input)` as JSON: a read of the
-    service's own state, touching no engine."""
+    """A GET route, in `table` (its context `agent_service`), that answers `read(service, input)`:
+    a read of the service's own state, touching no engine."""
 
-    async def call(request: web.Request, given: Any) -> web.Response:
-        return json_response(read(agent_service(request), given))
+    async def call(service: AgentService, given: Any) -> Any:
+        return read(service, given)
 
     table.serve("GET", path, summary, call, **kw)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from rlcp.agent.admin.handling import agent_service, serve
+from rlcp.agent.admin.handling import agent_service
 from rlcp.agent.service import AgentService
 from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
@@ -14,7 +14,7 @@ from rlcp.core.wire.agent import (
 )
 
 _PROBES = "probes"
-api = RouteTable(tag=_PROBES)
+api = RouteTable(tag=_PROBES, context=agent_service)
 
 
 async def _alive(service: AgentService, _: None) -> tuple[bool, dict[str, object]]:
@@ -37,8 +37,7 @@ for _path, _summary, _check in (
     ("/healthz", "Liveness: 200 while the engine is alive.", _alive),
     ("/readyz", "Readiness: 503 with the reason while not ready.", _ready),
 ):
-    serve(
-        api,
+    api.serve(
         "GET",
         _path,
         _summary,

@@ -51,7 +51,7 @@ from rlcp.core.wire.agent import (
 from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery
 
 _VLLM = "vLLM RL routes"
-api = RouteTable(tag=_VLLM)
+api = RouteTable(tag=_VLLM, context=agent_service)
 
 
 serve_engine_call(

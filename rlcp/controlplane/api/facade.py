@@ -43,7 +43,7 @@ from rlcp.controlplane.api.answers import (
     UnloadLoraAdapterRequest,
 )
 from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.handling import CONTROLLER, Run, controller_of, declared, serve
+from rlcp.controlplane.api.handling import CONTROLLER, Run, controller_of, declared
 from rlcp.controlplane.api.routes.sleep import sleep_members
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import ControlPlaneError
@@ -83,7 +83,7 @@ from rlcp.core.wire.controller import (
 )
 
 FACADE_TAG = "vLLM-compatible facade"
-api = RouteTable(tag=FACADE_TAG)
+api = RouteTable(tag=FACADE_TAG, context=controller_of)
 
 
 def fleet_call(
@@ -113,8 +113,8 @@ def serve_fleet_call(
     """A facade route as an entry: `run(controller, input)` (input: what the route declares it
     reads), then vLLM's `answer` when every member did its part, else 502/503 as `fleet_call`."""
 
-    async def call(request: web.Request, given: Any) -> web.Response:
-        result = await run(controller_of(request), given)
+    async def call(ctl: Controller, given: Any) -> Mapping[str, object]:
+        result = await run(ctl, given)
         return _vllm_answer(result, answer(given, result) if callable(answer) else answer)
 
     table.serve(method, path, summary, call, **_fleet_declared(errors, kw))
@@ -138,12 +138,12 @@ def client_fields(names: Mapping[str, str]) -> Iterator[None]:
         raise
 
 
-def _vllm_answer(result: OperationResult, answer: Mapping[str, object]) -> web.Response:
+def _vllm_answer(result: OperationResult, answer: Mapping[str, object]) -> Mapping[str, object]:
     """vLLM's answer when every member did its part (or, a broadcast step, is doing it); else
     502/503 naming the workers that failed."""
     if result.status not in ("ok", "running"):
         raise FleetCallFailedApiError(result)
-    return json_response(answer)
+    return answer
 
 
 async def _is_paused(ctl: Controller, _: None) -> dict[str, object]:
@@ -169,7 +169,9 @@ async def wake_up(request: web.Request) -> web.Response:
         req = validate(WakeUpRequest, {"tags": tags or None})
     ctl = controller_of(request)
     result = await sleeping.wake_up(ctl, req)
-    return _vllm_answer(result, {"status": "sleeping" if _asleep(ctl) else "awake", "tags": tags or None})
+    return json_response(
+        _vllm_answer(result, {"status": "sleeping" if _asleep(ctl) else "awake", "tags": tags or None})
+    )
 
 
 def _asleep(ctl: Controller) -> list[str]:
@@ -203,7 +205,7 @@ async def update_weights(request: web.Request) -> web.Response:
     if "update_info" in data:  # vLLM's broadcast chunk
         chunk = validate(TransferUpdateRequest, data, strict=True)
         result = await request.config_dict[CONTROLLER].transfer.update_chunk(chunk)
-        return _vllm_answer(result, {"message": "Weights updated"})
+        return json_response(_vllm_answer(result, {"message": "Weights updated"}))
     body = validate(DiskWeightsRequest, data, strict=True)
     version = body.weight_version or PurePosixPath(body.weight_dir).name
     # Without weight_version, the version is the directory's name: a bad one is the directory's fault.
@@ -212,7 +214,9 @@ async def update_weights(request: web.Request) -> web.Response:
     ):
         req = validate(UpdateWeightsRequest, {"version": version, "source": {"kind": "disk", "path": body.weight_dir}})
         result = await weights.update_weights(request.config_dict[CONTROLLER], req)
-    return _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
+    return json_response(
+        _vllm_answer(result, {"success": True, "message": "Weights updated", "weight_version": version})
+    )
 
 
 async def _load_lora(ctl: Controller, body: LoadLoraAdapterRequest) -> OperationResult:
@@ -243,8 +247,7 @@ serve_fleet_call(
 serve_fleet_call(
     "POST", "/resume", "Resume the fleet.", lambda ctl, _: pausing.resume(ctl), {"status": "resumed"}, ok=StatusAnswer
 )
-serve(
-    api,
+api.serve(
     "GET",
     "/is_paused",
     "True when every member is reachable, its engine alive, and paused (a member that cannot "
@@ -274,8 +277,7 @@ fleet_call(
     ok=WakeUpAnswer,
     errors=(404,),
 )(wake_up)
-serve(
-    api,
+api.serve(
     "GET",
     "/is_sleeping",
     "True while some member is asleep (kept asleep by the controller, or reporting itself "

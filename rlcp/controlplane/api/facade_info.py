@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from rlcp.controlplane.api.facade import FACADE_TAG
-from rlcp.controlplane.api.handling import CONTROLLER, SESSION, serve
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION, controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import NoMembers
 from rlcp.controlplane.fleet.served import ServedModels
@@ -33,7 +33,7 @@ from rlcp.core.wire.agent import WeightInfoAnswer, WorldSizeAnswer, WorldSizeQue
 from rlcp.core.wire.controller import ModelList
 from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery, config_text
 
-api = RouteTable(tag=FACADE_TAG)
+api = RouteTable(tag=FACADE_TAG, context=controller_of)
 SERVER_CONFIGS = web.AppKey("server_configs", ServerConfigs)
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
@@ -102,16 +102,14 @@ async def _world_size(ctl: Controller, _: WorldSizeQuery) -> dict[str, object]:
     return {"world_size": ctl.transfer.world_size()}
 
 
-serve(
-    api,
+api.serve(
     "GET",
     "/weight_info",
     "The fleet's common weight version (null when members disagree).",
     _weight_info,
     ok=WeightInfoAnswer,
 )
-serve(
-    api,
+api.serve(
     "GET",
     "/get_world_size",
     "Total inference ranks of the fleet.",

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from rlcp.controlplane.api.facade import FACADE_TAG, client_fields, serve_fleet_call
+from rlcp.controlplane.api.handling import controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations import weights
 from rlcp.core.errors import NotSupportedError, ValidationFailedError
@@ -45,7 +46,7 @@ from rlcp.core.wire.controller import (
     UpdateWeightsRequest,
 )
 
-api = RouteTable(tag=FACADE_TAG)
+api = RouteTable(tag=FACADE_TAG, context=controller_of)
 
 # method -> its parameters, in order (the worker's signature in vllm/v1/worker/gpu_worker.py
 # and gpu_model_runner.py): positional `args` are read as these.

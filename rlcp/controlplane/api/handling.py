@@ -47,32 +47,14 @@ def operation(table: RouteTable, method: str, path: str, summary: str, **kw: Any
     return table.route(method, path, summary, **declared(**kw))
 
 
-# A route entry's function: run on the request's controller with what the route reads.
+# An operation as a route entry names it: run on the request's controller (the table's context,
+# `controller_of`) with what the route reads.
 Run = Callable[[Controller, Any], Awaitable[OperationResult]]
-
-
-def serve(
-    table: RouteTable,
-    method: str,
-    path: str,
-    summary: str,
-    run: Callable[[Controller, Any], Awaitable[Any]],
-    *,
-    respond: Callable[[Any], web.Response] = json_response,
-    **kw: Any,
-) -> None:
-    """A route, in `table`, that runs `run(controller, input)` (input: what the route declares it
-    reads) and answers what it returns (as JSON, or `respond`)."""
-
-    async def call(request: web.Request, given: Any) -> web.Response:
-        return respond(await run(controller_of(request), given))
-
-    table.serve(method, path, summary, call, **kw)
 
 
 def serve_operation(table: RouteTable, method: str, path: str, summary: str, run: Run, **kw: Any) -> None:
     """A route, in `table`, that runs a fleet operation and answers its result with its status."""
-    serve(table, method, path, summary, run, respond=operation_response, **declared(**kw))
+    table.serve(method, path, summary, run, respond=operation_response, **declared(**kw))
 
 
 def http_status(result: OperationResult) -> int:

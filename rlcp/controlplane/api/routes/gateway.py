@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from rlcp.controlplane.api.handling import NATIVE, serve
+from rlcp.controlplane.api.handling import NATIVE, controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.fleet.desired import admitted_versions
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.updates import StalenessRequest
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 class StalenessAnswer(BaseModel):
@@ -28,8 +28,7 @@ async def _set_staleness(ctl: Controller, body: StalenessRequest) -> dict[str, o
     }
 
 
-serve(
-    api,
+api.serve(
     "POST",
     "/v1/rl/gateway/staleness",
     "Let the gateway route to members at one of the last `bound` versions "

@@ -9,7 +9,7 @@ from rlcp.controlplane.operations import lora
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.lora import LoraRequest
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 serve_operation(

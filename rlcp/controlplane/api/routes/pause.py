@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from rlcp.controlplane.api.handling import NATIVE, serve_operation
+from rlcp.controlplane.api.handling import NATIVE, controller_of, serve_operation
 from rlcp.controlplane.operations import pause
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.pause import PauseRequest, ResumeRequest
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 serve_operation(
     api,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rlcp.controlplane.api.handling import NATIVE, serve
+from rlcp.controlplane.api.handling import NATIVE, controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import Conflict, InvalidInput
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.placement import PlacementRequest, PlacementView
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 async def _placement(ctl: Controller, _: None) -> PlacementView:
@@ -29,8 +29,7 @@ async def _scale(ctl: Controller, body: PlacementRequest) -> PlacementView:
     return await _placement(ctl, None)
 
 
-serve(
-    api,
+api.serve(
     "GET",
     "/v1/rl/placement",
     "The agents placement keeps (placement.kind ray): the count, where it comes from, "
@@ -38,8 +37,7 @@ serve(
     _placement,
     ok=PlacementView,
 )
-serve(
-    api,
+api.serve(
     "PUT",
     "/v1/rl/placement",
     "Scale: set the count of agents to keep placed (kept in the desired state, so it "

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from rlcp.controlplane.api.handling import NATIVE, serve_operation
+from rlcp.controlplane.api.handling import NATIVE, controller_of, serve_operation
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import Conflict
 from rlcp.controlplane.operations import caches, sleep
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import OperationResult, ResetPrefixCacheRequest, SleepRequest, WakeUpRequest
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 async def sleep_members(ctl: Controller, body: SleepRequest) -> OperationResult:

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from rlcp.controlplane.api.answers import OperationsAnswer, WorkersListing
-from rlcp.controlplane.api.handling import NATIVE, controller_of, serve
+from rlcp.controlplane.api.handling import NATIVE, controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import NotFound
@@ -18,7 +18,7 @@ from rlcp.core.http import json_response, validate
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import FleetState, OperationResult, OperationsQuery, SelectorQuery
 
-api = RouteTable(tag=NATIVE)
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 @api.get(
@@ -62,8 +62,7 @@ async def _operations(ctl: Controller, query: OperationsQuery) -> dict[str, obje
     return {"operations": [op.model_dump(mode="json") for op in ctl.log.recent(query.limit)]}
 
 
-serve(
-    api,
+api.serve(
     "GET",
     "/v1/rl/workers",
     "The members, in Dynamo's listing shape plus this project's fields (`labels` among "
@@ -72,8 +71,7 @@ serve(
     query=SelectorQuery,
     ok=WorkersListing,
 )
-serve(
-    api,
+api.serve(
     "GET",
     "/v1/rl/operations",
     "Recent operations, newest first.",

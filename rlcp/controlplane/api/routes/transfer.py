@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from rlcp.controlplane.api.answers import WeightTransferInfo
-from rlcp.controlplane.api.handling import STEP, TRANSFER, serve, serve_operation
+from rlcp.controlplane.api.handling import STEP, TRANSFER, controller_of, serve_operation
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations.broadcast import WeightTransfer, group_candidates
 from rlcp.core.openapi import RouteTable
@@ -18,7 +18,7 @@ from rlcp.core.wire.controller import (
     TransferUpdateRequest,
 )
 
-api = RouteTable(tag=TRANSFER)
+api = RouteTable(tag=TRANSFER, context=controller_of)
 
 
 async def _info(ctl: Controller, _: None) -> dict[str, object]:
@@ -33,8 +33,7 @@ async def _info(ctl: Controller, _: None) -> dict[str, object]:
     }
 
 
-serve(
-    api,
+api.serve(
     "GET",
     "/v1/rl/weight_transfer",
     "World sizes for the trainer's init info, and the current group.",
