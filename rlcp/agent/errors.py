@@ -11,16 +11,10 @@ from __future__ import annotations
 from rlcp.core.errors import ApiError
 
 
-class EngineCallError(ApiError):
-    status = 502
-    code = "engine_error"
+class EngineCallError(ApiError, status=502, code="engine_error"): ...
 
 
-class EngineDeadError(ApiError):
-    status = 503
-    code = "engine_dead"
+class EngineDeadError(ApiError, status=503, code="engine_dead"): ...
 
 
-class DeadlineError(ApiError):
-    status = 504
-    code = "deadline_exceeded"
+class DeadlineError(ApiError, status=504, code="deadline_exceeded"): ...

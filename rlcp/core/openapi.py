@@ -1,9 +1,10 @@
 """OpenAPI 3.1 documents of the agent's admin API and the controller's API, from the wire models.
 
 Each route is declared once, on its handler (`RouteTable`: method, path, request body, query,
-answers per status, whether it is a probe): the app registers the handlers from those
-declarations and `build_document` turns the same declarations into the document served at
-`GET /openapi.json`. `route_drift` still compares the document with what an aiohttp app
+answers per status, whether it is a probe), or as an entry that names the function it runs
+(`RouteTable.serve`: one generic handler reads what the entry declares and hands it on): the app
+registers the handlers from those declarations and `build_document` turns the same declarations
+into the document served at `GET /openapi.json`. `route_drift` still compares the document with what an aiohttp app
 registered, so a route added beside the table (or a declaration without a handler) fails
 the tests instead of drifting. Schemas come from the pydantic models themselves
 (`TypeAdapter.json_schemas`, one pass, so two models of one name get distinct names), and
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http import HTTPStatus
 from importlib import metadata
 from typing import Any
@@ -29,8 +30,12 @@ from pydantic.json_schema import JsonSchemaMode
 
 from rlcp.core.body import read_json_object
 from rlcp.core.errors import ErrorBody
+from rlcp.core.http import json_response, parse_body, validate
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# What a served entry runs: on the table's context of the request (the controller, the agent's
+# service), with what the route reads; its value is the answer.
+Run = Callable[[Any, Any], Awaitable[Any]]
 OPENAPI_PATH = "/openapi.json"
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 try:  # every document's `info.version`: the installed package's
@@ -84,6 +89,16 @@ class Route:
     def needs_token(self, *, auth_reads: bool) -> bool:
         return self.method in MUTATING or (auth_reads and not self.probe)
 
+    async def read_input(self, request: web.Request) -> Any:
+        """What the route declares it reads: its body model (an empty body read as `{}` when
+        optional; 400 for bad JSON, 422 naming the field), else its query model (422 naming the
+        field), else nothing (None)."""
+        if self.body is not None:
+            return await parse_body(request, self.body, allow_empty=self.body_optional)
+        if self.query is not None:
+            return validate(self.query, dict(request.query))
+        return None
+
 
 def open_paths(routes: Iterable[Route]) -> frozenset[str]:
     """The paths the auth middleware (`rlcp.core.http`) lets through without the token even with
@@ -95,6 +110,10 @@ def openapi_route(summary: str = "This document.") -> Route:
     return Route("GET", OPENAPI_PATH, summary, ok=dict[str, Any], probe=True, tag="meta")
 
 
+def _request(request: web.Request) -> web.Request:
+    return request
+
+
 class RouteTable:
     """An API's routes, each declared once on its handler:
 
@@ -104,7 +123,9 @@ class RouteTable:
         async def pause(request): ...
 
     `register` adds the handlers to an app; `declared` (plus the document route) is what
-    `build_document` describes. A handler may carry several declarations (two paths).
+    `build_document` describes. A handler may carry several declarations (two paths). `tag`
+    is the document's tag of every route the table declares without one (a route group's);
+    `context`, what the entries' functions (`serve`) act on: the app's controller or service.
 
     A mutating route declared without a body model (vLLM's `/sleep?level=`, `/pause?mode=`)
     still reads its body before its handler runs: empty or a JSON object (which it ignores,
@@ -112,16 +133,46 @@ class RouteTable:
     is for a table whose body-less routes take other bodies (the gateway's refusals of
     multipart audio routes)."""
 
-    def __init__(self, *, json_bodies: bool = True) -> None:
+    def __init__(
+        self, *, json_bodies: bool = True, tag: str | None = None, context: Callable[[web.Request], Any] = _request
+    ) -> None:
         self._routes: list[Route] = []
         self._json_bodies = json_bodies
+        self._tag = tag
+        self._context = context
 
     def route(self, method: str, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
         def declare(handler: Handler) -> Handler:
-            self._routes.append(Route(method, path, summary, handler=handler, **kw))
+            self._routes.append(self._declare(method, path, summary, handler=handler, **kw))
             return handler
 
         return declare
+
+    def serve(
+        self,
+        method: str,
+        path: str,
+        summary: str,
+        run: Run,
+        *,
+        respond: Callable[[Any], web.StreamResponse] = json_response,
+        **kw: Any,
+    ) -> None:
+        """Declare a route as data, an entry naming the function it runs: one generic handler reads
+        what the declaration says the route takes (`Route.read_input`), runs `run(on, input)` (`on`:
+        the table's `context` of the request, the object its routes act on) and answers what it
+        returns (as JSON, or `respond`)."""
+        route = self._declare(method, path, summary, **kw)
+        context = self._context
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            given = await route.read_input(request)
+            return respond(await run(context(request), given))
+
+        self._routes.append(replace(route, handler=handler))
+
+    def _declare(self, method: str, path: str, summary: str, **kw: Any) -> Route:
+        return Route(method, path, summary, **{"tag": self._tag, **kw})
 
     def get(self, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
         return self.route("GET", path, summary, **kw)

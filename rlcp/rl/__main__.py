@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from rlcp.client.client import ControlPlaneClientError
+from rlcp.rl.cli import parse_run_args
 from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
 from rlcp.rl.run import Fleet, train_through_fleet
 from rlcp.rl.sampling import SamplingError
@@ -38,12 +39,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="broadcast: gloo on CPU, nccl on GPU")
     p.add_argument("--device", default="cpu", help="the trainer's torch device (cuda with --backend nccl)")
     p.add_argument("--no-push", action="store_true", help="never push (the negative control)")
-    args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if not (args.model_dir / "config.json").is_file():
-        p.error(f"--model-dir {args.model_dir} holds no config.json: give the checkpoint the engines serve")
-    return args
+    return parse_run_args(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

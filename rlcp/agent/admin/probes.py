@@ -6,46 +6,50 @@ from __future__ import annotations
 from aiohttp import web
 
 from rlcp.agent.admin.handling import agent_service
+from rlcp.agent.service import AgentService
 from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.agent import (
     ProbeAnswer,
 )
 
-api = RouteTable()
 _PROBES = "probes"
+api = RouteTable(tag=_PROBES, context=agent_service)
 
 
-@api.get(
-    "/healthz",
-    "Liveness: 200 while the engine is alive.",
-    ok=ProbeAnswer,
-    answers={503: ProbeAnswer},
-    probe=True,
-    tag=_PROBES,
-)
-async def healthz(request: web.Request) -> web.Response:
-    service = agent_service(request)
+async def _alive(service: AgentService, _: None) -> tuple[bool, dict[str, object]]:
     alive = service.engine.is_alive()
-    return json_response({"status": "ok" if alive else "engine_dead"}, status=200 if alive else 503)
+    return alive, {"status": "ok" if alive else "engine_dead"}
 
 
-@api.get(
-    "/readyz",
-    "Readiness: 503 with the reason while not ready.",
-    ok=ProbeAnswer,
-    answers={503: ProbeAnswer},
-    probe=True,
-    tag=_PROBES,
-)
-async def readyz(request: web.Request) -> web.Response:
-    reason = agent_service(request).readiness.not_ready_reason()
-    if reason is None:
-        return json_response({"status": "ready"})
-    return json_response({"status": "not_ready", "reason": reason}, status=503)
+async def _ready(service: AgentService, _: None) -> tuple[bool, dict[str, object]]:
+    reason = service.readiness.not_ready_reason()
+    return reason is None, {"status": "ready"} if reason is None else {"status": "not_ready", "reason": reason}
 
 
-@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain", tag=_PROBES)
+def _probe_answer(verdict: tuple[bool, dict[str, object]]) -> web.Response:
+    passed, body = verdict
+    return json_response(body, status=200 if passed else 503)
+
+
+# A probe: 200 while its check passes, else 503 saying why, both in the probe's shape.
+for _path, _summary, _check in (
+    ("/healthz", "Liveness: 200 while the engine is alive.", _alive),
+    ("/readyz", "Readiness: 503 with the reason while not ready.", _ready),
+):
+    api.serve(
+        "GET",
+        _path,
+        _summary,
+        _check,
+        respond=_probe_answer,
+        ok=ProbeAnswer,
+        answers={503: ProbeAnswer},
+        probe=True,
+    )
+
+
+@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain")
 async def metrics(request: web.Request) -> web.Response:
     service = agent_service(request)
     body = service.metrics.render(

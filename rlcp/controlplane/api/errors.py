@@ -1,7 +1,8 @@
 """The controller's domain errors as HTTP, in one table (`rlcp.controlplane.errors` has the tree).
 
 The shared error middleware (`rlcp.core.http`) calls `to_api_error` for anything a handler
-raises that is not already an `ApiError`; what is not in the table stays a 500.
+raises that is not already an `ApiError`; what is not in the table stays a 500. The keys an
+answer carries besides code, message and field are the error's `details` (`rlcp.core.errors`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from rlcp.core.errors import (
     ApiError,
     BadRequestError,
     ConflictError,
-    ErrorJson,
     ForbiddenPathError,
     NotFoundError,
     ValidationFailedError,
 )
 from rlcp.core.wire.controller.operations import OperationResult
-from rlcp.core.wire.controller.transfer import MembershipDelta
 
 
 class NotLeaderApiError(ConflictError):
@@ -25,29 +24,11 @@ class NotLeaderApiError(ConflictError):
 
     code = "not_leader"
 
-    def __init__(self, message: str, *, leader: str | None) -> None:
-        super().__init__(message)
-        self.leader = leader
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"]["leader"] = self.leader
-        return body
-
 
 class MissingCapabilityApiError(ConflictError):
     """409 `capability_missing`; the body names each worker and what it lacks."""
 
     code = "capability_missing"
-
-    def __init__(self, message: str, *, workers: dict[str, str]) -> None:
-        super().__init__(message)
-        self.workers = workers
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"]["workers"] = self.workers
-        return body
 
 
 class MembershipChangedApiError(ConflictError):
@@ -57,15 +38,6 @@ class MembershipChangedApiError(ConflictError):
 
     code = "membership_changed"
 
-    def __init__(self, message: str, *, change: MembershipDelta) -> None:
-        super().__init__(message)
-        self.change = change
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"].update(self.change.model_dump(mode="json"))
-        return body
-
 
 class ModelNameTakenApiError(ConflictError):
     """409 `model_name_taken`; the body names the model, the fleet that serves it and the fleet
@@ -73,30 +45,12 @@ class ModelNameTakenApiError(ConflictError):
 
     code = "model_name_taken"
 
-    def __init__(self, message: str, *, field: str | None, model: str, serving: str, asking: str) -> None:
-        super().__init__(message, field=field)
-        self.model, self.serving, self.asking = model, serving, asking
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"].update(model=self.model, served_by=self.serving, fleet=self.asking)
-        return body
-
 
 class CheckpointUnavailableApiError(ValidationFailedError):
     """422 `checkpoint_unavailable`: no worker could load the checkpoint, and none was
     touched; the body names each worker's reason (missing, unreadable, not weights)."""
 
     code = "checkpoint_unavailable"
-
-    def __init__(self, message: str, *, field: str | None, workers: dict[str, str]) -> None:
-        super().__init__(message, field=field)
-        self.workers = workers
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"]["workers"] = self.workers
-        return body
 
 
 class EngineRefusedApiError(ApiError):
@@ -106,16 +60,8 @@ class EngineRefusedApiError(ApiError):
     code = "engine_rejected"
 
     def __init__(self, message: str, *, status: int, workers: dict[str, str], operation: dict[str, object]) -> None:
-        super().__init__(message)
+        super().__init__(message, workers=workers, operation=operation)
         self.status = status
-        self.workers = workers
-        self.operation = operation
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"]["workers"] = self.workers
-        body["error"]["operation"] = self.operation
-        return body
 
 
 class FleetCallFailedApiError(ApiError):
@@ -131,16 +77,10 @@ class FleetCallFailedApiError(ApiError):
         named = "; ".join(f"{r.worker_id} ({r.phase}: {r.message or r.code or r.status})" for r in failed)
         super().__init__(
             f"{result.kind} did not succeed on every member: {len(failed)} of {len(result.results)} "
-            f"failed: {named or 'none named'}"
+            f"failed: {named or 'none named'}",
+            workers={r.worker_id: r.message or r.code or r.status for r in failed},
+            operation=result.model_dump(mode="json"),
         )
-        self.workers = {r.worker_id: r.message or r.code or r.status for r in failed}
-        self.operation = result.model_dump(mode="json")
-
-    def body(self) -> ErrorJson:
-        body = super().body()
-        body["error"]["workers"] = self.workers
-        body["error"]["operation"] = self.operation
-        return body
 
 
 def _coded(base: type[ApiError], status: int, code: str) -> type[ApiError]:
@@ -165,12 +105,12 @@ def to_api_error(exc: Exception) -> ApiError | None:
     if isinstance(exc, domain.NotLeader):
         return NotLeaderApiError(exc.message, leader=exc.leader)
     if isinstance(exc, domain.StaleTransferGroup):
-        return MembershipChangedApiError(exc.message, change=exc.change)
+        return MembershipChangedApiError(exc.message, **exc.change.model_dump(mode="json"))
     if isinstance(exc, domain.MissingCapability):
         return MissingCapabilityApiError(exc.message, workers=exc.workers)
     if isinstance(exc, domain.ModelNameTaken):
         return ModelNameTakenApiError(
-            exc.message, field=exc.field, model=exc.model, serving=exc.serving, asking=exc.asking
+            exc.message, field=exc.field, model=exc.model, served_by=exc.serving, fleet=exc.asking
         )
     if isinstance(exc, domain.CheckpointUnavailable):
         return CheckpointUnavailableApiError(exc.message, field=exc.field, workers=exc.workers)

@@ -22,7 +22,8 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from rlcp.controlplane.api.facade import FACADE_TAG
-from rlcp.controlplane.api.handling import CONTROLLER, SESSION
+from rlcp.controlplane.api.handling import CONTROLLER, SESSION, controller_of
+from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import NoMembers
 from rlcp.controlplane.fleet.served import ServedModels
 from rlcp.controlplane.fleet.server_config import WHY_DATA_PARALLEL, ServerConfigs, merge_configs
@@ -32,7 +33,7 @@ from rlcp.core.wire.agent import WeightInfoAnswer, WorldSizeAnswer, WorldSizeQue
 from rlcp.core.wire.controller import ModelList
 from rlcp.core.wire.server_info import ServerInfoAnswer, ServerInfoQuery, config_text
 
-api = RouteTable()
+api = RouteTable(tag=FACADE_TAG, context=controller_of)
 SERVER_CONFIGS = web.AppKey("server_configs", ServerConfigs)
 SERVED_MODELS = web.AppKey("served_models", ServedModels)
 
@@ -62,7 +63,6 @@ class FleetServerInfoAnswer(ServerInfoAnswer):
     query=ServerInfoQuery,
     ok=FleetServerInfoAnswer,
     errors=(503,),
-    tag=FACADE_TAG,
 )
 async def server_info(request: web.Request) -> web.Response:
     query = validate(ServerInfoQuery, dict(request.query))
@@ -88,30 +88,35 @@ async def server_info(request: web.Request) -> web.Response:
     )
 
 
-@api.get(
-    "/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True, tag=FACADE_TAG
-)
+@api.get("/health", "200 while some worker serves, else 503 (no body).", answers={503: None}, probe=True)
 async def health(request: web.Request) -> web.Response:
     serving = any(w.serving for w in request.config_dict[CONTROLLER].state().workers)
     return web.Response(status=200 if serving else 503)
 
 
-@api.get(
+async def _weight_info(ctl: Controller, _: None) -> dict[str, object]:
+    return {"weight_version": ctl.state().applied.weight_version}
+
+
+async def _world_size(ctl: Controller, _: WorldSizeQuery) -> dict[str, object]:
+    return {"world_size": ctl.transfer.world_size()}
+
+
+api.serve(
+    "GET",
     "/weight_info",
     "The fleet's common weight version (null when members disagree).",
+    _weight_info,
     ok=WeightInfoAnswer,
-    tag=FACADE_TAG,
 )
-async def weight_info(request: web.Request) -> web.Response:
-    return json_response({"weight_version": request.config_dict[CONTROLLER].state().applied.weight_version})
-
-
-@api.get(
-    "/get_world_size", "Total inference ranks of the fleet.", query=WorldSizeQuery, ok=WorldSizeAnswer, tag=FACADE_TAG
+api.serve(
+    "GET",
+    "/get_world_size",
+    "Total inference ranks of the fleet.",
+    _world_size,
+    query=WorldSizeQuery,
+    ok=WorldSizeAnswer,
 )
-async def get_world_size(request: web.Request) -> web.Response:
-    validate(WorldSizeQuery, dict(request.query))
-    return json_response({"world_size": request.config_dict[CONTROLLER].transfer.world_size()})
 
 
 @api.get(
@@ -119,7 +124,6 @@ async def get_world_size(request: web.Request) -> web.Response:
     "What the fleet serves: the union of the members' own `/v1/models` (base models and "
     "adapters), as the gateway answers it.",
     ok=ModelList,
-    tag=FACADE_TAG,
 )
 async def models(request: web.Request) -> web.Response:
     ctl = request.config_dict[CONTROLLER]

@@ -29,16 +29,14 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from rlcp.controlplane.api.errors import FleetCallFailedApiError
-from rlcp.controlplane.api.facade import client_fields, fleet_call
-from rlcp.controlplane.api.handling import CONTROLLER
+from rlcp.controlplane.api.facade import FACADE_TAG, client_fields, serve_fleet_call
+from rlcp.controlplane.api.handling import controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.operations import weights
 from rlcp.core.errors import NotSupportedError, ValidationFailedError
-from rlcp.core.http import json_response, parse_body, validate
+from rlcp.core.http import validate
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import (
     OperationResult,
@@ -48,7 +46,7 @@ from rlcp.core.wire.controller import (
     UpdateWeightsRequest,
 )
 
-api = RouteTable()
+api = RouteTable(tag=FACADE_TAG, context=controller_of)
 
 # method -> its parameters, in order (the worker's signature in vllm/v1/worker/gpu_worker.py
 # and gpu_model_runner.py): positional `args` are read as these.
@@ -165,23 +163,23 @@ async def _run(ctl: Controller, method: str, given: dict[str, Any]) -> Operation
     return await transfer.shutdown()  # shutdown_weight_transfer_engine, the last of PARAMETERS
 
 
-@fleet_call(
+async def _collective_rpc(ctl: Controller, req: CollectiveRpcRequest) -> OperationResult:
+    given = arguments(req)
+    with client_fields(_ARGUMENT_FIELDS):
+        return await _run(ctl, req.method, given)
+
+
+serve_fleet_call(
     "POST",
     "/collective_rpc",
     "vLLM's weight protocol as engine RPCs, on the fleet: `reload_weights` "
     "(`weights_path`) is the verified disk update; `init_weight_transfer_engine`, `start_weight_update`, "
     "`update_weights`, `finish_weight_update`, `shutdown_weight_transfer_engine` are the broadcast's "
     "steps, as their routes. Any other method: 501 naming it.",
+    _collective_rpc,
+    lambda _, result: {"results": [None for _ in result.results]},
     body=CollectiveRpcRequest,
     ok=CollectiveRpcAnswer,
     errors=(403, 501),
     table=api,
 )
-async def collective_rpc(request: web.Request) -> web.Response:
-    req = await parse_body(request, CollectiveRpcRequest)
-    given = arguments(req)
-    with client_fields(_ARGUMENT_FIELDS):
-        result = await _run(request.config_dict[CONTROLLER], req.method, given)
-    if result.status not in ("ok", "running"):
-        raise FleetCallFailedApiError(result)
-    return json_response({"results": [None for _ in result.results]})

@@ -1,12 +1,13 @@
 """What every route group of the controller's API shares (`routes/`, the facade): the app keys its
-handlers read, how a route that runs a fleet operation is declared, and how an operation's result
-becomes a status. Operation routes answer an `OperationResult`: 200 every worker ok, 207 some
-failed, 502 none ok (a broadcast step: any failed).
+handlers read, how a route that runs a fleet operation is declared (on its handler, or as an entry
+naming the operation, served by one handler), and how an operation's result becomes a status.
+Operation routes answer an `OperationResult`: 200 every worker ok, 207 some failed, 502 none ok
+(a broadcast step: any failed).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -25,23 +26,35 @@ SESSION = web.AppKey("session", aiohttp.ClientSession)  # the one client session
 WRITE_ERRORS = (409, 503)
 PARTIAL: dict[int, Any] = {207: OperationResult, 502: OperationResult}
 STEP: dict[int, Any] = {502: OperationResult}  # a broadcast step is one collective: any failure is 502
-NATIVE, TRANSFER = "fleet", "weight transfer"  # the document's tags
+NATIVE, TRANSFER = "fleet", "weight transfer"  # the document's tags (each group's table's)
 
 
-def operation(
-    table: RouteTable,
-    method: str,
-    path: str,
-    summary: str,
+def declared(
     *,
     partial: dict[int, Any] = PARTIAL,
     ok: Any = OperationResult,
     errors: tuple[int, ...] = (),
-    tag: str = NATIVE,
     **kw: Any,
-) -> Callable[[Handler], Handler]:
-    """The declaration, in `table`, of a route that runs a fleet operation."""
-    return table.route(method, path, summary, ok=ok, answers=partial, errors=(*WRITE_ERRORS, *errors), tag=tag, **kw)
+) -> dict[str, Any]:
+    """What a route that runs a fleet operation declares besides its method, path and summary:
+    it answers the `OperationResult` (`partial`: the statuses of a result not all ok), and every
+    write's errors besides its own."""
+    return {"ok": ok, "answers": partial, "errors": (*WRITE_ERRORS, *errors), **kw}
+
+
+def operation(table: RouteTable, method: str, path: str, summary: str, **kw: Any) -> Callable[[Handler], Handler]:
+    """The declaration, in `table`, of a route that runs a fleet operation, on its handler."""
+    return table.route(method, path, summary, **declared(**kw))
+
+
+# An operation as a route entry names it: run on the request's controller (the table's context,
+# `controller_of`) with what the route reads.
+Run = Callable[[Controller, Any], Awaitable[OperationResult]]
+
+
+def serve_operation(table: RouteTable, method: str, path: str, summary: str, run: Run, **kw: Any) -> None:
+    """A route, in `table`, that runs a fleet operation and answers its result with its status."""
+    table.serve(method, path, summary, run, respond=operation_response, **declared(**kw))
 
 
 def http_status(result: OperationResult) -> int:

@@ -44,18 +44,13 @@ _WRITES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _HOP_OUT = HOP_BY_HOP | {"date", "server"}  # the answer's Date and Server are this process's
 
 
-class CoreUnavailable(ApiError):
-    status = 503
-    code = "core_unavailable"
-
+class CoreUnavailable(ApiError, status=503, code="core_unavailable"):
     @property
     def headers(self) -> dict[str, str] | None:
         return {"Retry-After": "1"}
 
 
-class CoreTimeout(ApiError):
-    status = 504
-    code = "core_timeout"
+class CoreTimeout(ApiError, status=504, code="core_timeout"): ...
 
 
 class CoreLink:

@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+from rlcp.rl.cli import parse_run_args
 from rlcp.rl.trl.run import TrlRun, TrlSettings, train_with_trl, write_run
 
 
@@ -33,12 +34,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="TRL's; engines need max_loras >= it + 2")
     p.add_argument("--no-sync", action="store_true", help="TRL's no-op weight transfer (the negative control)")
     p.add_argument("--summary", type=Path, help="also write the run's summary here as JSON")
-    args = p.parse_args(argv)
-    if args.steps < 1:
-        p.error("--steps must be >= 1")
-    if not (args.model_dir / "config.json").is_file():
-        p.error(f"--model-dir {args.model_dir} holds no config.json: give the checkpoint the engines serve")
-    return args
+    return parse_run_args(p, argv)
 
 
 def report(run: TrlRun, label: str) -> dict[str, object]:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from rlcp.controlplane.api.handling import controller_of, operation, operation_response
+from rlcp.controlplane.api.handling import NATIVE, controller_of, operation, operation_response
 from rlcp.controlplane.operations import engine
 from rlcp.core.http import parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.engine import EngineRouteRequest
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE)
 
 
 @operation(

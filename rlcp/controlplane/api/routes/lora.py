@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from rlcp.controlplane.api.handling import controller_of, operation, operation_response
+from rlcp.controlplane.api.handling import NATIVE, controller_of, operation, operation_response, serve_operation
 from rlcp.controlplane.operations import lora
-from rlcp.core.http import parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.lora import LoraRequest
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
-@operation(api, "POST", "/v1/rl/loras", "Load or hot-swap a LoRA adapter fleet-wide.", body=LoraRequest, errors=(403,))
-async def post_lora(request: web.Request) -> web.Response:
-    body = await parse_body(request, LoraRequest)
-    return operation_response(await lora.load_lora(controller_of(request), body))
+serve_operation(
+    api,
+    "POST",
+    "/v1/rl/loras",
+    "Load or hot-swap a LoRA adapter fleet-wide.",
+    lora.load_lora,
+    body=LoraRequest,
+    errors=(403,),
+)
 
 
 @operation(

@@ -2,48 +2,22 @@
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from rlcp.controlplane.api.handling import NATIVE, controller_of
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import Conflict, InvalidInput
-from rlcp.core.http import json_response, parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller.placement import PlacementRequest, PlacementView
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
-def _placement_view(ctl: Controller) -> PlacementView:
+async def _placement(ctl: Controller, _: None) -> PlacementView:
     if ctl.placement is None:
         return PlacementView(kind="none", replicas=None, replicas_from=None, leading=ctl.leadership.is_leader)
     return ctl.placement.view(leading=ctl.leadership.is_leader)
 
 
-@api.get(
-    "/v1/rl/placement",
-    "The agents placement keeps (placement.kind ray): the count, where it comes from, "
-    "and the actors and groups of the last pass.",
-    ok=PlacementView,
-    tag=NATIVE,
-)
-async def get_placement(request: web.Request) -> web.Response:
-    return json_response(_placement_view(controller_of(request)))
-
-
-@api.put(
-    "/v1/rl/placement",
-    "Scale: set the count of agents to keep placed (kept in the desired state, so it "
-    "outlives restarts; null hands it back to the settings). Answers once the count is stored; the placement "
-    "loop acts at once, and the new agents join through discovery.",
-    body=PlacementRequest,
-    ok=PlacementView,
-    errors=(409,),
-    tag=NATIVE,
-)
-async def put_placement(request: web.Request) -> web.Response:
-    body = await parse_body(request, PlacementRequest)
-    ctl = controller_of(request)
+async def _scale(ctl: Controller, body: PlacementRequest) -> PlacementView:
     if ctl.placement is None:
         raise Conflict("placement.kind is none: this controller places no agents, so there is nothing to scale")
     most = ctl.placement.settings.max_replicas
@@ -52,4 +26,25 @@ async def put_placement(request: web.Request) -> web.Response:
     async with ctl.gate.api_operation("set_placement"):
         await ctl.desired.set_placement_replicas(body.replicas)
     ctl.placement.wake()
-    return json_response(_placement_view(ctl))
+    return await _placement(ctl, None)
+
+
+api.serve(
+    "GET",
+    "/v1/rl/placement",
+    "The agents placement keeps (placement.kind ray): the count, where it comes from, "
+    "and the actors and groups of the last pass.",
+    _placement,
+    ok=PlacementView,
+)
+api.serve(
+    "PUT",
+    "/v1/rl/placement",
+    "Scale: set the count of agents to keep placed (kept in the desired state, so it "
+    "outlives restarts; null hands it back to the settings). Answers once the count is stored; the placement "
+    "loop acts at once, and the new agents join through discovery.",
+    _scale,
+    body=PlacementRequest,
+    ok=PlacementView,
+    errors=(409,),
+)

@@ -9,17 +9,15 @@ from rlcp.core.http import json_response
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.agent.state import ProbeAnswer
 
-api = RouteTable()
+api = RouteTable(tag="probes")
 
 
-@api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True, tag="probes")
+@api.get("/healthz", "Liveness.", ok=ProbeAnswer, probe=True)
 async def healthz(request: web.Request) -> web.Response:
     return json_response({"status": "ok"})
 
 
-@api.get(
-    "/readyz", "Readiness: discovery has synced.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True, tag="probes"
-)
+@api.get("/readyz", "Readiness: discovery has synced.", ok=ProbeAnswer, answers={503: ProbeAnswer}, probe=True)
 async def readyz(request: web.Request) -> web.Response:
     ctl = controller_of(request)
     leader = ctl.leadership.leader_identity
@@ -32,7 +30,7 @@ async def readyz(request: web.Request) -> web.Response:
     return json_response({"status": "ready", "leader": leader, "leading": ctl.leadership.is_leader})
 
 
-@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain", tag="probes")
+@api.get("/metrics", "Prometheus metrics.", ok=str, media_type="text/plain")
 async def metrics(request: web.Request) -> web.Response:
     ctl = controller_of(request)
     ready = sum(1 for r in ctl.members() if ctl.worker_view(r).ready)

@@ -2,34 +2,14 @@
 
 from __future__ import annotations
 
-from aiohttp import web
-
-from rlcp.controlplane.api.handling import controller_of, operation, operation_response
+from rlcp.controlplane.api.handling import NATIVE, controller_of, serve_operation
 from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.errors import Conflict
 from rlcp.controlplane.operations import caches, sleep
-from rlcp.core.http import parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import OperationResult, ResetPrefixCacheRequest, SleepRequest, WakeUpRequest
 
-api = RouteTable()
-
-
-@operation(
-    api,
-    "POST",
-    "/v1/rl/sleep",
-    "Put members to sleep (vLLM's sleep mode; with `selector` or `worker_ids`, only "
-    "those): they leave the gateway's fence at once, pause (`mode`) and release memory (`level`), and are kept "
-    "asleep in the desired state -- left out of other operations, put back to sleep by the reconciler -- until "
-    "woken. 409 naming a member whose flavor has no sleep mode, or while a weight-transfer group is formed.",
-    body=SleepRequest,
-    body_optional=True,
-    errors=(404,),
-)
-async def post_sleep(request: web.Request) -> web.Response:
-    body = await parse_body(request, SleepRequest, allow_empty=True)
-    return operation_response(await sleep_members(controller_of(request), body))
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 async def sleep_members(ctl: Controller, body: SleepRequest) -> OperationResult:
@@ -43,7 +23,20 @@ async def sleep_members(ctl: Controller, body: SleepRequest) -> OperationResult:
     return await sleep.sleep(ctl, body)
 
 
-@operation(
+serve_operation(
+    api,
+    "POST",
+    "/v1/rl/sleep",
+    "Put members to sleep (vLLM's sleep mode; with `selector` or `worker_ids`, only "
+    "those): they leave the gateway's fence at once, pause (`mode`) and release memory (`level`), and are kept "
+    "asleep in the desired state -- left out of other operations, put back to sleep by the reconciler -- until "
+    "woken. 409 naming a member whose flavor has no sleep mode, or while a weight-transfer group is formed.",
+    sleep_members,
+    body=SleepRequest,
+    body_optional=True,
+    errors=(404,),
+)
+serve_operation(
     api,
     "POST",
     "/v1/rl/wake_up",
@@ -51,16 +44,12 @@ async def sleep_members(ctl: Controller, body: SleepRequest) -> OperationResult:
     "woken, brought to the fleet's weights where it fell behind, verified (version, and its checksums against "
     "those it slept with), and only then returns inside the fence and resumes. A member that fails stays "
     "asleep, its result naming why. `tags` wakes part of the memory and leaves the members asleep.",
+    sleep.wake_up,
     body=WakeUpRequest,
     body_optional=True,
     errors=(404,),
 )
-async def post_wake_up(request: web.Request) -> web.Response:
-    body = await parse_body(request, WakeUpRequest, allow_empty=True)
-    return operation_response(await sleep.wake_up(controller_of(request), body))
-
-
-@operation(
+serve_operation(
     api,
     "POST",
     "/v1/rl/reset_prefix_cache",
@@ -68,9 +57,7 @@ async def post_wake_up(request: web.Request) -> web.Response:
     "its prefix cache; a member whose engine could not (blocks held by running requests, without "
     "`reset_running_requests`) failed. The fleet resets them itself on every weight update and adapter swap. "
     "409 naming a member whose flavor has no reset.",
+    caches.reset_prefix_cache,
     body=ResetPrefixCacheRequest,
     body_optional=True,
 )
-async def post_reset_prefix_cache(request: web.Request) -> web.Response:
-    body = await parse_body(request, ResetPrefixCacheRequest, allow_empty=True)
-    return operation_response(await caches.reset_prefix_cache(controller_of(request), body))

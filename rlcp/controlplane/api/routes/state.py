@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from rlcp.controlplane.api.answers import OperationsAnswer, WorkersListing
 from rlcp.controlplane.api.handling import NATIVE, controller_of
+from rlcp.controlplane.controller import Controller
 from rlcp.controlplane.discovery.http_listing import render_listing
 from rlcp.controlplane.errors import NotFound
 from rlcp.controlplane.fleet.select import read_selector, selected
@@ -15,7 +18,7 @@ from rlcp.core.http import json_response, validate
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import FleetState, OperationResult, OperationsQuery, SelectorQuery
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE, context=controller_of)
 
 
 @api.get(
@@ -27,7 +30,6 @@ api = RouteTable()
     query=SelectorQuery,
     ok=FleetState,
     answers={304: None},
-    tag=NATIVE,
 )
 async def get_state(request: web.Request) -> web.Response:
     ctl = controller_of(request)
@@ -40,17 +42,8 @@ async def get_state(request: web.Request) -> web.Response:
     return cached_response(request, etag=ctl.state_etag(), body=ctl.state_body)
 
 
-@api.get(
-    "/v1/rl/workers",
-    "The members, in Dynamo's listing shape plus this project's fields (`labels` among "
-    "them); with `selector`, only those whose labels match.",
-    query=SelectorQuery,
-    ok=WorkersListing,
-    tag=NATIVE,
-)
-async def get_workers(request: web.Request) -> web.Response:
-    ctl = controller_of(request)
-    members = selected(ctl.members(), read_selector(validate(SelectorQuery, dict(request.query)).selector))
+async def _workers(ctl: Controller, query: SelectorQuery) -> dict[str, Any]:
+    members = selected(ctl.members(), read_selector(query.selector))
     views = {v.id: v for v in (ctl.worker_view(r) for r in members)}
     listing = render_listing(
         [r.spec for r in members],
@@ -62,16 +55,30 @@ async def get_workers(request: web.Request) -> web.Response:
         view = views[entry["instance_id"]]
         entry.update(ready=view.ready, weight_version=view.weight_version, reachable=view.reachable)
     listing["membership_epoch"] = ctl.registry.membership.epoch
-    return json_response(listing)
+    return listing
 
 
-@api.get(
-    "/v1/rl/operations", "Recent operations, newest first.", query=OperationsQuery, ok=OperationsAnswer, tag=NATIVE
+async def _operations(ctl: Controller, query: OperationsQuery) -> dict[str, object]:
+    return {"operations": [op.model_dump(mode="json") for op in ctl.log.recent(query.limit)]}
+
+
+api.serve(
+    "GET",
+    "/v1/rl/workers",
+    "The members, in Dynamo's listing shape plus this project's fields (`labels` among "
+    "them); with `selector`, only those whose labels match.",
+    _workers,
+    query=SelectorQuery,
+    ok=WorkersListing,
 )
-async def get_operations(request: web.Request) -> web.Response:
-    query = validate(OperationsQuery, dict(request.query))
-    ops = controller_of(request).log.recent(query.limit)
-    return json_response({"operations": [op.model_dump(mode="json") for op in ops]})
+api.serve(
+    "GET",
+    "/v1/rl/operations",
+    "Recent operations, newest first.",
+    _operations,
+    query=OperationsQuery,
+    ok=OperationsAnswer,
+)
 
 
 @api.get(
@@ -80,7 +87,6 @@ async def get_operations(request: web.Request) -> web.Response:
     "and bubble (404 once it is older than the kept history).",
     ok=OperationResult,
     errors=(404,),
-    tag=NATIVE,
     path_params={"id": {"type": "string", "minLength": 1}},
 )
 async def get_operation(request: web.Request) -> web.Response:

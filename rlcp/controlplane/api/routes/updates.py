@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from rlcp.controlplane.api.handling import PARTIAL, controller_of, operation, operation_response
+from rlcp.controlplane.api.handling import NATIVE, PARTIAL, controller_of, operation, operation_response
 from rlcp.controlplane.operations import weights
 from rlcp.core.http import json_response, parse_body
 from rlcp.core.openapi import RouteTable
 from rlcp.core.wire.controller import OperationResult, UpdateWeightsRequest
 
-api = RouteTable()
+api = RouteTable(tag=NATIVE)
 
 
 @operation(
