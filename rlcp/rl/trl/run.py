@@ -229,7 +229,7 @@ def train_with_trl(
     say(
         f"TRL {_version('trl')} AsyncGRPOTrainer at {url}: {settings.steps} steps of {settings.prompts_per_step} "
         f"prompts x {settings.group} completions x {settings.max_tokens} tokens, LoRA r={settings.lora_rank}, "
-        f"lr {settings.lr:g}, PPO ratio clipped to [{1 - config.epsilon:g}, {1 + config.epsilon_high:g}], "
+        f"lr {settings.lr:g}, PPO ratio clipped to [{1 - config.epsilon:g}, {1 + settings.epsilon_high:g}], "
         + (
             f"adapter-only sync ({LORA_NAME}-v<N>, max_staleness {settings.max_staleness})"
             if trainer._lora_sync
