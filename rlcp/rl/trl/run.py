@@ -47,7 +47,7 @@ RESPONSE_TEMPLATE = {
 @dataclass
 class TrlSettings:
     steps: int = 20
-    lr: float = 5e-2
+    lr: float = 3e-2
     seed: int = 0
     prompts_per_step: int = 4
     group: int = 16  # completions per prompt (TRL's num_generations)
