@@ -33,6 +33,7 @@ only chosen here; the real run (tests/e2e/test_trl_async.py) decides.
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import statistics
@@ -90,12 +91,14 @@ def run(model_dir: Path, knobs: Knobs, seed: int, sample_seed: int) -> list[floa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, set_seed
 
-    from rlcp.rl.trl.run import LORA_TARGETS
+    # The run's own adapter targets. `rlcp.rl.trl` is outside the packages mypy checks (it imports TRL,
+    # which is untyped), so it is imported by name rather than followed.
+    lora_targets: list[str] = importlib.import_module("rlcp.rl.trl.run").LORA_TARGETS
 
     _, prompts, target, eos, pad = build(model_dir)
     set_seed(seed)
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=LORA_TARGETS))
+    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=lora_targets))
     params = [p for p in policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=knobs.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     gen = torch.Generator().manual_seed(sample_seed)
