@@ -6,7 +6,7 @@ on, `max_loras` 3), with `api.allow_anonymous` (TRL sends no token). TRL probes 
 adapter-only sync, and publishes `trl-policy-v<N>` after every step; the fleet loads each on both
 engines. Checked: every rollout TRL's rollout process got was answered, by an adapter TRL had
 published (the answer's `model`), on both workers; the reward's climb is an xfail when it does not
-come (below: not yet reliable). The negative control is the same
+come (below: not yet shown reliable in real runs). The negative control is the same
 run with TRL's no-op weight transfer: every rollout comes from the base model, and the reward stays
 flat.
 
@@ -41,7 +41,8 @@ off (a step above 0.05) at steps 6, 8, 12, 14 and 18, one never. What changed it
   16, last three 0.18, still a gain of 0.18). The stand-in is not TRL (vLLM's sampler and
   timing are not in it), so the real runs below decide.
 
-REAL_RUNS_PLACEHOLDER
+Real runs with these settings (this test, the shared engines): none yet; until two in a row climb past
+the margin, the climb stays an xfail when it does not come.
 
 The negative control runs 6 steps (244 s at load ~20, its engines already up): all 775 rollouts asked for
 and were answered by `tiny`, the base, on both workers, and the reward stayed within 0.000-0.006. Its
