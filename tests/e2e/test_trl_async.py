@@ -19,7 +19,7 @@ History, with TRL's defaults for the loss (8 completions a prompt, PPO clip [0.8
 quiet machine), a 20-step run never did (0.000-0.006 every step). A denser reward (the share of ASCII
 punctuation tokens, ~8% at first) did not help either: 12 steps, first three 0.092, last three 0.109.
 
-The cause, and the settings now used, found with `bench/trl_loss_standin.py`: a plain-torch STAND-IN of
+What points at the cause, and chose the settings now used: `bench/trl_loss_standin.py`, a plain-torch STAND-IN of
 TRL 1.16.0's loss (not TRL: PEFT LoRA as the run builds it, samples one policy version old as TRL's
 one-step queue makes them, group-normalised advantages, `compute_loss`'s clipped ratio, AdamW, gradient
 norm 1), 20 steps, a seed per run (LoRA init and sampling). On-policy, TRL's defaults climb in every seed
