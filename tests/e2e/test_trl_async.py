@@ -46,10 +46,9 @@ the margin, the climb stays an xfail when it does not come.
 
 The negative control runs 6 steps (with 8 completions a prompt: 244 s at load ~20, its engines already
 up): all 775 rollouts asked for and were answered by `tiny`, the base, on both workers, and the reward
-stayed within 0.000-0.006. Its
-strong evidence is where the rollouts came from; over 6 steps the synced run's reward has not taken off
-yet either (0.010 at step 6), so the flat reward alone would prove little, and 16 more steps would cost
-CI another ~5 minutes.
+stayed within 0.000-0.006. Its strong evidence is where the rollouts came from; over 6 steps the synced
+run's reward has not taken off yet either (0.010 at step 6), so the flat reward alone would prove little,
+and 16 more steps would cost CI another ~5 minutes.
 
 Cost, measured on a quiet machine with the shared engines already up, with 8 completions a prompt: the
 synced run 217 s, the control 119 s. With 16 (twice the samples a step) not yet measured.
