@@ -6,44 +6,52 @@ on, `max_loras` 3), with `api.allow_anonymous` (TRL sends no token). TRL probes 
 adapter-only sync, and publishes `trl-policy-v<N>` after every step; the fleet loads each on both
 engines. Checked: every rollout TRL's rollout process got was answered, by an adapter TRL had
 published (the answer's `model`), on both workers; the reward's climb is an xfail when it does not
-come (below: not yet reliable). The negative control is the same
+come (below: not yet shown reliable in real runs). The negative control is the same
 run with TRL's no-op weight transfer: every rollout comes from the base model, and the reward stays
 flat.
 
-The margin: TRL's first steps score ~0.002-0.008 (the target is 1 token in ~500). Two 16-step runs, seed 0,
-lr 5e-2, staleness 1: a local-fleet run at load average ~20 left 0.01 at step 7 and ended at 0.42, 0.62
-(first three 0.005, last three 0.389); this test's run on a quiet machine (144 s for 16 steps) took off
-later: 0.025 at steps 10-13, then 0.062, 0.096, 0.119 (last three 0.092). Which adapter sampled which
-step's rollouts depends on timing (TRL's rollout process generates ahead), so the take-off step moves.
-A third run (this test, 20 steps, quiet machine) never took off: 0.000-0.006 every step. TRL scores a
-whole completion, so a group of 8 with no `!` in any of its 128 tokens (~3 groups in 4 at first) has no
-signal at all, where the project's own run rewards every token; the take-off is luck-dependent. So the
-climb (a gain of 0.05 over 20 steps: the last three steps' mean ~20x the base rate, where the control
-never scored above 0.006 in any step) is reported as an xfail when it does not happen, not asserted;
-what every run showed is asserted: every rollout answered, by an adapter TRL published, on both workers.
+The margin: TRL's first steps score ~0.002-0.008 (the target is 1 token in ~500). The climb asserted, when
+it is, is a gain of 0.05 over 20 steps (the last three steps' mean over the first three's, ~20x the base
+rate), where the control never scored above 0.006 in any step.
 
-A denser reward was tried and did not make the climb reliable: the share of tokens that are one ASCII
-punctuation character (32 of the tiny tokenizer's 430 tokens, `!` among them; the base model samples
-them ~8% of the time, so every group has variance from step 1). This test's run, 12 steps, seed 0, lr
-5e-2: 0.084 0.076 0.115 0.102 0.076 0.043 0.051 0.057 0.082 0.082 0.125 0.119 (first three 0.092,
-last three 0.109), where its control (8 steps, TRL's no-op transfer) held 0.070-0.084. A stand-in for
-TRL's loss on the tiny model in plain torch (sequence reward, group-normalised advantage, LoRA r=8,
-AdamW 5e-2, PPO clip 0.2, gradient norm 1; not TRL itself; seed 0, one run each) points at a cause: on-policy,
-that reward went 0.076 -> 0.707 by step 7 and 0.99 by step 9; trained, as TRL's adapter sync must
-be (`max_staleness` >= 1), on samples one policy version old, it stayed at 0.05-0.10 for 12 steps at
-lr 3e-3, 1e-2, 2e-2, 5e-2 and 2e-1, and reached 0.22 at step 12 with the clip opened (0.2 -> 10). The
-single `!` target, one version stale, went 0.000 -> 0.47 in 12 steps in that stand-in. So the reward
-stays the RL run's, and what limits the climb here is the one version of staleness TRL's adapter sync
-requires, not only the reward's sparsity; not asserted until a setting makes it reliable.
+History, with TRL's defaults for the loss (8 completions a prompt, PPO clip [0.8, 1.2], lr 5e-2, staleness
+1): the climb was not reliable. Two 16-step runs took off (0.005 -> 0.389 at load ~20, 0.003 -> 0.092 on a
+quiet machine), a 20-step run never did (0.000-0.006 every step). A denser reward (the share of ASCII
+punctuation tokens, ~8% at first) did not help either: 12 steps, first three 0.092, last three 0.109.
 
-The negative control runs 6 steps (244 s at load ~20, its engines already up): all 775 rollouts asked for
-and were answered by `tiny`, the base, on both workers, and the reward stayed within 0.000-0.006. Its
-strong evidence is where the rollouts came from; over 6 steps the synced run's reward has not taken off
-yet either (0.010 at step 6), so the flat reward alone would prove little, and 16 more steps would cost
-CI another ~5 minutes.
+What points at the cause, and chose the settings now used: `bench/trl_loss_standin.py`, a plain-torch STAND-IN of
+TRL 1.16.0's loss (not TRL: PEFT LoRA as the run builds it, samples one policy version old as TRL's
+one-step queue makes them, group-normalised advantages, `compute_loss`'s clipped ratio, AdamW, gradient
+norm 1), 20 steps, a seed per run (LoRA init and sampling). On-policy, TRL's defaults climb in every seed
+by step ~9. One version stale, as TRL's adapter sync must be (`max_staleness` >= 1, rlcp/rl/trl/run.py),
+the previous update has already pushed the target token's ratio past 1.2 when its samples are trained on,
+and the samples that would push it further are clipped out: seeds 0-5 passed the margin in 5 of 6, taking
+off (a step above 0.05) at steps 6, 8, 12, 14 and 18, one never. What changed it, TRL's own knobs only:
+- `epsilon_high` (DAPO's clip-higher) 1, 5 or 100 alone: still 5/6 (a seed whose groups saw too few `!`).
+- more `!` samples a step: `max_completion_length` 32 took 6/6 but one seed only at step 15;
+  `num_generations` 16 (64 samples a step) with `epsilon_high` 5: 6/6, taking off by step 8; at lr 5e-2
+  one seed collapsed late (0.97 -> 0.07 at step 19).
+- `temperature` 1.5 with `epsilon_high` 5: 6/6, but only with the engines returning logprobs after
+  temperature (`--logprobs-mode processed_logprobs`, what TRL's own `vllm serve` sets); the shared test
+  engines serve vLLM's default, raw logprobs, with which TRL's ratio is biased at any temperature but 1.
+  Not used.
+- chosen: `num_generations` 16, `epsilon_high` 5, lr 3e-2 (rlcp/rl/trl/run.py, TrlSettings): 18 of 18
+  seeds (0-17) past the margin, taking off at steps 6-13; 14 ended at 0.97-0.998 (last three), three
+  lower (0.46, 0.67, 0.76), and one collapsed after taking off (seed 12: 0.98 at step 14, 0.03 at step
+  16, last three 0.18, still a gain of 0.18). The stand-in is not TRL (vLLM's sampler and
+  timing are not in it), so the real runs below decide.
 
-Cost, measured on a quiet machine with the shared engines already up: the synced run 217 s, the control
-119 s.
+Real runs with these settings (this test, the shared engines): none yet; until two in a row climb past
+the margin, the climb stays an xfail when it does not come.
+
+The negative control runs 6 steps (with 8 completions a prompt: 244 s at load ~20, its engines already
+up): all 775 rollouts asked for and were answered by `tiny`, the base, on both workers, and the reward
+stayed within 0.000-0.006. Its strong evidence is where the rollouts came from; over 6 steps the synced
+run's reward has not taken off yet either (0.010 at step 6), so the flat reward alone would prove little,
+and 16 more steps would cost CI another ~5 minutes.
+
+Cost, measured on a quiet machine with the shared engines already up, with 8 completions a prompt: the
+synced run 217 s, the control 119 s. With 16 (twice the samples a step) not yet measured.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import CTL_TOKEN, controller_settings
 from rlcp.harness.processes import child_env, stop_child
 from rlcp.harness.waiting import wait_for
+from rlcp.rl.trl.run import TrlSettings
 
 pytest.importorskip("trl", reason="the trl extra (TRL 1.16.0, peft)")
 # Two TRL runs take ~5.5 min beside engines already up: more than the suite's whole budget can give
@@ -78,6 +87,7 @@ STEPS = 20
 NO_SYNC_STEPS = 6
 REPO = Path(__file__).resolve().parents[2]
 MARGIN = 0.05  # the last three steps' mean reward over the first three's: see the module docstring
+PER_STEP = TrlSettings().prompts_per_step * TrlSettings().group  # samples TRL trains on in a step
 
 
 @pytest.fixture
@@ -155,7 +165,7 @@ async def test_trl_async_grpo_trains_through_the_fleet_on_the_adapters_it_publis
     s = await run_trl(fleet_url, tiny_models["base"], out_dir(tiny_models, tmp_path), "--steps", str(STEPS))
     print(f"TRL run: {time.monotonic() - t0:.0f}s; {json.dumps({k: v for k, v in s.items() if k != 'steps'})}")
     assert len(s["steps"]) == STEPS
-    assert s["rollouts"] >= STEPS * 32, "TRL's rollouts were not all recorded"
+    assert s["rollouts"] >= STEPS * PER_STEP, "TRL's rollouts were not all recorded"
     assert s["rollouts_failed"] == 0
     assert s["rollouts_not_published"] == 0, "a rollout came from an adapter TRL did not publish"
     assert s["published"] == [f"trl-policy-v{k}" for k in range(1, STEPS + 2)]
@@ -170,7 +180,7 @@ async def test_without_sync_trl_samples_the_base_and_does_not_learn(fleet_url, t
     s = await run_trl(
         fleet_url, tiny_models["base"], out_dir(tiny_models, tmp_path), "--steps", str(NO_SYNC_STEPS), "--no-sync"
     )
-    assert s["rollouts"] >= NO_SYNC_STEPS * 32
+    assert s["rollouts"] >= NO_SYNC_STEPS * PER_STEP
     assert s["rollouts_failed"] == 0
     assert s["rollouts_not_published"] == 0  # every one from `tiny`, the base: nothing else was published
     assert s["published"] == ["tiny"]

@@ -31,6 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--group", type=int, default=d.group, help="completions per prompt (TRL's num_generations)")
+    p.add_argument("--epsilon-high", type=float, default=d.epsilon_high, help="TRL's: the PPO ratio's upper clip - 1")
     p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="TRL's; engines need max_loras >= it + 2")
     p.add_argument("--no-sync", action="store_true", help="TRL's no-op weight transfer (the negative control)")
     p.add_argument("--summary", type=Path, help="also write the run's summary here as JSON")
@@ -57,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     # trainer leaves that child behind, generating against the fleet (seen: orphans after a stop).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     settings = TrlSettings(
-        steps=args.steps, lr=args.lr, seed=args.seed, max_staleness=args.max_staleness, sync=not args.no_sync
+        steps=args.steps,
+        lr=args.lr,
+        seed=args.seed,
+        group=args.group,
+        epsilon_high=args.epsilon_high,
+        max_staleness=args.max_staleness,
+        sync=not args.no_sync,
     )
     out = args.out.resolve()
     summary_path = args.summary.resolve() if args.summary else None

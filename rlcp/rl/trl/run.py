@@ -47,11 +47,16 @@ RESPONSE_TEMPLATE = {
 @dataclass
 class TrlSettings:
     steps: int = 20
-    lr: float = 5e-2
+    lr: float = 3e-2
     seed: int = 0
     prompts_per_step: int = 4
-    group: int = 8  # completions per prompt (TRL's num_generations)
+    group: int = 16  # completions per prompt (TRL's num_generations)
     max_tokens: int = 16
+    # TRL's `epsilon_high` (DAPO's clip-higher): the PPO ratio's upper bound is 1 + this, the lower
+    # stays 1 - `epsilon` (0.2). TRL trains here on samples one policy version old (`max_staleness`
+    # below): with the upper bound at 1.2, the previous update has already pushed the target token's
+    # ratio past it, and the samples that would push it further are clipped out of the gradient.
+    epsilon_high: float = 5.0
     lora_rank: int = 8
     # TRL's `max_staleness`: samples from the adapter before the current one are still trained on
     # (importance-weighted by the engine's logprobs); the engines need `max_loras >= max_staleness + 2`.
@@ -168,6 +173,7 @@ def train_with_trl(
         token_budget=0,  # a fixed count of samples per step, as `per_device_train_batch_size` says
         max_completion_length=settings.max_tokens,
         max_staleness=settings.max_staleness,
+        epsilon_high=settings.epsilon_high,
         # One step's samples waiting at most: TRL's rollout process otherwise keeps every engine busy
         # filling a 1024-sample queue whose older part is dropped as stale, and on two shared CPU
         # cores that generation slows the training it feeds.
@@ -223,6 +229,7 @@ def train_with_trl(
     say(
         f"TRL {_version('trl')} AsyncGRPOTrainer at {url}: {settings.steps} steps of {settings.prompts_per_step} "
         f"prompts x {settings.group} completions x {settings.max_tokens} tokens, LoRA r={settings.lora_rank}, "
+        f"lr {settings.lr:g}, PPO ratio clipped to [{1 - config.epsilon:g}, {1 + settings.epsilon_high:g}], "
         + (
             f"adapter-only sync ({LORA_NAME}-v<N>, max_staleness {settings.max_staleness})"
             if trainer._lora_sync
