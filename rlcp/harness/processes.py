@@ -81,9 +81,13 @@ async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = 30.0) ->
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
-    engine needs (offline Hub, a small KV cache), plus `extra`."""
+    engine needs (offline Hub, a small KV cache) and fatal signals reported, plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
     env.update(
+        # A child, or an engine's worker process under it, killed by a fatal signal (SIGSEGV,
+        # SIGBUS, SIGILL, SIGABRT) prints where it was to its log instead of vanishing without
+        # a trace (a shared agent's engine worker did, twice, in loaded fresh-clone runs).
+        PYTHONFAULTHANDLER="1",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
