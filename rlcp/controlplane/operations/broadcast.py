@@ -50,7 +50,7 @@ from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.metrics import FailedStep
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability
-from rlcp.controlplane.operations.steps import Step, StepIncomplete
+from rlcp.controlplane.operations.steps import StepIncomplete
 from rlcp.controlplane.operations.transaction import perform, run_body
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings.weight_transfer import WeightTransferSettings
@@ -64,6 +64,7 @@ from rlcp.controlplane.workers.capabilities import (
     refuse_transfer_input,
     require_one_transfer_wire,
 )
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.controller import (
     Checkpoint,

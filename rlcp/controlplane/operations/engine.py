@@ -23,10 +23,10 @@ from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, Not
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run
-from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.settings.engine_routes import EngineMethod
 from rlcp.controlplane.workers.capabilities import ENGINE_ROUTES
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workerspec import Flavor
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import EngineRouteRequest, OperationResult

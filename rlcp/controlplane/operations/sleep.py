@@ -44,7 +44,7 @@ from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
-from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
+from rlcp.controlplane.operations.steps import StepDone
 from rlcp.controlplane.operations.transaction import run_body
 from rlcp.controlplane.operations.verify import checksums_digest
 from rlcp.controlplane.workers.capabilities import (
@@ -58,6 +58,7 @@ from rlcp.controlplane.workers.capabilities import (
     has,
     implements,
 )
+from rlcp.controlplane.workers.steps import Step, status_answer
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent.control import PauseMode

@@ -47,7 +47,8 @@ from rlcp.controlplane.operations.context import (
     log_failure,
 )
 from rlcp.controlplane.operations.record import OperationTracker
-from rlcp.controlplane.operations.steps import Executor, P, Step
+from rlcp.controlplane.operations.steps import Executor, P
+from rlcp.controlplane.workers.steps import Step
 from rlcp.core.wire.controller import DiskSource
 from rlcp.core.wire.controller.operations import OperationKind, OperationResult
 

@@ -32,9 +32,10 @@ from typing import Any
 
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.operations.steps import Step, StepDone
+from rlcp.controlplane.operations.steps import StepDone
 from rlcp.controlplane.operations.transaction import Call, Effect
 from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Checksums, Driver, LoadReport, capable, has
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workers.transport import WorkerRejected
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
 

@@ -23,12 +23,13 @@ from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics, ReconcileStep
 from rlcp.controlplane.operations.gate import OperationGate
-from rlcp.controlplane.operations.steps import Executor, Step
+from rlcp.controlplane.operations.steps import Executor
 from rlcp.controlplane.reconcile import plan as actions
 from rlcp.controlplane.reconcile.plan import Action, ActionKind, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import DRIVER, Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
 from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.controlplane.workers.steps import Step
 
 log = structlog.get_logger("rlcp.controlplane.reconcile")
 # Each action's step: its result's phase and the metrics' label (`reconcile:<kind>`).
