@@ -24,6 +24,12 @@ an effect fails, the failure is thrown into the generator at the effect (its `fi
 undo what must be undone: a wave's cordon), and the transaction aborts: the record closed as
 interrupted if it was never kept, or cancelled. `wait=False` answers once it has begun.
 
+Every operation is declared so: the disk update (all at once and rolling, each flavor's steps
+declared by its driver: `workers/updates.py`), pause and resume, sleep and wake, LoRA, the caches,
+the engine passthrough, and the broadcast group's init, shutdown and renaming. A broadcast session
+spans several requests (start, chunks, finish) and holds the gate between them: its begin is the
+session's own, and each request's steps are performed on the session's `Run` (`perform`).
+
 This is SGLang's workflow executor cut for a control plane: the steps are declared by the
 operation and each flavor's calls by its driver (`workers/capabilities.py`), and one loop runs
 them, so an operation's path is the route, the operation, this runner, the executor, the fan-out
@@ -125,14 +131,7 @@ class Together:
     parts: tuple[Generator[Effect, Any, Any], ...] = field(compare=False)
 
 
-@dataclass(frozen=True)
-class Await:
-    """An operation not declared as steps yet: its body, awaited as one effect."""
-
-    body: Awaitable[None] = field(compare=False)
-
-
-Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | Write | PublishFence | Refresh | Together | Await
+Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | Write | PublishFence | Refresh | Together
 Steps = Generator[Effect, Any, None]
 
 
@@ -184,30 +183,6 @@ async def run_operation(ctx: OperationContext, steps: Steps, *, wait: bool = Tru
     return begun.result().snapshot()
 
 
-async def run_body(
-    ctx: OperationContext,
-    kind: OperationKind,
-    detail: dict[str, Any],
-    body: Callable[[Run], Awaitable[None]],
-    *,
-    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
-    wait: bool = True,
-) -> OperationResult:
-    """An operation not yet declared as steps: opened, begun, and its body awaited whole."""
-    return await run_operation(ctx, _body_steps(kind, detail, body, members), wait=wait)
-
-
-def _body_steps(
-    kind: OperationKind,
-    detail: dict[str, Any],
-    body: Callable[[Run], Awaitable[None]],
-    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None,
-) -> Steps:
-    run: Run = yield Open(kind, detail, members)
-    yield Begin()
-    yield Await(body(run))
-
-
 async def _before_the_gate(ctx: OperationContext, steps: Steps) -> Open:
     """The pre-checks' reads, up to the operation's `Open`."""
     executor = Executor(fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics)
@@ -223,8 +198,10 @@ async def _before_the_gate(ctx: OperationContext, steps: Steps) -> Open:
 
 
 async def perform(run: Run, steps: Generator[Effect, Any, T]) -> T:
-    """Declared steps run inside an operation whose body is not declared yet (a broadcast
-    update's verification): their effects performed on its `run`, their value answered."""
+    """Declared steps run on an operation the caller holds open across calls of its own (a
+    broadcast session: start, each chunk, finish or abort, each one HTTP request on the session's
+    `run`): their effects performed on it, their value answered, a failure raised once the steps
+    have not handled it."""
     return await _perform(run, steps, None)
 
 
@@ -261,6 +238,4 @@ async def _effect(run: Run, effect: Effect) -> Any:
         return await ctx.refresh(effect.records)
     if isinstance(effect, Together):
         return list(await asyncio.gather(*(_perform(run, part, None) for part in effect.parts)))
-    if isinstance(effect, Await):
-        return await effect.body
     raise TypeError(f"{type(effect).__name__} once the operation is open")
