@@ -142,10 +142,6 @@ class Executor:
         recorded and no failure logged -- the pre-check reports what it decides."""
         return await fan_out(self._fanout, step, records, quiet=True)
 
-    async def ok(self, step: Step[P, Any], records: list[WorkerRecord]) -> list[WorkerRecord]:
-        """`run`, for a step whose answers nobody reads: the records it succeeded on."""
-        return (await self.run(step, records)).ok
-
     def _amend(self, outcomes: Iterable[Outcome[Any]], what: str) -> None:
         if self._tracker is None:
             return

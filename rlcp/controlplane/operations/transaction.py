@@ -28,7 +28,9 @@ Every operation is declared so: the disk update (all at once and rolling, each f
 declared by its driver: `workers/updates.py`), pause and resume, sleep and wake, LoRA, the caches,
 the engine passthrough, and the broadcast group's init, shutdown and renaming. A broadcast session
 spans several requests (start, chunks, finish) and holds the gate between them: its begin is the
-session's own, and each request's steps are performed on the session's `Run` (`perform`).
+session's own, and each request's steps are performed on the session's `Run` (`perform`). The
+reconciler's actions on one worker are declared too, and performed without a record
+(`perform_unrecorded`: its status read, each action's step, the read once done).
 
 This is SGLang's workflow executor cut for a control plane: the steps are declared by the
 operation and each flavor's calls by its driver (`workers/capabilities.py`), and one loop runs
@@ -40,6 +42,7 @@ counts it).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -152,7 +155,7 @@ async def run_operation(ctx: OperationContext, steps: Steps, *, wait: bool = Tru
             with run.bound():
                 interrupted: str | None = None
                 try:
-                    await _perform(run, steps, run)
+                    await _perform(functools.partial(_effect, run), steps, run)
                 except asyncio.CancelledError:
                     interrupted = CANCELLED
                     raise
@@ -202,11 +205,30 @@ async def perform(run: Run, steps: Generator[Effect, Any, T]) -> T:
     broadcast session: start, each chunk, finish or abort, each one HTTP request on the session's
     `run`): their effects performed on it, their value answered, a failure raised once the steps
     have not handled it."""
-    return await _perform(run, steps, None)
+    return await _perform(functools.partial(_effect, run), steps, None)
 
 
-async def _perform(run: Run, steps: Generator[Effect, Any, T], answer: Any) -> T:
-    """Each effect the steps yield, performed; a failure thrown back into them where it happened."""
+async def perform_unrecorded(
+    executor: Executor, refresh: Callable[[list[WorkerRecord]], Awaitable[None]], steps: Generator[Effect, Any, T]
+) -> T:
+    """Declared steps that belong to no operation (the reconciler's: one worker's plan): their
+    `Ask`, `Call` and `Refresh` performed on `executor`, which keeps a result on the worker and
+    no record; any other effect is refused."""
+
+    async def do(effect: Effect) -> Any:
+        if isinstance(effect, Call):
+            return await executor.run(effect.step, effect.records)
+        if isinstance(effect, Ask):
+            return await executor.ask(effect.step, effect.records)
+        if isinstance(effect, Refresh):
+            return await refresh(effect.records)
+        raise TypeError(f"{type(effect).__name__} outside an operation")
+
+    return await _perform(do, steps, None)
+
+
+async def _perform(do: Callable[[Effect], Awaitable[Any]], steps: Generator[Effect, Any, T], answer: Any) -> T:
+    """Each effect the steps yield, performed by `do`; a failure thrown back into them where it happened."""
     failure: BaseException | None = None
     while True:
         try:
@@ -216,7 +238,7 @@ async def _perform(run: Run, steps: Generator[Effect, Any, T], answer: Any) -> T
             return value
         failure, answer = None, None
         try:
-            answer = await _effect(run, effect)
+            answer = await do(effect)
         except BaseException as exc:  # noqa: BLE001 -- thrown into the steps, which re-raise it unless they handle it
             failure = exc
 
@@ -237,5 +259,6 @@ async def _effect(run: Run, effect: Effect) -> Any:
     if isinstance(effect, Refresh):
         return await ctx.refresh(effect.records)
     if isinstance(effect, Together):
-        return list(await asyncio.gather(*(_perform(run, part, None) for part in effect.parts)))
+        do = functools.partial(_effect, run)
+        return list(await asyncio.gather(*(_perform(do, part, None) for part in effect.parts)))
     raise TypeError(f"{type(effect).__name__} once the operation is open")
