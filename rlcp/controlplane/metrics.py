@@ -19,7 +19,7 @@ from rlcp.core.wire.controller.operations import OperationKind, OperationStatus
 _LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 _BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200)
 
-# The steps an operation runs on workers, each one fan-out (`operations.steps.Step`).
+# The steps an operation runs on workers, each one fan-out (`workers.steps.Step`).
 Step = Literal[
     "status",
     "check",  # reads: a status, whether a checkpoint is loadable where a worker reads it

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +50,8 @@ from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.metrics import FailedStep
 from rlcp.controlplane.operations.context import NOT_BEGUN, OperationContext, Run, require_capability
-from rlcp.controlplane.operations.steps import Step, StepIncomplete
-from rlcp.controlplane.operations.transaction import perform, run_body
+from rlcp.controlplane.operations.steps import StepDone, StepIncomplete
+from rlcp.controlplane.operations.transaction import Begin, Call, Effect, Open, Steps, Write, perform, run_operation
 from rlcp.controlplane.operations.verify import verify
 from rlcp.controlplane.settings.weight_transfer import WeightTransferSettings
 from rlcp.controlplane.workers.capabilities import (
@@ -64,6 +64,7 @@ from rlcp.controlplane.workers.capabilities import (
     refuse_transfer_input,
     require_one_transfer_wire,
 )
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.core.wire.controller import (
     Checkpoint,
@@ -186,6 +187,48 @@ class WeightTransfer:
 
     # -- init ------------------------------------------------------------------------------
     async def init(self, req: TransferInitRequest) -> OperationResult:
+        return await run_operation(self.ctx, self._forming(req))
+
+    def _forming(self, req: TransferInitRequest) -> Steps:
+        """An init's steps: every refusal before the gate (`_plan`), open, begin, the old group
+        dropped, every member joins -- all or none: when one fails, those that joined leave
+        again -- and the new group kept."""
+        ctx = self.ctx
+        offsets, expected = self._plan(req)
+        deadline = ctx.deadlines.transfer_init_s
+        joining = Step(
+            name="init_weight_transfer",
+            can=BROADCAST,
+            call=lambda w: w.init_weight_transfer(req.init_info | {"rank_offset": offsets[w.spec.id]}, deadline),
+            deadline_s=ctx.deadlines.call_over(deadline),
+            on_failure="abort",
+        )
+        detail: dict[str, Any] = {"world_size": expected, "ranks": offsets}
+        if self.group is not None and (replaced := self._change(self.group)) is not None:
+            detail["replaces_stale_group"] = replaced.model_dump(mode="json")
+        # The group's members are the ones the ranks were planned for (`group_candidates`).
+        run: Run = yield Open("weight_transfer_init", detail, lambda records: [r for r in records if r.id in offsets])
+        yield Begin()
+        self.group = None  # a new init replaces the old group, joined or not
+        try:
+            yield Call(joining, run.members)
+        except StepIncomplete as exc:
+            # The collective cannot form without every rank: release the ones that joined.
+            yield Call(self._leaving(), exc.done.ok)
+            return
+        self.group = _Group(
+            epoch=run.tracker.epoch,
+            world_size=expected,
+            members=[
+                _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None, r.spec)
+                for r in run.members
+            ],
+        )
+        log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
+
+    def _plan(self, req: TransferInitRequest) -> tuple[dict[str, int], int]:
+        """Each member's rank offset and the group's world size, or the refusal, before any
+        worker is touched."""
         ctx = self.ctx
         every = ctx.registry.members()
         if not every:
@@ -211,45 +254,7 @@ class WeightTransfer:
                 f"{expected - 1} inference ranks; got {got!r}",
                 field="init_info.world_size",
             )
-        offsets = {worker_id: offset for worker_id, offset, _ in ranks}
-        deadline = ctx.deadlines.transfer_init_s
-
-        joining = Step(
-            name="init_weight_transfer",
-            can=BROADCAST,
-            call=lambda w: w.init_weight_transfer(req.init_info | {"rank_offset": offsets[w.spec.id]}, deadline),
-            deadline_s=ctx.deadlines.call_over(deadline),
-            on_failure="abort",
-        )
-
-        async def body(run: Run) -> None:
-            self.group = None  # a new init replaces the old group, joined or not
-            try:
-                await run.steps.run(joining, run.members)
-            except StepIncomplete as exc:
-                # The collective cannot form without every rank: release the ones that joined.
-                await run.steps.run(self._leaving(), exc.done.ok)
-                return
-            self.group = _Group(
-                epoch=run.tracker.epoch,
-                world_size=expected,
-                members=[
-                    _Member(r.id, offsets[r.id], r.world_size, r.status.instance_id if r.status else None, r.spec)
-                    for r in run.members
-                ],
-            )
-            log.info("weight_transfer_group_formed", world_size=expected, epoch=run.tracker.epoch)
-
-        detail: dict[str, Any] = {
-            "world_size": expected,
-            "ranks": {worker_id: offset for worker_id, offset, _ in ranks},
-        }
-        if self.group is not None and (replaced := self._change(self.group)) is not None:
-            detail["replaces_stale_group"] = replaced.model_dump(mode="json")
-        # The group's members are the ones the ranks were planned for (`group_candidates`).
-        return await run_body(
-            ctx, "weight_transfer_init", detail, body, members=lambda records: [r for r in records if r.id in offsets]
-        )
+        return {worker_id: offset for worker_id, offset, _ in ranks}, expected
 
     async def shutdown(self) -> OperationResult:
         if self.update is not None:
@@ -258,11 +263,13 @@ class WeightTransfer:
                     with self.update.run.bound():
                         await self._abort("the trainer shut the weight transfer down during an update")
         self.group = None
-        return await run_body(self.ctx, "weight_transfer_shutdown", {}, self._leave)
+        return await run_operation(self.ctx, self._leaving_group())
 
-    async def _leave(self, run: Run) -> None:
+    def _leaving_group(self) -> Steps:
+        run: Run = yield Open("weight_transfer_shutdown", {})
+        yield Begin()
         # Only members that can be in a group have one to leave.
-        await run.steps.run(self._leaving(), [r for r in run.members if has(r.driver, "broadcast")])
+        yield Call(self._leaving(), [r for r in run.members if has(r.driver, "broadcast")])
 
     def _leaving(self) -> Step[BroadcastPeer, None]:
         return Step(
@@ -274,7 +281,7 @@ class WeightTransfer:
 
     # -- the update session ------------------------------------------------------------------
     async def start(self) -> OperationResult:
-        ctx, d = self.ctx, self.ctx.deadlines
+        ctx = self.ctx
         async with ctx.gate.api_operation(SESSION):
             group = self._require_group()
             run = Run(ctx, SESSION, {"world_size": group.world_size})
@@ -286,30 +293,38 @@ class WeightTransfer:
             records = [r for r in (ctx.registry.get(m.worker_id) for m in group.members) if r is not None]
             update = self.update = _Update(run=run, records=records, paused_by_us=not ctx.desired.state.paused)
             ctx.gate.begin_session(SESSION)
-            pause_s = d.pause()
-            pausing = Step(
-                name="pause",
-                can=CONTROL,
-                call=lambda w: w.pause(self.settings.pause_mode, pause_s),
-                deadline_s=d.call_over(pause_s),
-                on_failure="abort",
-            )
-            starting = Step(
-                name="start_weight_update",
-                can=BROADCAST,
-                call=lambda w: w.start_weight_update(),
-                deadline_s=d.transfer_chunk_s,
-                on_failure="abort",
-            )
             with run.bound():
                 try:
-                    if update.paused_by_us:
-                        await run.steps.run(pausing, records)
-                    await run.steps.run(starting, records)
+                    await perform(run, self._starting(update))
                 except StepIncomplete as exc:
                     return await self._abort(_ABORTED_BY[exc.step.name])
                 update.watchdog = asyncio.create_task(self._watch_idle(update), name="weight-transfer-idle")
                 return run.tracker.snapshot()
+
+    def _starting(self, update: _Update) -> Generator[Effect, Any, None]:
+        """A session's first steps: the members paused (unless the fleet already is), then
+        started; each must take it, or the session aborts."""
+        d = self.ctx.deadlines
+        pause_s = d.pause()
+        if update.paused_by_us:
+            yield Call(
+                Step(
+                    name="pause",
+                    can=CONTROL,
+                    call=lambda w: w.pause(self.settings.pause_mode, pause_s),
+                    deadline_s=d.call_over(pause_s),
+                    on_failure="abort",
+                ),
+                update.records,
+            )
+        starting = Step(
+            name="start_weight_update",
+            can=BROADCAST,
+            call=lambda w: w.start_weight_update(),
+            deadline_s=d.transfer_chunk_s,
+            on_failure="abort",
+        )
+        yield Call(starting, update.records)
 
     async def update_chunk(self, req: TransferUpdateRequest) -> OperationResult:
         return await self._in_session("update_weights", lambda u: self._chunk(u, req))
@@ -330,7 +345,7 @@ class WeightTransfer:
             on_failure="abort",
         )
         try:
-            await update.run.steps.run(chunk, update.records)
+            await perform(update.run, _each(chunk, update.records))
         except StepIncomplete as exc:
             return await self._abort(_ABORTED_BY[exc.step.name])
         return update.run.tracker.snapshot()
@@ -360,6 +375,19 @@ class WeightTransfer:
         else:
             version, minted = minted_version(ctx.desired.state)
         run.tracker.note(version=version, chunks=update.chunks, version_minted=minted is not None)
+        try:
+            await perform(run, self._finishing(update, version, checkpoint, minted))
+        except StepIncomplete as exc:
+            return await self._abort(_ABORTED_BY[exc.step.name], finished=exc.done.ok)
+        return await self._close(update)
+
+    def _finishing(
+        self, update: _Update, version: str, checkpoint: Checkpoint | None, minted: int | None
+    ) -> Generator[Effect, Any, None]:
+        """A session's last steps: every member finishes (or the session aborts), the new
+        weights become the desired state, those that gate readiness on it are told, verified,
+        and resumed where the session paused them."""
+        ctx, run = self.ctx, update.run
         finishing = Step(
             name="finish_weight_update",
             can=BROADCAST,
@@ -367,39 +395,37 @@ class WeightTransfer:
             deadline_s=ctx.deadlines.transfer_chunk_s,
             on_failure="abort",
         )
-        try:
-            await run.steps.run(finishing, update.records)
-        except StepIncomplete as exc:
-            return await self._abort(_ABORTED_BY[exc.step.name], finished=exc.done.ok)
+        yield Call(finishing, update.records)
         # Every worker holds the new weights: they are the desired state now (the trainer may
         # rename them with update_weight_version).
-        await ctx.desired.set_broadcast_weights(version, checkpoint, minted=minted)
-        await tell_desired(run, [r for r in update.records if r.tracks_desired], version)
+        yield Write(ctx.desired.set_broadcast_weights(version, checkpoint, minted=minted))
+        yield from tell_desired(run, [r for r in update.records if r.tracks_desired], version)
         verified = update.records
         if self.settings.verify:
-            verified = await perform(run, verify(run, update.records, version))
+            verified = yield from verify(run, update.records, version)
         ctx.log.set_verified(self.settings.verify and len(verified) == len(ctx.registry.members()))
         if update.paused_by_us and not ctx.desired.state.paused:
             held = ctx.desired.state.held  # members an operator holds paused stay paused
-            await run.steps.run(_resuming(ctx), [r for r in verified if r.id not in held])
-        return await self._close(update)
+            yield Call(_resuming(ctx), [r for r in verified if r.id not in held])
 
     async def update_weight_version(self, version: str) -> OperationResult:
         """Name the weights every member holds (vLLM's `/update_weight_version`)."""
         ctx = self.ctx
+        return await run_operation(ctx, self._renaming(version))
+
+    def _renaming(self, version: str) -> Steps:
+        ctx = self.ctx
         require_capability(ctx.registry.members(), "broadcast", "naming broadcast weights")
-
-        async def body(run: Run) -> None:
-            await ctx.desired.rename_weights(version)
-            naming = Step(
-                name="update_weight_version",
-                can=BROADCAST,
-                call=lambda w: w.update_weight_version(version),
-                deadline_s=ctx.deadlines.control_s,
-            )
-            await run.steps.run(naming, run.members)
-
-        return await run_body(ctx, "weight_transfer_update", {"version": version, "rename_only": True}, body)
+        naming = Step(
+            name="update_weight_version",
+            can=BROADCAST,
+            call=lambda w: w.update_weight_version(version),
+            deadline_s=ctx.deadlines.control_s,
+        )
+        run: Run = yield Open("weight_transfer_update", {"version": version, "rename_only": True})
+        yield Begin()
+        yield Write(ctx.desired.rename_weights(version))
+        yield Call(naming, run.members)
 
     def forget(self, reason: str) -> None:
         """Drop the group and any open update without touching a worker: in a new leadership
@@ -483,13 +509,20 @@ class WeightTransfer:
         """End the open update after a failure; see the module docstring for what each worker gets."""
         update = self.update
         assert update is not None
-        ctx, run = self.ctx, update.run
+        run = update.run
         log.warning("weight_transfer_aborted", reason=reason, chunks=update.chunks)
         run.tracker.note(aborted=reason, chunks=update.chunks)
         self.group = None  # a collective that failed part-way cannot be trusted: init again
         done = {r.id for r in finished or []}
         alive = [r for r in update.records if r.id not in done and run.tracker.ok_so_far(r.id)]
-        # finish restores the engine's layers (a reload left open would kill the next forward pass).
+        await perform(run, self._aborting(update, alive))
+        return await self._close(update)
+
+    def _aborting(self, update: _Update, alive: list[WorkerRecord]) -> Generator[Effect, Any, None]:
+        """An aborted session's steps: those still sound finish without a version (restoring the
+        engine's layers: a reload left open would kill the next forward pass), and, where the
+        session paused them and nothing was sent yet, resume."""
+        ctx, run = self.ctx, update.run
         restoring = Step(
             name="finish_weight_update",
             label="abort:finish_weight_update",
@@ -498,11 +531,10 @@ class WeightTransfer:
             deadline_s=ctx.deadlines.transfer_chunk_s,
             on_failure="amend",
         )
-        await run.steps.run(restoring, alive)
+        yield Call(restoring, alive)
         if update.paused_by_us and not ctx.desired.state.paused and update.chunks == 0:
             intact = [r for r in update.records if run.tracker.ok_so_far(r.id) and r.id not in ctx.desired.state.held]
-            await run.steps.run(_resuming(ctx), intact)
-        return await self._close(update)
+            yield Call(_resuming(ctx), intact)
 
     async def _close(self, update: _Update) -> OperationResult:
         self.update = None
@@ -551,7 +583,11 @@ def _resuming(ctx: OperationContext) -> Step[Control, None]:
     return Step(name="resume", can=CONTROL, call=lambda w: w.resume(), deadline_s=ctx.deadlines.control_s)
 
 
-async def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> None:
+def _each(step: Step[Any, Any], records: list[WorkerRecord]) -> Generator[Effect, Any, None]:
+    yield Call(step, records)
+
+
+def tell_desired(run: Run, records: list[WorkerRecord], version: str | None) -> Generator[Effect, Any, None]:
     """Tell workers that gate their readiness on it the desired version."""
     telling = Step(
         name="set_desired",
@@ -559,6 +595,6 @@ async def tell_desired(run: Run, records: list[WorkerRecord], version: str | Non
         call=lambda w: w.set_desired_version(version),
         deadline_s=run.ctx.deadlines.control_s,
     )
-    told = await run.steps.ok(telling, records)
-    for r in told:
+    told: StepDone[None] = yield Call(telling, records)
+    for r in told.ok:
         run.ctx.registry.told(r.id, version)

@@ -33,10 +33,10 @@ from typing import Any
 from rlcp.controlplane.errors import CheckpointUnavailable
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import OperationContext
-from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.operations.transaction import Ask, Effect
 from rlcp.controlplane.workers.capabilities import STAGED_UPDATE, StagedUpdate, WeightsKind, has
 from rlcp.controlplane.workers.fanout import Outcome, Retry
+from rlcp.controlplane.workers.steps import Step
 from rlcp.core.wire.controller.operations import WorkerResult
 
 RETRY_S = 0.25

@@ -23,10 +23,11 @@ from rlcp.controlplane.errors import EngineRefused, InvalidInput, NoMembers, Not
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run
-from rlcp.controlplane.operations.steps import Step
-from rlcp.controlplane.operations.transaction import run_body
+from rlcp.controlplane.operations.steps import StepDone
+from rlcp.controlplane.operations.transaction import Begin, Call, Open, Steps, run_operation
 from rlcp.controlplane.settings.engine_routes import EngineMethod
 from rlcp.controlplane.workers.capabilities import ENGINE_ROUTES
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workerspec import Flavor
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import EngineRouteRequest, OperationResult
@@ -96,6 +97,27 @@ def _kept(answer: Any) -> Any:
 async def run_engine_route(
     ctx: OperationContext, route: str, req: EngineRouteRequest, allow: Allowlist
 ) -> OperationResult:
+    refused: dict[str, int] = {}  # each worker's refusal, by id (filled by the steps)
+    result = await run_operation(ctx, engine_route(ctx, route, req, allow, refused))
+    status = refusal_status(result, refused)
+    if status is not None:
+        workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}
+        named = "; ".join(f"{worker_id}: {why}" for worker_id, why in sorted(workers.items()))
+        raise EngineRefused(
+            f"engine route {route!r} was refused by every member it reached ({named})",
+            status=status,
+            workers=workers,
+            operation=result,
+        )
+    return result
+
+
+def engine_route(
+    ctx: OperationContext, route: str, req: EngineRouteRequest, allow: Allowlist, refused: dict[str, int]
+) -> Steps:
+    """The passthrough's steps: every refusal before the gate (the targets, the allowlist, a GET
+    with a body), open (the targets checked again once the gate is held), begin, the one call;
+    each worker's refusal status put in `refused`."""
     if req.worker is not None and req.selector is not None:
         raise InvalidInput("give worker or selector, not both", field="selector")
     selector = read_selector(req.selector)
@@ -110,40 +132,26 @@ async def run_engine_route(
         return targets, method
 
     check(ctx.registry.members())  # every refusal before the gate, the log and any worker
-    refused: dict[str, int] = {}
-
-    async def body(run: Run) -> None:
-        method = method_for(route, run.members, allow)
-        run.tracker.note(workers=[r.id for r in run.members], method=method)
-        # Every flavor's driver implements ENGINE_ROUTES (`DriverBase`); one that did not would fail
-        # its step, named, rather than be skipped silently.
-        done = await run.steps.run(
-            Step(
-                name="engine",
-                label=f"engine:{route}",
-                can=ENGINE_ROUTES,
-                call=lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
-                deadline_s=ctx.deadlines.control_s,
-            ),
-            run.members,
-        )
-        refused.update(done.refused)
-        run.tracker.note(answers={worker_id: _kept(answer) for worker_id, answer in done.answers.items()})
-
     detail: dict[str, Any] = (
         {"route": route}
         | ({"selector": req.selector} if req.selector is not None else {})
         | ({"worker": req.worker} if req.worker is not None else {})
     )
-    result = await run_body(ctx, "engine", detail, body, members=lambda records: check(records)[0])
-    status = refusal_status(result, refused)
-    if status is not None:
-        workers = {r.worker_id: r.message or "refused" for r in result.results if r.status != "ok"}
-        named = "; ".join(f"{worker_id}: {why}" for worker_id, why in sorted(workers.items()))
-        raise EngineRefused(
-            f"engine route {route!r} was refused by every member it reached ({named})",
-            status=status,
-            workers=workers,
-            operation=result,
-        )
-    return result
+    run: Run = yield Open("engine", detail, lambda records: check(records)[0])
+    yield Begin()
+    method = method_for(route, run.members, allow)
+    run.tracker.note(workers=[r.id for r in run.members], method=method)
+    # Every flavor's driver implements ENGINE_ROUTES (`DriverBase`); one that did not would fail
+    # its step, named, rather than be skipped silently.
+    done: StepDone[Any] = yield Call(
+        Step(
+            name="engine",
+            label=f"engine:{route}",
+            can=ENGINE_ROUTES,
+            call=lambda w: w.engine_call(method, route, req.body if method == "POST" else None),
+            deadline_s=ctx.deadlines.control_s,
+        ),
+        run.members,
+    )
+    refused.update(done.refused)
+    run.tracker.note(answers={worker_id: _kept(answer) for worker_id, answer in done.answers.items()})

@@ -17,10 +17,11 @@ from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.checkpoint import checking
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
-from rlcp.controlplane.operations.steps import Step, StepDone
+from rlcp.controlplane.operations.steps import StepDone
 from rlcp.controlplane.operations.transaction import Begin, Call, Open, Steps, Write, run_operation
 from rlcp.controlplane.operations.verify import verify_adapter
 from rlcp.controlplane.workers.capabilities import LORA, LoraLoaded
+from rlcp.controlplane.workers.steps import Step
 from rlcp.core.wire.controller import LoraRequest, LoraSpec, OperationResult
 
 

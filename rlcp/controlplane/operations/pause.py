@@ -22,9 +22,9 @@ from rlcp.controlplane.errors import Conflict, InvalidInput
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run
-from rlcp.controlplane.operations.steps import Step
 from rlcp.controlplane.operations.transaction import Begin, Call, Open, PublishFence, Steps, Write, run_operation
 from rlcp.controlplane.workers.capabilities import CONTROL
+from rlcp.controlplane.workers.steps import Step
 from rlcp.core.labels import Selector
 from rlcp.core.wire.controller import OperationResult, PauseRequest, ResumeRequest
 

@@ -36,6 +36,7 @@ naming one whose flavor wakes everything at once (Dynamo): 409 `capability_missi
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,9 +45,18 @@ from rlcp.controlplane.fleet.desired import load_source, wanted_pause
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.fleet.select import read_selector, selected
 from rlcp.controlplane.operations.context import OperationContext, Run, require_capability
-from rlcp.controlplane.operations.steps import Step, StepDone, status_answer
-from rlcp.controlplane.operations.transaction import run_body
-from rlcp.controlplane.operations.verify import checksums_digest
+from rlcp.controlplane.operations.steps import StepDone
+from rlcp.controlplane.operations.transaction import (
+    Begin,
+    Call,
+    Effect,
+    Open,
+    PublishFence,
+    Steps,
+    Write,
+    run_operation,
+)
+from rlcp.controlplane.operations.verify import check_woken, checksums_digest
 from rlcp.controlplane.workers.capabilities import (
     CHECKSUMS,
     CONTROL,
@@ -58,7 +68,7 @@ from rlcp.controlplane.workers.capabilities import (
     has,
     implements,
 )
-from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workers.steps import Step, status_answer
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent.control import PauseMode
 from rlcp.core.wire.controller import OperationResult, Phase, SleepRecord, SleepRequest, WakeUpRequest
@@ -97,34 +107,39 @@ def is_asleep(ctx: OperationContext, rec: WorkerRecord) -> bool:
 
 # -- sleep ------------------------------------------------------------------------------------
 async def sleep(ctx: OperationContext, req: SleepRequest) -> OperationResult:
+    return await run_operation(ctx, sleeping(ctx, req))
+
+
+def sleeping(ctx: OperationContext, req: SleepRequest) -> Steps:
+    """A sleep's steps: the members named (refused before the gate), open, begin, those already
+    asleep skipped, the rest put to sleep."""
+
     def named(records: list[WorkerRecord]) -> list[WorkerRecord]:
         chosen = _named(records, req.selector, req.worker_ids)
         require_capability(chosen, "sleep", "sleep")
         return chosen
 
     named(ctx.registry.members())  # refused before the gate; and again once it is held (membership may move)
-
-    async def body(run: Run) -> None:
-        run.tracker.note(workers=[r.id for r in run.members])
-        going = []
-        for r in run.members:
-            if r.id in ctx.desired.state.asleep:
-                run.tracker.skip(r.id, "sleep", "already asleep")
-            else:
-                going.append(r)
-        if going:
-            await _put_to_sleep(run, going, req)
-
     detail: dict[str, Any] = {"level": req.level, "mode": req.mode} | _detail(req)
-    return await run_body(ctx, "sleep", detail, body, members=named)
+    run: Run = yield Open("sleep", detail, named)
+    yield Begin()
+    run.tracker.note(workers=[r.id for r in run.members])
+    going = []
+    for r in run.members:
+        if r.id in ctx.desired.state.asleep:
+            run.tracker.skip(r.id, "sleep", "already asleep")
+        else:
+            going.append(r)
+    if going:
+        yield from _put_to_sleep(run, going, req)
 
 
-async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest) -> None:
+def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest) -> Generator[Effect, Any, None]:
     ctx = run.ctx
     ids = [r.id for r in records]
     ctx.registry.cordon(ids)  # no new rollout is sent to a member about to stop
     try:
-        await run.publish_fence()  # nor by a data plane holding its own copy of the fence
+        yield PublishFence()  # nor by a data plane holding its own copy of the fence
         hashing = [r for r in records if has(r.driver, "checksums")]
         hashing_step = Step(
             name="checksums",
@@ -133,11 +148,11 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
             call=lambda w: w.weight_checksums(),
             deadline_s=ctx.deadlines.checksums_s,
         )
-        hashed = await run.steps.run(hashing_step, hashing)
+        hashed: StepDone[dict[str, str] | None] = yield Call(hashing_step, hashing)
         failed = {r.id for r in hashing} - {r.id for r in hashed.ok}
         going = [r for r in records if r.id not in failed]
         now = datetime.now(UTC)
-        await ctx.desired.put_to_sleep(
+        asleep = ctx.desired.put_to_sleep(
             {
                 r.id: SleepRecord(
                     level=req.level,
@@ -148,13 +163,14 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
                 for r in going
             }
         )
+        yield Write(asleep)
     finally:
         # From here the desired state keeps them out; one that could not be hashed serves again.
         ctx.registry.cordon(ids, False)
     if not going:
         return
     deadline = ctx.deadlines.pause(req.timeout_s)
-    slept = await run.steps.ok(
+    slept: StepDone[None] = yield Call(
         Step(
             name="sleep",
             can=SLEEP,
@@ -165,7 +181,7 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
     )
     _note_kept_asleep(
         run,
-        [r.id for r in going if r not in slept],
+        [r.id for r in going if r not in slept.ok],
         "; kept asleep in the desired state (out of the fence): the reconciler puts it to sleep when "
         "it answers, and POST /v1/rl/wake_up brings it back",
     )
@@ -173,6 +189,12 @@ async def _put_to_sleep(run: Run, records: list[WorkerRecord], req: SleepRequest
 
 # -- wake_up ----------------------------------------------------------------------------------
 async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
+    return await run_operation(ctx, waking_up(ctx, req))
+
+
+def waking_up(ctx: OperationContext, req: WakeUpRequest) -> Steps:
+    """A wake's steps: the sleepers named (refused before the gate), open, begin, the wake, a
+    partial wake's status read, the reload of those behind, the verification, the return."""
     named = _named(ctx.registry.members(), req.selector, req.worker_ids)
     partial = req.tags is not None and set(req.tags) != FULL_WAKE
     _require_wake([r for r in named if is_asleep(ctx, r)], partial)
@@ -191,30 +213,31 @@ async def wake_up(ctx: OperationContext, req: WakeUpRequest) -> OperationResult:
         deadline_s=ctx.deadlines.call_over(ctx.deadlines.weight_load_s),
     )
 
-    async def body(run: Run) -> None:
-        sleepers = [r for r in run.members if is_asleep(ctx, r)]
-        run.tracker.note(workers=[r.id for r in sleepers])
-        for r in run.members:
-            if r not in sleepers:
-                run.tracker.skip(r.id, "wake_up", "not asleep")
-        if not sleepers:
+    run: Run = yield Open("wake_up", {"tags": req.tags} | _detail(req), about)
+    yield Begin()
+    sleepers = [r for r in run.members if is_asleep(ctx, r)]
+    run.tracker.note(workers=[r.id for r in sleepers])
+    for r in run.members:
+        if r not in sleepers:
+            run.tracker.skip(r.id, "wake_up", "not asleep")
+    if not sleepers:
+        return
+    woken: StepDone[None] = yield Call(waking, sleepers)
+    woke = woken.ok
+    _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
+    if partial:
+        woke = yield from _fully_awake(run, woke)
+        if not woke:
             return
-        woke = await run.steps.ok(waking, sleepers)
-        _note_kept_asleep(run, [r.id for r in sleepers if r not in woke], KEPT_ASLEEP)
-        if partial:
-            woke = await _fully_awake(run, woke)
-            if not woke:
-                return
-        await _return_to_service(run, await _verify_woken(run, woke))
-
-    return await run_body(ctx, "wake_up", {"tags": req.tags} | _detail(req), body, members=about)
+    verified = yield from _verify_woken(run, woke)
+    yield from _return_to_service(run, verified)
 
 
-async def _fully_awake(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
+def _fully_awake(run: Run, records: list[WorkerRecord]) -> Generator[Effect, Any, list[WorkerRecord]]:
     """After a partial wake, the members it left fully awake: vLLM's wakes add up (`weights`,
     then `kv_cache`, as a colocated trainer wakes), so the one that wakes the last allocation
     is a full wake, verified and returned like any. The others stay asleep, not verified."""
-    read = await run.steps.run(_status_step(run, "waking"), records)
+    read: StepDone[WorkerStatus] = yield Call(_status_step(run, "waking"), records)
     awake = [r for r in read.ok if (status := read.answers.get(r.id)) is not None and status.sleeping is False]
     if len(awake) < len(records):
         run.tracker.note(partial=True)  # some still asleep: neither verified nor returned
@@ -235,23 +258,24 @@ def _require_wake(sleepers: list[WorkerRecord], partial: bool) -> None:
         )
 
 
-async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRecord]:
+def _verify_woken(run: Run, records: list[WorkerRecord]) -> Generator[Effect, Any, list[WorkerRecord]]:
     """The woken members that are at the fleet's weights (loaded again where they fell
     behind) and verified; the others' results say why."""
     ctx = run.ctx
     desired = ctx.desired.state
     slept = {r.id: desired.asleep.get(r.id) for r in records}
-    read = await run.steps.run(_status_step(run, "verifying", observe=True), records)
-    checked, reloaded = await _reload_behind(run, read, slept)
+    read: StepDone[WorkerStatus] = yield Call(_status_step(run, "verifying", observe=True), records)
+    checked, reloaded = yield from _reload_behind(run, read, slept)
 
     async def check(driver: Driver) -> None:
         worker_id = driver.spec.id
         status = await driver.status() if worker_id in reloaded else read.answers[worker_id]  # a reload moved it
-        await _check_woken(driver, status, slept[worker_id], desired.weight_version)
+        await check_woken(driver, status, slept[worker_id], desired.weight_version)
 
-    verified = await run.steps.ok(
+    checking: StepDone[None] = yield Call(
         Step(name="verify", can=DRIVER, call=check, deadline_s=ctx.deadlines.checksums_s), checked
     )
+    verified = checking.ok
     failed = [r.id for r in records if r not in verified]
     for worker_id in failed:
         result = run.tracker.results.get(worker_id)
@@ -261,9 +285,9 @@ async def _verify_woken(run: Run, records: list[WorkerRecord]) -> list[WorkerRec
     return verified
 
 
-async def _reload_behind(
+def _reload_behind(
     run: Run, read: StepDone[WorkerStatus], slept: dict[str, SleepRecord | None]
-) -> tuple[list[WorkerRecord], set[str]]:
+) -> Generator[Effect, Any, tuple[list[WorkerRecord], set[str]]]:
     """Load the fleet's checkpoint again into the woken members that fell behind it (level 2
     lost their weights); answers the members to verify and the ids of those reloaded."""
     desired = run.ctx.desired.state
@@ -289,69 +313,24 @@ async def _reload_behind(
         call=lambda w: w.update_weights_from_disk(path, version),
         deadline_s=run.ctx.deadlines.load_step(None, checksums=False),
     )
-    loaded = await run.steps.ok(reload, reloading)
+    reloaded: StepDone[None] = yield Call(reload, reloading)
+    loaded = reloaded.ok
     _note_kept_asleep(run, [r.id for r in reloading if r not in loaded], KEPT_ASLEEP)
     return [r for r in read.ok if r not in reloading or r in loaded], {r.id for r in reloading}
 
 
-async def _check_woken(
-    driver: Driver, status: WorkerStatus | None, record: SleepRecord | None, desired_version: str | None
-) -> None:
-    """Raise `WorkerRejected` unless a woken member is awake at the expected version and, at the
-    version it slept with, holds the weights it slept with."""
-    worker_id = driver.spec.id
-    if status is None:
-        raise WorkerRejected(worker_id, "answered no status", status=200)
-    _check_awake(worker_id, status, expected_version(desired_version, record))
-    # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
-    # the same tensors), its weights must be the ones it slept with.
-    if (
-        record is None
-        or record.checksums_digest is None
-        or status.weight_version != record.weight_version
-        or not (has(driver, "checksums") and implements(driver, CHECKSUMS))
-    ):
-        return
-    sums = await driver.weight_checksums()
-    if sums is not None and checksums_digest(sums) != record.checksums_digest:
-        raise WorkerRejected(
-            worker_id,
-            f"weight checksums differ from those it had when it went to sleep (version {record.weight_version!r})",
-            status=200,
-        )
-
-
-def expected_version(desired: str | None, record: SleepRecord | None) -> str | None:
-    """What a woken member must report: the fleet's desired version, else (nothing desired
-    yet) the one it slept with; None: nothing to hold it to."""
-    if desired is not None:
-        return desired
-    return record.weight_version if record is not None else None
-
-
-def _check_awake(worker_id: str, status: WorkerStatus, version: str | None) -> None:
-    if status.engine_alive is False:
-        raise WorkerRejected(worker_id, "its engine is not alive after the wake", status=200)
-    if status.sleeping:
-        raise WorkerRejected(worker_id, "still reports itself asleep after a full wake", status=200)
-    if version is not None and status.weight_version != version:
-        raise WorkerRejected(
-            worker_id, f"reports weight version {status.weight_version!r}, expected {version!r}", status=200
-        )
-
-
-async def _return_to_service(run: Run, records: list[WorkerRecord]) -> None:
+def _return_to_service(run: Run, records: list[WorkerRecord]) -> Generator[Effect, Any, None]:
     """Verified: out of `desired.asleep` (back inside the fence), then running -- or paused,
     if the fleet is paused or a hold names it."""
     if not records:
         return
     ctx = run.ctx
-    await ctx.desired.wake([r.id for r in records])
+    yield Write(ctx.desired.wake([r.id for r in records]))
     desired = ctx.desired.state
     for mode in (None, "abort", "wait", "keep"):
         group = [r for r in records if wanted_pause(desired, r.id) == mode]
         if group:
-            await run.steps.run(_back(run, mode), group)
+            yield Call(_back(run, mode), group)
 
 
 def _back(run: Run, mode: PauseMode | None) -> Step[Control, None]:

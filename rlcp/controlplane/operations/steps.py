@@ -1,10 +1,11 @@
 """Operations as declared steps, and the one executor that runs them (issue 35 item 1).
 
 An operation is pure pre-checks, a list of `Step`s and pure decisions (verify's agreement,
-the wave plan, the bubble). A `Step` declares what one fan-out is: its name (one of the
-metrics' closed set, and the phase text of each worker's result), the capability it needs,
-the call typed over that capability's Protocol, its deadline, what in an answer is the
-worker's status, and what a failure does. `Executor.run` is the only code that runs one:
+the wave plan, the bubble). A `Step` (`workers/steps.py`, beside the drivers, so that a flavor
+declares its own: the disk update's, `DiskWeights.update_steps`) declares what one fan-out is:
+its name, the capability it needs, the call typed over that capability's Protocol, its deadline,
+what in an answer is the worker's status, and what a failure does (`drop`, `abort`, `amend`).
+`Executor.run` is the only code that runs one:
 the fan-out (`workers/fanout.py`), each worker's result in the operation's record and on the
 worker, the failure metric, the pause state a pause, resume or sleep leaves, and the answers
 that are a worker's status recorded as fresh reads. The operations (`weights`, `verify`,
@@ -12,15 +13,6 @@ that are a worker's status recorded as fresh reads. The operations (`weights`, `
 on it, and the checkpoint check before the gate (`ask`); only the status polls call the
 fan-out themselves. SGLang's model gateway declares its workflows' steps the same way.
 
-What a failure does (`on_failure`):
-- `drop` (the default): the worker's result says why, and it is left out of what the step
-  returns, so the operation's later steps do not reach it (it stays as the failure left it;
-  the reconciler converges it later);
-- `abort`: the operation cannot go on without every worker (a broadcast's collective calls):
-  after recording, `StepIncomplete` is raised, and the operation rolls back or aborts;
-- `amend`: a step that makes good an earlier failure (a pause after a failed verification,
-  a broadcast's abort): a worker's first failure stays its result, this step's own failure
-  added to its message.
 Retries (`retry`, a `workers.fanout.Retry`, which the fan-out applies to each worker's call): the
 transport already retries an idempotent request on a transient failure (tenacity, backoff and
 jitter) and never a collective one; a step's own `Retry` calls a worker again while its answer
@@ -34,21 +26,21 @@ with the same fan-out, typing and retries, and records nothing: nothing has happ
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
 from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.metrics import ControllerMetrics, FailedStep
 from rlcp.controlplane.operations.record import OperationLog, OperationTracker
-from rlcp.controlplane.workers.capabilities import Can, Driver
-from rlcp.controlplane.workers.fanout import FanOut, Outcome, Retry
+from rlcp.controlplane.workers.capabilities import Driver
+from rlcp.controlplane.workers.fanout import FanOut, Outcome
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import Phase, WorkerResult
 
 T = TypeVar("T")
 P = TypeVar("P", bound=Driver)
-OnFailure = Literal["drop", "abort", "amend"]
 
 # The phase `/v1/rl/state` shows while a step of this name runs, unless the step says another
 # (a status read while waking). A step not named here leaves the phase as it was.
@@ -65,44 +57,6 @@ PHASES: dict[FailedStep, Phase] = {
 }
 # Steps whose success says the pause state a worker is in (a sleep pauses first).
 PAUSE_STATE: dict[FailedStep, bool] = {"pause": True, "resume": False, "sleep": True}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Step(Generic[P, T]):
-    """One call to each of a set of workers, declared.
-
-    `name`: the metrics' label and each result's phase text, unless `label` says more (a
-    broadcast chunk's number: `update_weights[3]`). `phase`: what the state shows while it
-    runs, when not the name's (`PHASES`). `observe`: what in an answer is the worker's status,
-    recorded as a fresh read (the status poll skips it this interval)."""
-
-    name: FailedStep
-    can: Can[P]
-    call: Callable[[P], Awaitable[T]]
-    deadline_s: float
-    phase: Phase | None = None
-    label: str | None = None
-    on_failure: OnFailure = "drop"
-    observe: Callable[[T], WorkerStatus | None] | None = None
-    retry: Retry | None = None
-
-    @property
-    def shown_as(self) -> str:
-        return self.label or self.name
-
-    async def fan_out(self, fanout: FanOut, records: list[WorkerRecord], *, quiet: bool = False) -> list[Outcome[T]]:
-        """The call sent to each of `records` that can take it, with its retries if it has
-        any, each worker's outcome (a retried worker's last answer: `Retried.settle`)."""
-        drivers = [r.driver for r in records]
-        if self.retry is None:
-            return await fanout.each(
-                drivers, self.can, self.call, phase=self.shown_as, deadline_s=self.deadline_s, quiet=quiet
-            )
-        retried = self.retry.around(self.call)
-        outcomes = await fanout.each(
-            drivers, self.can, retried, phase=self.shown_as, deadline_s=self.deadline_s, quiet=quiet
-        )
-        return [retried.settle(o) for o in outcomes]
 
 
 @dataclass(frozen=True)
@@ -126,11 +80,6 @@ class StepIncomplete(Exception):
     def __init__(self, step: Step[Any, Any], done: StepDone[Any]) -> None:
         super().__init__(f"{step.shown_as} failed on some worker")
         self.step, self.done = step, done
-
-
-def status_answer(answer: WorkerStatus | None) -> WorkerStatus | None:
-    """`observe` for a step whose answer is the worker's status."""
-    return answer
 
 
 class Executor:
@@ -163,7 +112,7 @@ class Executor:
         phase = step.phase or PHASES.get(step.name)
         if phase is not None and self._log is not None:
             self._log.set_phase(phase)
-        outcomes = await step.fan_out(self._fanout, records)
+        outcomes = await fan_out(self._fanout, step, records)
         if step.on_failure == "amend":
             self._amend(outcomes, step.shown_as)
         elif self._tracker is not None:
@@ -191,11 +140,7 @@ class Executor:
     async def ask(self, step: Step[P, T], records: list[WorkerRecord]) -> list[Outcome[T]]:
         """A read before any operation exists (a pre-check): each worker's outcome, nothing
         recorded and no failure logged -- the pre-check reports what it decides."""
-        return await step.fan_out(self._fanout, records, quiet=True)
-
-    async def ok(self, step: Step[P, Any], records: list[WorkerRecord]) -> list[WorkerRecord]:
-        """`run`, for a step whose answers nobody reads: the records it succeeded on."""
-        return (await self.run(step, records)).ok
+        return await fan_out(self._fanout, step, records, quiet=True)
 
     def _amend(self, outcomes: Iterable[Outcome[Any]], what: str) -> None:
         if self._tracker is None:
@@ -251,3 +196,20 @@ class Executor:
         self._tracker.set_result(
             base.model_copy(update={"status": "error", "phase": phase, "code": code, "message": message})
         )
+
+
+async def fan_out(
+    fanout: FanOut, step: Step[P, T], records: list[WorkerRecord], *, quiet: bool = False
+) -> list[Outcome[T]]:
+    """The step's call sent to each of `records` that can take it, with its retries if it has
+    any, each worker's outcome (a retried worker's last answer: `Retried.settle`)."""
+    drivers = [r.driver for r in records]
+    if step.retry is None:
+        return await fanout.each(
+            drivers, step.can, step.call, phase=step.shown_as, deadline_s=step.deadline_s, quiet=quiet
+        )
+    retried = step.retry.around(step.call)
+    outcomes = await fanout.each(
+        drivers, step.can, retried, phase=step.shown_as, deadline_s=step.deadline_s, quiet=quiet
+    )
+    return [retried.settle(o) for o in outcomes]

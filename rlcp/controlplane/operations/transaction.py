@@ -24,6 +24,14 @@ an effect fails, the failure is thrown into the generator at the effect (its `fi
 undo what must be undone: a wave's cordon), and the transaction aborts: the record closed as
 interrupted if it was never kept, or cancelled. `wait=False` answers once it has begun.
 
+Every operation is declared so: the disk update (all at once and rolling, each flavor's steps
+declared by its driver: `workers/updates.py`), pause and resume, sleep and wake, LoRA, the caches,
+the engine passthrough, and the broadcast group's init, shutdown and renaming. A broadcast session
+spans several requests (start, chunks, finish) and holds the gate between them: its begin is the
+session's own, and each request's steps are performed on the session's `Run` (`perform`). The
+reconciler's actions on one worker are declared too, and performed without a record
+(`perform_unrecorded`: its status read, each action's step, the read once done).
+
 This is SGLang's workflow executor cut for a control plane: the steps are declared by the
 operation and each flavor's calls by its driver (`workers/capabilities.py`), and one loop runs
 them, so an operation's path is the route, the operation, this runner, the executor, the fan-out
@@ -34,6 +42,7 @@ counts it).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -47,7 +56,8 @@ from rlcp.controlplane.operations.context import (
     log_failure,
 )
 from rlcp.controlplane.operations.record import OperationTracker
-from rlcp.controlplane.operations.steps import Executor, P, Step
+from rlcp.controlplane.operations.steps import Executor, P
+from rlcp.controlplane.workers.steps import Step
 from rlcp.core.wire.controller import DiskSource
 from rlcp.core.wire.controller.operations import OperationKind, OperationResult
 
@@ -124,14 +134,7 @@ class Together:
     parts: tuple[Generator[Effect, Any, Any], ...] = field(compare=False)
 
 
-@dataclass(frozen=True)
-class Await:
-    """An operation not declared as steps yet: its body, awaited as one effect."""
-
-    body: Awaitable[None] = field(compare=False)
-
-
-Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | Write | PublishFence | Refresh | Together | Await
+Effect = Ask[Any, Any] | Open | Begin | Call[Any, Any] | Write | PublishFence | Refresh | Together
 Steps = Generator[Effect, Any, None]
 
 
@@ -152,7 +155,7 @@ async def run_operation(ctx: OperationContext, steps: Steps, *, wait: bool = Tru
             with run.bound():
                 interrupted: str | None = None
                 try:
-                    await _perform(run, steps, run)
+                    await _perform(functools.partial(_effect, run), steps, run)
                 except asyncio.CancelledError:
                     interrupted = CANCELLED
                     raise
@@ -183,30 +186,6 @@ async def run_operation(ctx: OperationContext, steps: Steps, *, wait: bool = Tru
     return begun.result().snapshot()
 
 
-async def run_body(
-    ctx: OperationContext,
-    kind: OperationKind,
-    detail: dict[str, Any],
-    body: Callable[[Run], Awaitable[None]],
-    *,
-    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None = None,
-    wait: bool = True,
-) -> OperationResult:
-    """An operation not yet declared as steps: opened, begun, and its body awaited whole."""
-    return await run_operation(ctx, _body_steps(kind, detail, body, members), wait=wait)
-
-
-def _body_steps(
-    kind: OperationKind,
-    detail: dict[str, Any],
-    body: Callable[[Run], Awaitable[None]],
-    members: Callable[[list[WorkerRecord]], list[WorkerRecord]] | None,
-) -> Steps:
-    run: Run = yield Open(kind, detail, members)
-    yield Begin()
-    yield Await(body(run))
-
-
 async def _before_the_gate(ctx: OperationContext, steps: Steps) -> Open:
     """The pre-checks' reads, up to the operation's `Open`."""
     executor = Executor(fanout=ctx.fanout, registry=ctx.registry, metrics=ctx.metrics)
@@ -222,13 +201,34 @@ async def _before_the_gate(ctx: OperationContext, steps: Steps) -> Open:
 
 
 async def perform(run: Run, steps: Generator[Effect, Any, T]) -> T:
-    """Declared steps run inside an operation whose body is not declared yet (a broadcast
-    update's verification): their effects performed on its `run`, their value answered."""
-    return await _perform(run, steps, None)
+    """Declared steps run on an operation the caller holds open across calls of its own (a
+    broadcast session: start, each chunk, finish or abort, each one HTTP request on the session's
+    `run`): their effects performed on it, their value answered, a failure raised once the steps
+    have not handled it."""
+    return await _perform(functools.partial(_effect, run), steps, None)
 
 
-async def _perform(run: Run, steps: Generator[Effect, Any, T], answer: Any) -> T:
-    """Each effect the steps yield, performed; a failure thrown back into them where it happened."""
+async def perform_unrecorded(
+    executor: Executor, refresh: Callable[[list[WorkerRecord]], Awaitable[None]], steps: Generator[Effect, Any, T]
+) -> T:
+    """Declared steps that belong to no operation (the reconciler's: one worker's plan): their
+    `Ask`, `Call` and `Refresh` performed on `executor`, which keeps a result on the worker and
+    no record; any other effect is refused."""
+
+    async def do(effect: Effect) -> Any:
+        if isinstance(effect, Call):
+            return await executor.run(effect.step, effect.records)
+        if isinstance(effect, Ask):
+            return await executor.ask(effect.step, effect.records)
+        if isinstance(effect, Refresh):
+            return await refresh(effect.records)
+        raise TypeError(f"{type(effect).__name__} outside an operation")
+
+    return await _perform(do, steps, None)
+
+
+async def _perform(do: Callable[[Effect], Awaitable[Any]], steps: Generator[Effect, Any, T], answer: Any) -> T:
+    """Each effect the steps yield, performed by `do`; a failure thrown back into them where it happened."""
     failure: BaseException | None = None
     while True:
         try:
@@ -238,7 +238,7 @@ async def _perform(run: Run, steps: Generator[Effect, Any, T], answer: Any) -> T
             return value
         failure, answer = None, None
         try:
-            answer = await _effect(run, effect)
+            answer = await do(effect)
         except BaseException as exc:  # noqa: BLE001 -- thrown into the steps, which re-raise it unless they handle it
             failure = exc
 
@@ -259,7 +259,6 @@ async def _effect(run: Run, effect: Effect) -> Any:
     if isinstance(effect, Refresh):
         return await ctx.refresh(effect.records)
     if isinstance(effect, Together):
-        return list(await asyncio.gather(*(_perform(run, part, None) for part in effect.parts)))
-    if isinstance(effect, Await):
-        return await effect.body
+        do = functools.partial(_effect, run)
+        return list(await asyncio.gather(*(_perform(do, part, None) for part in effect.parts)))
     raise TypeError(f"{type(effect).__name__} once the operation is open")

@@ -16,6 +16,9 @@ tells nothing: it is left out of every comparison, for every worker, and the ope
 says so (`checksums_not_compared`) instead of counting it as agreement. A worker whose checksums
 differ is told which tensors differ from the ones it was held to.
 
+A member woken from sleep is checked too (`check_woken`, for `sleep.py`): awake, at the version
+expected, and with the weights it slept with where it is at that version again.
+
 An adapter loaded fleet-wide is verified the same way (`verify_adapter`): its tensors, as the
 workers hold them, agree across the workers whose checksums cover adapters (the agent's keys
 `lora:<name>:...`; stock vLLM's checksums leave adapters out, so those are not judged).
@@ -32,11 +35,23 @@ from typing import Any
 
 from rlcp.controlplane.fleet.members import WorkerRecord
 from rlcp.controlplane.operations.context import Run
-from rlcp.controlplane.operations.steps import Step, StepDone
+from rlcp.controlplane.operations.steps import StepDone
 from rlcp.controlplane.operations.transaction import Call, Effect
-from rlcp.controlplane.workers.capabilities import CHECKSUMS, DRIVER, Checksums, Driver, LoadReport, capable, has
+from rlcp.controlplane.workers.capabilities import (
+    CHECKSUMS,
+    DRIVER,
+    Checksums,
+    Driver,
+    LoadReport,
+    capable,
+    has,
+    implements,
+)
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256, checksums_disagree, lora_checksum_key
+from rlcp.core.wire.controller import SleepRecord
 
 _NAMED = 3  # tensors named in a mismatch message
 
@@ -222,3 +237,49 @@ def _majority(digests: dict[str, str]) -> tuple[str, int]:
 
 def checksums_digest(checksums: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(checksums, sort_keys=True).encode()).hexdigest()
+
+
+async def check_woken(
+    driver: Driver, status: WorkerStatus | None, record: SleepRecord | None, desired_version: str | None
+) -> None:
+    """Raise `WorkerRejected` unless a woken member is awake at the expected version and, at the
+    version it slept with, holds the weights it slept with."""
+    worker_id = driver.spec.id
+    if status is None:
+        raise WorkerRejected(worker_id, "answered no status", status=200)
+    _check_awake(worker_id, status, expected_version(desired_version, record))
+    # At the version it slept with (reloaded after level 2 too: the same checkpoint gives
+    # the same tensors), its weights must be the ones it slept with.
+    if (
+        record is None
+        or record.checksums_digest is None
+        or status.weight_version != record.weight_version
+        or not (has(driver, "checksums") and implements(driver, CHECKSUMS))
+    ):
+        return
+    sums = await driver.weight_checksums()
+    if sums is not None and checksums_digest(sums) != record.checksums_digest:
+        raise WorkerRejected(
+            worker_id,
+            f"weight checksums differ from those it had when it went to sleep (version {record.weight_version!r})",
+            status=200,
+        )
+
+
+def expected_version(desired: str | None, record: SleepRecord | None) -> str | None:
+    """What a woken member must report: the fleet's desired version, else (nothing desired
+    yet) the one it slept with; None: nothing to hold it to."""
+    if desired is not None:
+        return desired
+    return record.weight_version if record is not None else None
+
+
+def _check_awake(worker_id: str, status: WorkerStatus, version: str | None) -> None:
+    if status.engine_alive is False:
+        raise WorkerRejected(worker_id, "its engine is not alive after the wake", status=200)
+    if status.sleeping:
+        raise WorkerRejected(worker_id, "still reports itself asleep after a full wake", status=200)
+    if version is not None and status.weight_version != version:
+        raise WorkerRejected(
+            worker_id, f"reports weight version {status.weight_version!r}, expected {version!r}", status=200
+        )

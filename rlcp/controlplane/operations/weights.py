@@ -13,6 +13,8 @@
   after a wave in which any worker failed: the members not reached yet are left as they
   were, serving (a bad checkpoint costs one wave, not the fleet).
 - Verify: see `verify.py`. Later waves are held to what the earlier ones agreed on.
+- Each member's driver declares its flavor's steps (`update_steps`, `workers/updates.py`); a
+  wave runs each declaration on the members that made it, side by side (`Roll.wave`).
 - Round trips per worker (issue 35), verify on: a worker that takes the update in one call
   (`StagedUpdate`, the agent) is asked before anyone pauses whether it can load the checkpoint
   (`checkpoint.py`), then sent `update_in_one_call` -- told the version, paused, loaded, hashed,
@@ -34,7 +36,7 @@ Re-sending a version the fleet already has is a no-op success.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Generator
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -44,7 +46,7 @@ from rlcp.controlplane.fleet.paths import check_path
 from rlcp.controlplane.operations.bubble import BubbleRecorder, resolve_max_unavailable, waves
 from rlcp.controlplane.operations.checkpoint import checking
 from rlcp.controlplane.operations.context import OperationContext, Run, operating_on, require_capability
-from rlcp.controlplane.operations.steps import P, Step, StepDone, status_answer
+from rlcp.controlplane.operations.steps import StepDone
 from rlcp.controlplane.operations.transaction import (
     Begin,
     Call,
@@ -58,19 +60,10 @@ from rlcp.controlplane.operations.transaction import (
     run_operation,
 )
 from rlcp.controlplane.operations.verify import Agreement, verify
-from rlcp.controlplane.workers.capabilities import (
-    CONTROL,
-    DISK_WEIGHTS,
-    STAGED_UPDATE,
-    DiskWeights,
-    LoadReport,
-    StagedUpdate,
-    UpdatePlan,
-    UpdateReport,
-    capable,
-    implements,
-)
+from rlcp.controlplane.workers.capabilities import CONTROL, DISK_WEIGHTS, LoadReport, UpdateReport, capable
 from rlcp.controlplane.workers.fanout import Outcome
+from rlcp.controlplane.workers.steps import Step
+from rlcp.controlplane.workers.updates import UPDATE_STEPS, DeclaredUpdate, UpdateSteps, WaveUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.controller import OperationResult, Rolling, RollProgress, UpdateWeightsRequest
 
@@ -221,42 +214,34 @@ class Roll:
         ctx.log.set_verified(req.verify and progress.updated == len(run.members))  # the refused too
 
     def wave(self, records: list[WorkerRecord], agreement: Agreement) -> Generator[Effect, Any, Wave]:
-        """Take one wave through the steps. A worker that takes the update in one call
-        (`StagedUpdate`: the agent) is paused, loaded, hashed and -- unless the fleet stays
-        paused or an operator holds it -- resumed in that call, held to the checksums already
-        agreed on (a manifest, the earlier waves') where there are any; the others go through
-        `DiskWeights`' three steps. Both are verified together; a worker that resumed in its
-        call and then fails verification is paused again, and the wave stays cordoned (out of
-        the fence) until that is done, so no rollout reaches it through the fence meanwhile."""
-        run, req = self.run, self.req
-        ctx, d = run.ctx, run.ctx.deadlines
-        pause_s = d.pause(req.timeout_s)
-        leave_paused = ctx.desired.state.paused  # an operator paused the fleet: the update leaves it paused
-        held = ctx.desired.state.held  # paused by a selector-scoped pause: updated, not resumed
-        in_one = [r for r in records if implements(r.driver, STAGED_UPDATE)]
-        in_steps = [r for r in records if not implements(r.driver, STAGED_UPDATE)]
-        in_one_call = self._in_one_call(agreement, pause_s)
-        one: StepDone[UpdateReport]
-        stepped: StepDone[LoadReport | None]
-        one, stepped = yield Together((_call(in_one_call, in_one), self._in_steps(in_steps, pause_s)))
-        reports = {worker_id: answer.load for worker_id, answer in one.answers.items() if answer is not None}
-        yield from self._after_one_call_failures(in_one, one)
-        reports |= {worker_id: report for worker_id, report in stepped.answers.items() if report is not None}
-        verified = [*one.ok, *stepped.ok]
+        """Take one wave through the steps each member's driver declares (`update_steps`: the
+        agent's one call, the others' pause and load), side by side; verify them together on
+        what the steps answered; pause again a worker that resumed in its call and then failed
+        verification (the wave stays cordoned, out of the fence, until that is done); resume the
+        rest that passed, unless the fleet stays paused or an operator holds the worker."""
+        run, req, state = self.run, self.req, self.run.ctx.desired.state
+        leave_paused, held = state.paused, state.held  # an operator's pause: updated, not resumed
+        update = self._update(agreement)
+        declared = declarations(records, update)
+        done: list[StepDone[UpdateReport]] = yield Together(tuple(self._load(s, group) for s, group in declared))
+        for (steps, group), loaded in zip(declared, done, strict=True):
+            if steps.uncertain:
+                yield from self._after_failures(group, loaded)
+        answers = {worker_id: a for d in done for worker_id, a in d.answers.items() if a is not None}
+        reports = {worker_id: a.load for worker_id, a in answers.items() if a.load is not None}
+        verified = [r for d in done for r in d.ok]
         if req.verify:
             verified = yield from verify(
                 run, verified, req.version, reports, manifest=req.expected_checksums, agreement=agreement
             )
+        resumed_in_call = {worker_id for worker_id, a in answers.items() if a.resumed}
         passed = {r.id for r in verified}
-        resumed_in_call = {worker_id for worker_id, a in one.answers.items() if a is not None and a.resumed}
-        still_out = yield from self._pause_again(
-            [r for r in one.ok if r.id in resumed_in_call and r.id not in passed], pause_s
-        )
+        relapsed = [r for d in done for r in d.ok if r.id in resumed_in_call and r.id not in passed]
+        still_out = yield from self._pause_again(relapsed, update.pause_s)
         for r in verified:
-            answer = one.answers.get(r.id)
-            if answer is not None and answer.resumed:
+            if r.id in resumed_in_call:
                 # Back in service in its own call: what a resume step would have recorded.
-                run.steps.observe_status(r.id, answer.status, final=True)
+                run.steps.observe_status(r.id, answers[r.id].status, final=True)
                 run.steps.passed(r.id, "resume")
         if leave_paused:
             return Wave(verified, [], still_out)
@@ -265,30 +250,40 @@ class Roll:
         )
         return Wave(verified, [*resumed, *(r for r in verified if r.id in resumed_in_call)], still_out)
 
-    def _in_one_call(self, agreement: Agreement, pause_s: float) -> Step[StagedUpdate, UpdateReport]:
-        """The one-call update's step: each worker's plan resumes it unless the fleet stays
-        paused or a selector-scoped pause holds it, and holds it to the checksums agreed on."""
-        req, d, state = self.req, self.run.ctx.deadlines, self.run.ctx.desired.state
-        reference = (agreement.checksums or req.expected_checksums) if req.verify else None
-
-        def plan(worker_id: str) -> UpdatePlan:
-            return UpdatePlan(
-                path=self.path,
-                version=req.version,
-                mode=req.pause_mode,
-                pause_timeout_s=pause_s,
-                checksums=req.verify,
-                resume=not state.paused and worker_id not in state.held,
-                expected_checksums=reference,
-            )
-
-        return Step(
-            name="update",
-            can=STAGED_UPDATE,
-            call=lambda w: w.update_in_one_call(plan(w.spec.id)),
-            deadline_s=d.update_in_one_call(req.timeout_s, checksums=req.verify),
-            observe=lambda answer: answer.status,
+    def _update(self, agreement: Agreement) -> WaveUpdate:
+        """What this wave asks of every member: a worker resumes in its own call unless the fleet
+        stays paused or a selector-scoped pause holds it, and is held to the checksums agreed on
+        (a manifest, the earlier waves')."""
+        req, ctx = self.req, self.run.ctx
+        state = ctx.desired.state
+        return WaveUpdate(
+            path=self.path,
+            version=req.version,
+            mode=req.pause_mode,
+            pause_s=ctx.deadlines.pause(req.timeout_s),
+            requested_s=req.timeout_s,
+            checksums=req.verify,
+            expected_checksums=(agreement.checksums or req.expected_checksums) if req.verify else None,
+            resumes=lambda worker_id: not state.paused and worker_id not in state.held,
+            deadlines=ctx.deadlines,
         )
+
+    def _load(self, steps: UpdateSteps, records: list[WorkerRecord]) -> Generator[Effect, Any, StepDone[UpdateReport]]:
+        """One declaration's steps on the members that made it, up to the load. A worker knows
+        the new version once its first step succeeded (where it tracks the desired one)."""
+        if steps.pause is not None:
+            paused: StepDone[WorkerStatus | None] = yield Call(steps.pause, records)
+            self._told(paused.ok)
+            records = paused.ok
+        loaded: StepDone[UpdateReport] = yield Call(steps.update, records)
+        if steps.pause is None:
+            self._told(loaded.ok)
+        return loaded
+
+    def _told(self, records: list[WorkerRecord]) -> None:
+        for r in records:
+            if r.tracks_desired:
+                self.run.ctx.registry.told(r.id, self.req.version)
 
     def _pause_again(self, relapsed: list[WorkerRecord], pause_s: float) -> Generator[Effect, Any, set[str]]:
         """Pause the workers that resumed in their call and then failed verification; answers
@@ -306,57 +301,26 @@ class Roll:
         again: StepDone[None] = yield Call(pause_again, relapsed)
         return {r.id for r in relapsed} - {r.id for r in again.ok}
 
-    def _in_steps(
-        self, records: list[WorkerRecord], pause_s: float
-    ) -> Generator[Effect, Any, StepDone[LoadReport | None]]:
-        """`DiskWeights`' steps up to the load: pause (told the version first where the worker
-        gates readiness on it), then load; answers the loads' reports."""
-        run, req, d = self.run, self.req, self.run.ctx.deadlines
-        if not records:
-            return StepDone.nothing()
-
-        def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
-            return w.pause_for_update(req.version, req.pause_mode, pause_s, weights_path=None)
-
-        paused: StepDone[WorkerStatus | None] = yield Call(
-            Step(name="pause", can=DISK_WEIGHTS, call=pause, deadline_s=d.call_over(pause_s), observe=status_answer),
-            records,
-        )
-        for r in paused.ok:
-            if r.tracks_desired:
-                run.ctx.registry.told(r.id, req.version)
-        # Hashing time is allowed only in a wave where a load answers checksums.
-        hashing = req.verify and any(w.loads_with_checksums for w in capable((r.driver for r in records), DISK_WEIGHTS))
-        loading = Step(
-            name="update",
-            can=DISK_WEIGHTS,
-            call=lambda w: w.load_from_disk(self.path, req.version, checksums=req.verify),
-            deadline_s=d.load_step(req.timeout_s, checksums=hashing),
-        )
-        loaded: StepDone[LoadReport | None] = yield Call(loading, paused.ok)
-        return loaded
-
-    def _after_one_call_failures(
-        self, records: list[WorkerRecord], one: StepDone[UpdateReport]
+    def _after_failures(
+        self, records: list[WorkerRecord], done: StepDone[UpdateReport]
     ) -> Generator[Effect, Any, None]:
-        """What a one-call update left. Answered ok: told the version. A 4xx: refused before any
-        change (the checkpoint, the gate). A 5xx: the agent may have learnt the version and paused
-        before what failed (and then stays paused, as a failed step always left a worker); it
-        answered, so its status is read now (one round trip, on the failure path only). No
-        answer at all: unreachable (its connection failed) is recorded as a status read would find
-        it; otherwise (a timeout) it may have paused, and counts as paused until the status poll
-        reads it, so nothing routes to it on a guess -- a read now would make the trainer wait a
-        status deadline for a worker that did not answer the call either."""
-        ctx, version = self.run.ctx, self.req.version
+        """What a failed update that pauses in the same call (`UpdateSteps.uncertain`: the
+        agent's) left. A 4xx: refused before any change (the checkpoint, the gate). A 5xx: the
+        agent may have learnt the version and paused before what failed (and then stays paused,
+        as a failed step always left a worker); it answered, so its status is read now (one round
+        trip, on the failure path only). No answer at all: unreachable (its connection failed) is
+        recorded as a status read would find it; otherwise (a timeout) it may have paused, and
+        counts as paused until the status poll reads it, so nothing routes to it on a guess -- a
+        read now would make the trainer wait a status deadline for a worker that did not answer
+        the call either. A 5xx is not counted as told: it may come from a proxy the call never got
+        past (the reconciler tells it again, which costs nothing)."""
+        ctx = self.run.ctx
         answered_error: list[WorkerRecord] = []
         for r in records:
-            refused = one.refused.get(r.id)
-            if r.id in one.answers:
-                if r.tracks_desired:
-                    ctx.registry.told(r.id, version)
-            elif refused is not None and refused >= 500:
-                # Not counted as told: a 5xx may come from a proxy the call never got past (the
-                # reconciler tells it again, which costs nothing).
+            refused = done.refused.get(r.id)
+            if r.id in done.answers:
+                continue
+            if refused is not None and refused >= 500:
                 answered_error.append(r)
             elif refused is None:
                 result = self.run.tracker.results.get(r.id)
@@ -367,6 +331,16 @@ class Roll:
                     ctx.registry.note_paused(r.id, True)
         if answered_error:
             yield Refresh(answered_error)
+
+
+def declarations(records: list[WorkerRecord], update: WaveUpdate) -> list[tuple[UpdateSteps, list[WorkerRecord]]]:
+    """The wave's members grouped by how their drivers declare the update (the same
+    `update_steps`), each group with the steps its drivers declare for it."""
+    groups: dict[object, list[DeclaredUpdate]] = {}
+    for d in capable((r.driver for r in records), UPDATE_STEPS):
+        groups.setdefault(type(d).update_steps, []).append(d)
+    by_id = {r.id: r for r in records}
+    return [(group[0].update_steps(update, group), [by_id[d.spec.id] for d in group]) for group in groups.values()]
 
 
 @dataclass(frozen=True)
@@ -400,8 +374,3 @@ def resume(
             )
         run.steps.observe_status(r.id, status, final=True)
     return resumed.ok
-
-
-def _call(step: Step[P, T], records: list[WorkerRecord]) -> Generator[Effect, Any, StepDone[T]]:
-    done: StepDone[T] = yield Call(step, records)
-    return done

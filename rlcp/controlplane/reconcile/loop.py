@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 import structlog
 
@@ -23,12 +24,14 @@ from rlcp.controlplane.fleet.members import FleetRegistry, WorkerRecord
 from rlcp.controlplane.leadership.guard import Leadership
 from rlcp.controlplane.metrics import ControllerMetrics, ReconcileStep
 from rlcp.controlplane.operations.gate import OperationGate
-from rlcp.controlplane.operations.steps import Executor, Step
+from rlcp.controlplane.operations.steps import Executor, StepDone
+from rlcp.controlplane.operations.transaction import Ask, Call, Effect, Refresh, perform_unrecorded
 from rlcp.controlplane.reconcile import plan as actions
 from rlcp.controlplane.reconcile.plan import Action, ActionKind, plan
 from rlcp.controlplane.reconcile.ratelimit import WorkerRateLimiter
 from rlcp.controlplane.workers.capabilities import DRIVER, Control, DesiredVersion, DiskWeights, Driver, Lora, Sleep
 from rlcp.controlplane.workers.fanout import FanOut
+from rlcp.controlplane.workers.steps import Step
 
 log = structlog.get_logger("rlcp.controlplane.reconcile")
 # Each action's step: its result's phase and the metrics' label (`reconcile:<kind>`).
@@ -64,6 +67,8 @@ class Reconciler:
         # The operations' executor, without an operation record: each action's result lands on
         # its worker, a failure in the metrics.
         self.steps = Executor(fanout=fanout, registry=registry, metrics=metrics)
+        # The read before a worker's actions: quiet (the status polls log reachability changes).
+        self._status = Step(name="status", can=DRIVER, call=lambda d: d.status(), deadline_s=deadlines.control_s)
 
     def plan_for(self, rec: WorkerRecord) -> list[Action]:
         if not rec.reachable or rec.status is None:
@@ -98,24 +103,29 @@ class Reconciler:
 
     async def _reconcile_worker(self, rec: WorkerRecord) -> None:
         with structlog.contextvars.bound_contextvars(worker_id=rec.id, operation="reconcile"):
-            sent = time.monotonic()
-            fresh = await self.fanout.call(
-                rec.driver, lambda d: d.status(), phase="status", deadline_s=self.deadlines.control_s, quiet=True
-            )
-            self.registry.observe(fresh, sent_at=sent)
-            if not fresh.ok or rec.status is None:
+            await perform_unrecorded(self.steps, self._refresh, self._reconciling(rec))
+
+    def _reconciling(self, rec: WorkerRecord) -> Generator[Effect, Any, None]:
+        """One worker's pass, declared: its status read, then its plan's actions in order, each
+        one step, stopping at the first failure (the limiter's backoff) or when an API operation
+        waits; once every action is done, its status read again."""
+        sent = time.monotonic()
+        [fresh] = yield Ask(self._status, [rec])
+        self.registry.observe(fresh, sent_at=sent)
+        if not fresh.ok or rec.status is None:
+            return
+        for action in self.plan_for(rec):
+            if self.gate.api_waiting:
+                return  # an API operation is waiting: finish later
+            done: StepDone[None] = yield Call(self._step(action), [rec])
+            if not done.ok:
+                self.limiter.when(rec.id)
                 return
-            for action in self.plan_for(rec):
-                if self.gate.api_waiting:
-                    return  # an API operation is waiting: finish later
-                if not await self.steps.ok(self._step(action), [rec]):
-                    self.limiter.when(rec.id)
-                    return
-                if isinstance(action, actions.SetDesired):
-                    self.registry.told(rec.id, action.version)
-            self.limiter.forget(rec.id)
-            log.info("worker_reconciled", version=self.desired.state.weight_version)
-            await self._refresh([rec])
+            if isinstance(action, actions.SetDesired):
+                self.registry.told(rec.id, action.version)
+        self.limiter.forget(rec.id)
+        log.info("worker_reconciled", version=self.desired.state.weight_version)
+        yield Refresh([rec])
 
     def _step(self, action: Action) -> Step[Driver, None]:
         return Step(

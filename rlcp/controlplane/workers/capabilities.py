@@ -23,7 +23,7 @@ worker, so an operation a member cannot do is refused up front, naming the worke
 lacks.
 
 `Can[P]` names one capability for the type checker: `implements(driver, CONTROL)` narrows a
-`Driver` to `Control`, and a step over workers (`FanOut.each`, `operations.steps.Step`)
+`Driver` to `Control`, and a step over workers (`FanOut.each`, `workers.steps.Step`)
 takes a call typed over the capability's Protocol, never over `Any`.
 
 Where a worker publishes its route list (Dynamo's listing `routes`, kept in
@@ -145,13 +145,14 @@ class UpdatePlan:
 
 @dataclass(frozen=True)
 class UpdateReport:
-    """What a one-call update answered: the version and checksums, the worker's state after it,
-    and whether it resumed (`held_back`: why not, although told to)."""
+    """What a disk update's load step answered (`workers/updates.py`): the version and checksums
+    (None: read them separately), the worker's state after it (None: not carried), and whether it
+    resumed in the same call (`held_back`: why not, although told to)."""
 
-    load: LoadReport
-    status: WorkerStatus
-    resumed: bool
-    held_back: str | None
+    load: LoadReport | None
+    status: WorkerStatus | None
+    resumed: bool = False
+    held_back: str | None = None
 
 
 @runtime_checkable
@@ -270,7 +271,7 @@ P = TypeVar("P", bound=Driver, covariant=True)
 class Can(Generic[P]):
     """One capability, typed: its name and the test that proves a driver has its Protocol."""
 
-    name: Capability | Literal["driver", "engine_routes", "server_config"]
+    name: Capability | Literal["driver", "engine_routes", "server_config", "update_steps"]
     test: Callable[[Driver], TypeGuard[P]]
 
 

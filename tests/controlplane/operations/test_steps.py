@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from rlcp.controlplane.controller import Controller
-from rlcp.controlplane.operations.steps import Executor, Step, StepIncomplete, status_answer
+from rlcp.controlplane.operations.steps import Executor, StepIncomplete
 from rlcp.controlplane.operations.verify import judge, judge_adapter
 from rlcp.controlplane.workers.capabilities import CONTROL, DRIVER, STAGED_UPDATE, StagedUpdate
 from rlcp.controlplane.workers.fanout import Retry
+from rlcp.controlplane.workers.steps import Step, status_answer
 from rlcp.core.wire.agent.checksums import EMPTY_TENSOR_SHA256
 from rlcp.harness.faults import Fault
 from rlcp.harness.memory import MemoryFleet

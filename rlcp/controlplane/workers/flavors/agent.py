@@ -9,12 +9,14 @@ vLLM's RL route shapes at the root, which the agent serves unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, final
 from urllib.parse import quote
 
 from pydantic import ValidationError
 
 from rlcp.controlplane.workers.capabilities import (
+    STAGED_UPDATE,
     BroadcastPeer,
     Checksums,
     Control,
@@ -33,7 +35,9 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.flavors.base import VllmCacheRoutes, VllmServerInfoRoute, VllmSleepRoutes
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
+from rlcp.controlplane.workers.steps import Step
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workers.updates import DeclaredUpdate, UpdateSteps, WaveUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import (
     AgentState,
@@ -53,6 +57,7 @@ class AgentDriver(
     VllmCacheRoutes,
     Control,
     StagedUpdate,
+    DeclaredUpdate,
     DiskWeights,
     DesiredVersion,
     Checksums,
@@ -71,6 +76,33 @@ class AgentDriver(
 
     async def status(self) -> WorkerStatus:
         return self._status("GET /v1/agent/state", await self.transport.request("GET", "/v1/agent/state", retry=False))
+
+    def update_steps(self, update: WaveUpdate, wave: Sequence[DiskWeights]) -> UpdateSteps:
+        """The disk update in one call (`DeclaredUpdate`): `update_in_one_call`, each worker's
+        plan resuming it as the wave says and holding it to the checksums agreed on; it pauses
+        in the same call, so a failure may have left it paused (`uncertain`)."""
+
+        def plan(worker_id: str) -> UpdatePlan:
+            return UpdatePlan(
+                path=update.path,
+                version=update.version,
+                mode=update.mode,
+                pause_timeout_s=update.pause_s,
+                checksums=update.checksums,
+                resume=update.resumes(worker_id),
+                expected_checksums=update.expected_checksums,
+            )
+
+        return UpdateSteps(
+            Step(
+                name="update",
+                can=STAGED_UPDATE,
+                call=lambda w: w.update_in_one_call(plan(w.spec.id)),
+                deadline_s=update.deadlines.update_in_one_call(update.requested_s, checksums=update.checksums),
+                observe=_reported_status,
+            ),
+            uncertain=True,
+        )
 
     def _status(self, call: str, body: Any) -> WorkerStatus:
         try:
@@ -260,6 +292,10 @@ class AgentDriver(
             if exc.status != 404:
                 raise
             # Already gone: unloading is idempotent, so a retry after a lost answer succeeds.
+
+
+def _reported_status(report: UpdateReport) -> WorkerStatus | None:
+    return report.status
 
 
 def _checksums(worker_id: str, body: Any) -> dict[str, str]:

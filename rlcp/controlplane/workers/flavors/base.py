@@ -1,27 +1,32 @@
 """What every driver holds (its worker's spec, the transport that reaches it, its deadlines) and
 what every flavor's class says about itself (`DriverBase`'s class attributes: its name, the routes a
 listing advertises for it; how the gateway reaches it is the data plane's, `workerspec.FLAVOR_REQUESTS`),
-and the disk update's steps composed from separate calls, for a flavor whose engine has no staged
-update (stock vLLM, Dynamo, SGLang).
+and the disk update's steps composed from separate calls, declared (`update_steps`, see
+`workers/updates.py`), for a flavor whose engine has no staged update (stock vLLM, Dynamo, SGLang).
 
 Adding a flavor: one module here that subclasses `DriverBase` with its facts and the capabilities'
 Protocols it implements, and one line in `workerspec.FLAVOR_DRIVERS`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
 from rlcp.controlplane.deadlines import DriverDeadlines
 from rlcp.controlplane.workers.capabilities import (
     DESIRED_VERSION,
+    DISK_WEIGHTS,
     Capability,
     Control,
+    DiskWeights,
     LoadReport,
     SleepMode,
+    UpdateReport,
     implements,
 )
+from rlcp.controlplane.workers.steps import Step, status_answer
 from rlcp.controlplane.workers.transport import WorkerRejected, WorkerTransport
+from rlcp.controlplane.workers.updates import UpdateSteps, WaveUpdate
 from rlcp.controlplane.workerspec import WorkerSpec, WorkerStatus
 from rlcp.core.wire.agent.control import PauseMode
 
@@ -134,6 +139,35 @@ class SeparateUpdateCalls:
     checksums and statuses afterwards."""
 
     loads_with_checksums = False
+
+    def update_steps(self, update: WaveUpdate, wave: Sequence[DiskWeights]) -> UpdateSteps:
+        """The disk update in three calls (`DeclaredUpdate`): `pause` (`pause_for_update`), then
+        `update` (`load_from_disk`); `resume_after_update` once verified. The load is given
+        hashing time only in a wave where some load answers checksums."""
+        d = update.deadlines
+
+        def pause(w: DiskWeights) -> Awaitable[WorkerStatus | None]:
+            return w.pause_for_update(update.version, update.mode, update.pause_s, weights_path=None)
+
+        async def load(w: DiskWeights) -> UpdateReport:
+            return UpdateReport(await w.load_from_disk(update.path, update.version, checksums=update.checksums), None)
+
+        hashing = update.checksums and any(w.loads_with_checksums for w in wave)
+        return UpdateSteps(
+            Step(
+                name="update",
+                can=DISK_WEIGHTS,
+                call=load,
+                deadline_s=d.load_step(update.requested_s, checksums=hashing),
+            ),
+            pause=Step(
+                name="pause",
+                can=DISK_WEIGHTS,
+                call=pause,
+                deadline_s=d.call_over(update.pause_s),
+                observe=status_answer,
+            ),
+        )
 
     async def pause_for_update(
         self: _Reloads, version: str, mode: PauseMode, timeout_s: float, *, weights_path: str | None = None

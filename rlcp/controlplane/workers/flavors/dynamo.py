@@ -60,6 +60,7 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workers.updates import DeclaredUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent.control import PauseMode
 
@@ -84,7 +85,7 @@ def capabilities_from_routes(routes: tuple[str, ...]) -> frozenset[Capability]:
 
 
 @final
-class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, Sleep, PublishesRoutes):
+class DynamoDriver(SeparateUpdateCalls, DriverBase, Control, DeclaredUpdate, DiskWeights, Lora, Sleep, PublishesRoutes):
     """Speaks to one Dynamo worker's system port. A disk update's steps are separate calls
     (`SeparateUpdateCalls`): pause, reload (which resets the prefix cache), resume."""
 

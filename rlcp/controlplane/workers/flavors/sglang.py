@@ -102,6 +102,7 @@ from rlcp.controlplane.workers.capabilities import (
 )
 from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected
+from rlcp.controlplane.workers.updates import DeclaredUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent import PauseMode, RequestCounts
 
@@ -119,7 +120,9 @@ UNNAMED_WEIGHTS = "unnamed weights (rlcp)"
 
 
 @final
-class SglangDriver(SeparateUpdateCalls, DriverBase, Control, DiskWeights, Lora, Sleep, PrefixCache, BroadcastPeer):
+class SglangDriver(
+    SeparateUpdateCalls, DriverBase, Control, DeclaredUpdate, DiskWeights, Lora, Sleep, PrefixCache, BroadcastPeer
+):
     """Speaks to one SGLang server (its HTTP port is both its admin and its inference URL)."""
 
     flavor = "sglang"

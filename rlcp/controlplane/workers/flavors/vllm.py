@@ -65,6 +65,7 @@ from rlcp.controlplane.workers.flavors.base import (
 )
 from rlcp.controlplane.workers.flavors.vllm_rl import VllmWeightTransferRoutes
 from rlcp.controlplane.workers.transport import WorkerRejected
+from rlcp.controlplane.workers.updates import DeclaredUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
 from rlcp.core.wire.agent.control import PauseMode
 
@@ -77,6 +78,7 @@ class VllmDriver(
     VllmSleepRoutes,
     VllmCacheRoutes,
     Control,
+    DeclaredUpdate,
     DiskWeights,
     Checksums,
     Lora,
