@@ -45,7 +45,7 @@ from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 STREAM_TYPE = "text/event-stream"
 _HIGH_WATER = 1 << 16  # a stream's unread bytes before the worker's socket is paused
@@ -112,7 +112,7 @@ class _Conn(asyncio.Protocol):
         self.keep_alive, self.until_close = False, False
         self.status, self.size = 0, 0
         self.raw: list[tuple[str, str]] = []
-        self.headers: CIMultiDictProxy[str] | None = None
+        self.headers: CIMultiDict[str] | None = None
         self.content_type = ""
         self.parts: list[bytes] = []
         self.error: UpstreamError | None = None
@@ -148,7 +148,8 @@ class _Conn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(BadAnswer(f"the answer from {self.origin.name} is not HTTP/1.1 the gateway reads: {exc}"))
+            said = exc.__context__ if isinstance(exc.__context__, BadAnswer) else exc
+            self._fail(BadAnswer(f"the answer from {self.origin.name} is not HTTP/1.1 the gateway reads: {said}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -165,6 +166,10 @@ class _Conn(asyncio.Protocol):
             self._fail(Disconnected(f"the answer from {self.origin.name} broke off after its headers{said}"))
 
     # -- the parser's callbacks -----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.done:  # a second answer to one request: raised through the parser (`data_received`)
+            raise BadAnswer(f"{self.origin.name} answered more than once")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.raw.append((name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape")))
 
@@ -174,7 +179,7 @@ class _Conn(asyncio.Protocol):
             self.raw = []
             return
         self.status = status
-        self.headers = headers = CIMultiDictProxy(CIMultiDict(self.raw))
+        self.headers = headers = CIMultiDict(self.raw)
         kind = headers.get("Content-Type")
         self.content_type = kind.partition(";")[0].strip().lower() if kind else "application/octet-stream"
         self.until_close = status not in (204, 304) and not (
@@ -217,6 +222,8 @@ class _Conn(asyncio.Protocol):
             self.waiter.set_exception(error)
 
     def _expire(self, total_s: float) -> None:
+        if self.done:
+            return
         self._fail(AnswerTimeout(f"no complete answer from {self.origin.name} within {total_s:g}s"))
         self.close()
 
@@ -227,8 +234,9 @@ class _Conn(asyncio.Protocol):
 
 
 class Answer:
-    """A worker's answer: its status and headers, its `body` when not a stream (a stream is read
-    with `read_chunk`). `release` it once done: its connection goes back to the pool or closes."""
+    """A worker's answer: its status and headers (the caller's to change), its `body` when not a
+    stream (a stream is read with `read_chunk`). `release` it once done: its connection goes back
+    to the pool or closes."""
 
     __slots__ = ("status", "headers", "content_type", "streamed", "body", "_conn", "_pool")
 

@@ -228,6 +228,21 @@ async def test_a_worker_closing_before_or_during_its_answer() -> None:
     client.close()
 
 
+async def test_a_connection_that_answered_more_than_asked_is_not_kept() -> None:
+    async def twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naHTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb")
+        await reader.read()
+
+    client = pool()
+    async with raw_worker(twice) as url:
+        answer = await client.request(url, "POST", "/", {}, b"x")
+        assert (answer.status, answer.body) == (200, b"a")
+        answer.release()
+        assert client.idle(url) == []
+    client.close()
+
+
 # -- deadlines ---------------------------------------------------------------------------------------
 async def test_the_requests_deadline_holds_for_an_answer_and_a_stream_and_closes_the_connection() -> None:
     closed = asyncio.Event()
