@@ -22,7 +22,9 @@ service meanwhile), and the try is a failure for the worker's circuit.
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
@@ -38,7 +40,6 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body
 from rlcp.controlplane.gateway.retry import RetryReason, TryFailed, connect_failure
 from rlcp.controlplane.gateway.routing import Router, Target
-from rlcp.controlplane.gateway.upstream import Answer, UpstreamError, UpstreamPool
 from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
@@ -52,12 +53,13 @@ _HOP_BY_HOP = tuple(HOP_BY_HOP)
 
 
 class Sender:
-    """Sends tries over the gateway's upstream pool (`upstream.py`), and keeps the per-worker
-    counts a try moves (`in_flight`, `routed`, and `failed` for a stream broken mid-way: the gateway's)."""
+    """Sends tries over the gateway's one client session, and keeps the per-worker counts a try
+    moves (`in_flight`, `routed`, and `failed` for a stream broken mid-way: the gateway's)."""
 
     def __init__(
         self,
         *,
+        session: aiohttp.ClientSession,
         settings: GatewaySettings,
         metrics: GatewayMetrics,
         own_tokens: tuple[str, ...],
@@ -65,7 +67,7 @@ class Sender:
         routed: dict[str, int],
         failed: dict[str, int],
     ) -> None:
-        self.metrics = metrics
+        self.session, self.metrics = session, metrics
         self.in_flight, self.routed, self.failed = in_flight, routed, failed
         # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
         # Authorization (a key a worker itself checks) passes. The request id and trace go on as
@@ -76,13 +78,7 @@ class Sender:
             REQUEST_ID_HEADER.lower(),
             TRACEPARENT_HEADER.lower(),
         }
-        # Idle connections let go of before the workers close them; each request's deadline is
-        # `request_timeout_s` from its start to its answer's last byte, the connect's within it.
-        self.upstream = UpstreamPool(
-            idle_s=settings.upstream_idle_timeout_s,
-            connect_s=settings.connect_timeout_s,
-            total_s=settings.request_timeout_s,
-        )
+        self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
 
     async def send(
         self, request: web.Request, body: bytes, route: Target, router: Router
@@ -99,70 +95,67 @@ class Sender:
                 except ValueError as exc:
                     raise TryFailed(str(exc)) from exc
             try:
-                answer = await self.upstream.request(
-                    route.url,
+                upstream = await self.session.request(
                     request.method,
-                    request.rel_url.raw_path_qs,
-                    self._upstream_headers(request, route),
-                    body,
+                    route.url + request.rel_url.path_qs,
+                    data=body or None,
+                    headers=self._upstream_headers(request, route),
+                    timeout=self._timeout,
+                    allow_redirects=False,
                 )
-            except UpstreamError as exc:
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise connect_failure(exc) from exc
-            try:
-                return await self._answer(request, answer, route, router)
-            finally:
-                answer.release()
+            async with upstream:
+                return await self._answer(request, upstream, route, router)
         finally:
             self.in_flight[worker] -= 1
 
     async def _answer(
-        self, request: web.Request, answer: Answer, route: Target, router: Router
+        self, request: web.Request, upstream: aiohttp.ClientResponse, route: Target, router: Router
     ) -> tuple[web.StreamResponse, bool]:
-        status = answer.status
-        if answer.streamed and status != 409:
-            headers = self._client_headers(answer.headers, route)
-            return await self._stream(request, answer, headers, route, router)
-        try:
-            payload = await answer.read()  # a stream's only for a 409, which an agent answers in JSON
-        except UpstreamError as exc:
-            raise TryFailed(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
-        if status == 409 and (refusal := version_refusal(payload)) is not None:
+        if upstream.status == 409 and (refusal := await version_refusal(upstream)) is not None:
             # An agent whose weights are no longer the ones the fence saw (it restarted, or
             # changed them since the controller last read it): another worker serves.
             raise TryFailed(refusal, RetryReason.VERSION_REFUSED, status=409)
-        headers = self._client_headers(answer.headers, route)
-        if status >= 500 and (death := engine_death(status, answer.headers, payload)) is not None:
+        headers = self._client_headers(upstream.headers, route)
+        if upstream.content_type == "text/event-stream":
+            return await self._stream(request, upstream, headers, route, router)
+        try:
+            payload = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise TryFailed(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+        if upstream.status >= 500 and (death := engine_death(upstream, payload)) is not None:
             raise death
         if route.pinned:
-            if (refusal := pin_refused(status, payload)) is not None:
+            if (refusal := pin_refused(upstream.status, payload)) is not None:
                 raise TryFailed(f"Dynamo instance {route.worker_id} via {route.url}: {refusal}")
             if (changed := weights_changed(route, *router.member_now(route.worker_id))) is not None:
                 raise TryFailed(changed, RetryReason.ANSWER_AGAIN)
-        if route.names_version and status == 200 and (other := other_version(payload, route)) is not None:
+        if route.names_version and upstream.status == 200 and (other := other_version(payload, route)) is not None:
             # It restarted on other weights (or moved) since the fence last saw it.
             raise TryFailed(other, RetryReason.ANSWER_AGAIN)
         # An agent puts the spans in a header itself; other engines, at most in the body.
-        if WEIGHT_VERSIONS_HEADER not in headers and (spans := weight_versions(payload, answer.content_type)):
+        if WEIGHT_VERSIONS_HEADER not in headers and (spans := weight_versions(payload, upstream.content_type)):
             headers[WEIGHT_VERSIONS_HEADER] = spans
-        return web.Response(body=payload, status=status, headers=headers), status < 500
+        return web.Response(body=payload, status=upstream.status, headers=headers), upstream.status < 500
 
     async def _stream(
         self,
         request: web.Request,
-        answer: Answer,
+        upstream: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
         route: Target,
         router: Router,
     ) -> tuple[web.StreamResponse, bool]:
         worker = route.worker_id
-        response = web.StreamResponse(status=answer.status, headers=headers)
+        response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
-        event: dict[str, object] | None = None
+        event: dict[str, Any] | None = None
         broken = False  # by the worker, mid-way: a failure for its circuit
         try:
-            while chunk := await answer.read_chunk():
+            async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
-        except UpstreamError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             # The client has the headers and part of the stream: say what happened, never cut silently.
             broken = True
             log.warning("gateway_stream_broken", worker_id=worker, error=str(exc))
@@ -179,7 +172,7 @@ class Sender:
             self.metrics.failed.labels(worker, "mid_stream").inc()
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         await response.write_eof()
-        return response, answer.status < 500 and not broken
+        return response, upstream.status < 500 and not broken
 
     def _upstream_headers(self, request: web.Request, route: Target) -> dict[str, str]:
         headers = {}
@@ -193,8 +186,9 @@ class Sender:
         return headers
 
     @staticmethod
-    def _client_headers(headers: CIMultiDict[str], route: Target) -> CIMultiDict[str]:
-        # The answer's own, the hop-by-hop ones dropped (in C): a third of filtering each header in Python.
+    def _client_headers(upstream: Any, route: Target) -> CIMultiDict[str]:
+        # Copied whole and the hop-by-hop ones dropped (in C): a third of filtering each header in Python.
+        headers = CIMultiDict(upstream)
         for name in _HOP_BY_HOP:
             headers.popall(name, None)
         headers[WORKER_HEADER] = route.worker_id
