@@ -315,24 +315,55 @@ async def test_a_session_stays_on_its_worker_and_a_hot_one_spreads_under_bounded
 
 
 async def test_the_admission_limit_caps_each_workers_requests_and_queues_the_rest(tmp_path: Path) -> None:
+    # Each engine holds the requests that reach it until the test lets them go, so the hold is
+    # read from state, not sampled while requests come and go (a 1 ms poll of 60 ms requests read
+    # w0's peak as 1 on a loaded CI machine). 24 requests: while connections open, Envoy's
+    # least-request picks between equals at random, so a worker gets fewer than its 2 with a
+    # chance of 25 in 2^24 (13 in 2^12 with 12).
+    sent = 24
     async with envoy_fleet_of(tmp_path, gateway={"max_in_flight_per_worker": 2}) as f:
         await update(f, "v1", 1)
-        peak = {a.agent_id: 0 for a in f.agents}
-        stop = asyncio.Event()
+        gate = _Gate({a.agent_id: 0 for a in f.agents})
+        for a in f.agents:
+            setattr(a.engine, "generate", gate.counting(a.engine.generate, a.agent_id))
 
-        async def watch() -> None:
-            while not stop.is_set():
-                for a in f.agents:
-                    counts = a.engine.request_counts()
-                    peak[a.agent_id] = max(peak[a.agent_id], counts.running + counts.waiting + counts.frozen)
-                await asyncio.sleep(0.001)
+        async def all_accounted_for() -> tuple[dict[str, int], int] | None:
+            name = "cluster.rl-default.upstream_rq_pending_active"
+            queued = f.envoy.stats(await f.envoy.admin(f"/stats?filter={name}$"))[name]
+            return (dict(gate.in_flight), queued) if sum(gate.in_flight.values()) + queued == sent else None
 
-        watching = asyncio.create_task(watch())
-        answers = await asyncio.gather(*(complete(f.http, f.envoy.url, max_tokens=30) for _ in range(12)))
-        stop.set()
-        await watching
+        answering = [asyncio.create_task(complete(f.http, f.envoy.url, max_tokens=30)) for _ in range(sent)]
+        # Every request is at an engine or in Envoy's queue: none is left that could reach one.
+        holding, queued = await wait_for(all_accounted_for, what=f"{sent} requests held by engines or queued")
+        assert holding == {"w0": 2, "w1": 2} and queued == sent - 4, (holding, queued)
+        gate.open.set()
+        answers = await asyncio.gather(*answering)
     assert {a.status for a in answers} == {200} and stale(answers) == []  # the rest waited in Envoy, not refused
-    assert peak == {"w0": 2, "w1": 2}, peak  # reached, never passed (12 at once would be ~6 each)
+    assert gate.peak == {"w0": 2, "w1": 2}, gate.peak  # never passed while the queue drained
+
+
+@dataclass
+class _Gate:
+    """Wraps engines' `generate`: requests wait at the engine until `open`, and each engine's
+    requests in it are counted as they come and go (`in_flight`, the most at once in `peak`),
+    so a third at once cannot pass unseen between two reads."""
+
+    in_flight: dict[str, int]
+    peak: dict[str, int] = field(default_factory=dict)
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def counting(self, generate: Callable[..., AsyncIterator[Any]], worker: str) -> Callable[..., AsyncIterator[Any]]:
+        async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            self.in_flight[worker] += 1
+            self.peak[worker] = max(self.peak.get(worker, 0), self.in_flight[worker])
+            try:
+                await self.open.wait()
+                async for output in generate(*args, **kwargs):
+                    yield output
+            finally:
+                self.in_flight[worker] -= 1
+
+        return counted
 
 
 async def test_no_member_is_paused_before_every_envoy_acked_and_a_silent_one_holds_the_update(
