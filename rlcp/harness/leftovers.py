@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlcp.harness.procfs import state
+
 OWNER_VAR = "RLCP_TEST_OWNER"
 
 
@@ -58,19 +60,14 @@ def left_behind(owner: str, *, proc: Path = Path("/proc")) -> list[Leftover]:
         if not entry.name.isdigit() or int(entry.name) in spared:
             continue
         try:
-            if mark not in (entry / "environ").read_bytes().split(b"\0") or _is_zombie(entry):
+            # A zombie is an exited child its parent has not waited for yet: nothing to kill.
+            if mark not in (entry / "environ").read_bytes().split(b"\0") or state(int(entry.name), proc=proc) == "Z":
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue  # gone meanwhile, or not ours to read
         found.append(Leftover(int(entry.name), command[:300]))
     return found
-
-
-def _is_zombie(entry: Path) -> bool:
-    # An exited child its parent has not waited for yet: nothing runs, nothing to kill.
-    stat = (entry / "stat").read_text()
-    return stat[stat.rindex(")") + 2 :].startswith("Z")
 
 
 def reap(owner: str, *, grace_s: float = 20.0) -> list[Leftover]:

@@ -1,9 +1,12 @@
 """What Linux's /proc says of a running process, for what benchmarks and tests measure: the CPU
-time its threads have run, and the processes a controller daemon is made of."""
+time its threads have run, the processes a controller daemon is made of, and a process's (or
+each of its threads') state and parent, read from its `stat` line."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+PROC = Path("/proc")
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -34,3 +37,40 @@ def controller_pids(pid: int) -> dict[str, int]:
     if not children:
         return {"controller": pid}
     return {"controller-front": pid, **{f"controller-core{'' if i == 0 else i}": c for i, c in enumerate(children)}}
+
+
+def _stat_fields(stat: Path) -> list[str] | None:
+    """The fields of a `stat` file after the command name, state first, then the parent's pid;
+    None once the process (or thread) is gone. The name is cut at the last ')': it may hold
+    spaces and parentheses of its own."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
+def state(pid: int, *, proc: Path = PROC) -> str | None:
+    """The process's state letter (R running, S sleeping, T stopped, Z exited but not yet waited
+    for, ...); None once it is gone."""
+    fields = _stat_fields(proc / str(pid) / "stat")
+    return fields[0] if fields else None
+
+
+def parent(pid: int, *, proc: Path = PROC) -> int | None:
+    """The pid of the process's parent; None once it is gone."""
+    fields = _stat_fields(proc / str(pid) / "stat")
+    return int(fields[1]) if fields else None
+
+
+def thread_states(pid: int) -> list[str]:
+    """The state letter of each of the process's live threads (a signal that stops a process
+    reaches each thread on its own, so the process's own line says "T" before they all are)."""
+    fields = (_stat_fields(stat) for stat in (PROC / str(pid) / "task").glob("*/stat"))
+    return [f[0] for f in fields if f]
+
+
+def gone(pid: int) -> bool:
+    """Nothing runs under `pid` any more: no such process, or a zombie (exited; its parent has
+    not waited for it yet)."""
+    return state(pid) in (None, "Z")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcp.harness.ports import free_range, listening_sockets
+from rlcp.harness.procfs import parent
 from rlcp.harness.waiting import wait_for_sync
 
 RAY = Path(sys.executable).with_name("ray")
@@ -266,13 +267,12 @@ class RayHead:
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+            if (ppid := parent(int(entry.name))) is None:
+                continue
+            parents[int(entry.name)] = ppid
+            with contextlib.suppress(OSError):
                 if marker in (entry / "cmdline").read_bytes():
                     found.add(int(entry.name))
-            except (OSError, ValueError, IndexError):
-                continue
         if self.process is not None and self.process.poll() is None:
             found.add(self.process.pid)
         grown = True

@@ -17,7 +17,6 @@ a clear error within its deadline; a URL that is not the router's worker list is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -32,6 +31,7 @@ from aiohttp import web
 from rlcp.controlplane.discovery.http_listing import HttpListingSource, ListingError
 from rlcp.harness.controller import start_controller
 from rlcp.harness.http import call, free_port
+from rlcp.harness.procfs import thread_states
 from rlcp.harness.servers import HttpServerProcess
 from rlcp.harness.waiting import wait_for
 
@@ -105,16 +105,6 @@ def router(tmp_path: Path) -> Any:
         r.stop()
 
 
-def _all_threads_stopped(pid: int) -> bool:
-    """Every thread of `pid` in state T (stopped), as /proc says."""
-    states = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        with contextlib.suppress(OSError):
-            text = stat.read_text()
-            states.append(text[text.rindex(")") + 2])
-    return bool(states) and all(state == "T" for state in states)
-
-
 async def _listed(http: aiohttp.ClientSession, router_url: str) -> list[dict[str, Any]]:
     status, body = await call(http, "GET", f"{router_url}/workers", timeout_s=5)
     assert status == 200, body
@@ -172,7 +162,7 @@ async def test_controller_finds_the_router_workers_and_follows_removals(
                 # A group stop reaches each of the router's threads on its own (a busy one at its
                 # next kernel entry): poll only once every thread is stopped, or one still running
                 # may answer (a fresh-clone run got an answer here).
-                await wait_for(lambda: _all_threads_stopped(router.pid), 20, "every router thread stopped")
+                await wait_for(lambda: set(thread_states(router.pid)) == {"T"}, 20, "every router thread stopped")
                 source = HttpListingSource(session=http, url=listing["url"], format="sglang_router", timeout_s=0.5)
                 with pytest.raises(ListingError, match="no answer within 0.5s"):
                     await source.poll()

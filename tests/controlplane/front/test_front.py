@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,7 +15,7 @@ import pytest
 from rlcp.core.cached import parse_tag
 from rlcp.harness.controller import AUTH
 from rlcp.harness.processes import ControllerProcess
-from rlcp.harness.procfs import controller_pids
+from rlcp.harness.procfs import controller_pids, gone
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import FleetShape
 
@@ -32,14 +31,6 @@ def core_pid(ctl: ControllerProcess) -> int:
     pids = controller_pids(ctl.pid)
     assert set(pids) == {"controller-front", "controller-core"}, pids
     return pids["controller-core"]
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie is gone too
 
 
 async def get(http: aiohttp.ClientSession, url: str, **kw) -> tuple[int, dict | None, Any]:

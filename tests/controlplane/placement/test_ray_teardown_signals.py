@@ -34,6 +34,7 @@ import pytest
 
 from rlcp.harness.controller import AUTH, controller_config
 from rlcp.harness.processes import ControllerProcess
+from rlcp.harness.procfs import gone
 from rlcp.harness.raycluster import RayHead
 from rlcp.harness.simfleet import TEST_TIMEOUTS
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
@@ -99,15 +100,6 @@ def core_pid(front: int) -> int | None:
             if b"--core" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return int(pid)
     return None
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # a zombie child of ours (the front) counts as gone once it has exited
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
 
 
 Send = Callable[[int, int], None]  # (front pid, core pid)
