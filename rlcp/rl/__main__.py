@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from rlcp.client.client import ControlPlaneClientError
-from rlcp.rl.cli import parse_run_args
+from rlcp.rl.cli import at_least, parse_run_args
 from rlcp.rl.loop import MISMATCH_TOLERANCE, RunSettings
 from rlcp.rl.run import Fleet, train_through_fleet
 from rlcp.rl.sampling import SamplingError
@@ -31,8 +31,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="tiny", help="the served model name")
     p.add_argument("--model-dir", type=Path, required=True, help="the checkpoint the engines serve")
     p.add_argument("--out", type=Path, default=Path("rl-run"), help="steps' weights, the JSONL log and the plot")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--steps", type=at_least(1), default=20)
+    p.add_argument("--lr", type=at_least(0.0, float, strictly=True), default=1e-2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sync", choices=("broadcast", "disk"), default="broadcast")
     p.add_argument("--mode", choices=("sync", "async"), default="sync")

@@ -18,7 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rlcp.rl.cli import parse_run_args
+from rlcp.rl.cli import at_least, parse_run_args
 from rlcp.rl.trl.run import TrlRun, TrlSettings, train_with_trl, write_run
 
 
@@ -28,12 +28,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--url", required=True, help="the fleet's one URL (TRL's vllm_server_base_url)")
     p.add_argument("--model-dir", type=Path, required=True, help="the checkpoint the engines serve")
     p.add_argument("--out", type=Path, default=Path("trl-run"), help="adapters, the rollout log, the step log, plot")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--steps", type=at_least(1), default=d.steps)
+    p.add_argument("--lr", type=at_least(0.0, float, strictly=True), default=d.lr)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--group", type=int, default=d.group, help="completions per prompt (TRL's num_generations)")
-    p.add_argument("--epsilon-high", type=float, default=d.epsilon_high, help="TRL's: the PPO ratio's upper clip - 1")
-    p.add_argument("--max-staleness", type=int, default=d.max_staleness, help="TRL's; engines need max_loras >= it + 2")
+    # GRPO's advantage is a completion's reward against its group's: a group of 1 has none.
+    p.add_argument("--group", type=at_least(2), default=d.group, help="completions per prompt (TRL's num_generations)")
+    p.add_argument(
+        "--epsilon-high",
+        type=at_least(0.0, float),
+        default=d.epsilon_high,
+        help="TRL's: the PPO ratio's upper clip - 1",
+    )
+    p.add_argument(
+        "--max-staleness", type=at_least(0), default=d.max_staleness, help="TRL's; engines need max_loras >= it + 2"
+    )
     p.add_argument("--no-sync", action="store_true", help="TRL's no-op weight transfer (the negative control)")
     p.add_argument("--summary", type=Path, help="also write the run's summary here as JSON")
     return parse_run_args(p, argv)
