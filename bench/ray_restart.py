@@ -83,31 +83,15 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         [root],
         gateway={"port": 0},
         log_level="warning",
-        discovery={
-            "kind": "ray",
-            "ray": {
-                "dashboard_url": head.dashboard_url,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "interval_s": 0.2,
-                "timeout_s": 2.0,
-                "max_backoff_s": 1.0,
-                "dead_actors": "drop",
-            },
-        },
-        placement={
-            "kind": "ray",
-            "ray": {
-                "address": head.gcs_address,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "replicas": args.agents,
-                "bundle": {"CPU": 0.5},
-                "interval_s": 0.5,
-                "teardown": True,
-                "agent": agent,
-            },
-        },
+        **head.placed_fleet(
+            NAMESPACE,
+            PREFIX,
+            agent,
+            replicas=args.agents,
+            bundle={"CPU": 0.5},
+            discovery={"interval_s": 0.2, "timeout_s": 2.0, "max_backoff_s": 1.0},
+            placement={"interval_s": 0.5},
+        ),
     )
     ctl = ControllerProcess(config, workdir, start_timeout_s=90)
     rows: list[dict[str, float]] = []

@@ -111,6 +111,48 @@ class RayHead:
     def dashboard_url(self) -> str:
         return f"http://127.0.0.1:{self.ports['dashboard-port']}"
 
+    def placed_fleet(
+        self,
+        namespace: str,
+        prefix: str,
+        agent: dict[str, Any],
+        *,
+        replicas: int,
+        bundle: dict[str, float],
+        discovery: dict[str, Any] | None = None,
+        placement: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A controller's `discovery` and `placement` sections for `replicas` agents (`agent`: an
+        agent's settings) placed on this head as detached actors `<prefix><i>` in `namespace`, each
+        in a `bundle`, torn down with the controller, and listed back by discovery, where an actor
+        that is DEAD (scaled away, killed for good) leaves the fleet (`dead_actors: drop`).
+        `discovery` and `placement`: settings over these (poll intervals, deadlines)."""
+        return {
+            "discovery": {
+                "kind": "ray",
+                "ray": {
+                    "dashboard_url": self.dashboard_url,
+                    "namespace": namespace,
+                    "name_prefix": prefix,
+                    "dead_actors": "drop",
+                    **(discovery or {}),
+                },
+            },
+            "placement": {
+                "kind": "ray",
+                "ray": {
+                    "address": self.gcs_address,
+                    "namespace": namespace,
+                    "name_prefix": prefix,
+                    "replicas": replicas,
+                    "bundle": bundle,
+                    "teardown": True,
+                    "agent": agent,
+                    **(placement or {}),
+                },
+            },
+        }
+
     def start(self, *, timeout_s: float = 60.0, attempts: int = 3) -> RayHead:
         """Start the head and return once every port it was given is listened on by its own processes.
 

@@ -58,31 +58,15 @@ def config(workdir: Path, head: RayHead, models: dict[str, Path]) -> dict[str, A
         [],
         [models["base"].parent],
         gateway={"port": free_port()},
-        discovery={
-            "kind": "ray",
-            "ray": {
-                "dashboard_url": head.dashboard_url,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "interval_s": 0.3,
-                "timeout_s": 3.0,
-                "max_backoff_s": 1.0,
-            },
-        },
-        placement={
-            "kind": "ray",
-            "ray": {
-                "address": head.gcs_address,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "replicas": 1,
-                "bundle": {"CPU": 1},
-                "interval_s": 1.0,
-                "call_timeout_s": 200,
-                "teardown": True,
-                "agent": agent,
-            },
-        },
+        **head.placed_fleet(
+            NAMESPACE,
+            PREFIX,
+            agent,
+            replicas=1,
+            bundle={"CPU": 1},
+            discovery={"interval_s": 0.3, "timeout_s": 3.0, "max_backoff_s": 1.0, "dead_actors": "keep"},
+            placement={"interval_s": 1.0, "call_timeout_s": 200},
+        ),
     )
     # a real engine's load and pause take longer than a simulated one's
     return merge_sections(

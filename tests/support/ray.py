@@ -48,31 +48,13 @@ def placement_config(workdir: Path, head: RayHead, root: Path, *, replicas: int,
         gateway={"port": free_port()},
         # one desired state for the controllers that follow each other here
         store={"kind": "file", "path": str(workdir.parent / "store" / "desired.json")},
-        discovery={
-            "kind": "ray",
-            "ray": {
-                "dashboard_url": head.dashboard_url,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "interval_s": 0.2,
-                "timeout_s": 2.0,
-                "max_backoff_s": 1.0,
-                "dead_actors": "drop",
-            },
-        },  # an actor scaled away leaves the fleet
-        placement={
-            "kind": "ray",
-            "ray": {
-                "address": head.gcs_address,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "replicas": replicas,
-                "bundle": {"CPU": 0.5, "GPU": 1},
-                "strategy": "PACK",
-                "interval_s": 0.5,
-                "call_timeout_s": 60,
-                "teardown": teardown,
-                "agent": agent,
-            },
-        },
+        **head.placed_fleet(
+            NAMESPACE,
+            PREFIX,
+            agent,
+            replicas=replicas,
+            bundle={"CPU": 0.5, "GPU": 1},
+            discovery={"interval_s": 0.2, "timeout_s": 2.0, "max_backoff_s": 1.0},
+            placement={"strategy": "PACK", "interval_s": 0.5, "call_timeout_s": 60, "teardown": teardown},
+        ),
     )

@@ -66,30 +66,15 @@ def config(workdir: Path, head: RayHead) -> dict[str, Any]:
         workdir,
         [],
         [],
-        discovery={
-            "kind": "ray",
-            "ray": {
-                "dashboard_url": head.dashboard_url,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "interval_s": 0.5,
-                "dead_actors": "drop",
-            },
-        },
-        placement={
-            "kind": "ray",
-            "ray": {
-                "address": head.gcs_address,
-                "namespace": NAMESPACE,
-                "name_prefix": PREFIX,
-                "replicas": 1,
-                "bundle": {"CPU": 1.5},
-                "interval_s": 0.5,
-                "call_timeout_s": 30,
-                "teardown": True,
-                "agent": agent,
-            },
-        },
+        **head.placed_fleet(
+            NAMESPACE,
+            PREFIX,
+            agent,
+            replicas=1,
+            bundle={"CPU": 1.5},
+            discovery={"interval_s": 0.5},
+            placement={"interval_s": 0.5, "call_timeout_s": 30},
+        ),
     )
 
 
