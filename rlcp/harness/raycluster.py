@@ -153,8 +153,12 @@ class RayHead:
             },
         }
 
-    def start(self, *, timeout_s: float = 60.0, attempts: int = 3) -> RayHead:
+    def start(self, *, timeout_s: float = 300.0, attempts: int = 3) -> RayHead:
         """Start the head and return once every port it was given is listened on by its own processes.
+
+        A head that dies, or whose port another process took, ends the wait at once (`_started`),
+        so `timeout_s` is only for a head that lives and never serves: long enough that a loaded
+        machine's start-up never meets it (60 s did, at load 25, in a placement test).
 
         The dashboard answers seconds before the raylet's agents (runtime env agent, dashboard agent)
         bind their ports; an agent that cannot bind exits, the raylet exits with it and `ray start
