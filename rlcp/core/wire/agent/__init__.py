@@ -11,7 +11,9 @@
 
 These are the shapes on the admin port, importable without vLLM or torch: the controller's
 `agent` flavor parses agent responses with them, and the OpenAPI document is generated from
-them. This root re-exports every one, for callers that read several groups.
+them. This root re-exports the admin port's models, for callers that read several groups; the
+inference port's headers and refusals are imported from `inference` itself by what serves or
+reads that port (the sim and vLLM inference servers, the gateway).
 """
 
 from __future__ import annotations
@@ -41,19 +43,6 @@ from rlcp.core.wire.agent.control import (
     SleepQuery,
     WakeUpAnswer,
     WakeUpQuery,
-)
-from rlcp.core.wire.agent.inference import (
-    ENGINE_DEAD,
-    ENGINE_DIED_HEADER,
-    EXIT_ENGINE_DIED,
-    EXPECT_VERSION_HEADER,
-    VERSION_MISMATCH,
-    WEIGHT_VERSIONS_HEADER,
-    engine_dead_body,
-    paused_refusal_body,
-    version_mismatch_body,
-    weight_versions_header,
-    weights_changed_body,
 )
 from rlcp.core.wire.agent.lora import LoraLoadedAnswer, LoraLoadRequest, UnloadedAnswer
 from rlcp.core.wire.agent.state import (
@@ -97,10 +86,6 @@ __all__ = [
     "DiskUpdateRequest",
     "DiskUpdatedAnswer",
     "EMPTY_TENSOR_SHA256",
-    "ENGINE_DEAD",
-    "ENGINE_DIED_HEADER",
-    "EXIT_ENGINE_DIED",
-    "EXPECT_VERSION_HEADER",
     "FinishWeightUpdateRequest",
     "InitWeightTransferRequest",
     "IsPausedAnswer",
@@ -125,9 +110,7 @@ __all__ = [
     "StatusAnswer",
     "UnloadedAnswer",
     "UpdateWeightVersionRequest",
-    "VERSION_MISMATCH",
     "VersionSetAnswer",
-    "WEIGHT_VERSIONS_HEADER",
     "WakeUpAnswer",
     "WakeUpQuery",
     "WeightCheckerRequest",
@@ -140,10 +123,5 @@ __all__ = [
     "WorldSizeAnswer",
     "WorldSizeQuery",
     "checksums_disagree",
-    "engine_dead_body",
     "lora_checksum_key",
-    "paused_refusal_body",
-    "version_mismatch_body",
-    "weight_versions_header",
-    "weights_changed_body",
 ]
