@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from rlcp.controlplane.discovery.polling import PollFailed, get_json, good_entries, poll_repeatedly
+from rlcp.controlplane.discovery.polling import HttpPoll, PollFailed, good_entries
 from rlcp.controlplane.discovery.sglang_router import parse_router_workers
 from rlcp.controlplane.settings.discovery import ListingFormat
 from rlcp.controlplane.workers.registry import driver_class
@@ -155,33 +155,29 @@ class HttpListingSource:
         inference_url: str | None = None,
         format: ListingFormat = "rl_workers",
     ) -> None:
-        if interval_s <= 0 or timeout_s <= 0:
-            raise ValueError("interval_s and timeout_s must be positive")
         if default_flavor not in FLAVORS:
             raise ValueError(f"unknown default_flavor {default_flavor!r}")
-        self._session, self._url = session, url
-        self._interval_s, self._timeout_s, self._max_backoff_s = interval_s, timeout_s, max_backoff_s
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = HttpPoll(
+            session,
+            url,
+            source="listing" if format == "rl_workers" else format,
+            error=ListingError,
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+            max_backoff_s=max_backoff_s,
+            token=token,
+            iterations=iterations,
+        )
         self._default_flavor: Flavor = default_flavor
         self._inference_url = inference_url
         self._format: ListingFormat = format
-        self._iterations = iterations  # test seam: stop after this many polls
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        return poll_repeatedly(
-            self.poll,
-            source="listing" if self._format == "rl_workers" else self._format,
-            url=self._url,
-            interval_s=self._interval_s,
-            max_backoff_s=self._max_backoff_s,
-            iterations=self._iterations,
-        )
+        return self._http.repeat(self.poll)
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `ListingError`."""
-        body = await get_json(
-            self._session, self._url, timeout_s=self._timeout_s, headers=self._headers, error=ListingError
-        )
+        body = await self._http.get()
         if self._format == "sglang_router":
             return parse_router_workers(body, error=ListingError)
         return parse_listing(body, default_flavor=self._default_flavor, inference_url=self._inference_url)

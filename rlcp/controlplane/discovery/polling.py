@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import aiohttp
@@ -112,3 +113,44 @@ async def poll_repeatedly(
             yield value
         if iterations is None or polls < iterations:
             await asyncio.sleep(delay)
+
+
+@dataclass(frozen=True)
+class HttpPoll:
+    """One source's GET and its loop: the endpoint (`url`, `params`, a bearer `token`), the
+    deadline of one poll, the poll interval and backoff, what a failure is raised as (`error`)
+    and logged as (`<source>_poll_failed`). `iterations`: a test seam, stop after this many polls."""
+
+    session: aiohttp.ClientSession
+    url: str
+    source: str
+    error: type[PollFailed]
+    interval_s: float = 5.0
+    timeout_s: float = 5.0
+    max_backoff_s: float = 30.0
+    token: str | None = None
+    params: Any = None
+    iterations: int | None = None
+    headers: Mapping[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.timeout_s <= 0:
+            raise ValueError("interval_s and timeout_s must be positive")
+        object.__setattr__(self, "headers", {"Authorization": f"Bearer {self.token}"} if self.token else {})
+
+    async def get(self) -> Any:
+        """One GET under one deadline, its body as JSON; every way it can fail becomes `error`."""
+        return await get_json(
+            self.session, self.url, timeout_s=self.timeout_s, headers=self.headers, params=self.params, error=self.error
+        )
+
+    def repeat(self, poll: Callable[[], Awaitable[T]]) -> AsyncIterator[T]:
+        """Each good answer of `poll` (a `get` and its parse), every poll interval."""
+        return poll_repeatedly(
+            poll,
+            source=self.source,
+            url=self.url,
+            interval_s=self.interval_s,
+            max_backoff_s=self.max_backoff_s,
+            iterations=self.iterations,
+        )

@@ -32,7 +32,7 @@ import aiohttp
 import structlog
 from pydantic import ValidationError
 
-from rlcp.controlplane.discovery.polling import PollFailed, get_json, poll_repeatedly
+from rlcp.controlplane.discovery.polling import HttpPoll, PollFailed
 from rlcp.controlplane.settings.discovery import DeadActors
 from rlcp.controlplane.workerspec import FLAVORS, Flavor, WorkerSpec
 from rlcp.core.labels import labels_from
@@ -244,12 +244,20 @@ class RayActorSource:
         dead_actors: DeadActors = "keep",
         iterations: int | None = None,
     ) -> None:
-        if interval_s <= 0 or timeout_s <= 0:
-            raise ValueError("interval_s and timeout_s must be positive")
         if default_flavor not in FLAVORS:
             raise ValueError(f"unknown default_flavor {default_flavor!r}")
-        self._session, self._url = session, actors_url(dashboard_url)
-        self._params = query(namespace=namespace, class_name=class_name, limit=limit)
+        self._http = HttpPoll(
+            session,
+            actors_url(dashboard_url),
+            source="ray",
+            error=RayStateError,
+            interval_s=interval_s,
+            timeout_s=timeout_s,
+            max_backoff_s=max_backoff_s,
+            token=token,
+            params=query(namespace=namespace, class_name=class_name, limit=limit),
+            iterations=iterations,
+        )
         self._filters: dict[str, Any] = dict(
             namespace=namespace,
             name_prefix=name_prefix,
@@ -257,32 +265,15 @@ class RayActorSource:
             default_flavor=default_flavor,
             dead_actors=dead_actors,
         )
-        self._interval_s, self._timeout_s, self._max_backoff_s = interval_s, timeout_s, max_backoff_s
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._iterations = iterations  # test seam: stop after this many polls
         self._logged_skips: set[Skipped] = set()
         self._logged_down: dict[str, str] = {}  # member id -> the state last logged
 
     def watch(self) -> AsyncIterator[list[WorkerSpec]]:
-        return poll_repeatedly(
-            self.poll,
-            source="ray",
-            url=self._url,
-            interval_s=self._interval_s,
-            max_backoff_s=self._max_backoff_s,
-            iterations=self._iterations,
-        )
+        return self._http.repeat(self.poll)
 
     async def poll(self) -> list[WorkerSpec]:
         """One GET under one deadline; every way it can fail becomes a `RayStateError`."""
-        body = await get_json(
-            self._session,
-            self._url,
-            timeout_s=self._timeout_s,
-            headers=self._headers,
-            params=self._params,
-            error=RayStateError,
-        )
+        body = await self._http.get()
         found = parse_actors(body, **self._filters)
         self._log(found)
         return found.specs
