@@ -35,8 +35,8 @@ engines and their registration.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol, Self
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, Self
 
 import torch
 from vllm.distributed.weight_transfer.base import (
@@ -62,59 +62,57 @@ _UNPACKED_LIMIT = 1
 
 
 @dataclass(kw_only=True)
-class GlooWeightTransferInitInfo(WeightTransferInitInfo):
+class GlooWire:
+    """The wire parameters both sides' init infos carry, with `nccl`'s keys (module docstring),
+    checked alike; the trainer ships its own to the workers (`wire`), so both cut one layout."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    buffer_size_bytes: int | None = None
+    packed: bool = True
+    packed_buffer_size_bytes: int | None = None
+    packed_num_buffers: int = DEFAULT_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.packed, bool):
+            raise ValueError(f"packed must be true or false; got {self.packed!r}")
+        if self.buffer_size_bytes is not None and self.packed_buffer_size_bytes is not None:
+            raise ValueError("give buffer_size_bytes or packed_buffer_size_bytes (nccl's name for it), not both")
+        if self.timeout_s <= 0 or _buffer_size(self) <= 0 or self.packed_num_buffers <= 0:
+            raise ValueError("timeout_s, the buffer size and packed_num_buffers must be positive")
+
+    def wire(self) -> dict[str, Any]:
+        """These parameters alone, as keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(GlooWire)}
+
+
+@dataclass(kw_only=True)
+class GlooWeightTransferInitInfo(WeightTransferInitInfo, GlooWire):
     """What an inference worker needs to join: the `init_info` of `/init_weight_transfer_engine`."""
 
     master_address: str
     master_port: int
     rank_offset: int
     world_size: int
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    buffer_size_bytes: int | None = None
-    # `nccl`'s wire keys (module docstring).
-    packed: bool = True
-    packed_buffer_size_bytes: int | None = None
-    packed_num_buffers: int = DEFAULT_IN_FLIGHT
 
     def __post_init__(self) -> None:
         if not 0 < self.rank_offset < self.world_size:
             raise ValueError(f"rank_offset must be in [1, world_size); got {self.rank_offset}, {self.world_size}")
-        _check_wire(self)
+        super().__post_init__()
 
 
-class _Wire(Protocol):
-    """The wire parameters both init infos carry."""
-
-    timeout_s: float
-    buffer_size_bytes: int | None
-    packed: bool
-    packed_buffer_size_bytes: int | None
-    packed_num_buffers: int
-
-
-def _check_wire(info: _Wire) -> None:
-    if not isinstance(info.packed, bool):
-        raise ValueError(f"packed must be true or false; got {info.packed!r}")
-    if info.buffer_size_bytes is not None and info.packed_buffer_size_bytes is not None:
-        raise ValueError("give buffer_size_bytes or packed_buffer_size_bytes (nccl's name for it), not both")
-    size = _buffer_size(info)
-    if info.timeout_s <= 0 or size <= 0 or info.packed_num_buffers <= 0:
-        raise ValueError("timeout_s, the buffer size and packed_num_buffers must be positive")
-
-
-def _buffer_size(info: _Wire) -> int:
+def _buffer_size(info: GlooWire) -> int:
     given = info.buffer_size_bytes if info.buffer_size_bytes is not None else info.packed_buffer_size_bytes
     return DEFAULT_BUFFER_SIZE_BYTES if given is None else given
 
 
-def wire_limit(info: _Wire) -> int:
+def wire_limit(info: GlooWire) -> int:
     """The byte size at which a tensor travels alone (`plan_buffers`): the buffer size when
     packed, one byte (every tensor alone) when not."""
     return _buffer_size(info) if info.packed else _UNPACKED_LIMIT
 
 
 @dataclass
-class GlooTrainerInitInfo(TrainerInitInfo):
+class GlooTrainerInitInfo(TrainerInitInfo, GlooWire):
     """Trainer side: rank 0 hosts the rendezvous at master_address:master_port."""
 
     backend: ClassVar[str] = BACKEND
@@ -122,14 +120,6 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     master_address: str
     master_port: int
     world_size: int
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    buffer_size_bytes: int | None = None
-    packed: bool = True
-    packed_buffer_size_bytes: int | None = None
-    packed_num_buffers: int = DEFAULT_IN_FLIGHT
-
-    def __post_init__(self) -> None:
-        _check_wire(self)
 
 
 @dataclass
@@ -250,11 +240,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             master_port=init_info.master_port,
             rank_offset=1,
             world_size=init_info.world_size,
-            timeout_s=init_info.timeout_s,
-            buffer_size_bytes=init_info.buffer_size_bytes,
-            packed=init_info.packed,
-            packed_buffer_size_bytes=init_info.packed_buffer_size_bytes,
-            packed_num_buffers=init_info.packed_num_buffers,
+            **init_info.wire(),
         )
         # Workers and rank 0 each block in init until the others join: call them beside it.
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gloo-init") as exe:
