@@ -156,11 +156,7 @@ class LeaseElector:
         started = self._clock()
         now = datetime.now(UTC)
         try:
-            lease = await call(
-                f"get {self._what}",
-                self._coord.read_namespaced_lease(self._s.lease_name, self._s.namespace, _request_timeout=timeout_s),
-                timeout_s=timeout_s,
-            )
+            lease = await self._read(timeout_s)
         except K8sNotFound:
             body = self._body(None, now, transitions=0, acquire_time=now)
             await call(
@@ -188,16 +184,7 @@ class LeaseElector:
         else:  # expired or released: take it over
             transitions, acquire_time = record.transitions + (1 if record.holder else 0), now
         body = self._body(lease.metadata.resource_version, now, transitions=transitions, acquire_time=acquire_time)
-        await call(
-            f"update {self._what}",
-            self._coord.replace_namespaced_lease(
-                self._s.lease_name,
-                self._s.namespace,
-                body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
-                _request_timeout=timeout_s,
-            ),
-            timeout_s=timeout_s,
-        )
+        await self._replace("update", body, timeout_s)
         self._saw(LeaseRecord(me, self._duration_s, acquire_time, now, transitions), self._clock())
         self._renewed_at = started
         if record.holder != me:
@@ -208,13 +195,7 @@ class LeaseElector:
         """Best effort, bounded: hand the Lease back so a successor can start at once."""
         try:
             async with asyncio.timeout(self._timeout_s):
-                lease = await call(
-                    f"get {self._what}",
-                    self._coord.read_namespaced_lease(
-                        self._s.lease_name, self._s.namespace, _request_timeout=self._timeout_s
-                    ),
-                    timeout_s=self._timeout_s,
-                )
+                lease = await self._read(self._timeout_s)
                 if LeaseRecord.of(lease).holder != self._s.identity:
                     return
                 now = datetime.now(UTC)
@@ -226,21 +207,33 @@ class LeaseElector:
                     holder=None,
                     duration_s=1,
                 )
-                await call(
-                    f"release {self._what}",
-                    self._coord.replace_namespaced_lease(
-                        self._s.lease_name,
-                        self._s.namespace,
-                        body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
-                        _request_timeout=self._timeout_s,
-                    ),
-                    timeout_s=self._timeout_s,
-                )
+                await self._replace("release", body, self._timeout_s)
                 self._log.info("lease_released")
         except (K8sError, TimeoutError) as exc:
             self._log.warning("lease_release_failed", reason=str(exc) or type(exc).__name__)
 
     # -- helpers ------------------------------------------------------------------------------------------
+    async def _read(self, timeout_s: float) -> client.V1Lease:
+        return await call(
+            f"get {self._what}",
+            self._coord.read_namespaced_lease(self._s.lease_name, self._s.namespace, _request_timeout=timeout_s),
+            timeout_s=timeout_s,
+        )
+
+    async def _replace(self, verb: str, body: dict[str, Any], timeout_s: float) -> None:
+        """Write `body` over the Lease; its `resourceVersion` makes the write fail (409) if another
+        candidate wrote since it was read."""
+        await call(
+            f"{verb} {self._what}",
+            self._coord.replace_namespaced_lease(
+                self._s.lease_name,
+                self._s.namespace,
+                body,  # type: ignore[arg-type]  # the stub wants a V1Lease; a dict is sent as is (see _body)
+                _request_timeout=timeout_s,
+            ),
+            timeout_s=timeout_s,
+        )
+
     @property
     def _duration_s(self) -> int:
         return max(1, math.ceil(self._s.lease_duration_s))
