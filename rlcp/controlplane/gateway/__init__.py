@@ -15,6 +15,7 @@ One request, in the order it meets them:
     send.py       one try: the request out, the answer (or stream) back; `pinning.py` for a member
                   reached through a shared frontend (Dynamo); `answers.py` reads what an answer
                   says (version spans, other weights, a refusal, a dead engine)
+    upstream.py   the HTTP/1.1 client under `send.py`: a keep-alive pool per worker, httptools
     retry.py      the retry policy as a table: why a try ended, and what follows
     breaker.py    a circuit per worker (outlier ejection), fed each try's verdict
     errors.py     the client's answers when no worker could give one (502, 503)

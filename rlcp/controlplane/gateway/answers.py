@@ -15,9 +15,8 @@ Each returns why (a message or a `TryFailed`), or None when the answer is to be 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
-
-import aiohttp
 
 from rlcp.controlplane.gateway.retry import RetryReason, TryFailed
 from rlcp.controlplane.gateway.routing import Target
@@ -29,14 +28,15 @@ from rlcp.core.wire.agent.inference import ENGINE_DEAD, ENGINE_DIED_HEADER, VERS
 _VLLM_ENGINE_DEAD = b"EngineCore encountered an issue"
 
 
-def engine_death(upstream: aiohttp.ClientResponse, payload: bytes) -> TryFailed | None:
-    """The worker's engine is dead, by its 5xx answer: before (`ENGINE_DEAD`) or during
-    (`ENGINE_DIED`) this request; None for any other 5xx (which goes to the client unchanged)."""
-    if ENGINE_DIED_HEADER in upstream.headers or _VLLM_ENGINE_DEAD in payload:
+def engine_death(status: int, headers: Mapping[str, str], payload: bytes) -> TryFailed | None:
+    """The worker's engine is dead, by its 5xx answer (`headers`: case-insensitive): before
+    (`ENGINE_DEAD`) or during (`ENGINE_DIED`) this request; None for any other 5xx (which goes
+    to the client unchanged)."""
+    if ENGINE_DIED_HEADER in headers or _VLLM_ENGINE_DEAD in payload:
         error = _error_of(payload)
         message = str(error.get("message")) if error is not None else payload[:200].decode(errors="replace")
-        return TryFailed(message, RetryReason.ENGINE_DIED, status=upstream.status)
-    if upstream.status == 503 and (error := _error_of(payload)) is not None and error.get("code") == ENGINE_DEAD:
+        return TryFailed(message, RetryReason.ENGINE_DIED, status=status)
+    if status == 503 and (error := _error_of(payload)) is not None and error.get("code") == ENGINE_DEAD:
         return TryFailed(f"engine dead: {error.get('message')}", RetryReason.ENGINE_DEAD, status=503)
     return None
 
@@ -50,14 +50,13 @@ def _error_of(payload: bytes) -> dict[str, Any] | None:
     return error if isinstance(error, dict) else None
 
 
-async def version_refusal(upstream: aiohttp.ClientResponse) -> str | None:
-    """An agent's refusal of a request that expected other weights, as the reason; None for
-    any other 409 (which goes to the client unchanged)."""
+def version_refusal(payload: bytes) -> str | None:
+    """An agent's refusal of a request that expected other weights (its 409's body), as the
+    reason; None for any other 409 (which goes to the client unchanged)."""
     try:
-        body = await upstream.json(content_type=None)
-        error = body["error"]
+        error = json.loads(payload)["error"]
         return str(error["message"]) if error.get("code") == VERSION_MISMATCH else None
-    except (ValueError, TypeError, KeyError, AttributeError, aiohttp.ClientError):
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 

@@ -243,6 +243,11 @@ def build_gateway_app(
     )
     app[GATEWAY] = gateway
     app[MODELS] = ServedModels()
+
+    async def close_upstream(_: web.Application) -> None:
+        gateway.close()
+
+    app.on_cleanup.append(close_upstream)
     if peer is not None:
         app[PEER] = peer
     api.register(app)
@@ -269,9 +274,10 @@ _IDLE_DEFAULT_S: float = GatewaySettings.model_fields["upstream_idle_timeout_s"]
 
 
 def new_session(idle_timeout_s: float = _IDLE_DEFAULT_S) -> aiohttp.ClientSession:
-    """The gateway's own client session: many concurrent requests per worker, no total deadline
-    (each request carries its own), idle connections let go of before the workers close them
-    (`gateway.upstream_idle_timeout_s`)."""
+    """The client session of the gateway's own calls (the members' models; a standalone gateway's
+    controller, followed and forwarded to): no total deadline (each call carries its own), idle
+    connections let go of before the servers close them (`gateway.upstream_idle_timeout_s`).
+    Inference goes over the sender's own pool (`upstream.py`)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=idle_timeout_s),
         timeout=aiohttp.ClientTimeout(total=None),

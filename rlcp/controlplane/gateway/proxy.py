@@ -80,9 +80,11 @@ class Gateway:
         admin_token: str | None = None,
         fleets: ModelRoutes | None = None,
     ) -> None:
-        """`admin_token`: the controller's (the one it runs in, or follows), which inference
-        accepts too with `settings.accept_admin_token`. `fleets`: several fleets, each with its
-        router (`router` is the default fleet's), chosen per request by model."""
+        """`session`: for what the gateway asks the members itself (their models); inference goes
+        over the sender's own pool (`upstream.py`). `admin_token`: the controller's (the one it
+        runs in, or follows), which inference accepts too with `settings.accept_admin_token`.
+        `fleets`: several fleets, each with its router (`router` is the default fleet's), chosen
+        per request by model."""
         self.router, self.session, self.settings, self.metrics = router, session, settings, metrics
         self.fleets = fleets
         self.admin_token = admin_token
@@ -106,7 +108,6 @@ class Gateway:
         # Resolved once, not per request (with `token_file` that would be a file read on the hot path).
         own_tokens = tuple(t for t in (settings.resolved_token(), admin_token) if t)
         self.sender = Sender(
-            session=session,
             settings=settings,
             metrics=metrics,
             own_tokens=own_tokens,
@@ -114,6 +115,10 @@ class Gateway:
             routed=self.routed,
             failed=self.failed,
         )
+
+    def close(self) -> None:
+        """Close the idle connections to the workers (the site's cleanup)."""
+        self.sender.upstream.close()
 
     def accepted_admin_tokens(self) -> tuple[str, ...]:
         """Tokens inference accepts besides the gateway's own."""

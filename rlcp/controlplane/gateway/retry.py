@@ -46,9 +46,8 @@ from enum import Enum
 from types import MappingProxyType
 from typing import Literal
 
-import aiohttp
-
 from rlcp.controlplane.gateway.breaker import Verdict
+from rlcp.controlplane.gateway.upstream import ConnectFailed, UpstreamError
 
 # `rlcp_gateway_worker_failures`' `stage` label (mid_stream: a stream broken after its headers went out).
 FailureStage = Literal["before_first_byte", "unreachable", "engine_died", "mid_stream"]
@@ -97,12 +96,12 @@ class TryFailed(Exception):
         self.status = status
 
 
-def connect_failure(exc: BaseException) -> TryFailed:
-    """Why the request could not be sent (or its answer read), and whether the worker could not
+def connect_failure(exc: UpstreamError) -> TryFailed:
+    """Why the request got no answer (`upstream.py`'s errors), and whether the worker could not
     be connected to at all. A TLS failure is not that (something listens and answered the
     handshake), nor a connect timeout (a full backlog times out too), nor a pooled connection the
-    worker had closed (`ServerDisconnectedError`)."""
-    if isinstance(exc, aiohttp.ClientConnectorError) and not isinstance(exc, aiohttp.ClientSSLError):
+    worker had closed (`Disconnected`)."""
+    if isinstance(exc, ConnectFailed):
         if isinstance(exc.os_error, ConnectionRefusedError):
             return TryFailed(f"refused the connection (nothing listening): {exc}", RetryReason.UNREACHABLE)
         return TryFailed(f"unreachable: {type(exc).__name__}: {exc}", RetryReason.UNREACHABLE)

@@ -22,9 +22,7 @@ service meanwhile), and the try is a failure for the worker's circuit.
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict
@@ -40,6 +38,7 @@ from rlcp.controlplane.gateway.metrics import GatewayMetrics
 from rlcp.controlplane.gateway.pinning import pin_refused, pinned_body
 from rlcp.controlplane.gateway.retry import RetryReason, TryFailed, connect_failure
 from rlcp.controlplane.gateway.routing import Router, Target
+from rlcp.controlplane.gateway.upstream import Answer, UpstreamError, UpstreamPool
 from rlcp.controlplane.settings.gateway import GatewaySettings
 from rlcp.core.http import HOP_BY_HOP, presents_one_of
 from rlcp.core.tracing import REQUEST_ID_HEADER, TRACEPARENT_HEADER, outgoing_headers
@@ -53,13 +52,12 @@ _HOP_BY_HOP = tuple(HOP_BY_HOP)
 
 
 class Sender:
-    """Sends tries over the gateway's one client session, and keeps the per-worker counts a try
-    moves (`in_flight`, `routed`, and `failed` for a stream broken mid-way: the gateway's)."""
+    """Sends tries over the gateway's upstream pool (`upstream.py`), and keeps the per-worker
+    counts a try moves (`in_flight`, `routed`, and `failed` for a stream broken mid-way: the gateway's)."""
 
     def __init__(
         self,
         *,
-        session: aiohttp.ClientSession,
         settings: GatewaySettings,
         metrics: GatewayMetrics,
         own_tokens: tuple[str, ...],
@@ -67,7 +65,7 @@ class Sender:
         routed: dict[str, int],
         failed: dict[str, int],
     ) -> None:
-        self.session, self.metrics = session, metrics
+        self.metrics = metrics
         self.in_flight, self.routed, self.failed = in_flight, routed, failed
         # The gateway's tokens (its own, the controller's) are not the workers' to see; any other
         # Authorization (a key a worker itself checks) passes. The request id and trace go on as
@@ -78,7 +76,13 @@ class Sender:
             REQUEST_ID_HEADER.lower(),
             TRACEPARENT_HEADER.lower(),
         }
-        self._timeout = aiohttp.ClientTimeout(total=settings.request_timeout_s, sock_connect=settings.connect_timeout_s)
+        # Idle connections let go of before the workers close them; each request's deadline is
+        # `request_timeout_s` from its start to its answer's last byte, the connect's within it.
+        self.upstream = UpstreamPool(
+            idle_s=settings.upstream_idle_timeout_s,
+            connect_s=settings.connect_timeout_s,
+            total_s=settings.request_timeout_s,
+        )
 
     async def send(
         self, request: web.Request, body: bytes, route: Target, router: Router
@@ -95,67 +99,70 @@ class Sender:
                 except ValueError as exc:
                     raise TryFailed(str(exc)) from exc
             try:
-                upstream = await self.session.request(
+                answer = await self.upstream.request(
+                    route.url,
                     request.method,
-                    route.url + request.rel_url.path_qs,
-                    data=body or None,
-                    headers=self._upstream_headers(request, route),
-                    timeout=self._timeout,
-                    allow_redirects=False,
+                    request.rel_url.raw_path_qs,
+                    self._upstream_headers(request, route),
+                    body,
                 )
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            except UpstreamError as exc:
                 raise connect_failure(exc) from exc
-            async with upstream:
-                return await self._answer(request, upstream, route, router)
+            try:
+                return await self._answer(request, answer, route, router)
+            finally:
+                answer.release()
         finally:
             self.in_flight[worker] -= 1
 
     async def _answer(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, route: Target, router: Router
+        self, request: web.Request, answer: Answer, route: Target, router: Router
     ) -> tuple[web.StreamResponse, bool]:
-        if upstream.status == 409 and (refusal := await version_refusal(upstream)) is not None:
+        status = answer.status
+        if answer.streamed and status != 409:
+            headers = self._client_headers(answer.headers, route)
+            return await self._stream(request, answer, headers, route, router)
+        try:
+            payload = await answer.read()  # a stream's only for a 409, which an agent answers in JSON
+        except UpstreamError as exc:
+            raise TryFailed(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
+        if status == 409 and (refusal := version_refusal(payload)) is not None:
             # An agent whose weights are no longer the ones the fence saw (it restarted, or
             # changed them since the controller last read it): another worker serves.
             raise TryFailed(refusal, RetryReason.VERSION_REFUSED, status=409)
-        headers = self._client_headers(upstream.headers, route)
-        if upstream.content_type == "text/event-stream":
-            return await self._stream(request, upstream, headers, route, router)
-        try:
-            payload = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise TryFailed(f"the answer broke off: {type(exc).__name__}: {exc}") from exc
-        if upstream.status >= 500 and (death := engine_death(upstream, payload)) is not None:
+        headers = self._client_headers(answer.headers, route)
+        if status >= 500 and (death := engine_death(status, answer.headers, payload)) is not None:
             raise death
         if route.pinned:
-            if (refusal := pin_refused(upstream.status, payload)) is not None:
+            if (refusal := pin_refused(status, payload)) is not None:
                 raise TryFailed(f"Dynamo instance {route.worker_id} via {route.url}: {refusal}")
             if (changed := weights_changed(route, *router.member_now(route.worker_id))) is not None:
                 raise TryFailed(changed, RetryReason.ANSWER_AGAIN)
-        if route.names_version and upstream.status == 200 and (other := other_version(payload, route)) is not None:
+        if route.names_version and status == 200 and (other := other_version(payload, route)) is not None:
             # It restarted on other weights (or moved) since the fence last saw it.
             raise TryFailed(other, RetryReason.ANSWER_AGAIN)
         # An agent puts the spans in a header itself; other engines, at most in the body.
-        if WEIGHT_VERSIONS_HEADER not in headers and (spans := weight_versions(payload, upstream.content_type)):
+        if WEIGHT_VERSIONS_HEADER not in headers and (spans := weight_versions(payload, answer.content_type)):
             headers[WEIGHT_VERSIONS_HEADER] = spans
-        return web.Response(body=payload, status=upstream.status, headers=headers), upstream.status < 500
+        return web.Response(body=payload, status=status, headers=headers), status < 500
 
     async def _stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        answer: Answer,
         headers: CIMultiDict[str],
         route: Target,
         router: Router,
     ) -> tuple[web.StreamResponse, bool]:
         worker = route.worker_id
-        response = web.StreamResponse(status=upstream.status, headers=headers)
+        response = web.StreamResponse(status=answer.status, headers=headers)
         await response.prepare(request)
-        event: dict[str, Any] | None = None
+        event: dict[str, object] | None = None
         broken = False  # by the worker, mid-way: a failure for its circuit
         try:
-            async for chunk in upstream.content.iter_any():
+            while chunk := await answer.read_chunk():
                 await response.write(chunk)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except UpstreamError as exc:
             # The client has the headers and part of the stream: say what happened, never cut silently.
             broken = True
             log.warning("gateway_stream_broken", worker_id=worker, error=str(exc))
@@ -172,7 +179,7 @@ class Sender:
             self.metrics.failed.labels(worker, "mid_stream").inc()
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
         await response.write_eof()
-        return response, upstream.status < 500 and not broken
+        return response, answer.status < 500 and not broken
 
     def _upstream_headers(self, request: web.Request, route: Target) -> dict[str, str]:
         headers = {}
@@ -186,9 +193,8 @@ class Sender:
         return headers
 
     @staticmethod
-    def _client_headers(upstream: Any, route: Target) -> CIMultiDict[str]:
-        # Copied whole and the hop-by-hop ones dropped (in C): a third of filtering each header in Python.
-        headers = CIMultiDict(upstream)
+    def _client_headers(headers: CIMultiDict[str], route: Target) -> CIMultiDict[str]:
+        # The answer's own, the hop-by-hop ones dropped (in C): a third of filtering each header in Python.
         for name in _HOP_BY_HOP:
             headers.popall(name, None)
         headers[WORKER_HEADER] = route.worker_id

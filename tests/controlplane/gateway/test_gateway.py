@@ -17,8 +17,9 @@ import pytest
 from rlcp.controlplane.assembly import GATEWAY
 from rlcp.controlplane.workerspec import WorkerSpec
 from rlcp.harness.checkpoints import write_checkpoint
-from rlcp.harness.controller import AUTH, start_controller, update_body
+from rlcp.harness.controller import AUTH, TEST_WORKER_CALLS, start_controller, update_body
 from rlcp.harness.faults import Fault
+from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import FleetShape
@@ -91,6 +92,18 @@ async def test_every_answer_names_its_worker_and_version_and_the_fence_keeps_sta
     assert "w1" not in {h["X-RL-Worker"] for _, h, _ in fresh}
 
 
+# A state read of w1 that hangs keeps the controller's view of w1 as it was for as long as the read
+# waits: a minute here, past the test's own end. With the tests' 2 s (`TEST_WORKER_CALLS`) the read
+# gave up mid-test and took w1 out of the fence: 30 requests take ~1.4 s on an idle machine, and at
+# load 12 only 3 had reached w1 when it left ("assert 3 > 5", gw4's run of the gateway suite).
+STALE_VIEW = FleetShape(
+    agents=3,
+    engine={"token_interval_s": 0.01},
+    settings={"workers": {"token": AGENT_TOKEN, **TEST_WORKER_CALLS, "timeout_s": 60}},
+)
+
+
+@pytest.mark.parametrize("fleet_shape", [STALE_VIEW])
 async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_another_serves(gateway_fleet, tmp_path):
     # The controller's view of w1 goes stale (its state reads hang), then w1's weights change
     # behind its back, as when an agent restarts on its base weights at the same address.
@@ -118,6 +131,7 @@ async def test_a_worker_whose_weights_changed_behind_the_fence_refuses_and_anoth
         assert body["error"]["field"] == "X-RL-Expect-Weight-Version" and "rogue" in body["error"]["message"]
 
 
+@pytest.mark.parametrize("fleet_shape", [STALE_VIEW])
 async def test_a_refusing_member_is_tried_once_per_request_even_while_it_is_the_least_loaded(gateway_fleet):
     """A member that refuses at once (here for its weights) is the least loaded one whenever the
     others are busy: each request tries it once, then goes to another member, never back to it

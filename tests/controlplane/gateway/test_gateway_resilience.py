@@ -215,12 +215,10 @@ async def test_tcp_nodelay_on_both_sides_of_the_gateway(gateway_fleet: GatewayFl
             # The connections it accepts: its site's live ones (this client's, kept alive).
             accepted = [h.transport for h in runner.server.connections if h.transport is not None]
             assert accepted and all(_nodelay(t) == 1 for t in accepted)
-            # The connections it opens: its client session's, to a worker (a stream, so the
-            # connection is still the response's while it is read).
-            stream = BODY | {"max_tokens": 64, "stream": True}
-            async with session.post(f"{agents[0].spec()['inference_url']}{PATH}", json=stream) as resp:
-                assert resp.status == 200 and resp.connection is not None and resp.connection.transport is not None
-                assert _nodelay(resp.connection.transport) == 1
+            # The connections it opens: its upstream pool's, to the worker that answered (kept
+            # alive after the answer).
+            opened = [t for a in agents for t in own.sender.upstream.idle(a.spec()["inference_url"])]
+            assert opened and all(_nodelay(t) == 1 for t in opened)
         finally:
             await runner.cleanup()
 
