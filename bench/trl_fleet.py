@@ -43,6 +43,12 @@ from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.tiny_model import agent_engine
 
 CONFIGS = ("one engine", "fleet")
+# Both configurations' engines take a step budget above vLLM's 2048: TRL seeds every request, and
+# vLLM 0.32 on CPU dies (`RuntimeError: CPU Generator does not use offset`, in the model runner's
+# `_bookkeeping_sync`) when a seeded request's prefill is split over steps. After TRL's
+# `/pause?mode=keep` ... `/resume` the engine re-prefills every request it held; at 4 prompts x 16
+# completions one engine held ~64 of ~40 tokens, over 2048, and `vllm serve` died at a sync.
+BATCHED_TOKENS = 8192
 say = functools.partial(print, flush=True)
 
 
@@ -97,7 +103,9 @@ def figures(s: dict[str, Any]) -> dict[str, Any]:
 
 
 async def one_engine(root: Path, base: Path, a: argparse.Namespace) -> dict[str, Any]:
-    server = VllmServeProcess(base, root / "serve", core=0, start_timeout_s=300)
+    server = VllmServeProcess(
+        base, root / "serve", core=0, start_timeout_s=300, extra_args=["--max-num-batched-tokens", str(BATCHED_TOKENS)]
+    )
     try:
         server.spawn()
         await server.wait_ready_async()
@@ -113,7 +121,8 @@ async def fleet(root: Path, base: Path, a: argparse.Namespace) -> dict[str, Any]
         AgentProcess(
             {
                 "agent_id": f"agent-{i}",
-                "engine": agent_engine(base),  # LoRA on, max_loras 3: TRL's staleness 1 needs 3
+                # LoRA on, max_loras 3: TRL's staleness 1 needs 3
+                "engine": agent_engine(base, extra_engine_args={"max_num_batched_tokens": BATCHED_TOKENS}),
                 "allowed_roots": [str(root)],
                 "log_format": "json",
             },
