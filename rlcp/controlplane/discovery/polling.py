@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import aiohttp
@@ -131,12 +131,14 @@ class HttpPoll:
     token: str | None = None
     params: Any = None
     iterations: int | None = None
-    headers: Mapping[str, str] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be positive")
-        object.__setattr__(self, "headers", {"Authorization": f"Bearer {self.token}"} if self.token else {})
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
     async def get(self) -> Any:
         """One GET under one deadline, its body as JSON; every way it can fail becomes `error`."""
