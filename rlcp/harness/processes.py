@@ -81,7 +81,8 @@ async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = 30.0) ->
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child: this one without settings variables, plus what a CPU vLLM
-    engine needs (offline Hub, a small KV cache) and fatal signals reported, plus `extra`."""
+    engine needs (offline Hub, a small KV cache, no torch.compile) and fatal signals reported,
+    plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
     env.update(
         # A child, or an engine's worker process under it, killed by a fatal signal (SIGSEGV,
@@ -91,6 +92,12 @@ def child_env(**extra: str) -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+        # vLLM's CPU platform compiles a few sampling helpers (logprob ranks, top-k/top-p) with
+        # torch.compile's inductor on their first use, in every engine process: 2.5 s of a
+        # process's first sampled request with a warm cache, 12 s in a fresh checkout (g++ builds
+        # a 145 MB precompiled torch header). For the tiny models children serve, eager is as
+        # exact and faster. The model itself already runs eager (`enforce_eager`).
+        TORCH_COMPILE_DISABLE=os.environ.get("TORCH_COMPILE_DISABLE", "1"),
     )
     return env | extra
 
