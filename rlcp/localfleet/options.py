@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlcp.client.cli import count_or_percent
 from rlcp.harness.churn import check_churn, parse_churn
+from rlcp.rl.cli import at_least
 
 # With --ray the controller places the agents as actors named <RAY_PREFIX><i> in RAY_NAMESPACE;
 # discovery names the members after them.
@@ -45,10 +46,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rollouts through a real Envoy (the `envoy` extra) fed the fence by the controller over "
         "xDS, in place of the Python gateway",
     )
-    p.add_argument("--agents", type=int, default=2, help="agents to start (default 2)")
+    p.add_argument("--agents", type=at_least(1), default=2, help="agents to start (default 2)")
     p.add_argument(
         "--steps",
-        type=int,
+        type=at_least(0),
         default=None,
         help="trainer steps, one weight update each (default 20 for the RL run, 5 for noise)",
     )
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="grpo: never push weights (the negative control: the engines keep the first ones); "
         "trl: TRL's no-op weight transfer (its rollouts stay on the base model)",
     )
-    p.add_argument("--rollouts-per-step", type=int, default=8, help="rollouts collected before each update")
+    p.add_argument("--rollouts-per-step", type=at_least(0), default=8, help="rollouts collected before each update")
     p.add_argument("--workdir", type=Path, default=Path(".local-fleet"), help="models, weights, logs, state")
     p.add_argument("--port", type=int, default=8080, help="controller API port (0 = a free one)")
     p.add_argument("--gateway-port", type=int, default=8090, help="inference gateway port (0 = a free one)")
@@ -101,13 +102,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--max-loras",
-        type=int,
+        type=at_least(1),
         default=LoraFlags.max_loras,
         help="--lora: adapters each engine holds at once; TRL's adapter sync needs max_staleness + 2 (default 4)",
     )
     p.add_argument(
         "--max-lora-rank",
-        type=int,
+        type=at_least(1),
         default=LoraFlags.max_lora_rank,
         help="--lora: the largest adapter rank the engines accept (default 16)",
     )
@@ -119,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--staleness",
-        type=int,
+        type=at_least(0),
         default=0,
         help="the gateway may serve the last N versions before the desired one (a roll's old waves)",
     )
@@ -140,8 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="after each step, wait until the changes it started have landed (for engines that start slower than "
         "steps take, as --ray's: a join or a restart is an engine start-up there)",
     )
-    p.add_argument("--sim-load-s", type=float, default=0.0, help="--sim: seconds a weight load takes")
-    p.add_argument("--sim-token-s", type=float, default=0.005, help="--sim: seconds per generated token")
+    p.add_argument("--sim-load-s", type=at_least(0.0, float), default=0.0, help="--sim: seconds a weight load takes")
+    p.add_argument("--sim-token-s", type=at_least(0.0, float), default=0.005, help="--sim: seconds per generated token")
     args = p.parse_args(argv)
     args.trainer = args.trainer or ("noise" if args.sim else "grpo")
     if args.trainer in ("grpo", "trl") and args.sim:
@@ -152,15 +153,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.lora = True  # TRL syncs adapters only to a server with LoRA on
     if args.steps is None:
         args.steps = 0 if args.serve_only else 20 if args.trainer in ("grpo", "trl") else 5
-    if min(args.agents - 1, args.steps, args.rollouts_per_step, args.staleness, args.sim_load_s, args.sim_token_s) < 0:
-        p.error("--agents must be >= 1; --steps, --rollouts-per-step, --staleness and the --sim times >= 0")
     if args.serve_only and args.steps:
         p.error("--serve-only runs no steps: leave out --steps (or give --steps 0)")
     if args.steps == 0:
         args.serve_only = True  # nothing to train: the fleet is for the user's own trainer
     args.keep_running = args.keep_running or args.serve_only
-    if args.max_loras < 1 or args.max_lora_rank < 1:
-        p.error("--max-loras and --max-lora-rank must be >= 1")
     lora_given = args.max_loras != LoraFlags.max_loras or args.max_lora_rank != LoraFlags.max_lora_rank
     if lora_given and not args.lora:
         p.error("--max-loras and --max-lora-rank need --lora")

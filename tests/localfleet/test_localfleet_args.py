@@ -65,3 +65,23 @@ def test_trainer_trl_turns_lora_on_and_refuses_sim_engines() -> None:
     assert parse_args(["--trainer", "trl", "--max-loras", "3"]).lora == LoraFlags(3, 16)
     with pytest.raises(SystemExit):
         parse_args(["--trainer", "trl", "--sim"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "wanted"),
+    [
+        ("--agents", "0", "an int >= 1"),
+        ("--steps", "-1", "an int >= 0"),
+        ("--rollouts-per-step", "-2", "an int >= 0"),
+        ("--staleness", "-1", "an int >= 0"),
+        ("--max-loras", "0", "an int >= 1"),
+        ("--max-lora-rank", "0", "an int >= 1"),
+        ("--sim-load-s", "nan", "a float >= 0"),
+        ("--sim-token-s", "-0.5", "a float >= 0"),
+    ],
+)
+def test_a_number_out_of_bounds_is_refused_naming_its_flag(flag, value, wanted, capsys) -> None:
+    with pytest.raises(SystemExit) as exit:
+        parse_args(["--sim", flag, value])
+    assert exit.value.code == 2
+    assert f"argument {flag}: must be {wanted}, got {value!r}" in capsys.readouterr().err
