@@ -18,11 +18,10 @@ if [ $# -eq 0 ]; then
   # 1. Tests marked `alone`, in a pytest process of their own: their premise is timing (the
   #    test process reads two engines' streams fast enough to pause them mid-way), and in one
   #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
-  # 2. The tests that start real engines (vLLM, SGLang, Dynamo), in two processes: one runs every
-  #    module that uses the session's shared agents (tests/conftest.py), the other the modules
-  #    that start engines of their own (tests/conftest.py: _group_engine_modules). In one process,
-  #    the engine part ran on alone for ~6 minutes after the rest had ended, the machine a third
-  #    idle; in two, the other process's engines use that time. Beside them, in the background:
+  # 2. The tests that start real engines (vLLM, SGLang, Dynamo), in one process: they share the
+  #    session's engines (tests/conftest.py), and two cores run two engines at a time at most.
+  #    Beside it, in the background (the two cores are busy from end to end either way; the
+  #    engine part in two processes was no faster, and ran at a load of 27):
   # 3. the rest in two processes (they mostly wait on sockets and child processes; the image
   #    builds are among them, on one of the two), then the API fuzzing (tests/fuzz/api) in two
   #    processes of its own, with xdist's plain `--dist load`: schemathesis' items share one node
@@ -41,7 +40,7 @@ if [ $# -eq 0 ]; then
     exit $brc
   ) &
   background=$!
-  "${pytest[@]}" -n 2 --dist loadgroup -m "not alone and (vllm or sglang)" --durations=25 || rc=$?
+  "${pytest[@]}" -m "not alone and (vllm or sglang)" --durations=25 || rc=$?
   wait "$background" || rc=$?
   for part in rest fuzz-api; do
     echo "=== $part"

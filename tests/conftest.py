@@ -71,28 +71,6 @@ def _nothing_left_behind():
         )
 
 
-# The session's shared vLLM agents: under xdist every worker that asks for one starts its own.
-_SHARED_ENGINES = frozenset({"vllm_agent", "vllm_agent_b", "_vllm_agent_b_process"})
-
-
-def _group_engine_modules(items: list[pytest.Item]) -> None:
-    """The engine part of scripts/test.sh runs `-n 2 --dist loadgroup`: every module that uses the
-    session's shared agents goes to one worker (one pair of agents for the run), and each module
-    that starts engines of its own (Dynamo, the engine-death test, a Ray-placed agent) is a group of
-    its own (its module fixtures start once), run by the other worker meanwhile. A module already
-    in a group keeps it."""
-    modules: dict[Path, list[pytest.Item]] = {}
-    for item in items:
-        if item.get_closest_marker("vllm") or item.get_closest_marker("sglang"):
-            modules.setdefault(item.path, []).append(item)
-    for path, module_items in modules.items():
-        shared = any(_SHARED_ENGINES & set(getattr(item, "fixturenames", ())) for item in module_items)
-        group = "engines-shared" if shared else f"engines-{path.stem}"
-        for item in module_items:
-            if item.get_closest_marker("xdist_group") is None:
-                item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Make `xdist_group` group again (scripts/test.sh runs the rest part `-n 2 --dist loadgroup`).
@@ -104,7 +82,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     does xdist's rename on `_id`, only where xdist's own did not take."""
     if not getattr(config.option, "loadgroup", False):
         return
-    _group_engine_modules(items)
     for item in items:
         groups = sorted(
             {
