@@ -79,26 +79,42 @@ async def stop_child(proc: asyncio.subprocess.Process, grace_s: float = 30.0) ->
         await proc.wait()
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a child: this one without settings variables, plus what a CPU vLLM
-    engine needs (offline Hub, a small KV cache, no torch.compile) and fatal signals reported,
-    plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
-    env.update(
-        # A child, or an engine's worker process under it, killed by a fatal signal (SIGSEGV,
-        # SIGBUS, SIGILL, SIGABRT) prints where it was to its log instead of vanishing without
-        # a trace (a shared agent's engine worker did, twice, in loaded fresh-clone runs).
-        PYTHONFAULTHANDLER="1",
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+def engine_env() -> dict[str, str]:
+    """What a CPU vLLM engine started here runs with, each unless this process's environment
+    already says otherwise: an offline Hub, a small KV cache, no torch.compile, and the engine's
+    model runner inside its EngineCore process on one thread. The children and the Ray head
+    (whose placed agents inherit it) both take it."""
+    defaults = {
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
         # vLLM's CPU platform compiles a few sampling helpers (logprob ranks, top-k/top-p) with
         # torch.compile's inductor on their first use, in every engine process: 2.5 s of a
         # process's first sampled request with a warm cache, 12 s in a fresh checkout (g++ builds
         # a 145 MB precompiled torch header). For the tiny models children serve, eager is as
         # exact and faster. The model itself already runs eager (`enforce_eager`).
-        TORCH_COMPILE_DISABLE=os.environ.get("TORCH_COMPILE_DISABLE", "1"),
-    )
+        "TORCH_COMPILE_DISABLE": "1",
+        # vLLM's CPU platform runs the model in a worker process of its own (the multiprocessing
+        # executor) so it can bind OpenMP threads before torch loads; that process imports vLLM
+        # and torch again: ~12 of the ~41 CPU-s an agent spends before its first request. With
+        # this off, the model runs in the EngineCore process (the uniprocessing executor, vLLM's
+        # default for one GPU), and one OpenMP thread stands in for the one-core binding: two
+        # engines never spin against each other's thread teams. AsyncLLM, hence every server
+        # here, still runs its EngineCore in a process of its own.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "OMP_NUM_THREADS": "1",
+    }
+    return {name: os.environ.get(name, value) for name, value in defaults.items()}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child: this one without settings variables, plus what a CPU vLLM
+    engine needs (`engine_env`) and fatal signals reported, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
+    # A child, or an engine's worker process under it, killed by a fatal signal (SIGSEGV,
+    # SIGBUS, SIGILL, SIGABRT) prints where it was to its log instead of vanishing without
+    # a trace (a shared agent's engine worker did, twice, in loaded fresh-clone runs).
+    env.update(PYTHONFAULTHANDLER="1", **engine_env())
     return env | extra
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rlcp.harness.ports import free_range, listening_sockets
+from rlcp.harness.processes import engine_env
 from rlcp.harness.procfs import parent
 from rlcp.harness.waiting import wait_for_sync
 
@@ -192,6 +193,7 @@ class RayHead:
             self.temp_dir = Path(tempfile.mkdtemp(prefix="rlcp-ray-", dir="/tmp"))
         env = {
             **os.environ,
+            **engine_env(),  # the agents Ray places inherit it
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_USAGE_STATS_ENABLED": "0",
             "AUTOSCALER_METRIC_PORT": str(self.ports["autoscaler-metric"]),

@@ -193,7 +193,9 @@ class AgentLauncher:
         """Start the agent `name` and return at once (`ready` waits for it)."""
         args = self.args
         # vLLM's CPU backend binds every engine's threads to the same cores by default
-        # ("auto"); one core each lets N engines on one machine run side by side.
+        # ("auto"); one core each lets N engines on one machine run side by side. Under vLLM's
+        # multiprocessing executor only: by default the agents run on one OpenMP thread each
+        # (`engine_env`), which does the same.
         bind = (
             {}
             if "VLLM_CPU_OMP_THREADS_BIND" in os.environ

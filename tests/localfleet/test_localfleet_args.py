@@ -10,6 +10,7 @@ import pytest
 from rlcp.localfleet.options import LoraFlags, parse_args
 from rlcp.localfleet.report import banner
 from rlcp.localfleet.start import engine_section
+from tests.support.cli import argparse_refusal
 
 
 def test_steps_0_or_serve_only_leave_the_fleet_up_with_no_trainer() -> None:
@@ -81,7 +82,5 @@ def test_trainer_trl_turns_lora_on_and_refuses_sim_engines() -> None:
     ],
 )
 def test_a_number_out_of_bounds_is_refused_naming_its_flag(flag, value, wanted, capsys) -> None:
-    with pytest.raises(SystemExit) as exit:
-        parse_args(["--sim", flag, value])
-    assert exit.value.code == 2
-    assert f"argument {flag}: must be {wanted}, got {value!r}" in capsys.readouterr().err
+    said = argparse_refusal(parse_args, ["--sim", flag, value], capsys)
+    assert said.endswith(f"argument {flag}: must be {wanted}, got {value!r}")

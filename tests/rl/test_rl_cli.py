@@ -9,19 +9,13 @@ import pytest
 
 from rlcp.rl.__main__ import parse_args as rl_args
 from rlcp.rl.trl.__main__ import parse_args as trl_args
+from tests.support.cli import argparse_refusal
 
 
 @pytest.fixture
 def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "config.json").write_text("{}")
     return tmp_path
-
-
-def _refusal(parse: object, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    with pytest.raises(SystemExit) as exited:
-        parse(argv)  # type: ignore[operator]
-    assert exited.value.code == 2
-    return capsys.readouterr().err.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
@@ -41,7 +35,7 @@ def test_trl_refuses_a_number_out_of_range_naming_the_flag(
     model_dir: Path, flag: str, value: str, said: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--url", "http://127.0.0.1:1", "--model-dir", str(model_dir), f"{flag}={value}"]
-    assert _refusal(trl_args, argv, capsys).endswith(said)
+    assert argparse_refusal(trl_args, argv, capsys).endswith(said)
 
 
 def test_trl_takes_the_bounds_themselves(model_dir: Path) -> None:
@@ -55,9 +49,9 @@ def test_rl_refuses_a_number_out_of_range_naming_the_flag(
     model_dir: Path, flag: str, value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["--controller", "c", "--gateway", "g", "--model-dir", str(model_dir), f"{flag}={value}"]
-    assert f"argument {flag}: must be" in _refusal(rl_args, argv, capsys)
+    assert f"argument {flag}: must be" in argparse_refusal(rl_args, argv, capsys)
 
 
 def test_a_model_dir_without_a_checkpoint_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    said = _refusal(trl_args, ["--url", "u", "--model-dir", str(tmp_path)], capsys)
+    said = argparse_refusal(trl_args, ["--url", "u", "--model-dir", str(tmp_path)], capsys)
     assert "--model-dir" in said and "config.json" in said
