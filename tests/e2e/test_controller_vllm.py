@@ -10,7 +10,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from safetensors.torch import load_file, save_file
 
 from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
@@ -131,6 +130,8 @@ async def test_one_corrupted_mlp_weight_on_one_worker_fails_verification(
     good = tiny_models["weights-2"]
     corrupt = Path(good.parent / f"weights-2-corrupt-{tmp_path.name}")
     shutil.copytree(good, corrupt)
+    from safetensors.torch import load_file, save_file  # torch: here, not in every collecting process
+
     tensors = load_file(str(corrupt / "model.safetensors"))
     tensors["model.layers.1.mlp.down_proj.weight"][0, 0] += 1.0
     save_file(tensors, str(corrupt / "model.safetensors"), metadata={"format": "pt"})

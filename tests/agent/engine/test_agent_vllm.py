@@ -13,8 +13,6 @@ import re
 import shutil
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from rlcp.agent.engine.vllm_args import build_vllm_args
 from rlcp.agent.engine.vllm_worker import AdapterChecksumsExtension
@@ -135,6 +133,9 @@ def checkpoint_digests(directory) -> dict[str, str]:
     """sha256 of each weight as vLLM holds it, from the checkpoint on disk: its merged layers are
     the concatenation of the checkpoint's tensors along the output dimension, and the vocabulary
     (embeddings, LM head) is padded with zero rows to a multiple of 64."""
+    import torch  # here, not at the top: every process that collects this file would pay ~3 s
+    from safetensors.torch import load_file
+
     tensors = load_file(str(directory / "model.safetensors"))
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         rows = tensors[name].shape[0]
@@ -221,6 +222,8 @@ async def test_checksums_cover_the_adapters_each_engine_holds(http, agent, vllm_
         }
         assert held.keys() - base.keys() == expected and {k: held[k] for k in base} == base
         # The values are sha256 of vLLM's tensors: A as in the file, B with alpha / r = 2 folded in.
+        from safetensors.torch import load_file
+
         adapter = load_file(str(tiny_models["lora-11"] / "adapter_model.safetensors"))
         q = "base_model.model.model.layers.0.self_attn.q_proj"
         assert (

@@ -2,7 +2,7 @@
 `packed: true`), and the bytes two ranks of a real gloo group move, packed and unpacked.
 
 No vLLM engine runs here (the engine-side path is `test_weight_transfer_gloo.py`, marked
-vllm): the module imports vLLM's weight-transfer base classes, and the two ranks are two
+vllm): its tests import vLLM's weight-transfer base classes, and the two ranks are two
 threads of this process on a loopback TCPStore.
 """
 
@@ -10,40 +10,56 @@ from __future__ import annotations
 
 import threading
 from dataclasses import asdict
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
-from rlcp.agent.weight_transfer.cpu_gloo import (
-    DEFAULT_BUFFER_SIZE_BYTES,
-    GlooTrainerInitInfo,
-    GlooWeightTransferInitInfo,
-    GlooWeightTransferUpdateInfo,
-    wire_limit,
-)
-from rlcp.agent.weight_transfer.gloo_wire import GlooGroup, receive_tensors, send_tensors
 from rlcp.harness.http import free_port
 
+if TYPE_CHECKING:
+    import torch
+
+    from rlcp.agent.weight_transfer.gloo_wire import GlooGroup
+
 pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def gloo() -> ModuleType:
+    """The backend (`rlcp.agent.weight_transfer.cpu_gloo`), imported when a test here runs, not
+    when the file is collected: it imports vLLM's config (~13 s), which every pytest process of
+    the full run would otherwise pay to collect this file. torch likewise."""
+    from rlcp.agent.weight_transfer import cpu_gloo
+
+    return cpu_gloo
+
+
+@pytest.fixture(scope="module")
+def wire(gloo: ModuleType) -> ModuleType:
+    """The bytes on the wire (`rlcp.agent.weight_transfer.gloo_wire`), imported the same way."""
+    from rlcp.agent.weight_transfer import gloo_wire
+
+    return gloo_wire
+
 
 # What TRL 1.16.0 sends to `/init_weight_transfer_engine` on vLLM >= 0.28 (trl/generation/vllm_client.py,
 # `init_communicator`); the controller sets `rank_offset` per worker.
 TRL_INIT_INFO = {"master_address": "127.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 3, "packed": True}
 
 
-def test_trl_init_info_is_accepted_and_packs() -> None:
-    info = GlooWeightTransferInitInfo(**TRL_INIT_INFO)  # what vLLM's parse_init_info does
+def test_trl_init_info_is_accepted_and_packs(gloo: ModuleType) -> None:
+    info = gloo.GlooWeightTransferInitInfo(**TRL_INIT_INFO)  # what vLLM's parse_init_info does
     assert info.packed is True
-    assert wire_limit(info) == DEFAULT_BUFFER_SIZE_BYTES
+    assert gloo.wire_limit(info) == gloo.DEFAULT_BUFFER_SIZE_BYTES
 
 
-def test_nccl_wire_keys_mean_what_they_mean_in_nccl() -> None:
-    unpacked = GlooWeightTransferInitInfo(**{**TRL_INIT_INFO, "packed": False})
-    assert wire_limit(unpacked) == 1  # every tensor alone
-    sized = GlooWeightTransferInitInfo(**TRL_INIT_INFO, packed_buffer_size_bytes=4096, packed_num_buffers=3)
-    assert wire_limit(sized) == 4096
-    assert wire_limit(GlooWeightTransferInitInfo(**TRL_INIT_INFO, buffer_size_bytes=2048)) == 2048
+def test_nccl_wire_keys_mean_what_they_mean_in_nccl(gloo: ModuleType) -> None:
+    unpacked = gloo.GlooWeightTransferInitInfo(**{**TRL_INIT_INFO, "packed": False})
+    assert gloo.wire_limit(unpacked) == 1  # every tensor alone
+    sized = gloo.GlooWeightTransferInitInfo(**TRL_INIT_INFO, packed_buffer_size_bytes=4096, packed_num_buffers=3)
+    assert gloo.wire_limit(sized) == 4096
+    assert gloo.wire_limit(gloo.GlooWeightTransferInitInfo(**TRL_INIT_INFO, buffer_size_bytes=2048)) == 2048
 
 
 @pytest.mark.parametrize(
@@ -55,16 +71,16 @@ def test_nccl_wire_keys_mean_what_they_mean_in_nccl() -> None:
         ({"packed_buffer_size_bytes": 0}, "must be positive"),
     ],
 )
-def test_bad_wire_keys_are_refused_naming_them(extra: dict[str, Any], says: str) -> None:
+def test_bad_wire_keys_are_refused_naming_them(gloo: ModuleType, extra: dict[str, Any], says: str) -> None:
     with pytest.raises(ValueError, match=says):
-        GlooWeightTransferInitInfo(**{**TRL_INIT_INFO, **extra})
+        gloo.GlooWeightTransferInitInfo(**{**TRL_INIT_INFO, **extra})
 
 
-def test_the_trainer_ships_its_layout_to_the_workers() -> None:
-    trainer = GlooTrainerInitInfo(
+def test_the_trainer_ships_its_layout_to_the_workers(gloo: ModuleType) -> None:
+    trainer = gloo.GlooTrainerInitInfo(
         master_address="127.0.0.1", master_port=1, world_size=2, rank=0, packed=False, packed_num_buffers=4
     )
-    assert wire_limit(trainer) == 1
+    assert gloo.wire_limit(trainer) == 1
     assert trainer.packed_num_buffers == 4
 
 
@@ -80,6 +96,8 @@ class _Counting:
 
 
 def _tensors() -> dict[str, torch.Tensor]:
+    import torch  # with the backend: not at collection
+
     g = torch.Generator().manual_seed(0)
     return {
         "a": torch.randn(3, 5, generator=g),
@@ -90,20 +108,22 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(("packed", "broadcasts"), [(True, 1), (False, 4)])
-def test_two_ranks_move_the_same_tensors_packed_or_one_by_one(packed: bool, broadcasts: int) -> None:
+def test_two_ranks_move_the_same_tensors_packed_or_one_by_one(
+    gloo: ModuleType, wire: ModuleType, packed: bool, broadcasts: int
+) -> None:
     tensors = _tensors()
-    info = GlooWeightTransferInitInfo(
+    info = gloo.GlooWeightTransferInitInfo(
         master_address="127.0.0.1", master_port=free_port(), rank_offset=1, world_size=2, timeout_s=30, packed=packed
     )
-    meta = GlooWeightTransferUpdateInfo(**_update_info(tensors)).metadata()
-    limit = wire_limit(info)
+    meta = gloo.GlooWeightTransferUpdateInfo(**_update_info(tensors)).metadata()
+    limit = gloo.wire_limit(info)
     received: dict[str, torch.Tensor] = {}
     sent: list[_Counting] = []
     errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
-            group = GlooGroup(
+            group = wire.GlooGroup(
                 master_address=info.master_address,
                 master_port=info.master_port,
                 rank=r,
@@ -114,9 +134,9 @@ def test_two_ranks_move_the_same_tensors_packed_or_one_by_one(packed: bool, broa
             try:
                 if r == 0:
                     sent.append(counting)
-                    send_tensors(counting, iter(tensors.items()), meta, limit)  # type: ignore[arg-type]
+                    wire.send_tensors(counting, iter(tensors.items()), meta, limit)  # type: ignore[arg-type]
                 else:
-                    receive_tensors(
+                    wire.receive_tensors(
                         counting,  # type: ignore[arg-type]
                         meta,
                         limit,
@@ -137,7 +157,7 @@ def test_two_ranks_move_the_same_tensors_packed_or_one_by_one(packed: bool, broa
     assert sent[0].broadcasts == broadcasts
     assert received.keys() == tensors.keys()
     for name, tensor in tensors.items():
-        assert torch.equal(received[name], tensor), name
+        assert received[name].equal(tensor), name
 
 
 def _update_info(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -148,6 +168,6 @@ def _update_info(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     }
 
 
-def test_update_info_round_trips() -> None:
-    info = GlooWeightTransferUpdateInfo(**_update_info(_tensors()))
-    assert asdict(GlooWeightTransferUpdateInfo.from_metadata(info.metadata())) == asdict(info)
+def test_update_info_round_trips(gloo: ModuleType) -> None:
+    info = gloo.GlooWeightTransferUpdateInfo(**_update_info(_tensors()))
+    assert asdict(gloo.GlooWeightTransferUpdateInfo.from_metadata(info.metadata())) == asdict(info)

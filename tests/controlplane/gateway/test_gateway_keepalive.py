@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import aiohttp
 import uvicorn
-import vllm.envs
 
 from rlcp.controlplane.gateway.app import new_session
 from rlcp.controlplane.gateway.metrics import GatewayMetrics
@@ -18,6 +17,8 @@ async def test_the_gateway_lets_go_of_an_idle_connection_before_a_worker_closes_
     attempts and the worker's breaker. The default is under vLLM's and uvicorn's (SGLang's), and
     the gateway's upstream pool (inference) and its session (its own calls) keep what the setting
     says (the pool's idle drop itself: upstream/test_upstream_client.py)."""
+    import vllm.envs  # here, not at the top: importing vLLM costs every collecting process ~7 s
+
     default = GatewaySettings().upstream_idle_timeout_s
     assert default < vllm.envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
     assert default < uvicorn.Config(app=None).timeout_keep_alive
