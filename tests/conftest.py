@@ -55,6 +55,13 @@ pytest_plugins = ("tests.fuzz.api.reach",)
 # (rlcp/harness/leftovers.py), so the run can tell at its end what it left behind.
 _OWNER = mark_owner()
 
+# Ray reads this once, when `ray._private.ray_constants` is first imported, so it is set here,
+# before any test can import Ray: otherwise a driver in this process turns 127.0.0.1 into the
+# machine's own address and never reaches the loopback heads the tests start. A fast-lane run
+# (xdist's plain `--dist load`) ran test_placement_loop's check of Ray's constants before
+# test_ray_discovery on one worker: its `ray.init` waited on 192.0.2.2 until the timeout.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_left_behind():
