@@ -126,7 +126,7 @@ def one_core(index: int) -> dict[str, str]:
     one was seen to take no step for 36 to 95 s while the other decoded (a keep-mode pause never
     taken). The local fleet binds its agents the same way. It takes effect under vLLM's
     multiprocessing executor only (VLLM_ENABLE_V1_MULTIPROCESSING=1); by default the harness runs
-    each engine on one OpenMP thread instead (`rlcp.harness.processes.engine_env`)."""
+    each engine on one OpenMP thread instead (`rlcp.harness.engine_env`)."""
     return {"VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
 
 

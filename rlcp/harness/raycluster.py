@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlcp.harness.engine_env import engine_env
 from rlcp.harness.ports import free_range, listening_sockets
-from rlcp.harness.processes import engine_env
 from rlcp.harness.procfs import parent
 from rlcp.harness.waiting import wait_for_sync
 

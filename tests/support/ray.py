@@ -3,7 +3,6 @@ and the controller settings of the placement tests: SimEngine agents placed as R
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,9 +21,9 @@ PREFIX = "rlcp-agent-"
 @contextmanager
 def ray_head(**resources: float) -> Iterator[RayHead]:
     """A Ray head on loopback with `resources` (`num_cpus`, `num_gpus`), stopped with every
-    process it started, which the exit checks."""
-    # Without this Ray turns 127.0.0.1 into the machine's own address (the head, and any driver).
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    process it started, which the exit checks. The test process's drivers reach it on loopback
+    because tests/conftest.py sets RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported;
+    set here, it came too late wherever a test imported Ray first."""
     started = RayHead(**resources).start()
     try:
         yield started

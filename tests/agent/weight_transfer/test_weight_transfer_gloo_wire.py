@@ -36,7 +36,7 @@ def gloo() -> ModuleType:
 
 
 @pytest.fixture(scope="module")
-def wire(gloo: ModuleType) -> ModuleType:
+def wire() -> ModuleType:
     """The bytes on the wire (`rlcp.agent.weight_transfer.gloo_wire`), imported the same way."""
     from rlcp.agent.weight_transfer import gloo_wire
 
