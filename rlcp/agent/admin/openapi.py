@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcp.agent.admin import extras, probes, routes
-from rlcp.core.openapi import Route, build_document, openapi_route
+from rlcp.core.openapi import Route, build_document, built_once, openapi_route
 
 ROUTES: tuple[Route, ...] = (*routes.api.declared, *extras.api.declared, *probes.api.declared, openapi_route())
 
@@ -22,5 +22,6 @@ DESCRIPTION = (
 )
 
 
+@built_once
 def agent_document(*, auth_reads: bool) -> dict[str, Any]:
     return build_document(ROUTES, title="rl-agent admin API", description=DESCRIPTION, auth_reads=auth_reads)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlcp.controlplane.api import facade, facade_info, facade_rpc, fleets, routes, unsupported
-from rlcp.core.openapi import Route, build_document, openapi_route
+from rlcp.core.openapi import Route, build_document, built_once, openapi_route
 
 # What each fleet serves (the default one at the root, a named one under /fleets/<name>/), and
 # the root's whole set: those plus the list of fleets.
@@ -34,6 +34,7 @@ DESCRIPTION = (
 )
 
 
+@built_once
 def controller_document(*, auth_reads: bool, fleet: str | None = None) -> dict[str, Any]:
     """The root's document, or (`fleet`) the one a named fleet serves under its path."""
     if fleet is None:

@@ -39,7 +39,16 @@ from rlcp.core.body import BODY_HANDLER_ARGS, parse_json, read_body
 from rlcp.core.errors import BadRequestError, NotSupportedError, ValidationFailedError
 from rlcp.core.handover import PEER, Fallback, Peer, make_handover_middleware
 from rlcp.core.http import json_response, make_auth_middleware, make_error_middleware
-from rlcp.core.openapi import Handler, Route, RouteTable, build_document, open_paths, openapi_route, serve_document
+from rlcp.core.openapi import (
+    Handler,
+    Route,
+    RouteTable,
+    build_document,
+    built_once,
+    open_paths,
+    openapi_route,
+    serve_document,
+)
 from rlcp.core.wire.agent.state import ProbeAnswer
 from rlcp.core.wire.controller import STALENESS_BOUND_MAX, ModelList
 
@@ -217,6 +226,7 @@ DESCRIPTION = (
 )
 
 
+@built_once
 def gateway_document(*, secured: bool) -> dict[str, Any]:
     return build_document(ROUTES, title="rl-controlplane gateway", description=DESCRIPTION, auth_reads=secured)
 

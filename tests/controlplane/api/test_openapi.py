@@ -22,7 +22,7 @@ from rlcp.controlplane.api.openapi import controller_document
 from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.core.errors import ErrorBody
-from rlcp.core.openapi import MUTATING, OPENAPI_PATH, Route, build_document, route_drift
+from rlcp.core.openapi import MUTATING, OPENAPI_PATH, Route, build_document, built_once, route_drift
 from rlcp.core.wire.agent import AgentState, DiskUpdateRequest
 from rlcp.core.wire.controller import FleetState, OperationResult, UpdateWeightsRequest
 
@@ -157,3 +157,22 @@ async def test_the_controller_serves_its_document_without_a_token(tmp_path):
         assert resp.status == 200 and resp.content_type == "application/json"
         assert await resp.json() == controller_document(auth_reads=True)
         assert (await client.get("/v1/rl/state")).status == 401
+
+
+def test_a_document_is_built_once_per_arguments_and_each_caller_gets_its_own_copy():
+    """`built_once`: every app serves its document, and tests start apps by the hundred; the
+    build (pydantic's schema generation) runs once per arguments, and a copy changed by one
+    caller is not what the next gets."""
+    builds: list[bool] = []
+
+    @built_once
+    def document(*, auth_reads: bool) -> dict:
+        builds.append(auth_reads)
+        return build_document(AGENT_ROUTES, title="t", description="d", auth_reads=auth_reads)
+
+    first = document(auth_reads=False)
+    first["paths"].clear()
+    again = document(auth_reads=False)
+    assert again["paths"] and again == build_document(AGENT_ROUTES, title="t", description="d", auth_reads=False)
+    assert document(auth_reads=True) != again
+    assert builds == [False, True]
