@@ -244,9 +244,10 @@ def build_document(
 def built_once(build: Callable[P, dict[str, Any]]) -> Callable[P, dict[str, Any]]:
     """`build` (a document function: a pure function of the route declarations and its
     arguments) run once per arguments in a process, each call answered with a fresh copy the
-    caller may change. Every app serves its document and was building it again: pydantic's schema
-    generation costs 30 ms (the agent's) to 60 ms (the controller's) a build, a third of the CPU of
-    the test processes that start controllers and agents in-process by the hundred."""
+    caller may change. Every app serves its document, and each built it again with the app:
+    pydantic's schema generation costs 30 ms (the agent's) to 60 ms (the controller's) a build, a
+    third of the CPU of the test processes that start controllers and agents in-process by the
+    hundred (apps now build theirs at its first request, `serve_document`)."""
     encoded: dict[tuple[Any, ...], str] = {}
 
     @functools.wraps(build)
@@ -268,12 +269,13 @@ def route_drift(app: web.Application, routes: Iterable[Route]) -> tuple[set[tupl
     return registered - declared, declared - registered
 
 
-def serve_document(app: web.Application, document: Mapping[str, Any]) -> None:
-    """Register `GET /openapi.json`; the document is built once, with the app."""
-    body = web.json_response(document).body
+def serve_document(app: web.Application, document: Callable[[], Mapping[str, Any]]) -> None:
+    """Register `GET /openapi.json`; the document is built and encoded at its first request (most
+    apps are never asked for it; the tests hold every document to the routes, `route_drift`)."""
+    body = functools.cache(lambda: web.json_response(document()).body)
 
     async def openapi(request: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
+        return web.Response(body=body(), content_type="application/json")
 
     app.router.add_get(OPENAPI_PATH, openapi)
 

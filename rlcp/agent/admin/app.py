@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 
 from rlcp.agent.admin import extras, probes, routes
@@ -29,5 +31,5 @@ def build_admin_app(service: AgentService, *, token: str) -> web.Application:
     app[SERVICE] = service
     for table in (routes.api, extras.api, probes.api):
         table.register(app)
-    serve_document(app, agent_document(auth_reads=settings.auth_reads))
+    serve_document(app, functools.partial(agent_document, auth_reads=settings.auth_reads))
     return app

@@ -23,6 +23,8 @@ that losing the Lease cancels at once (see `rlcp/controlplane/leadership/guard.p
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -69,14 +71,14 @@ def build_http_app(settings: ControllerSettings, *, token: str) -> web.Applicati
     )
     serve_fleet_routes(app)
     fleets.api.register(app)
-    serve_document(app, controller_document(auth_reads=settings.api.auth_reads))
+    serve_document(app, functools.partial(controller_document, auth_reads=settings.api.auth_reads))
     named_apps: dict[str, web.Application] = {}
     for name in settings.fleets:
         named_apps[name] = sub = web.Application(
             client_max_size=settings.api.max_body_bytes, handler_args=BODY_HANDLER_ARGS
         )
         serve_fleet_routes(sub)
-        serve_document(sub, controller_document(auth_reads=settings.api.auth_reads, fleet=name))
+        serve_document(sub, functools.partial(controller_document, auth_reads=settings.api.auth_reads, fleet=name))
         app.add_subapp(fleet_path(name), sub)
     app[FLEET_APPS] = named_apps
     return app

@@ -23,6 +23,7 @@ rollout of a step, so as a session key it sent a whole step to one worker.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -261,7 +262,7 @@ def build_gateway_app(
     if peer is not None:
         app[PEER] = peer
     api.register(app)
-    serve_document(app, gateway_document(secured=bool(token)))
+    serve_document(app, functools.partial(gateway_document, secured=bool(token)))
     return app
 
 
