@@ -34,14 +34,9 @@ if [ $# -eq 0 ]; then
   #    id per test function, and the rest's `--dist loadgroup` would run one operation of each and
   #    drop the others. Its closing checks add up the cases of both workers (tests/fuzz/api/reach.py).
   #    Beside four other test processes it failed, so it waits for the rest.
-  #    Last in the background, the engine tests that start a Ray head (vLLM agents Ray places),
-  #    in a process of their own: after the rest's Ray tests, so the run has one Ray head at a
-  #    time (tests/harness/test_ray_head.py), and beside the engine part's last minutes, where
-  #    it ran alone on the machine at ~1.1 cores (CI23: ~126 s).
   rc=0
   fuzz_api=tests/fuzz/api
   rest="not alone and not vllm and not sglang"
-  placed="not alone and vllm and ray"
   # The parts that start engines leave the API fuzzing out of their collection (no test of it
   # starts one; building its schemathesis items costs every collecting process ~5 CPU-s).
   "${pytest[@]}" -m alone --ignore "$fuzz_api" --durations=5 || rc=$?
@@ -50,13 +45,12 @@ if [ $# -eq 0 ]; then
     brc=0
     "${pytest[@]}" -n 2 --dist loadgroup -m "$rest" --ignore "$fuzz_api" --durations=10 >"$logs/rest" 2>&1 || brc=$?
     "${pytest[@]}" -n 2 --dist load -m "$rest" "$fuzz_api" >"$logs/fuzz-api" 2>&1 || brc=$?
-    "${pytest[@]}" -m "$placed" --ignore "$fuzz_api" --durations=5 >"$logs/placed" 2>&1 || brc=$?
     exit $brc
   ) &
   background=$!
-  "${pytest[@]}" -m "not alone and (vllm or sglang) and not ($placed)" --ignore "$fuzz_api" --durations=25 || rc=$?
+  "${pytest[@]}" -m "not alone and (vllm or sglang)" --ignore "$fuzz_api" --durations=25 || rc=$?
   wait "$background" || rc=$?
-  for part in rest fuzz-api placed; do
+  for part in rest fuzz-api; do
     echo "=== $part"
     cat "$logs/$part"
   done
