@@ -37,7 +37,7 @@ from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import load_settings as load_controller_settings
 from rlcp.core.openapi import MUTATING, OPENAPI_PATH
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, start_controller
+from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, start_controller
 from rlcp.harness.simfleet import TOKEN, start_fleet
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import SimFleet
@@ -396,16 +396,19 @@ def controller_path_requests(path: str) -> list[tuple[str, str, dict, str]]:
 
 async def test_controller_refuses_bad_paths_with_403_before_any_worker(settled_fleet, tmp_path):
     ctl, agents = settled_fleet
-    before = [list(a.touched) for a in agents]
-    for name, path in bad_paths(tmp_path).items():
-        for method, route, body, field in controller_path_requests(path):
-            status, resp = await ctl.call(method, route, body)
+    for n, (name, path) in enumerate(bad_paths(tmp_path).items()):
+        for i, (method, route, body, field) in enumerate(controller_path_requests(path)):
+            # Each call's own request id, which the controller hands on to every worker call it makes
+            # for it: what the reconciler does meanwhile is not this call's (after a status read that
+            # timed out while the test's loop was held, it told both agents the desired version again).
+            rid = f"refused-path-{n}-{i}"  # a valid X-Request-ID (no spaces), else the controller mints one
+            status, resp = await ctl.call(method, route, body, headers={**AUTH, "X-Request-ID": rid})
             assert (status, resp["error"]["code"], resp["error"]["field"]) == (403, "path_forbidden", field), (
                 name,
                 route,
                 resp,
             )
-    assert [a.touched for a in agents] == before, "a refused path reached a worker"
+            assert [a.touched_by(rid) for a in agents] == [[], []], f"a refused path reached a worker: {route}"
     assert ctl.ctl.desired.state.weight_version is None and ctl.ctl.desired.state.loras == {}
     assert ctl.ctl.desired.state.checkpoint is None
 
