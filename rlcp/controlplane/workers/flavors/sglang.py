@@ -134,6 +134,11 @@ class SglangDriver(
     _group: str | None = None  # the weight-update group this driver had the server join
     _session = False  # between this driver's begin_weight_update and end_weight_update
     _changed = False  # a chunk was sent in this session: the weights may differ from the version's
+    # The version of each adapter this driver loaded: SGLang keeps none. Reported as unknown, a
+    # desired adapter's version never matched, and the reconciler reloaded it (unload, then load)
+    # on every pass: the adapter was missing from SGLang for a moment each time (a full run under
+    # load read /v1/models in that moment). Replaced, never changed in place (a class default).
+    _lora_versions: dict[str, str | None] = {}
 
     async def status(self) -> WorkerStatus:
         info, loads, models = await asyncio.gather(
@@ -207,6 +212,7 @@ class SglangDriver(
             timeout_s=self.deadlines.weight_load_s,
             retry=False,
         )
+        self._lora_versions = self._lora_versions | {name: version}
 
     async def unload_lora(self, name: str) -> None:
         try:
@@ -214,6 +220,7 @@ class SglangDriver(
         except WorkerRejected as exc:
             if "not loaded" not in str(exc) and "not found" not in str(exc).lower():
                 raise  # an adapter SGLang does not hold: already unloaded, so idempotent success
+        self._lora_versions = {n: v for n, v in self._lora_versions.items() if n != name}
 
     async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
         # SGLang releases memory only with generation paused; level 2 (discard) has no SGLang
@@ -391,9 +398,15 @@ class SglangDriver(
         return answer
 
     def _loras(self, body: Any) -> dict[str, str | None]:
-        # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions.
+        # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions:
+        # each is the one this driver loaded it as, unknown for one it did not load (after the
+        # controller restarted, say: the reconciler then loads a desired one once more, and knows).
         cards = self.answer_field(body, "data", "GET /v1/models")
-        return {str(card["id"]): None for card in cards if isinstance(card, dict) and card.get("parent")}
+        return {
+            str(card["id"]): self._lora_versions.get(str(card["id"]))
+            for card in cards
+            if isinstance(card, dict) and card.get("parent")
+        }
 
 
 def group_problem(init_info: dict[str, Any]) -> tuple[str, str] | None:

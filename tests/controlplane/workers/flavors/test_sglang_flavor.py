@@ -10,14 +10,18 @@ shows up as a failure, not as silence (the `wire` and `session` fixtures: confte
 from __future__ import annotations
 
 import asyncio
+import functools
 
 import pytest
 
+from rlcp.controlplane.reconcile.plan import plan
 from rlcp.controlplane.workers.capabilities import capabilities
 from rlcp.controlplane.workers.flavors.sglang import UNNAMED_WEIGHTS
 from rlcp.controlplane.workers.transport import (
     WorkerRejected,
 )
+from rlcp.controlplane.workerspec import WorkerStatus
+from rlcp.core.wire.controller.desired import DesiredState, LoraSpec
 from rlcp.harness.http import free_port
 from tests.controlplane.workers.flavors.wire import BASE, make, sent
 
@@ -115,3 +119,31 @@ async def test_sglang_chunk_that_failed_ends_the_session_and_withdraws_the_old_v
     wire.get(f"{BASE}/v1/loads", payload={"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
     wire.get(f"{BASE}/v1/models", payload={"data": [{"id": "tiny", "parent": None}]})
     assert (await api.status()).weight_version is None
+
+
+async def test_an_adapter_is_reported_with_the_version_it_was_loaded_as_so_the_reconciler_leaves_it(session, wire):
+    """SGLang keeps no adapter versions. Reported as unknown, a desired adapter's version never
+    matched, and the reconciler reloaded it (unload, then load) on every pass; the driver reports
+    the version it loaded each adapter as, and forgets it on an unload."""
+    api = make("sglang", session)
+
+    async def status() -> WorkerStatus:
+        info = {"weight_version": "v1", "served_model_name": "tiny", "model_path": "/m/base"}
+        wire.get(f"{BASE}/model_info", payload=info)
+        wire.get(f"{BASE}/v1/loads", payload={"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
+        cards = [{"id": "tiny", "parent": None}, {"id": "sql", "parent": "tiny"}]
+        wire.get(f"{BASE}/v1/models", payload={"data": cards})
+        return await api.status()
+
+    desired = DesiredState(weight_version="v1", loras={"sql": LoraSpec(path="/w/sql", version="a1")})
+    plan_of = functools.partial(plan, desired, told_desired=None, tracks_desired=False, worker_id="w0")
+    unknown = await status()  # loaded by someone else (a controller before a restart): reloaded once
+    assert unknown.loras == {"sql": None} and [a.kind for a in plan_of(unknown)] == ["load_lora"]
+    wire.get(f"{BASE}/v1/models", payload={"data": [{"id": "tiny", "parent": None}]})
+    wire.post(f"{BASE}/load_lora_adapter", payload={"success": True, "message": "ok"})
+    await api.load_lora("sql", "/w/sql", "a1")
+    loaded = await status()
+    assert loaded.loras == {"sql": "a1"} and plan_of(loaded) == []
+    wire.post(f"{BASE}/unload_lora_adapter", payload={"success": True, "message": "ok"})
+    await api.unload_lora("sql")
+    assert (await status()).loras == {"sql": None}
