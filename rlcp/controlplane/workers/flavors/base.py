@@ -71,6 +71,39 @@ class DriverBase:
         return await self.transport.request(method, f"{self.engine_prefix}/{route}", json_body=body, retry=False)
 
 
+class AdapterVersions(DriverBase):
+    """The version this driver loaded each adapter as, for engines that keep none (stock vLLM,
+    SGLang). Both list adapters in `GET /v1/models` as cards with a `parent` (the base model) and
+    the path loaded as `root`. Reported as unknown, a versioned desired adapter never matched, and
+    the reconciler reloaded it on every pass (an adapter missing for a moment each time). A version
+    is named while the engine still shows the path this driver loaded; a restarted engine lists no
+    adapters, and one this driver did not load (the controller restarted) reads as unknown once and
+    is reloaded."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self._adapter_loads: dict[str, tuple[str, str | None]] = {}  # name -> (path, version)
+
+    def adapter_loaded(self, name: str, path: str, version: str | None) -> None:
+        self._adapter_loads[name] = (path, version)
+
+    def adapter_unloaded(self, name: str) -> None:
+        self._adapter_loads.pop(name, None)
+
+    def listed_adapters(self, models: Any) -> dict[str, str | None]:
+        """Adapter name -> version, from the engine's `GET /v1/models` answer."""
+        cards = self.answer_field(models, "data", "GET /v1/models")
+        return {
+            str(card["id"]): self._version(str(card["id"]), card.get("root"))
+            for card in cards
+            if isinstance(card, dict) and card.get("parent")
+        }
+
+    def _version(self, name: str, root: Any) -> str | None:
+        path, version = self._adapter_loads.get(name, (None, None))
+        return version if path is not None and path == root else None
+
+
 class VllmServerInfoRoute(DriverBase):
     """vLLM's dev route `GET /server_info?config_format=json` (the agent serves the same)."""
 

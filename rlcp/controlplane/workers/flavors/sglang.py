@@ -100,7 +100,7 @@ from rlcp.controlplane.workers.capabilities import (
     SleepMode,
     TransferWire,
 )
-from rlcp.controlplane.workers.flavors.base import DriverBase, SeparateUpdateCalls
+from rlcp.controlplane.workers.flavors.base import AdapterVersions, SeparateUpdateCalls
 from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected
 from rlcp.controlplane.workers.updates import DeclaredUpdate
 from rlcp.controlplane.workerspec import WorkerStatus
@@ -121,7 +121,7 @@ UNNAMED_WEIGHTS = "unnamed weights (rlcp)"
 
 @final
 class SglangDriver(
-    SeparateUpdateCalls, DriverBase, Control, DeclaredUpdate, DiskWeights, Lora, Sleep, PrefixCache, BroadcastPeer
+    AdapterVersions, SeparateUpdateCalls, Control, DeclaredUpdate, DiskWeights, Lora, Sleep, PrefixCache, BroadcastPeer
 ):
     """Speaks to one SGLang server (its HTTP port is both its admin and its inference URL)."""
 
@@ -134,11 +134,6 @@ class SglangDriver(
     _group: str | None = None  # the weight-update group this driver had the server join
     _session = False  # between this driver's begin_weight_update and end_weight_update
     _changed = False  # a chunk was sent in this session: the weights may differ from the version's
-    # The version of each adapter this driver loaded: SGLang keeps none. Reported as unknown, a
-    # desired adapter's version never matched, and the reconciler reloaded it (unload, then load)
-    # on every pass: the adapter was missing from SGLang for a moment each time (a full run under
-    # load read /v1/models in that moment). Replaced, never changed in place (a class default).
-    _lora_versions: dict[str, str | None] = {}
 
     async def status(self) -> WorkerStatus:
         info, loads, models = await asyncio.gather(
@@ -156,7 +151,7 @@ class SglangDriver(
             sleeping=self._asleep,
             weight_version=None if version is None or version == UNNAMED_WEIGHTS else str(version),
             requests=_counts(loads, self.spec.id),
-            loras=self._loras(models),
+            loras=self.listed_adapters(models),
             engine_alive=True,
             ready=True,
             model=self.spec.model or self._served_name or (None if renamed else str(served)),
@@ -203,7 +198,7 @@ class SglangDriver(
 
     async def load_lora(self, name: str, path: str, version: str | None, *, checksums: bool = False) -> None:
         # No checksums answered: SGLang has none per adapter (verified by the adapter's name listed).
-        loaded = self._loras(await self.transport.request("GET", "/v1/models"))
+        loaded = self.listed_adapters(await self.transport.request("GET", "/v1/models"))
         if name in loaded:  # SGLang refuses a name already loaded: a swap is unload, then load
             await self.unload_lora(name)
         await self._post(
@@ -212,7 +207,7 @@ class SglangDriver(
             timeout_s=self.deadlines.weight_load_s,
             retry=False,
         )
-        self._lora_versions = self._lora_versions | {name: version}
+        self.adapter_loaded(name, path, version)
 
     async def unload_lora(self, name: str) -> None:
         try:
@@ -220,7 +215,7 @@ class SglangDriver(
         except WorkerRejected as exc:
             if "not loaded" not in str(exc) and "not found" not in str(exc).lower():
                 raise  # an adapter SGLang does not hold: already unloaded, so idempotent success
-        self._lora_versions = {n: v for n, v in self._lora_versions.items() if n != name}
+        self.adapter_unloaded(name)
 
     async def sleep(self, level: int, mode: SleepMode, timeout_s: float) -> None:
         # SGLang releases memory only with generation paused; level 2 (discard) has no SGLang
@@ -396,17 +391,6 @@ class SglangDriver(
         if isinstance(answer, dict) and answer.get("success") is False:  # SGLang's refusals say so in the body
             raise WorkerRejected(self.spec.id, f"POST {path}: {answer.get('message') or 'success=false'}", status=200)
         return answer
-
-    def _loras(self, body: Any) -> dict[str, str | None]:
-        # SGLang lists each adapter as a card whose parent is the base model; it keeps no versions:
-        # each is the one this driver loaded it as, unknown for one it did not load (after the
-        # controller restarted, say: the reconciler then loads a desired one once more, and knows).
-        cards = self.answer_field(body, "data", "GET /v1/models")
-        return {
-            str(card["id"]): self._lora_versions.get(str(card["id"]))
-            for card in cards
-            if isinstance(card, dict) and card.get("parent")
-        }
 
 
 def group_problem(init_info: dict[str, Any]) -> tuple[str, str] | None:

@@ -58,6 +58,7 @@ from rlcp.controlplane.workers.capabilities import (
     Sleep,
 )
 from rlcp.controlplane.workers.flavors.base import (
+    AdapterVersions,
     SeparateUpdateCalls,
     VllmCacheRoutes,
     VllmServerInfoRoute,
@@ -72,6 +73,7 @@ from rlcp.core.wire.agent.control import PauseMode
 
 @final
 class VllmDriver(
+    AdapterVersions,
     VllmServerInfoRoute,
     SeparateUpdateCalls,
     VllmWeightTransferRoutes,
@@ -93,15 +95,6 @@ class VllmDriver(
 
     flavor = "vllm"
     loads_with_checksums = True  # its load hashes the new weights in the same step
-
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        # vLLM keeps no adapter versions; `/v1/models` shows each adapter's path as `root`.
-        # What this driver loaded (name -> (path, version)) names the version while the
-        # server still shows that path, so a versioned adapter reads as converged instead of
-        # being reloaded by the reconciler on every pass. A restarted server lists no
-        # adapters; a restarted controller sees None once and reloads (an in-place swap).
-        self._lora_loads: dict[str, tuple[str, str | None]] = {}
 
     async def status(self) -> WorkerStatus:
         reads = await asyncio.gather(
@@ -130,7 +123,7 @@ class VllmDriver(
             # way), so a paused server's sleep is unknown; a running one is certainly awake.
             sleeping=None if is_paused and is_sleeping else is_sleeping,
             weight_version=_str_or_none(self.answer_field(info, "weight_version", "GET /weight_info")),
-            loras=self._loras(models),
+            loras=self.listed_adapters(models),
             engine_alive=True,
             ready=True,  # stock vLLM has no desired-version gating
             world_size=int(self.answer_field(world, "world_size", "GET /get_world_size")),
@@ -199,13 +192,13 @@ class VllmDriver(
             json_body={"lora_name": name, "lora_path": path, "load_inplace": True},
             timeout_s=self.deadlines.weight_load_s,
         )
-        self._lora_loads[name] = (path, version)
+        self.adapter_loaded(name, path, version)
         # Prefix blocks are keyed by (name, path): a swap from the same path would reuse stale blocks.
         await self._reset_prefix_cache()
 
     async def unload_lora(self, name: str) -> None:
         # Frees the name only; the engine keeps the adapter (see the module docstring).
-        self._lora_loads.pop(name, None)
+        self.adapter_unloaded(name)
         try:
             await self.transport.request("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
         except WorkerRejected as exc:
@@ -232,19 +225,6 @@ class VllmDriver(
         # reset_running_requests preempts running requests so their KV is recomputed with the
         # new weights and the reset cannot fail on blocks they hold.
         await self.reset_prefix_cache(running=True, external=False)
-
-    def _loras(self, body: Any) -> dict[str, str | None]:
-        cards = self.answer_field(body, "data", "GET /v1/models")
-        # The base model's card has no parent; each adapter's parent is its base model.
-        return {
-            card["id"]: self._lora_version(card["id"], card.get("root"))
-            for card in cards
-            if isinstance(card, dict) and card.get("parent")
-        }
-
-    def _lora_version(self, name: str, root: Any) -> str | None:
-        path, version = self._lora_loads.get(name, (None, None))
-        return version if path is not None and path == root else None
 
 
 async def _nothing() -> None:

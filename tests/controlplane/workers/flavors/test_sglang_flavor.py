@@ -127,11 +127,12 @@ async def test_an_adapter_is_reported_with_the_version_it_was_loaded_as_so_the_r
     the version it loaded each adapter as, and forgets it on an unload."""
     api = make("sglang", session)
 
-    async def status() -> WorkerStatus:
+    async def status(root: str = "/w/sql") -> WorkerStatus:
         info = {"weight_version": "v1", "served_model_name": "tiny", "model_path": "/m/base"}
         wire.get(f"{BASE}/model_info", payload=info)
         wire.get(f"{BASE}/v1/loads", payload={"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]})
-        cards = [{"id": "tiny", "parent": None}, {"id": "sql", "parent": "tiny"}]
+        # SGLang's card of an adapter shows the path it was loaded from as `root`.
+        cards = [{"id": "tiny", "parent": None}, {"id": "sql", "parent": "tiny", "root": root}]
         wire.get(f"{BASE}/v1/models", payload={"data": cards})
         return await api.status()
 
@@ -144,6 +145,8 @@ async def test_an_adapter_is_reported_with_the_version_it_was_loaded_as_so_the_r
     await api.load_lora("sql", "/w/sql", "a1")
     loaded = await status()
     assert loaded.loras == {"sql": "a1"} and plan_of(loaded) == []
+    # Another path under that name (loaded by someone else since): not the version this driver loaded.
+    assert (await status(root="/w/other")).loras == {"sql": None}
     wire.post(f"{BASE}/unload_lora_adapter", payload={"success": True, "message": "ok"})
     await api.unload_lora("sql")
     assert (await status()).loras == {"sql": None}
