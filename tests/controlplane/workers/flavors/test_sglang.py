@@ -296,23 +296,27 @@ async def test_a_lora_load_serves_the_adapter_and_an_unload_removes_it(http, ser
         "POST", "/v1/rl/loras", {"name": "sql", "path": str(tiny_models["lora-11"]), "version": "a1"}
     )
     assert status == 200, result
-    status, body = await call(
-        http,
-        "POST",
-        server.url + "/generate",
-        timeout_s=120,
-        body={
-            "text": PROMPT,
-            "lora_path": "sql",
-            "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
-        },
-    )
-    assert status == 200, body
-    assert body["output_ids"] != refs[1]  # the adapter changes the greedy output
-    assert (await generate(http, server))[0] == refs[1]  # the base model's is unchanged
-    status, models = await call(http, "GET", server.url + "/v1/models")
-    assert "sql" in [c["id"] for c in models["data"]]
-    status, result = await ctl.call("DELETE", "/v1/rl/loras/sql")
+    try:
+        status, body = await call(
+            http,
+            "POST",
+            server.url + "/generate",
+            timeout_s=120,
+            body={
+                "text": PROMPT,
+                "lora_path": "sql",
+                "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+            },
+        )
+        assert status == 200, body
+        assert body["output_ids"] != refs[1]  # the adapter changes the greedy output
+        assert (await generate(http, server))[0] == refs[1]  # the base model's is unchanged
+        status, models = await call(http, "GET", server.url + "/v1/models")
+        assert "sql" in [c["id"] for c in models["data"]]
+    finally:
+        # Also when a check above failed: a desired adapter left behind puts the module's next
+        # tests on a fleet that is not converged (CI25: the sleep test then read serving False).
+        status, result = await ctl.call("DELETE", "/v1/rl/loras/sql")
     assert status == 200, result
     status, models = await call(http, "GET", server.url + "/v1/models")
     assert "sql" not in [c["id"] for c in models["data"]]
@@ -327,11 +331,11 @@ async def test_sleep_keeps_the_server_out_and_a_wake_returns_it_unchanged(http, 
     status, result = await ctl.call("POST", "/v1/rl/sleep", {"worker_ids": ["sglang-0"], "level": 1})
     assert status == 200, result
     asleep = ctl.worker(await ctl.state(), "sglang-0")
-    assert (asleep["sleeping"], asleep["serving"], asleep["paused"]) == (True, False, True)
+    assert (asleep["sleeping"], asleep["serving"], asleep["paused"]) == (True, False, True), asleep
     status, result = await ctl.call("POST", "/v1/rl/wake_up", {})
     assert status == 200, result
     woken = ctl.worker(await ctl.state(), "sglang-0")
-    assert (woken["sleeping"], woken["serving"], woken["paused"]) == (False, True, False)
+    assert (woken["sleeping"], woken["serving"], woken["paused"]) == (False, True, False), woken["not_ready_reason"]
     assert (await generate(http, server))[0] == refs[1]
     # The flush, through the guarded passthrough's driver call: with requests running it waits for
     # them (SGLang answers 400 without `timeout`), and the next answers are unchanged.
