@@ -42,6 +42,11 @@ TEST_WORKER_CALLS: dict[str, Any] = {
     "checkpoint_wait_s": 1,
     "deadline_grace_s": 1,
 }
+# The same, but a call waits for a live worker as long as it takes (the gateway's `STALE_VIEW`, 60 s),
+# for fleets whose tests need every live member read: with 2 s, a read of an in-process agent gave up
+# while the test's own loop was held 2.5 s (load 14), and the member looked gone. An agent that was
+# stopped still fails its calls at once (its port refuses them).
+PATIENT_WORKER_CALLS: dict[str, Any] = {**TEST_WORKER_CALLS, "timeout_s": 60}
 
 
 def controller_settings(tmp_path: Path, specs: list[dict[str, Any]], **overrides: Any) -> ControllerSettings:

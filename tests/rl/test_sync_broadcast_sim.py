@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 from rlcp.controlplane.workerspec import WorkerSpec
-from rlcp.harness.controller import CTL_TOKEN
+from rlcp.harness.controller import CTL_TOKEN, PATIENT_WORKER_CALLS
 from rlcp.harness.sim_trainer import sim_join
+from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.waiting import wait_for
 from rlcp.rl.sync import MAX_REFORMS, BroadcastSync, Pushed
 from tests.support.fleets import FleetShape, SimFleet
@@ -31,7 +32,16 @@ Change = Callable[[SimFleet], Awaitable[None]]
 
 @pytest.fixture
 def fleet_shape() -> FleetShape:
-    return FleetShape(agents=3, settings={"weight_transfer": {"init_timeout_s": 5, "chunk_timeout_s": 5}})
+    # Every test here needs each live member in the round it forms (CI25: w1's read gave up while the
+    # loop was held, the round was formed without it, and its kill mid-round failed nothing). The
+    # members it stops refuse their calls at once, so nothing waits the 60 s.
+    return FleetShape(
+        agents=3,
+        settings={
+            "workers": {"token": AGENT_TOKEN, **PATIENT_WORKER_CALLS},
+            "weight_transfer": {"init_timeout_s": 5, "chunk_timeout_s": 5},
+        },
+    )
 
 
 @pytest.fixture

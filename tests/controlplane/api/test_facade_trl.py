@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from rlcp.harness.controller import AUTH, TEST_WORKER_CALLS, start_controller
+from rlcp.harness.controller import AUTH, PATIENT_WORKER_CALLS, start_controller
 from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
@@ -20,11 +20,9 @@ CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "sh
 
 @pytest.fixture
 def fleet_shape() -> FleetShape:
-    # Status reads wait for a live agent as long as it takes: the TRL calls here are refused when
-    # every member's last read failed, and with the tests' 2 s a read of an in-process agent gave
-    # up while the test's loop was held 2.5 s (load 14: a full run with the fast lane beside it).
+    # The TRL calls here are refused when every member's last read failed (`PATIENT_WORKER_CALLS`).
     # The modules' tests of unread members start fleets of their own (`start_controller` below).
-    return FleetShape(agents=2, settings={"workers": {"token": AGENT_TOKEN, **TEST_WORKER_CALLS, "timeout_s": 60}})
+    return FleetShape(agents=2, settings={"workers": {"token": AGENT_TOKEN, **PATIENT_WORKER_CALLS}})
 
 
 async def _init(ctl) -> None:
