@@ -37,10 +37,11 @@ from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import load_settings as load_controller_settings
 from rlcp.core.openapi import MUTATING, OPENAPI_PATH
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
-from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, start_controller
+from rlcp.harness.controller import CTL_TOKEN, Ctl, controller_settings, start_controller
 from rlcp.harness.simfleet import TOKEN, start_fleet
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import SimFleet
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 REFUSED_ROUTES = {(method, path) for method, path, _ in REFUSED}
 
@@ -154,12 +155,12 @@ async def test_every_secured_controller_route_refuses_a_bad_token_and_touches_no
     ctl, agents = settled_fleet
     secured = [(m, p) for m, p, s in operations(controller_document(auth_reads=False)) if s]
     assert {m for m, _ in secured} == {"POST", "PUT", "DELETE"} and len(secured) >= 20
-    before = [list(a.touched) for a in agents]
     for method, path in secured:
         for name, headers in bad_headers(CTL_TOKEN).items():
-            status, body = await send(ctl.client, method, path, headers)
+            rid = fresh_request_id("bad-token")
+            status, body = await send(ctl.client, method, path, with_request_id(rid, headers))
             assert_401(status, body, (method, path, name))
-    assert [a.touched for a in agents] == before, "a request without the right token reached a worker"
+            assert_no_worker_touched(agents, rid, (method, path, name))
     desired = ctl.ctl.desired.state
     assert desired.weight_version is None and not desired.paused and desired.placement_replicas is None
 
@@ -396,30 +397,30 @@ def controller_path_requests(path: str) -> list[tuple[str, str, dict, str]]:
 
 async def test_controller_refuses_bad_paths_with_403_before_any_worker(settled_fleet, tmp_path):
     ctl, agents = settled_fleet
-    for n, (name, path) in enumerate(bad_paths(tmp_path).items()):
-        for i, (method, route, body, field) in enumerate(controller_path_requests(path)):
+    for name, path in bad_paths(tmp_path).items():
+        for method, route, body, field in controller_path_requests(path):
             # Each call's own request id, which the controller hands on to every worker call it makes
             # for it: what the reconciler does meanwhile is not this call's (after a status read that
             # timed out while the test's loop was held, it told both agents the desired version again).
-            rid = f"refused-path-{n}-{i}"  # a valid X-Request-ID (no spaces), else the controller mints one
-            status, resp = await ctl.call(method, route, body, headers={**AUTH, "X-Request-ID": rid})
+            rid = fresh_request_id("refused-path")
+            status, resp = await ctl.call(method, route, body, headers=with_request_id(rid))
             assert (status, resp["error"]["code"], resp["error"]["field"]) == (403, "path_forbidden", field), (
                 name,
                 route,
                 resp,
             )
-            assert [a.touched_by(rid) for a in agents] == [[], []], f"a refused path reached a worker: {route}"
+            assert_no_worker_touched(agents, rid, route)
     assert ctl.ctl.desired.state.weight_version is None and ctl.ctl.desired.state.loras == {}
     assert ctl.ctl.desired.state.checkpoint is None
 
 
 async def test_controller_refuses_a_nul_byte_in_a_path(settled_fleet, tmp_path):
     ctl, agents = settled_fleet
-    before = [list(a.touched) for a in agents]
     for method, route, body, field in controller_path_requests(f"{tmp_path}/ckpt\x00/x"):
-        status, resp = await ctl.call(method, route, body)
+        rid = fresh_request_id("nul-path")
+        status, resp = await ctl.call(method, route, body, headers=with_request_id(rid))
         assert (status, resp["error"]["field"]) == (400, field), (route, resp)
-    assert [a.touched for a in agents] == before
+        assert_no_worker_touched(agents, rid, route)
 
 
 async def test_agent_refuses_bad_paths_with_403_before_the_engine(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rlcp.harness.controller import AUTH
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,12 +28,13 @@ async def test_a_malformed_body_is_a_400_naming_body_and_touches_no_worker(sim_f
     ctl, agents = sim_fleet
     await ctl.wait_reachable()
     await ctl.wait_settled()
-    before = [list(a.touched) for a in agents]
     for name, data in _MALFORMED.items():
-        status, body = await ctl.call("POST", path, data=data, headers={**AUTH, "Content-Type": "application/json"})
+        rid = fresh_request_id("malformed")
+        headers = with_request_id(rid, {**AUTH, "Content-Type": "application/json"})
+        status, body = await ctl.call("POST", path, data=data, headers=headers)
         assert status == 400, (path, name, body)
         assert body["error"]["field"] == "body", (path, name, body)
-    assert [a.touched for a in agents] == before
+        assert_no_worker_touched(agents, rid, (path, name))
     assert all(not a.service.state().sleeping and not a.service.state().paused for a in agents)
 
 

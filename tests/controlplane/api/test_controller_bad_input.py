@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import start_controller
 from rlcp.harness.simfleet import start_fleet
 from rlcp.harness.waiting import wait_for
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,18 +59,16 @@ async def test_bad_input_touches_no_worker(tmp_path):
     ctl = await start_controller(tmp_path, agents)
     try:
         await wait_for(lambda: not any(ctl.ctl.reconciler.needs_work(r) for r in ctl.ctl.members()), what="settled")
-        # The reconciler stopped once settled: its own calls are not the rejected requests' (a loop
-        # stall on a loaded machine made both workers look unreachable for a moment, and it sent
-        # them their desired state again when they came back).
-        for task in asyncio.all_tasks():
-            if task.get_name() == "reconciler":
-                task.cancel()
-        before = [list(a.touched) for a in agents]
+        # Each request is judged by the worker calls that carried its own id: the reconciler's are
+        # not the rejected requests' (a loop stall on a loaded machine made both workers look
+        # unreachable for a moment, and it sent them their desired state again when they came back).
         for name, method, path, body, want, field in cases(str(tmp_path), str(ckpt)):
             data = body if isinstance(body, bytes) else None
-            status, resp = await ctl.call(method, path, None if data else body, data=data)
+            rid = fresh_request_id("bad-input")
+            status, resp = await ctl.call(method, path, None if data else body, data=data, headers=with_request_id(rid))
             assert status == want, (name, resp)
             assert resp["error"]["field"] == field and resp["error"]["message"], (name, resp)
+            assert_no_worker_touched(agents, rid, name)
         for method, path in [
             ("POST", "/v1/rl/update_weights"),
             ("POST", "/v1/rl/pause"),
@@ -80,9 +77,10 @@ async def test_bad_input_touches_no_worker(tmp_path):
             ("DELETE", "/v1/rl/loras/x"),
         ]:
             for headers in ({}, {"Authorization": "Bearer wrong"}):
-                status, resp = await ctl.call(method, path, {}, headers=headers)
+                rid = fresh_request_id("bad-token")
+                status, resp = await ctl.call(method, path, {}, headers=with_request_id(rid, headers))
                 assert status == 401 and resp["error"]["code"] == "unauthorized", (method, path)
-        assert [a.touched for a in agents] == before, "a rejected request reached a worker"
+                assert_no_worker_touched(agents, rid, (method, path, headers))
         assert ctl.ctl.desired.state.weight_version is None
         status, _ = await ctl.call("GET", "/v1/rl/state", headers={})
         assert status == 200

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import AUTH
 from rlcp.harness.faults import Fault
 from rlcp.harness.waiting import wait_for
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,15 +59,15 @@ async def test_facade_errors_are_never_200(sim_fleet, tmp_path):
     results = body["error"]["operation"]["results"]
     assert {r["worker_id"]: r["status"] for r in results} == {"w0": "error", "w1": "ok"}
     await ctl.wait_settled()  # the reconciler converges w0 (by the disk route): its touches, not the bad calls'
-    before = [list(a.touched) for a in agents]
     for payload, want, field in (
         ({}, 422, "weight_dir"),
         ({"weight_dir": "/etc"}, 403, "weight_dir"),
         ({"weight_dir": str(ckpt), "x": 1}, 422, "x"),
     ):
-        status, body = await ctl.call("POST", "/update_weights", payload)
+        rid = fresh_request_id("bad-update")
+        status, body = await ctl.call("POST", "/update_weights", payload, headers=with_request_id(rid))
         assert (status, body["error"]["field"]) == (want, field)
-    assert [a.touched for a in agents] == before
+        assert_no_worker_touched(agents, rid, payload)
     status, body = await ctl.call("POST", "/update_weights", {"weight_dir": str(ckpt)}, headers={})
     assert status == 401
     resp = await ctl.client.post("/init_weight_transfer_engine", json={}, headers=AUTH)
@@ -192,15 +191,15 @@ async def test_sleep_and_wake_through_the_facade_are_the_fleet_sleep(sim_fleet):
 )
 async def test_bad_sleep_wake_and_reset_queries_touch_no_worker(sim_fleet, path, field):
     ctl, agents = sim_fleet
-    rid = f"bad-query-{uuid.uuid4().hex}"
-    status, body = await ctl.call("POST", path, headers=AUTH | {"X-Request-ID": rid})
+    rid = fresh_request_id("bad-query")
+    status, body = await ctl.call("POST", path, headers=with_request_id(rid))
     assert status == 422 and body["error"]["field"] == field, body
     # What this request did, by its id: the reconciler may re-send a worker its desired state
     # meanwhile (a loop stall under load made a member look unreachable and come back).
-    assert [a.touched_by(rid) for a in agents] == [[] for _ in agents]
+    assert_no_worker_touched(agents, rid, path)
     # The check can fail: a request that is carried out is seen by its id.
-    rid = f"good-query-{uuid.uuid4().hex}"
-    assert (await ctl.call("POST", "/reset_prefix_cache", headers=AUTH | {"X-Request-ID": rid}))[0] == 200
+    rid = fresh_request_id("good-query")
+    assert (await ctl.call("POST", "/reset_prefix_cache", headers=with_request_id(rid)))[0] == 200
     assert all(a.touched_by(rid) for a in agents)
 
 
@@ -234,7 +233,6 @@ async def test_collective_rpc_reload_weights_is_the_verified_disk_update(sim_fle
     assert all(a.service.weight_version == "step-7" for a in agents)
     st = await ctl.state()
     assert st["applied"]["weight_version"] == "step-7" and st["applied"]["verified"] is True
-    before = [list(a.touched) for a in agents]
     for payload, want, field in (
         ({"method": "reload_weights", "kwargs": {"weights_path": "/etc"}}, 403, "kwargs.weights_path"),
         ({"method": "reload_weights"}, 422, "kwargs.weights_path"),
@@ -247,11 +245,12 @@ async def test_collective_rpc_reload_weights_is_the_verified_disk_update(sim_fle
         ({"method": "execute_model"}, 501, "method"),
         ({"method": "start_draft_weight_update"}, 501, "method"),
     ):
-        status, body = await ctl.call("POST", "/collective_rpc", payload)
+        rid = fresh_request_id("bad-rpc")
+        status, body = await ctl.call("POST", "/collective_rpc", payload, headers=with_request_id(rid))
         assert (status, body["error"]["field"]) == (want, field), (payload, body)
         if want == 501:
             assert repr(payload["method"]) in body["error"]["message"], body
-    assert [a.touched for a in agents] == before
+        assert_no_worker_touched(agents, rid, payload)
 
 
 async def test_collective_rpc_weight_protocol_is_the_fleet_broadcast(sim_fleet):

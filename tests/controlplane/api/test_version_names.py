@@ -13,6 +13,7 @@ import pytest
 from rlcp.harness.checkpoints import write_adapter, write_checkpoint
 from rlcp.harness.controller import update_body
 from rlcp.harness.waiting import wait_for
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,20 +67,22 @@ async def test_a_bad_version_name_is_a_422_naming_the_field_on_every_route_and_t
         lambda: gateway.router.table().desired == "v1" and len(gateway.router.table().routes) == 2,
         what="the fence at v1",
     )
-    before = [list(a.touched) for a in agents]
     tried = 0
     for path, body, field in version_routes(ckpt, adapter):
         for name in BAD_NAMES:
-            status, resp = await ctl.call("POST", path, body(name))
+            rid = fresh_request_id("bad-version")
+            status, resp = await ctl.call("POST", path, body(name), headers=with_request_id(rid))
             tried += 1
             assert status == 422, (path, name, resp)
             assert resp["error"]["field"] == field and resp["error"]["code"] == "validation_error", (path, resp)
+            assert_no_worker_touched(agents, rid, (path, name))
     # The facade's disk update names the weights after their directory when no version is given:
     # a directory whose name is no version name is the directory's fault.
     odd = write_checkpoint(tmp_path / "step\u00017", 1)
-    status, resp = await ctl.call("POST", "/update_weights", {"weight_dir": str(odd)})
+    rid = fresh_request_id("bad-version")
+    status, resp = await ctl.call("POST", "/update_weights", {"weight_dir": str(odd)}, headers=with_request_id(rid))
     assert status == 422 and resp["error"]["field"] == "weight_dir", resp
-    assert [a.touched for a in agents] == before, "a rejected version name reached a worker"
+    assert_no_worker_touched(agents, rid, odd)
     assert tried == len(BAD_NAMES) * 6
     state = await ctl.state()
     assert state["desired"]["weight_version"] == "v1" and state["desired"]["applied_versions"] == ["v1"]

@@ -19,26 +19,20 @@ from rlcp.harness.controller import start_controller, update_body
 from rlcp.harness.http import bearer, call
 from rlcp.harness.simfleet import TOKEN, SimAgent, start_fleet
 from rlcp.harness.waiting import LoopStalls, wait_for
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
-
-MUTATING_AGENT_CALLS = (
-    "POST /v1/agent/prepare",
-    "POST /pause",
-    "POST /v1/agent/weights/disk",
-    "PUT /v1/agent/desired",
-    "POST /v1/agent/weights/update",
-)
 
 
 async def settled(ctl) -> None:
     await wait_for(lambda: not any(ctl.ctl.reconciler.needs_work(r) for r in ctl.ctl.members()), what="settled")
 
 
-def assert_untouched(agents, before) -> None:
-    for a, was in zip(agents, before, strict=True):
-        new = a.touched[len(was) :]
-        assert not any(c in MUTATING_AGENT_CALLS for c in new), (a.agent_id, new)
+def assert_untouched(agents, rid: str, what: object = "") -> None:
+    """The request `rid` told, paused or loaded none of `agents` (judged by the calls that carried
+    its id: the reconciler's meanwhile are not its own), and none is paused."""
+    assert_no_worker_touched(agents, rid, what)
+    for a in agents:
         assert not a.service.paused, a.agent_id
 
 
@@ -51,7 +45,6 @@ async def test_a_checkpoint_no_worker_can_load_is_a_422_with_nothing_touched(tmp
         )
         assert status == 200, result
         await settled(ctl)
-        before = [list(a.touched) for a in agents]
         sharded = write_checkpoint(tmp_path / "sharded", 2)
         (sharded / "model.safetensors.index.json").write_text(
             json.dumps(
@@ -64,9 +57,12 @@ async def test_a_checkpoint_no_worker_can_load_is_a_422_with_nothing_touched(tmp
             ("a shard not copied yet", sharded),
         ]
         for name, path in cases:
+            rid = fresh_request_id("unloadable")
             async with LoopStalls() as stalls:
                 t0 = time.monotonic()
-                status, resp = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", path))
+                status, resp = await ctl.call(
+                    "POST", "/v1/rl/update_weights", update_body("v2", path), headers=with_request_id(rid)
+                )
                 waited, stalled = time.monotonic() - t0, stalls.s
             assert status == 422, (name, resp)
             err = resp["error"]
@@ -74,10 +70,14 @@ async def test_a_checkpoint_no_worker_can_load_is_a_422_with_nothing_touched(tmp
             assert set(err["workers"]) == {"w0", "w1", "w2"} and "nothing was touched" in err["message"], err
             # Less the time the loop could not run (as in the late-checkpoint test below).
             assert waited - stalled < 5, ("waited far past checkpoint_wait_s", waited, stalled)
+            assert_untouched(agents, rid, name)
         # The vLLM-shaped route answers the same, naming its own field.
-        status, resp = await ctl.call("POST", "/update_weights", {"weight_dir": str(tmp_path / "does-not-exist")})
+        rid = fresh_request_id("unloadable")
+        status, resp = await ctl.call(
+            "POST", "/update_weights", {"weight_dir": str(tmp_path / "does-not-exist")}, headers=with_request_id(rid)
+        )
         assert status == 422 and resp["error"]["field"] == "weight_dir", resp
-        assert_untouched(agents, before)
+        assert_untouched(agents, rid, "/update_weights")
         state = await ctl.state()
         assert state["desired"]["weight_version"] == "v1" and state["desired"]["weight_source"]["path"].endswith("v1")
         assert all(w["serving"] and w["weight_version"] == "v1" and not w["paused"] for w in state["workers"])
@@ -96,9 +96,12 @@ async def test_a_checkpoint_some_workers_cannot_load_leaves_them_out_unharmed(tm
     ctl = await start_controller(tmp_path, agents)
     try:
         await settled(ctl)
-        before = [list(a.touched) for a in agents]
+        rid = fresh_request_id("partly-loadable")
         status, result = await ctl.call(
-            "POST", "/v1/rl/update_weights", update_body("v1", write_checkpoint(tmp_path / "v1", 1))
+            "POST",
+            "/v1/rl/update_weights",
+            update_body("v1", write_checkpoint(tmp_path / "v1", 1)),
+            headers=with_request_id(rid),
         )
         assert status == 207, result
         by_id = {r["worker_id"]: r for r in result["results"]}
@@ -106,8 +109,10 @@ async def test_a_checkpoint_some_workers_cannot_load_leaves_them_out_unharmed(tm
         assert by_id["w2"]["code"] == "path_forbidden" and "outside the allowed roots" in by_id["w2"]["message"]
         assert by_id["w0"]["status"] == by_id["w1"]["status"] == "ok", result
         assert result["detail"]["checkpoint_refused"] == ["w2"]
-        # w2 was never told, paused or loaded: it is where it was, running.
-        assert_untouched(agents[2:], before[2:])
+        # w2 was never told, paused or loaded: it is where it was, running (the others were, by
+        # calls carrying this request's id, as w2 would have been).
+        assert_untouched(agents[2:], rid, "w2")
+        assert all(a.touched_by(rid) for a in agents[:2]), [a.touched_by(rid) for a in agents]
         assert agents[2].engine.served_version == "default" and agents[2].service.desired_weight_version is None
         assert all(a.engine.served_version == "v1" and not a.service.paused for a in agents[:2])
         state = await ctl.state()
@@ -151,16 +156,18 @@ async def test_a_checkpoint_that_appears_a_moment_late_is_waited_for(tmp_path):
         assert time.monotonic() > shown_at and shown_at - t0 >= 0.8
         assert all(a.engine.served_version == "v1" for a in agents)
         # Never there within the wait: refused once the wait is over, nothing touched.
-        before = [list(a.touched) for a in agents]
+        rid = fresh_request_id("never-there")
         async with LoopStalls() as stalls:  # the controller runs in this loop
             t0 = time.monotonic()
-            status, resp = await ctl.call("POST", "/v1/rl/update_weights", update_body("v2", tmp_path / "never"))
+            status, resp = await ctl.call(
+                "POST", "/v1/rl/update_weights", update_body("v2", tmp_path / "never"), headers=with_request_id(rid)
+            )
             waited, stalled = time.monotonic() - t0, stalls.s
         assert status == 422 and resp["error"]["code"] == "checkpoint_unavailable", resp
         # It looked for the whole wait (2 s less a retry's tick), and stopped after it: the time
         # the loop could not run at all (a loaded machine blocked it 4.1 s once) is no one's wait.
         assert waited >= 1.75 and waited - stalled < 5, (waited, stalled)
-        assert_untouched(agents, before)
+        assert_untouched(agents, rid)
     finally:
         await ctl.client.close()
         for a in agents:
@@ -230,18 +237,22 @@ async def test_an_adapter_no_worker_can_load_is_a_422_and_never_desired(tmp_path
         await settled(ctl)
         linked = write_adapter(tmp_path / "linked-adapter")
         (linked / "adapter_model.safetensors").symlink_to("/etc/hostname")  # a file out of the roots
-        before = [list(a.touched) for a in agents]
         for body, field in (
             ({"name": "a", "path": str(linked)}, "path"),
             ({"name": "a", "path": str(tmp_path / "no-such-adapter")}, "path"),
             ({"name": "a", "path": str(write_checkpoint(tmp_path / "weights-not-adapter", 1))}, "path"),
         ):
-            status, resp = await ctl.call("POST", "/v1/rl/loras", body)
+            rid = fresh_request_id("unloadable-adapter")
+            status, resp = await ctl.call("POST", "/v1/rl/loras", body, headers=with_request_id(rid))
             assert status == 422 and resp["error"]["code"] == "checkpoint_unavailable", resp
             assert resp["error"]["field"] == field and set(resp["error"]["workers"]) == {"w0", "w1"}, resp
-        status, resp = await ctl.call("POST", "/load_lora_adapter", {"lora_name": "a", "lora_path": str(linked)})
+            assert_no_worker_touched(agents, rid, body)
+        rid = fresh_request_id("unloadable-adapter")
+        status, resp = await ctl.call(
+            "POST", "/load_lora_adapter", {"lora_name": "a", "lora_path": str(linked)}, headers=with_request_id(rid)
+        )
         assert status == 422 and resp["error"]["field"] == "lora_path", resp
-        assert [a.touched for a in agents] == before
+        assert_no_worker_touched(agents, rid, "/load_lora_adapter")
         assert (await ctl.state())["desired"]["loras"] == {}
         assert not ctl.ctl.desired.state.loras
     finally:

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from rlcp.harness.checkpoints import write_adapter
-from rlcp.harness.controller import Ctl, start_controller
+from rlcp.harness.controller import AUTH, Ctl, start_controller
 from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,9 +44,9 @@ def _held(agents: list[SimAgent]) -> list[list[str]]:
     return [sorted(lo.name for lo in a.service.state().loras) for a in agents]
 
 
-async def _load(ctl: Ctl, name: str, root: Path) -> tuple[int, Any]:
+async def _load(ctl: Ctl, name: str, root: Path, headers: dict[str, str] = AUTH) -> tuple[int, Any]:
     adapter = write_adapter(root / name)
-    return await ctl.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter)})
+    return await ctl.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(adapter)}, headers)
 
 
 async def _serving(ctl: Ctl) -> list[str]:
@@ -77,11 +78,11 @@ async def test_a_load_past_max_loras_is_refused_before_any_call_naming_the_limit
     ctl, agents = lora_fleet
     assert (await _load(ctl, "a", tmp_path))[0] == 200
     assert (await _load(ctl, "b", tmp_path))[0] == 200
-    before = [list(a.touched) for a in agents]
-    status, body = await _load(ctl, "c", tmp_path)
+    rid = fresh_request_id("past-max-loras")
+    status, body = await _load(ctl, "c", tmp_path, with_request_id(rid))
     assert status == 409 and body["error"]["field"] == "lora_name", body
     assert "max_loras=2" in body["error"]["message"], body
-    assert [a.touched for a in agents] == before
+    assert_no_worker_touched(agents, rid)
     assert _held(agents) == [["a", "b"]] * 2
     # A new version of a name already held takes no more room.
     assert (await _load(ctl, "b", tmp_path))[0] == 200
@@ -90,11 +91,11 @@ async def test_a_load_past_max_loras_is_refused_before_any_call_naming_the_limit
 @pytest.mark.parametrize("lora_fleet", [{"enable_lora": False}], indirect=True)
 async def test_a_load_on_a_fleet_without_lora_is_a_4xx_before_any_call(lora_fleet, tmp_path):
     ctl, agents = lora_fleet
-    before = [list(a.touched) for a in agents]
-    status, body = await _load(ctl, "policy-v1", tmp_path)
+    rid = fresh_request_id("lora-off")
+    status, body = await _load(ctl, "policy-v1", tmp_path, with_request_id(rid))
     assert status == 409, body
     assert "without LoRA" in body["error"]["message"] and sorted(body["error"]["workers"]) == ["w0", "w1"], body
-    assert [a.touched for a in agents] == before
+    assert_no_worker_touched(agents, rid)
     state = await ctl.state()
     assert state["desired"]["loras"] == {} and await _serving(ctl) == ["w0", "w1"]
 
