@@ -13,6 +13,7 @@ from rlcp.harness.simfleet import TOKEN as AGENT_TOKEN
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import FleetShape
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}
@@ -119,10 +120,10 @@ async def test_a_named_finish_keeps_its_name_and_minting_skips_names_taken(sim_f
 async def test_a_start_body_the_fleet_cannot_honour_is_refused_before_any_worker(sim_fleet, start_body, field):
     ctl, agents = sim_fleet
     await _init(ctl)
-    touched = [list(a.touched) for a in agents]
-    status, body = await ctl.call("POST", "/start_weight_update", start_body)
+    rid = fresh_request_id("refused-start")
+    status, body = await ctl.call("POST", "/start_weight_update", start_body, headers=with_request_id(rid))
     assert (status, body["error"]["field"]) == (422, field), body
-    assert [a.touched for a in agents] == touched
+    assert_no_worker_touched(agents, rid, start_body)
 
 
 # -- GET /server_info -------------------------------------------------------------------------

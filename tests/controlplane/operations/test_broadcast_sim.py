@@ -19,6 +19,7 @@ from rlcp.harness.faults import Fault
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.waiting import wait_for
 from tests.support.fleets import Labelled
+from tests.support.touches import assert_no_worker_touched, fresh_request_id, with_request_id
 
 pytestmark = pytest.mark.timeout(120)
 CHUNK = {"names": ["model.embed_tokens.weight"], "dtype_names": ["float32"], "shapes": [[8, 4]]}
@@ -103,23 +104,27 @@ async def test_a_broadcast_cycle_assigns_ranks_pauses_updates_and_resumes(broadc
 
 async def test_bad_init_is_refused_before_any_worker_is_touched(broadcast_fleet):
     ctl, agents, _ = broadcast_fleet
-    touched = [list(a.touched) for a in agents]  # the reconciler's first pass, before the test
-    for init_info, field in (
-        ({"world_size": 4}, "init_info.world_size"),
-        ({}, "init_info.world_size"),
-        ({"world_size": "5"}, "init_info.world_size"),
-    ):
-        status, body = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init_info": init_info})
-        assert (status, body["error"]["field"]) == (422, field), body
-        assert "must be 5" in body["error"]["message"] or field != "init_info.world_size"
-    status, body = await ctl.call("POST", "/v1/rl/weight_transfer/init", {"init": {}})
-    assert status == 422 and body["error"]["field"] == "init_info"
-    # Calls out of order are 409s naming what to do first.
-    status, body = await ctl.call("POST", "/v1/rl/weight_transfer/start")
-    assert status == 409 and "init_weight_transfer_engine first" in body["error"]["message"]
-    status, body = await ctl.call("POST", "/v1/rl/weight_transfer/update", {"update_info": CHUNK})
-    assert status == 409 and "start_weight_update first" in body["error"]["message"]
-    assert [a.touched for a in agents] == touched
+    # Each refused call is judged by the worker calls that carried its own request id: what the
+    # reconciler does meanwhile (after a status read that gave up under load) is not its doing.
+    calls = [
+        ({"init_info": {"world_size": 4}}, "/v1/rl/weight_transfer/init", 422, "init_info.world_size"),
+        ({"init_info": {}}, "/v1/rl/weight_transfer/init", 422, "init_info.world_size"),
+        ({"init_info": {"world_size": "5"}}, "/v1/rl/weight_transfer/init", 422, "init_info.world_size"),
+        ({"init": {}}, "/v1/rl/weight_transfer/init", 422, "init_info"),
+        # Calls out of order are 409s naming what to do first.
+        (None, "/v1/rl/weight_transfer/start", 409, "init_weight_transfer_engine first"),
+        ({"update_info": CHUNK}, "/v1/rl/weight_transfer/update", 409, "start_weight_update first"),
+    ]
+    for body, path, code, says in calls:
+        rid = fresh_request_id("refused-transfer")
+        status, answer = await ctl.call("POST", path, body, headers=with_request_id(rid))
+        assert status == code, (path, answer)
+        if code == 422:
+            assert answer["error"]["field"] == says, answer
+            assert "must be 5" in answer["error"]["message"] or says != "init_info.world_size"
+        else:
+            assert says in answer["error"]["message"], answer
+        assert_no_worker_touched(agents, rid, (path, body))
 
 
 async def test_an_open_update_excludes_other_operations_and_the_reconciler(broadcast_fleet):
