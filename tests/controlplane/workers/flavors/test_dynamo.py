@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 import urllib.request
 from typing import Any
 
@@ -32,7 +31,7 @@ from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, u
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.http import call
 from rlcp.harness.processes import stop_all
-from rlcp.harness.waiting import wait_for
+from rlcp.harness.waiting import wait_for, wait_for_sync
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -65,11 +64,12 @@ def dynamo(tiny_models, tmp_path_factory):
             with urllib.request.urlopen(frontend.listing_url, timeout=5) as resp:
                 return list(json.loads(resp.read())["workers"])
 
-        deadline = time.monotonic() + 60
-        while not listed():  # a sync fixture: no loop to wait on here
-            assert time.monotonic() < deadline, "the frontend never listed the worker"
-            time.sleep(0.5)
-        yield Dynamo(worker, frontend, int(listed()[0]["instance_id"]))
+        # Until the frontend lists the worker (it does once the worker has registered); a child that
+        # died ends the wait at once, and only a hang meets the guard.
+        first = wait_for_sync(
+            listed, 300, "the frontend listing the worker", interval_s=0.5, watching=[worker, frontend]
+        )
+        yield Dynamo(worker, frontend, int(first[0]["instance_id"]))
     finally:
         stop_all([frontend, worker])
 
