@@ -21,36 +21,39 @@ fi
 pytest=(.venv/bin/python -m pytest -q -p no:cacheprovider)
 if [ $# -eq 0 ]; then
   # The whole suite, in three parts; all of them run, and any failing fails the command.
-  # 1. Tests marked `alone`, in a pytest process of their own: their premise is timing (the
-  #    test process reads two engines' streams fast enough to pause them mid-way), and in one
-  #    long process, after ~900 tests, its event loop was seen blocked 0.3 to 4.7 s at a time.
-  # 2. The tests that start real engines (vLLM, SGLang, Dynamo), in one process: they share the
+  # 1. The tests that start real engines (vLLM, SGLang, Dynamo), in one process: they share the
   #    session's engines (tests/conftest.py), and two cores run two engines at a time at most.
   #    Beside it, in the background (the two cores are busy from end to end either way; the
   #    engine part in two processes was no faster, and ran at a load of 27):
-  # 3. the rest in two processes (they mostly wait on sockets and child processes; the image
+  # 2. the rest in two processes (they mostly wait on sockets and child processes; the image
   #    builds are among them, on one of the two), then the API fuzzing (tests/fuzz/api) in two
   #    processes of its own, with xdist's plain `--dist load`: schemathesis' items share one node
   #    id per test function, and the rest's `--dist loadgroup` would run one operation of each and
   #    drop the others. Its closing checks add up the cases of both workers (tests/fuzz/api/reach.py).
   #    Beside four other test processes it failed, so it waits for the rest.
+  # 3. Then, still beside the engine part's last modules, the tests marked `alone`, in a pytest
+  #    process of their own: their premise is timing (the test process reads two engines' streams
+  #    fast enough to pause them mid-way), and in one long process, after ~900 tests, its event
+  #    loop was seen blocked 0.3 to 4.7 s at a time. Run first, before everything else, they left
+  #    most of a core idle for ~200 s; last, they fill the engine part's tail, where it runs one
+  #    engine at a time.
   rc=0
   fuzz_api=tests/fuzz/api
   rest="not alone and not vllm and not sglang"
   # The parts that start engines leave the API fuzzing out of their collection (no test of it
   # starts one; building its schemathesis items costs every collecting process ~5 CPU-s).
-  "${pytest[@]}" -m alone --ignore "$fuzz_api" --durations=5 || rc=$?
   logs=$(mktemp -d)
   (
     brc=0
     "${pytest[@]}" -n 2 --dist loadgroup -m "$rest" --ignore "$fuzz_api" --durations=10 >"$logs/rest" 2>&1 || brc=$?
     "${pytest[@]}" -n 2 --dist load -m "$rest" "$fuzz_api" >"$logs/fuzz-api" 2>&1 || brc=$?
+    "${pytest[@]}" -m alone --ignore "$fuzz_api" --durations=5 >"$logs/alone" 2>&1 || brc=$?
     exit $brc
   ) &
   background=$!
   "${pytest[@]}" -m "not alone and (vllm or sglang)" --ignore "$fuzz_api" --durations=25 || rc=$?
   wait "$background" || rc=$?
-  for part in rest fuzz-api; do
+  for part in rest fuzz-api alone; do
     echo "=== $part"
     cat "$logs/$part"
   done
