@@ -18,6 +18,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_f
 
 from rlcp.controlplane.workers.capabilities import Can, Driver, implements
 from rlcp.controlplane.workers.transport import WorkerCallError, WorkerRejected, WorkerTimeout
+from rlcp.core import deadline
 from rlcp.core.wire.controller.operations import ResultStatus, WorkerResult
 
 log = structlog.get_logger("rlcp.controlplane.workers.fanout")
@@ -119,7 +120,7 @@ class FanOut:
             code: str | None = None
             refused_with: int | None = None
             try:
-                async with asyncio.timeout(deadline_s):
+                async with deadline.timeout(deadline_s):  # not counting time this process's loop was held
                     value = await fn(driver)
             except TimeoutError:
                 status, message, code = "timeout", f"{phase} did not finish within {deadline_s:g}s", "timeout"

@@ -40,6 +40,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential_jitter
 
+from rlcp.core import deadline
 from rlcp.core.tracing import outgoing_headers
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -159,12 +160,13 @@ class WorkerTransport:
     async def _once(
         self, method: str, path: str, json_body: Any, params: dict[str, Any] | None, timeout_s: float | None
     ) -> Any:
-        deadline = timeout_s if timeout_s is not None else self.policy.timeout_s
+        limit_s = timeout_s if timeout_s is not None else self.policy.timeout_s
         try:
-            async with asyncio.timeout(deadline):
+            # Time this process's loop was held is not counted against the worker (`rlcp.core.deadline`).
+            async with deadline.timeout(limit_s):
                 status, body, text = await self.exchange(method, path, json_body, params)
         except TimeoutError as exc:
-            raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {deadline:g}s") from exc
+            raise WorkerTimeout(self.worker_id, f"{method} {path} did not answer within {limit_s:g}s") from exc
         if status >= 400:
             raise WorkerRejected(
                 self.worker_id,
