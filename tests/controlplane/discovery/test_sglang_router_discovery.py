@@ -7,7 +7,7 @@ slime and Miles register each SGLang server they start with their router
 then `DELETE /workers/{id}`): this test does the same through the router's own routes. The
 workers are small aiohttp stand-ins for SGLang servers, answering only what the router reads
 when a worker is added (`/health`, `/server_info`, `/model_info`); nothing here claims anything
-of SGLang's server itself (tests/controlplane/workers/flavors/test_sglang.py runs it). Checked: the controller's
+of SGLang's server itself (tests/controlplane/workers/flavors/sglang/ runs it). Checked: the controller's
 discovery finds both workers as members of flavor `sglang` (URL as id, admin and inference URL,
 TP size as `world_size`, the router's model id); a worker removed from the router leaves the
 membership; a router that stops answering keeps the last membership, and a poll of it fails with

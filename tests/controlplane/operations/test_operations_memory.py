@@ -246,8 +246,8 @@ async def test_a_broadcast_init_sglang_cannot_take_is_a_422_naming_the_key_befor
 class _SglangDouble:
     """SGLang's weight-update routes as its server answers them (`{"success": true}`), noting every
     call: behind the `sglang` driver through `MemoryTransport`. What the driver sends and how the
-    real server answers are checked in tests/controlplane/workers/flavors/ (test_adminapi_flavors.py,
-    test_sglang.py)."""
+    real server answers are checked in tests/controlplane/workers/flavors/ (test_sglang_flavor.py, the wire;
+    sglang/, the server)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []

@@ -1,7 +1,7 @@
 """The `sglang` flavor: SGLang's own server (`python -m sglang.launch_server`), as slime, Miles,
 AReaL, SkyRL and verl's SGLang rollouts run it. Contracts read from SGLang 0.5.23's
 `srt/entrypoints/http_server.py` and `srt/managers/io_struct.py`, and checked against the running
-server in tests/controlplane/workers/flavors/test_sglang.py.
+server in tests/controlplane/workers/flavors/sglang/.
 
 SGLang's RL surface, and what this driver does about each of its traps (none may reach the trainer):
 
