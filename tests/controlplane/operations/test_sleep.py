@@ -7,7 +7,7 @@ named with why. Bad input and a flavor without sleep mode are refused before any
 
 SimEngine follows vLLM's accelerator builds here (level 2 loses the weights); what vLLM's CPU
 build does with sleep is tests/e2e/test_controller_vllm.py's and
-tests/controlplane/workers/flavors/test_vllm_serve.py's business."""
+tests/controlplane/workers/flavors/vllm_serve/test_vllm_serve.py's business."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The `vllm` driver on the wire, for the fault shapes a stock `vllm serve` cannot be made to
 produce on demand (a dead engine core behind a live API server, slow answers, a refused cache
 reset, an older vLLM) and the rounds of its disk update. Everything the server does produce is
-tested against two real servers in test_vllm_serve.py.
+tested against two real servers in vllm_serve/.
 
 aioresponses stands in for the workers; the session, HttpTransport and tenacity are real.
 An unmocked request fails as a connection error, so a call a flavor should not make
@@ -23,7 +23,7 @@ from tests.controlplane.workers.flavors.wire import BASE, make, sent, slow
 # -- vllm ----------------------------------------------------------------------------------
 # Only fault shapes a stock `vllm serve` cannot be made to produce on demand (a 503 from a dead
 # engine core behind a live API server, slow answers, a refused cache reset, an older vLLM).
-# Everything it does produce is tested against two real servers in test_vllm_serve.py, beside this file.
+# Everything it does produce is tested against two real servers in vllm_serve/. beside this file.
 MODELS = {
     "object": "list",
     "data": [
