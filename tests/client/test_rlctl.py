@@ -14,7 +14,9 @@ from rlcp.harness.controller import AUTH, CTL_TOKEN, rlctl
 from rlcp.harness.faults import Fault
 from rlcp.harness.http import free_port
 
-pytestmark = pytest.mark.timeout(120)
+# A guard against a hang only: a test here runs rlctl as a process up to seven times, each importing
+# the client; beside a full run at load ~20 one test took past 120 s (the fast lane beside CI28).
+pytestmark = pytest.mark.timeout(900)
 
 
 async def test_state_table_json_and_yaml(sim_fleet):

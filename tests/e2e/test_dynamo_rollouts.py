@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +38,7 @@ from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.http import call
 from rlcp.harness.processes import stop_all
-from rlcp.harness.waiting import wait_for, wait_for_sync
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 PROMPTS = [[5, 17, 42, 99, 7], [200, 3, 64, 12], [77, 78, 79, 80, 81, 82], [11, 300, 250]]
@@ -85,23 +84,10 @@ def fleet(tiny_models, tmp_path_factory):
             child.spawn()
         for child in (*workers, frontend):
             child.wait_ready()
-        # Until the frontend lists both workers; a child that died ends the wait at once, and only a
-        # hang meets the guard.
-        wait_for_sync(
-            lambda: len(_listing_now(frontend)) >= 2,
-            300,
-            "the frontend listing both workers",
-            interval_s=0.5,
-            watching=[*workers, frontend],
-        )
+        frontend.wait_serving(workers, "tiny")
         yield workers, frontend
     finally:
         stop_all([frontend, *workers])
-
-
-def _listing_now(frontend: DynamoFrontendProcess) -> list[dict]:
-    with urllib.request.urlopen(frontend.listing_url, timeout=5) as resp:
-        return list(json.loads(resp.read())["workers"])
 
 
 @pytest.fixture

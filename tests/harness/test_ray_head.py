@@ -50,7 +50,10 @@ def test_a_taken_port_is_retried_and_a_dead_dashboard_is_named_with_its_logs(
         head.start()
         taken = squatter.getsockname()[1]
         squatter.close()
-        assert len(calls) == 2 and len(head.failed_starts) == 1, head.failed_starts
+        # The first start meets the squatted port and is retried on other ports. Another process may
+        # take a port of a later range too (two runs' Ray heads beside each other at load ~15: a
+        # second retry); each failed start is one more range, and the last one started.
+        assert len(calls) == len(head.failed_starts) + 1 >= 2, head.failed_starts
         assert raycluster.ADDRESS_IN_USE in head.failed_starts[0], head.failed_starts[0]
         assert "runtime_env_agent" in head.failed_starts[0], head.failed_starts[0]
         assert head.ports["runtime-env-agent-port"] != taken

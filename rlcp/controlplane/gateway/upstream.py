@@ -47,6 +47,8 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict
 
+from rlcp.core.deadline import timeout as running_timeout
+
 STREAM_TYPE = "text/event-stream"
 _HIGH_WATER = 1 << 16  # a stream's unread bytes before the worker's socket is paused
 _ONE_WRITE = 1 << 16  # a body up to this size goes out in the same write as the head
@@ -358,7 +360,9 @@ class UpstreamPool:
     async def _connect(self, loop: asyncio.AbstractEventLoop, origin: _Origin, deadline: float) -> _Conn:
         budget = min(self.connect_s, deadline - loop.time())
         try:
-            async with asyncio.timeout(budget):
+            # A loopback connect is done in the kernel at once: a loop held past the budget (a GC
+            # pause, a loaded machine) must not fail a worker that accepted (`rlcp.core.deadline`).
+            async with running_timeout(budget):
                 _, conn = await loop.create_connection(
                     partial(_Conn, loop, origin), origin.host, origin.port, ssl=origin.tls
                 )

@@ -150,15 +150,16 @@ async def test_a_failed_load_leaves_that_worker_paused_and_the_reconciler_conver
     )
     view = {w.id: w for w in ctl.state().workers}
     assert not view["w1"].ready and not view["w1"].serving and view["w0"].serving
-    # Still failing: the reconciler tries, fails, and backs off (no tight loop).
+    # Still failing: the reconciler tries, fails, and backs off (no tight loop). The backoff's clock
+    # is the test's: "inside the backoff" is certain, not a race with its 0.05 s on a loaded machine.
+    now = [0.0]
+    ctl.reconciler.limiter = WorkerRateLimiter(initial_s=0.05, max_s=0.2, clock=lambda: now[0])
     assert await ctl.reconciler.reconcile_once() == 1
     assert ctl.reconciler.limiter.num_requeues("w1") == 1 and not ctl.reconciler.limiter.due("w1")
     assert await ctl.reconciler.reconcile_once() == 0  # inside its backoff: left alone
     memory_fleet["w1"].faults.clear()
-    for _ in range(100):
-        if ctl.reconciler.limiter.due("w1"):
-            break
-        await asyncio.sleep(0.02)
+    now[0] += 1.0  # past the backoff (0.2 s at most)
+    assert ctl.reconciler.limiter.due("w1")
     assert await ctl.reconciler.reconcile_once() == 1
     assert memory_fleet["w1"].service.weight_version == "v2" and not memory_fleet["w1"].service.paused
     assert ctl.reconciler.limiter.num_requeues("w1") == 0

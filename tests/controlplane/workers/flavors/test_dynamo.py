@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import urllib.request
 from typing import Any
 
 import aiohttp
@@ -31,7 +30,7 @@ from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, u
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
 from rlcp.harness.http import call
 from rlcp.harness.processes import stop_all
-from rlcp.harness.waiting import wait_for, wait_for_sync
+from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -60,15 +59,7 @@ def dynamo(tiny_models, tmp_path_factory):
         worker.wait_ready()
         frontend.wait_ready()
 
-        def listed() -> list[dict]:
-            with urllib.request.urlopen(frontend.listing_url, timeout=5) as resp:
-                return list(json.loads(resp.read())["workers"])
-
-        # Until the frontend lists the worker (it does once the worker has registered); a child that
-        # died ends the wait at once, and only a hang meets the guard.
-        first = wait_for_sync(
-            listed, 300, "the frontend listing the worker", interval_s=0.5, watching=[worker, frontend]
-        )
+        first = frontend.wait_serving([worker], "tiny")
         yield Dynamo(worker, frontend, int(first[0]["instance_id"]))
     finally:
         stop_all([frontend, worker])
