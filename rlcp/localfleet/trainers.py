@@ -135,6 +135,17 @@ class DemoTrainer:
             await asyncio.sleep(0.25)
         raise FleetError(f"the controller still lists {member} {deadline_s:g}s after it was unlisted")
 
+    async def wait_converged(self, version: str, deadline_s: float) -> dict[str, Any]:
+        """The controller's state once every member holds `version`, or the last one read when
+        `deadline_s` passed first."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            _, body = await self.call("GET", "/v1/rl/state", timeout_s=5)
+            state: dict[str, Any] = body if isinstance(body, dict) else {}
+            if _converged_at(state, version) or time.monotonic() > deadline:
+                return state
+            await asyncio.sleep(0.25)
+
     async def step(self, k: int, rollouts: Rollouts) -> tuple[bool, float]:
         """Collect rollouts, write the new weights, ONE controller call: (ok, update seconds)."""
         ok0, failed0 = rollouts.ok, rollouts.failed
@@ -150,6 +161,14 @@ class DemoTrainer:
             rollouts.version = version
         # The controller refreshes its cache after every operation: this read is the outcome.
         _, state = await self.call("GET", "/v1/rl/state", timeout_s=5)
+        waited = None
+        if status == 200 and not _converged_at(state, version):
+            # A member listed while the update ran (a restart or a join landing mid-step) holds other
+            # weights until the reconciler converges it from the version's disk copy: the step lands
+            # once it has, or is not ok when it does not within an agent's start-up time.
+            t1 = time.monotonic()
+            state = await self.wait_converged(version, deadline_s=self.args.start_timeout)
+            waited = time.monotonic() - t1
         applied = state["applied"]
         shown = result.get("status", "error") + ("" if status == 200 else f" (HTTP {status})")
         say(
@@ -159,6 +178,8 @@ class DemoTrainer:
         )
         if status != 200:
             say(f"    {json.dumps(result.get('error') or result.get('results'))[:1000]}")
+        if waited is not None:
+            say(f"    converged {waited:.1f}s after the update: a member listed while it ran was brought to {version}")
         if bubble := result.get("bubble"):
             waves = (result.get("progress") or {}).get("waves", 1)
             say(
@@ -166,7 +187,7 @@ class DemoTrainer:
                 f"mean capacity {bubble['mean_capacity']:.0%} over the update"
             )
         print_workers(state)
-        return status == 200 and applied["converged"] and applied["weight_version"] == version, duration
+        return status == 200 and _converged_at(state, version), duration
 
     async def run_steps(self, procs: Processes, rollouts: Rollouts, churn: Churn | None = None) -> bool:
         """Every step under rollout traffic, then a summary; True when every step was ok. `churn`
@@ -255,3 +276,8 @@ async def learn_with_trl(args: argparse.Namespace, gateway: str, base: Path | No
         return await proc.wait() == 0
     finally:
         await stop_child(proc)
+
+
+def _converged_at(state: dict[str, Any], version: str) -> bool:
+    applied = state.get("applied") or {}
+    return bool(applied.get("converged")) and applied.get("weight_version") == version
