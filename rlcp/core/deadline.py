@@ -6,14 +6,15 @@ not schedule (a CPU-throttled container, a loaded machine) -- the timer fires la
 the worker sent in time may be waiting unread in the socket: the call would be failed for the
 caller's stall, not the worker's. A controller that did so marked healthy workers unreachable,
 left them out of a broadcast round and aborted updates (a test process's loop held 3.3 s at
-load 14 failed every worker of a round this way).
+load ~15 failed every worker of a round this way).
 
 `timeout(s)` is `asyncio.timeout(s)` whose expiry moves later by as much as its timer fired late,
 so only time the loop could run counts against the call. The moves add up to at most `s`: a
 call never runs past twice its deadline plus the loop's last lateness, so the deadline holds.
 
-For calls to workers only: a lease's deadlines (`controlplane/leadership/`) must count every
-second, held or not -- a leader that was frozen cannot assume it still leads.
+For waits on a worker (its calls, an operation's steps, the gateway's connect to it) only: a
+lease's deadlines (`controlplane/leadership/`) must count every second, held or not -- a leader
+that was frozen cannot assume it still leads.
 """
 
 from __future__ import annotations
