@@ -179,7 +179,11 @@ class DemoTrainer:
         if status != 200:
             say(f"    {json.dumps(result.get('error') or result.get('results'))[:1000]}")
         if waited is not None:
-            say(f"    converged {waited:.1f}s after the update: a member listed while it ran was brought to {version}")
+            landed = _converged_at(state, version)
+            say(
+                f"    a member listed while the update ran: {'brought to' if landed else 'NOT at'} {version} "
+                f"{waited:.1f}s after it" + ("" if landed else f" (--start-timeout {self.args.start_timeout:g}s)")
+            )
         if bubble := result.get("bubble"):
             waves = (result.get("progress") or {}).get("waves", 1)
             say(
