@@ -31,15 +31,15 @@ if [ $# -eq 0 ]; then
   #    id per test function, and the rest's `--dist loadgroup` would run one operation of each and
   #    drop the others. Its closing checks add up the cases of both workers (tests/fuzz/api/reach.py).
   #    Beside four other test processes it failed, so it waits for the rest.
-  # 3. Then, still beside the engine part's last modules, the tests marked `alone`, in a pytest
-  #    process of their own: their premise is timing (the test process reads two engines' streams
-  #    fast enough to pause them mid-way), and in one long process, after ~900 tests, its event
-  #    loop was seen blocked 0.3 to 4.7 s at a time. Run first, before everything else, they left
-  #    most of a core idle for ~200 s; last, they fill the engine part's tail, where it runs one
-  #    engine at a time.
+  # 3. Then, still beside the engine part's last modules, the tests of stock `vllm serve`
+  #    (tests/controlplane/workers/flavors/vllm_serve), in a pytest process of their own: they
+  #    start two engines of their own and share none with the engine part, and there the two
+  #    chains take about as long. (Their pause tests, like every test that pauses requests in
+  #    flight, hold those requests until the pause has landed: rlcp/harness/hold.py.)
   rc=0
   fuzz_api=tests/fuzz/api
-  rest="not alone and not vllm and not sglang"
+  rest="not vllm and not sglang"
+  own_servers=tests/controlplane/workers/flavors/vllm_serve
   # The parts that start engines leave the API fuzzing out of their collection (no test of it
   # starts one; building its schemathesis items costs every collecting process ~5 CPU-s).
   logs=$(mktemp -d)
@@ -47,13 +47,13 @@ if [ $# -eq 0 ]; then
     brc=0
     "${pytest[@]}" -n 2 --dist loadgroup -m "$rest" --ignore "$fuzz_api" --durations=10 >"$logs/rest" 2>&1 || brc=$?
     "${pytest[@]}" -n 2 --dist load -m "$rest" "$fuzz_api" >"$logs/fuzz-api" 2>&1 || brc=$?
-    "${pytest[@]}" -m alone --ignore "$fuzz_api" --durations=5 >"$logs/alone" 2>&1 || brc=$?
+    "${pytest[@]}" "$own_servers" --durations=5 >"$logs/vllm-serve" 2>&1 || brc=$?
     exit $brc
   ) &
   background=$!
-  "${pytest[@]}" -m "not alone and (vllm or sglang)" --ignore "$fuzz_api" --durations=25 || rc=$?
+  "${pytest[@]}" -m "vllm or sglang" --ignore "$fuzz_api" --ignore "$own_servers" --durations=25 || rc=$?
   wait "$background" || rc=$?
-  for part in rest fuzz-api alone; do
+  for part in rest fuzz-api vllm-serve; do
     echo "=== $part"
     cat "$logs/$part"
   done

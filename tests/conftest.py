@@ -37,6 +37,7 @@ import aiohttp
 import pytest
 
 from rlcp.controlplane.assembly import GATEWAY
+from rlcp.harness import hold
 from rlcp.harness.checkpoints import write_checkpoint
 from rlcp.harness.controller import controller_config, start_controller, wait_reachable
 from rlcp.harness.leftovers import mark_owner, reap
@@ -115,8 +116,11 @@ def vllm_agent_config(models: dict[str, Path]) -> dict:
         "allowed_roots": [str(models["base"].parent)],
         "log_format": "json",
         # This project's CPU weight-transfer backend (rlcp/agent/weight_transfer), so the
-        # broadcast path runs end to end on these engines.
-        "engine": agent_engine(models["base"], extra_engine_args={"weight_transfer_config": {"backend": "gloo"}}),
+        # broadcast path runs end to end on these engines; and the harness's hold
+        # (rlcp/harness/hold.py), so a test can keep a request running until it lets it go.
+        "engine": agent_engine(
+            models["base"], extra_engine_args={"weight_transfer_config": {"backend": "gloo"}, **hold.ENGINE_ARG}
+        ),
     }
 
 

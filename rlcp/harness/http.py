@@ -61,6 +61,7 @@ class CompletionStream:
         timeout_s: float = 120.0,
         name: str = "stream",
         stream_interval: int | None = None,
+        xargs: dict[str, str] | None = None,
     ) -> None:
         self.max_tokens = max_tokens
         self.tokens: list[int] = []
@@ -78,6 +79,9 @@ class CompletionStream:
         if stream_interval is not None:
             # vLLM's per-request chunking: the first token at once, then one chunk per N tokens.
             payload["stream_interval"] = stream_interval
+        if xargs:
+            # vLLM's extra sampling arguments (`vllm_xargs`): a hold (rlcp/harness/hold.py), say.
+            payload["vllm_xargs"] = xargs
         self.task = asyncio.create_task(self._run(http, base_url + "/v1/completions", payload, timeout_s), name=name)
 
     async def _run(self, http: aiohttp.ClientSession, url: str, payload: dict[str, Any], timeout_s: float) -> None:

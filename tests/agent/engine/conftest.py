@@ -1,6 +1,7 @@
 """Fixtures of the engine tests: a SimEngine started and shut down around each test (`sim`), and
-the session's real vLLM agent put back into a known state before each test (`agent`: its base
-weights as version "A", resumed, no desired version), so no test assumes another ran first."""
+the session's real vLLM agent put back into a known state before and after each test (`agent`: its
+base weights as version "A", resumed, no desired version), so no test assumes another ran first or
+leaves it otherwise for the engine tests of other folders."""
 
 from __future__ import annotations
 
@@ -24,5 +25,6 @@ async def sim() -> AsyncIterator[SimEngine]:
 
 @pytest.fixture
 async def agent(vllm_agent: AgentProcess, tiny_models, http):
-    """The shared agent, resumed and on the base weights (seed 1) as version "A"."""
-    return await put_back(http, vllm_agent, tiny_models["weights-1"], "A")
+    """The shared agent, resumed and on the base weights (seed 1) as version "A", before and after."""
+    yield await put_back(http, vllm_agent, tiny_models["weights-1"], "A")
+    await put_back(http, vllm_agent, tiny_models["weights-1"], "A")

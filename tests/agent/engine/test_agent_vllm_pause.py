@@ -1,7 +1,11 @@
 """The agent's pause modes on a real vLLM CPU engine (tiny Llama made at test time): a `keep`
 request survives a disk update, `abort` ends what runs and nothing hangs, `wait` drains, and a
-conflicting operation gets a 409 (a short deadline a 504). Those whose premise is timing are
-marked `alone`.
+conflicting operation gets a 409 (a short deadline a 504).
+
+Each premise "a request is still running when the pause lands" is made certain, not likely: the
+requests are held (rlcp/harness/hold.py: every engine step takes 50 ms longer while the test's
+hold file exists, so a request of 900 tokens runs for 45 s at least) until the pause has landed,
+then let go to finish at full speed.
 
 The engine is the session's (`vllm_agent`, tests/conftest.py: start-up costs ~30 s), so each test
 first puts it in the state it needs (`agent`, conftest.py) instead of assuming an order."""
@@ -9,38 +13,48 @@ first puts it in the state it needs (`agent`, conftest.py) instead of assuming a
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
+from rlcp.harness.hold import STEP_S, Hold
 from rlcp.harness.http import call
-from tests.agent.engine.vllm_support import ALONE, PROMPT, Stream, complete, state, tokenize
+from tests.agent.engine.vllm_support import PROMPT, Stream, complete, state, tokenize
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
-@ALONE
-async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models):
+async def test_a_held_request_is_slowed_until_let_go_and_answers_the_same(http, agent, tmp_path):
+    # What the other tests rely on (rlcp/harness/hold.py). A lower bound only: a slow machine makes
+    # the held request slower still, and only a hold that holds nothing makes it faster.
+    free = (await complete(http, agent, PROMPT, 20))["token_ids"]
+    with Hold(tmp_path / "hold") as hold:
+        started = time.monotonic()
+        held = (await complete(http, agent, PROMPT, 20, vllm_xargs=hold.xargs))["token_ids"]
+        assert time.monotonic() - started >= 20 * STEP_S, "each of its 20 steps must take STEP_S longer"
+    assert held == free, "a hold changes no logit"
+    status, body = await call(
+        http,
+        "POST",
+        agent.inference_url + "/v1/completions",
+        body={"model": "tiny", "prompt": PROMPT, "vllm_xargs": {"hold": "x"}},
+    )
+    assert status == 400 and "absolute path" in str(body), (status, body)
+
+
+async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, tmp_path):
     prompt_ids = await tokenize(http, agent, PROMPT)
-    total = 900  # long enough (~2 s on an idle machine) that the pause lands mid-request
+    total = 900
     before = (await complete(http, agent, prompt_ids, total))["token_ids"]  # all on weights A
 
-    for _attempt in range(3):
-        stream = Stream(http, agent, prompt_ids, total)
+    with Hold(tmp_path / "hold") as hold:
+        stream = Stream(http, agent, prompt_ids, total, hold)
         await stream.wait_for_tokens(5)
         status, _ = await call(http, "POST", agent.admin_url + "/pause?mode=keep", headers=agent.auth)
         assert status == 200
         seen_before_pause = len(stream.tokens)
         st = await state(http, agent)
-        assert st["paused"] is True
-        if st["requests"]["frozen"] == 1:
-            break
-        # The client saw the tokens late and the request finished before the pause: a
-        # premise, not a result (a running request would be frozen, not finished).
-        await asyncio.wait_for(stream.task, 10)
-        assert stream.finish_reason == "length" and len(stream.tokens) == total
-        await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
-    else:
-        pytest.fail("no request stayed running long enough to test against")
+        assert st["paused"] is True and st["requests"]["frozen"] == 1, st["requests"]
     frozen_at = await stream.settled()  # chunks generated before the pause may still be in flight
     await asyncio.sleep(0.5)
     assert len(stream.tokens) == frozen_at, "a frozen request must not generate"
@@ -72,70 +86,60 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models):
     assert stream.tokens[split:] == after
 
 
-@ALONE
-async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent):
-    for _attempt in range(3):
-        streams = [Stream(http, agent, f"{PROMPT} {i}", 1000) for i in range(3)]
+async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent, tmp_path):
+    with Hold(tmp_path / "hold") as hold:
+        streams = [Stream(http, agent, f"{PROMPT} {i}", 1000, hold) for i in range(3)]
         for s in streams:
             await s.wait_for_tokens(3)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=abort", headers=agent.auth)
         assert (status, body) == (200, {"status": "paused"})
-        async with asyncio.timeout(20):  # none hangs
-            await asyncio.gather(*(s.task for s in streams))
-        # A stream the client saw late may have finished before the pause: that is a
-        # premise, not a result. Every other one must come back aborted, with partial output.
-        aborted = [s for s in streams if not (s.finish_reason == "length" and len(s.tokens) == 1000)]
-        assert all(s.finish_reason == "abort" and 3 <= len(s.tokens) < 1000 for s in aborted)
-        st = await state(http, agent)
-        assert st["paused"] is True
-        assert st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
-        status, body = await call(http, "GET", agent.admin_url + "/is_paused")
-        assert body == {"is_paused": True}
-        await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
-        if aborted:
-            break
-    else:
-        pytest.fail("no request stayed running long enough to test against")
+    async with asyncio.timeout(20):  # none hangs
+        await asyncio.gather(*(s.task for s in streams))
+    # Every one comes back aborted, with its partial output.
+    assert [s.finish_reason for s in streams] == ["abort"] * 3
+    assert all(3 <= len(s.tokens) < 1000 for s in streams), [len(s.tokens) for s in streams]
+    st = await state(http, agent)
+    assert st["paused"] is True
+    assert st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
+    status, body = await call(http, "GET", agent.admin_url + "/is_paused")
+    assert body == {"is_paused": True}
+    await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
     assert len((await complete(http, agent, PROMPT, 8))["token_ids"]) == 8
 
 
-@ALONE
-async def test_wait_mode_drains(http, agent):
+async def _pausing(http, agent, query: str) -> asyncio.Task:
+    """A pause under way: posted, and the agent running it (two connections have no order)."""
+    pause = asyncio.create_task(call(http, "POST", agent.admin_url + f"/pause?{query}", headers=agent.auth))
+    while not pause.done() and (await state(http, agent))["busy_with"] != "pause":
+        await asyncio.sleep(0.005)
+    return pause
+
+
+async def test_wait_mode_drains(http, agent, tmp_path):
     # Tokens flowing proves the requests run (vLLM's wait mode drains running requests;
     # a queued one would stay queued until resume).
-    streams = [Stream(http, agent, f"{PROMPT} {i}", 600) for i in range(2)]
-    for s in streams:
-        await s.wait_for_tokens(2)
-    status, _ = await call(http, "POST", agent.admin_url + "/pause?mode=wait", headers=agent.auth)
+    with Hold(tmp_path / "hold") as hold:
+        streams = [Stream(http, agent, f"{PROMPT} {i}", 600, hold) for i in range(2)]
+        for s in streams:
+            await s.wait_for_tokens(2)
+        pause = await _pausing(http, agent, "mode=wait")
+        assert not pause.done() and not any(s.task.done() for s in streams), "the pause must wait for them"
+    status, _ = await pause  # let go: the requests finish, and the pause with them
     assert status == 200
     st = await state(http, agent)
     assert st["paused"] is True and st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(10):  # their last chunks may still be on the way to this process
         await asyncio.gather(*(s.task for s in streams))
     assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 600)] * 2
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
 
 
-async def _long_running_stream(http, agent) -> Stream:
-    stream = Stream(http, agent, PROMPT, 1000)
-    await stream.wait_for_tokens(2)
-    return stream
-
-
-@ALONE
-async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, agent, tiny_models):
-    # On a loaded machine the client may see a request's tokens late, after it already
-    # finished; then there is nothing to drain and the premise does not hold: try again.
-    for _attempt in range(3):
-        long = await _long_running_stream(http, agent)
-        pause = asyncio.create_task(call(http, "POST", agent.admin_url + "/pause?mode=wait", headers=agent.auth))
-        while not pause.done() and (await state(http, agent))["busy_with"] != "pause":
-            await asyncio.sleep(0.005)  # two connections have no order: wait until the agent runs the pause
-        if pause.done():  # it had already finished: nothing left to drain
-            await asyncio.wait_for(long.task, 10)
-            assert long.finish_reason == "length"
-            await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
-            continue
+async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, agent, tiny_models, tmp_path):
+    with Hold(tmp_path / "hold") as hold:
+        long = Stream(http, agent, PROMPT, 1000, hold)
+        await long.wait_for_tokens(2)
+        pause = await _pausing(http, agent, "mode=wait")
+        assert not pause.done(), "a held request cannot drain"
         status, body = await call(
             http,
             "POST",
@@ -145,28 +149,18 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
         )
         assert status == 409 and body["error"]["code"] == "conflict"
         assert "pause" in body["error"]["message"]
-        assert (await pause)[0] == 200
-        await long.task
-        assert long.finish_reason == "length"
-        break
-    else:
-        pytest.fail("no request stayed running long enough to test against")
+    assert (await pause)[0] == 200
+    await long.task
+    assert long.finish_reason == "length"
     assert (await state(http, agent))["weight_version"] == "A", "the refused update must not have run"
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
 
     # A wait-mode pause that cannot drain in time answers 504 and says so in state.
-    for _attempt in range(3):
-        long = await _long_running_stream(http, agent)
+    with Hold(tmp_path / "hold") as hold:
+        long = Stream(http, agent, PROMPT, 1000, hold)
+        await long.wait_for_tokens(2)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05", headers=agent.auth)
-        if status == 200:  # it had already finished: nothing left to drain
-            await asyncio.wait_for(long.task, 10)
-            assert long.finish_reason == "length"
-            await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
-            continue
         assert status == 504 and body["error"]["code"] == "deadline_exceeded"
         assert (await state(http, agent))["last_operations"][0]["status"] == "timeout"
-        await long.task
-        break
-    else:
-        pytest.fail("no request stayed running long enough to test against")
+    await long.task
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)

@@ -7,17 +7,11 @@ import asyncio
 import json
 
 import aiohttp
-import pytest
 
+from rlcp.harness.hold import Hold
 from rlcp.harness.http import call
 
 PROMPT = "The quick brown fox jumps over the lazy dog."
-
-
-# The tests whose premise is timing (the test process sees a request running, then pauses it
-# before it ends): in the full run they get the first, quiet part (`alone`, scripts/test.sh);
-# beside the other test processes, "no request stayed running long enough" was seen.
-ALONE = pytest.mark.alone
 
 
 async def state(http, agent) -> dict:
@@ -26,7 +20,7 @@ async def state(http, agent) -> dict:
     return body
 
 
-async def complete(http, agent, prompt, max_tokens=16, model="tiny") -> dict:
+async def complete(http, agent, prompt, max_tokens=16, model="tiny", **extra) -> dict:
     status, body = await call(
         http,
         "POST",
@@ -38,6 +32,7 @@ async def complete(http, agent, prompt, max_tokens=16, model="tiny") -> dict:
             "temperature": 0,
             "ignore_eos": True,
             "return_token_ids": True,
+            **extra,
         },
     )
     assert status == 200, body
@@ -51,11 +46,13 @@ async def tokenize(http, agent, text) -> list[int]:
 
 
 class Stream:
-    """A streaming completion read in the background, token by token."""
+    """A streaming completion read in the background, token by token; `hold`: held by it
+    (rlcp/harness/hold.py), so it is still running when the test acts on it."""
 
-    def __init__(self, http, agent, prompt, max_tokens):
+    def __init__(self, http, agent, prompt, max_tokens, hold: Hold | None = None):
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
+        self.xargs = hold.xargs if hold else None
         self.task = asyncio.create_task(self._run(http, agent, prompt, max_tokens), name="test-stream")
 
     async def _run(self, http, agent, prompt, max_tokens):
@@ -78,6 +75,8 @@ class Stream:
             "stream": True,
             "return_token_ids": True,
         }
+        if self.xargs:
+            payload["vllm_xargs"] = self.xargs
         async with http.post(
             agent.inference_url + "/v1/completions", json=payload, timeout=aiohttp.ClientTimeout(total=120)
         ) as resp:

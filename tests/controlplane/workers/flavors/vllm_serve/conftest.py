@@ -9,7 +9,7 @@ import gc
 import aiohttp
 import pytest
 
-from rlcp.harness import access_log
+from rlcp.harness import access_log, hold
 from rlcp.harness.controller import controller_settings, serving_controller
 from rlcp.harness.processes import stop_all
 from rlcp.harness.servers import VllmServeProcess
@@ -35,11 +35,10 @@ async def http():
 def servers(tiny_models, tmp_path_factory):
     # This process reads 32 streams and runs the controller while two engines keep both cores
     # busy; in full CI runs its loop was seen blocked 8 to 18 s at a time, long enough for every
-    # stream to end before the pause could land. The servers run at a lower priority (nice 10:
-    # they still get every cycle this process leaves), and what the session imported so far is
-    # frozen out of the garbage collector's reach, so a full collection does not walk it. Still
-    # seen blocked 0.3 to 4.7 s in the one long process after ~900 tests, so the full run gives
-    # these modules a process of their own (marker `alone`, scripts/test.sh).
+    # stream to end before the pause could land, until the tests held their streams
+    # (support.start_streams). The servers run at a lower priority (nice 10: they still get every
+    # cycle this process leaves), and what the session imported so far is frozen out of the
+    # garbage collector's reach, so a full collection does not walk it.
     gc.collect()
     gc.freeze()
     workdir = tmp_path_factory.mktemp("vllm-serve")
@@ -51,7 +50,12 @@ def servers(tiny_models, tmp_path_factory):
             core=i,
             nice=10,
             # The request log the round-trip test reads (`--middleware`: vLLM's own hook).
-            extra_args=["--weight-transfer-config", '{"backend": "gloo"}', "--middleware", access_log.MIDDLEWARE],
+            # And the harness's hold (rlcp/harness/hold.py: vLLM's `--logits-processors`), so the
+            # pause tests hold their streams until the pause has landed.
+            extra_args=[
+                *("--weight-transfer-config", '{"backend": "gloo"}', "--middleware", access_log.MIDDLEWARE),
+                *hold.SERVE_ARGS,
+            ],
         )
         for i in range(2)
     ]

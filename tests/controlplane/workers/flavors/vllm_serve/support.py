@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from rlcp.harness.hold import Hold
 from rlcp.harness.http import CompletionStream, call
 from rlcp.harness.servers import VllmServeProcess
 from rlcp.harness.waiting import wait_for
@@ -76,34 +77,50 @@ def by_worker(result: dict) -> dict[str, tuple[str, str]]:
     return {r["worker_id"]: (r["status"], r["phase"]) for r in result["results"]}
 
 
-async def start_streams(http, servers, tag: str) -> list[CompletionStream]:
-    """N_STREAMS streams per server, every one under way and at most a quarter of them already
-    finished (the premise of a pause with requests in flight; each round judges its pause only on
-    the streams it caught, and asks that they be most). Fresh prompts per call, so no prefix-cache
-    hit lets some requests race ahead of the others; several attempts, since the premise is about
-    timing: while 32 streams decode on two cores the test process shares the cores with both
-    servers, reads late, and a few streams may end before the last one is seen to start."""
-    for attempt in range(6):
-        streams = [
-            CompletionStream(
-                http,
-                s.url,
-                f"{tag}-{attempt}-{n}: {PROMPT}",
-                max_tokens=STREAM_TOKENS,
-                timeout_s=180,
-                name=f"stream-{s.name}-{tag}-{attempt}-{n}",
-                stream_interval=STREAM_INTERVAL,
-            )
-            for s in servers
-            for n in range(N_STREAMS)
-        ]
-        await wait_for(
-            lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60, what="every stream under way"
+async def start_streams(http, servers, tag: str, hold: Hold) -> list[CompletionStream]:
+    """N_STREAMS streams per server, held (rlcp/harness/hold.py: 960 tokens take 48 s at least
+    while `hold` lasts), every one seen under way: the premise of a pause with requests in flight,
+    certain until the test lets them go. Fresh prompts per call, so no prefix-cache hit lets some
+    requests race ahead of the others."""
+    streams = [
+        CompletionStream(
+            http,
+            s.url,
+            f"{tag}-{n}: {PROMPT}",
+            max_tokens=STREAM_TOKENS,
+            timeout_s=180,
+            name=f"stream-{s.name}-{tag}-{n}",
+            stream_interval=STREAM_INTERVAL,
+            xargs=hold.xargs,
         )
-        if sum(st.task.done() for st in streams) <= len(streams) // 4:
-            return streams
-        await finish(streams)
-    raise AssertionError("streams kept finishing before all of them were under way")
+        for s in servers
+        for n in range(N_STREAMS)
+    ]
+    await wait_for(
+        lambda: all(st.tokens or st.task.done() for st in streams), timeout_s=60, what="every stream under way"
+    )
+    assert not any(st.task.done() for st in streams), [(st.error, st.finish_reason, len(st.tokens)) for st in streams]
+    return streams
+
+
+async def settled(streams: list[CompletionStream], quiet_s: float = 0.5, timeout_s: float = 30) -> list[int]:
+    """Each stream's token count once none arrived for `quiet_s` (chunks sent before a pause drain)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            counts = [len(st.tokens) for st in streams]
+            await asyncio.sleep(quiet_s)
+            if [len(st.tokens) for st in streams] == counts:
+                return counts
+
+
+async def paused(http, servers) -> bool:
+    """Every server says it is paused (vLLM's `GET /is_paused`: true from the moment a pause of any
+    mode is taken, while a `wait` one still drains)."""
+    for s in servers:
+        status, body = await call(http, "GET", s.url + "/is_paused", timeout_s=10)
+        if (status, body) != (200, {"is_paused": True}):
+            return False
+    return True
 
 
 async def finish(streams: list[CompletionStream], timeout_s: float = 120) -> None:

@@ -19,8 +19,10 @@ import pytest
 from rlcp.harness import access_log
 from rlcp.harness.controller import AUTH, CTL_TOKEN, update_body
 from rlcp.harness.figures import record_figures
+from rlcp.harness.hold import Hold
 from rlcp.harness.http import call, free_port
 from rlcp.harness.trainer import run_trainer
+from rlcp.harness.waiting import wait_for
 from tests.controlplane.workers.flavors.vllm_serve.support import (
     LONG_PROMPT,
     PROMPT,
@@ -28,10 +30,12 @@ from tests.controlplane.workers.flavors.vllm_serve.support import (
     by_worker,
     complete,
     finish,
+    paused,
+    settled,
     start_streams,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.alone, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 # -- disk updates ------------------------------------------------------------------------------
@@ -138,29 +142,19 @@ async def test_sleep_keeps_a_server_out_and_a_verified_wake_returns_it_unchanged
 
 
 # -- pause modes with streams in flight --------------------------------------------------------
-async def test_pause_keep_loses_nothing_abort_aborts_every_request_and_wait_drains(http, servers, ctl):
-    # keep: frozen while paused, every request completes in full after the resume
-    # The tiny model streams hundreds of tokens a second: a few streams may finish before the
-    # pause lands. The freeze is judged on those it held, which must be most; a round where the
-    # pause landed after most had ended (a premise, not a result: seen on an idle machine as on
-    # a loaded one) is resumed, checked in full, and run again.
-    for attempt in range(3):
-        streams = await start_streams(http, servers, f"keep{attempt}")
+async def test_pause_keep_loses_nothing_abort_aborts_every_request_and_wait_drains(http, servers, ctl, tmp_path):
+    # keep: frozen while paused, every request completes in full after the resume. The streams
+    # are held until the pause has landed (support.start_streams), so every one is in flight.
+    with Hold(tmp_path / "keep") as hold:
+        streams = await start_streams(http, servers, "keep", hold)
         status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
         assert status == 200, result
-        frozen = [len(st.tokens) for st in streams]
-        held = [st for st in streams if len(st.tokens) < STREAM_TOKENS]
-        if len(held) >= len(streams) // 2:
-            break
-        status, result = await ctl.call("POST", "/v1/rl/resume", {})
-        assert status == 200, result
-        await finish(streams)
-        assert all(st.full for st in streams), [(st.error, st.finish_reason, len(st.tokens)) for st in streams]
-    assert len(held) >= len(streams) // 2, "most streams must still be running when the pause lands"
+    frozen = await settled(streams)  # chunks sent before the pause may still be on the way
     # The behaviour under test is an absence (no token arrives while paused): it can only be
     # watched for a while, so this sleep is the observation window, not a pace.
     await asyncio.sleep(1.0)
-    assert [len(st.tokens) for st in streams] == frozen and not any(st.task.done() for st in held)
+    assert [len(st.tokens) for st in streams] == frozen and not any(st.task.done() for st in streams)
+    assert all(n < STREAM_TOKENS for n in frozen)
     state = await ctl.state()
     assert state["pause_state"] == "paused" and [w["paused"] for w in state["workers"]] == [True, True]
     status, result = await ctl.call("POST", "/v1/rl/resume", {})
@@ -168,28 +162,27 @@ async def test_pause_keep_loses_nothing_abort_aborts_every_request_and_wait_drai
     await finish(streams)
     assert all(st.full for st in streams), [(st.error, st.finish_reason, len(st.tokens)) for st in streams]
 
-    # abort: every request comes back, cut short, with finish_reason "abort". The premise is
-    # that the pause lands while they run: one delayed past their end (the controller waits for
-    # a reconcile pass to yield; a loaded machine) finds them finished in full, and the round is
-    # run again. An abort that aborts nothing fails every round.
-    for attempt in range(3):
-        streams = await start_streams(http, servers, f"abort{attempt}")
+    # abort: every request comes back, cut short, with finish_reason "abort"; none errors or hangs.
+    with Hold(tmp_path / "abort") as hold:
+        streams = await start_streams(http, servers, "abort", hold)
         status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
         assert status == 200, result
-        await finish(streams, 30)
-        # Every request the pause caught comes back cut short with "abort"; one that had already
-        # finished in full is the only other outcome, and none errors or hangs.
-        aborted = [st for st in streams if (st.error, st.finish_reason) == (None, "abort")]
-        assert all(st in aborted or st.full for st in streams), [(st.error, st.finish_reason) for st in streams]
-        status, result = await ctl.call("POST", "/v1/rl/resume", {})
-        assert status == 200, result
-        if len(aborted) >= len(streams) // 2:
-            break
-    assert len(aborted) >= len(streams) // 2 and all(len(st.tokens) < STREAM_TOKENS for st in aborted)
+    await finish(streams, 30)
+    assert all((st.error, st.finish_reason) == (None, "abort") for st in streams), [
+        (st.error, st.finish_reason) for st in streams
+    ]
+    assert all(len(st.tokens) < STREAM_TOKENS for st in streams)
+    status, result = await ctl.call("POST", "/v1/rl/resume", {})
+    assert status == 200, result
 
-    # wait: the pause returns once the requests in flight have drained, every one in full
-    streams = await start_streams(http, servers, "wait")
-    status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
+    # wait: the pause returns once the requests in flight have drained, every one in full. Held
+    # until both servers have taken the pause (vLLM says paused while a wait-mode pause drains).
+    with Hold(tmp_path / "wait") as hold:
+        streams = await start_streams(http, servers, "wait", hold)
+        pause = asyncio.create_task(ctl.call("POST", "/v1/rl/pause", {"mode": "wait"}))
+        await wait_for(lambda: paused(http, servers), timeout_s=60, what="both servers pausing", watching=servers)
+        assert not pause.done() and not any(st.task.done() for st in streams), "the pause must wait for them"
+    status, result = await pause
     assert status == 200, result
     drained = [st.task.done() for st in streams]
     await finish(streams, 30)

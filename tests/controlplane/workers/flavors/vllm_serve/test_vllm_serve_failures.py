@@ -19,7 +19,7 @@ from tests.controlplane.workers.flavors.vllm_serve.support import (
     reload_calls,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.alone, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 async def test_a_failed_update_names_the_paused_workers_and_the_reconciler_backs_off(
