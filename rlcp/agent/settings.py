@@ -59,6 +59,12 @@ class EngineSettings(Section):
     max_loras: int = Field(4, ge=1, description="LoRAs resident at once.")
     tensor_parallel_size: int = Field(1, ge=1)
     extra_engine_args: dict[str, Any] = Field(default_factory=dict, description="Passed to vLLM's engine args as is.")
+    engine_core_start: Literal["platform", "fork"] = Field(
+        "platform",
+        description="How vLLM starts its EngineCore process: as the platform says (vLLM's default, fork, on "
+        "GPUs; spawn on CPUs, where the EngineCore imports vLLM and torch again, ~15 CPU-s), or `fork` on any "
+        "platform (the EngineCore inherits what the agent imported instead of importing it again).",
+    )
     # SimEngine knobs.
     sim_op_latency_s: float = Field(0.0, ge=0, description="Added latency of every admin primitive, in seconds.")
     sim_token_interval_s: float = Field(0.005, ge=0, description="Time per generated token, in seconds.")

@@ -16,6 +16,7 @@ Notes from vLLM 0.32's behaviour that shape this adapter (the weights' are in `v
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -82,6 +83,10 @@ class VllmEngine(VllmWeightPrimitives):
         args = build_vllm_args(self._settings, self._inference_settings)
         engine_args = AsyncEngineArgs.from_cli_args(args)
         vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        if self._settings.engine_core_start == "fork":
+            # vLLM's CPU platform has just asked for spawn (its check_and_update_config sets the
+            # variable); AsyncLLM reads it when it starts the EngineCore, next line.
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         self._llm = AsyncLLM.from_vllm_config(
             vllm_config=vllm_config,
             usage_context=UsageContext.OPENAI_API_SERVER,
