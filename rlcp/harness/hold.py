@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 KEY = "hold"
-STEP_S = 0.05  # a held request of 1,000 tokens runs for 50 s at least
+STEP_S = 0.2  # a held request of 200 tokens runs for 40 s at least
 FQCN = "rlcp.harness.held_steps:HeldSteps"
 ENGINE_ARG = {"logits_processors": [FQCN]}  # the engine argument that loads it (an agent's extra_engine_args)
 SERVE_ARGS = ["--logits-processors", FQCN]  # the same, for `vllm serve`

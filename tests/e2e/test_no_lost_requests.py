@@ -5,8 +5,8 @@
 - abort mode: every one of the 64 comes back with `finish_reason: "abort"`, none hangs.
 
 Every request is still running when the pause lands, for certain: the streams are held
-(rlcp/harness/hold.py: each engine step takes 50 ms longer while the test's hold file exists, so
-768 tokens take 38 s at least) until the pause has landed, then let go.
+(rlcp/harness/hold.py: each engine step takes 0.2 s longer while the test's hold file exists, so
+192 tokens take 38 s at least) until the pause has landed, then let go.
 
 Each mode runs twice: through the agent's admin API, and through the controller (in-process,
 over that one agent). The agent is the session's shared `vllm_agent`; no engine is started here.
@@ -32,7 +32,7 @@ from rlcp.harness.processes import AgentProcess
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
 N_REQUESTS = 64
-MAX_TOKENS = 768  # the prompt is ~20 tokens; max_model_len is 1024
+MAX_TOKENS = 192  # held, 38 s at least (the prompt is ~20 tokens; max_model_len is 1024)
 CTL_TOKEN = "ctl-token"
 CTL_AUTH = {"Authorization": f"Bearer {CTL_TOKEN}"}
 

@@ -3,8 +3,8 @@ request survives a disk update, `abort` ends what runs and nothing hangs, `wait`
 conflicting operation gets a 409 (a short deadline a 504).
 
 Each premise "a request is still running when the pause lands" is made certain, not likely: the
-requests are held (rlcp/harness/hold.py: every engine step takes 50 ms longer while the test's
-hold file exists, so a request of 900 tokens runs for 45 s at least) until the pause has landed,
+requests are held (rlcp/harness/hold.py: every engine step takes 0.2 s longer while the test's
+hold file exists, so a request of 200 tokens runs for 40 s at least) until the pause has landed,
 then let go to finish at full speed.
 
 The engine is the session's (`vllm_agent`, tests/conftest.py: start-up costs ~30 s), so each test
@@ -27,11 +27,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 async def test_a_held_request_is_slowed_until_let_go_and_answers_the_same(http, agent, tmp_path):
     # What the other tests rely on (rlcp/harness/hold.py). A lower bound only: a slow machine makes
     # the held request slower still, and only a hold that holds nothing makes it faster.
-    free = (await complete(http, agent, PROMPT, 20))["token_ids"]
+    free = (await complete(http, agent, PROMPT, 10))["token_ids"]
     with Hold(tmp_path / "hold") as hold:
         started = time.monotonic()
-        held = (await complete(http, agent, PROMPT, 20, vllm_xargs=hold.xargs))["token_ids"]
-        assert time.monotonic() - started >= 20 * STEP_S, "each of its 20 steps must take STEP_S longer"
+        held = (await complete(http, agent, PROMPT, 10, vllm_xargs=hold.xargs))["token_ids"]
+        assert time.monotonic() - started >= 10 * STEP_S, "each of its 10 steps must take STEP_S longer"
     assert held == free, "a hold changes no logit"
     status, body = await call(
         http,
@@ -44,7 +44,7 @@ async def test_a_held_request_is_slowed_until_let_go_and_answers_the_same(http, 
 
 async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, tmp_path):
     prompt_ids = await tokenize(http, agent, PROMPT)
-    total = 900
+    total = 200
     before = (await complete(http, agent, prompt_ids, total))["token_ids"]  # all on weights A
 
     with Hold(tmp_path / "hold") as hold:
@@ -88,7 +88,7 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, 
 
 async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent, tmp_path):
     with Hold(tmp_path / "hold") as hold:
-        streams = [Stream(http, agent, f"{PROMPT} {i}", 1000, hold) for i in range(3)]
+        streams = [Stream(http, agent, f"{PROMPT} {i}", 200, hold) for i in range(3)]
         for s in streams:
             await s.wait_for_tokens(3)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=abort", headers=agent.auth)
@@ -97,7 +97,7 @@ async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent, tmp_path)
         await asyncio.gather(*(s.task for s in streams))
     # Every one comes back aborted, with its partial output.
     assert [s.finish_reason for s in streams] == ["abort"] * 3
-    assert all(3 <= len(s.tokens) < 1000 for s in streams), [len(s.tokens) for s in streams]
+    assert all(3 <= len(s.tokens) < 200 for s in streams), [len(s.tokens) for s in streams]
     st = await state(http, agent)
     assert st["paused"] is True
     assert st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
@@ -119,7 +119,7 @@ async def test_wait_mode_drains(http, agent, tmp_path):
     # Tokens flowing proves the requests run (vLLM's wait mode drains running requests;
     # a queued one would stay queued until resume).
     with Hold(tmp_path / "hold") as hold:
-        streams = [Stream(http, agent, f"{PROMPT} {i}", 600, hold) for i in range(2)]
+        streams = [Stream(http, agent, f"{PROMPT} {i}", 150, hold) for i in range(2)]
         for s in streams:
             await s.wait_for_tokens(2)
         pause = await _pausing(http, agent, "mode=wait")
@@ -130,13 +130,13 @@ async def test_wait_mode_drains(http, agent, tmp_path):
     assert st["paused"] is True and st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
     async with asyncio.timeout(10):  # their last chunks may still be on the way to this process
         await asyncio.gather(*(s.task for s in streams))
-    assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 600)] * 2
+    assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 150)] * 2
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
 
 
 async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, agent, tiny_models, tmp_path):
     with Hold(tmp_path / "hold") as hold:
-        long = Stream(http, agent, PROMPT, 1000, hold)
+        long = Stream(http, agent, PROMPT, 200, hold)
         await long.wait_for_tokens(2)
         pause = await _pausing(http, agent, "mode=wait")
         assert not pause.done(), "a held request cannot drain"
@@ -157,7 +157,7 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
 
     # A wait-mode pause that cannot drain in time answers 504 and says so in state.
     with Hold(tmp_path / "hold") as hold:
-        long = Stream(http, agent, PROMPT, 1000, hold)
+        long = Stream(http, agent, PROMPT, 200, hold)
         await long.wait_for_tokens(2)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05", headers=agent.auth)
         assert status == 504 and body["error"]["code"] == "deadline_exceeded"

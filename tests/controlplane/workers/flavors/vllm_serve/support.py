@@ -18,7 +18,7 @@ LONG_PROMPT = (
     "again, so the controller pauses each one, reloads, verifies and resumes; requests in "
     "flight are kept or aborted as asked. "
 ) * 2
-STREAM_TOKENS = 960  # the prompt is ~15 tokens; the servers' max_model_len is 1024 (the model's limit)
+STREAM_TOKENS = 240  # held, 48 s at least (support.start_streams)
 N_STREAMS = 16  # per server
 # Tokens per streamed chunk after the first (vLLM's per-request `stream_interval`). At one token a
 # chunk, 32 streams of a tiny model send ~10k chunks a second; parsing them starved this process
@@ -78,7 +78,7 @@ def by_worker(result: dict) -> dict[str, tuple[str, str]]:
 
 
 async def start_streams(http, servers, tag: str, hold: Hold) -> list[CompletionStream]:
-    """N_STREAMS streams per server, held (rlcp/harness/hold.py: 960 tokens take 48 s at least
+    """N_STREAMS streams per server, held (rlcp/harness/hold.py: 240 tokens take 48 s at least
     while `hold` lasts), every one seen under way: the premise of a pause with requests in flight,
     certain until the test lets them go. Fresh prompts per call, so no prefix-cache hit lets some
     requests race ahead of the others."""
