@@ -153,15 +153,22 @@ def via_controller(client: TestClient) -> tuple[Toggle, Toggle]:
     return pause, resume
 
 
-async def keep_cycle(
-    http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle, hold: Hold
-) -> dict:
+async def paused_in_flight(
+    http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, mode: str, hold: Hold
+) -> tuple[list[CompletionStream], float]:
+    """64 held streams under way, paused in `mode`, then let go; and how long the pause took."""
     with hold:
         streams = await start_streams(http, agent, hold)
         t0 = time.monotonic()
-        await pause("keep")
-        paused_s = time.monotonic() - t0
-        st = await agent_state(http, agent)
+        await pause(mode)
+        return streams, time.monotonic() - t0
+
+
+async def keep_cycle(
+    http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle, hold: Hold
+) -> dict:
+    streams, paused_s = await paused_in_flight(http, agent, pause, "keep", hold)
+    st = await agent_state(http, agent)
     assert st["paused"] is True, st
     # Every request is held in the engine (frozen), none dropped.
     assert st["requests"] == {"running": 0, "waiting": 0, "frozen": N_REQUESTS}, st["requests"]
@@ -190,15 +197,12 @@ async def keep_cycle(
 async def abort_cycle(
     http: aiohttp.ClientSession, agent: AgentProcess, pause: Toggle, resume: Toggle, hold: Hold
 ) -> dict:
-    with hold:
-        streams = await start_streams(http, agent, hold)
-        t0 = time.monotonic()
-        await pause("abort")
-        paused_s = time.monotonic() - t0
+    streams, paused_s = await paused_in_flight(http, agent, pause, "abort", hold)
+    t1 = time.monotonic()
     try:
         async with asyncio.timeout(60):  # none hangs
             await asyncio.gather(*(s.task for s in streams))
-        returned_s = time.monotonic() - t0
+        returned_s = paused_s + time.monotonic() - t1  # from the pause call
         errors = [s.error for s in streams if s.error]
         assert not errors, errors
         odd = [(s.finish_reason, len(s.tokens)) for s in streams if s.finish_reason != "abort"]
