@@ -26,7 +26,7 @@ from rlcp.controlplane.assembly import assemble
 from rlcp.controlplane.settings import ControllerSettings
 from rlcp.harness.figures import record_figures
 from rlcp.harness.hold import Hold
-from rlcp.harness.http import CompletionStream, call
+from rlcp.harness.http import CompletionStream, call, settled
 from rlcp.harness.processes import AgentProcess
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -113,16 +113,6 @@ async def start_streams(http: aiohttp.ClientSession, agent: AgentProcess, hold: 
     return streams
 
 
-async def settled(streams: list[CompletionStream], quiet_s: float = 0.3, timeout_s: float = 30) -> int:
-    """Total tokens received once none arrived for `quiet_s` (chunks sent before the pause drain)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            count = sum(len(s.tokens) for s in streams)
-            await asyncio.sleep(quiet_s)
-            if sum(len(s.tokens) for s in streams) == count:
-                return count
-
-
 Toggle = Callable[[str], Awaitable[None]]
 
 
@@ -174,7 +164,7 @@ async def keep_cycle(
     assert st["requests"] == {"running": 0, "waiting": 0, "frozen": N_REQUESTS}, st["requests"]
     frozen_at = await settled(streams)
     await asyncio.sleep(0.5)
-    assert sum(len(s.tokens) for s in streams) == frozen_at, "a frozen request generated while paused"
+    assert [len(s.tokens) for s in streams] == frozen_at, "a frozen request generated while paused"
     t1 = time.monotonic()
     await resume("")
     async with asyncio.timeout(120):

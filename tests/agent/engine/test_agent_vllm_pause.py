@@ -18,8 +18,8 @@ import time
 import pytest
 
 from rlcp.harness.hold import STEP_S, Hold
-from rlcp.harness.http import call
-from tests.agent.engine.vllm_support import PROMPT, Stream, complete, state, tokenize
+from rlcp.harness.http import call, settled
+from tests.agent.engine.vllm_support import PROMPT, complete, held_stream, state, tokenize
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -48,14 +48,14 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, 
     before = (await complete(http, agent, prompt_ids, total))["token_ids"]  # all on weights A
 
     with Hold(tmp_path / "hold") as hold:
-        stream = Stream(http, agent, prompt_ids, total, hold)
+        stream = held_stream(http, agent, prompt_ids, total, hold)
         await stream.wait_for_tokens(5)
         status, _ = await call(http, "POST", agent.admin_url + "/pause?mode=keep", headers=agent.auth)
         assert status == 200
         seen_before_pause = len(stream.tokens)
         st = await state(http, agent)
         assert st["paused"] is True and st["requests"]["frozen"] == 1, st["requests"]
-    frozen_at = await stream.settled()  # chunks generated before the pause may still be in flight
+    [frozen_at] = await settled([stream])  # chunks generated before the pause may still be in flight
     await asyncio.sleep(0.5)
     assert len(stream.tokens) == frozen_at, "a frozen request must not generate"
     assert 5 <= frozen_at < total
@@ -74,7 +74,7 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, 
     async with asyncio.timeout(60):
         await stream.task
 
-    assert stream.finish_reason == "length" and len(stream.tokens) == total
+    assert stream.finish_reason == "length" and len(stream.tokens) == total, stream.error
     # Before the pause: weights A. After the resume: exactly what weights B produce from
     # the same prefix (the request was recomputed, not continued on stale KV). The split is
     # where the stream leaves A's tokens: at or after what was generated before the pause
@@ -88,7 +88,7 @@ async def test_keep_mode_request_survives_disk_update(http, agent, tiny_models, 
 
 async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent, tmp_path):
     with Hold(tmp_path / "hold") as hold:
-        streams = [Stream(http, agent, f"{PROMPT} {i}", 200, hold) for i in range(3)]
+        streams = [held_stream(http, agent, f"{PROMPT} {i}", 200, hold) for i in range(3)]
         for s in streams:
             await s.wait_for_tokens(3)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=abort", headers=agent.auth)
@@ -96,7 +96,7 @@ async def test_abort_mode_returns_abort_and_nothing_hangs(http, agent, tmp_path)
     async with asyncio.timeout(20):  # none hangs
         await asyncio.gather(*(s.task for s in streams))
     # Every one comes back aborted, with its partial output.
-    assert [s.finish_reason for s in streams] == ["abort"] * 3
+    assert [s.finish_reason for s in streams] == ["abort"] * 3, [s.error for s in streams]
     assert all(3 <= len(s.tokens) < 200 for s in streams), [len(s.tokens) for s in streams]
     st = await state(http, agent)
     assert st["paused"] is True
@@ -119,7 +119,7 @@ async def test_wait_mode_drains(http, agent, tmp_path):
     # Tokens flowing proves the requests run (vLLM's wait mode drains running requests;
     # a queued one would stay queued until resume).
     with Hold(tmp_path / "hold") as hold:
-        streams = [Stream(http, agent, f"{PROMPT} {i}", 150, hold) for i in range(2)]
+        streams = [held_stream(http, agent, f"{PROMPT} {i}", 150, hold) for i in range(2)]
         for s in streams:
             await s.wait_for_tokens(2)
         pause = await _pausing(http, agent, "mode=wait")
@@ -130,13 +130,13 @@ async def test_wait_mode_drains(http, agent, tmp_path):
     assert st["paused"] is True and st["requests"] == {"running": 0, "waiting": 0, "frozen": 0}
     async with asyncio.timeout(10):  # their last chunks may still be on the way to this process
         await asyncio.gather(*(s.task for s in streams))
-    assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 150)] * 2
+    assert [(s.finish_reason, len(s.tokens)) for s in streams] == [("length", 150)] * 2, [s.error for s in streams]
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
 
 
 async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, agent, tiny_models, tmp_path):
     with Hold(tmp_path / "hold") as hold:
-        long = Stream(http, agent, PROMPT, 200, hold)
+        long = held_stream(http, agent, PROMPT, 200, hold)
         await long.wait_for_tokens(2)
         pause = await _pausing(http, agent, "mode=wait")
         assert not pause.done(), "a held request cannot drain"
@@ -151,13 +151,13 @@ async def test_conflicting_operation_gets_409_and_a_short_deadline_504(http, age
         assert "pause" in body["error"]["message"]
     assert (await pause)[0] == 200
     await long.task
-    assert long.finish_reason == "length"
+    assert long.finish_reason == "length", long.error
     assert (await state(http, agent))["weight_version"] == "A", "the refused update must not have run"
     await call(http, "POST", agent.admin_url + "/resume", headers=agent.auth)
 
     # A wait-mode pause that cannot drain in time answers 504 and says so in state.
     with Hold(tmp_path / "hold") as hold:
-        long = Stream(http, agent, PROMPT, 200, hold)
+        long = held_stream(http, agent, PROMPT, 200, hold)
         await long.wait_for_tokens(2)
         status, body = await call(http, "POST", agent.admin_url + "/pause?mode=wait&timeout_s=0.05", headers=agent.auth)
         assert status == 504 and body["error"]["code"] == "deadline_exceeded"

@@ -103,16 +103,6 @@ async def start_streams(http, servers, tag: str, hold: Hold) -> list[CompletionS
     return streams
 
 
-async def settled(streams: list[CompletionStream], quiet_s: float = 0.5, timeout_s: float = 30) -> list[int]:
-    """Each stream's token count once none arrived for `quiet_s` (chunks sent before a pause drain)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            counts = [len(st.tokens) for st in streams]
-            await asyncio.sleep(quiet_s)
-            if [len(st.tokens) for st in streams] == counts:
-                return counts
-
-
 async def paused(http, servers) -> bool:
     """Every server says it is paused (vLLM's `GET /is_paused`: true from the moment a pause of any
     mode is taken, while a `wait` one still drains)."""

@@ -20,7 +20,7 @@ from rlcp.harness import access_log
 from rlcp.harness.controller import AUTH, CTL_TOKEN, update_body
 from rlcp.harness.figures import record_figures
 from rlcp.harness.hold import Hold
-from rlcp.harness.http import call, free_port
+from rlcp.harness.http import call, free_port, settled
 from rlcp.harness.trainer import run_trainer
 from rlcp.harness.waiting import wait_for
 from tests.controlplane.workers.flavors.vllm_serve.support import (
@@ -31,7 +31,6 @@ from tests.controlplane.workers.flavors.vllm_serve.support import (
     complete,
     finish,
     paused,
-    settled,
     start_streams,
 )
 
