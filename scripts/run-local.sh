@@ -11,8 +11,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
-# The installed packages' bytecode is written at their first import (scripts/bootstrap.sh), so
-# each process of the fleet must be let to write it, or each compiles vllm and torch again.
-unset PYTHONDONTWRITEBYTECODE
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
 exec .venv/bin/python -m rlcp.localfleet "$@"

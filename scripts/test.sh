@@ -10,10 +10,9 @@ bash scripts/bootstrap.sh
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} TOKENIZERS_PARALLELISM=false
 # Bytecode is written (into __pycache__, which git ignores) even where the machine says not to
 # (PYTHONDONTWRITEBYTECODE, set on ours): the run starts ~250 Python processes, and without it
-# each compiled again what it imported of rlcp/ and tests/ and of the installed packages (whose
-# bytecode is written at first import, not at install: scripts/bootstrap.sh): a controller
-# process 2.8 -> 1.2 CPU-s to start, each pytest process's collection ~12 CPU-s more, its
-# assertion rewriting included.
+# each compiled again what it imported of rlcp/ and tests/ (the installed packages are compiled
+# at install): a controller process 2.8 -> 1.2 CPU-s to start, each pytest process's collection
+# ~12 CPU-s more, its assertion rewriting included.
 unset PYTHONDONTWRITEBYTECODE
 if [ "${1:-}" = "--fast" ]; then
   shift
