@@ -153,8 +153,11 @@ async def test_a_retried_step_asks_again_only_while_the_failure_may_pass_and_a_p
         os.rename(write_checkpoint(tmp_path / ".staging", 1), late)
 
     appearing = asyncio.create_task(appear())
-    again = await steps.ask(check(str(late), Retry(codes=may_pass, wait_s=0.05, within_s=60)), w0)
-    await appearing
+    try:
+        again = await steps.ask(check(str(late), Retry(codes=may_pass, wait_s=0.05, within_s=60)), w0)
+        await appearing
+    finally:
+        appearing.cancel()  # a no-op once it ended; else it would outlive a failed ask
     assert [o.ok for o in again] == [True], [o.result for o in again]
     # ... for at most `within_s`: then its last failure is its result.
     gave_up = await steps.ask(check(never, Retry(codes=may_pass, wait_s=0.05, within_s=0.3)), w0)
