@@ -4,7 +4,6 @@ the core behind it stops, hangs or dies."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 from typing import Any
@@ -120,10 +119,12 @@ async def test_reads_are_answered_while_the_core_is_stopped(daemon_fleet) -> Non
     core = core_pid(ctl)
     os.kill(core, signal.SIGSTOP)
     try:
-        # The replica's last read, taken once any read the core answered just before it stopped
-        # has landed (the fleet may still be settling: a status read's last_seen was seen moving
-        # between a read before the stop and the next).
-        await asyncio.sleep(0.5)  # ten of the front's follow intervals
+        # Liveness follows the core: once it has not answered for front_stale_s, /healthz fails.
+        # From then on the replica is the core's last answer: any read the core answered just
+        # before it stopped has landed (the fleet may still have been settling: a status read's
+        # last_seen was seen moving between a read before the stop and the next).
+        status, health, _ = await wait_for(lambda: _unhealthy(http, ctl.url), 10, "the front's /healthz to fail")
+        assert status == 503 and health["status"] == "core_unresponsive" and "state read" in health["reason"]
         status, before, headers = await get(http, ctl.url + "/v1/rl/state")
         assert status == 200
         for _ in range(20):  # the replica answers at once; the core could not answer at all
@@ -137,9 +138,6 @@ async def test_reads_are_answered_while_the_core_is_stopped(daemon_fleet) -> Non
             body = await resp.json()
             assert resp.status == 504 and body["error"]["code"] == "core_timeout", body
             assert "POST /v1/rl/resume" in body["error"]["message"]
-        # Liveness follows the core: once it has not answered for front_stale_s, /healthz fails.
-        status, health, _ = await wait_for(lambda: _unhealthy(http, ctl.url), 10, "the front's /healthz to fail")
-        assert status == 503 and health["status"] == "core_unresponsive" and "state read" in health["reason"]
     finally:
         os.kill(core, signal.SIGCONT)
     await wait_for(lambda: _healthy(http, ctl.url), 10, "the front's /healthz to pass again")
