@@ -6,15 +6,16 @@ the worker's published routes allow; what they do not list (LoRA: the worker run
 --enable-lora; broadcast: not a capability of the flavor) is refused with a 409 naming the
 worker and the capability.
 
-One worker and one frontend for the module (the engine starts in ~30 s); every test leaves the
-worker resumed on the base weights. Outputs are greedy requests through the frontend pinned to
-the worker (`nvext.backend_instance_id` = its listing's `instance_id`), prompt and completion as
-token ids (`nvext.token_data`, `nvext.engine_data`): greedy ids are an exact function of the
-weights. The pause tests hold their requests mid-generation (rlcp/harness/hold.py: the worker
-loads the harness's logits processor, and the frontend's token-in/token-out route hands it the
-request's `extra_args`) until the pause has landed, and read them running off the worker's own
-metrics (its system port's `/metrics`: vLLM's `vllm:num_requests_running`).
-"""
+One worker and the frontend of the session's Dynamo fleet (`dynamo_fleet`, tests/conftest.py:
+the engine starts in ~30 s; tests/e2e/test_dynamo_rollouts.py adds a second), the only worker
+the frontend lists while this module runs; every test leaves the worker resumed on the base
+weights. Outputs are greedy requests through the frontend pinned to the worker
+(`nvext.backend_instance_id` = its listing's `instance_id`), prompt and completion as token ids
+(`nvext.token_data`, `nvext.engine_data`): greedy ids are an exact function of the weights. The
+pause tests hold their requests mid-generation (rlcp/harness/hold.py: the worker loads the
+harness's logits processor, and the frontend's token-in/token-out route hands it the request's
+`extra_args`) until the pause has landed, and read them running off the worker's own metrics
+(its system port's `/metrics`: vLLM's `vllm:num_requests_running`)."""
 
 from __future__ import annotations
 
@@ -28,12 +29,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.assembly import assemble
-from rlcp.harness import hold
 from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
-from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
+from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess
 from rlcp.harness.hold import Hold
 from rlcp.harness.http import call
-from rlcp.harness.processes import stop_all
 from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -49,27 +48,12 @@ class Dynamo:
 
 
 @pytest.fixture(scope="module")
-def dynamo(tiny_models, tmp_path_factory):
-    target = dynamo_target()
-    work = tmp_path_factory.mktemp("dynamo")
-    kv = work / "kv"
-    kv.mkdir()
-    # The harness's hold (rlcp/harness/hold.py: vLLM's `--logits-processors`, an engine flag
-    # `dynamo.vllm` takes as it is), reached through the frontend's generate route.
-    worker = DynamoVllmProcess(
-        tiny_models["base"], work / "worker", target=target, kv_dir=kv, extra_args=hold.SERVE_ARGS
-    )
-    frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv, generate_api=True)
-    try:
-        worker.spawn()
-        frontend.spawn()
-        worker.wait_ready()
-        frontend.wait_ready()
-
-        first = frontend.wait_serving([worker], "tiny")
-        yield Dynamo(worker, frontend, int(first[0]["instance_id"]))
-    finally:
-        stop_all([frontend, worker])
+def dynamo(dynamo_fleet):
+    """The session's Dynamo fleet (tests/conftest.py), down to its first worker: the only one
+    the frontend lists."""
+    [worker] = dynamo_fleet.use(1)
+    frontend = dynamo_fleet.frontend
+    return Dynamo(worker, frontend, int(frontend.listed()[0]["instance_id"]))
 
 
 @pytest.fixture
