@@ -1,5 +1,6 @@
 """Fixtures more than one folder uses: the tiny models, the real vLLM agents (one engine each,
 shared by the session: start-up costs ~30 s, so they are defined once, here, and not per folder),
+the session's Dynamo fleet (its frontend and two workers, for the two Dynamo modules),
 a module's reference outputs, an HTTP session, and the fleets of SimEngine agents the controller,
 gateway, client and operation tests run against (below). What one folder's files share is in that
 folder's conftest.py. The helpers behind them live in the `harness` package, which the
@@ -170,6 +171,21 @@ def vllm_agent_b(_vllm_agent_b_process: AgentProcess):
     if _vllm_agent_b_process.proc is None:
         _vllm_agent_b_process.spawn()
     return _vllm_agent_b_process.wait_ready()
+
+
+@pytest.fixture(scope="session")
+def dynamo_fleet(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+    """Dynamo's own frontend and up to two of its vLLM workers, shared by the session's Dynamo
+    modules (tests/support/dynamo_fleet.py): each module takes the workers it needs with
+    `dynamo_fleet.use(n)`. Nothing starts until one does."""
+    from rlcp.harness.dynamo import dynamo_target
+    from tests.support.dynamo_fleet import DynamoFleet
+
+    fleet = DynamoFleet(tiny_models, tmp_path_factory.mktemp("dynamo"), dynamo_target())
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import types
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Self
 
@@ -84,11 +85,13 @@ class DynamoVllmProcess(HttpServerProcess):
         namespace: str = "dynamo",
         name: str = "dynamo-vllm",
         core: int = 0,
+        extra_args: Sequence[str] = (),
         start_timeout_s: float = 240.0,
         **kw: Any,
     ) -> None:
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.model, self.target, self.kv_dir, self.namespace, self.core = model, target, kv_dir, namespace, core
+        self.extra_args = list(extra_args)  # more of vLLM's engine flags, which `dynamo.vllm` takes as they are
         self.port = low_port()
 
     def spawn(self) -> Self:
@@ -120,6 +123,7 @@ class DynamoVllmProcess(HttpServerProcess):
             "--model",
             str(self.model),
             *serve_flags(lora=False),
+            *self.extra_args,
         ]
 
 
@@ -136,6 +140,7 @@ class DynamoFrontendProcess(HttpServerProcess):
         kv_dir: Path,
         namespace: str = "dynamo",
         name: str = "dynamo-frontend",
+        generate_api: bool = False,
         start_timeout_s: float = 60.0,
         **kw: Any,
     ) -> None:
@@ -143,6 +148,11 @@ class DynamoFrontendProcess(HttpServerProcess):
 
         super().__init__({}, workdir, name=name, start_timeout_s=start_timeout_s, **kw)
         self.target, self.kv_dir, self.namespace = target, kv_dir, namespace
+        # Dynamo's own token-in/token-out route, `POST /inference/v1/generate` (vLLM's Generate
+        # API), off unless asked for: it hands the request's `sampling_params` to the vLLM worker
+        # whole, `extra_args` included (a hold, rlcp/harness/hold.py), which the OpenAI routes
+        # refuse as an unsupported parameter.
+        self.generate_api = generate_api
         self.http_port, self.port = free_port(), free_port()
 
     @property
@@ -179,7 +189,8 @@ class DynamoFrontendProcess(HttpServerProcess):
         return self.listed()
 
     def environment(self) -> dict[str, str]:
-        return dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port))
+        extra = {"DYN_VLLM_ENABLE_INFERENCE_V1_GENERATE": "1"} if self.generate_api else {}
+        return dynamo_env(self.target, self.kv_dir, DYN_ENABLE_RL="true", DYN_RL_PORT=str(self.port), **extra)
 
     def argv(self) -> list[str]:
         return [

@@ -3,13 +3,15 @@ names it. The engine's side is `rlcp.harness.held_steps` (a vLLM logits processo
 by the engines that load it, so this module and its callers do not import vLLM).
 
 A request is held when its sampling parameters carry `extra_args={"hold": PATH}` (over the
-OpenAI API: `"vllm_xargs": {"hold": PATH}`). While PATH exists, each engine step with a held
-request in the batch takes at least `STEP_S` longer, so a held request of N tokens runs for at
-least N * STEP_S seconds however fast the machine is; once the test removes PATH it runs at full
-speed again. This makes "the request is still running when the pause lands" certain instead of
-likely (the tiny models decode hundreds of tokens a second), unless the test itself stalls for
-longer than the whole held request. The engine is slowed, never stopped: between two steps it
-still takes a pause, an abort or an update, which is what those tests are about.
+OpenAI API: `"vllm_xargs": {"hold": PATH}`; through Dynamo's frontend, whose OpenAI routes
+refuse both, its `/inference/v1/generate` with `"sampling_params": {"extra_args": {"hold":
+PATH}}`). While PATH exists, each engine step with a held request in the batch takes at least
+`STEP_S` longer, so a held request of N tokens runs for at least N * STEP_S seconds however fast
+the machine is; once the test removes PATH it runs at full speed again. This makes "the request
+is still running when the pause lands" certain instead of likely (the tiny models decode
+hundreds of tokens a second), unless the test itself stalls for longer than the whole held
+request. The engine is slowed, never stopped: between two steps it still takes a pause, an abort
+or an update, which is what those tests are about.
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ greedy ids of both weight sets are recorded first, through the frontend pinned t
 worker. Updates pause in `wait` mode, so no request straddles two weight sets: every answer
 must be the greedy output of the version its `X-RL-Weight-Version` names.
 
-Two workers and one frontend for the module (each engine starts in ~30 s); each test leaves
-the fleet on the base weights (w1).
+Two workers and the frontend of the session's Dynamo fleet (`dynamo_fleet`, tests/conftest.py:
+each engine starts in ~30 s; tests/controlplane/workers/flavors/test_dynamo.py uses the first
+alone); each test leaves the fleet on the base weights (w1).
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from rlcp.controlplane.api.handling import CONTROLLER
 from rlcp.controlplane.assembly import GATEWAY, assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, controller_settings
-from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
+from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess
 from rlcp.harness.http import call
-from rlcp.harness.processes import stop_all
 from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -67,27 +67,10 @@ async def listed(http: aiohttp.ClientSession, frontend: DynamoFrontendProcess) -
 
 
 @pytest.fixture(scope="module")
-def fleet(tiny_models, tmp_path_factory):
-    target = dynamo_target()
-    work = tmp_path_factory.mktemp("dynamo-rollouts")
-    kv = work / "kv"
-    kv.mkdir()
-    workers = [
-        DynamoVllmProcess(
-            tiny_models["base"], work / f"w{i}", target=target, kv_dir=kv, name=f"dynamo-vllm-{i}", core=i
-        )
-        for i in range(2)
-    ]
-    frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv)
-    try:
-        for child in (*workers, frontend):
-            child.spawn()
-        for child in (*workers, frontend):
-            child.wait_ready()
-        frontend.wait_serving(workers, "tiny")
-        yield workers, frontend
-    finally:
-        stop_all([frontend, *workers])
+def fleet(dynamo_fleet):
+    """Both workers of the session's Dynamo fleet (tests/conftest.py) and its frontend, which
+    lists these two and no other."""
+    return dynamo_fleet.use(2), dynamo_fleet.frontend
 
 
 @pytest.fixture

@@ -6,13 +6,16 @@ the worker's published routes allow; what they do not list (LoRA: the worker run
 --enable-lora; broadcast: not a capability of the flavor) is refused with a 409 naming the
 worker and the capability.
 
-One worker and one frontend for the module (the engine starts in ~30 s); every test leaves the
-worker resumed on the base weights. Outputs are greedy requests through the frontend pinned to
-the worker (`nvext.backend_instance_id` = its listing's `instance_id`), prompt and completion as
-token ids (`nvext.token_data`, `nvext.engine_data`): greedy ids are an exact function of the
-weights. Requests in flight are read off the worker's own metrics (its system port's
-`/metrics`: Dynamo's `dynamo_component_inflight_requests` of its `generate` endpoint).
-"""
+One worker and the frontend of the session's Dynamo fleet (`dynamo_fleet`, tests/conftest.py:
+the engine starts in ~30 s; tests/e2e/test_dynamo_rollouts.py adds a second), the only worker
+the frontend lists while this module runs; every test leaves the worker resumed on the base
+weights. Outputs are greedy requests through the frontend pinned to the worker
+(`nvext.backend_instance_id` = its listing's `instance_id`), prompt and completion as token ids
+(`nvext.token_data`, `nvext.engine_data`): greedy ids are an exact function of the weights. The
+pause tests hold their requests mid-generation (rlcp/harness/hold.py: the worker loads the
+harness's logits processor, and the frontend's token-in/token-out route hands it the request's
+`extra_args`) until the pause has landed, and read them running off the worker's own metrics
+(its system port's `/metrics`: vLLM's `vllm:num_requests_running`)."""
 
 from __future__ import annotations
 
@@ -27,15 +30,14 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from rlcp.controlplane.assembly import assemble
 from rlcp.harness.controller import AUTH, CTL_TOKEN, Ctl, controller_settings, update_body, wait_reachable
-from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess, dynamo_target
+from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess
+from rlcp.harness.hold import Hold
 from rlcp.harness.http import call
-from rlcp.harness.processes import stop_all
 from rlcp.harness.waiting import wait_for
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 PROMPT = [5, 17, 42, 99, 7, 200, 3, 64, 12, 77, 78, 79]  # token ids
-LONG_TOKENS = 1000  # the engine's max_model_len is 1024
 
 
 class Dynamo:
@@ -46,29 +48,17 @@ class Dynamo:
 
 
 @pytest.fixture(scope="module")
-def dynamo(tiny_models, tmp_path_factory):
-    target = dynamo_target()
-    work = tmp_path_factory.mktemp("dynamo")
-    kv = work / "kv"
-    kv.mkdir()
-    worker = DynamoVllmProcess(tiny_models["base"], work / "worker", target=target, kv_dir=kv)
-    frontend = DynamoFrontendProcess(work / "frontend", target=target, kv_dir=kv)
-    try:
-        worker.spawn()
-        frontend.spawn()
-        worker.wait_ready()
-        frontend.wait_ready()
-
-        first = frontend.wait_serving([worker], "tiny")
-        yield Dynamo(worker, frontend, int(first[0]["instance_id"]))
-    finally:
-        stop_all([frontend, worker])
+def dynamo(dynamo_fleet):
+    """The session's Dynamo fleet (tests/conftest.py), down to its first worker: the only one
+    the frontend lists."""
+    [worker] = dynamo_fleet.use(1)
+    frontend = dynamo_fleet.frontend
+    return Dynamo(worker, frontend, int(frontend.listed()[0]["instance_id"]))
 
 
 @pytest.fixture
 async def http():
-    # Above aiohttp's default of 100 connections: N_IN_FLIGHT requests plus the test's own calls.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=200)) as s:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
         yield s
 
 
@@ -118,19 +108,6 @@ def ending(answer: dict, max_tokens: int) -> str:
     if reason == "stop" and n < max_tokens:
         return "abort"
     return f"{reason} after {n} tokens"
-
-
-INFLIGHT = re.compile(r"^dynamo_component_inflight_requests\{([^}]*)\}\s+(\S+)$", re.M)
-
-
-async def inflight(http, worker: DynamoVllmProcess) -> int:
-    """Requests Dynamo's `generate` endpoint on this worker is handling now, from its own
-    Prometheus gauge on the system port (`dynamo.prometheus_names.work_handler.INFLIGHT_REQUESTS`)."""
-    status, text = await call(http, "GET", worker.url + "/metrics", timeout_s=10)
-    assert status == 200, (status, text)
-    found = [float(v) for labels, v in INFLIGHT.findall(text) if 'dynamo_endpoint="generate"' in labels]
-    assert found, f"no generate inflight gauge in the worker's /metrics: {text[:2000]}"
-    return int(sum(found))
 
 
 @pytest.fixture
@@ -231,80 +208,104 @@ async def test_a_disk_update_changes_the_output_and_going_back_restores_it(http,
     assert only_worker(state)["ready"] is True, state
 
 
-N_IN_FLIGHT = 96  # batched, so each decode step is slower: the tiny model runs ~1000 tokens in < 0.5 s alone
+N_HELD = 4
+HELD_TOKENS = 100  # held (rlcp/harness/hold.py): 100 steps of 0.2 s at least, 20 s, until let go
 
 
-async def in_flight(http, dynamo: Dynamo) -> list[asyncio.Task]:
-    """Long greedy generations the engine runs together, none finished: the premise of a pause
-    with requests in flight, read off the worker (Dynamo's in-flight gauge of its `generate`
-    endpoint), not off a clock.
+async def held_generate(http, dynamo: Dynamo, hold: Hold) -> dict:
+    """One greedy request of HELD_TOKENS, held by `hold`, through Dynamo's own token-in/token-out
+    route (`/inference/v1/generate`: the frontend hands its `sampling_params` to the worker whole,
+    `extra_args` with the hold included; its OpenAI routes refuse `extra_args`). That route has
+    no pin, and needs none: the module's worker is the frontend's only one."""
+    body = {
+        "model": "tiny",
+        "token_ids": PROMPT,
+        "sampling_params": {"max_tokens": HELD_TOKENS, "temperature": 0, "ignore_eos": True, "extra_args": hold.xargs},
+    }
+    status, answer = await call(http, "POST", dynamo.frontend.url + "/inference/v1/generate", body=body, timeout_s=300)
+    return {"status": status, "answer": answer}
 
-    They queue behind a keep-mode pause (Dynamo's own route) and start together on its resume.
-    Sent to a running engine, they trickled in: on two cores a decoding engine starves the
-    test process for seconds (17 s seen), and the first request finished before the last was
-    sent."""
-    worker = dynamo.worker
-    await engine(http, worker, "pause_generation", {"mode": "keep"})
-    tasks = [asyncio.create_task(generate(http, dynamo, max_tokens=LONG_TOKENS)) for _ in range(N_IN_FLIGHT)]
-    try:
 
-        async def queued() -> bool:
-            return any(t.done() for t in tasks) or await inflight(http, worker) == N_IN_FLIGHT
+def held_ending(result: dict) -> str:
+    """How a held request ended: "length" (ran to HELD_TOKENS) or "abort" (the route's answer to
+    a request the engine aborted: 499 `request_cancelled`, no tokens)."""
+    status, answer = result["status"], result["answer"]
+    if status == 200:
+        choice = answer["choices"][0]
+        if choice["finish_reason"] == "length" and len(choice["token_ids"]) == HELD_TOKENS:
+            return "length"
+    if status == 499 and answer.get("error", {}).get("type") == "request_cancelled":
+        return "abort"
+    return f"{status}: {str(answer)[:300]}"
 
-        await wait_for(queued, timeout_s=120, interval_s=0.05, what=f"the worker holding {N_IN_FLIGHT} requests")
-        assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]  # raises a task's error
-    finally:
-        await engine(http, worker, "resume_generation")
+
+RUNNING = re.compile(r"^vllm:num_requests_running\{[^}]*\}\s+(\S+)$", re.M)
+
+
+async def running(http, worker: DynamoVllmProcess) -> int:
+    """Requests in the engine's running batch now: vLLM's own gauge, on the worker's system port."""
+    status, text = await call(http, "GET", worker.url + "/metrics", timeout_s=10)
+    assert status == 200, (status, text)
+    found = [float(v) for v in RUNNING.findall(text)]
+    assert found, f"no vllm:num_requests_running in the worker's /metrics: {text[:2000]}"
+    return int(sum(found))
+
+
+async def in_flight(http, dynamo: Dynamo, hold: Hold) -> list[asyncio.Task]:
+    """N_HELD held requests, every one in the engine's running batch (vLLM's gauge) and none
+    answered: the premise of a pause with requests in flight, certain while `hold` lasts (each
+    has HELD_TOKENS steps of 0.2 s at least to run), read off the worker, not off a clock."""
+    tasks = [asyncio.create_task(held_generate(http, dynamo, hold)) for _ in range(N_HELD)]
+
+    async def all_running() -> bool:
+        return any(t.done() for t in tasks) or await running(http, dynamo.worker) == N_HELD
+
+    await wait_for(all_running, timeout_s=120, what=f"{N_HELD} held requests running", watching=[dynamo.worker])
+    assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]  # raises a task's error
     return tasks
 
 
-async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl):
-    for _ in range(3):  # the premise (some request still running when the pause lands) is about timing
-        tasks = await in_flight(http, dynamo)
+async def answers(tasks: list[asyncio.Task]) -> list[str]:
+    return [held_ending(r) for r in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
+
+
+async def test_pause_keep_freezes_requests_and_resume_completes_them(http, dynamo, ctl, tmp_path):
+    with Hold(tmp_path / "keep") as hold:
+        tasks = await in_flight(http, dynamo, hold)
         status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "keep"})
         assert status == 200, result
-        frozen = [t for t in tasks if not t.done()]
-        if frozen:
-            break
-        status, result = await ctl.call("POST", "/v1/rl/resume")
-        assert status == 200, result
-    assert frozen, "every request finished before the pause took hold, three times"
+        assert not any(t.done() for t in tasks), "a request answered before the keep-mode pause took hold"
+    # Let go: were the engine stepping, they would now finish in well under a second. The
+    # behaviour under test is an absence (none finishes while paused): it can only be watched for
+    # a while, so this sleep is the observation window, not a pace.
     await asyncio.sleep(1.0)
-    assert not any(t.done() for t in frozen), "a keep-mode pause let requests run on"
+    assert not any(t.done() for t in tasks), "a keep-mode pause let requests run on"
     status, result = await ctl.call("POST", "/v1/rl/resume")
     assert status == 200, result
-    answers = await asyncio.wait_for(asyncio.gather(*tasks), 180)
-    assert [ending(a, LONG_TOKENS) for a in answers] == ["length"] * N_IN_FLIGHT  # nothing lost
+    assert await answers(tasks) == ["length"] * N_HELD  # nothing lost
 
 
-async def test_pause_abort_ends_requests_and_wait_lets_them_finish(http, dynamo, ctl):
-    # A request not yet in the engine when the pause lands waits for the resume (it is not "in
-    # flight"), so each mode is judged on the requests the engine held, then all are collected.
-    for _ in range(3):  # the premise (some request still running when the pause lands) is about timing
-        tasks = await in_flight(http, dynamo)
+async def test_pause_abort_ends_requests_and_wait_lets_them_finish(http, dynamo, ctl, tmp_path):
+    # abort: every request the engine was running comes back aborted, none errors or hangs.
+    with Hold(tmp_path / "abort") as hold:
+        tasks = await in_flight(http, dynamo, hold)
         status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "abort"})
         assert status == 200, result
-        await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="an aborted request answered")
-        status, result = await ctl.call("POST", "/v1/rl/resume")
-        assert status == 200, result
-        reasons = [ending(a, LONG_TOKENS) for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
-        assert set(reasons) <= {"abort", "length"}, reasons
-        if "abort" in reasons:
-            break
-    assert "abort" in reasons, "every request finished before the abort pause took hold, three times"
-
-    tasks = await in_flight(http, dynamo)
-    status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
-    assert status == 200, result
-    # Wait mode answers once the requests the engine was running drained (vLLM's wait mode:
-    # those still queued in it wait for the resume), so some finish in full while it is paused.
-    await wait_for(lambda: any(t.done() for t in tasks), timeout_s=30, what="a drained request answered")
-    drained = [t for t in tasks if t.done()]
-    assert [ending(await t, LONG_TOKENS) for t in drained] == ["length"] * len(drained)  # none aborted
+        assert await answers(tasks) == ["abort"] * N_HELD
     status, result = await ctl.call("POST", "/v1/rl/resume")
     assert status == 200, result
-    reasons = [ending(a, LONG_TOKENS) for a in await asyncio.wait_for(asyncio.gather(*tasks), 180)]
-    assert reasons == ["length"] * N_IN_FLIGHT
+
+    # wait: the requests the engine was running when the pause landed finish, in full, while it
+    # stays paused. They stay held through the pause (HELD_TOKENS steps of 0.2 s at least), so
+    # they were still running when it landed; a pause that froze them (keep) would leave them
+    # unanswered until a resume, one that aborted them would answer "abort".
+    with Hold(tmp_path / "wait") as hold:
+        tasks = await in_flight(http, dynamo, hold)
+        status, result = await ctl.call("POST", "/v1/rl/pause", {"mode": "wait"})
+        assert status == 200, result
+        assert await answers(tasks) == ["length"] * N_HELD  # still paused: no resume yet
+    status, result = await ctl.call("POST", "/v1/rl/resume")
+    assert status == 200, result
 
 
 async def test_what_the_worker_does_not_list_is_refused_naming_it(http, dynamo, ctl, tiny_models):
