@@ -47,6 +47,7 @@ from rlcp.harness.processes import AgentProcess, ControllerProcess
 from rlcp.harness.simfleet import SimAgent
 from rlcp.harness.tiny_model import agent_engine
 from rlcp.harness.waiting import wait_for
+from tests.support.dynamo_fleet import DynamoFleet
 from tests.support.fleets import DaemonFleet, FleetShape, GatewayFleet, SimFleet
 
 # The API fuzzing's closing checks judge at the end of the run, over every worker's cases: their
@@ -174,18 +175,43 @@ def vllm_agent_b(_vllm_agent_b_process: AgentProcess):
 
 
 @pytest.fixture(scope="session")
-def dynamo_fleet(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+def dynamo_fleet(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
     """Dynamo's own frontend and up to two of its vLLM workers, shared by the session's Dynamo
     modules (tests/support/dynamo_fleet.py): each module takes the workers it needs with
-    `dynamo_fleet.use(n)`. Nothing starts until one does."""
+    `dynamo_fleet.use(n)`. Nothing starts until one does, and it stops after the run's last test
+    that uses it (`pytest_runtest_teardown` below), not at the session's end: in the engine part
+    the modules after the Dynamo ones run for minutes."""
     from rlcp.harness.dynamo import dynamo_target
-    from tests.support.dynamo_fleet import DynamoFleet
 
     fleet = DynamoFleet(tiny_models, tmp_path_factory.mktemp("dynamo"), dynamo_target())
+    pytestconfig.stash[_DYNAMO_FLEET] = fleet
     try:
         yield fleet
     finally:
         fleet.stop()
+
+
+_DYNAMO_FLEET = pytest.StashKey[DynamoFleet]()
+_LAST_DYNAMO_TEST = pytest.StashKey[str]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    users = [item.nodeid for item in session.items if "dynamo_fleet" in getattr(item, "fixturenames", ())]
+    if users:
+        session.config.stash[_LAST_DYNAMO_TEST] = users[-1]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """After the last test that uses the session's Dynamo fleet (its module's fixtures torn down
+    first), the fleet stops; a later `use` would start it again."""
+    try:
+        return (yield)
+    finally:
+        if item.nodeid == item.config.stash.get(_LAST_DYNAMO_TEST, None):
+            fleet = item.config.stash.get(_DYNAMO_FLEET, None)
+            if fleet is not None:
+                fleet.stop()
 
 
 @pytest.fixture(scope="module")
