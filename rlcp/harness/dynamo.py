@@ -177,12 +177,18 @@ class DynamoFrontendProcess(HttpServerProcess):
             return model in [m.get("id") for m in json.loads(resp.read()).get("data", [])]
 
     def wait_serving(self, workers: list[DynamoVllmProcess], model: str) -> list[dict[str, Any]]:
-        """Until the frontend lists every one of `workers` and serves `model`; the listing. A child
-        that dies ends the wait at once with its log; only a hang meets the 300 s guard."""
+        """Until the frontend lists exactly `workers` (a stopped worker stays listed for ~10 s,
+        without a `system_url`) and serves `model`; the listing. A child that dies ends the wait at
+        once with its log; only a hang meets the 300 s guard."""
+        urls = sorted(w.url for w in workers)
+
+        def exactly() -> bool:
+            return sorted(str(e.get("system_url")) for e in self.listed()) == urls and self.serves(model)
+
         wait_for_sync(
-            lambda: len(self.listed()) >= len(workers) and self.serves(model),
+            exactly,
             300,
-            f"the frontend listing {len(workers)} worker(s) and serving {model!r}",
+            f"the frontend listing exactly {len(workers)} worker(s) and serving {model!r}",
             interval_s=0.5,
             watching=[*workers, self],
         )

@@ -22,7 +22,6 @@ from rlcp.harness import hold
 from rlcp.harness.dynamo import DynamoFrontendProcess, DynamoVllmProcess
 from rlcp.harness.processes import stop_all
 from rlcp.harness.tiny_model import SERVED_NAME
-from rlcp.harness.waiting import wait_for_sync
 
 
 class DynamoFleet:
@@ -61,20 +60,7 @@ class DynamoFleet:
             w.wait_ready()
         if frontend_starting:
             self.frontend.wait_ready()
-        urls = sorted(w.url for w in wanted)
-
-        def exactly_wanted() -> bool:
-            # A stopped worker stays listed for ~10 s, without a `system_url`.
-            listed = sorted(str(e.get("system_url")) for e in self.frontend.listed())
-            return listed == urls and self.frontend.serves(SERVED_NAME)
-
-        wait_for_sync(
-            exactly_wanted,
-            300,
-            f"the frontend listing exactly {n} worker(s) and serving {SERVED_NAME!r}",
-            interval_s=0.5,
-            watching=[*wanted, self.frontend],
-        )
+        self.frontend.wait_serving(wanted, SERVED_NAME)
         return wanted
 
     def stop(self) -> None:
